@@ -1,0 +1,1 @@
+"""One module per `paramshard` subcommand (see paramshard.cli.COMMANDS)."""

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from ..env import ClusterEnv, variables_markdown
+
+HELP = "print the environment contract (all variables) or this process's reading of it"
+
+
+def add_arguments(p):
+    p.add_argument("--show", action="store_true", help="print how this environment is read")
+
+
+def run(args) -> int:
+    if args.show:
+        print(ClusterEnv.from_environ())
+    else:
+        print(variables_markdown())
+    return 0

@@ -1,0 +1,205 @@
+"""The environment contract (DESIGN section 5): every variable, in one place.
+
+Processes read it once, at entry, into a frozen ``ClusterEnv``. The launcher
+writes it with ``ClusterEnv.to_environ``; SSH, OpenMPI or Kubernetes set the
+same variables, so one script runs under any engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping
+
+from .errors import ConfigError
+
+ROLES = ("server", "trainer")
+MODES = ("sync", "async")
+DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
+DEFAULT_MIN_BLOCK_SIZE = 8192
+DEFAULT_TIMEOUT = 120.0
+
+# (name, meaning, fallbacks read when the name is unset). The README table is
+# generated from this list by `paramshard env`.
+VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("PARAMSHARD_ROLE", "`server` or `trainer`; unset means a standalone run "
+     "(a local server is started in-process)", ("PADDLE_TRAINING_ROLE", "TRAINING_ROLE")),
+    ("PARAMSHARD_SERVERS", "comma-separated `host:port` of all servers",
+     ("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_INIT_PSERVERS (+PADDLE_INIT_PORT)")),
+    ("PARAMSHARD_SERVER_ID", "this server's index (servers only)",
+     ("PADDLE_PSERVER_ID", "PADDLE_CURRENT_ENDPOINT (looked up in the server list)")),
+    ("PARAMSHARD_TRAINERS", "number of trainers",
+     ("PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS")),
+    ("PARAMSHARD_TRAINER_ID", "this trainer's index, 0..T-1",
+     ("PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID")),
+    ("PARAMSHARD_MODE", "`sync` (barrier per step, default) or `async`", ()),
+    ("PARAMSHARD_DISPATCH", "block placement: " + ", ".join(DISPATCHERS)
+     + " (default round_robin)", ()),
+    ("PARAMSHARD_MIN_BLOCK_SIZE", f"smallest dense block in elements (default {DEFAULT_MIN_BLOCK_SIZE})", ()),
+    ("PARAMSHARD_TIMEOUT", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})", ()),
+    ("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry "
+     "in PARAMSHARD_SERVERS)", ()),
+    ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
+     "(with OMPI_COMM_WORLD_SIZE)", ()),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterEnv:
+    role: str | None                 # None: standalone, no cluster around
+    servers: tuple[str, ...] = ()
+    server_id: int | None = None
+    num_trainers: int = 1
+    trainer_id: int = 0
+    mode: str = "sync"
+    dispatch: str = "round_robin"
+    min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
+    timeout: float = DEFAULT_TIMEOUT
+    bind: str | None = None
+
+    def __post_init__(self):
+        if self.role is not None and self.role not in ROLES:
+            raise ConfigError(f"PARAMSHARD_ROLE={self.role!r}: expected one of {ROLES}")
+        if self.mode not in MODES:
+            raise ConfigError(f"PARAMSHARD_MODE={self.mode!r}: expected one of {MODES}")
+        if self.dispatch not in DISPATCHERS:
+            raise ConfigError(f"PARAMSHARD_DISPATCH={self.dispatch!r}: expected one of {DISPATCHERS}")
+        if self.min_block_size < 1:
+            raise ConfigError(f"PARAMSHARD_MIN_BLOCK_SIZE={self.min_block_size}: must be >= 1")
+        if self.timeout <= 0:
+            raise ConfigError(f"PARAMSHARD_TIMEOUT={self.timeout}: must be > 0 seconds")
+        if self.num_trainers < 1:
+            raise ConfigError(f"PARAMSHARD_TRAINERS={self.num_trainers}: must be >= 1")
+        for addr in self.servers:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"PARAMSHARD_SERVERS entry {addr!r} is not host:port")
+        if self.role == "server":
+            if not self.servers:
+                raise ConfigError("a server needs PARAMSHARD_SERVERS (its own address among them)")
+            if self.server_id is None or not 0 <= self.server_id < len(self.servers):
+                raise ConfigError(f"PARAMSHARD_SERVER_ID={self.server_id}: expected 0..{len(self.servers) - 1}")
+        if self.role == "trainer":
+            if not self.servers:
+                raise ConfigError("a trainer needs PARAMSHARD_SERVERS (comma-separated host:port)")
+            if not 0 <= self.trainer_id < self.num_trainers:
+                raise ConfigError(f"PARAMSHARD_TRAINER_ID={self.trainer_id}: expected 0..{self.num_trainers - 1}")
+
+    @property
+    def rank_name(self) -> str:
+        if self.role == "server":
+            return f"server {self.server_id}"
+        if self.role == "trainer":
+            return f"trainer {self.trainer_id}"
+        return "standalone"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "ClusterEnv":
+        e = os.environ if environ is None else environ
+        servers = _servers(e)
+        role = _role(e)
+        server_id = _int(e, "PARAMSHARD_SERVER_ID", "PADDLE_PSERVER_ID")
+        if server_id is None and e.get("PADDLE_CURRENT_ENDPOINT") in servers:
+            server_id = servers.index(e["PADDLE_CURRENT_ENDPOINT"])
+        num_trainers = _int(e, "PARAMSHARD_TRAINERS", "PADDLE_TRAINERS_NUM",
+                            "PADDLE_INIT_NUM_GRADIENT_SERVERS")
+        trainer_id = _int(e, "PARAMSHARD_TRAINER_ID", "PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID")
+        mpi_rank = _int(e, "OMPI_COMM_WORLD_RANK")
+        if role is None and mpi_rank is not None and servers:
+            # OpenMPI: one script for every rank; the first S ranks serve.
+            size = _int(e, "OMPI_COMM_WORLD_SIZE") or 0
+            if size <= len(servers):
+                raise ConfigError(f"OMPI_COMM_WORLD_SIZE={size} leaves no trainer rank after "
+                                  f"{len(servers)} servers: start more ranks")
+            if mpi_rank < len(servers):
+                role, server_id = "server", mpi_rank
+            else:
+                role, trainer_id = "trainer", mpi_rank - len(servers)
+            num_trainers = size - len(servers)
+        return cls(
+            role=role, servers=tuple(servers), server_id=server_id,
+            num_trainers=num_trainers if num_trainers is not None else 1,
+            trainer_id=trainer_id or 0,
+            mode=e.get("PARAMSHARD_MODE", "sync").lower(),
+            dispatch=e.get("PARAMSHARD_DISPATCH", "round_robin"),
+            min_block_size=_int(e, "PARAMSHARD_MIN_BLOCK_SIZE") or DEFAULT_MIN_BLOCK_SIZE,
+            timeout=_float(e, "PARAMSHARD_TIMEOUT") or DEFAULT_TIMEOUT,
+            bind=e.get("PARAMSHARD_BIND") or None,
+        )
+
+    def to_environ(self) -> dict[str, str]:
+        out = {
+            "PARAMSHARD_SERVERS": ",".join(self.servers),
+            "PARAMSHARD_TRAINERS": str(self.num_trainers),
+            "PARAMSHARD_MODE": self.mode,
+            "PARAMSHARD_DISPATCH": self.dispatch,
+            "PARAMSHARD_MIN_BLOCK_SIZE": str(self.min_block_size),
+            "PARAMSHARD_TIMEOUT": repr(self.timeout),
+        }
+        if self.role:
+            out["PARAMSHARD_ROLE"] = self.role
+        if self.role == "server":
+            out["PARAMSHARD_SERVER_ID"] = str(self.server_id)
+        if self.role == "trainer":
+            out["PARAMSHARD_TRAINER_ID"] = str(self.trainer_id)
+        if self.bind:
+            out["PARAMSHARD_BIND"] = self.bind
+        return out
+
+
+def _first(e: Mapping[str, str], *names: str) -> tuple[str, str] | None:
+    for name in names:
+        if e.get(name, "") != "":
+            return name, e[name]
+    return None
+
+
+def _int(e: Mapping[str, str], *names: str) -> int | None:
+    hit = _first(e, *names)
+    if hit is None:
+        return None
+    try:
+        return int(hit[1])
+    except ValueError:
+        raise ConfigError(f"{hit[0]}={hit[1]!r} is not a whole number") from None
+
+
+def _float(e: Mapping[str, str], *names: str) -> float | None:
+    hit = _first(e, *names)
+    if hit is None:
+        return None
+    try:
+        return float(hit[1])
+    except ValueError:
+        raise ConfigError(f"{hit[0]}={hit[1]!r} is not a number") from None
+
+
+def _role(e: Mapping[str, str]) -> str | None:
+    hit = _first(e, "PARAMSHARD_ROLE", "PADDLE_TRAINING_ROLE", "TRAINING_ROLE")
+    if hit is None:
+        return None
+    value = hit[1].strip().lower()
+    value = {"pserver": "server"}.get(value, value)
+    if value not in ROLES:
+        raise ConfigError(f"{hit[0]}={hit[1]!r}: expected server or trainer (PSERVER/TRAINER)")
+    return value
+
+
+def _servers(e: Mapping[str, str]) -> list[str]:
+    hit = _first(e, "PARAMSHARD_SERVERS", "PADDLE_PSERVERS_IP_PORT_LIST")
+    if hit is not None:
+        return [s.strip() for s in hit[1].split(",") if s.strip()]
+    hit = _first(e, "PADDLE_INIT_PSERVERS")
+    if hit is None:
+        return []
+    port = e.get("PADDLE_INIT_PORT")
+    hosts = [s.strip() for s in hit[1].split(",") if s.strip()]
+    if port is None:
+        return hosts
+    return [h if ":" in h else f"{h}:{port}" for h in hosts]
+
+
+def variables_markdown() -> str:
+    rows = ["| variable | meaning | also read (PaddlePaddle) |", "|---|---|---|"]
+    for name, meaning, fallbacks in VARIABLES:
+        rows.append(f"| `{name}` | {meaning} | {', '.join(fallbacks) or '-'} |")
+    return "\n".join(rows)

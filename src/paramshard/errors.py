@@ -1,0 +1,29 @@
+"""One error family. Every message says who is at fault and what to do next."""
+
+
+class ParamshardError(Exception):
+    """Base of every error paramshard raises on purpose."""
+
+
+class ConfigError(ParamshardError, ValueError):
+    """Bad user input: flags, environment, shapes, names."""
+
+
+class ProtocolError(ParamshardError):
+    """A message that does not follow the wire protocol."""
+
+
+class RemoteError(ParamshardError):
+    """A server answered a request with an error reply."""
+
+    def __init__(self, server: str, code: str, message: str):
+        self.server, self.code, self.remote_message = server, code, message
+        super().__init__(f"{server} rejected the request ({code}): {message}")
+
+
+class ServerUnavailable(ParamshardError):
+    """A server did not answer in time or its connection dropped."""
+
+
+class DeadlineExceeded(ParamshardError, TimeoutError):
+    """A wait ran past its deadline (the message names what it waited for)."""
