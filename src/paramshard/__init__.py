@@ -1,0 +1,27 @@
+"""paramshard: parameter-server training for PyTorch.
+
+    import paramshard as ps
+    ps.init()
+    trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=1e-3))
+    for x, y in ps.shard(loader):
+        trainer.step(loss_fn(model(x), y))
+    trainer.close()
+"""
+from . import optim
+from .data.shard import shard
+from .errors import ParamshardError
+from .runtime import init
+
+__all__ = ["init", "shard", "optim", "Trainer", "ParamshardError"]
+
+
+def __getattr__(name):
+    # torch is imported only when a trainer-side name is used, so servers
+    # (and `paramshard plan`) start fast.
+    if name == "Trainer":
+        from .torch.trainer import Trainer
+        return Trainer
+    if name == "SparseEmbedding":
+        from .torch.sparse_embedding import SparseEmbedding
+        return SparseEmbedding
+    raise AttributeError(f"module 'paramshard' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Trainer-side requests: dense blocks (dense.py) and sparse rows (sparse.py)."""

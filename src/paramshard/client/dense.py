@@ -1,0 +1,72 @@
+"""Trainer side of the dense requests (server side: paramshard.server.dense_handlers).
+
+Parameters are flat float32 numpy views (over torch tensors' memory, say).
+Every request carries all the blocks one server holds, so a step costs one
+message per server, and all servers are asked at once.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..optim import OptimizerConfig
+from ..sharding import Block, ShardPlan
+from ..transport.client import ServerLinks, check_reply_arrays
+
+
+class DenseClient:
+    def __init__(self, links: ServerLinks, plan: ShardPlan, trainer_id: int):
+        if plan.num_servers != len(links):
+            raise ConfigError(f"the plan is for {plan.num_servers} servers but the job has {len(links)}")
+        self.links, self.plan, self.trainer_id = links, plan, trainer_id
+        self.fingerprint = plan.fingerprint()
+        self._by_server: dict[int, tuple[Block, ...]] = {
+            s: plan.for_server(s) for s in range(plan.num_servers) if plan.for_server(s)}
+
+    def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
+                       timeout: float | None = None) -> None:
+        requests = {}
+        for server, blocks in self._by_server.items():
+            header = {"op": "register_dense", "names": [b.name for b in blocks],
+                      "optimizer": optimizer.to_wire(), "plan_fingerprint": self.fingerprint}
+            requests[server] = (header, [self._slice(values, b) for b in blocks])
+        self.links.request_many(requests, timeout)
+
+    def pull_dense(self, out: Mapping[str, np.ndarray], min_version: int,
+                   timeout: float | None = None) -> None:
+        """Copy every block (at least at ``min_version``) into ``out``'s flat arrays."""
+        requests = {
+            server: ({"op": "pull_dense", "names": [b.name for b in blocks],
+                      "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
+            for server, blocks in self._by_server.items()}
+        self._scatter(self.links.request_many(requests, timeout), out)
+
+    def push_dense(self, grads: Mapping[str, np.ndarray], step: int,
+                   out: Mapping[str, np.ndarray] | None = None, timeout: float | None = None) -> None:
+        """Push step ``step``'s gradients; with ``out``, also receive the updated
+        values in the same round trip (sync mode: after every trainer's push)."""
+        requests = {}
+        for server, blocks in self._by_server.items():
+            header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
+                      "trainer": self.trainer_id, "reply_values": out is not None}
+            requests[server] = (header, [self._slice(grads, b) for b in blocks])
+        replies = self.links.request_many(requests, timeout)
+        if out is not None:
+            self._scatter(replies, out)
+
+    def _scatter(self, replies: dict, out: Mapping[str, np.ndarray]) -> None:
+        for server, (header, arrays) in replies.items():
+            blocks = self._by_server[server]
+            check_reply_arrays(header, arrays, [b.size for b in blocks], f"server {server}")
+            for block, arr in zip(blocks, arrays):
+                out[block.param][block.offset:block.offset + block.size] = arr
+
+    @staticmethod
+    def _slice(flat: Mapping[str, np.ndarray], block: Block) -> np.ndarray:
+        try:
+            arr = flat[block.param]
+        except KeyError:
+            raise ConfigError(f"no array given for parameter {block.param!r}") from None
+        return arr[block.offset:block.offset + block.size]

@@ -1,0 +1,1 @@
+"""Launchers: start servers and trainers with the environment contract."""

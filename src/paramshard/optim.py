@@ -1,0 +1,98 @@
+"""Optimizer configs a user hands to the Trainer; the servers run the update.
+
+Frozen, validated on creation, and sent to servers as a plain map (never
+pickled). The update rules live in paramshard.server.optimizers and follow
+torch.optim's formulas, so a server-side Adam matches torch.optim.Adam.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 0.01
+    weight_decay: float = 0.0
+
+    kind = "base"
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                continue
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{type(self).__name__}({f.name}={value!r}): must be a number >= 0")
+        if self.lr <= 0:
+            raise ConfigError(f"{type(self).__name__}(lr={self.lr}): the learning rate must be > 0")
+
+    def to_wire(self) -> dict:
+        out = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD(OptimizerConfig):
+    kind = "sgd"
+
+
+@dataclasses.dataclass(frozen=True)
+class Momentum(OptimizerConfig):
+    momentum: float = 0.9
+    nesterov: bool = False
+    kind = "momentum"
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad(OptimizerConfig):
+    lr_decay: float = 0.0
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+    kind = "adagrad"
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam(OptimizerConfig):
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    kind = "adam"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"Adam(betas={self.betas}): two numbers in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class FTRL(OptimizerConfig):
+    """FTRL-Proximal (McMahan et al. 2013), the classic sparse CTR optimizer."""
+    lr: float = 0.05        # alpha
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+    kind = "ftrl"
+
+
+KINDS = {cls.kind: cls for cls in (SGD, Momentum, Adagrad, Adam, FTRL)}
+
+
+def from_wire(data: dict) -> OptimizerConfig:
+    """Rebuild a config from a received map; every key is checked."""
+    if not isinstance(data, dict) or data.get("kind") not in KINDS:
+        raise ConfigError(f"optimizer {data!r}: 'kind' must be one of {sorted(KINDS)}")
+    cls = KINDS[data["kind"]]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names - {"kind"}
+    if unknown:
+        raise ConfigError(f"optimizer {data['kind']}: unknown settings {sorted(unknown)}")
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k != "kind"}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"optimizer {data['kind']}: {exc}") from None

@@ -1,0 +1,77 @@
+"""Process entry: read the environment contract once and take the role it names.
+
+``init()`` on a server rank serves until the job ends and then exits the
+process, so one script can run every rank (mpirun, Kubernetes). With no
+cluster around (plain ``python train.py``) it starts a server thread in this
+process, so a user can debug without launching anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+
+from .env import ClusterEnv
+from .log import configure, get_logger
+from .server.parameter_server import ParameterServer
+
+log = get_logger("runtime")
+_env: ClusterEnv | None = None
+_local_server: ParameterServer | None = None
+_lock = threading.Lock()
+
+
+def init(env: ClusterEnv | None = None) -> ClusterEnv:
+    global _env, _local_server
+    with _lock:
+        if _env is not None and env is None:
+            return _env
+        env = env or ClusterEnv.from_environ()
+        configure(env.rank_name)
+        if env.role == "server":
+            serve(env)
+            sys.exit(0)
+        if env.role is None:
+            _local_server = build_server(dataclasses.replace(env, server_id=0), bind="127.0.0.1:0",
+                                         num_trainers=1).start()
+            _local_server.wait_ready()
+            env = dataclasses.replace(env, role="trainer", servers=(_local_server.address,),
+                                      num_trainers=1, trainer_id=0)
+            log.info("no cluster in the environment: started a local server at %s", _local_server.address)
+        _env = env
+        return env
+
+
+def current() -> ClusterEnv:
+    return _env if _env is not None else init()
+
+
+def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None) -> ParameterServer:
+    if bind is None:
+        own_host, _, own_port = env.servers[env.server_id].rpartition(":")
+        bind = f"{env.bind or own_host}:{own_port}"
+    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout)
+    _attach_optional_services(server, env)
+    return server
+
+
+def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
+    try:
+        from .server.sparse_service import attach_sparse
+    except ImportError:
+        return
+    attach_sparse(server, env)
+
+
+def serve(env: ClusterEnv) -> None:
+    """Run a server in this thread until every trainer has left (or SIGTERM)."""
+    server = build_server(env)
+
+    def stop(signum, frame):
+        log.info("server %d: signal %d, shutting down", env.server_id, signum)
+        server.close()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve_forever()

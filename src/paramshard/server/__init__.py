@@ -1,0 +1,1 @@
+"""The parameter server: message loop, dense blocks, sparse tables, optimizers."""

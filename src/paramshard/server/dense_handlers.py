@@ -1,0 +1,70 @@
+"""Server side of the dense requests (client side: paramshard.client.dense)."""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..optim import from_wire
+from .dense import DenseStore
+from .replies import Deferred, Reply
+
+
+class DenseHandlers:
+    def __init__(self, store: DenseStore, server_name: str):
+        self.store = store
+        self.server_name = server_name
+
+    def handle_register_dense(self, header: dict, arrays: list) -> Reply:
+        names = header["names"]
+        if len(names) != len(arrays):
+            raise ConfigError(f"register_dense names {len(names)} blocks but carries {len(arrays)} arrays")
+        self.store.register(names, arrays, from_wire(header["optimizer"]), header["plan_fingerprint"])
+        return Reply({"blocks": len(names)})
+
+    def handle_pull_dense(self, header: dict, arrays: list) -> Reply | Deferred:
+        names, version = header["names"], header["min_version"]
+        self._check_plan(header["plan_fingerprint"])
+        if self.store.has_all(names):
+            self.store.lookup(names)   # raises for names this server never had
+        return Deferred(
+            ready=lambda: self.store.has_all(names) and self.store.versions_reached(names, version),
+            make_reply=lambda: self._values_reply(names),
+            describe=lambda: self._describe_wait(names, version),
+        )
+
+    def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
+        names, step = header["names"], header["step"]
+        if len(names) != len(arrays):
+            raise ConfigError(f"push_dense names {len(names)} blocks but carries {len(arrays)} arrays")
+        self.store.push(header["trainer"], step, names, arrays)
+        if not header["reply_values"]:
+            return Reply()
+        if self.store.mode == "async":
+            return self._values_reply(names)
+        return Deferred(
+            ready=lambda: self.store.versions_reached(names, step + 1),
+            make_reply=lambda: self._values_reply(names),
+            describe=lambda: self._describe_wait(names, step + 1),
+        )
+
+    def _check_plan(self, fingerprint: int) -> None:
+        registered = self.store.plan_fingerprint
+        if registered is not None and fingerprint != registered:
+            raise ConfigError(f"this trainer's shard plan ({fingerprint:#x}) differs from the one the "
+                              f"chief registered ({registered:#x}): every trainer must build the same "
+                              f"model with the same --dispatch and --min-block-size")
+
+    def _values_reply(self, names: list[str]) -> Reply:
+        blocks = self.store.lookup(names)
+        # Sync mode may send the live buffers without a copy: no block can change
+        # before every trainer has received this step's values and pushed again.
+        # Async pushes land at any time, so they get a snapshot.
+        copy = self.store.mode == "async"
+        arrays = [b.values.copy() if copy else b.values for b in blocks]
+        return Reply({"versions": [b.version for b in blocks]}, arrays)
+
+    def _describe_wait(self, names: list[str], version: int) -> str:
+        if not self.store.has_all(names):
+            return ("the chief (trainer 0) has not registered the parameters yet; "
+                    "is trainer 0 running and building the same model?")
+        late = self.store.waiting_for(names)
+        return (f"step {version} of {len(names)} blocks is not complete: trainers {late} have not "
+                f"pushed their gradients (slow, stuck or dead?)")

@@ -1,0 +1,1 @@
+"""Wire protocol (DESIGN section 4): msgpack headers, raw array frames, ZeroMQ sockets."""

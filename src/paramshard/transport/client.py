@@ -1,0 +1,160 @@
+"""Client side of the wire: one DEALER socket per server, requests fanned out
+to several servers at once and their replies gathered under one deadline.
+
+Liveness: a monitor socket per server reports a dropped TCP connection (a
+killed server) at once, and ZeroMQ heartbeats catch a silent peer; either way
+the waiting call raises ServerUnavailable naming the server within seconds.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..errors import DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
+from . import protocol
+
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+_ids = itertools.count(1)
+
+
+class _Link:
+    def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes):
+        self.index, self.address = index, address
+        self.name = f"server {index} ({address})"
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        self.sock.connect(f"tcp://{address}")
+        self.connected = False
+        self.ever_connected = False
+
+    def poll_events(self) -> None:
+        """Fold pending monitor events into ``connected``."""
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = self.ever_connected = True
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self.connected = False
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
+class ServerLinks:
+    """Talks to every server of the job. Not thread-safe: one per trainer thread."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer"):
+        self.timeout = timeout
+        self.who = who
+        self._ctx = zmq.Context.instance()
+        identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
+        self.links = [_Link(self._ctx, i, a, identity) for i, a in enumerate(addresses)]
+        self._poller = zmq.Poller()
+        for link in self.links:
+            self._poller.register(link.sock, zmq.POLLIN)
+
+    def __len__(self) -> int:
+        return len(self.links)
+
+    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
+                timeout: float | None = None):
+        return self.request_many({server: (header, arrays)}, timeout)[server]
+
+    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
+        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}.
+
+        All requests go out before any reply is awaited, so the servers work in
+        parallel. Reply arrays are read-only views over the received frames.
+        """
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        pending: dict[int, int] = {}
+        for server, (header, arrays) in requests.items():
+            request_id = next(_ids)
+            frames = protocol.encode({**header, "id": request_id}, arrays)
+            self.links[server].sock.send_multipart(frames, copy=False)
+            pending[server] = request_id
+        results: dict = {}
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._raise_deadline(pending, requests, timeout)
+            ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1)))
+            for server in list(pending):
+                link = self.links[server]
+                if link.sock in ready:
+                    self._receive(link, pending, results)
+            self._check_alive(pending)
+        return results
+
+    def _receive(self, link: _Link, pending: dict, results: dict) -> None:
+        while link.index in pending:
+            try:
+                frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            header = protocol.decode_header(frames[0].buffer)
+            if header["id"] != pending[link.index]:
+                continue   # a late answer to a request that already timed out
+            del pending[link.index]
+            if not header.get("ok"):
+                raise RemoteError(link.name, str(header.get("code")), str(header.get("message")))
+            results[link.index] = (header, protocol.decode_arrays(header, frames[1:]))
+
+    def _check_alive(self, pending: dict) -> None:
+        for server in pending:
+            link = self.links[server]
+            link.poll_events()
+            if link.ever_connected and not link.connected:
+                raise ServerUnavailable(
+                    f"{self.who} lost its connection to {link.name} while waiting for a reply: "
+                    f"the server died or the network dropped; check that server's log, then "
+                    f"restart the job")
+
+    def _raise_deadline(self, pending: dict, requests: dict, timeout) -> None:
+        parts = []
+        for server in pending:
+            link = self.links[server]
+            link.poll_events()
+            state = "connected" if link.connected else (
+                "never reachable: is it running, is the address right?" if not link.ever_connected
+                else "disconnected")
+            parts.append(f"{link.name} [{requests[server][0].get('op')}, {state}]")
+        waited = self.timeout if timeout is None else timeout
+        raise DeadlineExceeded(f"{self.who} waited {waited:g} s for " + "; ".join(parts)
+                               + " (raise PARAMSHARD_TIMEOUT if the job is just slow)")
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+        self.links = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_reply_arrays(header: dict, arrays: list, expected: Sequence[int], what: str) -> None:
+    if len(arrays) != len(expected):
+        raise ProtocolError(f"{what}: expected {len(expected)} arrays in the reply, got {len(arrays)}")
+    for arr, size in zip(arrays, expected):
+        if arr.size != size:
+            raise ProtocolError(f"{what}: reply array of {arr.size} elements where {size} were expected")
