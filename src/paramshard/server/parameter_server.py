@@ -68,7 +68,7 @@ class ParameterServer:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = Counter()
+        self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
         self.started_at = time.time()
 
     def add_service(self, handlers: dict, stats=None, on_leave=None) -> None:

@@ -83,7 +83,10 @@ class ServerLinks:
         All requests go out before any reply is awaited, so the servers work in
         parallel. Reply arrays are read-only views over the received frames.
         """
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        wait = self.timeout if timeout is None else timeout
+        # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
+        # so a server's error naming the peer it waited for arrives first.
+        deadline = time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0)
         pending: dict[int, int] = {}
         for server, (header, arrays) in requests.items():
             request_id = next(_ids)
@@ -100,7 +103,7 @@ class ServerLinks:
                 link = self.links[server]
                 if link.sock in ready:
                     self._receive(link, pending, results)
-            self._check_alive(pending)
+            self._check_alive(pending, results)
         return results
 
     def _receive(self, link: _Link, pending: dict, results: dict) -> None:
@@ -117,11 +120,16 @@ class ServerLinks:
                 raise RemoteError(link.name, str(header.get("code")), str(header.get("message")))
             results[link.index] = (header, protocol.decode_arrays(header, frames[1:]))
 
-    def _check_alive(self, pending: dict) -> None:
-        for server in pending:
+    def _check_alive(self, pending: dict, results: dict) -> None:
+        for server in list(pending):
             link = self.links[server]
             link.poll_events()
             if link.ever_connected and not link.connected:
+                # A server that answered and then exited (the job ending) is fine:
+                # take an answer already queued before calling it lost.
+                self._receive(link, pending, results)
+                if server not in pending:
+                    continue
                 raise ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
                     f"the server died or the network dropped; check that server's log, then "

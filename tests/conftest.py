@@ -1,0 +1,67 @@
+import dataclasses
+import sys
+import threading
+
+import pytest
+
+from paramshard.env import ClusterEnv
+from paramshard.launch.ports import free_ports
+from paramshard.launch.local import LocalLauncher
+from paramshard.launch.processes import Child
+
+
+class Cluster:
+    """Real server processes on free loopback ports; trainers are made by the test."""
+
+    def __init__(self, servers: int, trainers: int, mode: str, timeout: float, **env_fields):
+        addresses = [f"127.0.0.1:{p}" for p in free_ports(servers)]
+        self.base = ClusterEnv(role=None, servers=tuple(addresses), num_trainers=trainers, mode=mode,
+                               timeout=timeout, **env_fields)
+        self.children = []
+        for i in range(servers):
+            env = dataclasses.replace(self.base, role="server", server_id=i)
+            self.children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
+                                       LocalLauncher._child_environ(env)))
+
+    def trainer_env(self, trainer_id: int, **overrides) -> ClusterEnv:
+        return dataclasses.replace(self.base, role="trainer", trainer_id=trainer_id, **overrides)
+
+    def close(self):
+        for child in self.children:
+            child.stop(grace=3)
+
+
+@pytest.fixture
+def cluster():
+    made = []
+
+    def make(servers=2, trainers=1, mode="sync", timeout=20.0, **env_fields):
+        c = Cluster(servers, trainers, mode, timeout, **env_fields)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def run_in_threads(fns, timeout=60.0):
+    """Run callables concurrently; re-raise the first exception; fail on a hang."""
+    results, errors = [None] * len(fns), []
+
+    def wrap(i, fn):
+        try:
+            results[i] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise AssertionError(f"a trainer thread did not finish within {timeout} s")
+    if errors:
+        raise errors[0]
+    return results
