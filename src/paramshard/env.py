@@ -121,8 +121,8 @@ class ClusterEnv:
             trainer_id=trainer_id or 0,
             mode=e.get("PARAMSHARD_MODE", "sync").lower(),
             dispatch=e.get("PARAMSHARD_DISPATCH", "round_robin"),
-            min_block_size=_int(e, "PARAMSHARD_MIN_BLOCK_SIZE") or DEFAULT_MIN_BLOCK_SIZE,
-            timeout=_float(e, "PARAMSHARD_TIMEOUT") or DEFAULT_TIMEOUT,
+            min_block_size=_or(_int(e, "PARAMSHARD_MIN_BLOCK_SIZE"), DEFAULT_MIN_BLOCK_SIZE),
+            timeout=_or(_float(e, "PARAMSHARD_TIMEOUT"), DEFAULT_TIMEOUT),
             bind=e.get("PARAMSHARD_BIND") or None,
         )
 
@@ -144,6 +144,10 @@ class ClusterEnv:
         if self.bind:
             out["PARAMSHARD_BIND"] = self.bind
         return out
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _first(e: Mapping[str, str], *names: str) -> tuple[str, str] | None:

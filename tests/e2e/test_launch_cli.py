@@ -1,0 +1,89 @@
+"""`paramshard launch` as a user types it."""
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    import torch, torch.nn as nn
+    import paramshard as ps
+    env = ps.init()
+    torch.manual_seed(0)
+    model = nn.Linear(32, 300)
+    trainer = ps.Trainer(model, ps.optim.SGD(lr=0.1))
+    for step in range(3):
+        trainer.step(model(torch.ones(4, 32)).pow(2).mean())
+    if env.trainer_id == 0:
+        print("servers hold", sum(s["dense_elements"] for s in trainer.server_stats()))
+    print("paddle-compatible env:", env.num_trainers, env.mode, len(env.servers))
+    trainer.close()
+    if os.environ.get("FAIL_TRAINER") == str(env.trainer_id):
+        sys.exit(3)
+""")
+
+
+def launch(tmp_path, *flags, env_extra=None, timeout=120):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    import os
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "paramshard", "launch", *flags, str(script)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_launch_runs_servers_and_trainers_with_tagged_logs(tmp_path):
+    r = launch(tmp_path, "--servers", "2", "--trainers", "2", "--min-block-size", "1024")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trainer 0 | servers hold 9900" in r.stdout     # 32*300 + 300 elements
+    assert "trainer 1 | paddle-compatible env: 2 sync 2" in r.stdout
+    assert "server 1 |" in r.stdout
+
+
+def test_failed_trainer_stops_the_job_and_is_named(tmp_path):
+    start = time.monotonic()
+    r = launch(tmp_path, "--servers", "1", "--trainers", "2", "--mode", "async",
+               env_extra={"FAIL_TRAINER": "1"})
+    assert r.returncode != 0
+    assert "trainer 1" in r.stderr and "exited with code 3" in r.stderr
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--servers", "0"], "at least one server"),
+    (["--trainers", "0"], "at least one trainer"),
+    (["--mode", "fast"], "invalid choice: 'fast'"),
+    (["--dispatch", "random"], "invalid choice: 'random'"),
+    (["--timeout", "-1"], "must be > 0"),
+])
+def test_bad_flags_get_a_clear_message(tmp_path, flags, message):
+    r = launch(tmp_path, *flags, timeout=30)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_script_is_reported(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "paramshard", "launch", str(tmp_path / "nope.py")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_server_command_without_environment_explains(tmp_path):
+    import os
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_"))}
+    r = subprocess.run([sys.executable, "-m", "paramshard", "server"], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert r.returncode == 2 and "PARAMSHARD_ROLE must be 'server'" in r.stderr
+
+
+def test_standalone_script_starts_its_own_server(tmp_path):
+    import os
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_"))}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "servers hold 9900" in r.stdout
