@@ -2,7 +2,9 @@
 
 Parameters are flat float32 numpy views (over torch tensors' memory, say).
 Every request carries all the blocks one server holds, so a step costs one
-message per server, and all servers are asked at once.
+message per server, and all servers are asked at once. The ``*_requests``
+methods build the messages so a trainer can send them together with its
+sparse-table pushes in one fan-out.
 """
 from __future__ import annotations
 
@@ -27,37 +29,41 @@ class DenseClient:
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
                        timeout: float | None = None) -> None:
-        requests = {}
+        requests = []
         for server, blocks in self._by_server.items():
             header = {"op": "register_dense", "names": [b.name for b in blocks],
                       "optimizer": optimizer.to_wire(), "plan_fingerprint": self.fingerprint}
-            requests[server] = (header, [self._slice(values, b) for b in blocks])
-        self.links.request_many(requests, timeout)
+            requests.append((server, header, [self._slice(values, b) for b in blocks]))
+        self.links.request_list(requests, timeout)
 
     def pull_dense(self, out: Mapping[str, np.ndarray], min_version: int,
                    timeout: float | None = None) -> None:
         """Copy every block (at least at ``min_version``) into ``out``'s flat arrays."""
-        requests = {
-            server: ({"op": "pull_dense", "names": [b.name for b in blocks],
-                      "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
-            for server, blocks in self._by_server.items()}
-        self._scatter(self.links.request_many(requests, timeout), out)
+        requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks],
+                              "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
+                    for server, blocks in self._by_server.items()]
+        self.scatter(requests, self.links.request_list(requests, timeout), out)
+
+    def push_requests(self, grads: Mapping[str, np.ndarray], step: int, want_values: bool) -> list:
+        requests = []
+        for server, blocks in self._by_server.items():
+            header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
+                      "trainer": self.trainer_id, "reply_values": want_values}
+            requests.append((server, header, [self._slice(grads, b) for b in blocks]))
+        return requests
 
     def push_dense(self, grads: Mapping[str, np.ndarray], step: int,
                    out: Mapping[str, np.ndarray] | None = None, timeout: float | None = None) -> None:
         """Push step ``step``'s gradients; with ``out``, also receive the updated
         values in the same round trip (sync mode: after every trainer's push)."""
-        requests = {}
-        for server, blocks in self._by_server.items():
-            header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
-                      "trainer": self.trainer_id, "reply_values": out is not None}
-            requests[server] = (header, [self._slice(grads, b) for b in blocks])
-        replies = self.links.request_many(requests, timeout)
+        requests = self.push_requests(grads, step, out is not None)
+        replies = self.links.request_list(requests, timeout)
         if out is not None:
-            self._scatter(replies, out)
+            self.scatter(requests, replies, out)
 
-    def _scatter(self, replies: dict, out: Mapping[str, np.ndarray]) -> None:
-        for server, (header, arrays) in replies.items():
+    def scatter(self, requests: list, replies: list, out: Mapping[str, np.ndarray]) -> None:
+        """Copy the blocks in the replies to ``requests`` into ``out``."""
+        for (server, _, _), (header, arrays) in zip(requests, replies):
             blocks = self._by_server[server]
             check_reply_arrays(header, arrays, [b.size for b in blocks], f"server {server}")
             for block, arr in zip(blocks, arrays):

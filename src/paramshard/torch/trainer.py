@@ -1,9 +1,10 @@
 """Train an nn.Module through the parameter servers.
 
-The chief (trainer 0) registers the model's parameters and the optimizer with
-the servers; every trainer then pulls them, so all start from the same values.
-``step(loss)`` runs backward, pushes the gradients and receives the updated
-parameters in the same round trip (one message per server per step).
+The chief (trainer 0) registers the model's dense parameters, the optimizer
+and every SparseEmbedding table with the servers; every trainer then pulls
+the dense values, so all start from the same point. ``step(loss)`` runs
+backward, pushes dense gradients and sparse row gradients together, and
+receives the updated dense parameters in the same round trip.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import torch
 
 from .. import runtime
 from ..client.dense import DenseClient
+from ..client.sparse import SparseClient
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..log import get_logger
 from ..optim import SGD, OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
+from .sparse_embedding import SparseEmbedding
 
 log = get_logger("trainer")
 
@@ -38,20 +41,43 @@ class Trainer:
                               len(self.env.servers), self.env.dispatch, self.env.min_block_size)
         self.links = ServerLinks(self.env.servers, self.env.timeout, who=self.env.rank_name)
         self.dense = DenseClient(self.links, self.plan, self.trainer_id)
+        self.sparse = SparseClient(self.links, self.trainer_id)
+        self.tables = self._sparse_tables(model)
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
         self._closed = False
         if self.is_chief:
             self.dense.register_dense(self._values, self.optimizer)
-            log.info("registered %d parameters (%d blocks) with %d servers, load ratio %.3f",
-                     len(self._params), len(self.plan.blocks), self.plan.num_servers, self.plan.load_ratio())
+            for table in self.tables.values():
+                self.sparse.register_sparse(table.spec)
+            log.info("registered %d parameters (%d blocks) and %d sparse tables with %d servers, "
+                     "dense load ratio %.3f", len(self._params), len(self.plan.blocks), len(self.tables),
+                     self.plan.num_servers, self.plan.load_ratio())
         self.dense.pull_dense(self._values, min_version=0)
+        for table in self.tables.values():
+            table._puller = self._pull_rows
+
+    @staticmethod
+    def _sparse_tables(model: torch.nn.Module) -> dict[str, SparseEmbedding]:
+        tables: dict[str, SparseEmbedding] = {}
+        for module in model.modules():
+            if isinstance(module, SparseEmbedding):
+                if module.name in tables and tables[module.name] is not module:
+                    raise ConfigError(f"two SparseEmbedding modules are named {module.name!r}; "
+                                      f"share one module to share a table")
+                tables[module.name] = module
+        return tables
+
+    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray) -> np.ndarray:
+        # Sync: rows must include every update of the steps before this one.
+        version = self.step_count if self.env.mode == "sync" else 0
+        return self.sparse.pull_sparse(table.name, ids, table.dim, version)
 
     @staticmethod
     def _dense_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
         params = []
         for name, p in model.named_parameters():
-            if not p.requires_grad or getattr(p, "_paramshard_sparse", False):
+            if not p.requires_grad:
                 continue
             if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
                 raise ConfigError(f"parameter {name}: paramshard serves contiguous float32 CPU "
@@ -71,7 +97,13 @@ class Trainer:
             # (sync servers wait for every trainer): its gradient is zero.
             grads[name] = (p.grad.detach().contiguous().view(-1).numpy() if p.grad is not None
                            else np.zeros(p.numel(), np.float32))
-        self.dense.push_dense(grads, self.step_count, out=self._values)
+        dense_requests = self.dense.push_requests(grads, self.step_count, want_values=True)
+        requests = list(dense_requests)
+        for table in self.tables.values():
+            ids, row_grads = table.take_gradients()
+            requests += self.sparse.push_requests(table.name, ids, row_grads, self.step_count)
+        replies = self.links.request_list(requests)
+        self.dense.scatter(dense_requests, replies[:len(dense_requests)], self._values)
         self.step_count += 1
         for _, p in self._params:
             p.grad = None
@@ -80,6 +112,29 @@ class Trainer:
         """Fetch the current parameter values (e.g. before evaluating in async mode)."""
         version = self.step_count if self.env.mode == "sync" else 0
         self.dense.pull_dense(self._values, min_version=version)
+
+    def export_table(self, name: str, path) -> int:
+        """Write every server's rows of table ``name`` into one file (see paramshard.export)."""
+        from ..export import save_table
+        table = self._table(name)
+        ids, values = self.sparse.export_sparse(name)
+        save_table(path, table.spec, ids, values)
+        return len(ids)
+
+    def import_table(self, name: str, path) -> int:
+        """Load rows exported by an earlier job into table ``name`` (chief only, before training)."""
+        from ..export import load_table
+        table = self._table(name)
+        exported = load_table(path)
+        if exported.dim != table.dim:
+            raise ConfigError(f"{path}: rows of dim {exported.dim}, table {name!r} has dim {table.dim}")
+        self.sparse.import_sparse(name, exported.ids, exported.values)
+        return len(exported.ids)
+
+    def _table(self, name: str) -> SparseEmbedding:
+        if name not in self.tables:
+            raise ConfigError(f"no SparseEmbedding named {name!r} in this model; tables: {sorted(self.tables)}")
+        return self.tables[name]
 
     def server_stats(self) -> list[dict]:
         replies = self.links.request_many({s: ({"op": "stats"}, ()) for s in range(len(self.links))})

@@ -75,76 +75,81 @@ class ServerLinks:
 
     def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
                 timeout: float | None = None):
-        return self.request_many({server: (header, arrays)}, timeout)[server]
+        return self.request_list([(server, header, arrays)], timeout)[0]
 
     def request_many(self, requests: dict, timeout: float | None = None) -> dict:
-        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}.
+        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}."""
+        servers = list(requests)
+        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
+        return dict(zip(servers, replies))
+
+    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
+        """[(server, header, arrays)] -> [(reply_header, reply_arrays)], in order.
 
         All requests go out before any reply is awaited, so the servers work in
-        parallel. Reply arrays are read-only views over the received frames.
+        parallel (and one server may get several). Reply arrays are read-only
+        views over the received frames.
         """
         wait = self.timeout if timeout is None else timeout
         # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
         # so a server's error naming the peer it waited for arrives first.
         deadline = time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0)
-        pending: dict[int, int] = {}
-        for server, (header, arrays) in requests.items():
+        pending: dict[int, tuple[int, int, str]] = {}   # request id -> (slot, server, op)
+        for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
             frames = protocol.encode({**header, "id": request_id}, arrays)
             self.links[server].sock.send_multipart(frames, copy=False)
-            pending[server] = request_id
-        results: dict = {}
+            pending[request_id] = (slot, server, header.get("op"))
+        results: list = [None] * len(requests)
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._raise_deadline(pending, requests, timeout)
+                self._raise_deadline(pending, wait)
             ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1)))
-            for server in list(pending):
-                link = self.links[server]
-                if link.sock in ready:
-                    self._receive(link, pending, results)
+            for server in {srv for _, srv, _ in pending.values()}:
+                if self.links[server].sock in ready:
+                    self._receive(self.links[server], pending, results)
             self._check_alive(pending, results)
         return results
 
-    def _receive(self, link: _Link, pending: dict, results: dict) -> None:
-        while link.index in pending:
+    def _receive(self, link: _Link, pending: dict, results: list) -> None:
+        while any(srv == link.index for _, srv, _ in pending.values()):
             try:
                 frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             header = protocol.decode_header(frames[0].buffer)
-            if header["id"] != pending[link.index]:
+            entry = pending.pop(header["id"], None)
+            if entry is None:
                 continue   # a late answer to a request that already timed out
-            del pending[link.index]
             if not header.get("ok"):
                 raise RemoteError(link.name, str(header.get("code")), str(header.get("message")))
-            results[link.index] = (header, protocol.decode_arrays(header, frames[1:]))
+            results[entry[0]] = (header, protocol.decode_arrays(header, frames[1:]))
 
-    def _check_alive(self, pending: dict, results: dict) -> None:
-        for server in list(pending):
+    def _check_alive(self, pending: dict, results: list) -> None:
+        for server in {srv for _, srv, _ in pending.values()}:
             link = self.links[server]
             link.poll_events()
             if link.ever_connected and not link.connected:
                 # A server that answered and then exited (the job ending) is fine:
                 # take an answer already queued before calling it lost.
                 self._receive(link, pending, results)
-                if server not in pending:
+                if not any(srv == server for _, srv, _ in pending.values()):
                     continue
                 raise ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
                     f"the server died or the network dropped; check that server's log, then "
                     f"restart the job")
 
-    def _raise_deadline(self, pending: dict, requests: dict, timeout) -> None:
+    def _raise_deadline(self, pending: dict, waited: float) -> None:
         parts = []
-        for server in pending:
+        for _, server, op in pending.values():
             link = self.links[server]
             link.poll_events()
             state = "connected" if link.connected else (
                 "never reachable: is it running, is the address right?" if not link.ever_connected
                 else "disconnected")
-            parts.append(f"{link.name} [{requests[server][0].get('op')}, {state}]")
-        waited = self.timeout if timeout is None else timeout
+            parts.append(f"{link.name} [{op}, {state}]")
         raise DeadlineExceeded(f"{self.who} waited {waited:g} s for " + "; ".join(parts)
                                + " (raise PARAMSHARD_TIMEOUT if the job is just slow)")
 

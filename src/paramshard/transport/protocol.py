@@ -36,9 +36,10 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int},
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict},
-    "pull_sparse": {"table": str, "trainer": int},
+    "pull_sparse": {"table": str, "trainer": int, "min_version": int},
     "push_sparse": {"table": str, "step": int, "trainer": int},
     "export_sparse": {"table": str},
+    "import_sparse": {"table": str},
     "leave": {"trainer": int},
     "shutdown": {},
 }
@@ -73,7 +74,8 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list:
     frames: list = [msgpack.packb(header, use_bin_type=True)]
     for a in arrays:
         # memoryview of a contiguous array: zmq sends it without copying.
-        frames.append(memoryview(np.ascontiguousarray(a)).cast("B"))
+        flat = np.ascontiguousarray(a).reshape(-1)
+        frames.append(memoryview(flat).cast("B") if flat.size else b"")
     return frames
 
 

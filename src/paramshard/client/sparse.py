@@ -1,0 +1,107 @@
+"""Trainer side of the sparse-table requests (server side: paramshard.server.sparse_service).
+
+Ids are owned by servers through a stable hash (paramshard.sparse_hash), so
+every trainer sends each id to the same server whatever the table.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import ProtocolError
+from ..optim import OptimizerConfig
+from ..sparse_hash import server_of
+from ..tables import Admission, Eviction, policy_to_wire
+from ..transport.client import ServerLinks
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    name: str
+    dim: int
+    optimizer: OptimizerConfig
+    seed: int = 0
+    init_scale: float = 0.01
+    admission: Admission = Admission()
+    eviction: Eviction = Eviction()
+
+
+@dataclasses.dataclass
+class Partition:
+    """Ids grouped by owner server: ids[order[starts[s]:starts[s+1]]] belong to server s."""
+    order: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, ids: np.ndarray, num_servers: int) -> "Partition":
+        owners = server_of(ids, num_servers)
+        order = np.argsort(owners, kind="stable")
+        starts = np.zeros(num_servers + 1, np.int64)
+        np.cumsum(np.bincount(owners, minlength=num_servers), out=starts[1:])
+        return cls(order, starts)
+
+    def part(self, server: int) -> np.ndarray:
+        return self.order[self.starts[server]:self.starts[server + 1]]
+
+
+class SparseClient:
+    def __init__(self, links: ServerLinks, trainer_id: int):
+        self.links, self.trainer_id = links, trainer_id
+        self.num_servers = len(links)
+
+    def register_sparse(self, spec: TableSpec) -> None:
+        header = {"op": "register_sparse", "table": spec.name, "dim": spec.dim, "seed": spec.seed,
+                  "optimizer": spec.optimizer.to_wire(),
+                  "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale)}
+        self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
+
+    def pull_requests(self, table: str, ids: np.ndarray, min_version: int) -> tuple[list, Partition]:
+        part = Partition.of(ids, self.num_servers)
+        requests = []
+        for s in range(self.num_servers):
+            mine = part.part(s)
+            if len(mine):
+                requests.append((s, {"op": "pull_sparse", "table": table, "trainer": self.trainer_id,
+                                     "min_version": min_version}, [ids[mine]]))
+        return requests, part
+
+    @staticmethod
+    def gather_rows(replies: list, requests: list, part: Partition, n: int, dim: int) -> np.ndarray:
+        out = np.empty((n, dim), np.float32)
+        for (server, _, _), (header, arrays) in zip(requests, replies):
+            mine = part.part(server)
+            if len(arrays) != 1 or arrays[0].shape != (len(mine), dim):
+                raise ProtocolError(f"server {server}: pull_sparse reply of shape "
+                                    f"{[a.shape for a in arrays]}, expected ({len(mine)}, {dim})")
+            out[mine] = arrays[0]
+        return out
+
+    def pull_sparse(self, table: str, ids: np.ndarray, dim: int, min_version: int = 0) -> np.ndarray:
+        requests, part = self.pull_requests(table, ids, min_version)
+        replies = self.links.request_list(requests)
+        return self.gather_rows(replies, requests, part, len(ids), dim)
+
+    def push_requests(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> list:
+        """One push per server, empty ones included: a sync step needs every trainer's word."""
+        part = Partition.of(ids, self.num_servers)
+        return [(s, {"op": "push_sparse", "table": table, "step": step, "trainer": self.trainer_id},
+                 [ids[part.part(s)], grads[part.part(s)]]) for s in range(self.num_servers)]
+
+    def push_sparse(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> None:
+        self.links.request_list(self.push_requests(table, ids, grads, step))
+
+    def export_sparse(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every server's rows of ``table`` merged, sorted by id."""
+        replies = self.links.request_many({s: ({"op": "export_sparse", "table": table}, ())
+                                           for s in range(self.num_servers)})
+        ids = np.concatenate([replies[s][1][0] for s in sorted(replies)])
+        values = np.concatenate([replies[s][1][1] for s in sorted(replies)])
+        order = np.argsort(ids, kind="stable")
+        return ids[order], values[order]
+
+    def import_sparse(self, table: str, ids: np.ndarray, values: np.ndarray) -> None:
+        part = Partition.of(ids, self.num_servers)
+        self.links.request_list([
+            (s, {"op": "import_sparse", "table": table}, [ids[part.part(s)], values[part.part(s)]])
+            for s in range(self.num_servers)])

@@ -1,0 +1,108 @@
+"""Server side of the sparse-table requests (client side: paramshard.client.sparse)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..env import ClusterEnv
+from ..errors import ConfigError
+from ..optim import from_wire
+from ..tables import policy_from_wire
+from .replies import Deferred, Reply
+from .sparse_table import SparseTable
+
+
+class SparseService:
+    def __init__(self, mode: str, num_trainers: int):
+        self.mode = mode
+        self.live_trainers = set(range(num_trainers))
+        self.tables: dict[str, SparseTable] = {}
+
+    def handlers(self) -> dict:
+        return {op: getattr(self, f"handle_{op}") for op in
+                ("register_sparse", "pull_sparse", "push_sparse", "export_sparse", "import_sparse")}
+
+    def _table(self, name: str) -> SparseTable:
+        table = self.tables.get(name)
+        if table is None:
+            raise ConfigError(f"unknown sparse table {name!r}; registered: {sorted(self.tables) or 'none'}")
+        return table
+
+    @staticmethod
+    def _ids(arrays: list, n_arrays: int, op: str) -> np.ndarray:
+        if len(arrays) != n_arrays:
+            raise ConfigError(f"{op} carries {len(arrays)} arrays, expected {n_arrays}")
+        ids = arrays[0]
+        if ids.dtype != np.uint64 or ids.ndim != 1:
+            raise ConfigError(f"{op}: ids must be a flat uint64 array, got {ids.dtype}{list(ids.shape)}")
+        return ids
+
+    def handle_register_sparse(self, header: dict, arrays: list) -> Reply:
+        name = header["table"]
+        admission, eviction, init_scale = policy_from_wire(header["policy"])
+        config = (header["dim"], header["seed"], from_wire(header["optimizer"]), admission, eviction, init_scale)
+        existing = self.tables.get(name)
+        if existing is not None:
+            same = (existing.dim, existing.seed, existing.optimizer, existing.admission,
+                    existing.eviction, existing.init_scale) == config
+            if not same:
+                raise ConfigError(f"table {name!r} is already registered with other settings")
+            return Reply({"rows": existing.num_rows})
+        self.tables[name] = SparseTable(name, *config, mode=self.mode, live_trainers=self.live_trainers)
+        return Reply({"rows": 0})
+
+    def handle_pull_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
+        name, version = header["table"], header["min_version"]
+        ids = self._ids(arrays, 1, "pull_sparse").copy()   # the frame is released after this call
+
+        def ready():
+            table = self.tables.get(name)
+            return table is not None and (self.mode == "async" or table.version >= version)
+
+        def describe():
+            if name not in self.tables:
+                return f"the chief (trainer 0) has not registered sparse table {name!r}"
+            late = self.tables[name].waiting_for()
+            return f"table {name!r} step {version} is not complete: trainers {late} have not pushed"
+
+        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids)]),
+                        describe=describe)
+
+    def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
+        table = self._table(header["table"])
+        ids = self._ids(arrays, 2, "push_sparse")
+        grads = arrays[1]
+        if grads.dtype != np.float32:
+            raise ConfigError(f"push_sparse: gradients must be float32, got {grads.dtype}")
+        table.push(header["trainer"], header["step"], ids, grads)
+        return Reply()
+
+    def handle_export_sparse(self, header: dict, arrays: list) -> Reply:
+        table = self._table(header["table"])
+        ids, values = table.export()
+        return Reply({"dim": table.dim, "seed": table.seed}, [ids, values])
+
+    def handle_import_sparse(self, header: dict, arrays: list) -> Reply:
+        table = self._table(header["table"])
+        ids = self._ids(arrays, 2, "import_sparse")
+        table.load(ids, np.asarray(arrays[1], np.float32))
+        return Reply({"rows": table.num_rows})
+
+    def on_leave(self, trainer: int) -> None:
+        self.live_trainers.discard(trainer)
+        if self.mode == "sync":
+            for table in self.tables.values():
+                table.maybe_finish_step()
+
+    def stats(self) -> dict:
+        return {
+            "sparse_rows": sum(t.num_rows for t in self.tables.values()),
+            "sparse_bytes": sum(t.nbytes for t in self.tables.values()),
+            "tables": {n: {"rows": t.num_rows, "bytes": t.nbytes, "version": t.version, "evicted": t.evicted,
+                           "dim": t.dim} for n, t in self.tables.items()},
+        }
+
+
+def attach_sparse(server, env: ClusterEnv) -> SparseService:
+    service = SparseService(server.mode, server.num_trainers)
+    server.add_service(service.handlers(), stats=service.stats, on_leave=service.on_leave)
+    return service

@@ -1,0 +1,85 @@
+"""SparseEmbedding: an nn.EmbeddingBag whose rows live on the parameter servers.
+
+Each forward de-duplicates the batch's ids, pulls just those rows, and pools
+them per bag (sum or mean). Autograd then sums the gradients of duplicate ids
+into their unique row, so the Trainer pushes one merged gradient per id.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..optim import Adagrad, OptimizerConfig
+from ..tables import Admission, Eviction
+from ..client.sparse import TableSpec
+from ..rows import merge_duplicates
+
+
+def as_uint64(ids) -> np.ndarray:
+    """Feature ids from a tensor or array as uint64 (int64 bit patterns reinterpreted)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    ids = np.asarray(ids)
+    if ids.dtype == np.uint64:
+        return ids
+    if ids.dtype.kind not in "iu":
+        raise ConfigError(f"feature ids must be integers, got {ids.dtype}")
+    return ids.astype(np.int64, copy=False).view(np.uint64)
+
+
+class SparseEmbedding(torch.nn.Module):
+    def __init__(self, name: str, dim: int, mode: str = "sum", optimizer: OptimizerConfig | None = None,
+                 seed: int = 0, init_scale: float = 0.01, admission: Admission | None = None,
+                 eviction: Eviction | None = None):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ConfigError(f"SparseEmbedding {name!r}: mode must be 'sum' or 'mean', got {mode!r}")
+        if not isinstance(dim, int) or dim < 1:
+            raise ConfigError(f"SparseEmbedding {name!r}: dim must be a whole number >= 1")
+        self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
+                              admission or Admission(), eviction or Eviction())
+        self.mode = mode
+        self._puller = None                  # set by the Trainer that owns this module
+        self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    def forward(self, ids, offsets=None, per_sample_weights=None) -> torch.Tensor:
+        """``ids``: [batch, bag] integers, or flat with ``offsets`` as for nn.EmbeddingBag."""
+        if self._puller is None:
+            raise ConfigError(f"SparseEmbedding {self.name!r} is not attached to servers yet: "
+                              f"build ps.Trainer(model, ...) before the first forward")
+        flat = as_uint64(ids)
+        shape = flat.shape
+        codes, unique = pd.factorize(flat.ravel())   # hash-based: faster than sorting
+        unique = np.asarray(unique, np.uint64)
+        rows = torch.from_numpy(self._puller(self, unique)).requires_grad_(self.training)
+        if self.training:
+            self._touched.append((unique, rows))
+        index = torch.from_numpy(codes.astype(np.int64, copy=False)).view(shape)
+        if isinstance(offsets, torch.Tensor) or offsets is not None:
+            offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        return F.embedding_bag(index, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights)
+
+    def take_gradients(self) -> tuple[np.ndarray, np.ndarray]:
+        """Merged (ids, grads) of every forward since the last step; clears them."""
+        touched, self._touched = self._touched, []
+        parts = [(ids, rows.grad.numpy()) for ids, rows in touched if rows.grad is not None]
+        if not parts:
+            return np.empty(0, np.uint64), np.empty((0, self.dim), np.float32)
+        if len(parts) == 1:
+            return parts[0]
+        return merge_duplicates(np.concatenate([p[0] for p in parts]),
+                                np.concatenate([p[1] for p in parts]))
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}, optimizer={self.spec.optimizer.kind}"
