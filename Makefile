@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 examples/digits_mlp.py
+	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

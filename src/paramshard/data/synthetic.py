@@ -16,7 +16,7 @@ The hidden model, all from ``seed``:
 - the sparse and dense parts are scaled so their standard deviations are
   ``logit_std * sqrt(1 - DENSE_SHARE**2)`` and ``logit_std * DENSE_SHARE``, and
   a bias is solved for so the mean click probability is ``click_rate``.
-  logit_std=1.6 puts the hidden model's AUC near 0.8.
+  logit_std=1.4 puts the hidden model's AUC near 0.80 (1.2 -> 0.78, 1.6 -> 0.83).
 
 The output depends only on (seed, rows, model parameters): rows are made in
 fixed blocks of BLOCK_ROWS, each with its own random stream, so the first k
@@ -57,6 +57,11 @@ def mix32(x: np.ndarray, salt: int) -> np.ndarray:
     return x
 
 
+def _salt(seed: int, field: int) -> int:
+    # the odd offset keeps rank 0 away from mix32's fixed point 0 -> 0
+    return seed * 977 + field * 0x9E3779B9 + 0x5BD1E995
+
+
 @dataclass(frozen=True)
 class GenerateReport:
     path: Path
@@ -71,7 +76,7 @@ class HiddenModel:
     """The logistic model the labels are drawn from (see the module docstring)."""
 
     def __init__(self, seed: int = 0, vocab_sizes=DEFAULT_VOCAB_SIZES, zipf_a: float = 1.2,
-                 click_rate: float = 0.25, logit_std: float = 1.6):
+                 click_rate: float = 0.25, logit_std: float = 1.4):
         if len(vocab_sizes) != NUM_SPARSE or min(vocab_sizes) < 1:
             raise ConfigError(f"vocab_sizes needs {NUM_SPARSE} sizes >= 1, got {vocab_sizes!r}")
         if not 0 < click_rate < 1 or zipf_a <= 0 or logit_std < 0 or seed < 0:
@@ -84,9 +89,9 @@ class HiddenModel:
         for f, v in enumerate(vocab_sizes):
             p = np.arange(1, v + 1, dtype=np.float64) ** -zipf_a
             self.cdfs.append(np.cumsum(p) / p.sum())
-            vals = mix32(np.arange(v), salt=seed * 977 + f * 0x9E3779B9)
+            vals = mix32(np.arange(v), salt=_salt(seed, f))
             # the one rank mix32 may send to the "missing" value takes rank v's image instead
-            vals[vals == MISSING] = mix32(np.array([v]), salt=seed * 977 + f * 0x9E3779B9)
+            vals[vals == MISSING] = mix32(np.array([v]), salt=_salt(seed, f))
             self.values.append(vals)
             self.weights.append(rng.standard_normal(v + 1))
         self.dense_mu = rng.uniform(0.0, 4.0, NUM_DENSE)
@@ -172,7 +177,7 @@ def _sigmoid(z):
 
 def generate_criteo(path, rows: int, seed: int = 0, vocab_sizes=DEFAULT_VOCAB_SIZES,
                     zipf_a: float = 1.2, click_rate: float = 0.25,
-                    logit_std: float = 1.6) -> GenerateReport:
+                    logit_std: float = 1.4) -> GenerateReport:
     """Write ``rows`` rows of Criteo TSV to ``path`` and report the hidden model's
     click rate, AUC and log loss on exactly those rows."""
     if rows < 0:

@@ -1,0 +1,132 @@
+"""CTR demo: a wide & deep model on Criteo-format data, sparse tables on the servers.
+
+    paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
+    python examples/ctr_wide_deep.py --train-rows 100000      # one process
+
+With no --data, trainer 0 generates synthetic Criteo-like data from a hidden
+logistic model (so the best possible AUC is known) and splits it into one
+shard per trainer; every trainer then reads only its own shard. Give --data
+DIR (written by `paramshard split-data`) and --test FILE to use real data.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import paramshard as ps  # noqa: E402
+from ctr_model import WideDeep  # noqa: E402
+from paramshard.data import CriteoReader, auc, generate_criteo, logloss, shard_files, split_lines  # noqa: E402
+from paramshard.report import server_load_table  # noqa: E402
+
+
+def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,
+                      timeout: float = 600) -> tuple[Path, Path, float]:
+    """Trainer 0 writes the data; the others wait for its 'ready' mark."""
+    root = root / f"synthetic-{train_rows}-{test_rows}-{shards}shards"
+    ready = root / "READY"
+    if trainer_id == 0 and not ready.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        report = generate_criteo(root / "all.tsv", train_rows + test_rows, seed=0)
+        with open(root / "all.tsv", "rb") as src, open(root / "train.tsv", "wb") as tr, \
+                open(root / "test.tsv", "wb") as te:
+            for i, line in enumerate(src):
+                (tr if i < train_rows else te).write(line)
+        os.remove(root / "all.tsv")
+        split_lines([root / "train.tsv"], shards, root / "shards", force=True)
+        ready.write_text(f"{report.hidden_auc}\n")
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"trainer {trainer_id}: no data from trainer 0 after {timeout} s at {root}")
+        time.sleep(0.5)
+    return root / "shards", root / "test.tsv", float(ready.read_text())
+
+
+def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, float]:
+    model.eval()
+    labels, probs = [], []
+    with torch.no_grad():
+        for b in CriteoReader([test_path], batch_size):
+            logits = model(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)))
+            probs.append(torch.sigmoid(logits).numpy())
+            labels.append(b.labels)
+    model.train()
+    labels, probs = np.concatenate(labels), np.concatenate(probs)
+    return auc(labels, probs), logloss(labels, probs)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", type=Path, help="directory of part-NNNNN shards (default: synthetic)")
+    p.add_argument("--test", type=Path, help="test file in Criteo TSV format (with --data)")
+    p.add_argument("--train-rows", type=int, default=400_000)
+    p.add_argument("--test-rows", type=int, default=50_000)
+    p.add_argument("--workdir", type=Path, default=Path("runs/ctr"))
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1024, help="per trainer")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.05)
+    args = p.parse_args()
+
+    env = ps.init()
+    tid, chief = env.trainer_id, env.trainer_id == 0
+    if args.data:
+        if not args.test:
+            raise SystemExit("--data needs --test FILE for the evaluation")
+        shards_dir, test_path, ceiling = args.data, args.test, None
+    else:
+        shards_dir, test_path, ceiling = prepare_synthetic(args.workdir, args.train_rows, args.test_rows,
+                                                           env.num_trainers, tid)
+    my_files = shard_files(shards_dir, tid, env.num_trainers)
+
+    torch.manual_seed(0)
+    table_opt = ps.optim.Adagrad(lr=args.lr)
+    model = WideDeep(lambda name, dim: ps.SparseEmbedding(name, dim, optimizer=table_opt), dim=args.dim)
+    trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=1e-3))
+    if chief:
+        print(f"{env.num_trainers} trainers, {len(env.servers)} servers, {env.mode} mode; "
+              f"trainer 0 reads {[f.name for f in my_files]}", flush=True)
+        if ceiling:
+            print(f"hidden model AUC on this data (the ceiling): {ceiling:.4f}", flush=True)
+        base = evaluate(model, test_path)
+        print(f"before training: test AUC {base[0]:.4f}  logloss {base[1]:.4f}", flush=True)
+
+    for epoch in range(args.epochs):
+        start, seen, losses = time.perf_counter(), 0, []
+        reader = CriteoReader(my_files, args.batch_size, skip_bad_lines=True)
+        batches = list(reader)
+        # Sync steps must line up: every trainer takes the same number of steps.
+        steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
+        for k, b in enumerate(batches[:steps]):
+            logits = model(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)))
+            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(b.labels))
+            trainer.step(loss)
+            seen += len(b)
+            losses.append(loss.item())
+            if chief and (k + 1) % max(1, steps // 5) == 0:
+                rate = seen / (time.perf_counter() - start)
+                print(f"  epoch {epoch + 1} step {k + 1}/{steps}  loss {np.mean(losses[-50:]):.4f}  "
+                      f"{rate:,.0f} samples/s per trainer", flush=True)
+        elapsed = time.perf_counter() - start
+        trainer.pull()
+        if chief:
+            test_auc, test_loss = evaluate(model, test_path)
+            print(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}  test AUC {test_auc:.4f}  "
+                  f"logloss {test_loss:.4f}  {seen * env.num_trainers / elapsed:,.0f} samples/s "
+                  f"(all trainers)", flush=True)
+            if reader.bad_lines:
+                print(f"  skipped {reader.bad_lines} malformed lines", flush=True)
+
+    if chief:
+        print(server_load_table(trainer.server_stats()), flush=True)
+    trainer.close()
+
+
+if __name__ == "__main__":
+    main()
