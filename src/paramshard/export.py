@@ -40,9 +40,9 @@ class ExportedTable:
         return out
 
 
-def save_table(path, spec, ids: np.ndarray, values: np.ndarray) -> None:
-    meta = {"name": spec.name, "dim": spec.dim, "seed": spec.seed, "init_scale": spec.init_scale,
-            "optimizer": spec.optimizer.to_wire(), "format": 1}
+def save_table(path, meta: dict, ids: np.ndarray, values: np.ndarray) -> None:
+    """``meta``: name, dim, seed, init_scale, optimizer (as export_sparse returns them)."""
+    meta = {**meta, "format": 1}
     with open(Path(path), "wb") as f:   # a file object keeps numpy from appending ".npz"
         np.savez(f, ids=ids, values=values, meta=np.array(json.dumps(meta)))
 

@@ -145,3 +145,22 @@ def test_export_merges_all_servers_and_loads_into_a_new_job(cluster, tmp_path):
     assert trainer2.import_table("feat", path) == n
     np.testing.assert_array_equal(trainer2.sparse.pull_sparse("feat", exported.ids, DIM), live)
     trainer2.close()
+
+
+def test_export_command_against_running_servers(cluster, tmp_path):
+    import subprocess
+    import sys
+    c = cluster(servers=2, trainers=1, mode="async")
+    model = PsModel(ps.optim.SGD(lr=0.5), "sum")
+    trainer = Trainer(model, ps.optim.SGD(lr=0.1), env=c.trainer_env(0))
+    ids, _ = make_data(32)
+    model(ids)
+    out = tmp_path / "t.npz"
+    r = subprocess.run([sys.executable, "-m", "paramshard", "export", "--table", "feat", "--out", str(out),
+                        "--servers", ",".join(c.base.servers)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {len(np.unique(ids.numpy()))} rows" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "paramshard", "export", "--table", "nope", "--out", str(out),
+                        "--servers", ",".join(c.base.servers)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown sparse table 'nope'" in r.stderr
+    trainer.close()

@@ -91,14 +91,19 @@ class SparseClient:
     def push_sparse(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> None:
         self.links.request_list(self.push_requests(table, ids, grads, step))
 
-    def export_sparse(self, table: str) -> tuple[np.ndarray, np.ndarray]:
-        """Every server's rows of ``table`` merged, sorted by id."""
+    def export_sparse(self, table: str, with_meta: bool = False):
+        """Every server's rows of ``table`` merged, sorted by id (and the table's
+        settings as the servers hold them, with ``with_meta``)."""
         replies = self.links.request_many({s: ({"op": "export_sparse", "table": table}, ())
                                            for s in range(self.num_servers)})
         ids = np.concatenate([replies[s][1][0] for s in sorted(replies)])
         values = np.concatenate([replies[s][1][1] for s in sorted(replies)])
         order = np.argsort(ids, kind="stable")
-        return ids[order], values[order]
+        if not with_meta:
+            return ids[order], values[order]
+        header = replies[0][0]
+        meta = {"name": table, **{k: header[k] for k in ("dim", "seed", "init_scale", "optimizer")}}
+        return ids[order], values[order], meta
 
     def import_sparse(self, table: str, ids: np.ndarray, values: np.ndarray) -> None:
         part = Partition.of(ids, self.num_servers)

@@ -79,7 +79,8 @@ class SparseService:
     def handle_export_sparse(self, header: dict, arrays: list) -> Reply:
         table = self._table(header["table"])
         ids, values = table.export()
-        return Reply({"dim": table.dim, "seed": table.seed}, [ids, values])
+        return Reply({"dim": table.dim, "seed": table.seed, "init_scale": table.init_scale,
+                      "optimizer": table.optimizer.to_wire()}, [ids, values])
 
     def handle_import_sparse(self, header: dict, arrays: list) -> Reply:
         table = self._table(header["table"])

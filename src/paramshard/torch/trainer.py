@@ -116,9 +116,9 @@ class Trainer:
     def export_table(self, name: str, path) -> int:
         """Write every server's rows of table ``name`` into one file (see paramshard.export)."""
         from ..export import save_table
-        table = self._table(name)
-        ids, values = self.sparse.export_sparse(name)
-        save_table(path, table.spec, ids, values)
+        self._table(name)
+        ids, values, meta = self.sparse.export_sparse(name, with_meta=True)
+        save_table(path, meta, ids, values)
         return len(ids)
 
     def import_table(self, name: str, path) -> int:
