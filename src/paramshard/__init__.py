@@ -7,12 +7,14 @@
         trainer.step(loss_fn(model(x), y))
     trainer.close()
 """
-from . import optim
+from . import export, optim
 from .data.shard import shard
 from .errors import ParamshardError
 from .runtime import init
+from .tables import Admission, Eviction
 
-__all__ = ["init", "shard", "optim", "Trainer", "ParamshardError"]
+__all__ = ["init", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
+           "export", "ParamshardError"]
 
 
 def __getattr__(name):
