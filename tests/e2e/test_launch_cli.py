@@ -87,3 +87,59 @@ def test_standalone_script_starts_its_own_server(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert "servers hold 9900" in r.stdout
+
+
+def test_ctrl_c_stops_every_process_of_the_job(tmp_path):
+    import os
+    import signal
+    script = tmp_path / "slow.py"
+    pids = tmp_path / "pids"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        import paramshard as ps
+        ps.init()
+        with open({str(pids)!r}, "a") as f:
+            f.write(str(os.getpid()) + "\\n")
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, "-m", "paramshard", "launch", "--trainers", "2", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        children = [int(p) for p in pids.read_text().split()]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for pid in children:
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive, f"trainer pid {pid} survived Ctrl-C"
+
+
+def test_one_script_runs_every_rank_under_openmpi_variables(tmp_path):
+    """mpirun starts the same script on every rank; the first S ranks serve."""
+    import os
+    from paramshard.launch.ports import free_ports
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    port = free_ports(1)[0]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_"))}
+    base.update({"PARAMSHARD_SERVERS": f"127.0.0.1:{port}", "OMPI_COMM_WORLD_SIZE": "2"})
+    ranks = [subprocess.Popen([sys.executable, str(script)], env={**base, "OMPI_COMM_WORLD_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        outs = [r.communicate(timeout=90) for r in ranks]
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                r.kill()
+    assert [r.returncode for r in ranks] == [0, 0], outs
+    assert "servers hold 9900" in outs[1][0]          # rank 1 trained; rank 0 served and exited
+    assert "server 0 serving" in outs[0][1]
