@@ -13,19 +13,19 @@ def _mib(n: float) -> str:
 
 def server_load_table(stats: list[dict], title: str = "server load") -> str:
     table = Table(title=title)
-    for col in ("server", "address", "dense blocks", "dense elements", "share", "sparse rows",
+    for col in ("server", "address", "dense blocks", "dense elements", "share", "sparse rows", "sparse MiB",
                 "MiB in", "MiB out", "requests", "errors"):
         table.add_column(col, justify="right")
     total = sum(s.get("dense_elements", 0) for s in stats) or 1
     for s in stats:
         table.add_row(str(s["server"]), s.get("address", "?"), str(s.get("dense_blocks", 0)),
                       f"{s.get('dense_elements', 0):,}", f"{s.get('dense_elements', 0) / total:.1%}",
-                      f"{s.get('sparse_rows', 0):,}", _mib(s.get("bytes_in", 0)), _mib(s.get("bytes_out", 0)),
+                      f"{s.get('sparse_rows', 0):,}", _mib(s.get("sparse_bytes", 0)), _mib(s.get("bytes_in", 0)), _mib(s.get("bytes_out", 0)),
                       str(s.get("requests", 0)), str(s.get("errors", 0)))
     loads = [s.get("dense_elements", 0) for s in stats]
     mean = sum(loads) / len(loads) if loads else 0
     buf = io.StringIO()
-    console = Console(file=buf, width=120, force_terminal=False)
+    console = Console(file=buf, width=140, force_terminal=False)
     console.print(table)
     if mean:
         console.print(f"dense load max/mean = {max(loads) / mean:.3f}")
