@@ -38,6 +38,8 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_TIMEOUT", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})", ()),
     ("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry "
      "in PARAMSHARD_SERVERS)", ()),
+    ("PARAMSHARD_SECRET", "shared secret: when set, every message is authenticated (keyed "
+     "BLAKE2b); the launcher passes its own value on", ()),
     ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
      "(with OMPI_COMM_WORLD_SIZE)", ()),
 )
@@ -55,6 +57,7 @@ class ClusterEnv:
     min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
     timeout: float = DEFAULT_TIMEOUT
     bind: str | None = None
+    secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -124,6 +127,7 @@ class ClusterEnv:
             min_block_size=_or(_int(e, "PARAMSHARD_MIN_BLOCK_SIZE"), DEFAULT_MIN_BLOCK_SIZE),
             timeout=_or(_float(e, "PARAMSHARD_TIMEOUT"), DEFAULT_TIMEOUT),
             bind=e.get("PARAMSHARD_BIND") or None,
+            secret=e.get("PARAMSHARD_SECRET") or None,
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -143,6 +147,8 @@ class ClusterEnv:
             out["PARAMSHARD_TRAINER_ID"] = str(self.trainer_id)
         if self.bind:
             out["PARAMSHARD_BIND"] = self.bind
+        if self.secret:
+            out["PARAMSHARD_SECRET"] = self.secret
         return out
 
 

@@ -51,7 +51,8 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     if bind is None:
         own_host, _, own_port = env.servers[env.server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
-    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout)
+    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
+                             secret=env.secret)
     _attach_optional_services(server, env)
     return server
 

@@ -24,11 +24,12 @@ def run(args) -> int:
         return 0
     if not args.table or not args.out:
         raise ConfigError("give --table NAME and --out FILE (or --describe FILE)")
-    servers = args.servers.split(",") if args.servers else list(ClusterEnv.from_environ().servers)
+    environ = ClusterEnv.from_environ()
+    servers = args.servers.split(",") if args.servers else list(environ.servers)
     if not servers:
         raise ConfigError("no servers: pass --servers host:port,... or set PARAMSHARD_SERVERS")
     ClusterEnv(role=None, servers=tuple(servers))   # validates host:port
-    with ServerLinks(servers, args.timeout, who="export") as links:
+    with ServerLinks(servers, args.timeout, who="export", secret=environ.secret) as links:
         ids, values, meta = SparseClient(links, trainer_id=-1).export_sparse(args.table, with_meta=True)
     save_table(args.out, meta, ids, values)
     print(f"wrote {len(ids):,} rows of table {args.table!r} (dim {meta['dim']}) to {args.out}")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..env import DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
+from ..env import ClusterEnv, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
 from ..launch.local import LaunchConfig, LocalLauncher
 from ..log import configure
 
@@ -26,6 +26,7 @@ def run(args) -> int:
     configure("launcher")
     config = LaunchConfig(script=args.script, script_args=tuple(args.script_args), servers=args.servers,
                           trainers=args.trainers, mode=args.mode, dispatch=args.dispatch,
-                          min_block_size=args.min_block_size, timeout=args.timeout)
+                          min_block_size=args.min_block_size, timeout=args.timeout,
+                          secret=ClusterEnv.from_environ().secret)
     launcher = LocalLauncher(config).start()
     return launcher.wait()

@@ -32,6 +32,7 @@ class LaunchConfig:
     min_block_size: int = 8192
     timeout: float = 120.0
     host: str = "127.0.0.1"
+    secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         if self.servers < 1:
@@ -45,7 +46,8 @@ class LaunchConfig:
 
     def base_env(self, servers: Sequence[str]) -> ClusterEnv:
         return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
-                          dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout)
+                          dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
+                          secret=self.secret)
 
 
 class LocalLauncher:

@@ -18,6 +18,7 @@ import zmq
 from ..errors import ConfigError, ParamshardError, ProtocolError
 from ..log import get_logger
 from ..transport import protocol
+from ..transport.auth import MessageAuth
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
 from .replies import Deferred, Reply
@@ -35,7 +36,7 @@ class _Waiting:
 
 class ParameterServer:
     def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
-                 timeout: float = 120.0, exit_when_trainers_leave: bool = True):
+                 timeout: float = 120.0, exit_when_trainers_leave: bool = True, secret: str | None = None):
         """``bind`` is host:port; port 0 picks a free port (see ``address``)."""
         self.server_id = server_id
         self.name = f"server {server_id}"
@@ -43,6 +44,7 @@ class ParameterServer:
         self.num_trainers = num_trainers
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
+        self._auth = MessageAuth(secret)
         self.dense = DenseStore(mode, num_trainers)
         self._dense_handlers = DenseHandlers(self.dense, self.name)
         self._extra_handlers: dict = {}
@@ -139,7 +141,9 @@ class ParameterServer:
         try:
             if not rest:
                 raise ProtocolError("empty message: expected [header, frames...]")
+            rest = self._auth.verify(rest)
             header = protocol.decode_header(rest[0].buffer)
+            self._auth.check_header(header)
             request_id = header["id"]
             protocol.validate_request(header)
             op = header["op"]
@@ -195,7 +199,7 @@ class ParameterServer:
         self._send(identity, protocol.ok_header(request_id, **reply.fields), reply.arrays)
 
     def _send(self, identity, header: dict, arrays=()) -> None:
-        frames = protocol.encode(header, arrays)
+        frames = self._auth.sign(protocol.encode(header, arrays, signed=self._auth.enabled))
         self.stats["bytes_out"] += sum(a.nbytes for a in arrays)
         try:
             self._sock.send_multipart([identity, *frames], copy=False)

@@ -39,7 +39,8 @@ class Trainer:
         self._params = self._dense_parameters(model)
         self.plan = make_plan([ParamSpec(n, tuple(p.shape)) for n, p in self._params],
                               len(self.env.servers), self.env.dispatch, self.env.min_block_size)
-        self.links = ServerLinks(self.env.servers, self.env.timeout, who=self.env.rank_name)
+        self.links = ServerLinks(self.env.servers, self.env.timeout, who=self.env.rank_name,
+                                 secret=self.env.secret)
         self.dense = DenseClient(self.links, self.plan, self.trainer_id)
         self.sparse = SparseClient(self.links, self.trainer_id)
         self.tables = self._sparse_tables(model)

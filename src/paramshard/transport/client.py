@@ -18,6 +18,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
 from . import protocol
+from .auth import MessageAuth
 
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
@@ -60,9 +61,11 @@ class _Link:
 class ServerLinks:
     """Talks to every server of the job. Not thread-safe: one per trainer thread."""
 
-    def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer"):
+    def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer",
+                 secret: str | None = None):
         self.timeout = timeout
         self.who = who
+        self._auth = MessageAuth(secret)
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
         self.links = [_Link(self._ctx, i, a, identity) for i, a in enumerate(addresses)]
@@ -97,7 +100,8 @@ class ServerLinks:
         pending: dict[int, tuple[int, int, str]] = {}   # request id -> (slot, server, op)
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
-            frames = protocol.encode({**header, "id": request_id}, arrays)
+            frames = self._auth.sign(protocol.encode({**header, "id": request_id}, arrays,
+                                                     signed=self._auth.enabled))
             self.links[server].sock.send_multipart(frames, copy=False)
             pending[request_id] = (slot, server, header.get("op"))
         results: list = [None] * len(requests)
@@ -118,7 +122,17 @@ class ServerLinks:
                 frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            header = protocol.decode_header(frames[0].buffer)
+            try:
+                frames = self._auth.verify(frames)
+                header = protocol.decode_header(frames[0].buffer)
+                self._auth.check_header(header)
+            except ProtocolError as exc:
+                # Most likely the server's own complaint about our signature: show it.
+                header = protocol.decode_header(frames[0].buffer)
+                if header.get("ok") is False:
+                    raise RemoteError(link.name, str(header.get("code")),
+                                      f"{header.get('message')} [and here: {exc}]") from None
+                raise ProtocolError(f"reply from {link.name}: {exc}") from None
             entry = pending.pop(header["id"], None)
             if entry is None:
                 continue   # a late answer to a request that already timed out

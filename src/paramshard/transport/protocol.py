@@ -66,10 +66,12 @@ def array_meta(arr: np.ndarray) -> dict:
     raise ProtocolError(f"dtype {arr.dtype} cannot travel on the wire; use one of {sorted(DTYPES)}")
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), signed: bool = False) -> list:
     """Header dict + arrays -> frames ready for send_multipart(copy=False)."""
     header = dict(header)
     header["v"] = PROTOCOL_VERSION
+    if signed:
+        header["signed"] = True
     header["arrays"] = [array_meta(a) for a in arrays]
     frames: list = [msgpack.packb(header, use_bin_type=True)]
     for a in arrays:
