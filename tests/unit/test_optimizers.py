@@ -24,12 +24,13 @@ CASES = [
 @pytest.mark.parametrize("config,torch_opt", CASES, ids=lambda c: repr(c)[:40])
 def test_rule_matches_torch(config, torch_opt):
     rng = np.random.default_rng(0)
-    start = rng.standard_normal(1000).astype(np.float32)
-    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(6)]
+    n = 100_003    # more than one update chunk, and not a multiple of it
+    start = rng.standard_normal(n).astype(np.float32)
+    grads = [rng.standard_normal(n).astype(np.float32) for _ in range(6)]
     rule = make_rule(po.from_wire(config.to_wire()))   # through the wire form, as a server gets it
     param, slots = start.copy(), rule.init_slots(start.shape)
     for step, g in enumerate(grads, 1):
-        rule.apply(param, g, slots, step, np.empty_like(g))
+        rule.apply(param, g, slots, step)
     tp = torch.nn.Parameter(torch.from_numpy(start.copy()))
     opt = torch_opt([tp])
     for g in grads:

@@ -34,7 +34,6 @@ class DenseStore:
         self.live_trainers = set(range(num_trainers))
         self.blocks: dict[str, DenseBlock] = {}
         self.plan_fingerprint: int | None = None
-        self._scratch = np.empty(0, np.float32)
 
     # -- registration ---------------------------------------------------
     def register(self, names: list[str], arrays: list[np.ndarray], optimizer: OptimizerConfig,
@@ -85,8 +84,13 @@ class DenseStore:
             if trainer in block.contributors:
                 raise ConfigError(f"trainer {trainer} pushed step {step} for {block.name} twice")
         for block, grad in zip(blocks, grads):
+            if not block.contributors and self.live_trainers <= {trainer}:
+                # The only trainer left: apply straight from the received frame,
+                # no copy into an accumulator.
+                self._apply(block, grad)
+                continue
             if block.acc is None:
-                block.acc = np.zeros_like(block.values)
+                block.acc = np.empty_like(block.values)
             if block.contributors:
                 block.acc += grad
             else:
@@ -111,15 +115,12 @@ class DenseStore:
 
     def _maybe_finish_step(self, block: DenseBlock) -> None:
         if block.contributors and self.live_trainers <= block.contributors:
-            block.acc *= np.float32(1.0 / len(block.contributors))
-            self._apply(block, block.acc)
+            # The average folds into the update: no extra pass over the block.
+            self._apply(block, block.acc, scale=1.0 / len(block.contributors))
             block.contributors.clear()
 
-    def _apply(self, block: DenseBlock, grad: np.ndarray) -> None:
-        if self._scratch.size < grad.size:
-            self._scratch = np.empty(grad.size, np.float32)
-        scratch = self._scratch[: grad.size]
-        block.rule.apply(block.values, grad, block.slots, block.version + 1, scratch)
+    def _apply(self, block: DenseBlock, grad: np.ndarray, scale: float = 1.0) -> None:
+        block.rule.apply(block.values, grad, block.slots, block.version + 1, scale)
         block.version += 1
 
     @property

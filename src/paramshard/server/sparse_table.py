@@ -148,14 +148,12 @@ class SparseTable:
         rows = self.index.lookup(ids)
         keep = rows >= 0                     # ids never admitted: their gradient is dropped
         rows, grads = rows[keep], grads[keep]
-        if contributors > 1:
-            grads = grads * np.float32(1.0 / contributors)
         if not len(rows):
             return
         values = self.values[rows]
         slots = [s[rows] for s in self.slots]
         steps = self.steps[rows] + 1
-        self.rule.apply(values, grads, slots, steps[:, None])
+        self.rule.apply(values, grads, slots, steps[:, None], scale=1.0 / contributors)
         self.values[rows] = values
         for s, new in zip(self.slots, slots):
             s[rows] = new
