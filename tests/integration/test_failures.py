@@ -16,11 +16,20 @@ from paramshard.errors import DeadlineExceeded, RemoteError, ServerUnavailable
 from paramshard.server.parameter_server import ParameterServer
 from paramshard.torch.trainer import Trainer
 from paramshard.transport import protocol
+from tests.conftest import run_in_threads
 
 
 def model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 200), nn.Linear(200, 4))
+
+
+def two_trainers(c):
+    """Two trainers built concurrently (the non-chief waits for the chief's registration)."""
+    models = [model(), model()]
+    trainers = run_in_threads([lambda t=t: Trainer(models[t], ps.optim.SGD(lr=0.1), env=c.trainer_env(t))
+                               for t in range(2)], timeout=20)
+    return models, trainers
 
 
 def test_killed_server_fails_the_step_fast_and_names_it(cluster):
@@ -40,15 +49,7 @@ def test_killed_server_fails_the_step_fast_and_names_it(cluster):
 
 def test_killed_server_wakes_a_trainer_waiting_at_the_sync_barrier(cluster):
     c = cluster(servers=2, trainers=2, timeout=60.0, min_block_size=4096)
-    models = [model(), model()]
-    trainers = [None, None]
-
-    def make(t):
-        trainers[t] = Trainer(models[t], ps.optim.SGD(lr=0.1), env=c.trainer_env(t))
-
-    threads = [threading.Thread(target=make, args=(t,)) for t in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
+    models, trainers = two_trainers(c)
     # trainer 0 pushes step 0 and waits for trainer 1, who never pushes; then server 0 dies.
     threading.Timer(1.0, lambda: os.kill(c.children[0].pid, signal.SIGKILL)).start()
     start = time.monotonic()
@@ -61,15 +62,7 @@ def test_killed_server_wakes_a_trainer_waiting_at_the_sync_barrier(cluster):
 
 def test_barrier_timeout_names_the_missing_trainer(cluster):
     c = cluster(servers=1, trainers=2, timeout=3.0)
-    models = [model(), model()]
-    trainers = [None, None]
-
-    def make(t):
-        trainers[t] = Trainer(models[t], ps.optim.SGD(lr=0.1), env=c.trainer_env(t))
-
-    threads = [threading.Thread(target=make, args=(t,)) for t in range(2)]
-    [t.start() for t in threads]
-    [t.join(20) for t in threads]
+    models, trainers = two_trainers(c)
     with pytest.raises(RemoteError, match=r"trainers \[1\] have not pushed"):
         trainers[0].step(models[0](torch.randn(8, 64)).sum())
     for t in trainers:
