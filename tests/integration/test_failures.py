@@ -157,3 +157,39 @@ def test_wrong_gradient_shape_is_rejected_without_touching_the_block(server):
         out = {"w": np.zeros(100, np.float32)}
         client.pull_dense(out, 0)
         np.testing.assert_array_equal(out["w"], 1.0)
+
+
+def test_a_trainer_that_dies_fails_the_others_barrier_within_seconds(cluster, tmp_path):
+    """Trainer 1 is a separate process killed with SIGKILL: trainer 0's sync step
+    must fail fast naming it, not wait for the 60 s deadline."""
+    import subprocess
+    import sys
+    import textwrap
+    c = cluster(servers=1, trainers=2, timeout=60.0)
+    script = tmp_path / "t1.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch, torch.nn as nn
+        import paramshard as ps
+        from paramshard.torch.trainer import Trainer
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 200), nn.Linear(200, 4))
+        Trainer(m, ps.optim.SGD(lr=0.1))
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    from paramshard.launch.local import LocalLauncher
+    child = subprocess.Popen([sys.executable, str(script)], env=LocalLauncher._child_environ(c.trainer_env(1)),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        m = model()
+        trainer = Trainer(m, ps.optim.SGD(lr=0.1), env=c.trainer_env(0))
+        assert child.stdout.readline().strip() == "ready"
+        threading.Timer(1.0, child.kill).start()
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match=r"trainers \[1\] lost their connection"):
+            trainer.step(m(torch.randn(8, 64)).sum())
+        assert time.monotonic() - start < 10
+        trainer.links.close()
+    finally:
+        child.kill()
+        child.wait(10)

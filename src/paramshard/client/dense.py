@@ -39,7 +39,7 @@ class DenseClient:
     def pull_dense(self, out: Mapping[str, np.ndarray], min_version: int,
                    timeout: float | None = None) -> None:
         """Copy every block (at least at ``min_version``) into ``out``'s flat arrays."""
-        requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks],
+        requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks], "trainer": self.trainer_id,
                               "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
                     for server, blocks in self._by_server.items()]
         self.scatter(requests, self.links.request_list(requests, timeout), out)

@@ -28,6 +28,7 @@ class DenseHandlers:
             ready=lambda: self.store.has_all(names) and self.store.versions_reached(names, version),
             make_reply=lambda: self._values_reply(names),
             describe=lambda: self._describe_wait(names, version),
+            waits_on=lambda: self.store.waiting_for(names) if self.store.has_all(names) else [0],
         )
 
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -43,6 +44,7 @@ class DenseHandlers:
             ready=lambda: self.store.versions_reached(names, step + 1),
             make_reply=lambda: self._values_reply(names),
             describe=lambda: self._describe_wait(names, step + 1),
+            waits_on=lambda: self.store.waiting_for(names),
         )
 
     def _check_plan(self, fingerprint: int) -> None:

@@ -14,6 +14,7 @@ import traceback
 from collections import Counter
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ConfigError, ParamshardError, ProtocolError
 from ..log import get_logger
@@ -67,6 +68,11 @@ class ParameterServer:
             port_num = int(port)
         self.address = f"{host}:{port_num}"
         self._waiting: list[_Waiting] = []
+        # Which connection each trainer talks over, to notice a trainer that dies:
+        # its TCP connection drops and the monitor reports that socket's fd.
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._trainer_by_fd: dict[int, int] = {}
+        self.lost_trainers: set[int] = set()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,10 +114,14 @@ class ParameterServer:
                  self.mode, self.num_trainers)
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         self._ready.set()
         try:
             while not self._stop.is_set():
-                if poller.poll(self._poll_ms()):
+                events = dict(poller.poll(self._poll_ms()))
+                if self._monitor in events:
+                    self._note_disconnects()
+                if self._sock in events:
                     # Drain what has arrived before re-checking waits: one wakeup, many messages.
                     for _ in range(256):
                         try:
@@ -123,6 +133,8 @@ class ParameterServer:
                 if self._stop_after_replies and not self._waiting:
                     break
         finally:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
             self._sock.close(linger=1000)
             log.info("%s stopped", self.name)
 
@@ -148,6 +160,8 @@ class ParameterServer:
             protocol.validate_request(header)
             op = header["op"]
             self.stats[f"op_{op}"] += 1
+            if isinstance(header.get("trainer"), int) and header["trainer"] >= 0:
+                self._trainer_by_fd[rest[0].get(zmq.SRCFD)] = header["trainer"]
             arrays = protocol.decode_arrays(header, rest[1:])
             outcome = self._dispatch(op)(header, arrays)
         except ParamshardError as exc:
@@ -174,6 +188,19 @@ class ParameterServer:
             raise ProtocolError(f"op {op!r} is not served by this server (sparse tables not enabled?)")
         return handler
 
+    def _note_disconnects(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            trainer = self._trainer_by_fd.pop(int(event["value"]), None)
+            if trainer is not None and trainer in self.dense.live_trainers:
+                self.lost_trainers.add(trainer)
+                log.error("%s: trainer %d lost its connection without leaving (died?)", self.name, trainer)
+
+    def _lost_peers(self, deferred: Deferred) -> list[int]:
+        if not self.lost_trainers or deferred.waits_on is None:
+            return []
+        return sorted(set(deferred.waits_on()) & self.lost_trainers)
+
     def _answer_waiting(self) -> None:
         if not self._waiting:
             return
@@ -181,8 +208,13 @@ class ParameterServer:
         still = []
         for w in self._waiting:
             try:
+                lost = self._lost_peers(w.deferred)
                 if w.deferred.ready():
                     self._reply(w.identity, w.request_id, w.deferred.make_reply())
+                elif lost:
+                    msg = (f"{self.name} cannot finish {w.op}: trainers {lost} lost their connection "
+                           f"without leaving (died?); {w.deferred.describe()}")
+                    self._send(w.identity, protocol.error_header(w.request_id, "peer_lost", msg))
                 elif now >= w.deadline:
                     self.stats["timeouts"] += 1
                     msg = (f"{self.name} gave up on {w.op} after {self.timeout:g} s: "

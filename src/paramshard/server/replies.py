@@ -16,7 +16,10 @@ class Reply:
 @dataclasses.dataclass
 class Deferred:
     """Answered by ``make_reply()`` as soon as ``ready()`` is true; if the
-    deadline passes first the client gets an error built from ``describe()``."""
+    deadline passes first the client gets an error built from ``describe()``.
+    ``waits_on()`` names the trainers it needs: if one of them loses its
+    connection, the wait fails at once instead of at the deadline."""
     ready: Callable[[], bool]
     make_reply: Callable[[], Reply]
     describe: Callable[[], str]
+    waits_on: Callable[[], list[int]] | None = None

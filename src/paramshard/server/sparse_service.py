@@ -64,8 +64,11 @@ class SparseService:
             late = self.tables[name].waiting_for()
             return f"table {name!r} step {version} is not complete: trainers {late} have not pushed"
 
+        def waits_on():
+            return self.tables[name].waiting_for() if name in self.tables else [0]
+
         return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids)]),
-                        describe=describe)
+                        describe=describe, waits_on=waits_on)
 
     def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
         table = self._table(header["table"])
