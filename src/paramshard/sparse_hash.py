@@ -34,14 +34,19 @@ def server_of(ids: np.ndarray, num_servers: int) -> np.ndarray:
 
 
 def initial_rows(seed: int, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
-    """Rows uniform in [-scale, scale), a pure function of (seed, id, column)."""
+    """Rows uniform in [-scale, scale), a pure function of (seed, id, column).
+    Each 64-bit hash gives two columns (its high and low 24 bits)."""
     ids = np.asarray(ids, np.uint64)
+    pairs = (dim + 1) // 2
     with np.errstate(over="ignore"):
         base = mix64(ids ^ mix64(np.uint64(seed) * _GOLDEN + _GOLDEN))
-        cols = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
-        bits = mix64(base[:, None] + cols[None, :]) >> np.uint64(40)   # 24 random bits
-    unit = bits.astype(np.float32) * np.float32(1.0 / (1 << 24))      # [0, 1)
-    return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+        cols = np.arange(1, pairs + 1, dtype=np.uint64) * _GOLDEN
+        h = mix64(base[:, None] + cols[None, :])
+    bits = np.empty((len(ids), 2 * pairs), np.uint32)
+    bits[:, 0::2] = h >> np.uint64(40)
+    bits[:, 1::2] = (h >> np.uint64(8)) & np.uint64(0xFFFFFF)
+    unit = bits[:, :dim].astype(np.float32) * np.float32(1.0 / (1 << 24))      # [0, 1)
+    return unit * np.float32(2 * scale) - np.float32(scale)
 
 
 def admitted_by_probability(seed: int, ids: np.ndarray, probability: float) -> np.ndarray:

@@ -30,25 +30,43 @@ class TableSpec:
 @dataclasses.dataclass
 class Partition:
     """Ids grouped by owner server: ids[order[starts[s]:starts[s+1]]] belong to server s."""
-    order: np.ndarray
+    order: np.ndarray | None        # None: one server, ids in their own order
     starts: np.ndarray
 
     @classmethod
     def of(cls, ids: np.ndarray, num_servers: int) -> "Partition":
+        if num_servers == 1:
+            return cls(None, np.array([0, len(ids)]))
         owners = server_of(ids, num_servers)
         order = np.argsort(owners, kind="stable")
         starts = np.zeros(num_servers + 1, np.int64)
         np.cumsum(np.bincount(owners, minlength=num_servers), out=starts[1:])
         return cls(order, starts)
 
-    def part(self, server: int) -> np.ndarray:
+    def part(self, server: int):
+        """Index (array, or a slice when nothing needs reordering) of server's ids."""
+        if self.order is None:
+            return slice(None)
         return self.order[self.starts[server]:self.starts[server + 1]]
+
+    def count(self, server: int) -> int:
+        return int(self.starts[server + 1] - self.starts[server])
 
 
 class SparseClient:
     def __init__(self, links: ServerLinks, trainer_id: int):
         self.links, self.trainer_id = links, trainer_id
         self.num_servers = len(links)
+        self._last: dict[str, tuple[np.ndarray, Partition]] = {}   # table -> the last pull's ids
+
+    def _partition(self, table: str, ids: np.ndarray) -> Partition:
+        # A push usually carries the very array its pull had: partition it once.
+        last = self._last.get(table)
+        if last is not None and last[0] is ids:
+            return last[1]
+        part = Partition.of(ids, self.num_servers)
+        self._last[table] = (ids, part)
+        return part
 
     def register_sparse(self, spec: TableSpec) -> None:
         header = {"op": "register_sparse", "table": spec.name, "dim": spec.dim, "seed": spec.seed,
@@ -57,11 +75,11 @@ class SparseClient:
         self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
 
     def pull_requests(self, table: str, ids: np.ndarray, min_version: int) -> tuple[list, Partition]:
-        part = Partition.of(ids, self.num_servers)
+        part = self._partition(table, ids)
         requests = []
         for s in range(self.num_servers):
             mine = part.part(s)
-            if len(mine):
+            if part.count(s):
                 requests.append((s, {"op": "pull_sparse", "table": table, "trainer": self.trainer_id,
                                      "min_version": min_version}, [ids[mine]]))
         return requests, part
@@ -70,11 +88,11 @@ class SparseClient:
     def gather_rows(replies: list, requests: list, part: Partition, n: int, dim: int) -> np.ndarray:
         out = np.empty((n, dim), np.float32)
         for (server, _, _), (header, arrays) in zip(requests, replies):
-            mine = part.part(server)
-            if len(arrays) != 1 or arrays[0].shape != (len(mine), dim):
+            n_mine = part.count(server)
+            if len(arrays) != 1 or arrays[0].shape != (n_mine, dim):
                 raise ProtocolError(f"server {server}: pull_sparse reply of shape "
-                                    f"{[a.shape for a in arrays]}, expected ({len(mine)}, {dim})")
-            out[mine] = arrays[0]
+                                    f"{[a.shape for a in arrays]}, expected ({n_mine}, {dim})")
+            out[part.part(server)] = arrays[0]
         return out
 
     def pull_sparse(self, table: str, ids: np.ndarray, dim: int, min_version: int = 0) -> np.ndarray:
@@ -83,9 +101,11 @@ class SparseClient:
         return self.gather_rows(replies, requests, part, len(ids), dim)
 
     def push_requests(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> list:
-        """One push per server, empty ones included: a sync step needs every trainer's word."""
-        part = Partition.of(ids, self.num_servers)
-        return [(s, {"op": "push_sparse", "table": table, "step": step, "trainer": self.trainer_id},
+        """One push per server, empty ones included: a sync step needs every trainer's word.
+        ``ids`` must be distinct (SparseEmbedding.take_gradients merges them)."""
+        part = self._partition(table, ids)
+        return [(s, {"op": "push_sparse", "table": table, "step": step, "trainer": self.trainer_id,
+                     "distinct": True},
                  [ids[part.part(s)], grads[part.part(s)]]) for s in range(self.num_servers)]
 
     def push_sparse(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> None:

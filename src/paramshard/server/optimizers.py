@@ -26,6 +26,11 @@ class Rule:
     def __init__(self, config: OptimizerConfig):
         self.config = config
 
+    @property
+    def uses_step(self) -> bool:
+        """Whether the update depends on how many updates came before."""
+        return False
+
     def init_slots(self, shape, dtype=np.float32) -> list[np.ndarray]:
         return [np.zeros(shape, dtype) for _ in self.slot_names]
 
@@ -78,6 +83,10 @@ class AdagradRule(Rule):
     def init_slots(self, shape, dtype=np.float32):
         return [np.full(shape, self.config.initial_accumulator_value, dtype)]
 
+    @property
+    def uses_step(self) -> bool:
+        return self.config.lr_decay != 0
+
     def update(self, param, grad, slots, step, scale):
         c = self.config
         g = self._grad(param, grad, scale)
@@ -89,6 +98,7 @@ class AdagradRule(Rule):
 
 class AdamRule(Rule):
     slot_names = ("exp_avg", "exp_avg_sq")
+    uses_step = True
 
     def update(self, param, grad, slots, step, scale):
         c = self.config

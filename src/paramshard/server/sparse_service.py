@@ -67,7 +67,8 @@ class SparseService:
         def waits_on():
             return self.tables[name].waiting_for() if name in self.tables else [0]
 
-        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids)]),
+        trainer = header["trainer"]
+        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer)]),
                         describe=describe, waits_on=waits_on)
 
     def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
@@ -76,7 +77,7 @@ class SparseService:
         grads = arrays[1]
         if grads.dtype != np.float32:
             raise ConfigError(f"push_sparse: gradients must be float32, got {grads.dtype}")
-        table.push(header["trainer"], header["step"], ids, grads)
+        table.push(header["trainer"], header["step"], ids, grads, distinct=header.get("distinct") is True)
         return Reply()
 
     def handle_export_sparse(self, header: dict, arrays: list) -> Reply:

@@ -20,6 +20,13 @@ from .optimizers import make_rule
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
 
 
+def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """table[rows] = values, with each row moved as one item (faster than fancy assignment)."""
+    row_type = np.dtype((np.void, table.shape[1] * table.itemsize))
+    np.put(table.view(row_type).reshape(-1), rows, np.ascontiguousarray(values).view(row_type).reshape(-1),
+           mode="clip")
+
+
 class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
                  eviction: Eviction, init_scale: float, mode: str, live_trainers: set[int],
@@ -34,12 +41,14 @@ class SparseTable:
         self.num_rows = 0
         self.values = np.empty((capacity, dim), np.float32)
         self.slots = self.rule.init_slots((capacity, dim))
-        self.steps = np.zeros(capacity, np.uint32)    # per-row update count (Adam's bias correction)
+        # Per-row update counts, kept only for rules that read them (Adam's bias correction).
+        self.steps = np.zeros(capacity, np.uint32) if self.rule.uses_step else None
         self.last_seen = np.zeros(capacity, np.uint32) if eviction.unseen_steps else None
         self.counts = IdIndex(16) if admission.min_count > 1 else None   # ids seen but not admitted
         self.count_values = np.zeros(16, np.uint32)
         self.version = 0                               # completed steps (sync) or pushes (async)
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
+        self._last_pull: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # trainer -> (ids, rows)
         self.evicted = 0
 
     # -- rows -------------------------------------------------------------
@@ -56,7 +65,8 @@ class SparseTable:
         self.values = grow(self.values)
         fresh_slots = self.rule.init_slots((new_cap - self.num_rows, self.dim))
         self.slots = [np.concatenate([s[:self.num_rows], f]) for s, f in zip(self.slots, fresh_slots)]
-        self.steps = grow(self.steps)
+        if self.steps is not None:
+            self.steps = grow(self.steps)
         if self.last_seen is not None:
             self.last_seen = grow(self.last_seen)
 
@@ -80,43 +90,59 @@ class SparseTable:
     def rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
         """Row of each id (-1: not admitted). ``ids`` may repeat."""
         rows = self.index.lookup(ids)
-        missing = rows < 0
-        if create and missing.any():
-            new_ids = np.unique(ids[missing])
-            new_ids = new_ids[self._admit(new_ids)]
-            if len(new_ids):
+        missing = np.flatnonzero(rows < 0)
+        if create and len(missing):
+            new_ids, inverse = np.unique(ids[missing], return_inverse=True)
+            admitted = self._admit(new_ids)
+            row_of_new = np.full(len(new_ids), -1, np.int64)
+            count = int(admitted.sum())
+            if count:
                 first = self.num_rows
-                self._ensure_capacity(first + len(new_ids))
-                new_rows = np.arange(first, first + len(new_ids))
-                self.index.insert(new_ids, new_rows)
-                self.values[first:first + len(new_ids)] = initial_rows(self.seed, new_ids, self.dim,
-                                                                        self.init_scale)
-                self.steps[first:first + len(new_ids)] = 0
+                self._ensure_capacity(first + count)
+                row_of_new[admitted] = np.arange(first, first + count)
+                self.index.insert(new_ids[admitted], row_of_new[admitted])
+                self.values[first:first + count] = initial_rows(self.seed, new_ids[admitted], self.dim,
+                                                                self.init_scale)
+                if self.steps is not None:
+                    self.steps[first:first + count] = 0
                 if self.last_seen is not None:
-                    self.last_seen[first:first + len(new_ids)] = self.version
-                self.num_rows += len(new_ids)
-                rows[missing] = self.index.lookup(ids[missing])
+                    self.last_seen[first:first + count] = self.version
+                self.num_rows += count
+            rows[missing] = row_of_new[inverse]
         return rows
 
-    def pull(self, ids: np.ndarray) -> np.ndarray:
+    def pull(self, ids: np.ndarray, trainer: int | None = None) -> np.ndarray:
         rows = self.rows_for(ids, create=True)
-        out = np.zeros((len(ids), self.dim), np.float32)
         have = rows >= 0
         if have.all():
-            np.take(self.values, rows, axis=0, out=out)
+            out = np.take(self.values, rows, axis=0, mode="clip")   # clip: skips a bounds pass
         else:
-            out[have] = self.values[rows[have]]
+            out = np.zeros((len(ids), self.dim), np.float32)
+            out[have] = np.take(self.values, rows[have], axis=0, mode="clip")
         if self.last_seen is not None:
             self.last_seen[rows[have]] = self.version
+        if trainer is not None:
+            # The push that follows usually carries exactly these ids: keep their rows.
+            self._last_pull[trainer] = (ids.copy(), rows)
         return out
 
+    def _rows_of_push(self, trainer: int, ids: np.ndarray) -> np.ndarray:
+        cached = self._last_pull.pop(trainer, None)
+        if cached is not None and np.array_equal(cached[0], ids):
+            return cached[1]
+        return self.index.lookup(ids)
+
     # -- updates ----------------------------------------------------------
-    def push(self, trainer: int, step: int, ids: np.ndarray, grads: np.ndarray) -> None:
+    def push(self, trainer: int, step: int, ids: np.ndarray, grads: np.ndarray, distinct: bool = False) -> None:
+        """Row gradients. paramshard's trainers merge duplicate ids before pushing
+        and say so (``distinct``), which spares the server a sort."""
         if grads.shape != (len(ids), self.dim):
             raise ConfigError(f"table {self.name}: gradients are {list(grads.shape)}, expected "
                               f"[{len(ids)}, {self.dim}] for {len(ids)} ids")
+        if not distinct:
+            ids, grads = merge_duplicates(ids, grads)
         if self.mode == "async":
-            self._apply(*merge_duplicates(ids, grads), contributors=1)
+            self._apply(self._rows_of_push(trainer, ids), grads, contributors=1)
             self.version += 1
             self._maybe_evict()
             return
@@ -127,16 +153,19 @@ class SparseTable:
                               f"step {self.version}; every trainer must push every step once")
         if trainer in self._pending:
             raise ConfigError(f"trainer {trainer} pushed step {step} to table {self.name} twice")
-        self._pending[trainer] = (ids.copy(), grads.copy())
+        self._pending[trainer] = (self._rows_of_push(trainer, ids), grads.copy())
         self.maybe_finish_step()
 
     def maybe_finish_step(self) -> None:
         if not self._pending or not self.live_trainers <= set(self._pending):
             return
         parts = list(self._pending.values())
-        ids = np.concatenate([p[0] for p in parts])
-        grads = np.concatenate([p[1] for p in parts])
-        self._apply(*merge_duplicates(ids, grads), contributors=len(parts))
+        if len(parts) == 1:
+            rows, grads = parts[0]
+        else:   # several trainers touched the same rows: sum them (then the rule averages)
+            rows, grads = merge_duplicates(np.concatenate([p[0] for p in parts]),
+                                           np.concatenate([p[1] for p in parts]))
+        self._apply(rows, grads, contributors=len(parts))
         self._pending.clear()
         self.version += 1
         self._maybe_evict()
@@ -144,20 +173,24 @@ class SparseTable:
     def waiting_for(self) -> list[int]:
         return sorted(self.live_trainers - set(self._pending))
 
-    def _apply(self, ids: np.ndarray, grads: np.ndarray, contributors: int) -> None:
-        rows = self.index.lookup(ids)
+    def _apply(self, rows: np.ndarray, grads: np.ndarray, contributors: int) -> None:
         keep = rows >= 0                     # ids never admitted: their gradient is dropped
-        rows, grads = rows[keep], grads[keep]
+        if not keep.all():
+            rows, grads = rows[keep], grads[keep]
         if not len(rows):
             return
-        values = self.values[rows]
-        slots = [s[rows] for s in self.slots]
-        steps = self.steps[rows] + 1
-        self.rule.apply(values, grads, slots, steps[:, None], scale=1.0 / contributors)
-        self.values[rows] = values
+        values = np.take(self.values, rows, axis=0, mode="clip")
+        slots = [np.take(s, rows, axis=0, mode="clip") for s in self.slots]
+        if self.steps is not None:
+            steps = self.steps[rows] + 1
+            self.steps[rows] = steps
+            step = steps[:, None]
+        else:
+            step = 1
+        self.rule.apply(values, grads, slots, step, scale=1.0 / contributors)
+        put_rows(self.values, rows, values)
         for s, new in zip(self.slots, slots):
-            s[rows] = new
-        self.steps[rows] = steps
+            put_rows(s, rows, new)
 
     # -- eviction and export ----------------------------------------------
     def _maybe_evict(self) -> None:
@@ -176,9 +209,11 @@ class SparseTable:
         self.values[:len(kept)] = self.values[kept]
         for s in self.slots:
             s[:len(kept)] = s[kept]
-        self.steps[:len(kept)] = self.steps[kept]
+        if self.steps is not None:
+            self.steps[:len(kept)] = self.steps[kept]
         self.last_seen[:len(kept)] = self.last_seen[kept]
         self.index.rebuild(ids_by_row[kept])
+        self._last_pull.clear()                 # row numbers changed
 
     def ids_by_row(self) -> np.ndarray:
         keys, rows = self.index.items()
@@ -207,6 +242,6 @@ class SparseTable:
 
     @property
     def nbytes(self) -> int:
-        per_row = [self.values, *self.slots, self.steps] + ([self.last_seen] if self.last_seen is not None else [])
+        per_row = [a for a in (self.values, *self.slots, self.steps, self.last_seen) if a is not None]
         counts = self.counts.nbytes + self.count_values.nbytes if self.counts is not None else 0
         return sum(a.nbytes for a in per_row) + self.index.nbytes + counts
