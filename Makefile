@@ -21,8 +21,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Every peer runs under the malloc settings the launcher gives paramshard's processes.
+TUNABLES := glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483648
 bench: $(STAMP)
-	$(PY) benchmarks/dense_push_pull.py
+	GLIBC_TUNABLES=$(TUNABLES) $(PY) benchmarks/dense_push_pull.py --markdown
+	$(PY) benchmarks/sparse_rows.py --markdown
+	$(PY) benchmarks/ctr_end_to_end.py --markdown
+	$(PY) benchmarks/sparse_memory.py --markdown
+	$(PY) benchmarks/big_table.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

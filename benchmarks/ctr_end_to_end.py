@@ -196,13 +196,13 @@ def backward_variants(items, dim: int, reps: int = 9) -> dict:
     import torch
     import torch.nn.functional as F
     from ctr_model import NUM_FIELDS
-    times = {"dense (library today)": [], "sparse=True + to_dense()": []}
+    times = {"dense gradient (before)": [], "sparse=True + to_dense() (library now)": []}
     for k in range(reps + 1):
         _, ids, _, _ = items[k % len(items)]
         batch = ids.shape[0]
         codes, uniq = pd.factorize(ids.numpy().ravel())
         index = torch.from_numpy(codes.astype(np.int64))
-        for name, sparse in (("dense (library today)", False), ("sparse=True + to_dense()", True)):
+        for name, sparse in (("dense gradient (before)", False), ("sparse=True + to_dense() (library now)", True)):
             total = 0.0
             for d, idx in ((1, index.view(batch, NUM_FIELDS)), (dim, index.view(batch * NUM_FIELDS, 1))):
                 rows = torch.rand(len(uniq), d, requires_grad=True)

@@ -114,7 +114,7 @@ def measure_parts(opt: str, dim: int, rows: int, chunk: int) -> dict:
         table.rows_for(ids, create=True)      # creates rows exactly as pull does, without the reply
     n = table.num_rows
     parts = {"values": table.values.nbytes, "slots": sum(s.nbytes for s in table.slots),
-             "steps": table.steps.nbytes, "index": table.index.nbytes}
+             "steps": table.steps.nbytes if table.steps is not None else 0, "index": table.index.nbytes}
     out = {k: v / n for k, v in parts.items()}
     out["capacity"] = len(table.values) / n
     out["buckets"] = len(table.index.keys) / n

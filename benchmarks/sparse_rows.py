@@ -181,18 +181,11 @@ class EbagCandidate:
 
 
 # -- breakdown of one paramshard op --------------------------------------------------------
-def _void_rows(a: np.ndarray) -> np.ndarray:
-    """[n, d] float32 as n opaque d*4-byte items: numpy moves a row as one item."""
-    return a.view(np.dtype((np.void, a.shape[1] * a.itemsize))).reshape(a.shape[0])
-
-
 def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list, reps: int,
               rng) -> tuple[dict, dict]:
     """Median (and mean) ms of each phase of pull+push: steady (async server) and first touch."""
     from paramshard.optim import SGD
-    from paramshard.rows import merge_duplicates
     from paramshard.server.sparse_table import SparseTable
-    from paramshard.sparse_hash import initial_rows
     from paramshard.tables import Admission, Eviction
     from paramshard.transport import protocol
     client = ps.client
@@ -203,9 +196,6 @@ def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list
     table = SparseTable(TABLE, DIM, 0, SGD(lr=LR), Admission(), Eviction(), 0.01, "async", {0})
     for chunk in np.array_split(all_ids, max(1, len(all_ids) // 200_000)):
         table.pull(chunk)
-    import pandas as pd
-    pd_index = pd.Index(table.ids_by_row().view(np.int64))   # pandas' C hash table, same ids
-    stamp = np.zeros(len(table.values), np.int32)
     steady: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
 
@@ -246,84 +236,21 @@ def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list
         t2 = time.perf_counter()
         add(steady, "raw pyzmq: pull-sized round trip", t1 - t0)
         add(steady, "raw pyzmq: push-sized round trip", t2 - t1)
-        # server side: the phases of SparseTable.pull and SparseTable.push (async), as written
+        # server side: the library's own SparseTable.pull and .push (async), timed in place
         t0 = time.perf_counter()
-        rows = table.rows_for(ids.copy(), create=True)     # handle_pull_sparse copies; IdIndex.lookup
+        table.pull(ids.copy(), trainer=0)                  # handle_pull_sparse copies the frame
         t1 = time.perf_counter()
-        out = np.zeros((n, DIM), np.float32)
-        np.take(table.values, rows, axis=0, out=out)       # SparseTable.pull
+        table.push(0, table.version, ids, grads, distinct=True)   # reuses the pull's rows
         t2 = time.perf_counter()
-        mids, mgrads = merge_duplicates(ids, grads)         # SparseTable.push, async
-        t3 = time.perf_counter()
-        r = table.index.lookup(mids)                        # SparseTable._apply from here
-        keep = r >= 0
-        r, g = r[keep], mgrads[keep]
-        t4 = time.perf_counter()
-        values = table.values[r]
-        slots = [s[r] for s in table.slots]
-        steps = table.steps[r] + 1
-        t5 = time.perf_counter()
-        table.rule.apply(values, g, slots, steps[:, None])
-        t6 = time.perf_counter()
-        table.values[r] = values
-        for s, new in zip(table.slots, slots):
-            s[r] = new
-        table.steps[r] = steps
-        t7 = time.perf_counter()
-        add(steady, "server: pull id->row lookup (IdIndex.lookup)", t1 - t0)
-        add(steady, "server: pull row gather (np.zeros + np.take(out=), mode='raise')", t2 - t1)
-        add(steady, "server: push merge_duplicates (argsort + gathers)", t3 - t2)
-        add(steady, "server: push id->row lookup again (IdIndex.lookup)", t4 - t3)
-        add(steady, "server: push gather values/slots/steps (fancy index)", t5 - t4)
-        add(steady, "server: push optimizer rule (SGD)", t6 - t5)
-        add(steady, "server: push scatter values/slots/steps (fancy index)", t7 - t6)
-        # alternatives the library could use, on the same data (not part of the sums)
-        buf = np.empty((n, DIM), np.float32)
-        t0 = time.perf_counter()
-        np.take(table.values, rows, axis=0, out=buf, mode="clip")
-        t1 = time.perf_counter()
-        pd_index.get_indexer(ids.view(np.int64))
-        t2 = time.perf_counter()
-        stamp[rows] = np.arange(n, dtype=np.int32)          # duplicates among rows, O(n)
-        has_dup = bool((stamp[rows] != np.arange(n, dtype=np.int32)).any())
-        t3 = time.perf_counter()
-        np.take(table.values, rows, axis=0, out=buf, mode="clip")   # SGD: gather, update, put back
-        buf -= np.float32(LR) * grads
-        np.put(_void_rows(table.values), rows, _void_rows(buf), mode="clip")
-        t4 = time.perf_counter()
-        assert not has_dup
-        add(steady, "alt: row gather with np.take(out=, mode='clip')", t1 - t0)
-        add(steady, "alt: lookup with pandas Index.get_indexer", t2 - t1)
-        add(steady, "alt: duplicate check on rows (stamp array) instead of merge", t3 - t2)
-        add(steady, "alt: SGD update as np.take(clip) + np.put on a row-void view", t4 - t3)
+        add(steady, "server: SparseTable.pull (id->row lookup + row gather)", t1 - t0)
+        add(steady, "server: SparseTable.push (cached rows, gather, SGD, put back)", t2 - t1)
 
-        # first touch: the create path of SparseTable.rows_for, phase by phase
+        # first touch: SparseTable.rows_for creating every row
         new = rng.integers(2 ** 62, 2 ** 63, n, dtype=np.uint64)
         t0 = time.perf_counter()
-        rows = table.index.lookup(new)
-        missing = rows < 0
+        table.rows_for(new, create=True)
         t1 = time.perf_counter()
-        new_ids = np.unique(new[missing])
-        t2 = time.perf_counter()
-        new_ids = new_ids[table._admit(new_ids)]
-        start = table.num_rows
-        table._ensure_capacity(start + len(new_ids))
-        t3 = time.perf_counter()
-        table.index.insert(new_ids, np.arange(start, start + len(new_ids)))
-        t4 = time.perf_counter()
-        table.values[start:start + len(new_ids)] = initial_rows(table.seed, new_ids, DIM, table.init_scale)
-        table.steps[start:start + len(new_ids)] = 0
-        table.num_rows += len(new_ids)
-        t5 = time.perf_counter()
-        rows[missing] = table.index.lookup(new[missing])
-        t6 = time.perf_counter()
-        add(first, "lookup (all miss)", t1 - t0)
-        add(first, "np.unique of the missing ids (sort)", t2 - t1)
-        add(first, "admission + _ensure_capacity (row arrays grow by 1.25x)", t3 - t2)
-        add(first, "IdIndex.insert (incl. rehash when 3/4 full)", t4 - t3)
-        add(first, "initial_rows (splitmix64 per element) + copy in", t5 - t4)
-        add(first, "lookup of the new ids again", t6 - t5)
-    stamp = None
+        add(first, "SparseTable.rows_for, all ids new (lookup, unique, insert, initial rows)", t1 - t0)
     med = {k: C.median(v) for k, v in steady.items()}
     first_stats = {k: (C.median(v), float(np.mean(v))) for k, v in first.items()}
     return med, first_stats
@@ -406,7 +333,7 @@ def report(args, times, phases, ebag_parts, stats, markdown: bool, note: str) ->
     med = {k: C.median([a + b for a, b in v]) for k, v in times.items()}
     part_a = {k: C.median([a for a, _ in v]) for k, v in times.items()}
     part_b = {k: C.median([b for _, b in v]) for k, v in times.items()}
-    headers = ["case", "candidate", "ms / op", "p25-p75 ms", "pull | fwd ms", "push | bwd+step ms",
+    headers = ["case", "candidate", "ms / op", "p25-p75 ms", "pull or fwd ms", "push or bwd+step ms",
                "rows/s", "ratio vs EmbeddingBag"]
     right = [False, False, True, True, True, True, True, True]
     rows = []

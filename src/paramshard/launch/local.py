@@ -20,6 +20,15 @@ from .processes import Child
 
 log = get_logger("launch")
 
+# libzmq mallocs every received message. With glibc's defaults a big message
+# gets fresh pages (mmap, or a heap that was just trimmed), so page faults
+# dominate large transfers. Keep everything up to 32 MiB on a heap that is
+# never trimmed, and back larger blocks with transparent huge pages. Measured
+# (benchmarks/RESULTS.md): 16 MiB push+pull 0.55x -> 0.76x of raw pyzmq under
+# the same settings; 64 MiB round trip 152 -> 87 ms.
+MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
+                   "glibc.malloc.trim_threshold=2147483648")
+
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
@@ -78,10 +87,7 @@ class LocalLauncher:
                    if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))}
         environ.update(env.to_environ())
         environ["PYTHONUNBUFFERED"] = "1"
-        # libzmq mallocs every received message; above 32 MiB glibc maps fresh
-        # pages each time and page faults dominate. Transparent huge pages for
-        # malloc cut the faults ~30x (64 MiB round trip 152 -> 87 ms, measured).
-        environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+        environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
         return environ
 
     def wait(self, poll_interval: float = 0.1) -> int:
