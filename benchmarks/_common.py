@@ -197,3 +197,14 @@ def rich_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM of a process, in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out

@@ -51,15 +51,6 @@ def mem_available() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
 
 def estimate_bytes(rows: int, dim: int) -> tuple[int, int]:
     """(final, peak) bytes of an SGD table of ``rows`` rows, from SparseTable's layout:
@@ -86,7 +77,7 @@ def fill(client, proc, table: str, rows: int, dim: int, chunk: int, deadline: fl
         done += n
         if done >= next_report or done == rows:
             el = time.perf_counter() - t0
-            st = proc_status(proc.pid)
+            st = C.proc_status(proc.pid)
             log(f"  {table}: {done:,} rows in {el:.1f} s ({done / el / 1e6:.2f}M rows/s), server RSS "
                 f"{st['VmRSS'] / GiB:.2f} GiB, MemAvailable {mem_available() / GiB:.1f} GiB")
             next_report += progress_every
@@ -133,19 +124,19 @@ def main(argv=None) -> int:
         links = ServerLinks(addresses, timeout=180.0, who="bench")
         C.wait_servers(children, links)
         client = SparseClient(links, 0)
-        rss0 = proc_status(proc.pid)["VmRSS"]
+        rss0 = C.proc_status(proc.pid)["VmRSS"]
         print(f"server pid {proc.pid}; estimated table {final_est / GiB:.1f} GiB, peak {peak_est / GiB:.1f} GiB; "
               f"MemAvailable {avail / GiB:.1f} GiB", flush=True)
         for name in (SMALL, BIG):
             client.register_sparse(TableSpec(name, args.dim, SGD(lr=LR)))
         small = fill(client, proc, SMALL, args.small_rows, args.dim, args.chunk, time.monotonic() + 60,
                      int(args.min_free_gib * GiB), args.small_rows)
-        rss_small = proc_status(proc.pid)["VmRSS"]
+        rss_small = C.proc_status(proc.pid)["VmRSS"]
         print(f"filling {args.rows:,} rows of dim {args.dim}, {args.chunk:,} new ids per request ...", flush=True)
         big = fill(client, proc, BIG, args.rows, args.dim, args.chunk, time.monotonic() + args.max_fill_seconds,
                    int(args.min_free_gib * GiB), max(args.chunk, args.rows // 10))
         time.sleep(0.2)
-        st = proc_status(proc.pid)
+        st = C.proc_status(proc.pid)
         stats = links.request(0, {"op": "stats"})[0]["stats"]["tables"]
         children.check_alive()
 

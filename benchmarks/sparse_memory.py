@@ -34,16 +34,6 @@ TABLE = "t"
 OPTIMIZERS = (("SGD", 0), ("Adagrad", 1), ("Adam", 2))
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS / VmHWM of a process, in bytes."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
 
 def optimizer(name: str):
     from paramshard import optim
@@ -89,14 +79,14 @@ def measure_server(children: C.Children, opt: str, dim: int, rows: int, chunk: i
         warm = next(chunks_of(4096, 4096, seed=1)) | np.uint64(1 << 63)
         client.pull_sparse("warmup", warm, dim)
         client.push_sparse("warmup", warm, np.zeros((len(warm), dim), np.float32), 0)
-        before = proc_status(proc.pid)
+        before = C.proc_status(proc.pid)
         client.register_sparse(TableSpec(TABLE, dim, optimizer(opt)))
         t0 = time.perf_counter()
         for ids in chunks_of(rows, chunk, seed=dim * 10 + len(opt)):
             client.pull_sparse(TABLE, ids, dim)
         fill_s = time.perf_counter() - t0
         time.sleep(0.2)                       # let the last reply's buffer be released
-        after = proc_status(proc.pid)
+        after = C.proc_status(proc.pid)
         stats = links.request(0, {"op": "stats"})[0]["stats"]["tables"][TABLE]
     finally:
         links.close()
