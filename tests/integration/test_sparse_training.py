@@ -1,5 +1,4 @@
 """Sparse tables through real servers, checked against nn.EmbeddingBag in one process."""
-import copy
 
 import numpy as np
 import pytest

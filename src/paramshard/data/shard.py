@@ -7,7 +7,7 @@ of step k of one process with batch T*b.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 from ..errors import ConfigError
 

@@ -8,9 +8,8 @@ from .replies import Deferred, Reply
 
 
 class DenseHandlers:
-    def __init__(self, store: DenseStore, server_name: str):
+    def __init__(self, store: DenseStore):
         self.store = store
-        self.server_name = server_name
 
     def handle_register_dense(self, header: dict, arrays: list) -> Reply:
         names = header["names"]

@@ -47,7 +47,7 @@ class ParameterServer:
         self.exit_when_trainers_leave = exit_when_trainers_leave
         self._auth = MessageAuth(secret)
         self.dense = DenseStore(mode, num_trainers)
-        self._dense_handlers = DenseHandlers(self.dense, self.name)
+        self._dense_handlers = DenseHandlers(self.dense)
         self._extra_handlers: dict = {}
         self._leave_hooks: list = []
         self._stats_providers: list = []
