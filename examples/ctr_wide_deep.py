@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paramshard as ps  # noqa: E402
 from ctr_model import WideDeep  # noqa: E402
 from paramshard.data import CriteoReader, auc, generate_criteo, logloss, shard_files, split_lines  # noqa: E402
-from paramshard.report import server_load_table  # noqa: E402
+from paramshard.report import StepProgress, server_load_table  # noqa: E402
 
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,
@@ -103,16 +103,18 @@ def main():
         batches = list(reader)
         # Sync steps must line up: every trainer takes the same number of steps.
         steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
+        progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
         for k, b in enumerate(batches[:steps]):
             logits = model(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)))
             loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(b.labels))
             trainer.step(loss)
             seen += len(b)
             losses.append(loss.item())
-            if chief and (k + 1) % max(1, steps // 5) == 0:
+            if progress:
                 rate = seen / (time.perf_counter() - start)
-                print(f"  epoch {epoch + 1} step {k + 1}/{steps}  loss {np.mean(losses[-50:]):.4f}  "
-                      f"{rate:,.0f} samples/s per trainer", flush=True)
+                progress.advance(f"loss {np.mean(losses[-50:]):.4f}  {rate:,.0f} samples/s per trainer")
+        if progress:
+            progress.close()
         elapsed = time.perf_counter() - start
         trainer.pull()
         if chief:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
+from paramshard.report import StepProgress
 
 QUERIES = ("money", "stock", "president", "market", "year", "company", "bank", "million", "japan", "said")
 
@@ -109,6 +110,7 @@ def main():
         steps = len(batches) if not args.max_steps else min(args.max_steps, len(batches))
         neg_rng = np.random.default_rng(1000 * epoch + env.trainer_id)
         start, losses = time.perf_counter(), []
+        progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
         for k, b in enumerate(batches[:steps]):
             sl = slice(b * args.batch_size, (b + 1) * args.batch_size)
             negatives = neg_rng.choice(len(vocab), (args.batch_size, args.negatives), p=noise)
@@ -116,11 +118,11 @@ def main():
                          torch.from_numpy(negatives))
             trainer.step(loss)
             losses.append(loss.item())
-            if chief and (k + 1) % max(1, steps // 10) == 0:
+            if progress:
                 rate = (k + 1) * args.batch_size / (time.perf_counter() - start)
-                bar = "#" * ((k + 1) * 30 // steps)
-                print(f"  epoch {epoch + 1} [{bar:<30}] {k + 1}/{steps}  loss {np.mean(losses[-100:]):.4f}  "
-                      f"{rate:,.0f} pairs/s per trainer", flush=True)
+                progress.advance(f"loss {np.mean(losses[-100:]):.4f}  {rate:,.0f} pairs/s per trainer")
+        if progress:
+            progress.close()
         if chief:
             print(f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}", flush=True)
 
