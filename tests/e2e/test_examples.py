@@ -36,3 +36,26 @@ def test_digits_demo_reaches_high_accuracy():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     acc = [float(a) for a in re.findall(r"test accuracy (\d\.\d+)", r.stdout)]
     assert acc and acc[-1] > 0.9, acc
+
+
+def test_ctr_example_on_prepared_shards(tmp_path):
+    """The real-data path: gen-data -> split-data -> each trainer reads its own part."""
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "paramshard", *args], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    cli("gen-data", str(tmp_path / "all.tsv"), "--rows", "40000", "--seed", "1")   # one hidden model
+    lines = (tmp_path / "all.tsv").read_text().splitlines(keepends=True)
+    (tmp_path / "train.tsv").write_text("".join(lines[:35000]) + "1\tnot-a-number\n")   # + a broken line
+    (tmp_path / "test.tsv").write_text("".join(lines[35000:]))
+    cli("split-data", str(tmp_path / "train.tsv"), "--shards", "2", "--out", str(tmp_path / "shards"))
+    r = launch("--servers", "1", "--trainers", "2", str(ROOT / "examples/ctr_wide_deep.py"),
+               "--data", str(tmp_path / "shards"), "--test", str(tmp_path / "test.tsv"),
+               "--train-rows", "35000")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "trainer 0 reads ['part-00000']" in r.stdout
+    aucs = [float(a) for a in re.findall(r"test AUC (\d\.\d+)", r.stdout)]
+    assert aucs[-1] > aucs[0] + 0.05, aucs
+    assert "skipped 1 malformed lines" in r.stdout

@@ -163,3 +163,27 @@ def test_export_command_against_running_servers(cluster, tmp_path):
                         "--servers", ",".join(c.base.servers)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown sparse table 'nope'" in r.stderr
     trainer.close()
+
+
+def test_admission_through_the_servers(cluster):
+    """min_count=2: a new id reads zeros and learns nothing until its second sighting."""
+    c = cluster(servers=2, trainers=1, mode="async")
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = ps.SparseEmbedding("gated", DIM, optimizer=ps.optim.SGD(lr=1.0), seed=SEED,
+                                          init_scale=SCALE, admission=ps.Admission(min_count=2))
+
+        def forward(self, ids):
+            return self.emb(ids)
+
+    model = Gated()
+    trainer = Trainer(model, env=c.trainer_env(0))
+    ids = torch.tensor([[3, 4]])
+    assert torch.all(model(ids) == 0)                      # first sighting: zeros
+    trainer.step(model(ids).sum())                          # second sighting: admitted now
+    expected = initial_rows(SEED, np.array([3, 4], np.uint64), DIM, SCALE).sum(0) - 2.0
+    np.testing.assert_allclose(model(ids).detach().numpy()[0], expected, rtol=1e-5)
+    assert sum(s["sparse_rows"] for s in trainer.server_stats()) == 2
+    trainer.close()
