@@ -107,7 +107,7 @@ def measure_parts(opt: str, dim: int, rows: int, chunk: int) -> dict:
              "steps": table.steps.nbytes if table.steps is not None else 0, "index": table.index.nbytes}
     out = {k: v / n for k, v in parts.items()}
     out["capacity"] = len(table.values) / n
-    out["buckets"] = len(table.index.keys) / n
+    out["buckets"] = len(table.index.buckets) / n
     out["total"] = table.nbytes / n
     del table
     return out

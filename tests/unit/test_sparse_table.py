@@ -22,8 +22,8 @@ def test_id_index_matches_a_dict_through_growth():
     for _ in range(20):
         batch = np.unique(rng.integers(0, 2**64 - 2, 3000, dtype=np.uint64))
         new = np.array([k for k in batch if int(k) not in ref], np.uint64)
-        rows = np.arange(len(ref), len(ref) + len(new))
-        ix.insert(new, rows)
+        rows = ix.insert(new)
+        np.testing.assert_array_equal(rows, np.arange(len(ref), len(ref) + len(new)))
         ref.update(zip(map(int, new), rows))
     probe = np.concatenate([np.array(list(ref), np.uint64)[:5000],
                             rng.integers(0, 2**64 - 2, 2000, dtype=np.uint64)])
@@ -32,9 +32,12 @@ def test_id_index_matches_a_dict_through_growth():
     assert ix.size == len(ref)
 
 
-def test_reserved_id_is_refused():
-    with pytest.raises(ValueError, match="reserved"):
-        IdIndex().insert(np.array([2**64 - 1], np.uint64), np.array([0]))
+def test_every_uint64_can_be_stored():
+    ix = IdIndex()
+    extremes = np.array([0, 1, 2**63, 2**64 - 1], np.uint64)
+    ix.insert(extremes)
+    np.testing.assert_array_equal(ix.lookup(extremes[::-1]), [3, 2, 1, 0])
+    np.testing.assert_array_equal(ix.ids_by_row(), extremes)
 
 
 def test_rows_are_created_on_first_pull_with_the_deterministic_initializer():

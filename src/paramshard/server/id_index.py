@@ -1,9 +1,10 @@
-"""uint64 id -> row number, an open-addressing hash table in numpy arrays.
+"""uint64 id -> row number 0..size-1: an open-addressing hash table in numpy arrays.
 
-Lookups and inserts are vectorised: each round of linear probing is a few
-array operations over the ids still unresolved, so there is no Python loop
-per id. 12 bytes a bucket (uint64 key + int32 row), kept between 3/8 and 3/4
-full. Deletion is by ``rebuild`` after a table compacts its rows (eviction).
+The ids live in ``ids`` in row order (8 bytes a row, what export and eviction
+need anyway); the buckets hold only int32 row numbers (-1: empty) and are kept
+between 3/8 and 3/4 full, about 14 bytes a row in all. Lookups and inserts
+are vectorised: each round of linear probing is a few array operations over
+the ids still unresolved, so there is no Python loop per id.
 """
 from __future__ import annotations
 
@@ -11,24 +12,30 @@ import numpy as np
 
 from ..sparse_hash import mix64
 
-EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)   # reserved: the one id a table cannot hold
 MAX_LOAD = 0.75
+GROWTH = 1.25      # the ids array grows by a quarter, like a table's rows
 
 
 class IdIndex:
     def __init__(self, capacity: int = 1024):
-        buckets = 1 << max(4, int(np.ceil(np.log2(max(capacity, 1) / MAX_LOAD))))
-        self._alloc(buckets)
+        self.ids = np.empty(max(capacity, 16), np.uint64)
         self.size = 0
+        self._alloc(self._buckets_for(capacity))
+
+    @staticmethod
+    def _buckets_for(rows: int) -> int:
+        return 1 << max(4, int(np.ceil(np.log2(max(rows, 1) / MAX_LOAD))))
 
     def _alloc(self, buckets: int) -> None:
-        self.keys = np.full(buckets, EMPTY, np.uint64)
-        self.rows = np.zeros(buckets, np.int32)
+        self.buckets = np.full(buckets, -1, np.int32)
         self.mask = np.uint64(buckets - 1)
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.rows.nbytes
+        return self.ids.nbytes + self.buckets.nbytes
+
+    def ids_by_row(self) -> np.ndarray:
+        return self.ids[:self.size]
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where absent."""
@@ -38,51 +45,49 @@ class IdIndex:
         active = np.arange(len(ids))
         while active.size:
             p = pos[active]
-            k = self.keys[p]
-            hit = k == ids[active]
-            out[active[hit]] = self.rows[p[hit]]
-            go_on = ~(hit | (k == EMPTY))
+            rows = self.buckets[p]
+            occupied = rows >= 0
+            hit = occupied.copy()
+            hit[occupied] = self.ids[rows[occupied]] == ids[active[occupied]]
+            out[active[hit]] = rows[hit]
+            go_on = occupied & ~hit
             active = active[go_on]
             pos[active] = (p[go_on] + np.uint64(1)) & self.mask
         return out
 
-    def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Add ids that are absent and distinct (the caller guarantees both)."""
+    def insert(self, ids: np.ndarray) -> np.ndarray:
+        """Give ids that are absent and distinct (the caller guarantees both) the
+        next row numbers; returns them."""
         ids = np.asarray(ids, np.uint64)
-        if (ids == EMPTY).any():
-            raise ValueError("id 2**64-1 is reserved and cannot be stored")
-        if (self.size + len(ids)) > MAX_LOAD * len(self.keys):
-            self._grow(self.size + len(ids))
-        self._place(ids, np.asarray(rows, np.int32))
-        self.size += len(ids)
+        first, n = self.size, len(ids)
+        if first + n > len(self.ids):
+            grown = np.empty(max(first + n, int(len(self.ids) * GROWTH) + 1), np.uint64)
+            grown[:first] = self.ids[:first]
+            self.ids = grown
+        self.ids[first:first + n] = ids
+        self.size = first + n
+        rows = np.arange(first, first + n)
+        if self.size > MAX_LOAD * len(self.buckets):
+            self._alloc(self._buckets_for(self.size))
+            self._place(np.arange(self.size))
+        else:
+            self._place(rows)
+        return rows
 
-    def _place(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        pos = mix64(ids) & self.mask
-        active = np.arange(len(ids))
+    def _place(self, rows: np.ndarray) -> None:
+        pos = mix64(self.ids[rows]) & self.mask
+        rows32 = rows.astype(np.int32)
+        active = np.arange(len(rows))
         while active.size:
             p = pos[active]
-            free = self.keys[p] == EMPTY
+            free = self.buckets[p] < 0
             claim = active[free]
-            self.keys[pos[claim]] = ids[claim]            # colliding claims: one write wins
-            won = self.keys[pos[claim]] == ids[claim]
-            self.rows[pos[claim[won]]] = rows[claim[won]]
+            self.buckets[pos[claim]] = rows32[claim]           # colliding claims: one write wins
+            won = self.buckets[pos[claim]] == rows32[claim]
             active = np.concatenate([active[~free], claim[~won]])
             pos[active] = (pos[active] + np.uint64(1)) & self.mask
-
-    def _grow(self, needed: int) -> None:
-        occupied = self.keys != EMPTY
-        keys, rows = self.keys[occupied], self.rows[occupied]
-        buckets = len(self.keys)
-        while needed > MAX_LOAD * buckets:
-            buckets *= 2
-        self._alloc(buckets)
-        self._place(keys, rows)
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        occupied = self.keys != EMPTY
-        return self.keys[occupied], self.rows[occupied]
 
     def rebuild(self, ids_by_row: np.ndarray) -> None:
         """Start over holding ids_by_row[i] -> i (after rows were compacted)."""
         self.__init__(len(ids_by_row))
-        self.insert(ids_by_row, np.arange(len(ids_by_row)))
+        self.insert(ids_by_row)

@@ -79,11 +79,10 @@ class SparseTable:
         new = rows < 0
         if new.any():
             first = self.counts.size
-            self.counts.insert(ids[new], np.arange(first, first + new.sum()))
+            rows[new] = self.counts.insert(ids[new])
             if self.counts.size > len(self.count_values):
                 self.count_values = np.resize(self.count_values, int(self.counts.size * GROWTH) + 16)
                 self.count_values[first:] = 0
-            rows[new] = np.arange(first, first + new.sum())
         self.count_values[rows] += 1
         return ok & (self.count_values[rows] >= self.admission.min_count)
 
@@ -99,8 +98,7 @@ class SparseTable:
             if count:
                 first = self.num_rows
                 self._ensure_capacity(first + count)
-                row_of_new[admitted] = np.arange(first, first + count)
-                self.index.insert(new_ids[admitted], row_of_new[admitted])
+                row_of_new[admitted] = self.index.insert(new_ids[admitted])   # rows first..first+count-1
                 self.values[first:first + count] = initial_rows(self.seed, new_ids[admitted], self.dim,
                                                                 self.init_scale)
                 if self.steps is not None:
@@ -216,10 +214,7 @@ class SparseTable:
         self._last_pull.clear()                 # row numbers changed
 
     def ids_by_row(self) -> np.ndarray:
-        keys, rows = self.index.items()
-        out = np.empty(self.num_rows, np.uint64)
-        out[rows] = keys
-        return out
+        return self.index.ids_by_row().copy()
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
         return self.ids_by_row(), self.values[:self.num_rows].copy()
@@ -233,7 +228,7 @@ class SparseTable:
         if new.any():
             first = self.num_rows
             self._ensure_capacity(first + int(new.sum()))
-            self.index.insert(ids[new], np.arange(first, first + new.sum()))
+            self.index.insert(ids[new])
             self.num_rows += int(new.sum())
             rows = self.index.lookup(ids)
             if self.last_seen is not None:
