@@ -187,3 +187,19 @@ def test_admission_through_the_servers(cluster):
     np.testing.assert_allclose(model(ids).detach().numpy()[0], expected, rtol=1e-5)
     assert sum(s["sparse_rows"] for s in trainer.server_stats()) == 2
     trainer.close()
+
+
+def test_evaluation_pulls_create_no_rows(cluster):
+    c = cluster(servers=2, trainers=1, mode="async")
+    model = PsModel(ps.optim.SGD(lr=0.5), "sum")
+    trainer = Trainer(model, ps.optim.SGD(lr=0.1), env=c.trainer_env(0))
+    train_ids = torch.tensor([[1, 2]])
+    trainer.step(model(train_ids).sum())
+    model.eval()
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 7, 8]]))
+    assert sum(s["sparse_rows"] for s in trainer.server_stats()) == 2      # 7 and 8 not stored
+    rows = trainer.sparse.pull_sparse("feat", np.array([7, 2], np.uint64), DIM, create=False)
+    np.testing.assert_array_equal(rows[0], initial_rows(SEED, np.array([7], np.uint64), DIM, SCALE)[0])
+    assert not np.array_equal(rows[1], initial_rows(SEED, np.array([2], np.uint64), DIM, SCALE)[0])  # trained
+    trainer.close()

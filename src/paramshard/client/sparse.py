@@ -74,14 +74,15 @@ class SparseClient:
                   "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale)}
         self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
 
-    def pull_requests(self, table: str, ids: np.ndarray, min_version: int) -> tuple[list, Partition]:
+    def pull_requests(self, table: str, ids: np.ndarray, min_version: int,
+                      create: bool = True) -> tuple[list, Partition]:
         part = self._partition(table, ids)
         requests = []
         for s in range(self.num_servers):
             mine = part.part(s)
             if part.count(s):
                 requests.append((s, {"op": "pull_sparse", "table": table, "trainer": self.trainer_id,
-                                     "min_version": min_version}, [ids[mine]]))
+                                     "min_version": min_version, "create": create}, [ids[mine]]))
         return requests, part
 
     @staticmethod
@@ -95,8 +96,10 @@ class SparseClient:
             out[part.part(server)] = arrays[0]
         return out
 
-    def pull_sparse(self, table: str, ids: np.ndarray, dim: int, min_version: int = 0) -> np.ndarray:
-        requests, part = self.pull_requests(table, ids, min_version)
+    def pull_sparse(self, table: str, ids: np.ndarray, dim: int, min_version: int = 0,
+                    create: bool = True) -> np.ndarray:
+        """Rows of distinct ``ids``; ``create=False`` stores no new rows (evaluation)."""
+        requests, part = self.pull_requests(table, ids, min_version, create)
         replies = self.links.request_list(requests)
         return self.gather_rows(replies, requests, part, len(ids), dim)
 

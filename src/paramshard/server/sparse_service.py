@@ -67,8 +67,8 @@ class SparseService:
         def waits_on():
             return self.tables[name].waiting_for() if name in self.tables else [0]
 
-        trainer = header["trainer"]
-        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer)]),
+        trainer, create = header["trainer"], header.get("create", True) is not False
+        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer, create)]),
                         describe=describe, waits_on=waits_on)
 
     def handle_push_sparse(self, header: dict, arrays: list) -> Reply:

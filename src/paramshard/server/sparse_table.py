@@ -109,17 +109,23 @@ class SparseTable:
             rows[missing] = row_of_new[inverse]
         return rows
 
-    def pull(self, ids: np.ndarray, trainer: int | None = None) -> np.ndarray:
-        rows = self.rows_for(ids, create=True)
+    def pull(self, ids: np.ndarray, trainer: int | None = None, create: bool = True) -> np.ndarray:
+        """Rows of ``ids``. ``create=False`` (evaluation) stores nothing: an id
+        without a row reads what its first training pull would give it."""
+        rows = self.rows_for(ids, create=create)
         have = rows >= 0
         if have.all():
             out = np.take(self.values, rows, axis=0, mode="clip")   # clip: skips a bounds pass
         else:
             out = np.zeros((len(ids), self.dim), np.float32)
             out[have] = np.take(self.values, rows[have], axis=0, mode="clip")
+            if not create and self.admission.min_count == 1:
+                absent = np.flatnonzero(~have)
+                fresh = absent[admitted_by_probability(self.seed, ids[absent], self.admission.probability)]
+                out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
         if self.last_seen is not None:
             self.last_seen[rows[have]] = self.version
-        if trainer is not None:
+        if trainer is not None and create:
             # The push that follows usually carries exactly these ids: keep their rows.
             self._last_pull[trainer] = (ids.copy(), rows)
         return out

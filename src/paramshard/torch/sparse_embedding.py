@@ -67,7 +67,8 @@ class SparseEmbedding(torch.nn.Module):
         shape = flat.shape
         codes, unique = pd.factorize(flat.ravel())   # hash-based: faster than sorting
         unique = np.asarray(unique, np.uint64)
-        rows = torch.from_numpy(self._puller(self, unique)).requires_grad_(self.training)
+        # In eval mode nothing is created on the servers: unseen ids read their initial rows.
+        rows = torch.from_numpy(self._puller(self, unique, self.training)).requires_grad_(self.training)
         if self.training:
             self._touched.append((unique, rows))
         index = torch.from_numpy(codes.astype(np.int64, copy=False)).view(shape)

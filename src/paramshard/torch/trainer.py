@@ -69,10 +69,10 @@ class Trainer:
                 tables[module.name] = module
         return tables
 
-    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray) -> np.ndarray:
+    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
         # Sync: rows must include every update of the steps before this one.
         version = self.step_count if self.env.mode == "sync" else 0
-        return self.sparse.pull_sparse(table.name, ids, table.dim, version)
+        return self.sparse.pull_sparse(table.name, ids, table.dim, version, create)
 
     @staticmethod
     def _dense_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
