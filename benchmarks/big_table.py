@@ -37,10 +37,9 @@ LR = 0.01
 
 
 def ids_of(table: str, index: np.ndarray) -> np.ndarray:
-    from paramshard.server.id_index import EMPTY
+    """Distinct pseudo-random ids (mix64 is a bijection on uint64)."""
     from paramshard.sparse_hash import mix64
-    ids = mix64(index.astype(np.uint64) ^ SALT[table])
-    return ids[ids != EMPTY]      # the one reserved id: 1 chance in 2**64 per id
+    return mix64(index.astype(np.uint64) ^ SALT[table])
 
 
 def mem_available() -> int:
