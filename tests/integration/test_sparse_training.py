@@ -203,3 +203,16 @@ def test_evaluation_pulls_create_no_rows(cluster):
     np.testing.assert_array_equal(rows[0], initial_rows(SEED, np.array([7], np.uint64), DIM, SCALE)[0])
     assert not np.array_equal(rows[1], initial_rows(SEED, np.array([2], np.uint64), DIM, SCALE)[0])  # trained
     trainer.close()
+
+
+def test_flat_ids_with_offsets_match_embedding_bag(cluster):
+    """The nn.EmbeddingBag calling convention: flat ids + bag offsets, mean pooling."""
+    c = cluster(servers=2, trainers=1, mode="async")
+    model = PsModel(ps.optim.SGD(lr=0.1), "mean")
+    trainer = Trainer(model, env=c.trainer_env(0))
+    ids = torch.tensor([4, 9, 4, 17, 3])
+    offsets = torch.tensor([0, 2, 3])                     # bags [4, 9], [4], [17, 3]
+    ref = RefModel("mean")
+    expected = ref.emb(ids, offsets).detach().numpy()
+    np.testing.assert_allclose(model.emb(ids, offsets).detach().numpy(), expected, rtol=1e-6)
+    trainer.close()

@@ -72,7 +72,7 @@ class SparseEmbedding(torch.nn.Module):
         if self.training:
             self._touched.append((unique, rows))
         index = torch.from_numpy(codes.astype(np.int64, copy=False)).view(shape)
-        if isinstance(offsets, torch.Tensor) or offsets is not None:
+        if offsets is not None:
             offsets = torch.as_tensor(offsets, dtype=torch.int64)
         # sparse=True: the backward writes one gradient row per lookup instead of
         # scattering into a dense [unique, dim] buffer (2.5x faster, measured).
