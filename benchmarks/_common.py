@@ -208,3 +208,22 @@ def proc_status(pid: int) -> dict[str, int]:
             if key in ("VmRSS", "VmHWM"):
                 out[key] = int(rest.split()[0]) * 1024
     return out
+
+
+def emit(markdown: bool, tables: Sequence[tuple], notes: Sequence[str] = ()) -> None:
+    """Print ``tables`` ([(title, headers, rows, right)]) and ``notes``: markdown
+    for RESULTS.md, or rich tables for a terminal."""
+    if markdown:
+        for _title, headers, rows, right in tables:
+            print(markdown_table(headers, rows, right))
+            print()
+        for note in notes:
+            print(f"_{note}_")
+            print()
+        return
+    from rich.console import Console
+    console = Console(width=max(Console().width, 120))
+    for title, headers, rows, right in tables:
+        console.print(rich_table(title, headers, rows, right))
+    for note in notes:
+        console.print(note)

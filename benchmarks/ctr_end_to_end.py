@@ -281,27 +281,13 @@ def report(args, results, hidden_auc, vocab, markdown: bool, note: str) -> None:
              f"seed 0; hidden-model AUC {hidden_auc:.4f} is the ceiling); vocabulary {vocab:,} ids; WideDeep dim "
              f"{args.dim}, MLP 400-400-1; Adagrad lr {TABLE_LR} on tables, Adam lr {DENSE_LR} on dense; "
              f"paramshard in {args.mode} mode; {seg_text}; paramshard server "
-             f"held {results[-1]['server_rows']:,} rows at the end (incl. rows created by the test pass). "
+             f"held {results[-1]['server_rows']:,} rows at the end (evaluation pulls create none). "
              f"Target: ratio >= 0.7x.")
-    if markdown:
-        print(C.markdown_table(headers, rows, right))
-        print()
-        print(C.markdown_table(pheaders, prows, [True, False, False, True, True]))
-        print()
-        print(C.markdown_table(bheaders, brows, [True, False, True]))
-        print()
-        print(f"_{extra}_")
-        print()
-        print(f"_{note}_")
-    else:
-        from rich.console import Console
-        console = Console(width=max(Console().width, 120))
-        console.print(C.rich_table("CTR end to end: paramshard vs one PyTorch process", headers, rows, right))
-        console.print(C.rich_table("Where a step's time goes", pheaders, prows, [True, False, False, True, True]))
-        console.print(C.rich_table("SparseEmbedding backward: dense vs sparse gradient", bheaders, brows,
-                                   [True, False, True]))
-        console.print(extra)
-        console.print(note)
+    C.emit(markdown, [
+        ("CTR end to end: paramshard vs one PyTorch process", headers, rows, right),
+        ("Where a step's time goes", pheaders, prows, [True, False, False, True, True]),
+        ("SparseEmbedding backward: dense vs sparse gradient", bheaders, brows, [True, False, True]),
+    ], [extra, note])
 
 
 def main(argv=None) -> int:

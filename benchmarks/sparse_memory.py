@@ -194,24 +194,11 @@ def report(args, results, note: str) -> None:
              f"transparent huge pages where numpy asked for them); "
              f"peak = VmHWM minus the same start (defaults). Fill: pulls of {args.chunk:,} new ids. "
              f"Target: <= 1.5x.")
-    if args.markdown:
-        print(C.markdown_table(headers, rows, right))
-        print()
-        if prows:
-            print(C.markdown_table(pheaders, prows, [False] + [True] * 8))
-            print()
-        print(f"_{extra}_")
-        print()
-        print(f"_{note}_")
-    else:
-        from rich.console import Console
-        console = Console(width=max(Console().width, 120))
-        console.print(C.rich_table("Sparse table memory per row", headers, rows, right))
-        if prows:
-            console.print(C.rich_table("Where the bytes go (in-process SparseTable, same fill)", pheaders, prows,
-                                       [False] + [True] * 8))
-        console.print(extra)
-        console.print(note)
+    tables = [("Sparse table memory per row", headers, rows, right)]
+    if prows:
+        tables.append(("Where the bytes go (in-process SparseTable, same fill)", pheaders, prows,
+                       [False] + [True] * 8))
+    C.emit(args.markdown, tables, [extra, note])
 
 
 if __name__ == "__main__":

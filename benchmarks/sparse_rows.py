@@ -366,29 +366,13 @@ def report(args, times, phases, ebag_parts, stats, markdown: bool, note: str) ->
              f"(random subset per op); EmbeddingBag vocab {args.table_rows + (args.reps + args.warmup) * n:,}; "
              f"torch threads {_threads()}; async server ended with {tstats.get('rows', 0):,} rows. "
              f"ratio = EmbeddingBag ms / candidate ms (= rows/s ratio; target >= 0.5x). Server phases are "
-             f"timed on an in-process SparseTable holding the same ids; 'alt:' rows are cheaper numpy "
-             f"equivalents on the same data, not part of any sum.")
-    if markdown:
-        print(C.markdown_table(headers, rows, right))
-        print()
-        print(C.markdown_table(pheaders, prows, [False, True]))
-        print()
-        print(C.markdown_table(["summary of the breakdown", "ms"], summary, [False, True]))
-        print()
-        print(C.markdown_table(fheaders, frows, [False, True, True]))
-        print()
-        print(f"_{extra}_")
-        print()
-        print(f"_{note}_")
-    else:
-        from rich.console import Console
-        console = Console(width=max(Console().width, 120))
-        console.print(C.rich_table("Sparse rows: pull+push vs EmbeddingBag", headers, rows, right))
-        console.print(C.rich_table("Where the paramshard time goes", pheaders, prows, [False, True]))
-        console.print(C.rich_table("Summary", ["part", "ms"], summary, [False, True]))
-        console.print(C.rich_table("First touch: row creation", fheaders, frows, [False, True, True]))
-        console.print(extra)
-        console.print(note)
+             f"timed on an in-process SparseTable holding the same ids.")
+    C.emit(markdown, [
+        ("Sparse rows: pull+push vs EmbeddingBag", headers, rows, right),
+        ("Where the paramshard time goes", pheaders, prows, [False, True]),
+        ("Summary", ["summary of the breakdown", "ms"], summary, [False, True]),
+        ("First touch: row creation", fheaders, frows, [False, True, True]),
+    ], [extra, note])
 
 
 def _threads() -> int:
