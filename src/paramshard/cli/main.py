@@ -1,4 +1,4 @@
-"""The `paramshard` command. Each subcommand lives in paramshard/commands/<name>.py
+"""The `paramshard` command. Each subcommand lives in paramshard/cli/<name>.py
 and exposes HELP, add_arguments(parser) and run(args) -> exit code."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import importlib
 import sys
 
-from .errors import ParamshardError
+from ..errors import ParamshardError
 
-# subcommand -> module under paramshard.commands
+# subcommand -> module under paramshard.cli
 COMMANDS = {
     "plan": "plan",
     "launch": "launch",
@@ -25,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         try:
-            module = importlib.import_module(f"paramshard.commands.{module_name}")
+            module = importlib.import_module(f"paramshard.cli.{module_name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"paramshard.commands.{module_name}":
+            if exc.name != f"paramshard.cli.{module_name}":
                 raise
             continue  # not built yet
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)

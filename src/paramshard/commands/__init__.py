@@ -1,1 +1,0 @@
-"""One module per `paramshard` subcommand (see paramshard.cli.COMMANDS)."""
