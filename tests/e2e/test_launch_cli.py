@@ -143,3 +143,16 @@ def test_one_script_runs_every_rank_under_openmpi_variables(tmp_path):
     assert [r.returncode for r in ranks] == [0, 0], outs
     assert "servers hold 9900" in outs[1][0]          # rank 1 trained; rank 0 served and exited
     assert "server 0 serving" in outs[0][1]
+
+
+def test_launcher_api_waits_for_its_servers_and_cleans_up(tmp_path):
+    from paramshard.launch.local import LaunchConfig, LocalLauncher
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    import io
+    out = io.StringIO()
+    with LocalLauncher(LaunchConfig(script=str(script), servers=2, trainers=1), out=out) as launcher:
+        launcher.wait_ready(timeout=30)          # both servers answer before any trainer work
+        assert launcher.wait() == 0
+    assert all(c.poll() is not None for c in launcher.servers + launcher.trainers)
+    assert "trainer 0 | servers hold 9900" in out.getvalue()

@@ -65,11 +65,12 @@ class LocalLauncher:
         self.out = out or sys.stdout
         self.servers: list[Child] = []
         self.trainers: list[Child] = []
+        self.addresses: list[str] = []
 
     def start(self) -> "LocalLauncher":
         c = self.config
-        addresses = [f"{c.host}:{p}" for p in free_ports(c.servers, c.host)]
-        base = c.base_env(addresses)
+        self.addresses = [f"{c.host}:{p}" for p in free_ports(c.servers, c.host)]
+        base = c.base_env(self.addresses)
         for i in range(c.servers):
             env = dataclasses.replace(base, role="server", server_id=i)
             self.servers.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
@@ -78,8 +79,20 @@ class LocalLauncher:
             env = dataclasses.replace(base, role="trainer", trainer_id=i)
             self.trainers.append(Child(f"trainer {i}", [sys.executable, c.script, *c.script_args],
                                        self._child_environ(env), self.out))
-        log.info("started %d servers (%s) and %d trainers", c.servers, ",".join(addresses), c.trainers)
+        log.info("started %d servers (%s) and %d trainers", c.servers, ",".join(self.addresses), c.trainers)
         return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until every server answers; raise naming the ones that do not."""
+        from ..transport.client import ServerLinks
+        with ServerLinks(self.addresses, timeout, who="launcher", secret=self.config.secret) as links:
+            links.wait_ready(timeout)
+
+    def __enter__(self) -> "LocalLauncher":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @staticmethod
     def _child_environ(env: ClusterEnv) -> dict:

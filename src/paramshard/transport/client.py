@@ -76,6 +76,11 @@ class ServerLinks:
     def __len__(self) -> int:
         return len(self.links)
 
+    def wait_ready(self, timeout: float = 30.0) -> list[dict]:
+        """Block until every server answers (its hello), or raise naming the silent ones."""
+        replies = self.request_many({s: ({"op": "hello"}, ()) for s in range(len(self.links))}, timeout)
+        return [replies[s][0] for s in sorted(replies)]
+
     def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
                 timeout: float | None = None):
         return self.request_list([(server, header, arrays)], timeout)[0]
