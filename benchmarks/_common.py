@@ -227,3 +227,24 @@ def emit(markdown: bool, tables: Sequence[tuple], notes: Sequence[str] = ()) -> 
         console.print(rich_table(title, headers, rows, right))
     for note in notes:
         console.print(note)
+
+
+def serve_router(conn, host: str, answer: Callable) -> None:
+    """A child process's ROUTER loop: sends its port over ``conn``, replies to each
+    message with ``answer(frames)`` and stops when the parent writes to (or closes) ``conn``."""
+    import zmq
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    conn.send(sock.bind_to_random_port(f"tcp://{host}"))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    try:
+        while not conn.poll(0):            # None from the parent, or EOF if it died
+            if poller.poll(100):
+                frames = sock.recv_multipart(copy=False)
+                sock.send_multipart(answer(frames), copy=False)
+                del frames   # libzmq holds its own reference until sent; keep no big buffer alive
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -41,23 +41,7 @@ LR = 1e-3
 # -- children ----------------------------------------------------------------------
 def echo_server(conn, host: str) -> None:
     """ROUTER that sends every message straight back (copy=False both ways)."""
-    import zmq
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port(f"tcp://{host}")
-    conn.send(port)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    try:
-        while not conn.poll(0):            # None from the parent, or EOF if it died
-            if poller.poll(100):
-                frames = sock.recv_multipart(copy=False)
-                sock.send_multipart(frames, copy=False)
-                del frames   # libzmq holds its own reference until sent; keep no big buffer alive
-    finally:
-        sock.close(0)
-        ctx.term()
+    C.serve_router(conn, host, lambda frames: frames)
 
 
 def gloo_worker(conn, rank: int, port: int, sizes: list[int]) -> None:

@@ -48,27 +48,15 @@ STEADY, FIRST = "steady", "first touch"
 # -- raw transport floor: a pyzmq echo child that answers with a reply of a given size ---------
 def echo_server(conn, host: str) -> None:
     """ROUTER: request [payload..., reply_nbytes(8 bytes)] -> reply of that many bytes."""
-    import zmq
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    port = sock.bind_to_random_port(f"tcp://{host}")
-    conn.send(port)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
     replies: dict[int, np.ndarray] = {}
-    try:
-        while not conn.poll(0):
-            if poller.poll(100):
-                frames = sock.recv_multipart(copy=False)
-                n = int(np.frombuffer(frames[-1].buffer, np.int64)[0])
-                if n not in replies:
-                    replies[n] = np.ones(max(n, 1), np.uint8)
-                sock.send_multipart([frames[0], memoryview(replies[n][:n])], copy=False)
-                del frames
-    finally:
-        sock.close(0)
-        ctx.term()
+
+    def answer(frames):
+        n = int(np.frombuffer(frames[-1].buffer, np.int64)[0])
+        if n not in replies:
+            replies[n] = np.ones(max(n, 1), np.uint8)
+        return [frames[0], memoryview(replies[n][:n])]
+
+    C.serve_router(conn, host, answer)
 
 
 class RawEcho:
