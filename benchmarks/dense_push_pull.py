@@ -86,16 +86,21 @@ class ParamshardCandidate:
         self.links = ServerLinks(self.addresses, timeout=60.0, who="bench")
         C.wait_servers(children, self.links)
         self.clients, self.values, self.grads, self.step = {}, {}, {}, {}
-        for nbytes in sizes:
-            numel = nbytes // 4
-            name = f"p{nbytes}"
-            # 1 server: min_block_size = numel keeps the parameter in one block;
-            # more servers: the default splits it evenly, one block per server.
-            mbs = numel if num_servers == 1 else 8192
-            plan = make_plan([ParamSpec(name, (numel,))], num_servers, min_block_size=mbs)
+        # 1 server: one block per parameter whatever the block size; more servers:
+        # the default splits each evenly, one block per server. The chief registers
+        # the whole model once; each size is then pushed by a client of its own
+        # parameter (same block names, same servers).
+        mbs = 8192
+        specs = [ParamSpec(f"p{nbytes}", (nbytes // 4,)) for nbytes in sizes]
+        whole = make_plan(specs, num_servers, min_block_size=mbs)
+        DenseClient(self.links, whole, trainer_id=0).register_dense(
+            {spec.name: np.zeros(spec.shape[0], np.float32) for spec in specs}, SGD(lr=LR))
+        for nbytes, spec in zip(sizes, specs):
+            numel, name = spec.shape[0], spec.name
+            plan = make_plan([spec], num_servers, min_block_size=mbs)
             assert len(plan.blocks) == num_servers, plan.blocks
+            assert {(b.name, b.server) for b in plan.blocks} <= {(b.name, b.server) for b in whole.blocks}
             client = DenseClient(self.links, plan, trainer_id=0)
-            client.register_dense({name: np.zeros(numel, np.float32)}, SGD(lr=LR))
             self.clients[nbytes] = (name, client)
             self.values[nbytes] = np.zeros(numel, np.float32)
             self.grads[nbytes] = np.ones(numel, np.float32)

@@ -97,9 +97,10 @@ def measure_server(children: C.Children, opt: str, dim: int, rows: int, chunk: i
 
 def measure_parts(opt: str, dim: int, rows: int, chunk: int) -> dict:
     """The same fill on an in-process SparseTable, split into its arrays."""
+    from paramshard.server.barrier import Membership
     from paramshard.server.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
-    table = SparseTable(TABLE, dim, 0, optimizer(opt), Admission(), Eviction(), 0.01, "async", {0})
+    table = SparseTable(TABLE, dim, 0, optimizer(opt), Admission(), Eviction(), 0.01, "async", Membership(1, grace=60.0))
     for ids in chunks_of(rows, chunk, seed=dim * 10 + len(opt)):
         table.rows_for(ids, create=True)      # creates rows exactly as pull does, without the reply
     n = table.num_rows

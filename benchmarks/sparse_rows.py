@@ -173,6 +173,7 @@ def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list
               rng) -> tuple[dict, dict]:
     """Median (and mean) ms of each phase of pull+push: steady (async server) and first touch."""
     from paramshard.optim import SGD
+    from paramshard.server.barrier import Membership
     from paramshard.server.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
     from paramshard.transport import protocol
@@ -181,7 +182,7 @@ def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list
     grads = np.full((n, DIM), 1e-3, np.float32)
     out_rows = np.empty((n, DIM), np.float32)
     # a replica of the server's table, holding the same ids, timed phase by phase
-    table = SparseTable(TABLE, DIM, 0, SGD(lr=LR), Admission(), Eviction(), 0.01, "async", {0})
+    table = SparseTable(TABLE, DIM, 0, SGD(lr=LR), Admission(), Eviction(), 0.01, "async", Membership(1, grace=60.0))
     for chunk in np.array_split(all_ids, max(1, len(all_ids) // 200_000)):
         table.pull(chunk)
     steady: dict[str, list[float]] = {}

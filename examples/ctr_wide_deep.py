@@ -9,9 +9,12 @@ shard per trainer; every trainer then reads only its own shard. Give --data
 DIR (written by `paramshard split-data`) and --test FILE to use real data.
 """
 import argparse
+import fcntl
 import os
+import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -27,25 +30,47 @@ from paramshard.report import StepProgress, server_load_table  # noqa: E402
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,
                       timeout: float = 600) -> tuple[Path, Path, float]:
-    """Trainer 0 writes the data; the others wait for its 'ready' mark."""
+    """Trainer 0 writes the data; the others wait for its 'ready' mark.
+
+    The data directory appears complete or not at all (written under a temporary
+    name, then renamed into place), so another run sharing the work directory
+    never reads it half-written; the writers of concurrent runs take turns.
+    """
     root = root / f"synthetic-{train_rows}-{test_rows}-{shards}shards"
     ready = root / "READY"
     if trainer_id == 0 and not ready.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        report = generate_criteo(root / "all.tsv", train_rows + test_rows, seed=0)
-        with open(root / "all.tsv", "rb") as src, open(root / "train.tsv", "wb") as tr, \
-                open(root / "test.tsv", "wb") as te:
-            for i, line in enumerate(src):
-                (tr if i < train_rows else te).write(line)
-        os.remove(root / "all.tsv")
-        split_lines([root / "train.tsv"], shards, root / "shards", force=True)
-        ready.write_text(f"{report.hidden_auc}\n")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with open(root.parent / f".{root.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)     # one writer at a time; released if this process dies
+            if not ready.exists():               # not written by a run that held the lock before us
+                write_synthetic(root, train_rows, test_rows, shards)
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if time.monotonic() > deadline:
             raise SystemExit(f"trainer {trainer_id}: no data from trainer 0 after {timeout} s at {root}")
         time.sleep(0.5)
     return root / "shards", root / "test.tsv", float(ready.read_text())
+
+
+def write_synthetic(root: Path, train_rows: int, test_rows: int, shards: int) -> None:
+    tmp = root.parent / f".{root.name}.{uuid.uuid4().hex[:12]}.tmp"
+    tmp.mkdir()
+    try:
+        report = generate_criteo(tmp / "all.tsv", train_rows + test_rows, seed=0)
+        with open(tmp / "all.tsv", "rb") as src, open(tmp / "train.tsv", "wb") as tr, \
+                open(tmp / "test.tsv", "wb") as te:
+            for i, line in enumerate(src):
+                (tr if i < train_rows else te).write(line)
+        os.remove(tmp / "all.tsv")
+        split_lines([tmp / "train.tsv"], shards, tmp / "shards", force=True)
+        (tmp / "READY").write_text(f"{report.hidden_auc}\n")
+        if root.exists():   # left half-written by an interrupted run: replace it
+            stale = tmp.with_suffix(".stale")
+            os.replace(root, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, float]:

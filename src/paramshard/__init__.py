@@ -7,6 +7,8 @@
         trainer.step(loss_fn(model(x), y))
     trainer.close()
 """
+from importlib import metadata as _metadata
+
 from . import export, optim
 from .data.shard import shard
 from .errors import ParamshardError
@@ -14,7 +16,12 @@ from .runtime import init
 from .tables import Admission, Eviction
 
 __all__ = ["init", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
-           "export", "ParamshardError"]
+           "export", "ParamshardError", "__version__"]
+
+try:
+    __version__ = _metadata.version("paramshard")
+except _metadata.PackageNotFoundError:   # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name):

@@ -11,6 +11,7 @@ import os
 from typing import Mapping
 
 from .errors import ConfigError
+from .limits import SPEC as LIMIT_SPEC, Limits
 
 ROLES = ("server", "trainer")
 MODES = ("sync", "async")
@@ -38,8 +39,15 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_TIMEOUT", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})", ()),
     ("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry "
      "in PARAMSHARD_SERVERS)", ()),
-    ("PARAMSHARD_SECRET", "shared secret: when set, every message is authenticated (keyed "
-     "BLAKE2b); the launcher passes its own value on", ()),
+    ("PARAMSHARD_SECRET", "shared secret: when set, every connection is encrypted and "
+     "authenticated with CurveZMQ, keys derived from it and the job id; the launcher passes "
+     "its own value on", ()),
+    ("PARAMSHARD_JOB_ID", "name of this job, the same on every process; mixed into the keys so "
+     "two jobs with one secret never accept each other's traffic (the launcher makes one)", ()),
+    ("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (see the README's security section)", ()),
+    ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
+     "(default INFO)", ()),
+) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
     ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
      "(with OMPI_COMM_WORLD_SIZE)", ()),
 )
@@ -58,6 +66,9 @@ class ClusterEnv:
     timeout: float = DEFAULT_TIMEOUT
     bind: str | None = None
     secret: str | None = dataclasses.field(default=None, repr=False)
+    job_id: str = ""
+    keys_dir: str | None = None
+    limits: Limits = Limits()
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -128,6 +139,10 @@ class ClusterEnv:
             timeout=_or(_float(e, "PARAMSHARD_TIMEOUT"), DEFAULT_TIMEOUT),
             bind=e.get("PARAMSHARD_BIND") or None,
             secret=e.get("PARAMSHARD_SECRET") or None,
+            job_id=e.get("PARAMSHARD_JOB_ID", ""),
+            keys_dir=e.get("PARAMSHARD_KEYS_DIR") or None,
+            limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
+                             if (value := _int(e, variable)) is not None}),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -149,6 +164,11 @@ class ClusterEnv:
             out["PARAMSHARD_BIND"] = self.bind
         if self.secret:
             out["PARAMSHARD_SECRET"] = self.secret
+        if self.job_id:
+            out["PARAMSHARD_JOB_ID"] = self.job_id
+        if self.keys_dir:
+            out["PARAMSHARD_KEYS_DIR"] = self.keys_dir
+        out.update(self.limits.to_environ())
         return out
 
 

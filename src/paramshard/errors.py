@@ -27,3 +27,7 @@ class ServerUnavailable(ParamshardError):
 
 class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
+
+
+class LimitExceeded(ConfigError):
+    """A request passed one of the server's resource limits (paramshard.limits)."""

@@ -6,6 +6,8 @@ import os
 import sys
 
 _configured = False
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LEVEL_VARIABLE = "PARAMSHARD_LOG_LEVEL"
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -13,20 +15,44 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def configure(rank_name: str, level: str | None = None) -> None:
-    """Set up the 'paramshard' logger once per process, tagged e.g. 'trainer 1'."""
+    """Set up the 'paramshard' logger once per process, tagged e.g. 'trainer 1'.
+
+    The level is ``level`` if given, else PARAMSHARD_LOG_LEVEL (DEBUG, INFO, WARNING
+    or ERROR; default INFO). A bad variable value logs a warning naming it and uses INFO."""
     global _configured
     root = logging.getLogger("paramshard")
-    level = level or os.environ.get("PARAMSHARD_LOG_LEVEL", "INFO")
-    root.setLevel(level.upper())
+    problem = None
+    if level is not None:
+        if level.strip().upper() not in LEVELS:
+            raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
+        level = level.strip().upper()
+    else:
+        level, problem = level_from_environ(os.environ)
+    root.setLevel(level)
     if _configured:
         for h in root.handlers:
             h.setFormatter(_formatter(rank_name))
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_formatter(rank_name))
-    root.addHandler(handler)
-    root.propagate = False
-    _configured = True
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_formatter(rank_name))
+        root.addHandler(handler)
+        root.propagate = False
+        _configured = True
+    if problem:
+        root.warning("%s", problem)
+
+
+def level_from_environ(environ) -> tuple[str, str | None]:
+    """(level, problem): PARAMSHARD_LOG_LEVEL read case-insensitively; INFO when unset
+    or empty, and INFO with a message naming the variable when the value is not a level."""
+    raw = environ.get(LEVEL_VARIABLE, "")
+    value = raw.strip().upper()
+    if not value:
+        return "INFO", None
+    if value not in LEVELS:
+        return "INFO", (f"{LEVEL_VARIABLE}={raw!r} is not a log level (expected one of "
+                        f"{', '.join(LEVELS)}): using INFO")
+    return value, None
 
 
 def _formatter(rank_name: str) -> logging.Formatter:

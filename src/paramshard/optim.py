@@ -7,6 +7,7 @@ torch.optim's formulas, so a server-side Adam matches torch.optim.Adam.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .errors import ConfigError
 
@@ -21,10 +22,17 @@ class OptimizerConfig:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, tuple):
+            if f.type.startswith("tuple") if isinstance(f.type, str) else f.type is tuple:
+                if not isinstance(value, tuple):
+                    raise ConfigError(f"{type(self).__name__}({f.name}={value!r}): must be a tuple")
+                continue      # its own check follows in the subclass
+            if f.type in (bool, "bool"):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{type(self).__name__}({f.name}={value!r}): must be True or False")
                 continue
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{type(self).__name__}({f.name}={value!r}): must be a number >= 0")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                    or value < 0:
+                raise ConfigError(f"{type(self).__name__}({f.name}={value!r}): must be a finite number >= 0")
         if self.lr <= 0:
             raise ConfigError(f"{type(self).__name__}(lr={self.lr}): the learning rate must be > 0")
 
@@ -65,7 +73,7 @@ class Adam(OptimizerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
             raise ConfigError(f"Adam(betas={self.betas}): two numbers in [0, 1)")
 
 
@@ -84,7 +92,7 @@ KINDS = {cls.kind: cls for cls in (SGD, Momentum, Adagrad, Adam, FTRL)}
 
 def from_wire(data: dict) -> OptimizerConfig:
     """Rebuild a config from a received map; every key is checked."""
-    if not isinstance(data, dict) or data.get("kind") not in KINDS:
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str) or data["kind"] not in KINDS:
         raise ConfigError(f"optimizer {data!r}: 'kind' must be one of {sorted(KINDS)}")
     cls = KINDS[data["kind"]]
     names = {f.name for f in dataclasses.fields(cls)}

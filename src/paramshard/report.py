@@ -1,35 +1,33 @@
 """Human-readable summaries of server statistics (returned as text; callers print)."""
 from __future__ import annotations
 
-import io
-
-from rich.console import Console
-from rich.table import Table
-
 
 def _mib(n: float) -> str:
-    return f"{n / 2**20:.2f}"
+    return f"{n / 2**20:.1f}"
 
 
 def server_load_table(stats: list[dict], title: str = "server load") -> str:
-    table = Table(title=title)
-    for col in ("server", "address", "dense blocks", "dense elements", "share", "sparse rows", "sparse MiB",
-                "MiB in", "MiB out", "requests", "errors"):
-        table.add_column(col, justify="right")
+    """One line a server; addresses are listed below the table so it stays narrow."""
+    # Under the launcher each line gets a "trainer 0 | " prefix: 67 columns + that fit in 80.
+    cols = [("server", 6), ("dense", 11), ("share", 5), ("sparse rows", 11), ("MiB in", 8), ("MiB out", 8),
+            ("reqs", 7), ("errs", 4)]
     total = sum(s.get("dense_elements", 0) for s in stats) or 1
+    lines = [title, " ".join(f"{name:>{w}}" for name, w in cols), " ".join("-" * w for _, w in cols)]
     for s in stats:
-        table.add_row(str(s["server"]), s.get("address", "?"), str(s.get("dense_blocks", 0)),
-                      f"{s.get('dense_elements', 0):,}", f"{s.get('dense_elements', 0) / total:.1%}",
-                      f"{s.get('sparse_rows', 0):,}", _mib(s.get("sparse_bytes", 0)), _mib(s.get("bytes_in", 0)), _mib(s.get("bytes_out", 0)),
-                      str(s.get("requests", 0)), str(s.get("errors", 0)))
+        cells = [s["server"], f"{s.get('dense_elements', 0):,}", f"{s.get('dense_elements', 0) / total:.0%}",
+                 f"{s.get('sparse_rows', 0):,}", _mib(s.get("bytes_in", 0)), _mib(s.get("bytes_out", 0)),
+                 s.get("requests", 0), s.get("errors", 0)]
+        lines.append(" ".join(f"{str(c):>{w}}" for c, (_, w) in zip(cells, cols)))
     loads = [s.get("dense_elements", 0) for s in stats]
     mean = sum(loads) / len(loads) if loads else 0
-    buf = io.StringIO()
-    console = Console(file=buf, width=140, force_terminal=False)
-    console.print(table)
-    if mean:
-        console.print(f"dense load max/mean = {max(loads) / mean:.3f}")
-    return buf.getvalue()
+    notes = [f"dense load max/mean = {max(loads) / mean:.3f}"] if mean else []
+    sparse = sum(s.get("sparse_bytes", 0) for s in stats)
+    if sparse:
+        notes.append(f"sparse tables {_mib(sparse)} MiB")
+    if notes:
+        lines.append("; ".join(notes))
+    lines.append("addresses: " + ", ".join(f"{s['server']}={s.get('address', '?')}" for s in stats))
+    return "\n".join(lines) + "\n"
 
 
 class StepProgress:

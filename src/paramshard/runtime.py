@@ -15,6 +15,7 @@ import threading
 from .env import ClusterEnv
 from .log import configure, get_logger
 from .server.parameter_server import ParameterServer
+from .transport.security import Security
 
 log = get_logger("runtime")
 _env: ClusterEnv | None = None
@@ -30,8 +31,7 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         env = env or ClusterEnv.from_environ()
         configure(env.rank_name)
         if env.role == "server":
-            serve(env)
-            sys.exit(0)
+            sys.exit(serve(env))
         if env.role is None:
             _local_server = build_server(dataclasses.replace(env, server_id=0), bind="127.0.0.1:0",
                                          num_trainers=1).start()
@@ -52,9 +52,14 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
         own_host, _, own_port = env.servers[env.server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
-                             secret=env.secret)
+                             security=Security.from_env(env), peers=_peers_of(env), limits=env.limits)
     _attach_optional_services(server, env)
     return server
+
+
+def _peers_of(env: ClusterEnv) -> dict[int, str]:
+    """The other servers of this server's job, watched so it does not outlive them."""
+    return {i: address for i, address in enumerate(env.servers) if i != env.server_id}
 
 
 def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
@@ -65,8 +70,8 @@ def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
     attach_sparse(server, env)
 
 
-def serve(env: ClusterEnv) -> None:
-    """Run a server in this thread until every trainer has left (or SIGTERM)."""
+def serve(env: ClusterEnv) -> int:
+    """Run a server in this thread until its job ends (or SIGTERM); the exit code."""
     server = build_server(env)
 
     def stop(signum, frame):
@@ -75,4 +80,4 @@ def serve(env: ClusterEnv) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    server.serve_forever()
+    return server.serve_forever()

@@ -34,7 +34,8 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
         (["split-data", "missing.txt", "--shards", 2, "--out", "o"], "paramshard split-data: error: missing.txt: no such file"),
         (["split-data", "in.txt", "--shards", 0, "--out", "o"], "paramshard split-data: error: --shards must be >= 1, got 0"),
         (["gen-data", "x.txt", "--rows", -5], "paramshard gen-data: error: --rows must be >= 0, got -5"),
-        (["gen-data", "no/such/dir/x.txt", "--rows", 5], "paramshard gen-data: error: no/such/dir/x.txt: No such file"),
+        (["gen-data", "in.txt/x.txt", "--rows", 5],
+         "paramshard gen-data: error: in.txt/x.txt: cannot create directory in.txt: a file is in the way"),
         (["split-data", ".", "--shards", 2, "--out", "o"], "paramshard split-data: error: .: is a directory"),
     ]
     for args, message in cases:

@@ -193,3 +193,31 @@ def test_a_trainer_that_dies_fails_the_others_barrier_within_seconds(cluster, tm
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_a_trainer_started_before_its_servers_waits_for_them(tmp_path):
+    """Start order does not matter: the servers come up 2 s after the trainer."""
+    import dataclasses
+    import sys
+    from paramshard.launch.local import LocalLauncher
+    from paramshard.launch.ports import free_ports
+    from paramshard.launch.processes import Child, stop_all
+    addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
+    base = ps.env.ClusterEnv(role=None, servers=addresses, num_trainers=1, timeout=20.0, min_block_size=4096)
+    servers = []
+    try:
+        def start_servers():
+            for i in range(2):
+                env = dataclasses.replace(base, role="server", server_id=i)
+                servers.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
+                                     LocalLauncher._child_environ(env)))
+        threading.Timer(2.0, start_servers).start()
+        m = model()
+        start = time.monotonic()
+        trainer = Trainer(m, ps.optim.SGD(lr=0.1), env=dataclasses.replace(base, role="trainer", trainer_id=0))
+        assert time.monotonic() - start >= 1.5
+        trainer.step(m(torch.randn(8, 64)).sum())
+        trainer.close()
+    finally:
+        time.sleep(0.1)
+        stop_all(servers, grace=3)

@@ -5,15 +5,18 @@ import pytest
 from paramshard.errors import ConfigError
 from paramshard.optim import SGD, Adagrad
 from paramshard.rows import merge_duplicates
+from paramshard.limits import Limits
+from paramshard.server.barrier import Membership
 from paramshard.server.id_index import IdIndex
 from paramshard.server.sparse_table import SparseTable
 from paramshard.sparse_hash import admitted_by_probability, initial_rows, server_of
 from paramshard.tables import Admission, Eviction
 
 
-def table(mode="async", trainers=1, admission=Admission(), eviction=Eviction(), optimizer=SGD(lr=1.0), dim=4):
+def table(mode="async", trainers=1, admission=Admission(), eviction=Eviction(), optimizer=SGD(lr=1.0), dim=4,
+          limits=Limits()):
     return SparseTable("t", dim, seed=3, optimizer=optimizer, admission=admission, eviction=eviction,
-                       init_scale=0.1, mode=mode, live_trainers=set(range(trainers)))
+                       init_scale=0.1, mode=mode, membership=Membership(trainers, grace=10.0), limits=limits)
 
 
 def test_id_index_matches_a_dict_through_growth():

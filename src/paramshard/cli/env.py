@@ -3,6 +3,7 @@ from __future__ import annotations
 from ..env import ClusterEnv, variables_markdown
 
 HELP = "print the environment contract (all variables) or this process's reading of it"
+EXAMPLE = "PARAMSHARD_ROLE=trainer PARAMSHARD_SERVERS=10.0.0.1:6174 paramshard env --show"
 
 
 def add_arguments(p):

@@ -1,32 +1,129 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import sys
 
 from ..env import ClusterEnv, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
+from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
+from ..launch.signals import StopSignal, signal_number, stop_signals
+from ..launch.ssh import SshLauncher, SshOptions
+from ..errors import ConfigError
 from ..log import configure
 
-HELP = "run a training script as a local cluster (servers + trainers on this machine)"
+HELP = "run a training script as a cluster: on this machine, or over SSH on --hosts"
+
+EPILOG = """\
+examples:
+  paramshard launch --servers 2 --trainers 4 --mode async train.py --epochs 3
+      2 parameter servers and 4 trainers on this machine; --epochs 3 goes to train.py
+  paramshard launch --hosts 10.0.0.1,10.0.0.2 --dispatch-package . --servers 2 --trainers 4 train.py
+      copy this directory to two machines and run the job there over SSH (README "Many machines")
+"""
+
+# "10.0.0.1:6174,10.0.0.2:6174", "[::1]:6174", "node1:6174": what a PaddlePaddle user passes to --servers.
+_HOST_PORT = re.compile(r"^(\[[^\]]+\]|[^\s,:\[\]]+):\d+$")
+
+
+def _flag_error(message: str) -> argparse.ArgumentError:
+    # Raised from a type function, an ArgumentError without an action is reported by argparse
+    # as the message alone (usage, "paramshard launch: error: ...", exit 2), like the other flags.
+    return argparse.ArgumentError(None, message)
+
+
+def _server_count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if items and all(_HOST_PORT.match(item) for item in items):
+        hosts = ",".join(item.rsplit(":", 1)[0] for item in items)
+        raise _flag_error(f"--servers takes a number of servers; to run on several machines use "
+                          f"--hosts {hosts} (see README \"Many machines\")")
+    raise _flag_error(f"--servers {text}: not a number; --servers takes a number of servers")
+
+
+def _positive(flag: str, convert, what: str):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise _flag_error(f"{flag} {text}: not {what}") from None
+        if convert is int and value < 1:
+            raise _flag_error(f"{flag} {text}: must be >= 1")
+        if convert is float and not (math.isfinite(value) and value > 0):
+            raise _flag_error(f"{flag} {text}: must be > 0 seconds" if math.isfinite(value) else
+                              f"{flag} {text}: must be a finite number > 0 seconds")
+        return value
+    parse.__name__ = convert.__name__
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", type=int, default=1, help="number of parameter servers (default 1)")
+    if not issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter):
+        p.formatter_class = argparse.RawDescriptionHelpFormatter    # keeps the epilog's line breaks
+    p.epilog = EPILOG
+    p.add_argument("--servers", type=_server_count, default=1,
+                   help="number of parameter servers (default 1)")
     p.add_argument("--trainers", type=int, default=1, help="number of trainers (default 1)")
     p.add_argument("--mode", choices=MODES, default="sync", help="sync: barrier per step; async: apply on arrival")
     p.add_argument("--dispatch", choices=DISPATCHERS, default="round_robin", help="how blocks go to servers")
-    p.add_argument("--min-block-size", type=int, default=DEFAULT_MIN_BLOCK_SIZE,
+    p.add_argument("--min-block-size", type=_positive("--min-block-size", int, "a whole number"),
+                   default=DEFAULT_MIN_BLOCK_SIZE,
                    help=f"smallest dense block, in elements (default {DEFAULT_MIN_BLOCK_SIZE})")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds"),
+                   default=DEFAULT_TIMEOUT,
                    help=f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})")
+    ssh = p.add_argument_group("many machines (over SSH)")
+    ssh.add_argument("--hosts", metavar="HOSTS",
+                     help="comma list or file of '[user@]host[:port] [slots=N]': run the ranks there over ssh; "
+                          "each host name or address must be reachable from every other host")
+    ssh.add_argument("--server-hosts", metavar="HOSTS", help="put the servers on these hosts only")
+    ssh.add_argument("--trainer-hosts", metavar="HOSTS", help="put the trainers on these hosts only")
+    ssh.add_argument("--ssh-config", metavar="FILE", help="ssh client config, passed as ssh -F FILE")
+    ssh.add_argument("--remote-python", metavar="PATH", default=sys.executable,
+                     help="Python interpreter on the hosts, an absolute path (default: this one's path)")
+    ssh.add_argument("--dispatch-package", metavar="DIR",
+                     help="copy DIR to every host first (rsync, incremental) and run there; "
+                          "the script must be inside DIR")
+    ssh.add_argument("--workspace", metavar="DIR",
+                     help="directory on the hosts to run in (default with --dispatch-package: "
+                          "~/.paramshard/JOB_ID; alone: already deployed there)")
     p.add_argument("script", help="the training script (run once per trainer)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def _launcher(args, config_fields: dict):
+    ssh_flags = [f for f in ("server_hosts", "trainer_hosts", "ssh_config", "dispatch_package", "workspace")
+                 if getattr(args, f)]
+    if not args.hosts:
+        if ssh_flags:
+            raise ConfigError(f"--{ssh_flags[0].replace('_', '-')} needs --hosts")
+        return LocalLauncher(LaunchConfig(**config_fields))
+    options = SshOptions(ssh_config=args.ssh_config, remote_python=args.remote_python,
+                         workspace=args.workspace, dispatch_package=args.dispatch_package)
+    # Without a package to copy, the script lives on the hosts (shared file system or deployed).
+    config = LaunchConfig(**config_fields, check_script=bool(args.dispatch_package))
+    return SshLauncher(config, parse_hosts(args.hosts), options,
+                       parse_hosts(args.server_hosts) if args.server_hosts else None,
+                       parse_hosts(args.trainer_hosts) if args.trainer_hosts else None)
+
+
 def run(args) -> int:
     configure("launcher")
-    config = LaunchConfig(script=args.script, script_args=tuple(args.script_args), servers=args.servers,
-                          trainers=args.trainers, mode=args.mode, dispatch=args.dispatch,
-                          min_block_size=args.min_block_size, timeout=args.timeout,
-                          secret=ClusterEnv.from_environ().secret)
-    launcher = LocalLauncher(config).start()
-    return launcher.wait()
+    outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
+    job = {"job_id": outer.job_id} if outer.job_id else {}
+    launcher = _launcher(args, dict(
+        script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
+        mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
+        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job))
+    # SIGTERM (timeout, Slurm, Kubernetes, systemd) and SIGHUP stop the job as Ctrl-C does.
+    with stop_signals():
+        try:
+            launcher.start()
+            return launcher.wait()
+        except (KeyboardInterrupt, StopSignal) as exc:     # before wait() took over, or after it
+            return launcher.stop_on_signal(signal_number(exc))

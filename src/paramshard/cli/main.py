@@ -1,5 +1,6 @@
 """The `paramshard` command. Each subcommand lives in paramshard/cli/<name>.py
-and exposes HELP, add_arguments(parser) and run(args) -> exit code."""
+and exposes HELP, add_arguments(parser) and run(args) -> exit code, and
+optionally EXAMPLE, a command line or a tuple of them (shown at the end of its --help)."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,33 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the example's line breaks and adds "(default: X)" to an option whose
+    help does not state its default already (options without a value are left alone)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if (not action.option_strings or "default" in help or "%(default)" in help
+                or action.default in (None, False, True, [], "", argparse.SUPPRESS)):
+            return help
+        return help + " (default: %(default)s)"
+
+
+def _epilog(example: str | tuple[str, ...]) -> str | None:
+    examples = (example,) if isinstance(example, str) else tuple(example)
+    if not examples:
+        return None
+    return ("example:\n  " if len(examples) == 1 else "examples:\n  ") + "\n  ".join(examples)
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paramshard", description="Parameter-server training for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"paramshard {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         try:
@@ -30,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"paramshard.cli.{module_name}":
                 raise
             continue  # not built yet
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter,
+                           epilog=_epilog(getattr(module, "EXAMPLE", ())))
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser

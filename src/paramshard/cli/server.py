@@ -6,6 +6,8 @@ from ..log import configure
 from ..runtime import serve
 
 HELP = "run one parameter server, configured by the environment contract (see `paramshard env`)"
+EXAMPLE = ("PARAMSHARD_ROLE=server PARAMSHARD_SERVERS=10.0.0.1:6174,10.0.0.2:6174 PARAMSHARD_SERVER_ID=0 \\\n"
+           "    PARAMSHARD_TRAINERS=2 paramshard server")
 
 
 def add_arguments(p) -> None:
@@ -18,5 +20,4 @@ def run(args) -> int:
         raise ConfigError("PARAMSHARD_ROLE must be 'server' (with PARAMSHARD_SERVERS and "
                           "PARAMSHARD_SERVER_ID); `paramshard env` lists the variables")
     configure(env.rank_name)
-    serve(env)
-    return 0
+    return serve(env)

@@ -31,7 +31,7 @@ class DenseClient:
                        timeout: float | None = None) -> None:
         requests = []
         for server, blocks in self._by_server.items():
-            header = {"op": "register_dense", "names": [b.name for b in blocks],
+            header = {"op": "register_dense", "trainer": self.trainer_id, "names": [b.name for b in blocks],
                       "optimizer": optimizer.to_wire(), "plan_fingerprint": self.fingerprint}
             requests.append((server, header, [self._slice(values, b) for b in blocks]))
         self.links.request_list(requests, timeout)

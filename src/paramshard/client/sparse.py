@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ProtocolError
 from ..optim import OptimizerConfig
 from ..sparse_hash import server_of
-from ..tables import Admission, Eviction, policy_to_wire
+from ..tables import Admission, Eviction, check_table_settings, policy_to_wire
 from ..transport.client import ServerLinks
 
 
@@ -25,6 +25,9 @@ class TableSpec:
     init_scale: float = 0.01
     admission: Admission = Admission()
     eviction: Eviction = Eviction()
+
+    def __post_init__(self):
+        check_table_settings(self.name, self.dim, self.seed, self.init_scale)
 
 
 @dataclasses.dataclass
@@ -69,7 +72,7 @@ class SparseClient:
         return part
 
     def register_sparse(self, spec: TableSpec) -> None:
-        header = {"op": "register_sparse", "table": spec.name, "dim": spec.dim, "seed": spec.seed,
+        header = {"op": "register_sparse", "trainer": self.trainer_id, "table": spec.name, "dim": spec.dim, "seed": spec.seed,
                   "optimizer": spec.optimizer.to_wire(),
                   "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale)}
         self.links.request_many({s: (header, ()) for s in range(self.num_servers)})

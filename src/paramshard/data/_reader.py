@@ -3,14 +3,26 @@ bookkeeping, skip-or-raise on bad lines, and re-batching to a fixed size."""
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from ..errors import ConfigError
+from ..log import get_logger
 from .errors import DataFormatError
 
 DEFAULT_CHUNK_BYTES = 1 << 20  # ~5k Criteo lines: big enough to amortise numpy overhead
+# Far above any real CTR line (Criteo's are ~200 bytes). Without a cap, a file with no
+# newlines (binary data, a wrong export) is held whole in memory as one "line".
+MAX_LINE_BYTES = 1 << 20
 MAX_EXAMPLES = 5
+# gzip's own errors for: a cut-off stream; not gzip at all or a bad CRC; damaged deflate data.
+# None names the file, and BadGzipFile is an OSError, which callers take for "cannot open".
+_GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+log = get_logger("data")
 
 
 def as_paths(paths) -> list[Path]:
@@ -29,37 +41,120 @@ def as_paths(paths) -> list[Path]:
     return out
 
 
+def check_max_line_bytes(max_line_bytes: int) -> None:
+    if max_line_bytes < 1:
+        raise ConfigError(f"max_line_bytes={max_line_bytes}: must be >= 1")
+
+
 def open_input(path: Path):
     # Criteo's day files usually ship gzipped; reading them as-is saves a 3x larger copy.
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
+    """The file's bytes (decompressed if .gz) in blocks of at most ``block_bytes``.
+
+    A broken .gz raises DataFormatError naming the file and the fix. An empty file
+    is only warned about: it is valid, but usually a failed download or export.
+    """
+    empty = True
+    with open_input(path) as f:
+        while True:
+            try:
+                block = f.read(block_bytes)
+            except _GZIP_ERRORS as exc:
+                raise _gzip_error(path, exc) from exc
+            if not block:
+                break
+            empty = False
+            yield block
+    if empty:
+        what = "0 bytes" if path.stat().st_size == 0 else "no lines after decompression"
+        log.warning("%s: empty input file (%s), it adds no data; check that it was downloaded "
+                    "or written completely", path, what)
+
+
+def _gzip_error(path: Path, exc: Exception) -> DataFormatError:
+    if isinstance(exc, EOFError):
+        reason = "is not a complete gzip file (truncated download?): re-fetch it, or check it with gunzip -t"
+    elif not _starts_like_gzip(path):
+        reason = ("is not gzip data although its name ends in .gz: if it is plain text, "
+                  "rename it without .gz; otherwise re-fetch it")
+    else:
+        reason = f"is a corrupt gzip file ({exc}): re-fetch it, or check it with gunzip -t"
+    return DataFormatError(path, None, reason, hint=None)
+
+
+def _starts_like_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _too_long(path: Path, line_no: int, max_line_bytes: int) -> DataFormatError:
+    return DataFormatError(path, line_no, f"line is longer than {max_line_bytes} bytes (max_line_bytes)",
+                           hint="a file without newlines, such as binary data, reads as one long line; "
+                                "if the lines really are this long, pass a larger max_line_bytes")
 
 
 def _unix(chunk: bytes) -> bytes:
     return chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk  # skip the copy when clean
 
 
-def iter_chunks(path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
+def iter_lines(path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """(1-based number of the block's first line, whole lines each ending in b'\\n'),
+    bytes as in the file except that a missing final newline is added.
+
+    A line longer than ``max_line_bytes`` (not counting its b'\\n') raises
+    DataFormatError as soon as that much of it is read, so whatever the file holds,
+    at most max_line_bytes + chunk_bytes of it are held (twice that while the
+    pieces of a long line are joined).
+    """
+    line_no = 1
+    # The pieces of a line not ended yet. Joined once, when it ends: re-joining them at
+    # every block (rest + block) made a long line cost quadratic time.
+    partial: list[bytes] = []
+    partial_len = 0
+    for block in read_blocks(path, chunk_bytes):
+        end = block.rfind(b"\n") + 1
+        if end:
+            _check_line_lengths(path, line_no, partial_len, block, end, max_line_bytes)
+            lines = b"".join([*partial, memoryview(block)[:end]]) if partial else block[:end]
+            yield line_no, lines
+            line_no += lines.count(b"\n")
+            partial, partial_len = [], 0
+            block = block[end:]
+        if block:
+            partial.append(block)
+            partial_len += len(block)
+            if partial_len > max_line_bytes:
+                raise _too_long(path, line_no, max_line_bytes)
+    if partial:
+        yield line_no, b"".join([*partial, b"\n"])
+
+
+def _check_line_lengths(path, line_no, partial_len, block, end, max_line_bytes) -> None:
+    """Raise if a line ending in ``block[:end]`` is too long. The first began
+    ``partial_len`` bytes before the block; the others lie wholly inside it."""
+    first = block.find(b"\n")
+    if partial_len + first > max_line_bytes:
+        raise _too_long(path, line_no, max_line_bytes)
+    if end - first - 1 <= max_line_bytes:
+        return  # the other lines together are short enough: skip the scan (always, by default)
+    ends = np.flatnonzero(np.frombuffer(block, np.uint8, count=end) == ord("\n"))
+    too_long = np.flatnonzero(np.diff(ends) - 1 > max_line_bytes)
+    if len(too_long):
+        raise _too_long(path, line_no + 1 + int(too_long[0]), max_line_bytes)
+
+
+def iter_chunks(path: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
     """(1-based number of the chunk's first line, whole lines each ending in b'\\n').
 
     A missing final newline is added, and CRLF becomes LF, so parsers see one shape.
     """
-    line_no = 1
-    rest = b""
-    with open_input(path) as f:
-        while True:
-            block = f.read(chunk_bytes)
-            if not block:
-                break
-            data = rest + block
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:  # a line longer than the chunk: keep reading
-                rest = data
-                continue
-            chunk, rest = data[:cut], data[cut:]
-            yield line_no, _unix(chunk)
-            line_no += chunk.count(b"\n")
-    if rest:
-        yield line_no, _unix(rest + b"\n")
+    for line_no, lines in iter_lines(path, chunk_bytes, max_line_bytes):
+        yield line_no, _unix(lines)
 
 
 def rebatch(batches: Iterable, batch_size: int, concat) -> Iterator:
@@ -90,15 +185,17 @@ class LineReader:
     """
 
     def __init__(self, paths, batch_size: int, skip_bad_lines: bool = False,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_line_bytes: int = MAX_LINE_BYTES):
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size}: must be >= 1")
         if chunk_bytes < 1:
             raise ConfigError(f"chunk_bytes={chunk_bytes}: must be >= 1")
+        check_max_line_bytes(max_line_bytes)
         self.paths: Sequence[Path] = as_paths(paths)
         self.batch_size = batch_size
         self.skip_bad_lines = skip_bad_lines
         self.chunk_bytes = chunk_bytes
+        self.max_line_bytes = max_line_bytes
         self.bad_lines = 0
         self.bad_line_examples: list[str] = []  # first MAX_EXAMPLES messages, for a report
 
@@ -110,7 +207,7 @@ class LineReader:
 
     def _good_batches(self):
         for path in self.paths:
-            for first_line, chunk in iter_chunks(path, self.chunk_bytes):
+            for first_line, chunk in iter_chunks(path, self.chunk_bytes, self.max_line_bytes):
                 batch, bad = self._parse(chunk)
                 for index, reason in bad:
                     err = DataFormatError(path, first_line + index, reason)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._ascii8 import Windows, parse_decimal, parse_hex
-from ._reader import DEFAULT_CHUNK_BYTES, LineReader
+from ._reader import DEFAULT_CHUNK_BYTES, MAX_LINE_BYTES, LineReader
 from .errors import show
 
 NUM_DENSE = 13
@@ -155,12 +155,13 @@ class CriteoReader(LineReader):
     A bad line raises ``DataFormatError`` (``path:line: reason``); with
     ``skip_bad_lines=True`` it is dropped and counted in ``bad_lines``
     (first few messages in ``bad_line_examples``) and every good line still
-    comes out.
+    comes out. A line longer than ``max_line_bytes`` always raises: it is a
+    wrong or broken file, not a bad line.
     """
 
     def __init__(self, paths, batch_size: int, skip_bad_lines: bool = False,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
-        super().__init__(paths, batch_size, skip_bad_lines, chunk_bytes)
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_line_bytes: int = MAX_LINE_BYTES):
+        super().__init__(paths, batch_size, skip_bad_lines, chunk_bytes, max_line_bytes)
 
     def _parse(self, chunk: bytes):
         batch, bad = parse_chunk(chunk)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._ascii8 import Windows, parse_float, parse_uint
-from ._reader import DEFAULT_CHUNK_BYTES, LineReader
+from ._reader import DEFAULT_CHUNK_BYTES, MAX_LINE_BYTES, LineReader
 from .errors import show
 
 FORMATS = ("auto", "libsvm", "libffm")
@@ -195,14 +195,16 @@ class LibsvmReader(LineReader):
     ``format="auto"`` decides from the first feature token (``a:b`` -> libsvm,
     ``a:b:c`` -> libffm); after that, lines of the other shape are bad lines.
     Bad lines raise ``DataFormatError`` or, with ``skip_bad_lines=True``, are
-    counted in ``bad_lines`` and dropped.
+    counted in ``bad_lines`` and dropped. A line longer than ``max_line_bytes``
+    always raises: it is a wrong or broken file, not a bad line.
     """
 
     def __init__(self, paths, batch_size: int, skip_bad_lines: bool = False,
-                 format: str = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 format: str = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_line_bytes: int = MAX_LINE_BYTES):
         if format not in FORMATS:
             raise ConfigError(f"format={format!r}: must be one of {', '.join(FORMATS)}")
-        super().__init__(paths, batch_size, skip_bad_lines, chunk_bytes)
+        super().__init__(paths, batch_size, skip_bad_lines, chunk_bytes, max_line_bytes)
         self.format = format
 
     def __iter__(self):

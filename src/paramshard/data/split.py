@@ -9,17 +9,18 @@ leaves parts that look finished.
 from __future__ import annotations
 
 import glob as globlib
+import io
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from ._reader import as_paths, open_input
+from ._reader import MAX_LINE_BYTES, as_paths, check_max_line_bytes, iter_lines, read_blocks
 
 SPLIT_BY = ("lines", "files")
 _PART_RE = re.compile(r"part-(\d+)")
-_READ_HINT = 1 << 20  # bytes of whole lines per readlines() call
+_READ_HINT = 1 << 20  # bytes read per block
 
 
 def part_name(index: int) -> str:
@@ -37,10 +38,12 @@ def _existing_parts(out_dir: Path) -> list[Path]:
     return sorted(p for p in out_dir.iterdir() if _PART_RE.fullmatch(p.name))
 
 
-def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool = False) -> SplitReport:
+def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool = False,
+                max_line_bytes: int = MAX_LINE_BYTES) -> SplitReport:
     """Write ``out_dir/part-00000 .. part-{N-1}`` from ``inputs`` (plain or .gz).
 
-    by="lines": line i (across all inputs, in order) -> part i % N.
+    by="lines": line i (across all inputs, in order) -> part i % N; a line longer
+    than ``max_line_bytes`` raises DataFormatError, as the readers would.
     by="files": input file j -> part j % N, whole (needs at least N files).
     A last line without a newline gets one, so parts always hold whole lines.
     Existing part files in ``out_dir`` are an error unless ``force`` (then they
@@ -51,6 +54,7 @@ def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool
         raise ConfigError(f"--shards must be >= 1, got {num_shards}")
     if by not in SPLIT_BY:
         raise ConfigError(f"--by must be one of {', '.join(SPLIT_BY)}, got {by!r}")
+    check_max_line_bytes(max_line_bytes)
     paths = as_paths(inputs)
     if by == "files" and len(paths) < num_shards:
         raise ConfigError(f"{len(paths)} input file(s) cannot fill {num_shards} shards by files; "
@@ -68,8 +72,10 @@ def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool
     tmp = [p.with_name(p.name + ".tmp") for p in final]
     outs = [open(p, "wb") for p in tmp]
     try:
-        writer = _split_by_lines if by == "lines" else _split_by_files
-        counts = writer(paths, outs)
+        if by == "lines":
+            counts = _split_by_lines(paths, outs, max_line_bytes)
+        else:
+            counts = _split_by_files(paths, outs)
     except BaseException:
         for f, p in zip(outs, tmp):
             f.close()
@@ -84,24 +90,18 @@ def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool
     return SplitReport(out_dir, tuple(final), tuple(counts))
 
 
-def _lines(path: Path):
+def _lines(path: Path, max_line_bytes: int):
     """Lists of whole lines, the last one newline-terminated even if the file's is not."""
-    with open_input(path) as f:
-        while True:
-            lines = f.readlines(_READ_HINT)
-            if not lines:
-                return
-            if not lines[-1].endswith(b"\n"):
-                lines[-1] += b"\n"
-            yield lines
+    for _, block in iter_lines(path, _READ_HINT, max_line_bytes):
+        yield io.BytesIO(block).readlines()  # splits at b"\n" only; bytes.splitlines() also at b"\r"
 
 
-def _split_by_lines(paths, outs) -> list[int]:
+def _split_by_lines(paths, outs, max_line_bytes: int) -> list[int]:
     n = len(outs)
     counts = [0] * n
     seen = 0  # lines before the current block
     for path in paths:
-        for lines in _lines(path):
+        for lines in _lines(path, max_line_bytes):
             for k, out in enumerate(outs):
                 mine = lines[(k - seen) % n::n]  # block-local indices i with (seen + i) % n == k
                 out.writelines(mine)
@@ -114,12 +114,11 @@ def _split_by_files(paths, outs) -> list[int]:
     counts = [0] * len(outs)
     for j, path in enumerate(paths):
         k = j % len(outs)
-        with open_input(path) as f:
-            last = b"\n"
-            while block := f.read(_READ_HINT):
-                outs[k].write(block)
-                counts[k] += block.count(b"\n")
-                last = block[-1:]
+        last = b"\n"
+        for block in read_blocks(path, _READ_HINT):  # a byte copy: no line is ever held
+            outs[k].write(block)
+            counts[k] += block.count(b"\n")
+            last = block[-1:]
         if last != b"\n":
             outs[k].write(b"\n")
             counts[k] += 1

@@ -8,48 +8,75 @@ on arrival. ``version`` counts applied updates; a pull may wait for a version.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..errors import ConfigError
 from ..optim import OptimizerConfig
+from .barrier import Membership, StepBarrier
 from .optimizers import Rule, make_rule
 
 
 class DenseBlock:
-    __slots__ = ("name", "values", "rule", "slots", "version", "acc", "contributors")
+    __slots__ = ("name", "values", "rule", "slots", "version", "acc", "barrier")
 
-    def __init__(self, name: str, values: np.ndarray, rule: Rule):
+    def __init__(self, name: str, values: np.ndarray, rule: Rule, barrier: StepBarrier):
         self.name = name
         self.values = values          # allocated once, updated in place
         self.rule = rule
         self.slots = rule.init_slots(values.shape)
         self.version = 0
         self.acc: np.ndarray | None = None   # sync-mode gradient sum, allocated on first use
-        self.contributors: set[int] = set()
+        self.barrier = barrier
+
+
+def check_distinct(names: list, what: str) -> None:
+    if len(set(names)) != len(names):
+        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+        raise ConfigError(f"{what} names {twice[:3]} more than once; each block may appear once")
 
 
 class DenseStore:
-    def __init__(self, mode: str, num_trainers: int):
+    def __init__(self, mode: str, membership: Membership):
         self.mode = mode
-        self.live_trainers = set(range(num_trainers))
+        self.membership = membership
         self.blocks: dict[str, DenseBlock] = {}
         self.plan_fingerprint: int | None = None
+        self.optimizer: OptimizerConfig | None = None
+
+    @property
+    def registered(self) -> bool:
+        return self.plan_fingerprint is not None
 
     # -- registration ---------------------------------------------------
-    def register(self, names: list[str], arrays: list[np.ndarray], optimizer: OptimizerConfig,
-                 plan_fingerprint: int) -> None:
-        clash = [n for n in names if n in self.blocks]
-        if clash:
-            raise ConfigError(f"blocks already registered: {clash[:3]}; a second chief, or a "
-                              f"restarted job talking to old servers? restart the servers")
-        if len(set(names)) != len(names):
-            raise ConfigError("the same block name appears twice in one registration")
-        rule = make_rule(optimizer)
+    def register(self, trainer: int, names: list[str], arrays: list[np.ndarray], optimizer: OptimizerConfig,
+                 plan_fingerprint: int) -> bool:
+        """All or nothing: every block is checked before any is stored. Only the
+        chief registers; a repeat of the identical registration is accepted and
+        changes nothing (returns False)."""
+        self.membership.check_trainer(trainer)
+        check_distinct(names, "register_dense")
+        if self.registered:
+            same = (plan_fingerprint == self.plan_fingerprint and optimizer == self.optimizer
+                    and sorted(names) == sorted(self.blocks))
+            if same:
+                return False
+            raise ConfigError(f"trainer {trainer} tried to register a different model (plan {plan_fingerprint:#x}) "
+                              f"on servers that hold the chief's (plan {self.plan_fingerprint:#x}): a second chief, "
+                              f"or a new job talking to old servers? every trainer must build the same model")
+        if trainer != 0:
+            raise ConfigError(f"trainer {trainer} tried to register the model: only the chief (trainer 0) registers")
+        if len(names) != len(arrays):
+            raise ConfigError(f"register_dense names {len(names)} blocks but carries {len(arrays)} arrays")
         for name, arr in zip(names, arrays):
             if arr.dtype != np.float32 or arr.ndim != 1:
                 raise ConfigError(f"block {name}: expected a flat float32 array, got {arr.dtype}{list(arr.shape)}")
-            self.blocks[name] = DenseBlock(name, arr.copy(), rule)
-        self.plan_fingerprint = plan_fingerprint
+        rule = make_rule(optimizer)
+        self.blocks = {name: DenseBlock(name, arr.copy(), rule, StepBarrier(self.membership, f"block {name}"))
+                       for name, arr in zip(names, arrays)}
+        self.plan_fingerprint, self.optimizer = plan_fingerprint, optimizer
+        return True
 
     def has_all(self, names: list[str]) -> bool:
         return all(n in self.blocks for n in names)
@@ -66,58 +93,58 @@ class DenseStore:
 
     # -- updates --------------------------------------------------------
     def push(self, trainer: int, step: int, names: list[str], grads: list[np.ndarray]) -> None:
+        self.membership.check_trainer(trainer)
+        check_distinct(names, "push_dense")
+        if len(names) != len(grads):
+            raise ConfigError(f"push_dense names {len(names)} blocks but carries {len(grads)} arrays")
         blocks = self.lookup(names)
         for block, grad in zip(blocks, grads):
             if grad.shape != block.values.shape or grad.dtype != np.float32:
                 raise ConfigError(f"block {block.name}: gradient is {grad.dtype}{list(grad.shape)}, "
                                   f"the block is float32{list(block.values.shape)}")
+        if trainer in self.membership.left:
+            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
         if self.mode == "async":
             for block, grad in zip(blocks, grads):
                 self._apply(block, grad)
             return
-        if trainer not in self.live_trainers:
-            raise ConfigError(f"trainer {trainer} already left or is not part of this job")
         for block in blocks:   # check everything before changing anything
-            if step != block.version:
-                raise ConfigError(f"trainer {trainer} pushed step {step} for {block.name}, which is "
-                                  f"at step {block.version}; every trainer must push every step once")
-            if trainer in block.contributors:
-                raise ConfigError(f"trainer {trainer} pushed step {step} for {block.name} twice")
+            block.barrier.check_arrival(trainer, step, block.version)
         for block, grad in zip(blocks, grads):
-            if not block.contributors and self.live_trainers <= {trainer}:
+            if not block.barrier.arrived and self.membership.required <= {trainer}:
                 # The only trainer left: apply straight from the received frame,
                 # no copy into an accumulator.
                 self._apply(block, grad)
                 continue
             if block.acc is None:
                 block.acc = np.empty_like(block.values)
-            if block.contributors:
+            if block.barrier.arrived:
                 block.acc += grad
             else:
                 block.acc[...] = grad
-            block.contributors.add(trainer)
+            block.barrier.arrive(trainer)
             self._maybe_finish_step(block)
 
-    def leave(self, trainer: int) -> None:
-        self.live_trainers.discard(trainer)
+    def on_leave(self, trainer: int) -> None:
+        """A trainer left: steps that only waited for it are complete now."""
         if self.mode == "sync":
             for block in self.blocks.values():
                 self._maybe_finish_step(block)
 
     def waiting_for(self, names: list[str]) -> list[int]:
-        """Live trainers that have not pushed the current step of these blocks."""
+        """Trainers that have not pushed the current step of these blocks."""
         missing: set[int] = set()
         for n in names:
             block = self.blocks.get(n)
             if block is not None:
-                missing |= self.live_trainers - block.contributors
+                missing.update(block.barrier.waiting_for())
         return sorted(missing)
 
     def _maybe_finish_step(self, block: DenseBlock) -> None:
-        if block.contributors and self.live_trainers <= block.contributors:
+        if block.barrier.complete():
             # The average folds into the update: no extra pass over the block.
-            self._apply(block, block.acc, scale=1.0 / len(block.contributors))
-            block.contributors.clear()
+            self._apply(block, block.acc, scale=1.0 / len(block.barrier.arrived))
+            block.barrier.reset()
 
     def _apply(self, block: DenseBlock, grad: np.ndarray, scale: float = 1.0) -> None:
         block.rule.apply(block.values, grad, block.slots, block.version + 1, scale)

@@ -3,26 +3,37 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..optim import from_wire
-from .dense import DenseStore
+from .dense import DenseStore, check_distinct
 from .replies import Deferred, Reply
 
 
 class DenseHandlers:
+    """The dense-block Service (server/api.py)."""
+
     def __init__(self, store: DenseStore):
         self.store = store
 
+    def ops(self) -> dict:
+        return {op: getattr(self, f"handle_{op}") for op in ("register_dense", "pull_dense", "push_dense")}
+
+    def stats(self) -> dict:
+        return {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
+
+    def on_leave(self, trainer: int) -> None:
+        self.store.on_leave(trainer)
+
     def handle_register_dense(self, header: dict, arrays: list) -> Reply:
         names = header["names"]
-        if len(names) != len(arrays):
-            raise ConfigError(f"register_dense names {len(names)} blocks but carries {len(arrays)} arrays")
-        self.store.register(names, arrays, from_wire(header["optimizer"]), header["plan_fingerprint"])
+        self.store.register(header["trainer"], names, arrays, from_wire(header["optimizer"]),
+                            header["plan_fingerprint"])
         return Reply({"blocks": len(names)})
 
     def handle_pull_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, version = header["names"], header["min_version"]
         self._check_plan(header["plan_fingerprint"])
-        if self.store.has_all(names):
-            self.store.lookup(names)   # raises for names this server never had
+        check_distinct(names, "pull_dense")
+        if self.store.registered:
+            self.store.lookup(names)   # raises at once for names this server never had
         return Deferred(
             ready=lambda: self.store.has_all(names) and self.store.versions_reached(names, version),
             make_reply=lambda: self._values_reply(names),
@@ -32,8 +43,6 @@ class DenseHandlers:
 
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, step = header["names"], header["step"]
-        if len(names) != len(arrays):
-            raise ConfigError(f"push_dense names {len(names)} blocks but carries {len(arrays)} arrays")
         self.store.push(header["trainer"], step, names, arrays)
         if not header["reply_values"]:
             return Reply()

@@ -60,32 +60,42 @@ class IdIndex:
         next row numbers; returns them."""
         ids = np.asarray(ids, np.uint64)
         first, n = self.size, len(ids)
-        if first + n > len(self.ids):
-            grown = np.empty(max(first + n, int(len(self.ids) * GROWTH) + 1), np.uint64)
-            grown[:first] = self.ids[:first]
-            self.ids = grown
-        self.ids[first:first + n] = ids
-        self.size = first + n
+        # All-or-nothing: new arrays are built aside and swapped in at the end,
+        # so a MemoryError leaves the index mapping exactly what it mapped.
+        store = self.ids
+        if first + n > len(store):
+            store = np.empty(max(first + n, int(len(self.ids) * GROWTH) + 1), np.uint64)
+            store[:first] = self.ids[:first]
+        store[first:first + n] = ids      # beyond ``size``: invisible until committed
         rows = np.arange(first, first + n)
-        if self.size > MAX_LOAD * len(self.buckets):
-            self._alloc(self._buckets_for(self.size))
-            self._place(np.arange(self.size))
+        if first + n > MAX_LOAD * len(self.buckets):
+            buckets = np.full(self._buckets_for(first + n), -1, np.int32)
+            self._place(store, buckets, np.arange(first + n))
         else:
-            self._place(rows)
+            buckets = self.buckets
+            try:
+                self._place(store, buckets, rows)
+            except BaseException:
+                buckets[buckets >= first] = -1   # only free buckets were written: undo exactly those
+                raise
+        self.ids, self.size = store, first + n
+        self.buckets, self.mask = buckets, np.uint64(len(buckets) - 1)
         return rows
 
-    def _place(self, rows: np.ndarray) -> None:
-        pos = mix64(self.ids[rows]) & self.mask
+    @staticmethod
+    def _place(store: np.ndarray, buckets: np.ndarray, rows: np.ndarray) -> None:
+        mask = np.uint64(len(buckets) - 1)
+        pos = mix64(store[rows]) & mask
         rows32 = rows.astype(np.int32)
         active = np.arange(len(rows))
         while active.size:
             p = pos[active]
-            free = self.buckets[p] < 0
+            free = buckets[p] < 0
             claim = active[free]
-            self.buckets[pos[claim]] = rows32[claim]           # colliding claims: one write wins
-            won = self.buckets[pos[claim]] == rows32[claim]
+            buckets[pos[claim]] = rows32[claim]           # colliding claims: one write wins
+            won = buckets[pos[claim]] == rows32[claim]
             active = np.concatenate([active[~free], claim[~won]])
-            pos[active] = (pos[active] + np.uint64(1)) & self.mask
+            pos[active] = (pos[active] + np.uint64(1)) & mask
 
     def rebuild(self, ids_by_row: np.ndarray) -> None:
         """Start over holding ids_by_row[i] -> i (after rows were compacted)."""

@@ -1,10 +1,14 @@
 """One parameter server: a ZeroMQ ROUTER socket and a single-threaded loop.
 
-Requests are validated, dispatched to ``handle_<op>`` methods, and answered
+Requests are validated, dispatched to the services' handlers, and answered
 now or deferred (sync barrier, waiting for registration). A deferred request
 that outlives the deadline gets an error reply naming what it waited for, so a
-stuck peer never becomes a silent hang. A bad request gets an error reply and
-the loop goes on serving.
+stuck peer never becomes a silent hang. Any failure while handling a request,
+now or deferred, becomes an error reply and the loop goes on serving.
+
+The server also ends with its job: once no trainer can push again (every one
+left, or lost its connection for longer than the timeout) or a peer server is
+gone, it stops, with exit code 1 and a line naming the lost ones if any.
 """
 from __future__ import annotations
 
@@ -16,12 +20,17 @@ from collections import Counter
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import ConfigError, ParamshardError, ProtocolError
+from ..errors import ParamshardError, ProtocolError
+from ..limits import Limits
 from ..log import get_logger
 from ..transport import protocol
-from ..transport.auth import MessageAuth
+from ..transport.security import Security
+from ..transport.server_socket import bind_router
+from .api import Service
+from .barrier import Membership
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
+from .peers import PeerWatch
 from .replies import Deferred, Reply
 
 log = get_logger("server")
@@ -37,56 +46,47 @@ class _Waiting:
 
 class ParameterServer:
     def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
-                 timeout: float = 120.0, exit_when_trainers_leave: bool = True, secret: str | None = None):
-        """``bind`` is host:port; port 0 picks a free port (see ``address``)."""
+                 timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
+                 peers: dict[int, str] | None = None, limits: Limits = Limits()):
+        """``bind`` is host:port; port 0 picks a free port (see ``address``).
+        ``peers``: index -> address of the job's other servers, watched so this one
+        does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
         self.server_id = server_id
         self.name = f"server {server_id}"
         self.mode = mode
         self.num_trainers = num_trainers
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
-        self._auth = MessageAuth(secret)
-        self.dense = DenseStore(mode, num_trainers)
-        self._dense_handlers = DenseHandlers(self.dense)
-        self._extra_handlers: dict = {}
-        self._leave_hooks: list = []
-        self._stats_providers: list = []
+        self.membership = Membership(num_trainers, grace=timeout)
+        self.dense = DenseStore(mode, self.membership)
+        self._handlers: dict = {}
+        self._services: list[Service] = []
+        self.add_service(DenseHandlers(self.dense))
         self._stop_after_replies = False   # set by leave/shutdown: finish answering, then stop
+        self.exit_code = 0
         self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not drops
-        host, _, port = bind.rpartition(":")
-        if port == "0":
-            port_num = self._sock.bind_to_random_port(f"tcp://{host}")
-        else:
-            try:
-                self._sock.bind(f"tcp://{host}:{port}")
-            except zmq.ZMQError as exc:
-                self._sock.close(0)
-                raise ConfigError(f"{self.name} cannot bind {bind}: {exc} (port taken? wrong host?)") from None
-            port_num = int(port)
-        self.address = f"{host}:{port_num}"
+        self._sock, self.address = bind_router(self._ctx, bind, self.name, limits.max_message_bytes,
+                                               security=security)
+        self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout,
+                                secure=security.configure_client if security is not None else None)
         self._waiting: list[_Waiting] = []
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._trainer_by_fd: dict[int, int] = {}
-        self.lost_trainers: set[int] = set()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
         self.started_at = time.time()
 
-    def add_service(self, handlers: dict, stats=None, on_leave=None) -> None:
-        """Plug in more ops (e.g. sparse tables): {op: callable(header, arrays)},
-        a callable adding to the statistics, and one told when a trainer leaves."""
-        self._extra_handlers.update(handlers)
-        if stats is not None:
-            self._stats_providers.append(stats)
-        if on_leave is not None:
-            self._leave_hooks.append(on_leave)
+    def add_service(self, service: Service) -> None:
+        """Serve one more set of ops (e.g. sparse tables)."""
+        clash = set(service.ops()) & set(self._handlers)
+        if clash:
+            raise ValueError(f"ops {sorted(clash)} are served twice")
+        self._handlers.update(service.ops())
+        self._services.append(service)
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":
@@ -109,13 +109,17 @@ class ParameterServer:
     def __exit__(self, *exc):
         self.close()
 
-    def serve_forever(self) -> None:
+    def serve_forever(self) -> int:
+        """Serve until the job ends; returns the exit code (0: every trainer left)."""
         log.info("%s serving on %s (%s mode, %d trainers)", self.name, self.address,
                  self.mode, self.num_trainers)
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
+        for monitor in self._peers.monitors:
+            poller.register(monitor, zmq.POLLIN)
         self._ready.set()
+        next_check = 0.0
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(self._poll_ms()))
@@ -132,11 +136,40 @@ class ParameterServer:
                 self._answer_waiting()
                 if self._stop_after_replies and not self._waiting:
                     break
+                # Membership and peers change on a scale of seconds: checking them
+                # ten times a second keeps them off the per-request path.
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.1
+                    if self._job_ended():
+                        break
         finally:
+            self._peers.close()
             self._sock.disable_monitor()
             self._monitor.close(0)
             self._sock.close(linger=1000)
             log.info("%s stopped", self.name)
+        return self.exit_code
+
+    def _job_ended(self) -> bool:
+        """True (with ``exit_code`` set) when nothing is left to serve."""
+        for trainer in self.membership.expire():
+            log.error("%s: trainer %d did not come back within %g s: counted as lost", self.name,
+                      trainer, self.timeout)
+        gone_peers = self._peers.poll()
+        if gone_peers:
+            self.exit_code = 1
+            log.error("%s: stopping because %s is gone (unreachable for %g s); the job cannot go on "
+                      "without it", self.name, ", ".join(gone_peers), self.timeout)
+            return True
+        if not self.exit_when_trainers_leave or not self.membership.job_over():
+            return False
+        if self.membership.gone or self.membership.never_arrived():
+            self.exit_code = 1
+            log.error("%s: stopping: no trainer can push any more (%s)", self.name, self.membership.summary())
+        else:
+            log.info("%s: every trainer left", self.name)
+        return True
 
     # -- request handling -----------------------------------------------
     def _poll_ms(self) -> int:
@@ -153,37 +186,48 @@ class ParameterServer:
         try:
             if not rest:
                 raise ProtocolError("empty message: expected [header, frames...]")
-            rest = self._auth.verify(rest)
+            request_id = protocol.request_id_of(rest[0].buffer)
             header = protocol.decode_header(rest[0].buffer)
-            self._auth.check_header(header)
-            request_id = header["id"]
             protocol.validate_request(header)
             op = header["op"]
             self.stats[f"op_{op}"] += 1
-            if isinstance(header.get("trainer"), int) and header["trainer"] >= 0:
-                self._trainer_by_fd[rest[0].get(zmq.SRCFD)] = header["trainer"]
+            trainer = header.get("trainer")
+            if trainer is not None:
+                if type(trainer) is not int:
+                    raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
+                self.membership.check_trainer(trainer)
             arrays = protocol.decode_arrays(header, rest[1:])
             outcome = self._dispatch(op)(header, arrays)
-        except ParamshardError as exc:
-            self.stats["errors"] += 1
-            code = "bad_request" if isinstance(exc, ProtocolError) else "invalid"
-            log.warning("%s: rejected %s request %s: %s", self.name, op, request_id, exc)
-            self._send(identity, protocol.error_header(request_id, code, str(exc)))
+        except Exception as exc:   # noqa: BLE001 - no request may take the server down
+            self._send_failure(identity, request_id, op, exc)
             return
-        except Exception as exc:  # a bug here must not take the server down
-            self.stats["errors"] += 1
-            log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())
-            self._send(identity, protocol.error_header(request_id, "internal", f"{type(exc).__name__}: {exc}"))
-            return
+        if trainer is not None:
+            # Only an accepted request ties its connection to a trainer: a stranger's
+            # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
+            self.membership.note_request(trainer)
+            self._trainer_by_fd[rest[0].get(zmq.SRCFD)] = trainer
         if isinstance(outcome, Deferred):
             self._waiting.append(_Waiting(identity, request_id, op, outcome,
                                           time.monotonic() + self.timeout))
         else:
             self._reply(identity, request_id, outcome)
 
+    def _send_failure(self, identity, request_id: int, op: str, exc: Exception) -> None:
+        """Turn any exception into an error reply: ours say what is wrong, anything
+        else is a bug (or MemoryError) reported as ``internal`` with the op."""
+        self.stats["errors"] += 1
+        if isinstance(exc, ParamshardError):
+            code = "bad_request" if isinstance(exc, ProtocolError) else "invalid"
+            message = str(exc)
+            log.warning("%s: rejected %s request %s: %s", self.name, op, request_id, exc)
+        else:
+            code = "internal"
+            message = f"internal: {op} failed on {self.name}: {type(exc).__name__}: {exc}"
+            log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())
+        self._send(identity, protocol.error_header(request_id, code, message))
+
     def _dispatch(self, op: str):
-        handler = self._extra_handlers.get(op) or getattr(self, f"handle_{op}", None) \
-            or getattr(self._dense_handlers, f"handle_{op}", None)
+        handler = self._handlers.get(op) or getattr(self, f"handle_{op}", None)
         if handler is None:
             raise ProtocolError(f"op {op!r} is not served by this server (sparse tables not enabled?)")
         return handler
@@ -192,14 +236,9 @@ class ParameterServer:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             trainer = self._trainer_by_fd.pop(int(event["value"]), None)
-            if trainer is not None and trainer in self.dense.live_trainers:
-                self.lost_trainers.add(trainer)
-                log.error("%s: trainer %d lost its connection without leaving (died?)", self.name, trainer)
-
-    def _lost_peers(self, deferred: Deferred) -> list[int]:
-        if not self.lost_trainers or deferred.waits_on is None:
-            return []
-        return sorted(set(deferred.waits_on()) & self.lost_trainers)
+            if trainer is not None and self.membership.connection_lost(trainer):
+                log.error("%s: trainer %d lost its connection without leaving (died?); it has %g s "
+                          "to come back", self.name, trainer, self.timeout)
 
     def _answer_waiting(self) -> None:
         if not self._waiting:
@@ -208,10 +247,11 @@ class ParameterServer:
         still = []
         for w in self._waiting:
             try:
-                lost = self._lost_peers(w.deferred)
                 if w.deferred.ready():
                     self._reply(w.identity, w.request_id, w.deferred.make_reply())
-                elif lost:
+                    continue
+                lost = self._lost_peers(w.deferred)
+                if lost:
                     msg = (f"{self.name} cannot finish {w.op}: trainers {lost} lost their connection "
                            f"without leaving (died?); {w.deferred.describe()}")
                     self._send(w.identity, protocol.error_header(w.request_id, "peer_lost", msg))
@@ -223,15 +263,21 @@ class ParameterServer:
                     self._send(w.identity, protocol.error_header(w.request_id, "timeout", msg))
                 else:
                     still.append(w)
-            except ParamshardError as exc:
-                self._send(w.identity, protocol.error_header(w.request_id, "invalid", str(exc)))
+            except Exception as exc:   # noqa: BLE001 - a deferred reply may fail like any other
+                self._send_failure(w.identity, w.request_id, w.op, exc)
         self._waiting = still
+
+    def _lost_peers(self, deferred: Deferred) -> list[int]:
+        failed = self.membership.failed
+        if not failed or deferred.waits_on is None:
+            return []
+        return sorted(set(deferred.waits_on()) & failed)
 
     def _reply(self, identity, request_id: int, reply: Reply) -> None:
         self._send(identity, protocol.ok_header(request_id, **reply.fields), reply.arrays)
 
     def _send(self, identity, header: dict, arrays=()) -> None:
-        frames = self._auth.sign(protocol.encode(header, arrays, signed=self._auth.enabled))
+        frames = protocol.encode(header, arrays)
         self.stats["bytes_out"] += sum(a.nbytes for a in arrays)
         try:
             self._sock.send_multipart([identity, *frames], copy=False)
@@ -247,13 +293,10 @@ class ParameterServer:
 
     def handle_leave(self, header, arrays) -> Reply:
         trainer = header["trainer"]
-        self.dense.leave(trainer)
-        for hook in self._leave_hooks:
-            hook(trainer)
-        log.info("%s: trainer %d left (%d still training)", self.name, trainer,
-                 len(self.dense.live_trainers))
-        if self.exit_when_trainers_leave and not self.dense.live_trainers:
-            self._stop_after_replies = True
+        self.membership.leave(trainer)
+        for service in self._services:
+            service.on_leave(trainer)
+        log.info("%s: trainer %d left (%d still training)", self.name, trainer, len(self.membership.live))
         return Reply()
 
     def handle_shutdown(self, header, arrays) -> Reply:
@@ -262,9 +305,10 @@ class ParameterServer:
 
     def snapshot_stats(self) -> dict:
         out = {"server": self.server_id, "address": self.address,
-               "dense_blocks": len(self.dense.blocks), "dense_elements": self.dense.elements,
-               "uptime_s": round(time.time() - self.started_at, 3)}
+               "uptime_s": round(time.time() - self.started_at, 3),
+               "trainers": {"live": sorted(self.membership.live), "left": sorted(self.membership.left),
+                            "lost": sorted(self.membership.failed)}}
         out.update(self.stats)
-        for provider in self._stats_providers:
-            out.update(provider())
+        for service in self._services:
+            out.update(service.stats())
         return out

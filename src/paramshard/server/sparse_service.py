@@ -5,19 +5,24 @@ import numpy as np
 
 from ..env import ClusterEnv
 from ..errors import ConfigError
+from ..limits import Limits
 from ..optim import from_wire
 from ..tables import policy_from_wire
+from .barrier import Membership
 from .replies import Deferred, Reply
 from .sparse_table import SparseTable
 
 
 class SparseService:
-    def __init__(self, mode: str, num_trainers: int):
+    """The sparse-table Service (server/api.py)."""
+
+    def __init__(self, mode: str, membership: Membership, limits: Limits = Limits()):
         self.mode = mode
-        self.live_trainers = set(range(num_trainers))
+        self.membership = membership
+        self.limits = limits
         self.tables: dict[str, SparseTable] = {}
 
-    def handlers(self) -> dict:
+    def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("register_sparse", "pull_sparse", "push_sparse", "export_sparse", "import_sparse")}
 
@@ -27,17 +32,19 @@ class SparseService:
             raise ConfigError(f"unknown sparse table {name!r}; registered: {sorted(self.tables) or 'none'}")
         return table
 
-    @staticmethod
-    def _ids(arrays: list, n_arrays: int, op: str) -> np.ndarray:
+    def _ids(self, arrays: list, n_arrays: int, op: str) -> np.ndarray:
         if len(arrays) != n_arrays:
             raise ConfigError(f"{op} carries {len(arrays)} arrays, expected {n_arrays}")
         ids = arrays[0]
         if ids.dtype != np.uint64 or ids.ndim != 1:
             raise ConfigError(f"{op}: ids must be a flat uint64 array, got {ids.dtype}{list(ids.shape)}")
+        self.limits.check("max_ids", len(ids), f"{op}: ids in one request")
         return ids
 
     def handle_register_sparse(self, header: dict, arrays: list) -> Reply:
-        name = header["table"]
+        """Only the chief creates a table; anyone may repeat the identical registration."""
+        name, trainer = header["table"], header["trainer"]
+        self.limits.check("max_dim", header["dim"], f"table {name!r}: dim")
         admission, eviction, init_scale = policy_from_wire(header["policy"])
         config = (header["dim"], header["seed"], from_wire(header["optimizer"]), admission, eviction, init_scale)
         existing = self.tables.get(name)
@@ -45,9 +52,14 @@ class SparseService:
             same = (existing.dim, existing.seed, existing.optimizer, existing.admission,
                     existing.eviction, existing.init_scale) == config
             if not same:
-                raise ConfigError(f"table {name!r} is already registered with other settings")
+                raise ConfigError(f"table {name!r} is already registered with other settings; every trainer "
+                                  f"must declare the same tables")
             return Reply({"rows": existing.num_rows})
-        self.tables[name] = SparseTable(name, *config, mode=self.mode, live_trainers=self.live_trainers)
+        if trainer != 0:
+            raise ConfigError(f"trainer {trainer} tried to create table {name!r}: only the chief (trainer 0) "
+                              f"registers tables")
+        self.tables[name] = SparseTable(name, *config, mode=self.mode, membership=self.membership,
+                                        limits=self.limits)
         return Reply({"rows": 0})
 
     def handle_pull_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -67,7 +79,7 @@ class SparseService:
         def waits_on():
             return self.tables[name].waiting_for() if name in self.tables else [0]
 
-        trainer, create = header["trainer"], header.get("create", True) is not False
+        trainer, create = header["trainer"], header.get("create", True)
         return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer, create)]),
                         describe=describe, waits_on=waits_on)
 
@@ -93,7 +105,6 @@ class SparseService:
         return Reply({"rows": table.num_rows})
 
     def on_leave(self, trainer: int) -> None:
-        self.live_trainers.discard(trainer)
         if self.mode == "sync":
             for table in self.tables.values():
                 table.maybe_finish_step()
@@ -108,6 +119,6 @@ class SparseService:
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:
-    service = SparseService(server.mode, server.num_trainers)
-    server.add_service(service.handlers(), stats=service.stats, on_leave=service.on_leave)
+    service = SparseService(server.mode, server.membership, env.limits)
+    server.add_service(service)
     return service

@@ -8,12 +8,15 @@ for that. Async mode: each push is applied on arrival.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
+from ..limits import Limits
 from ..optim import OptimizerConfig
 from ..rows import merge_duplicates
 from ..sparse_hash import admitted_by_probability, initial_rows
-from ..tables import Admission, Eviction
+from ..tables import Admission, Eviction, check_table_settings
+from .barrier import Membership, StepBarrier
 from .id_index import IdIndex
 from .optimizers import make_rule
 
@@ -29,14 +32,15 @@ def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
 
 class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
-                 eviction: Eviction, init_scale: float, mode: str, live_trainers: set[int],
-                 capacity: int = 1024):
-        if dim < 1:
-            raise ConfigError(f"table {name}: dim must be >= 1, got {dim}")
-        self.name, self.dim, self.seed, self.mode = name, dim, seed, mode
+                 eviction: Eviction, init_scale: float, mode: str, membership: Membership,
+                 limits: Limits = Limits(), capacity: int = 1024):
+        check_table_settings(name, dim, seed, init_scale)
+        limits.check("max_dim", dim, f"table {name!r}: dim")
+        self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, mode, limits
         self.optimizer, self.admission, self.eviction, self.init_scale = optimizer, admission, eviction, init_scale
         self.rule = make_rule(optimizer)
-        self.live_trainers = live_trainers            # shared with the server: leaving trainers drop out
+        self.membership = membership
+        self.barrier = StepBarrier(membership, f"table {name!r}")
         self.index = IdIndex(capacity)
         self.num_rows = 0
         self.values = np.empty((capacity, dim), np.float32)
@@ -48,7 +52,8 @@ class SparseTable:
         self.count_values = np.zeros(16, np.uint32)
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
-        self._last_pull: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # trainer -> (ids, rows)
+        # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
+        self._last_pull: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.evicted = 0
 
     # -- rows -------------------------------------------------------------
@@ -56,19 +61,20 @@ class SparseTable:
         cap = len(self.values)
         if rows <= cap:
             return
-        new_cap = max(rows, int(cap * GROWTH) + 1)
+        new_cap = min(max(rows, int(cap * GROWTH) + 1), max(rows, self.limits.max_rows))
 
         def grow(a):
             b = np.empty((new_cap,) + a.shape[1:], a.dtype)
             b[:self.num_rows] = a[:self.num_rows]
             return b
-        self.values = grow(self.values)
+        # Allocate everything before replacing anything: a MemoryError half way
+        # must leave the table as it was, not with arrays of different lengths.
+        values = grow(self.values)
         fresh_slots = self.rule.init_slots((new_cap - self.num_rows, self.dim))
-        self.slots = [np.concatenate([s[:self.num_rows], f]) for s, f in zip(self.slots, fresh_slots)]
-        if self.steps is not None:
-            self.steps = grow(self.steps)
-        if self.last_seen is not None:
-            self.last_seen = grow(self.last_seen)
+        slots = [np.concatenate([s[:self.num_rows], f]) for s, f in zip(self.slots, fresh_slots)]
+        steps = grow(self.steps) if self.steps is not None else None
+        last_seen = grow(self.last_seen) if self.last_seen is not None else None
+        self.values, self.slots, self.steps, self.last_seen = values, slots, steps, last_seen
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:
         """Which of these new, distinct ids get a row now."""
@@ -97,10 +103,13 @@ class SparseTable:
             count = int(admitted.sum())
             if count:
                 first = self.num_rows
+                self.limits.check("max_rows", first + count, f"table {self.name!r}: rows on this server")
+                # Rows exist before their ids enter the index: if anything fails
+                # here, the index still maps only ids that have rows.
+                fresh = initial_rows(self.seed, new_ids[admitted], self.dim, self.init_scale)
                 self._ensure_capacity(first + count)
                 row_of_new[admitted] = self.index.insert(new_ids[admitted])   # rows first..first+count-1
-                self.values[first:first + count] = initial_rows(self.seed, new_ids[admitted], self.dim,
-                                                                self.init_scale)
+                self.values[first:first + count] = fresh
                 if self.steps is not None:
                     self.steps[first:first + count] = 0
                 if self.last_seen is not None:
@@ -143,25 +152,43 @@ class SparseTable:
         if grads.shape != (len(ids), self.dim):
             raise ConfigError(f"table {self.name}: gradients are {list(grads.shape)}, expected "
                               f"[{len(ids)}, {self.dim}] for {len(ids)} ids")
+        self.membership.check_trainer(trainer)
+        if trainer in self.membership.left:
+            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
+        if self.mode == "sync":
+            self.barrier.check_arrival(trainer, step, self.version)
         if not distinct:
             ids, grads = merge_duplicates(ids, grads)
+        elif len(ids) > 1 and pd.Index(ids).has_duplicates:   # a hash table: ~1 ms for 100k ids, a sort ~15
+            raise ConfigError(f"table {self.name}: push_sparse says its ids are distinct but some repeat; "
+                              f"merge duplicate ids (or send distinct=false and the server merges them)")
+        rows = self._rows_of_push(trainer, ids)
+        self._check_known(ids, rows)
         if self.mode == "async":
-            self._apply(self._rows_of_push(trainer, ids), grads, contributors=1)
+            self._apply(rows, grads, contributors=1)
             self.version += 1
             self._maybe_evict()
             return
-        if trainer not in self.live_trainers:
-            raise ConfigError(f"trainer {trainer} already left or is not part of this job")
-        if step != self.version:
-            raise ConfigError(f"trainer {trainer} pushed step {step} to table {self.name}, which is at "
-                              f"step {self.version}; every trainer must push every step once")
-        if trainer in self._pending:
-            raise ConfigError(f"trainer {trainer} pushed step {step} to table {self.name} twice")
-        self._pending[trainer] = (self._rows_of_push(trainer, ids), grads.copy())
+        self._pending[trainer] = (rows, grads.copy())
+        self.barrier.arrive(trainer)
         self.maybe_finish_step()
 
+    def _check_known(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """A gradient for an id without a row is dropped only when the policies explain
+        it (not admitted, or evicted); otherwise the trainer never pulled it: an error."""
+        missing = np.flatnonzero(rows < 0)
+        if not len(missing) or self.eviction.unseen_steps:
+            return
+        unknown = ids[missing]
+        unknown = unknown[admitted_by_probability(self.seed, unknown, self.admission.probability)]
+        if self.counts is not None and len(unknown):
+            unknown = unknown[self.counts.lookup(unknown) < 0]
+        if len(unknown):
+            raise ConfigError(f"table {self.name}: gradients for {len(unknown)} ids that were never pulled "
+                              f"(e.g. {unknown[:3].tolist()}); pull rows before pushing their gradients")
+
     def maybe_finish_step(self) -> None:
-        if not self._pending or not self.live_trainers <= set(self._pending):
+        if not self.barrier.complete():
             return
         parts = list(self._pending.values())
         if len(parts) == 1:
@@ -171,11 +198,12 @@ class SparseTable:
                                            np.concatenate([p[1] for p in parts]))
         self._apply(rows, grads, contributors=len(parts))
         self._pending.clear()
+        self.barrier.reset()
         self.version += 1
         self._maybe_evict()
 
     def waiting_for(self) -> list[int]:
-        return sorted(self.live_trainers - set(self._pending))
+        return self.barrier.waiting_for()
 
     def _apply(self, rows: np.ndarray, grads: np.ndarray, contributors: int) -> None:
         keep = rows >= 0                     # ids never admitted: their gradient is dropped
@@ -229,10 +257,13 @@ class SparseTable:
         """Set rows from an exported table (creating them, admission bypassed)."""
         if values.shape != (len(ids), self.dim):
             raise ConfigError(f"table {self.name}: import of {list(values.shape)} rows, dim is {self.dim}")
+        if len(np.unique(ids)) != len(ids):
+            raise ConfigError(f"table {self.name}: an import names some ids twice; each id may appear once")
         rows = self.index.lookup(ids)
         new = rows < 0
         if new.any():
             first = self.num_rows
+            self.limits.check("max_rows", first + int(new.sum()), f"table {self.name!r}: rows on this server")
             self._ensure_capacity(first + int(new.sum()))
             self.index.insert(ids[new])
             self.num_rows += int(new.sum())

@@ -8,6 +8,11 @@ receives the updated dense parameters in the same round trip.
 """
 from __future__ import annotations
 
+import atexit
+import functools
+import sys
+import weakref
+
 import numpy as np
 import torch
 
@@ -17,36 +22,117 @@ from ..client.sparse import SparseClient
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..log import get_logger
-from ..optim import SGD, OptimizerConfig
+from ..optim import KINDS, SGD, OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
 from .sparse_embedding import SparseEmbedding
 
 log = get_logger("trainer")
 
+# A leave at interpreter exit must not hold the script up when the servers are gone.
+EXIT_CLOSE_TIMEOUT = 3.0
+
+
+def _fmt(value) -> str:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    return repr(value)
+
+
+def _ps_equivalent(optimizer) -> str | None:
+    """The ps.optim call matching a torch.optim optimizer's first param group, or None."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or not optimizer.param_groups:
+        return None
+    g = optimizer.param_groups[0]
+
+    def call(name, *keys):
+        args = [f"{k}={_fmt(g[k])}" for k in keys if k in g]
+        return f"ps.optim.{name}({', '.join(args)})"
+
+    if type(optimizer) is torch.optim.SGD:
+        if g.get("momentum", 0) > 0:
+            return call("Momentum", "lr", "momentum", "nesterov", "weight_decay")
+        return call("SGD", "lr", "weight_decay")
+    if type(optimizer) is torch.optim.Adam:
+        return call("Adam", "lr", "betas", "eps", "weight_decay")
+    if type(optimizer) is torch.optim.Adagrad:
+        return call("Adagrad", "lr", "lr_decay", "initial_accumulator_value", "eps", "weight_decay")
+    return None
+
+
+def _check_optimizer(optimizer) -> OptimizerConfig:
+    if optimizer is None:
+        return SGD(lr=0.01)
+    if isinstance(optimizer, OptimizerConfig):
+        return optimizer
+    available = ", ".join(f"ps.optim.{cls.__name__}" for cls in KINDS.values())
+    if isinstance(optimizer, type) and issubclass(optimizer, OptimizerConfig):
+        raise ConfigError(f"Trainer(optimizer=ps.optim.{optimizer.__name__}): pass an instance with its "
+                          f"settings, e.g. optimizer=ps.optim.{optimizer.__name__}(lr=0.01)")
+    if isinstance(optimizer, torch.optim.Optimizer):
+        module = type(optimizer).__module__
+        module = "torch.optim" if module.startswith("torch.optim") else module
+        name = f"{module}.{type(optimizer).__name__}"
+        equivalent = _ps_equivalent(optimizer)
+        hint = (f"use optimizer={equivalent}" if equivalent else
+                f"{name} has no paramshard equivalent; pick one of {available}")
+        raise ConfigError(f"Trainer(optimizer={name}(...)): optimizers run on the parameter servers, so "
+                          f"the Trainer takes a ps.optim config, not a torch.optim optimizer; {hint}")
+    shown = repr(optimizer)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise ConfigError(f"Trainer(optimizer={shown}): expected a ps.optim config (optimizers run on the "
+                      f"parameter servers), one of {available}, e.g. optimizer=ps.optim.SGD(lr=0.1)")
+
+
+def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
+    trainer = ref()
+    if trainer is None or trainer._closed:
+        return
+    if getattr(sys, "last_value", None) is not None:
+        return      # the script died of an exception: the servers should see a death, not a leave
+    log.warning("trainer %d: close() was not called; closing at exit "
+                "(use `with ps.Trainer(...) as trainer:` or call trainer.close())", trainer.trainer_id)
+    try:
+        trainer.close(timeout=EXIT_CLOSE_TIMEOUT)
+    except Exception as exc:      # servers already gone: nothing left to tell them
+        log.debug("trainer %d: close at exit failed: %s", trainer.trainer_id, exc)
+
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
                  env: ClusterEnv | None = None):
+        self.optimizer = _check_optimizer(optimizer)     # before anything touches the network
         self.env = env or runtime.current()
         if self.env.role != "trainer":
             raise ConfigError(f"Trainer needs a trainer process, this one is {self.env.rank_name}")
         self.model = model
-        self.optimizer = optimizer or SGD(lr=0.01)
         self.trainer_id = self.env.trainer_id
         self.is_chief = self.trainer_id == 0
         self.step_count = 0
         self._params = self._dense_parameters(model)
         self.plan = make_plan([ParamSpec(n, tuple(p.shape)) for n, p in self._params],
                               len(self.env.servers), self.env.dispatch, self.env.min_block_size)
-        self.links = ServerLinks(self.env.servers, self.env.timeout, who=self.env.rank_name,
-                                 secret=self.env.secret)
+        self.links = ServerLinks.for_job(self.env)
+        self._closed = False
+        try:
+            self._connect(model)
+        except BaseException:
+            self.links.close()    # a failed start must not leave sockets (and their monitors) behind
+            raise
+        # A script that ends without close() still leaves (instead of looking dead to the servers).
+        self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._exit_hook)
+
+    def _connect(self, model: torch.nn.Module) -> None:
         self.dense = DenseClient(self.links, self.plan, self.trainer_id)
         self.sparse = SparseClient(self.links, self.trainer_id)
         self.tables = self._sparse_tables(model)
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
-        self._closed = False
         if self.is_chief:
             self.dense.register_dense(self._values, self.optimizer)
             for table in self.tables.values():
@@ -141,14 +227,17 @@ class Trainer:
         replies = self.links.request_many({s: ({"op": "stats"}, ()) for s in range(len(self.links))})
         return [replies[s][0]["stats"] for s in sorted(replies)]
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10) -> None:
         """Tell every server this trainer is done (sync barriers stop waiting for it)."""
         if self._closed:
             return
         self._closed = True
+        hook = getattr(self, "_exit_hook", None)
+        if hook is not None:
+            atexit.unregister(hook)
         try:
             self.links.request_many({s: ({"op": "leave", "trainer": self.trainer_id}, ())
-                                     for s in range(len(self.links))}, timeout=10)
+                                     for s in range(len(self.links))}, timeout=timeout)
         finally:
             self.links.close()
 

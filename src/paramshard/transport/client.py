@@ -1,9 +1,17 @@
 """Client side of the wire: one DEALER socket per server, requests fanned out
 to several servers at once and their replies gathered under one deadline.
 
-Liveness: a monitor socket per server reports a dropped TCP connection (a
-killed server) at once, and ZeroMQ heartbeats catch a silent peer; either way
-the waiting call raises ServerUnavailable naming the server within seconds.
+Liveness: a monitor socket per server reports a dropped connection (a killed
+server) at once, and ZeroMQ heartbeats catch a silent one (a stopped or
+partitioned server) after HEARTBEAT_TIMEOUT_MS; either way the waiting call
+raises ServerUnavailable naming the server within seconds. A link counts as up
+only once its ZMTP handshake succeeded (a stopped process's kernel still
+accepts TCP connections), and any loss of the connection while a request is
+pending fails that request, even when libzmq has reconnected since.
+
+Security: with a Security (PARAMSHARD_SECRET / PARAMSHARD_KEYS_DIR) every
+socket is a CurveZMQ client; a server that refuses our handshake fails the
+call at once with HandshakeRefused, saying which setting to fix.
 """
 from __future__ import annotations
 
@@ -18,15 +26,25 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
 from . import protocol
-from .auth import MessageAuth
+from .security import FIX_HINT, HandshakeRefused, Security
 
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
 _ids = itertools.count(1)
 
 
+_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# A server with other keys closes the connection mid-handshake without a word
+# (libzmq: HANDSHAKE_FAILED_NO_DETAIL); this many in a row, with no success in
+# between, is a refusal. Reconnects come every ~0.1-0.2 s, so it takes < 1 s.
+REFUSALS_IN_A_ROW = 3
+
+
 class _Link:
-    def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes):
+    def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes,
+                 security: Security | None = None):
         self.index, self.address = index, address
         self.name = f"server {index} ({address})"
         self.sock = ctx.socket(zmq.DEALER)
@@ -34,44 +52,99 @@ class _Link:
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self.monitor = self.sock.get_monitor_socket(
-            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        if security is not None:
+            security.configure_client(self.sock)
+        # libzmq's I/O thread blocks when a monitor pipe is full, and with it every
+        # socket of the context: a link nobody polls any more (a failed Trainer()
+        # its owner never closed) must not get there. Unbounded pipe: RCVHWM 0.
+        endpoint = f"inproc://paramshard-monitor-{os.getpid()}-{next(_ids)}"
+        self.sock.monitor(endpoint, _EVENTS)
+        self.monitor = ctx.socket(zmq.PAIR)
+        self.monitor.setsockopt(zmq.RCVHWM, 0)
+        self.monitor.connect(endpoint)
         self.sock.connect(f"tcp://{address}")
-        self.connected = False
+        self.reached = False        # a TCP connection was made at least once
+        self.connected = False      # the ZMTP handshake succeeded and the connection has not dropped since
         self.ever_connected = False
+        self.losses = 0             # connections lost after their handshake (heartbeat timeout, reset, close)
+        self.failed_handshakes = 0  # in a row, since the last successful one
+        self.refusal: str | None = None
+        self.given_up = False       # disconnected for good after a refusal
 
     def poll_events(self) -> None:
-        """Fold pending monitor events into ``connected``."""
-        while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor)["event"]
+        """Fold pending monitor events into the link's state."""
+        while not self.monitor.closed and self.monitor.poll(0):
+            message = recv_monitor_message(self.monitor)
+            event, value = message["event"], message["value"]
             if event == zmq.EVENT_CONNECTED:
+                self.reached = True     # TCP only: a stopped process's kernel accepts too
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.connected = self.ever_connected = True
+                self.failed_handshakes = 0
+                self.refusal = None
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                if self.connected:
+                    self.losses += 1
                 self.connected = False
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.refusal = f"it did not accept this process's key (ZAP status {int(value)})"
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                if int(value) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    self.refusal = "one side uses CurveZMQ encryption, the other plain TCP"
+                else:
+                    self.refusal = f"protocol error {int(value):#x} during the handshake"
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self.failed_handshakes += 1
+                if self.failed_handshakes >= REFUSALS_IN_A_ROW and self.refusal is None:
+                    self.refusal = (f"it closed the connection during the handshake "
+                                    f"{self.failed_handshakes} times in a row (other keys?)")
+
+    def give_up(self) -> None:
+        """Stop reconnecting (every ~0.1 s) to a server that refuses us: close the
+        socket (libzmq's disconnect() does not stop a session that keeps failing
+        its handshake). The link stays refused; closing it again is harmless."""
+        if not self.given_up:
+            self.given_up = True
+            self.close()
 
     def close(self) -> None:
-        try:
-            self.sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        self.monitor.close(0)
-        self.sock.close(0)
+        if not self.sock.closed:
+            close_monitored(self.sock, self.monitor)
+
+
+def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close a socket and its monitor without lingering (the monitor first, so
+    libzmq has no event pipe left to block on)."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(0)
+    sock.close(0)
 
 
 class ServerLinks:
     """Talks to every server of the job. Not thread-safe: one per trainer thread."""
 
     def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer",
-                 secret: str | None = None):
+                 security: Security | None = None):
+        """``security``: the job's keys (``Security.from_env(env)``), None for plain TCP."""
         self.timeout = timeout
         self.who = who
-        self._auth = MessageAuth(secret)
+        self.security = security
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
-        self.links = [_Link(self._ctx, i, a, identity) for i, a in enumerate(addresses)]
+        self.links = [_Link(self._ctx, i, a, identity, security) for i, a in enumerate(addresses)]
         self._poller = zmq.Poller()
         for link in self.links:
             self._poller.register(link.sock, zmq.POLLIN)
+
+    @classmethod
+    def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
+        """Links to the servers of ``env`` (a ClusterEnv) with its timeout and its
+        security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR)."""
+        return cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
+                   security=Security.from_env(env))
 
     def __len__(self) -> int:
         return len(self.links)
@@ -103,10 +176,17 @@ class ServerLinks:
         # so a server's error naming the peer it waited for arrives first.
         deadline = time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0)
         pending: dict[int, tuple[int, int, str]] = {}   # request id -> (slot, server, op)
+        # Connections lost before the requests go out; one more while they are
+        # pending fails them, whatever libzmq reconnected since.
+        losses = {}
+        for server in {server for server, _, _ in requests}:
+            link = self.links[server]
+            link.poll_events()
+            self._check_refused(link)   # before sending: a given-up link has no peer, a send would block
+            losses[server] = link.losses
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
-            frames = self._auth.sign(protocol.encode({**header, "id": request_id}, arrays,
-                                                     signed=self._auth.enabled))
+            frames = protocol.encode({**header, "id": request_id}, arrays)
             self.links[server].sock.send_multipart(frames, copy=False)
             pending[request_id] = (slot, server, header.get("op"))
         results: list = [None] * len(requests)
@@ -118,7 +198,7 @@ class ServerLinks:
             for server in {srv for _, srv, _ in pending.values()}:
                 if self.links[server].sock in ready:
                     self._receive(self.links[server], pending, results)
-            self._check_alive(pending, results)
+            self._check_alive(pending, results, losses)
         return results
 
     def _receive(self, link: _Link, pending: dict, results: list) -> None:
@@ -128,15 +208,8 @@ class ServerLinks:
             except zmq.Again:
                 return
             try:
-                frames = self._auth.verify(frames)
                 header = protocol.decode_header(frames[0].buffer)
-                self._auth.check_header(header)
             except ProtocolError as exc:
-                # Most likely the server's own complaint about our signature: show it.
-                header = protocol.decode_header(frames[0].buffer)
-                if header.get("ok") is False:
-                    raise RemoteError(link.name, str(header.get("code")),
-                                      f"{header.get('message')} [and here: {exc}]") from None
                 raise ProtocolError(f"reply from {link.name}: {exc}") from None
             entry = pending.pop(header["id"], None)
             if entry is None:
@@ -145,11 +218,13 @@ class ServerLinks:
                 raise RemoteError(link.name, str(header.get("code")), str(header.get("message")))
             results[entry[0]] = (header, protocol.decode_arrays(header, frames[1:]))
 
-    def _check_alive(self, pending: dict, results: list) -> None:
+    def _check_alive(self, pending: dict, results: list, losses: dict[int, int]) -> None:
         for server in {srv for _, srv, _ in pending.values()}:
             link = self.links[server]
             link.poll_events()
-            if link.ever_connected and not link.connected:
+            self._check_refused(link)
+            lost = link.losses > losses[server]
+            if lost or (link.ever_connected and not link.connected):
                 # A server that answered and then exited (the job ending) is fine:
                 # take an answer already queued before calling it lost.
                 self._receive(link, pending, results)
@@ -157,8 +232,19 @@ class ServerLinks:
                     continue
                 raise ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
-                    f"the server died or the network dropped; check that server's log, then "
-                    f"restart the job")
+                    f"the server died, hung (no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s) or "
+                    f"the network dropped; check that server's log, then restart the job")
+
+    def _check_refused(self, link: _Link) -> None:
+        if link.refusal is None or link.connected:
+            return
+        if not link.given_up:
+            self._poller.unregister(link.sock)
+            link.give_up()
+        raise HandshakeRefused(
+            f"{self.who} cannot talk to {link.name}: the server refused the connection "
+            f"handshake ({link.refusal}); {FIX_HINT} (this process uses "
+            f"{self.security.origin if self.security else 'no secret: plain TCP'})")
 
     def _raise_deadline(self, pending: dict, waited: float) -> None:
         parts = []
@@ -166,8 +252,9 @@ class ServerLinks:
             link = self.links[server]
             link.poll_events()
             state = "connected" if link.connected else (
-                "never reachable: is it running, is the address right?" if not link.ever_connected
-                else "disconnected")
+                "disconnected" if link.ever_connected else
+                "reachable, but its handshake never completed (hung?)" if link.reached else
+                "never reachable: is it running, is the address right?")
             parts.append(f"{link.name} [{op}, {state}]")
         raise DeadlineExceeded(f"{self.who} waited {waited:g} s for " + "; ".join(parts)
                                + " (raise PARAMSHARD_TIMEOUT if the job is just slow)")

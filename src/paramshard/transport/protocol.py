@@ -26,18 +26,35 @@ DTYPES = {
     "uint64": np.dtype("<u8"),
 }
 MAX_HEADER_BYTES = 1 << 20
+MAX_DIMS = 32                 # numpy's own limit in 1.x
+MAX_ARRAY_BYTES = 1 << 62     # any frame is far smaller; a shape past this is nonsense
 
 # op -> {field: type}; fields every request has (v, op, id, arrays) are implied.
+# A type wrapped in Optional may be left out; when present it is checked the same way.
 _STR_LIST, _INT_LIST = "str_list", "int_list"
+
+
+class Optional:
+    """A request field that may be absent (the handler picks the default)."""
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: Any):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"Optional({self.kind!r})"
+
+
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "hello": {},
     "stats": {},
-    "register_dense": {"names": _STR_LIST, "optimizer": dict, "plan_fingerprint": int},
+    "register_dense": {"names": _STR_LIST, "optimizer": dict, "plan_fingerprint": int, "trainer": int},
     "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int},
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool},
-    "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict},
-    "pull_sparse": {"table": str, "trainer": int, "min_version": int},
-    "push_sparse": {"table": str, "step": int, "trainer": int},
+    "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
+                        "trainer": int},
+    "pull_sparse": {"table": str, "trainer": int, "min_version": int, "create": Optional(bool)},
+    "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool)},
     "export_sparse": {"table": str},
     "import_sparse": {"table": str},
     "leave": {"trainer": int},
@@ -45,13 +62,18 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+def _is_int(value: Any) -> bool:
+    """An integer on the wire: bool is an int subclass in Python, and never counts."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_field(op: str, name: str, value: Any, kind: Any) -> None:
     if kind == _STR_LIST:
         ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
     elif kind == _INT_LIST:
-        ok = isinstance(value, list) and all(isinstance(x, int) for x in value)
+        ok = isinstance(value, list) and all(_is_int(x) for x in value)
     elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = _is_int(value)
     else:
         ok = isinstance(value, kind)
     if not ok:
@@ -66,12 +88,10 @@ def array_meta(arr: np.ndarray) -> dict:
     raise ProtocolError(f"dtype {arr.dtype} cannot travel on the wire; use one of {sorted(DTYPES)}")
 
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = (), signed: bool = False) -> list:
+def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list:
     """Header dict + arrays -> frames ready for send_multipart(copy=False)."""
     header = dict(header)
     header["v"] = PROTOCOL_VERSION
-    if signed:
-        header["signed"] = True
     header["arrays"] = [array_meta(a) for a in arrays]
     frames: list = [msgpack.packb(header, use_bin_type=True)]
     for a in arrays:
@@ -81,24 +101,44 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = (), signed: bool = False
     return frames
 
 
-def decode_header(raw: bytes | memoryview) -> dict:
+def _unpack(raw: bytes | memoryview):
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header is {len(raw)} bytes, more than the {MAX_HEADER_BYTES} allowed")
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0,
-                                 max_ext_len=0)
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"header is not valid msgpack ({exc.__class__.__name__}: {exc})") from None
+
+
+def decode_header(raw: bytes | memoryview) -> dict:
+    header = _unpack(raw)
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a map, got {type(header).__name__}")
-    if header.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {header.get('v')!r} is not supported "
+    version = header.get("v")
+    # type() rather than ==: True == 1 and 1.0 == 1 in Python, neither is version 1.
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported "
                             f"(this side speaks {PROTOCOL_VERSION}); run the same paramshard everywhere")
-    if not isinstance(header.get("id"), int):
+    if not _is_int(header.get("id")):
         raise ProtocolError("header has no integer request 'id'")
     if not isinstance(header.get("arrays"), list):
         raise ProtocolError("header has no 'arrays' list")
     return header
+
+
+def request_id_of(raw: bytes | memoryview) -> int:
+    """Best effort: the request id of a raw header frame, or -1 when it cannot be read.
+
+    For error replies: a request that fails decode_header or validate_request
+    later (bad version, unknown op, bad field) still gets its id back, so the
+    client can match the error to the request it sent. Never raises.
+    """
+    try:
+        header = _unpack(raw)
+    except ProtocolError:
+        return -1
+    request_id = header.get("id") if isinstance(header, dict) else None
+    return request_id if _is_int(request_id) else -1
 
 
 def validate_request(header: dict) -> None:
@@ -107,6 +147,10 @@ def validate_request(header: dict) -> None:
     if fields is None:
         raise ProtocolError(f"unknown op {op!r}; known ops: {', '.join(REQUEST_FIELDS)}")
     for name, kind in fields.items():
+        if isinstance(kind, Optional):
+            if name in header:
+                _check_field(op, name, header[name], kind.kind)
+            continue
         if name not in header:
             raise ProtocolError(f"{op}: missing field {name!r}")
         _check_field(op, name, header[name], kind)
@@ -119,12 +163,18 @@ def decode_arrays(header: dict, frames: Sequence) -> list[np.ndarray]:
         raise ProtocolError(f"header announces {len(metas)} array frames but {len(frames)} arrived")
     out = []
     for i, (meta, frame) in enumerate(zip(metas, frames)):
-        if not isinstance(meta, dict) or meta.get("dtype") not in DTYPES:
+        if not isinstance(meta, dict) or not isinstance(meta.get("dtype"), str) or meta["dtype"] not in DTYPES:
             raise ProtocolError(f"array {i}: dtype must be one of {sorted(DTYPES)}, got {meta!r}")
         shape = meta.get("shape")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
             raise ProtocolError(f"array {i}: shape must be a list of non-negative ints, got {shape!r}")
+        if len(shape) > MAX_DIMS:
+            raise ProtocolError(f"array {i}: {len(shape)} dimensions, more than the {MAX_DIMS} allowed")
         dtype = DTYPES[meta["dtype"]]
+        # numpy refuses (ValueError) a shape whose non-zero dimensions overflow,
+        # even when a zero makes the array empty: say so before it gets there.
+        if math.prod(d for d in shape if d) * dtype.itemsize > MAX_ARRAY_BYTES:
+            raise ProtocolError(f"array {i}: shape {shape} is too large")
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         expected = math.prod(shape) * dtype.itemsize
         if buf.nbytes != expected:

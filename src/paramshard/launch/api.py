@@ -1,0 +1,305 @@
+"""One contract for launching a job, whatever starts the processes.
+
+- ``LaunchConfig``: what the user asked for (script, counts, mode, security).
+- ``JobSpec``: every rank with its host and its environment contract.
+- ``Engine``: starts one rank somewhere and hands back a ``Process``
+  (poll / describe_exit / stop); the local engine and the SSH engine are two
+  implementations, MPI, Slurm and Kubernetes plug in the same way.
+- ``Launcher``: the one supervision loop. It reports every failed rank with
+  its host, stops the job within seconds of the first failure, and exits
+  with that failure's code (128 + signal for a signal).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+import uuid
+from typing import Protocol, Sequence
+
+from ..env import ClusterEnv
+from ..errors import ConfigError
+from ..limits import Limits
+from ..log import get_logger
+from .signals import StopSignal, _signals_hurry, signal_number
+
+log = get_logger("launch")
+
+# libzmq mallocs every received message. With glibc's defaults a big message
+# gets fresh pages (mmap, or a heap that was just trimmed), so page faults
+# dominate large transfers. Keep everything up to 32 MiB on a heap that is
+# never trimmed, and back larger blocks with transparent huge pages. Measured
+# (benchmarks/RESULTS.md): 16 MiB push+pull 0.55x -> 0.76x of raw pyzmq under
+# the same settings; 64 MiB round trip 152 -> 87 ms.
+MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
+                   "glibc.malloc.trim_threshold=2147483648")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    script: str
+    script_args: tuple[str, ...] = ()
+    servers: int = 1
+    trainers: int = 1
+    mode: str = "sync"
+    dispatch: str = "round_robin"
+    min_block_size: int = 8192
+    timeout: float = 120.0
+    host: str = "127.0.0.1"
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    keys_dir: str | None = None
+    # Names this job in its CurveZMQ keys, so two jobs with one secret refuse each other.
+    job_id: str = dataclasses.field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
+    limits: Limits = Limits()
+    check_script: bool = True      # False when the script lives on other hosts only
+
+    def __post_init__(self):
+        if self.servers < 1:
+            raise ConfigError(f"--servers {self.servers}: a job needs at least one server")
+        if self.trainers < 1:
+            raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
+        if self.check_script and not os.path.isfile(self.script):
+            raise ConfigError(f"training script {self.script!r} not found")
+        # Building the contract validates mode, dispatch, block size, timeout.
+        self.base_env(["127.0.0.1:1"] * self.servers)
+
+    def base_env(self, servers: Sequence[str]) -> ClusterEnv:
+        return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
+                          dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
+                          secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    name: str                      # "server 0", "trainer 1"
+    env: ClusterEnv                # its whole environment contract
+    argv: tuple[str, ...]          # what runs (the engine decides where and how)
+    host: str | None = None        # None: this machine
+
+    @property
+    def tag(self) -> str:
+        return f"{self.host} | {self.name}" if self.host else self.name
+
+    def environ(self) -> dict[str, str]:
+        """The variables this rank needs beyond its host's own environment."""
+        out = self.env.to_environ()
+        out["PYTHONUNBUFFERED"] = "1"
+        out["GLIBC_TUNABLES"] = os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    servers: tuple[RankSpec, ...]
+    trainers: tuple[RankSpec, ...]
+
+    @classmethod
+    def build(cls, config: LaunchConfig, addresses: Sequence[str], python: str,
+              server_hosts: Sequence[str | None] | None = None,
+              trainer_hosts: Sequence[str | None] | None = None, script: str | None = None) -> "JobSpec":
+        """Rank -> environment. ``addresses``: where each server listens (its own host's
+        address); ``*_hosts``: where each rank runs (None entries: this machine)."""
+        base = config.base_env(addresses)
+        server_hosts = server_hosts or [None] * config.servers
+        trainer_hosts = trainer_hosts or [None] * config.trainers
+        servers = tuple(RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i),
+                                 (python, "-m", "paramshard", "server"), server_hosts[i])
+                        for i in range(config.servers))
+        trainers = tuple(RankSpec(f"trainer {i}", dataclasses.replace(base, role="trainer", trainer_id=i),
+                                  (python, script or config.script, *config.script_args), trainer_hosts[i])
+                         for i in range(config.trainers))
+        return cls(servers, trainers)
+
+
+class Process(Protocol):
+    tag: str
+
+    def poll(self) -> int | None: ...
+
+    def describe_exit(self) -> str: ...
+
+
+class Engine(Protocol):
+    def start(self, rank: RankSpec) -> Process:
+        """Start one rank; raise ConfigError naming the rank or host when that fails."""
+
+    def stop(self, processes: Sequence[Process], grace: float, hurry: threading.Event | None) -> None:
+        """Stop these processes together: TERM, one shared grace period, then KILL."""
+
+
+def exit_status(code: int) -> int:
+    """A process's return code as a shell would report it (128 + signal for a signal)."""
+    return 128 - code if code < 0 else code
+
+
+# In a process's last lines: it failed because another one did.
+PEER_LOST_MARKERS = ("peer_lost", "lost its connection", "lost their connection", "ServerUnavailable")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_reason(p: Process) -> str:
+    """'exit code 1', 'killed by SIGKILL', ... for a process that ended."""
+    code = p.poll()
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if code == 255 and getattr(p, "host", None) is not None:
+        return "exit code 255: ssh failed or lost its connection"
+    if 128 < code <= 128 + 64 and _signal_name(code - 128).startswith("SIG"):
+        return f"exit code {code}, i.e. 128 + {_signal_name(code - 128)}?"
+    return f"exit code {code}"
+
+
+def rank_name(p: Process) -> str:
+    """'trainer 1' for a tag 'trainer 1' or '10.0.0.2 | trainer 1'."""
+    return p.tag.rpartition(" | ")[2]
+
+
+def where(p: Process) -> str:
+    host = p.tag.rpartition(" | ")[0]
+    if host:
+        return f"on {host}"
+    pid = getattr(p, "pid", None)
+    return f"pid {pid} on this machine" if pid is not None else "on this machine"
+
+
+def error_excerpt(p: Process) -> list[str]:
+    """The last lines of the process's own error (processes.error_excerpt), if it keeps them."""
+    excerpt = getattr(p, "error_excerpt", None)
+    return excerpt() if excerpt is not None else []
+
+
+def lost_a_peer(p: Process) -> bool:
+    return any(m in line for line in error_excerpt(p) for m in PEER_LOST_MARKERS)
+
+
+def _failed_at(p: Process) -> float:
+    t = getattr(p, "failed_at", lambda: None)()
+    return t if t is not None else float("inf")
+
+
+def first_failure(failed: Sequence[Process]) -> Process:
+    """The root cause among processes seen failed together: one that did not just lose a
+    peer, the earliest to report its error (list order when nothing tells)."""
+    return min(failed, key=lambda p: (lost_a_peer(p), _failed_at(p), failed.index(p)))
+
+
+def failure_summary(first: Process, others: Sequence[Process], stopped: Sequence[Process] = (),
+                    max_others: int = 8) -> str:
+    """The block a failed job ends with: the first failure, its own error, and the
+    processes that failed after it (marked when they only lost a peer); ``stopped``:
+    those of them the launcher had to stop after they reported their error."""
+    lines = [f"first failure: {rank_name(first)} ({exit_reason(first)}; {where(first)})"]
+    excerpt = error_excerpt(first)
+    lines += [f"    {line}" for line in excerpt] if excerpt else ["    (it printed nothing)"]
+    for p in others[:max_others]:
+        reason = "then stopped by the launcher" if p in stopped else exit_reason(p)
+        if lost_a_peer(p):
+            lines.append(f"  {p.tag}: failed after {rank_name(first)} (peer lost; {reason})")
+        else:
+            own = error_excerpt(p)
+            lines.append(f"  {p.tag}: failed after {rank_name(first)} ({reason})" + (f": {own[-1]}" if own else ""))
+    if len(others) > max_others:
+        lines.append(f"  ... and {len(others) - max_others} more failed after {rank_name(first)}")
+    return "\n".join(lines)
+
+
+def _each(processes: Sequence[Process], method: str) -> None:
+    for p in processes:
+        call = getattr(p, method, None)
+        if call is not None:
+            call()
+
+
+class Launcher:
+    """Starts a JobSpec through an Engine and supervises it to the end."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.servers: list = []
+        self.trainers: list = []
+
+    def start_job(self, spec: JobSpec) -> None:
+        try:
+            for rank in spec.servers:
+                self.servers.append(self.engine.start(rank))
+            for rank in spec.trainers:
+                self.trainers.append(self.engine.start(rank))
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self, poll_interval: float = 0.1) -> int:
+        """Block until the job ends; 0 when every trainer succeeded, else the first failure's code."""
+        try:
+            while True:
+                everyone = self.servers + self.trainers
+                failed = [p for p in everyone if p.poll() not in (None, 0)]
+                if failed:
+                    for p in failed:
+                        log.error("%s", p.describe_exit())
+                    first = first_failure(failed)
+                    log.error("stopping the job: %s failed", first.tag)
+                    stopping_at = time.monotonic()
+                    # What the others print as they are stopped is not news.
+                    _each([p for p in everyone if p not in failed], "hold_tracebacks")
+                    self.close()
+                    late = [p for p in everyone if p not in failed and p.poll() not in (None, 0)]
+                    for p in late:
+                        log.info("then: %s", p.describe_exit())
+                    # Failed on their own: exited, or reported an error, before the launcher stopped them.
+                    ended = {p: getattr(p, "ended_at", None) or float("inf") for p in late}
+                    late = [p for p in late if ended[p] < stopping_at or _failed_at(p) < stopping_at]
+                    _each(everyone, "mute")        # nothing after the summary
+                    log.error("%s", failure_summary(first, [p for p in failed if p is not first] + late,
+                                                    stopped=[p for p in late if ended[p] >= stopping_at and
+                                                             p.poll() in (-signal.SIGTERM, -signal.SIGKILL)]))
+                    return exit_status(first.poll()) or 1
+                if all(t.poll() == 0 for t in self.trainers):
+                    # Servers exit on their own once every trainer has left.
+                    deadline = time.monotonic() + 10
+                    while any(s.poll() is None for s in self.servers) and time.monotonic() < deadline:
+                        time.sleep(poll_interval)
+                    self.close()
+                    log.info("job finished: %d trainers succeeded", len(self.trainers))
+                    return 0
+                time.sleep(poll_interval)
+        except (KeyboardInterrupt, StopSignal) as exc:
+            return self.stop_on_signal(signal_number(exc))
+
+    def stop_on_signal(self, signum: int) -> int:
+        """Stop every process of the job after ``signum``; return the exit status, 128 + signum."""
+        log.warning("%s received: stopping every process of the job", signal.Signals(signum).name)
+        everyone = self.servers + self.trainers
+        # Tracebacks of processes dying of the stop (KeyboardInterrupt, peers lost) are noise.
+        _each(everyone, "hold_tracebacks")
+        hurry = threading.Event()
+        with _signals_hurry(hurry):
+            self.close(hurry=hurry)
+        _each(everyone, "mute")
+        for p in everyone:
+            withheld = getattr(p, "withheld", None)
+            if withheld:
+                log.info("%s: stopped; its traceback is not shown (%s)", p.tag, withheld[-1])
+        return 128 + signum
+
+    def close(self, grace: float = 5.0, hurry: threading.Event | None = None) -> None:
+        # Trainers first, so servers do not log lost clients needlessly; each
+        # group is stopped together, so this takes two grace periods at most.
+        self.engine.stop(self.trainers, grace, hurry)
+        self.engine.stop(self.servers, grace, hurry)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

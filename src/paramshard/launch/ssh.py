@@ -1,0 +1,238 @@
+"""Run a job on many machines over SSH (the system ``ssh`` client).
+
+The system client is used on purpose: it honours the user's ``~/.ssh/config``,
+agents, ProxyJump and ControlMaster; ``--ssh-config`` is passed as ``ssh -F``.
+Every rank is one ``ssh -T host 'cd WS && exec setsid --wait sh -c WRAPPER ...'``
+whose output streams back tagged ``host | server 0 |``.
+
+No orphans: SSH does not pass signals on for root logins, and killing the
+client of a session without a pty leaves the remote command running. So the
+channel's stdin stays open for the rank's lifetime, and the wrapper (the
+leader of a new session on the remote host) runs a watcher that kills the
+whole remote process group when stdin reaches EOF: the launcher stopped the
+ssh client, or was killed itself, or the connection dropped.
+
+Environment goes inline (``env K=V ... CMD``, no ``SendEnv``, which needs
+``AcceptEnv`` on every server), except ``PARAMSHARD_SECRET``, which is the
+first line of the channel's stdin so it never shows on a command line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from ..errors import ConfigError
+from ..log import get_logger
+from .api import JobSpec, LaunchConfig, Launcher, RankSpec
+from .hosts import Host, placement
+from .processes import Child, stop_all
+
+log = get_logger("launch")
+
+# $1: read-secret|no-secret, $2...: the command. Reads the secret from the first
+# line of stdin when asked, then keeps the channel's stdin on fd 3 for the
+# watcher; background jobs get /dev/null as stdin, hence the duplicate. The
+# watcher ignores TERM so it can escalate to KILL after its group got TERM.
+WRAPPER = r"""
+if [ "$1" = read-secret ]; then IFS= read -r PARAMSHARD_SECRET; export PARAMSHARD_SECRET; fi
+shift
+exec 3<&0
+"$@" 0</dev/null 3<&- &
+child=$!
+{ trap '' TERM; cat <&3 >/dev/null 2>&1; kill -s TERM -- -$$ 2>/dev/null; sleep 5; kill -s KILL -- -$$ 2>/dev/null; } 0</dev/null >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$child"; code=$?
+kill -s KILL "$watcher" 2>/dev/null
+exit "$code"
+"""
+SSH_UNREACHABLE = 255     # what ssh exits with when it cannot connect or loses the connection
+
+
+@dataclasses.dataclass(frozen=True)
+class SshOptions:
+    ssh_config: str | None = None
+    remote_python: str = sys.executable
+    workspace: str | None = None          # remote directory to run in (None: this one's path)
+    dispatch_package: str | None = None   # local directory copied to the workspace first
+    connect_timeout: float = 10.0
+
+    def ssh_argv(self, host: Host) -> list[str]:
+        """``ssh`` up to (not including) the target: shared by ranks, probes and rsync."""
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout:g}",
+                # A silent partition ends the client (exit 255) within ~6 s, so the job fails fast.
+                "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        if self.ssh_config:
+            argv += ["-F", self.ssh_config]
+        if host.port:
+            argv += ["-p", str(host.port)]
+        return argv
+
+
+def remote_dir(path: str) -> str:
+    """A remote path for a shell command line: ``~/`` stays unquoted so the remote shell expands it."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def remote_command(rank: RankSpec, workdir: str, read_secret: bool) -> str:
+    env = rank.environ()
+    env.pop("PARAMSHARD_SECRET", None)
+    assignments = [f"{k}={v}" for k, v in sorted(env.items())]
+    inner = ["read-secret" if read_secret else "no-secret", "env", *assignments, *rank.argv]
+    return (f"cd {remote_dir(workdir)} && exec setsid --wait sh -c {shlex.quote(WRAPPER)} "
+            f"paramshard-rank {shlex.join(inner)}")
+
+
+class RemoteChild(Child):
+    def __init__(self, host: Host, *args, **kwargs):
+        self.host = host
+        super().__init__(*args, **kwargs)
+
+    def describe_exit(self) -> str:
+        if self.proc.returncode == SSH_UNREACHABLE:
+            return (f"{self.tag}: ssh to {self.host.target} failed or lost its connection (exit 255): "
+                    f"host down, network cut, or ssh refused; see the lines above")
+        return super().describe_exit()
+
+
+class SshEngine:
+    """Ranks on other hosts over ssh (Engine contract, launch/api.py)."""
+
+    def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None):
+        self.hosts, self.options, self.workdir, self.secret = hosts, options, workdir, secret
+        self.out = out or sys.stdout
+
+    def start(self, rank: RankSpec) -> RemoteChild:
+        host = self.hosts[rank.host]
+        argv = [*self.options.ssh_argv(host), host.target,
+                remote_command(rank, self.workdir, read_secret=bool(self.secret))]
+        stdin = f"{self.secret}\n" if self.secret else ""
+        return RemoteChild(host, rank.tag, argv, dict(os.environ), self.out, stdin_text=stdin)
+
+    def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
+        stop_all(processes, grace, hurry)
+
+
+def _run(argv: list[str], timeout: float, what: str) -> str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{what}: no answer within {timeout:g} s (host down or unreachable?)") from None
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what}: {exc.filename} is not installed") from None
+    if r.returncode != 0:
+        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-3:]
+        raise ConfigError(f"{what} failed (exit {r.returncode}): {' / '.join(tail) or 'no output'}")
+    return r.stdout
+
+
+# Prints the file system's identity (machine id, boot id, and the root directory's
+# device: hosts with the same one share a file system, so one copy of the workspace
+# serves them all; containers on one machine differ by their root), then free
+# ports on the given address.
+_PROBE = ("import socket,sys\n"
+          "ident=''\n"
+          "for f in ('/etc/machine-id','/proc/sys/kernel/random/boot_id'):\n"
+          "    try: ident+=open(f).read().strip()\n"
+          "    except OSError: pass\n"
+          "import os; st=os.stat('/'); ident+=f':{st.st_dev}:{st.st_ino}'\n"
+          "socks=[socket.socket() for _ in range(int(sys.argv[2]))]\n"
+          "[s.bind((sys.argv[1], 0)) for s in socks]\n"
+          "print(ident or 'unknown', *[s.getsockname()[1] for s in socks])")
+
+
+def probe(host: Host, ports: int, options: SshOptions) -> tuple[str, list[int]]:
+    """(machine identity, ``ports`` ports free right now on ``host``'s own address),
+    asked on that host; this also checks ssh and the remote Python before anything starts."""
+    argv = [*options.ssh_argv(host), host.target,
+            shlex.join([options.remote_python, "-c", _PROBE, host.address, str(ports)])]
+    out = _run(argv, options.connect_timeout + 10, f"ssh to {host.target}")
+    words = out.split()
+    try:
+        found = [int(p) for p in words[1:]]
+    except ValueError:
+        found = []
+    if len(found) != ports:
+        raise ConfigError(f"ssh to {host.target}: unexpected answer {out.strip()[:200]!r} from the probe "
+                          f"(is {options.remote_python} a Python on that host? set --remote-python)")
+    return words[0], found
+
+
+def dispatch(host: Host, package: str, workspace: str, options: SshOptions) -> int:
+    """Copy ``package`` to ``workspace`` on ``host`` (incremental: rsync sends only
+    what changed); returns how many files were sent."""
+    src = os.path.join(os.path.abspath(package), "")
+    argv = ["rsync", "-az", "--delete", "--mkpath", "--stats", "-e", shlex.join(options.ssh_argv(host)), src,
+            f"{host.target}:{workspace}/"]
+    out = _run(argv, 600, f"copying {package} to {host.target}:{workspace}")
+    sent = re.search(r"Number of regular files transferred: ([\d,]+)", out)
+    count = int(sent.group(1).replace(",", "")) if sent else -1
+    log.info("%s: %s files of %s sent to %s", host.target, count if count >= 0 else "?", package, workspace)
+    return count
+
+
+class SshLauncher(Launcher):
+    def __init__(self, config: LaunchConfig, hosts: list[Host], options: SshOptions,
+                 server_hosts: list[Host] | None = None, trainer_hosts: list[Host] | None = None, out=None):
+        self.config, self.options = config, options
+        self.on_servers, self.on_trainers = placement(config.servers, config.trainers, hosts,
+                                                      server_hosts, trainer_hosts)
+        self.all_hosts = {h.host: h for h in [*hosts, *(server_hosts or []), *(trainer_hosts or [])]}
+        if options.dispatch_package:
+            if not os.path.isdir(options.dispatch_package):
+                raise ConfigError(f"--dispatch-package {options.dispatch_package!r} is not a directory")
+            self.workdir = options.workspace or f"~/.paramshard/{config.job_id}"
+        else:
+            self.workdir = options.workspace or os.getcwd()
+        self.script = self._remote_script()
+        super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
+        self.addresses: list[str] = []
+
+    def _remote_script(self) -> str:
+        """The script's path as the remote side sees it, from the workspace."""
+        package = self.options.dispatch_package
+        if not package:
+            return self.config.script
+        local = os.path.abspath(self.config.script)
+        root = os.path.abspath(package)
+        if os.path.commonpath([local, root]) != root:
+            raise ConfigError(f"training script {self.config.script!r} is not inside --dispatch-package "
+                              f"{package!r}: only that directory is copied to the hosts")
+        return os.path.relpath(local, root)
+
+    def start(self) -> "SshLauncher":
+        used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
+        servers_on: dict[str, list[int]] = {t: [] for t in used}
+        for i, h in enumerate(self.on_servers):
+            servers_on[h.target].append(i)
+        with ThreadPoolExecutor(max_workers=min(16, len(used))) as pool:
+            found = dict(zip(used, pool.map(lambda t: probe(used[t], len(servers_on[t]), self.options), used)))
+            if self.options.dispatch_package:
+                # One copy per machine: hosts that share one (loopback aliases, network
+                # namespaces) would otherwise race their rsyncs into the same directory.
+                machines = {ident: used[t] for t, (ident, _) in found.items()}
+                list(pool.map(lambda h: dispatch(h, self.options.dispatch_package, self.workdir, self.options),
+                              machines.values()))
+        ports = {t: p for t, (_, p) in found.items()}
+        self.addresses = [""] * self.config.servers
+        for target, servers in servers_on.items():
+            for i, port in zip(servers, ports[target]):
+                self.addresses[i] = f"{self.on_servers[i].address}:{port}"
+        spec = JobSpec.build(self.config, self.addresses, python=self.options.remote_python,
+                             server_hosts=[h.host for h in self.on_servers],
+                             trainer_hosts=[h.host for h in self.on_trainers], script=self.script)
+        self.start_job(spec)
+        log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
+                 ",".join(self.addresses), self.config.trainers, len(used))
+        return self

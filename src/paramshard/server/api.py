@@ -1,0 +1,24 @@
+"""The contract between the server loop and what it serves.
+
+A ``Service`` (dense blocks, sparse tables; checkpointing later) names the ops
+it handles, adds to the server's statistics and hears when a trainer leaves.
+The server owns the socket, the membership and the waiting; services own state.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from .replies import Deferred, Reply
+
+Handler = Callable[[dict, list], "Reply | Deferred"]
+
+
+class Service(Protocol):
+    def ops(self) -> dict[str, Handler]:
+        """op name -> handler(header, arrays)."""
+
+    def stats(self) -> dict:
+        """Figures merged into the server's ``stats`` reply."""
+
+    def on_leave(self, trainer: int) -> None:
+        """``trainer`` left the job: finish steps that only waited for it."""
