@@ -65,9 +65,12 @@ def test_sync_sparse_two_trainers_equal_embedding_bag_one_process(cluster, mode,
         emb_opt.step(), head_opt.step()
 
     dataset = torch.utils.data.TensorDataset(ids, y)
+    # Built here, not in the threads: PsModel seeds torch's global RNG, which the
+    # threads share, so one thread's manual_seed could land between the other's draws.
+    models = [PsModel(ps_opt, mode) for _ in range(2)]
 
     def trainer_fn(tid):
-        model = PsModel(ps_opt, mode)
+        model = models[tid]
         trainer = Trainer(model, ps.optim.SGD(lr=0.1), env=c.trainer_env(tid))
         share = ps.shard(dataset, batch_size=batch, trainer_id=tid, num_trainers=2)
         for k, (xb, yb) in enumerate(torch.utils.data.DataLoader(share, batch_size=batch)):
