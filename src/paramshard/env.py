@@ -45,6 +45,12 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_JOB_ID", "name of this job, the same on every process; mixed into the keys so "
      "two jobs with one secret never accept each other's traffic (the launcher makes one)", ()),
     ("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (see the README's security section)", ()),
+    ("PARAMSHARD_WHERE", "where this process runs, for its log lines (`paramshard run` sets e.g. "
+     "`rank 3 on node7`)", ()),
+    ("PARAMSHARD_HOST", "the address other hosts reach this host at; a server started by `paramshard run` "
+     "advertises it (default: the address on the route towards the engine's rendezvous host)", ()),
+    ("PARAMSHARD_STORE_PORT", "Slurm: port of the address store `paramshard run` hosts on the first node "
+     "(default 29600 + job id % 2000)", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
@@ -52,6 +58,29 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "(with OMPI_COMM_WORLD_SIZE)", ()),
 )
 
+
+# What `paramshard run` reads from each engine (launch/world.py, launch/rendezvous.py):
+# (engine, variable, what paramshard takes from it).
+ENGINE_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "rank"),
+    ("openmpi", "OMPI_COMM_WORLD_SIZE", "world size"),
+    ("openmpi", "OMPI_MCA_orte_hnp_uri", "mpirun's address: a server's own address is the one "
+                                        "that routes towards it"),
+    ("openmpi", "(MPI_Allgather)", "server addresses and every rank's host, exchanged over MPI"),
+    ("slurm", "SLURM_PROCID", "rank"),
+    ("slurm", "SLURM_NTASKS", "world size"),
+    ("slurm", "SLURM_JOB_NODELIST", "first node (expanded with `scontrol show hostnames`): hosts "
+                                    "the address store"),
+    ("slurm", "SLURM_JOB_ID, SLURM_STEP_ID", "job id (keys, store namespace)"),
+    ("slurm", "SLURMD_NODENAME", "this rank's host, in messages"),
+    ("torchrun", "RANK", "rank"),
+    ("torchrun", "WORLD_SIZE", "world size"),
+    ("torchrun", "MASTER_ADDR, MASTER_PORT", "torchrun's own c10d store: the address exchange"),
+    ("torchrun", "TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT", "job id and store namespace "
+                                                                     "(a restart is a new job)"),
+    ("any", "SSH_CONNECTION", "when a rank was started over ssh: the address its host was "
+                              "reached at, which a server advertises"),
+)
 
 @dataclasses.dataclass(frozen=True)
 class ClusterEnv:
@@ -69,6 +98,7 @@ class ClusterEnv:
     job_id: str = ""
     keys_dir: str | None = None
     limits: Limits = Limits()
+    where: str = ""                  # e.g. "rank 3 on node7": log lines only
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -106,6 +136,10 @@ class ClusterEnv:
             return f"trainer {self.trainer_id}"
         return "standalone"
 
+    @property
+    def log_tag(self) -> str:
+        return f"{self.rank_name}, {self.where}" if self.where else self.rank_name
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "ClusterEnv":
         e = os.environ if environ is None else environ
@@ -141,6 +175,7 @@ class ClusterEnv:
             secret=e.get("PARAMSHARD_SECRET") or None,
             job_id=e.get("PARAMSHARD_JOB_ID", ""),
             keys_dir=e.get("PARAMSHARD_KEYS_DIR") or None,
+            where=e.get("PARAMSHARD_WHERE", ""),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
         )
@@ -168,6 +203,8 @@ class ClusterEnv:
             out["PARAMSHARD_JOB_ID"] = self.job_id
         if self.keys_dir:
             out["PARAMSHARD_KEYS_DIR"] = self.keys_dir
+        if self.where:
+            out["PARAMSHARD_WHERE"] = self.where
         out.update(self.limits.to_environ())
         return out
 
@@ -232,4 +269,12 @@ def variables_markdown() -> str:
     rows = ["| variable | meaning | also read (PaddlePaddle) |", "|---|---|---|"]
     for name, meaning, fallbacks in VARIABLES:
         rows.append(f"| `{name}` | {meaning} | {', '.join(fallbacks) or '-'} |")
+    return "\n".join(rows)
+
+
+def engine_variables_markdown() -> str:
+    rows = ["| engine | variable | what `paramshard run` takes from it |", "|---|---|---|"]
+    for engine, name, use in ENGINE_VARIABLES:
+        shown = name if name.startswith("(") else ", ".join(f"`{n.strip()}`" for n in name.split(","))
+        rows.append(f"| {engine} | {shown} | {use} |")
     return "\n".join(rows)

@@ -29,7 +29,7 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         if _env is not None and env is None:
             return _env
         env = env or ClusterEnv.from_environ()
-        configure(env.rank_name)
+        configure(env.log_tag)
         if env.role == "server":
             sys.exit(serve(env))
         if env.role is None:
@@ -47,12 +47,16 @@ def current() -> ClusterEnv:
     return _env if _env is not None else init()
 
 
-def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None) -> ParameterServer:
+def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None,
+                 watch_peers: bool = True) -> ParameterServer:
+    """``watch_peers=False``: the other servers' addresses are not known yet
+    (``ParameterServer.watch_peers`` adds them later)."""
     if bind is None:
         own_host, _, own_port = env.servers[env.server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
-                             security=Security.from_env(env), peers=_peers_of(env), limits=env.limits)
+                             security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
+                             limits=env.limits)
     _attach_optional_services(server, env)
     return server
 
@@ -70,9 +74,10 @@ def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
     attach_sparse(server, env)
 
 
-def serve(env: ClusterEnv) -> int:
-    """Run a server in this thread until its job ends (or SIGTERM); the exit code."""
-    server = build_server(env)
+def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
+    """Run a server in this thread until its job ends (or SIGTERM); the exit code.
+    ``server``: one already built (and bound) for ``env``."""
+    server = server or build_server(env)
 
     def stop(signum, frame):
         log.info("server %d: signal %d, shutting down", env.server_id, signum)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..env import ClusterEnv, variables_markdown
+from ..env import ClusterEnv, engine_variables_markdown, variables_markdown
 
 HELP = "print the environment contract (all variables) or this process's reading of it"
 EXAMPLE = "PARAMSHARD_ROLE=trainer PARAMSHARD_SERVERS=10.0.0.1:6174 paramshard env --show"
@@ -15,4 +15,6 @@ def run(args) -> int:
         print(ClusterEnv.from_environ())
     else:
         print(variables_markdown())
+        print("\nRead from each engine by `paramshard run`:\n")
+        print(engine_variables_markdown())
     return 0

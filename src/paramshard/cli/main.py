@@ -13,11 +13,13 @@ from ..errors import ParamshardError
 COMMANDS = {
     "plan": "plan",
     "launch": "launch",
+    "run": "run",
     "server": "server",
     "env": "env",
     "split-data": "split_data",
     "gen-data": "gen_data",
     "export": "export",
+    "k8s": "k8s",
 }
 
 

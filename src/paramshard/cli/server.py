@@ -19,5 +19,5 @@ def run(args) -> int:
     if env.role != "server":
         raise ConfigError("PARAMSHARD_ROLE must be 'server' (with PARAMSHARD_SERVERS and "
                           "PARAMSHARD_SERVER_ID); `paramshard env` lists the variables")
-    configure(env.rank_name)
+    configure(env.log_tag)
     return serve(env)

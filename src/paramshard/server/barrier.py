@@ -29,6 +29,8 @@ class Membership:
         self.lost_since: dict[int, float] = {}    # lost, may still come back
         self.gone: set[int] = set()               # lost for longer than the grace period
         self.seen: set[int] = set()               # sent at least one request
+        self.addresses: dict[int, str] = {}       # where each trainer connected from (for messages)
+        self.places: dict[int, str] = {}          # what the engine calls it, e.g. "rank 3 on node7"
 
     def check_trainer(self, trainer: int) -> None:
         """A trainer id a request names must belong to this job."""
@@ -36,9 +38,11 @@ class Membership:
             raise ConfigError(f"trainer {trainer} is not part of this job (trainers 0..{self.num_trainers - 1}); "
                               f"is PARAMSHARD_TRAINERS the same on every process?")
 
-    def note_request(self, trainer: int) -> None:
-        """A request from ``trainer``: it is connected (again)."""
+    def note_request(self, trainer: int, address: str | None = None) -> None:
+        """A request from ``trainer`` (connected from ``address``): it is connected (again)."""
         self.seen.add(trainer)
+        if address:
+            self.addresses[trainer] = address
         if self.lost_since.pop(trainer, None) is not None:
             self.live.add(trainer)
 
@@ -93,6 +97,16 @@ class Membership:
             ended = self.left | self.gone
             return bool(ended) and not self.lost_since and self.live == set(self.never_arrived())
         return True
+
+    def where(self, trainers) -> str:
+        """' (trainer 1: rank 3 on node7, connected from 10.0.0.3)' for what is known of them."""
+        known = []
+        for t in sorted(trainers):
+            facts = [f for f in (self.places.get(t), self.addresses.get(t) and
+                                 f"connected from {self.addresses[t]}") if f]
+            if facts:
+                known.append(f"trainer {t}: {', '.join(facts)}")
+        return f" ({'; '.join(known)})" if known else ""
 
     def summary(self) -> str:
         parts = [f"left: {sorted(self.left)}"]

@@ -44,6 +44,14 @@ class _Waiting:
         self.deferred, self.deadline = deferred, deadline
 
 
+def _peer_address(frame) -> str | None:
+    """The IP address a message came from (libzmq's Peer-Address property)."""
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):
+        return None
+
+
 class ParameterServer:
     def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
@@ -67,8 +75,8 @@ class ParameterServer:
         self._ctx = zmq.Context.instance()
         self._sock, self.address = bind_router(self._ctx, bind, self.name, limits.max_message_bytes,
                                                security=security)
-        self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout,
-                                secure=security.configure_client if security is not None else None)
+        self._secure_peer = security.configure_client if security is not None else None
+        self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer)
         self._waiting: list[_Waiting] = []
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
@@ -87,6 +95,14 @@ class ParameterServer:
             raise ValueError(f"ops {sorted(clash)} are served twice")
         self._handlers.update(service.ops())
         self._services.append(service)
+
+    def watch_peers(self, peers: dict[int, str]) -> None:
+        """Watch the other servers of the job, once their addresses are known (under
+        ``paramshard run`` a server binds a free port before it learns the others')."""
+        if self._ready.is_set():
+            raise RuntimeError(f"{self.name}: watch_peers() after serving started")
+        self._peers.close()
+        self._peers = PeerWatch(self._ctx, peers, grace=self.timeout, secure=self._secure_peer)
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":
@@ -204,7 +220,7 @@ class ParameterServer:
         if trainer is not None:
             # Only an accepted request ties its connection to a trainer: a stranger's
             # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
-            self.membership.note_request(trainer)
+            self.membership.note_request(trainer, _peer_address(rest[0]))
             self._trainer_by_fd[rest[0].get(zmq.SRCFD)] = trainer
         if isinstance(outcome, Deferred):
             self._waiting.append(_Waiting(identity, request_id, op, outcome,
@@ -237,8 +253,8 @@ class ParameterServer:
             event = recv_monitor_message(self._monitor)
             trainer = self._trainer_by_fd.pop(int(event["value"]), None)
             if trainer is not None and self.membership.connection_lost(trainer):
-                log.error("%s: trainer %d lost its connection without leaving (died?); it has %g s "
-                          "to come back", self.name, trainer, self.timeout)
+                log.error("%s: trainer %d lost its connection without leaving (died?)%s; it has %g s "
+                          "to come back", self.name, trainer, self.membership.where([trainer]), self.timeout)
 
     def _answer_waiting(self) -> None:
         if not self._waiting:
@@ -253,7 +269,7 @@ class ParameterServer:
                 lost = self._lost_peers(w.deferred)
                 if lost:
                     msg = (f"{self.name} cannot finish {w.op}: trainers {lost} lost their connection "
-                           f"without leaving (died?); {w.deferred.describe()}")
+                           f"without leaving (died?){self.membership.where(lost)}; {w.deferred.describe()}")
                     self._send(w.identity, protocol.error_header(w.request_id, "peer_lost", msg))
                 elif now >= w.deadline:
                     self.stats["timeouts"] += 1

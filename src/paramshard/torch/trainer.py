@@ -227,8 +227,10 @@ class Trainer:
         replies = self.links.request_many({s: ({"op": "stats"}, ()) for s in range(len(self.links))})
         return [replies[s][0]["stats"] for s in sorted(replies)]
 
-    def close(self, timeout: float = 10) -> None:
-        """Tell every server this trainer is done (sync barriers stop waiting for it)."""
+    def close(self, timeout: float = 10, leave: bool = True) -> None:
+        """Tell every server this trainer is done (sync barriers stop waiting for it).
+        ``leave=False`` only hangs up: the servers count this trainer as lost, as they
+        should when it stops because something went wrong."""
         if self._closed:
             return
         self._closed = True
@@ -236,13 +238,16 @@ class Trainer:
         if hook is not None:
             atexit.unregister(hook)
         try:
-            self.links.request_many({s: ({"op": "leave", "trainer": self.trainer_id}, ())
-                                     for s in range(len(self.links))}, timeout=timeout)
+            if leave:
+                self.links.request_many({s: ({"op": "leave", "trainer": self.trainer_id}, ())
+                                         for s in range(len(self.links))}, timeout=timeout)
         finally:
             self.links.close()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # Leaving on an exception would let a sync job carry on without this trainer's
+        # batches, as if it had finished: hang up instead, so the others stop too.
+        self.close(leave=exc_type is None)

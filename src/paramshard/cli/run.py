@@ -1,0 +1,160 @@
+"""`paramshard run --servers S SCRIPT [ARGS]`: the one command any engine starts on every rank.
+
+Ranks below S serve, the rest train. The rank comes from the engine (see
+launch/world.py); servers bind a free port on their own host's address and
+every rank learns every server's address through the engine (launch/rendezvous.py).
+Then a server serves until the job ends and a trainer becomes the script
+(exec: the engine's signals and exit codes reach the script directly).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import uuid
+
+from ..env import MODES, ClusterEnv
+from ..errors import ConfigError
+from ..launch.api import MALLOC_TUNABLES
+from ..launch.rendezvous import exchange_for, own_address
+from ..launch.world import World, detect
+from ..log import configure, get_logger
+from ..runtime import build_server, serve
+
+log = get_logger("run")
+
+HELP = "run one rank of a job started by mpirun, srun, torchrun or Kubernetes: serve or train"
+EXAMPLE = ("mpirun -np 4 paramshard run --servers 2 examples/ctr_wide_deep.py",
+           "srun -n 4 --kill-on-bad-exit=1 paramshard run --servers 2 examples/ctr_wide_deep.py",
+           "torchrun --standalone --nproc-per-node 4 --no-python paramshard run --servers 2 "
+           "examples/ctr_wide_deep.py")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--servers", type=int, required=True, metavar="S",
+                   help="how many ranks serve: ranks 0..S-1 are servers, the rest trainers")
+    p.add_argument("--mode", choices=MODES, help="sync or async (default: PARAMSHARD_MODE, else sync)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="deadline of any single wait, the rendezvous included (default: PARAMSHARD_TIMEOUT, "
+                        "else 120)")
+    p.add_argument("--store-port", type=int, metavar="PORT",
+                   help="Slurm only: port of the address store on the first node (default: "
+                        "PARAMSHARD_STORE_PORT, else 29600 + job id %% 2000)")
+    p.add_argument("script", help="the training script (run by trainers with the job's environment)")
+    p.add_argument("args", nargs="...", help="the script's own arguments")
+
+
+def _settings(args, environ) -> ClusterEnv:
+    """Everything but the roles, from PARAMSHARD_* and the flags (flags win)."""
+    base = ClusterEnv.from_environ(environ)
+    changes = {}
+    if args.mode:
+        changes["mode"] = args.mode
+    if args.timeout is not None:
+        if args.timeout <= 0:
+            raise ConfigError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+        changes["timeout"] = args.timeout
+    return dataclasses.replace(base, **changes)
+
+
+def run(args) -> int:
+    if "GLIBC_TUNABLES" not in os.environ:
+        _restart_with_malloc_tunables()
+    environ = dict(os.environ)
+    if args.servers < 1:
+        raise ConfigError(f"--servers {args.servers}: a job needs at least one server")
+    if not os.path.isfile(args.script):
+        raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()})")
+    base = _settings(args, environ)
+    if base.role is not None:
+        return _run_explicit(args, base, environ)
+    world = detect(environ)
+    if world is None:
+        raise ConfigError("no engine found in the environment (no OMPI_COMM_WORLD_RANK, SLURM_PROCID or "
+                          "torchrun's RANK/WORLD_SIZE/MASTER_ADDR, no PARAMSHARD_ROLE): start it with mpirun, "
+                          "srun or torchrun, or use `paramshard launch` on one machine or over SSH")
+    if args.servers >= world.size:
+        raise ConfigError(f"--servers {args.servers} leaves no trainer among {world.size} ranks "
+                          f"({world.engine}): start more ranks or fewer servers")
+    return _run_rank(args, base, world, environ)
+
+
+def _run_explicit(args, env: ClusterEnv, environ: dict) -> int:
+    """PARAMSHARD_ROLE and the addresses are given (Kubernetes, hand-written scripts)."""
+    if len(env.servers) != args.servers:
+        raise ConfigError(f"--servers {args.servers}, but PARAMSHARD_SERVERS lists {len(env.servers)} "
+                          f"addresses: they must agree")
+    configure(env.log_tag)
+    if env.role == "server":
+        code = serve(env)
+        if env.server_id == 0:
+            _after_job()
+        return code
+    _become_script(args, env, environ)
+
+
+def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
+    servers_count = args.servers
+    is_server = world.rank < servers_count
+    role_name = f"server {world.rank}" if is_server else f"trainer {world.rank - servers_count}"
+    configure(f"{role_name}, rank {world.rank} on {world.node}")   # before the rendezvous, which may fail
+    exchange, world = exchange_for(world, environ, base.timeout, args.store_port)
+    job_id = base.job_id or world.job_key
+    if not job_id:     # the engine names no job: rank 0 names it for everyone
+        job_id = exchange.allgather({"job": f"{world.engine}-{uuid.uuid4().hex[:12]}"})[0]["job"]
+    common = dataclasses.replace(base, num_trainers=world.size - servers_count, job_id=job_id,
+                                 where=f"rank {world.rank} on {world.node}")
+
+    server = None
+    record = {"rank": world.rank, "node": world.node, "server": None}
+    if is_server:
+        host = own_address(world, environ)
+        provisional = dataclasses.replace(common, role="server", server_id=world.rank,
+                                          servers=(f"{host}:0",) * servers_count)
+        server = build_server(provisional, bind=f"{base.bind or host}:0", watch_peers=False)
+        record["server"] = f"{host}:{server.address.rpartition(':')[2]}"
+    try:
+        records = exchange.allgather(record)
+    finally:
+        exchange.close()
+    addresses = tuple(r["server"] for r in records[:servers_count])
+    if world.rank == 0:
+        log.info("%d servers, %d trainers under %s: %s", servers_count, world.size - servers_count, world.engine,
+                 "; ".join(f"{'server' if r['rank'] < servers_count else 'trainer'} "
+                           f"{r['rank'] if r['rank'] < servers_count else r['rank'] - servers_count}: "
+                           f"rank {r['rank']} on {r['node']}" + (f" at {r['server']}" if r["server"] else "")
+                           for r in records))
+    if is_server:
+        env = dataclasses.replace(common, role="server", server_id=world.rank, servers=addresses)
+        server.watch_peers({i: a for i, a in enumerate(addresses) if i != world.rank})
+        # So that a lost trainer is named the way the engine names it.
+        server.membership.places = {r["rank"] - servers_count: f"rank {r['rank']} on {r['node']}"
+                                    for r in records[servers_count:]}
+        return serve(env, server)
+    env = dataclasses.replace(common, role="trainer", trainer_id=world.rank - servers_count, servers=addresses)
+    _become_script(args, env, environ)
+
+
+def _restart_with_malloc_tunables() -> None:
+    """glibc reads its tunables at start-up only: run this command again with the
+    settings `paramshard launch` gives its processes (launch/api.py MALLOC_TUNABLES)."""
+    env = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES}
+    sys.stdout.flush(), sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "paramshard", *sys.argv[1:]], env)
+
+
+def _after_job() -> None:
+    """On Kubernetes, server pods would be restarted after the job: remove them."""
+    try:
+        from ..launch.k8s_cleanup import delete_job_objects
+    except ImportError:
+        return
+    delete_job_objects()
+
+
+def _become_script(args, env: ClusterEnv, environ: dict) -> None:
+    """Replace this process with ``python SCRIPT ARGS`` and the job's contract."""
+    child_env = {**environ, **env.to_environ(), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, args.script, *args.args]
+    sys.stdout.flush(), sys.stderr.flush()
+    os.execve(sys.executable, argv, child_env)

@@ -1,0 +1,74 @@
+"""Run a whole job under an engine as the user would, with a deadline, and check
+that none of its processes outlives it."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+PARAMSHARD = str(VENV_BIN / "paramshard")
+ORACLE = str(REPO / "tests" / "e2e" / "scripts" / "sync_oracle.py")
+MARK = "PARAMSHARD_TEST_JOB_MARK"
+
+
+@dataclasses.dataclass
+class JobResult:
+    code: int
+    output: str
+    seconds: float
+    leftovers: list[int]
+
+    def __str__(self) -> str:
+        return f"exit {self.code} after {self.seconds:.1f} s, leftovers {self.leftovers}\n{self.output[-6000:]}"
+
+
+def processes_marked(mark: str) -> list[int]:
+    """PIDs whose environment carries ``mark``: every process of one test job."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def run_job(argv: list[str], env: dict | None = None, timeout: float = 120.0, cwd: str | Path = REPO,
+            settle: float = 5.0) -> JobResult:
+    """Run ``argv`` in its own process group; kill the group at the deadline. After it
+    exits, wait up to ``settle`` s for its processes to end, then kill (and report) the rest."""
+    mark = uuid.uuid4().hex
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **(env or {}), MARK: mark}
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output += f"\n[test: killed after the {timeout:g} s deadline]"
+    seconds = time.monotonic() - started
+    deadline = time.monotonic() + settle
+    left = processes_marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_marked(mark)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return JobResult(proc.returncode, output, seconds, left)

@@ -1,0 +1,113 @@
+"""`paramshard run` under torchrun and mpirun (one machine), and with the explicit contract.
+
+Every job runs tests/e2e/scripts/sync_oracle.py, which checks that sync training
+through the servers ends exactly where one PyTorch process ends."""
+import re
+import shutil
+
+import pytest
+
+from tests.e2e.run_job import ORACLE, PARAMSHARD, VENV_BIN, run_job
+
+TORCHRUN = str(VENV_BIN / "torchrun")
+
+
+def torchrun(n, *args):
+    return [TORCHRUN, "--standalone", "--nproc-per-node", str(n), "--no-python", PARAMSHARD, "run", *args]
+
+
+def assert_trained(result, trainers=2):
+    assert result.code == 0, result
+    for t in range(trainers):
+        assert re.search(rf"trainer {t} of {trainers}: oracle ok", result.output), result
+    assert "ORACLE FAILED" not in result.output, result
+    assert not result.leftovers, result
+
+
+def assert_failure_named(result, trainer=1, rank=3):
+    assert result.code != 0, result
+    assert f"trainer {trainer}: failing on purpose" in result.output, result
+    # The servers (and the surviving trainer's error) name the dead rank and its host.
+    assert re.search(rf"trainer {trainer}: rank {rank} on \S+", result.output), result
+    assert not result.leftovers, result
+    assert result.seconds < 60, result
+
+
+def test_torchrun_trains_with_two_servers_and_two_trainers():
+    result = run_job(torchrun(4, "--servers", "2", ORACLE))
+    assert_trained(result)
+    assert "2 servers, 2 trainers under torchrun" in result.output, result
+
+
+def test_torchrun_a_dead_trainer_ends_the_job_naming_its_rank():
+    result = run_job(torchrun(4, "--servers", "2", ORACLE, "--fail-trainer", "1"))
+    assert_failure_named(result)
+    assert "rank      : 3" in result.output, result        # torchrun's own summary agrees
+
+
+def test_servers_must_leave_a_trainer():
+    result = run_job(torchrun(2, "--servers", "2", ORACLE), timeout=60)
+    assert result.code != 0
+    assert "--servers 2 leaves no trainer among 2 ranks (torchrun)" in result.output, result
+
+
+def test_no_engine_says_how_to_start_one():
+    result = run_job([PARAMSHARD, "run", "--servers", "1", ORACLE], timeout=30)
+    assert result.code == 2, result
+    assert "no engine found" in result.output and "mpirun" in result.output, result
+
+
+def test_explicit_contract_runs_each_role(tmp_path):
+    """Kubernetes-style: every process is told its role and the addresses."""
+    import sys
+
+    from paramshard.launch.ports import free_ports
+    ports = free_ports(2)
+    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    base = {"PARAMSHARD_SERVERS": servers, "PARAMSHARD_TRAINERS": "2", "PARAMSHARD_JOB_ID": "explicit",
+            "PARAMSHARD_TIMEOUT": "30"}
+    roles = [{"PARAMSHARD_ROLE": "server", "PARAMSHARD_SERVER_ID": str(i)} for i in range(2)]
+    roles += [{"PARAMSHARD_ROLE": "trainer", "PARAMSHARD_TRAINER_ID": str(i)} for i in range(2)]
+    script = tmp_path / "all_roles.py"
+    lines = ["import os, subprocess, sys",
+             f"roles = {roles!r}", f"base = {base!r}",
+             f"procs = [subprocess.Popen([{PARAMSHARD!r}, 'run', '--servers', '2', {ORACLE!r}], "
+             "env={**os.environ, **base, **r}) for r in roles]",
+             "codes = [p.wait(timeout=90) for p in procs]",
+             "print('codes', codes); sys.exit(max(codes))"]
+    script.write_text("\n".join(lines) + "\n")
+    result = run_job([sys.executable, str(script)], timeout=120)
+    assert "codes [0, 0, 0, 0]" in result.output, result
+    assert_trained(result)
+
+
+def mpirun_or_skip():
+    from tests.engines.mpi import require_mpi
+    require_mpi()
+    return shutil.which("mpirun")
+
+
+def mpirun(n, *args):
+    from tests.engines.mpi import mpirun_argv
+    return mpirun_argv(n, PARAMSHARD, "run", *args)
+
+
+def test_mpirun_trains_with_two_servers_and_two_trainers():
+    mpirun_or_skip()
+    result = run_job(mpirun(4, "--servers", "2", ORACLE))
+    assert_trained(result)
+    assert "2 servers, 2 trainers under openmpi" in result.output, result
+
+
+def test_mpirun_a_dead_trainer_ends_the_job_naming_its_rank():
+    mpirun_or_skip()
+    result = run_job(mpirun(4, "--servers", "2", ORACLE, "--fail-trainer", "1"))
+    assert_failure_named(result)
+    assert result.code == 3, result                      # mpirun passes the first failure's code on
+
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_mpirun_any_split_of_ranks(servers):
+    mpirun_or_skip()
+    result = run_job(mpirun(5, "--servers", str(servers), ORACLE))
+    assert_trained(result, trainers=5 - servers)
