@@ -111,3 +111,8 @@ def test_mpirun_any_split_of_ranks(servers):
     mpirun_or_skip()
     result = run_job(mpirun(5, "--servers", str(servers), ORACLE))
     assert_trained(result, trainers=5 - servers)
+
+
+def test_the_same_script_under_paramshard_launch():
+    result = run_job([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", ORACLE])
+    assert_trained(result)
