@@ -51,6 +51,10 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "advertises it (default: the address on the route towards the engine's rendezvous host)", ()),
     ("PARAMSHARD_STORE_PORT", "Slurm: port of the address store `paramshard run` hosts on the first node "
      "(default 29600 + job id % 2000)", ()),
+    ("PARAMSHARD_K8S_DELETE", "Kubernetes: objects server 0 deletes when the job ends "
+     "(`services/NAME,statefulsets/NAME`; set by `paramshard k8s`)", ()),
+    ("PARAMSHARD_K8S_NAMESPACE", "Kubernetes: namespace of those objects (from the downward API)", ()),
+    ("PARAMSHARD_K8S_API_URL", "Kubernetes: API server URL instead of the in-cluster one (tests)", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (

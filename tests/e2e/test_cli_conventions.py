@@ -4,6 +4,7 @@ shared data directory written by one process at a time."""
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from paramshard.cli.main import build_parser
 from paramshard.sharding import ParamSpec, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export"]   # launch documents itself
+OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "run", "k8s"]   # launch documents itself
 
 
 def cli(*args, cwd=None, env=None, timeout=60) -> subprocess.CompletedProcess:
@@ -42,7 +43,8 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 def test_help_shows_defaults_and_an_example(name):
     parser = _subparsers()[name]
     text = parser.format_help()
-    assert "example" in text and f"paramshard {name}" in text.split("example")[-1], text
+    epilog = re.split(r"\nexamples?:\n", text)
+    assert len(epilog) == 2 and f"paramshard {name}" in epilog[1], text
     for action in parser._actions:
         if action.option_strings and action.default not in (None, False, [], "", argparse.SUPPRESS):
             shown = parser._get_formatter()._expand_help(action)

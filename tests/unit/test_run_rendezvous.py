@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from paramshard.env import ENGINE_VARIABLES, engine_variables_markdown
+from paramshard.env import ENGINE_VARIABLES, engine_variables_markdown, variables_markdown
 from paramshard.errors import ConfigError
 from paramshard.launch.ports import free_ports
 from paramshard.launch.rendezvous import RendezvousError, StoreExchange, own_address, slurm_store_port
@@ -110,3 +110,9 @@ def test_engine_table_names_every_engine_and_is_in_the_readme():
     assert {"openmpi", "slurm", "torchrun"} <= engines
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert engine_variables_markdown() in readme, "README's engine table is stale: paste `paramshard env`"
+
+
+def test_the_readme_contract_table_is_the_generated_one():
+    from pathlib import Path
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert variables_markdown() in readme, "README's variable table is stale: paste `paramshard env`"

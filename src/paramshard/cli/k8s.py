@@ -1,0 +1,98 @@
+"""`paramshard k8s`: print the Kubernetes manifests of one job (docs/kubernetes.md)."""
+from __future__ import annotations
+
+import argparse
+import math
+import secrets
+import sys
+from pathlib import Path
+
+from ..env import DEFAULT_TIMEOUT, MODES
+from ..errors import ConfigError
+from ..launch.k8s import DEFAULT_PORT, SECRET_KEY, K8sJobSpec, render_manifests, to_yaml
+
+HELP = "print Kubernetes manifests (Service, StatefulSet of servers, Indexed Job of trainers) for a job"
+EXAMPLE = ("paramshard k8s --servers 2 --trainers 4 --image registry.example.com/paramshard:0.1.0 "
+           "examples/digits_mlp.py --epochs 4 > job.yaml",
+           "kubectl apply -f job.yaml")
+
+
+def _flag_error(message: str) -> argparse.ArgumentError:
+    # Without an action, argparse reports the message alone: "paramshard k8s: error: MESSAGE", exit 2.
+    return argparse.ArgumentError(None, message)
+
+
+def _count(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise _flag_error(f"{flag} {text}: not a whole number") from None
+        if value < 1:
+            raise _flag_error(f"{flag} {text}: must be >= 1")
+        return value
+    return parse
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise _flag_error(f"--port {text}: expected a port number 1..65535")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _flag_error(f"--timeout {text}: not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise _flag_error(f"--timeout {text}: must be a finite number > 0 seconds")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--servers", type=_count("--servers"), required=True, metavar="N",
+                   help="number of parameter servers (a StatefulSet)")
+    p.add_argument("--trainers", type=_count("--trainers"), required=True, metavar="M",
+                   help="number of trainers (an Indexed Job)")
+    p.add_argument("--image", required=True, help="container image with paramshard and the script (see Dockerfile)")
+    p.add_argument("--name", default="paramshard", help="job name: prefixes every object and is PARAMSHARD_JOB_ID")
+    p.add_argument("--namespace", default="default", help="namespace of every object")
+    p.add_argument("--mode", choices=MODES, default="sync", help="sync: barrier per step; async: apply on arrival")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port every server listens on")
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
+                   help=f"seconds any single wait may take, PARAMSHARD_TIMEOUT (default {DEFAULT_TIMEOUT:g}); "
+                        "trainers wait this long for servers still being scheduled")
+    p.add_argument("--cpu", default="1", help="CPU request and limit of every pod, e.g. 500m or 4")
+    p.add_argument("--memory", default="2Gi", help="memory request and limit of every pod, e.g. 512Mi or 8Gi")
+    p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
+    p.add_argument("--create-secret", action="store_true",
+                   help="include a Secret with a newly generated PARAMSHARD_SECRET (it is then in the output: "
+                        "treat the file as a secret); without it, the command to create one is printed")
+    p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout")
+    p.add_argument("script", help="the training script, a path inside the image (relative to its WORKDIR)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def run(args) -> int:
+    spec = K8sJobSpec(
+        script=args.script, script_args=tuple(args.script_args), image=args.image, servers=args.servers,
+        trainers=args.trainers, name=args.name, namespace=args.namespace, mode=args.mode, port=args.port,
+        timeout=args.timeout, cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
+        secret=secrets.token_hex(32) if args.create_secret else None)
+    text = to_yaml(render_manifests(spec))
+    if args.out:
+        try:
+            Path(args.out).write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"--out {args.out}: cannot write ({exc.strerror})") from None
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    if not args.create_secret:
+        # On stderr: stdout stays YAML for `> job.yaml` or `| kubectl apply -f -`.
+        print(f"# the pods read PARAMSHARD_SECRET from Secret {spec.secret_name} (key {SECRET_KEY!r}); "
+              f"create it once per job:\n"
+              f"kubectl create secret generic {spec.secret_name} --namespace {spec.namespace} "
+              f"--from-literal={SECRET_KEY}=\"$(openssl rand -hex 32)\"", file=sys.stderr)
+    return 0

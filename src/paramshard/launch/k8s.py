@@ -1,0 +1,313 @@
+"""Kubernetes manifests for one paramshard job (`paramshard k8s`): pure data, no cluster access.
+
+What ``render_manifests`` returns, in the order ``kubectl apply`` should create it:
+
+* a ServiceAccount, Role and RoleBinding that let the server pods delete their own
+  StatefulSet and Service, and nothing else (see k8s_cleanup.py: a StatefulSet restarts
+  any pod that exits, so "the servers end when the job ends" needs the objects gone);
+* with ``--create-secret`` only, the Secret holding PARAMSHARD_SECRET;
+* a headless Service giving every server pod a stable DNS name;
+* a StatefulSet of S servers, server id = the pod index;
+* an Indexed Job of T trainers, trainer id = the completion index.
+
+Every pod gets the environment contract (paramshard/env.py); the values that only the
+cluster knows (pod index, completion index, pod IP, namespace) come from the downward API.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import yaml
+
+from ..env import DEFAULT_TIMEOUT, MODES
+from ..errors import ConfigError
+from .api import MALLOC_TUNABLES
+
+DEFAULT_PORT = 6174
+SECRET_KEY = "secret"
+# The downward-API fields the pods read (tests substitute them to "run" a pod).
+POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+POD_IP_FIELD = "status.podIP"
+NAMESPACE_FIELD = "metadata.namespace"
+
+# A StatefulSet labels each pod's revision "NAME-server-<hash of up to 10 characters>";
+# a label value holds at most 63, so NAME may have 63 - len("-server-") - 10 = 45.
+MAX_NAME = 45
+# Service names are DNS-1035 labels (a letter first), the strictest of the names derived from NAME.
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Kubernetes resource quantities: a non-negative number with an optional SI, binary or exponent suffix.
+_QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class K8sJobSpec:
+    """One job's manifests; every field is a `paramshard k8s` flag (errors name the flag)."""
+    script: str
+    image: str
+    servers: int
+    trainers: int
+    script_args: tuple[str, ...] = ()
+    name: str = "paramshard"
+    namespace: str = "default"
+    mode: str = "sync"
+    port: int = DEFAULT_PORT
+    timeout: float = DEFAULT_TIMEOUT
+    cpu: str = "1"
+    memory: str = "2Gi"
+    cluster_domain: str = "cluster.local"
+    # The value of a generated Secret (--create-secret); None: the Secret is made by hand.
+    secret: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.servers < 1:
+            raise ConfigError(f"--servers {self.servers}: need at least 1 server")
+        if self.trainers < 1:
+            raise ConfigError(f"--trainers {self.trainers}: need at least 1 trainer")
+        if not _DNS_1035.match(self.name) or len(self.name) > MAX_NAME:
+            raise ConfigError(f"--name {self.name!r}: must be at most {MAX_NAME} lowercase letters, digits "
+                              f"and '-', starting with a letter and ending with a letter or digit, "
+                              f"as it names Kubernetes objects (try --name {_suggest_name(self.name)})")
+        if not _DNS_1123_LABEL.match(self.namespace) or len(self.namespace) > 63:
+            raise ConfigError(f"--namespace {self.namespace!r}: not a Kubernetes namespace name "
+                              f"(lowercase letters, digits and '-', at most 63)")
+        if not _DNS_SUBDOMAIN.match(self.cluster_domain) or len(self.cluster_domain) > 253:
+            raise ConfigError(f"--cluster-domain {self.cluster_domain!r}: not a DNS domain")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ConfigError(f"--image {self.image!r}: expected an image reference such as "
+                              f"registry.example.com/paramshard:0.1.0")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port}: expected 1..65535")
+        if not self.timeout > 0:
+            raise ConfigError(f"--timeout {self.timeout}: must be > 0 seconds")
+        for flag, value, example in (("--cpu", self.cpu, "500m, 2"), ("--memory", self.memory, "512Mi, 4Gi")):
+            if not _QUANTITY.match(value) or _is_zero(value):
+                raise ConfigError(f"{flag} {value!r}: not a positive Kubernetes quantity (e.g. {example})")
+
+    # -- names every object and pod agrees on ---------------------------------
+    @property
+    def server_name(self) -> str:
+        """The headless Service, the StatefulSet and its ServiceAccount."""
+        return f"{self.name}-server"
+
+    @property
+    def trainer_name(self) -> str:
+        return f"{self.name}-trainer"
+
+    @property
+    def secret_name(self) -> str:
+        return f"{self.name}-secret"
+
+    @property
+    def cleanup_role_name(self) -> str:
+        return f"{self.name}-server-cleanup"
+
+    def server_address(self, index: int) -> str:
+        """A server's stable DNS name (StatefulSet pod NAME-server-I under its headless Service)."""
+        return (f"{self.server_name}-{index}.{self.server_name}.{self.namespace}.svc."
+                f"{self.cluster_domain}:{self.port}")
+
+    @property
+    def server_addresses(self) -> tuple[str, ...]:
+        return tuple(self.server_address(i) for i in range(self.servers))
+
+    @property
+    def cleanup_targets(self) -> str:
+        # The Service first: deleting the StatefulSet ends the very pod that sends the requests.
+        return f"services/{self.server_name},statefulsets/{self.server_name}"
+
+
+def _is_zero(quantity: str) -> bool:
+    number = re.match(r"^[\d.]+", quantity)
+    return number is not None and float(number.group() or 0) == 0
+
+
+def _suggest_name(name: str) -> str:
+    fixed = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    fixed = re.sub(r"^[^a-z]+", "", fixed)[:MAX_NAME].rstrip("-")
+    return fixed or "paramshard"
+
+
+def labels(spec: K8sJobSpec, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "paramshard", "app.kubernetes.io/instance": spec.name,
+            "app.kubernetes.io/component": component}
+
+
+def _metadata(spec: K8sJobSpec, name: str, component: str) -> dict:
+    return {"name": name, "namespace": spec.namespace, "labels": labels(spec, component)}
+
+
+def _field(path: str) -> dict:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _env(entries: list[tuple[str, str | dict]]) -> list[dict]:
+    return [{"name": name, "value": value} if isinstance(value, str) else {"name": name, **value}
+            for name, value in entries]
+
+
+def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]]:
+    """The contract every pod of the job shares, in `paramshard env`'s order."""
+    return [
+        ("PARAMSHARD_SERVERS", ",".join(spec.server_addresses)),
+        ("PARAMSHARD_TRAINERS", str(spec.trainers)),
+        ("PARAMSHARD_MODE", spec.mode),
+        ("PARAMSHARD_TIMEOUT", f"{spec.timeout:g}"),
+        # Every pod derives the CurveZMQ keys from the secret and this id: they must agree.
+        ("PARAMSHARD_JOB_ID", spec.name),
+        ("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": SECRET_KEY}}}),
+        ("PYTHONUNBUFFERED", "1"),          # log lines reach `kubectl logs` as they are written
+        ("GLIBC_TUNABLES", MALLOC_TUNABLES),  # as the local launcher sets it (launch/api.py says why)
+        # torch sizes its thread pool by the node's cores, not the container's CPU limit; a pool
+        # wider than the limit is throttled. The limit rounded up to whole cores:
+        ("OMP_NUM_THREADS", {"valueFrom": {"resourceFieldRef": {
+            "containerName": container, "resource": "limits.cpu", "divisor": "1"}}}),
+    ]
+
+
+def _container(spec: K8sJobSpec, role: str, env: list[tuple[str, str | dict]], ports: list[dict]) -> dict:
+    # One command for both roles, as under mpirun: PARAMSHARD_ROLE picks serving or training,
+    # and `paramshard run`'s server path deletes the job's server objects at the end.
+    argv = ["paramshard", "run", "--servers", str(spec.servers), spec.script, *spec.script_args]
+    resources = {"cpu": spec.cpu, "memory": spec.memory}
+    container = {
+        "name": role,
+        "image": spec.image,
+        "command": argv[:1],
+        "args": argv[1:],
+        "env": _env(_common_env(spec, role) + env),
+        # Requests = limits: the scheduler reserves what the pod may use, and a pod over its
+        # memory is OOM-killed (a clear failure) instead of squeezing its neighbours.
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    if ports:
+        container["ports"] = ports
+    return container
+
+
+def _pod_spec(spec: K8sJobSpec, container: dict, restart_policy: str, service_account: str | None) -> dict:
+    pod: dict = {"restartPolicy": restart_policy}
+    if service_account:
+        pod["serviceAccountName"] = service_account
+    else:
+        pod["automountServiceAccountToken"] = False    # trainers never talk to the API server
+    # The contract is all a pod needs; Service links would add variables for every Service.
+    pod["enableServiceLinks"] = False
+    pod["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    pod["containers"] = [container]
+    return pod
+
+
+def service_account_docs(spec: K8sJobSpec) -> list[dict]:
+    """Just enough for a server to delete its own StatefulSet and Service (k8s_cleanup.py)."""
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": _metadata(spec, spec.server_name, "server")}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": _metadata(spec, spec.cleanup_role_name, "server"),
+        "rules": [
+            {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [spec.server_name],
+             "verbs": ["delete"]},
+            {"apiGroups": [""], "resources": ["services"], "resourceNames": [spec.server_name],
+             "verbs": ["delete"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": _metadata(spec, spec.cleanup_role_name, "server"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": spec.cleanup_role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": spec.server_name, "namespace": spec.namespace}],
+    }
+    return [account, role, binding]
+
+
+def secret_doc(spec: K8sJobSpec) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _metadata(spec, spec.secret_name, "secret"),
+            "stringData": {SECRET_KEY: spec.secret}}
+
+
+def service_doc(spec: K8sJobSpec) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(spec, spec.server_name, "server"),
+        "spec": {
+            "clusterIP": "None",     # headless: DNS names the pods themselves, no load balancing
+            # Names resolve as soon as a pod has an IP: trainers and peer servers connect
+            # (and retry) before any readiness, as they do outside Kubernetes.
+            "publishNotReadyAddresses": True,
+            "selector": labels(spec, "server"),
+            "ports": [{"name": "paramshard", "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}],
+        },
+    }
+
+
+def statefulset_doc(spec: K8sJobSpec) -> dict:
+    env = [
+        ("PARAMSHARD_ROLE", "server"),
+        ("PARAMSHARD_SERVER_ID", _field(POD_INDEX_FIELD)),
+        # Bind the pod's own address; the others reach it by its DNS name, which resolves to it.
+        ("PARAMSHARD_BIND", _field(POD_IP_FIELD)),
+        ("PARAMSHARD_K8S_NAMESPACE", _field(NAMESPACE_FIELD)),
+        ("PARAMSHARD_K8S_DELETE", spec.cleanup_targets),
+    ]
+    ports = [{"name": "paramshard", "containerPort": spec.port, "protocol": "TCP"}]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _metadata(spec, spec.server_name, "server"),
+        "spec": {
+            "serviceName": spec.server_name,
+            "replicas": spec.servers,
+            # All servers at once: each waits for its peers, so one-by-one start would deadlock.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels(spec, "server")},
+            "template": {
+                "metadata": {"labels": labels(spec, "server")},
+                # A StatefulSet allows only Always: an exited server comes back, which is why
+                # server 0 deletes the StatefulSet when the job ends (k8s_cleanup.py).
+                "spec": _pod_spec(spec, _container(spec, "server", env, ports), "Always", spec.server_name),
+            },
+        },
+    }
+
+
+def job_doc(spec: K8sJobSpec) -> dict:
+    env = [
+        ("PARAMSHARD_ROLE", "trainer"),
+        ("PARAMSHARD_TRAINER_ID", _field(COMPLETION_INDEX_FIELD)),
+    ]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _metadata(spec, spec.trainer_name, "trainer"),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.trainers,
+            "parallelism": spec.trainers,
+            # No retries: a trainer restarted from its first step cannot rejoin the others at
+            # step k, and the servers keep no checkpoint. One failed trainer fails the Job at
+            # once; its pod stays for `kubectl logs`, the others are stopped.
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels(spec, "trainer")},
+                "spec": _pod_spec(spec, _container(spec, "trainer", env, []), "Never", None),
+            },
+        },
+    }
+
+
+def render_manifests(spec: K8sJobSpec) -> list[dict]:
+    docs = service_account_docs(spec)
+    if spec.secret is not None:
+        docs.append(secret_doc(spec))
+    return docs + [service_doc(spec), statefulset_doc(spec), job_doc(spec)]
+
+
+def to_yaml(docs: list[dict]) -> str:
+    """Multi-document YAML, keys in the order written (kubectl reads JSON as well)."""
+    return yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, default_flow_style=False, width=120)

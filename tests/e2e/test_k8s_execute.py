@@ -1,0 +1,227 @@
+"""`paramshard k8s` manifests, executed: every pod they describe runs here as a process.
+
+No cluster is needed to check what the manifests make the pods do. For each pod the
+test plays the kubelet: it fills in the downward-API values (pod index, completion
+index, namespace; pod IP -> loopback alias 127.0.0.(10+i), which Linux routes
+without configuration), resolves the Secret, plays cluster DNS by rewriting each
+server's DNS name to its pod's address, and starts the container's command and args
+exactly as written (`python`/`paramshard` from this venv) in the repository, the
+image's WORKDIR. The job must train to the end on its own: trainers exit 0, then
+the servers exit 0, and server 0 deletes its Service and StatefulSet through a fake
+API server (KUBERNETES_SERVICE_HOST + the test-only PARAMSHARD_K8S_API_URL).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from paramshard.cli.main import main
+from tests.unit.test_k8s_cleanup import FakeKubernetesApi
+from tests.unit.test_k8s_manifests import by_kind, pod_environ, server_pod, trainer_pod
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+SERVERS, TRAINERS = 2, 2
+DEADLINE = 240.0
+# Variables of the test's own environment that a pod would not have (or that name another engine).
+FOREIGN = ("PARAMSHARD_", "PADDLE_", "OMPI_", "PMI_", "SLURM_", "KUBERNETES_", "RANK", "WORLD_SIZE",
+           "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLIBC_TUNABLES", "OMP_NUM_THREADS")
+
+
+def server_ip(index: int) -> str:
+    return f"127.0.0.{10 + index}"
+
+
+def port_free_on_every_server_ip() -> int:
+    """One port free on each alias (the manifests give every server the same port)."""
+    for _ in range(20):
+        socks = []
+        try:
+            first = socket.socket()
+            socks.append(first)
+            first.bind((server_ip(0), 0))
+            port = first.getsockname()[1]
+            for i in range(1, SERVERS):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((server_ip(i), port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.fail("no port free on every loopback alias after 20 tries")
+
+
+def loopback_aliases_work() -> str | None:
+    """None if 127.0.0.10.. can be bound (Linux routes all of 127/8 to lo), else why not."""
+    for i in range(SERVERS):
+        try:
+            with socket.socket() as s:
+                s.bind((server_ip(i), 0))
+        except OSError as exc:
+            return f"cannot bind loopback alias {server_ip(i)} ({exc}); on macOS add it with ifconfig lo0 alias"
+    return None
+
+
+def executable(argv: list[str]) -> list[str]:
+    """The container's command with the image's `python` and `paramshard` resolved to this venv's."""
+    head = {"python": sys.executable, "paramshard": str(VENV_BIN / "paramshard")}.get(argv[0], argv[0])
+    return [head, *argv[1:]]
+
+
+def with_cluster_dns(environ: dict[str, str], dns: dict[str, str]) -> dict[str, str]:
+    """PARAMSHARD_SERVERS with every DNS name replaced by its pod's address (KeyError: a name
+    that is not one of the server pods)."""
+    entries = [entry.rpartition(":") for entry in environ["PARAMSHARD_SERVERS"].split(",")]
+    return {**environ, "PARAMSHARD_SERVERS": ",".join(f"{dns[host]}:{port}" for host, _, port in entries)}
+
+
+def render(tmp_path: Path, *flags: str) -> dict[str, dict]:
+    """`paramshard k8s` for SERVERS servers and TRAINERS trainers on a port free on every alias."""
+    job_yaml = tmp_path / "job.yaml"
+    assert main(["k8s", "--servers", str(SERVERS), "--trainers", str(TRAINERS), "--image", "paramshard:test",
+                 "--name", "digits", "--namespace", "ml", "--port", str(port_free_on_every_server_ip()),
+                 "--create-secret", "--out", str(job_yaml), *flags]) == 0
+    return by_kind(list(yaml.safe_load_all(job_yaml.read_text())))
+
+
+def run_pods(kinds: dict[str, dict], workdir: Path, logs_dir: Path) -> tuple[dict, dict, list]:
+    """Start every pod of the manifests, wait for all of them: (exit codes, logs, API requests)."""
+    sts, job, service, secret = kinds["StatefulSet"], kinds["Job"], kinds["Service"], kinds["Secret"]
+    secrets = {secret["metadata"]["name"]: secret["stringData"]}
+    namespace = sts["metadata"]["namespace"]
+    pods = [(f"server {i}", sts, server_pod(sts, i, server_ip(i))) for i in range(sts["spec"]["replicas"])]
+    pods += [(f"trainer {j}", job, trainer_pod(job, j, f"127.0.0.{50 + j}")) for j in range(job["spec"]["completions"])]
+    # Cluster DNS: each StatefulSet pod is NAME-I.SERVICE.NAMESPACE.svc.cluster.local.
+    dns = {f"{pod['metadata']['name']}.{service['metadata']['name']}.{namespace}.svc.cluster.local":
+           pod["status"]["podIP"] for _, owner, pod in pods if owner is sts}
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
+    children: dict[str, tuple[subprocess.Popen, Path]] = {}
+    with FakeKubernetesApi() as api:
+        try:
+            for tag, owner, pod in pods:
+                container = owner["spec"]["template"]["spec"]["containers"][0]
+                environ = with_cluster_dns(pod_environ(container, pod, secrets), dns)
+                # What the kubelet gives every pod, pointed at the fake API server.
+                environ.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(api.port),
+                               PARAMSHARD_K8S_API_URL=api.url)
+                log = logs_dir / f"{tag.replace(' ', '-')}.log"
+                with open(log, "wb") as out:
+                    children[tag] = (subprocess.Popen(
+                        executable(container["command"] + container["args"]), cwd=workdir,
+                        env={**base, **environ}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), log)
+            codes = wait_all(children, DEADLINE)
+        finally:
+            stop_all(children)
+        requests = list(api.requests)
+    logs = {tag: log.read_text(errors="replace") for tag, (_, log) in children.items()}
+    return codes, logs, requests
+
+
+def cleanup_requests(kinds: dict[str, dict]) -> list[tuple[str, str]]:
+    """What server 0 must send at the job's end: the Service, then the StatefulSet."""
+    ns, name = kinds["StatefulSet"]["metadata"]["namespace"], kinds["StatefulSet"]["metadata"]["name"]
+    return [("DELETE", f"/api/v1/namespaces/{ns}/services/{kinds['Service']['metadata']['name']}"),
+            ("DELETE", f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}")]
+
+
+def describe(codes: dict, logs: dict) -> str:
+    return "\n".join(f"--- {tag} (exit {codes.get(tag)}):\n{text[-2500:]}" for tag, text in logs.items())
+
+
+@pytest.fixture
+def aliases():
+    why_not = loopback_aliases_work()
+    if why_not:
+        pytest.skip(why_not)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEADLINE + 60)
+def test_manifests_train_to_completion_as_local_pods(tmp_path, capsys, aliases):
+    kinds = render(tmp_path, "--timeout", "60", "examples/digits_mlp.py", "--epochs", "3")
+    capsys.readouterr()
+    codes, logs, requests = run_pods(kinds, ROOT, tmp_path)      # the repository plays the image's /app
+    report = describe(codes, logs)
+    assert all(code == 0 for code in codes.values()), report
+    # Learning: trainer 0 reports each epoch; the loss falls and the digits are recognised.
+    epochs = [(float(loss), float(acc)) for loss, acc in
+              re.findall(r"loss (\d+\.\d+)\s+test accuracy (\d\.\d+)", logs["trainer 0"])]
+    assert len(epochs) == 3, report
+    assert epochs[-1][0] < epochs[0][0] and epochs[-1][1] > 0.85, epochs
+    assert f"{TRAINERS} trainers" in logs["trainer 0"] and f"{SERVERS} servers" in logs["trainer 0"]
+    # The job's end, as the cluster would see it: server 0 deleted the Service, then the StatefulSet.
+    assert [(r["method"], r["path"]) for r in requests] == cleanup_requests(kinds), report
+    assert all(r["body"]["propagationPolicy"] == "Background" for r in requests)
+
+
+CRASHING_TRAINER = """\
+import os
+import torch
+import torch.nn as nn
+import paramshard as ps
+
+env = ps.init()
+model = nn.Linear(4, 2)
+trainer = ps.Trainer(model, optimizer=ps.optim.SGD(lr=0.1))
+for step in range(1000):
+    if env.trainer_id == 1 and step == 3:
+        print("trainer 1 crashes", flush=True)
+        os._exit(3)            # no leave: as an OOM kill or a lost node
+    trainer.step(model(torch.ones(8, 4)).pow(2).mean())
+trainer.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEADLINE + 60)
+def test_a_failed_trainer_still_ends_the_servers(tmp_path, capsys, aliases):
+    """docs/kubernetes.md "What happens on failure": the servers give up on lost trainers
+    after --timeout and exit 1, and server 0 still deletes the job's server objects."""
+    (tmp_path / "crash.py").write_text(CRASHING_TRAINER)
+    kinds = render(tmp_path, "--timeout", "5", "crash.py")
+    capsys.readouterr()
+    codes, logs, requests = run_pods(kinds, tmp_path, tmp_path)
+    report = describe(codes, logs)
+    assert codes["trainer 1"] == 3 and codes["trainer 0"] != 0, report
+    assert codes["server 0"] == codes["server 1"] == 1, report
+    assert [(r["method"], r["path"]) for r in requests] == cleanup_requests(kinds), report
+
+
+def wait_all(children: dict[str, tuple[subprocess.Popen, Path]], deadline: float) -> dict[str, int]:
+    """Exit codes of every child; fails naming the ones still running at the deadline."""
+    end = time.monotonic() + deadline
+    codes: dict[str, int] = {}
+    while len(codes) < len(children) and time.monotonic() < end:
+        for tag, (proc, _) in children.items():
+            if tag not in codes and proc.poll() is not None:
+                codes[tag] = proc.returncode
+        time.sleep(0.2)
+    running = sorted(set(children) - set(codes))
+    if running:
+        tails = "\n".join(f"--- {t}:\n{children[t][1].read_text(errors='replace')[-2000:]}" for t in running)
+        pytest.fail(f"still running after {deadline:g} s: {', '.join(running)}; exited: {codes}\n{tails}")
+    return codes
+
+
+def stop_all(children: dict[str, tuple[subprocess.Popen, Path]]) -> None:
+    """Kill what is left, by the process groups this test started."""
+    for proc, _ in children.values():
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(10)

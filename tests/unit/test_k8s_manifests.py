@@ -1,0 +1,308 @@
+"""`paramshard k8s`: the manifests pass the Kubernetes schema, and mean what the job needs.
+
+The schema (kubernetes-validate --strict, Kubernetes 1.32) catches misspelt or misplaced
+fields; the rest of this file checks what no schema can: ids and addresses every pod
+derives, selectors, restart policies, RBAC, and that the environment contract is complete
+(each pod's environment, downward-API values filled in, read by ClusterEnv.from_environ).
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from paramshard.cli.main import main
+from paramshard.env import ClusterEnv
+from paramshard.launch.k8s import K8sJobSpec, render_manifests, to_yaml
+
+CLUSTER_DOMAIN = "cluster.local"
+FLAG_SETS = {
+    "defaults": ["--servers", "1", "--trainers", "1", "--image", "paramshard:0.1.0", "train.py"],
+    "everything": ["--servers", "3", "--trainers", "4", "--image", "registry.example.com/team/ps:1.2",
+                   "--name", "ctr-job", "--namespace", "ml-team", "--mode", "async", "--port", "7000",
+                   "--timeout", "300", "--cpu", "500m", "--memory", "512Mi", "--create-secret",
+                   "examples/ctr_wide_deep.py", "--epochs", "3", "--workdir", "/tmp/run dir"],
+    "big": ["--servers", "8", "--trainers", "16", "--image", "ps@sha256:" + "a" * 64, "--cpu", "4",
+            "--memory", "16Gi", "--cluster-domain", "corp.internal", "--name", "p" + "x" * 44, "job.py"],
+}
+
+
+# -- running the command -------------------------------------------------------
+def k8s(capsys, *args: str) -> tuple[int, str, str]:
+    """`paramshard k8s ARGS` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main(["k8s", *args])
+    except SystemExit as exc:       # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rendered(capsys, args: list[str]) -> list[dict]:
+    code, out, err = k8s(capsys, *args)
+    assert code == 0, err
+    return list(yaml.safe_load_all(out))
+
+
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    kinds = [d["kind"] for d in docs]
+    assert len(kinds) == len(set(kinds)), kinds
+    return {d["kind"]: d for d in docs}
+
+
+# -- "running" a pod: what its environment becomes --------------------------------
+_FIELD = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+
+
+def field_value(pod: dict, path: str) -> str:
+    """A downward-API fieldPath read from a pod object, as the kubelet does."""
+    m = _FIELD.match(path)
+    if m:
+        return pod["metadata"][m.group(1)][m.group(2)]     # KeyError: the pod has no such label
+    value = pod
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+def _cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def pod_environ(container: dict, pod: dict, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's environment with every valueFrom resolved (fieldRef from ``pod``,
+    secretKeyRef from ``secrets``, resourceFieldRef from its own resources)."""
+    environ = {}
+    for var in container["env"]:
+        if "value" in var:
+            environ[var["name"]] = var["value"]
+            continue
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            environ[var["name"]] = str(field_value(pod, source["fieldRef"]["fieldPath"]))
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            environ[var["name"]] = secrets[ref["name"]][ref["key"]]
+        elif "resourceFieldRef" in source:
+            ref = source["resourceFieldRef"]
+            assert ref["containerName"] == container["name"]
+            kind, resource = ref["resource"].split(".")
+            assert (resource, ref["divisor"]) == ("cpu", "1")
+            # The kubelet rounds up to a whole multiple of the divisor.
+            environ[var["name"]] = str(math.ceil(_cores(container["resources"][kind]["cpu"])))
+        else:
+            raise AssertionError(f"unknown valueFrom in {var}")
+    return environ
+
+
+def server_pod(statefulset: dict, index: int, pod_ip: str) -> dict:
+    """A server pod as the StatefulSet controller makes it (name, pod-index label, IP)."""
+    meta = statefulset["metadata"]
+    return {"metadata": {"name": f"{meta['name']}-{index}", "namespace": meta["namespace"],
+                         "labels": {**statefulset["spec"]["template"]["metadata"]["labels"],
+                                    "apps.kubernetes.io/pod-index": str(index)},
+                         "annotations": {}},
+            "status": {"podIP": pod_ip}}
+
+
+def trainer_pod(job: dict, index: int, pod_ip: str) -> dict:
+    """A trainer pod as the Job controller makes it (completion index annotation and label)."""
+    meta = job["metadata"]
+    return {"metadata": {"name": f"{meta['name']}-{index}-abcde", "namespace": meta["namespace"],
+                         "labels": {**job["spec"]["template"]["metadata"]["labels"],
+                                    "batch.kubernetes.io/job-completion-index": str(index)},
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+            "status": {"podIP": pod_ip}}
+
+
+def secrets_of(docs: list[dict], value_if_made_by_hand: str = "made-by-kubectl") -> dict[str, dict[str, str]]:
+    """Secret name -> data: the generated Secret, or the one `kubectl create secret` would make."""
+    kinds = by_kind(docs)
+    if "Secret" in kinds:
+        return {kinds["Secret"]["metadata"]["name"]: kinds["Secret"]["stringData"]}
+    ref = kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    ref = next(v["valueFrom"]["secretKeyRef"] for v in ref if v["name"] == "PARAMSHARD_SECRET")
+    return {ref["name"]: {ref["key"]: value_if_made_by_hand}}
+
+
+def dns_address(statefulset: dict, index: int, domain: str = CLUSTER_DOMAIN) -> str:
+    """What DNS calls pod I of a StatefulSet under its headless Service (hostname.subdomain.ns.svc.domain)."""
+    meta, spec = statefulset["metadata"], statefulset["spec"]
+    port = spec["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    return f"{meta['name']}-{index}.{spec['serviceName']}.{meta['namespace']}.svc.{domain}:{port}"
+
+
+# -- (a) the schema ---------------------------------------------------------------
+@pytest.mark.parametrize("flags", FLAG_SETS.values(), ids=FLAG_SETS.keys())
+def test_manifests_pass_the_strict_kubernetes_schema(capsys, tmp_path, flags):
+    out = tmp_path / "job.yaml"
+    code, stdout, err = k8s(capsys, "--out", str(out), *flags)   # after SCRIPT it would be a script argument
+    assert code == 0, err
+    assert stdout == "" and f"wrote {out}" in err
+    r = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k", "1.32.0", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.read_text())]
+    assert r.stdout.count("passed for resource") == len(kinds), r.stdout
+
+
+def test_stdout_is_yaml_in_creation_order(capsys):
+    docs = rendered(capsys, FLAG_SETS["everything"])
+    # The RBAC and the Secret exist before the pods that use them.
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "Service",
+                                         "StatefulSet", "Job"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"ml-team"}
+
+
+# -- (b) what the schema cannot say ---------------------------------------------------
+@pytest.mark.parametrize("flags", FLAG_SETS.values(), ids=FLAG_SETS.keys())
+def test_trainers_are_an_indexed_job_that_never_retries(capsys, flags):
+    kinds = by_kind(rendered(capsys, flags))
+    job = kinds["Job"]["spec"]
+    trainers = int(flags[flags.index("--trainers") + 1])
+    assert job["completionMode"] == "Indexed"
+    assert job["parallelism"] == job["completions"] == trainers
+    assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
+    assert "selector" not in job            # the Job controller makes its own
+    assert job["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("flags", FLAG_SETS.values(), ids=FLAG_SETS.keys())
+def test_servers_are_a_parallel_statefulset_behind_a_headless_service(capsys, flags):
+    kinds = by_kind(rendered(capsys, flags))
+    service, sts = kinds["Service"], kinds["StatefulSet"]
+    servers = int(flags[flags.index("--servers") + 1])
+    assert sts["spec"]["replicas"] == servers
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    template_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    # ... and the Service selects no trainer: the server names resolve to servers only.
+    trainer_labels = kinds["Job"]["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= trainer_labels.items()
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Always"
+    container = pod["containers"][0]
+    assert [p["containerPort"] for p in container["ports"]] == [service["spec"]["ports"][0]["port"]]
+    assert service["spec"]["ports"][0]["targetPort"] == service["spec"]["ports"][0]["port"]
+
+
+@pytest.mark.parametrize("flags", FLAG_SETS.values(), ids=FLAG_SETS.keys())
+def test_every_pod_environment_is_a_complete_contract(capsys, flags):
+    """Every pod, its downward-API values filled in, reads as the ClusterEnv it must be:
+    equality with the expected ClusterEnv proves no variable is missing or wrong."""
+    docs = rendered(capsys, flags)
+    kinds, secrets = by_kind(docs), secrets_of(docs)
+    sts, job = kinds["StatefulSet"], kinds["Job"]
+    servers, trainers = sts["spec"]["replicas"], job["spec"]["completions"]
+    name = sts["metadata"]["name"].removesuffix("-server")
+    domain = flags[flags.index("--cluster-domain") + 1] if "--cluster-domain" in flags else CLUSTER_DOMAIN
+    addresses = tuple(dns_address(sts, i, domain) for i in range(servers))
+    (secret,) = [data["secret"] for data in secrets.values()]
+    common = dict(servers=addresses, num_trainers=trainers, secret=secret, job_id=name,
+                  mode=flags[flags.index("--mode") + 1] if "--mode" in flags else "sync",
+                  timeout=float(flags[flags.index("--timeout") + 1]) if "--timeout" in flags else 120.0)
+    for i in range(servers):
+        ip = f"10.1.0.{i + 1}"
+        environ = pod_environ(sts["spec"]["template"]["spec"]["containers"][0], server_pod(sts, i, ip), secrets)
+        assert ClusterEnv.from_environ(environ) == ClusterEnv(role="server", server_id=i, bind=ip, **common)
+        assert environ["PARAMSHARD_K8S_NAMESPACE"] == sts["metadata"]["namespace"]
+    for j in range(trainers):
+        environ = pod_environ(job["spec"]["template"]["spec"]["containers"][0],
+                              trainer_pod(job, j, f"10.2.0.{j + 1}"), secrets)
+        assert ClusterEnv.from_environ(environ) == ClusterEnv(role="trainer", trainer_id=j, **common)
+        assert "PARAMSHARD_K8S_DELETE" not in environ      # trainers delete nothing
+
+
+def test_threads_follow_the_cpu_limit(capsys):
+    docs = rendered(capsys, FLAG_SETS["everything"])     # --cpu 500m
+    sts = by_kind(docs)["StatefulSet"]
+    environ = pod_environ(sts["spec"]["template"]["spec"]["containers"][0], server_pod(sts, 0, "10.1.0.1"),
+                          secrets_of(docs))
+    assert environ["OMP_NUM_THREADS"] == "1"
+    resources = sts["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "500m", "memory": "512Mi"}
+
+
+def test_both_roles_run_the_script_with_its_arguments(capsys):
+    kinds = by_kind(rendered(capsys, FLAG_SETS["everything"]))
+    for kind in ("StatefulSet", "Job"):
+        container = kinds[kind]["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] + container["args"] == [
+            "paramshard", "run", "--servers", "3", "examples/ctr_wide_deep.py",
+            "--epochs", "3", "--workdir", "/tmp/run dir"]
+
+
+def test_server_may_delete_exactly_its_statefulset_and_service(capsys):
+    kinds = by_kind(rendered(capsys, FLAG_SETS["everything"]))
+    account, role, binding = kinds["ServiceAccount"], kinds["Role"], kinds["RoleBinding"]
+    sts, service = kinds["StatefulSet"], kinds["Service"]
+    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    granted = {(group, resource, name) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for name in rule["resourceNames"]}
+    assert granted == {("apps", "statefulsets", sts["metadata"]["name"]),
+                       ("", "services", service["metadata"]["name"])}
+    assert all(rule["verbs"] == ["delete"] for rule in role["rules"])
+    # What the server asks to delete is what it may delete; the Service first, as deleting
+    # the StatefulSet ends the asking pod.
+    env = {v["name"]: v.get("value") for v in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PARAMSHARD_K8S_DELETE"] == (f"services/{service['metadata']['name']},"
+                                            f"statefulsets/{sts['metadata']['name']}")
+
+
+def test_secret_is_referenced_and_generated_only_when_asked(capsys):
+    code, out, err = k8s(capsys, *FLAG_SETS["defaults"])
+    assert code == 0
+    assert "kind: Secret" not in out and "stringData" not in out
+    # The one command that makes the Secret the pods reference.
+    assert ("kubectl create secret generic paramshard-secret --namespace default "
+            "--from-literal=secret=\"$(openssl rand -hex 32)\"") in err
+    made = [by_kind(rendered(capsys, FLAG_SETS["everything"]))["Secret"]["stringData"]["secret"] for _ in range(2)]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in made) and made[0] != made[1]
+
+
+def test_spec_is_pure_and_yaml_round_trips():
+    spec = K8sJobSpec(script="t.py", image="img", servers=2, trainers=3, secret="s3cret")
+    assert render_manifests(spec) == render_manifests(spec)
+    assert list(yaml.safe_load_all(to_yaml(render_manifests(spec)))) == render_manifests(spec)
+    assert "s3cret" not in repr(spec)
+
+
+# -- bad flags ---------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, message", [
+    (["--servers", "0"], "--servers 0: must be >= 1"),
+    (["--trainers", "two"], "--trainers two: not a whole number"),
+    (["--memory", "lots"], "--memory 'lots': not a positive Kubernetes quantity"),
+    (["--cpu", "0"], "--cpu '0': not a positive Kubernetes quantity"),
+    (["--cpu", "1.5 cores"], "--cpu '1.5 cores': not a positive Kubernetes quantity"),
+    (["--name", "My_Job"], "--name 'My_Job': must be at most 45 lowercase letters"),
+    (["--name", "9lives"], "starting with a letter"),
+    (["--name", "x" * 46], "at most 45"),
+    (["--namespace", "Team.A"], "--namespace 'Team.A': not a Kubernetes namespace name"),
+    (["--port", "70000"], "--port 70000: expected a port number 1..65535"),
+    (["--timeout", "-1"], "--timeout -1: must be a finite number > 0 seconds"),
+    (["--mode", "eventual"], "argument --mode: invalid choice: 'eventual'"),
+])
+def test_bad_flags_are_a_clear_error(capsys, flags, message):
+    base = {"--servers": "2", "--trainers": "2", "--image": "img"}
+    for flag, value in zip(flags[::2], flags[1::2]):
+        base[flag] = value
+    code, out, err = k8s(capsys, *[x for pair in base.items() for x in pair], "train.py")
+    assert code == 2
+    assert out == ""
+    assert "paramshard k8s: error: " in err and message in err, err
+
+
+def test_bad_name_suggests_a_good_one(capsys):
+    code, _, err = k8s(capsys, "--servers", "1", "--trainers", "1", "--image", "img", "--name", "My_Job", "t.py")
+    assert code == 2 and "try --name my-job" in err
