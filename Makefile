@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
 
-# The SSH engine tests need sshd, rsync and iproute2 (Debian packages, installed as root;
+# The engine tests need sshd, rsync, iproute2, OpenMPI, Slurm and munge (Debian packages, installed as root;
 # elsewhere those tests skip and say why).
 test: $(STAMP)
-	bash scripts/install-test-engines.sh || echo "make: engine install failed; the SSH engine tests will skip" >&2
+	bash scripts/install-test-engines.sh || echo "make: engine install failed; the engine tests (SSH, MPI, Slurm) will skip" >&2
 	$(PY) -m pytest -q
 
 # Every peer runs under the malloc settings the launcher gives paramshard's processes.

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from tests.e2e.run_job import ORACLE, PARAMSHARD, VENV_BIN, run_job
+from tests.engines.sshd import ssh_hosts  # noqa: F401  (the fixture)
 
 TORCHRUN = str(VENV_BIN / "torchrun")
 
@@ -116,3 +117,18 @@ def test_mpirun_any_split_of_ranks(servers):
 def test_the_same_script_under_paramshard_launch():
     result = run_job([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", ORACLE])
     assert_trained(result)
+
+
+def test_mpirun_over_two_hosts_servers_advertise_their_own_host(ssh_hosts):
+    """Two sshd "hosts" on 127.0.0.2 and 127.0.0.3; --map-by node puts server 0 on the
+    first and server 1 on the second, and each must advertise the host it runs on."""
+    mpirun_or_skip()
+    from tests.engines.mpi import mpirun_argv
+    hosts = ssh_hosts(["127.0.0.2", "127.0.0.3"])
+    argv = mpirun_argv(4, PARAMSHARD, "run", "--servers", "2", ORACLE, hosts=hosts,
+                       extra=["--map-by", "node"])
+    result = run_job(argv)
+    assert_trained(result)
+    assert re.search(r"server 0: rank 0 on \S+ at 127\.0\.0\.2:\d+; server 1: rank 1 on \S+ at 127\.0\.0\.3:\d+",
+                     result.output), result
+

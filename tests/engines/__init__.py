@@ -1,4 +1,6 @@
-"""Test infrastructure for launch engines that reach real hosts (SSH, network namespaces).
+"""Test infrastructure for launch engines that reach real hosts (SSH, network namespaces),
+and for the engines `paramshard run` runs under (``tests.engines.mpi``: OpenMPI;
+``tests.engines.slurm``: a throwaway Slurm cluster).
 
 - ``tests.engines.sshd``: :class:`SshHosts`, throwaway sshd "hosts" on loopback aliases or
   inside network namespaces, plus :func:`require_engines` and pytest fixtures.
@@ -23,7 +25,7 @@ import subprocess
 import time
 
 INSTALL_HINT = ("install the engines with `sudo scripts/install-test-engines.sh` (openssh-server, openssh-client, "
-                "rsync, iproute2) and run the tests as root")
+                "rsync, iproute2; it also installs openmpi-bin, slurm-wlm and munge) and run the tests as root")
 REQUIRE_ENV = "PARAMSHARD_REQUIRE_ENGINES"
 
 

@@ -3,6 +3,7 @@ namespaces with partitions. Skips (saying why and how to install) without root, 
 or iproute2; see scripts/install-test-engines.sh."""
 
 import errno
+import json
 import os
 import socket
 import subprocess
@@ -14,9 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.engines import REQUIRE_ENV, alive, start_time
+from tests.engines import mpi as mpi_mod
 from tests.engines import netns as netns_mod
+from tests.engines import slurm as slurm_mod
 from tests.engines import sshd as sshd_mod
+from tests.engines.mpi import mpi, mpirun_argv  # noqa: F401 - fixture
 from tests.engines.netns import NetnsLab, cleanup_stale, netns_lab  # noqa: F401 - fixture
+from tests.engines.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - fixture
 from tests.engines.sshd import SshHosts, ssh_hosts  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,3 +268,159 @@ def test_sshd_dies_with_the_process_that_started_it(tmp_path):
     while any(alive(pid, st) for pid, st in started) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(pid, st) for pid, st in started)
+
+
+# -- Open MPI (mpirun + mpi4py) --------------------------------------------------------------
+
+def test_mpi_and_slurm_skip_messages_name_the_package_and_the_installer(monkeypatch):
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    monkeypatch.setattr(mpi_mod, "_checked", [])
+    monkeypatch.setattr(mpi_mod.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        mpi_mod.require_mpi()
+    assert "openmpi-bin" in str(skipped.value) and "scripts/install-test-engines.sh" in str(skipped.value)
+    monkeypatch.setattr(slurm_mod, "_checked", [])
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        slurm_mod.require_slurm()
+    assert "root" in str(skipped.value) and "slurm-wlm" in str(skipped.value)
+    assert "scripts/install-test-engines.sh" in str(skipped.value)
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="install-test-engines.sh"):
+        slurm_mod.require_slurm()
+    monkeypatch.setattr(mpi_mod, "_checked", [])
+    with pytest.raises(pytest.fail.Exception, match="openmpi-bin"):
+        mpi_mod.require_mpi()
+
+
+ALLGATHER = textwrap.dedent("""
+    import json, os
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    # Over ssh a rank inherits its orted's SSH_CONNECTION: "client port SERVER port".
+    host = os.environ["SSH_CONNECTION"].split()[2] if "SSH_CONNECTION" in os.environ else "local"
+    ids = (int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"]))
+    assert ids == (comm.Get_rank(), comm.Get_size()), ids
+    gathered = comm.allgather([comm.Get_rank(), host, os.environ.get("PARAMSHARD_PROBE")])  # (-x passes it)
+    os.write(1, f"rank {comm.Get_rank()} gathered {json.dumps(gathered)}\\n".encode())  # one write: no interleaving
+""")
+
+
+def gathered_lines(stdout):
+    lines = [line.split(" gathered ") for line in stdout.splitlines() if line.startswith("rank ")]
+    return {int(rank.split()[1]): [tuple(x) for x in json.loads(g)] for rank, g in lines}
+
+
+def test_mpirun_4_local_ranks_allgather(mpi, tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_CONNECTION", raising=False)  # (local ranks inherit mpirun's environment)
+    script = tmp_path / "allgather.py"
+    script.write_text(ALLGATHER)
+    r = run(mpirun_argv(4, sys.executable, str(script)), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    expected = [(i, "local", None) for i in range(4)]
+    assert gathered_lines(r.stdout) == {i: expected for i in range(4)}, r.stdout
+
+
+def test_mpirun_over_two_ssh_hosts_ranks_know_their_host(mpi, ssh_hosts, tmp_path):
+    hosts = ssh_hosts()
+    script = tmp_path / "allgather.py"
+    script.write_text(ALLGATHER)
+    argv = mpirun_argv(4, sys.executable, str(script), hosts=hosts, extra_env=["PARAMSHARD_PROBE=1"])
+    assert "--hostfile" in argv and f"ssh -F {hosts.ssh_config}" in " ".join(argv)
+    hostfile = Path(argv[argv.index("--hostfile") + 1])
+    assert hostfile.read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
+    r = run(argv, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Slot by slot: ranks 0-1 on the first host, 2-3 on the second.
+    expected = [(0, "127.0.0.2", "1"), (1, "127.0.0.2", "1"), (2, "127.0.0.3", "1"), (3, "127.0.0.3", "1")]
+    assert gathered_lines(r.stdout) == {i: expected for i in range(4)}, r.stdout
+
+
+# -- Slurm (munged + slurmctld + slurmd) ------------------------------------------------------
+
+def test_slurm_cluster_runs_srun_with_4_tasks(slurm_cluster):
+    cluster = slurm_cluster()
+    assert cluster.node_state() == "idle"
+    assert cluster.startup_seconds < 15
+    r = cluster.run(cluster.srun_argv(4, "sh", "-c",
+                                      'echo "$SLURM_PROCID $SLURM_NTASKS $SLURM_JOB_ID $SLURMD_NODENAME $SLURM_NODEID"'))
+    assert r.returncode == 0, r.stderr
+    rows = sorted(line.split() for line in r.stdout.splitlines())
+    assert [row[0] for row in rows] == ["0", "1", "2", "3"], r.stdout
+    assert {tuple(row[1:]) for row in rows} == {("4", rows[0][2], cluster.node_name, "0")}, r.stdout
+    assert f"NodeAddr=127.0.0.1" in cluster.scontrol("show", "node", cluster.node_name).stdout
+    # Every daemon listens on 127.0.0.1 only.
+    listening = run(["ss", "-Hltnp"]).stdout.splitlines()
+    for pid in cluster.pids().values():
+        mine = [line for line in listening if f"pid={pid}," in line]
+        assert all(line.split()[3].startswith("127.0.0.1:") for line in mine), mine
+
+
+FAIL_ONE = textwrap.dedent("""
+    import os, sys, time
+    rank = int(os.environ["SLURM_PROCID"])
+    print("started", rank, flush=True)
+    time.sleep(0.5)
+    if rank == 1:
+        sys.exit(1)
+    time.sleep(60)  # killed by Slurm: {marker}
+""")
+
+
+def test_srun_kill_on_bad_exit_ends_promptly(slurm_cluster, tmp_path):
+    cluster = slurm_cluster()
+    marker = f"paramshard-test-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "fail_one.py"
+    script.write_text(FAIL_ONE.format(marker=marker))
+    t0 = time.monotonic()
+    r = cluster.run(cluster.srun_argv(4, sys.executable, str(script), marker, extra=["--kill-on-bad-exit=1"]))
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0 and elapsed < 15, (r.returncode, elapsed, r.stderr)
+    assert "task 1: Exited with exit code 1" in r.stderr, r.stderr
+    deadline = time.monotonic() + 5  # the three sleeping tasks were killed too
+    while time.monotonic() < deadline and marker in run(["ps", "-eo", "args"]).stdout:
+        time.sleep(0.1)
+    assert marker not in run(["ps", "-eo", "args"]).stdout
+
+
+def test_slurm_close_stops_every_daemon_and_step(slurm_cluster):
+    cluster = slurm_cluster(workdir=None)  # its own temporary directory, removed by close()
+    job = subprocess.Popen(cluster.srun_argv(2, "sleep", "60"), env=cluster.environ(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not cluster.step_daemons() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        steps = cluster.step_daemons()
+        assert steps, cluster.logs()
+        procs = [p for pid in cluster.pids().values() for p in sshd_mod.process_tree(pid)]  # (+ slurmscriptd)
+        procs += [p for step in steps for p in sshd_mod.process_tree(step)]  # slurmstepd and its tasks
+        assert {comm(pid) for pid, _ in procs} >= {"munged", "slurmctld", "slurmd", "slurmstepd", "sleep"}
+        workdir = cluster.workdir
+        cluster.close()
+        assert not any(alive(pid, st) for pid, st in procs)
+        assert job.wait(timeout=10) != 0
+        assert not workdir.exists()
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def test_a_slurm_cluster_that_cannot_start_is_skipped_with_the_daemon_log(slurm_cluster, monkeypatch):
+    slurm_mod.require_slurm()
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    started = []
+    spawn = SlurmCluster._spawn
+
+    def recording_spawn(self, name, argv):
+        spawn(self, name, argv)
+        started.append((self.procs[name].pid, start_time(self.procs[name].pid)))
+
+    monkeypatch.setattr(SlurmCluster, "_spawn", recording_spawn)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        slurm_cluster(extra_conf="NoSuchSlurmOption=1", start_timeout=10)
+    message = str(skipped.value)
+    assert "slurmctld exited with code" in message and "NoSuchSlurmOption" in message, message
+    assert "scripts/install-test-engines.sh" in message
+    assert len(started) == 2 and not any(alive(pid, st) for pid, st in started)  # munged was stopped
