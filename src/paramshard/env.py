@@ -55,6 +55,12 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "(`services/NAME,statefulsets/NAME`; set by `paramshard k8s`)", ()),
     ("PARAMSHARD_K8S_NAMESPACE", "Kubernetes: namespace of those objects (from the downward API)", ()),
     ("PARAMSHARD_K8S_API_URL", "Kubernetes: API server URL instead of the in-cluster one (tests)", ()),
+    ("PARAMSHARD_CHECKPOINT_DIR", "where checkpoints go (`launch --checkpoint-dir`); trainers save there "
+     "every PARAMSHARD_CHECKPOINT_EVERY steps and when they finish", ()),
+    ("PARAMSHARD_CHECKPOINT_EVERY", "steps between checkpoints (0: only the final one)", ()),
+    ("PARAMSHARD_CHECKPOINT_KEEP", "how many checkpoints to keep (default 3)", ()),
+    ("PARAMSHARD_RESUME", "a checkpoint (a step-N directory, or a checkpoint directory for its latest) "
+     "the job starts from (`launch --resume`)", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
@@ -103,6 +109,10 @@ class ClusterEnv:
     keys_dir: str | None = None
     limits: Limits = Limits()
     where: str = ""                  # e.g. "rank 3 on node7": log lines only
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 3
+    resume: str | None = None
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -117,6 +127,10 @@ class ClusterEnv:
             raise ConfigError(f"PARAMSHARD_TIMEOUT={self.timeout}: must be > 0 seconds")
         if self.num_trainers < 1:
             raise ConfigError(f"PARAMSHARD_TRAINERS={self.num_trainers}: must be >= 1")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"PARAMSHARD_CHECKPOINT_EVERY={self.checkpoint_every}: must be >= 0 steps")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"PARAMSHARD_CHECKPOINT_KEEP={self.checkpoint_keep}: keep at least 1")
         for addr in self.servers:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit():
@@ -180,6 +194,10 @@ class ClusterEnv:
             job_id=e.get("PARAMSHARD_JOB_ID", ""),
             keys_dir=e.get("PARAMSHARD_KEYS_DIR") or None,
             where=e.get("PARAMSHARD_WHERE", ""),
+            checkpoint_dir=e.get("PARAMSHARD_CHECKPOINT_DIR") or None,
+            checkpoint_every=_or(_int(e, "PARAMSHARD_CHECKPOINT_EVERY"), 0),
+            checkpoint_keep=_or(_int(e, "PARAMSHARD_CHECKPOINT_KEEP"), 3),
+            resume=e.get("PARAMSHARD_RESUME") or None,
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
         )
@@ -209,6 +227,12 @@ class ClusterEnv:
             out["PARAMSHARD_KEYS_DIR"] = self.keys_dir
         if self.where:
             out["PARAMSHARD_WHERE"] = self.where
+        if self.checkpoint_dir:
+            out["PARAMSHARD_CHECKPOINT_DIR"] = self.checkpoint_dir
+            out["PARAMSHARD_CHECKPOINT_EVERY"] = str(self.checkpoint_every)
+            out["PARAMSHARD_CHECKPOINT_KEEP"] = str(self.checkpoint_keep)
+        if self.resume:
+            out["PARAMSHARD_RESUME"] = self.resume
         out.update(self.limits.to_environ())
         return out
 

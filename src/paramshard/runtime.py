@@ -67,11 +67,10 @@ def _peers_of(env: ClusterEnv) -> dict[int, str]:
 
 
 def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
-    try:
-        from .server.sparse_service import attach_sparse
-    except ImportError:
-        return
+    from .server.checkpoint_service import attach_checkpoints
+    from .server.sparse_service import attach_sparse
     attach_sparse(server, env)
+    attach_checkpoints(server)
 
 
 def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 
+from ..checkpoint.format import Checkpoint
 from ..env import ClusterEnv, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
 from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
@@ -77,6 +79,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds"),
                    default=DEFAULT_TIMEOUT,
                    help=f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})")
+    ckpt = p.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint-dir", metavar="DIR",
+                      help="save checkpoints here: every --checkpoint-every steps and when the job ends")
+    ckpt.add_argument("--checkpoint-every", metavar="STEPS", type=_positive("--checkpoint-every", int,
+                                                                          "a whole number"),
+                      help="steps between checkpoints (without it: only the final checkpoint)")
+    ckpt.add_argument("--keep", metavar="N", type=_positive("--keep", int, "a whole number"), default=3,
+                      help="checkpoints to keep, the newest (default 3)")
+    ckpt.add_argument("--resume", metavar="DIR", nargs="?", const="",
+                      help="start from a checkpoint: DIR (a step-N directory, or a checkpoint directory's "
+                           "latest); alone: the latest in --checkpoint-dir")
     ssh = p.add_argument_group("many machines (over SSH)")
     ssh.add_argument("--hosts", metavar="HOSTS",
                      help="comma list or file of '[user@]host[:port] [slots=N]': run the ranks there over ssh; "
@@ -112,6 +125,22 @@ def _launcher(args, config_fields: dict):
                        parse_hosts(args.trainer_hosts) if args.trainer_hosts else None)
 
 
+def _checkpoint_fields(args) -> dict:
+    """Checkpoint flags as LaunchConfig fields, paths absolute (ranks run elsewhere); a
+    checkpoint to resume from must be readable now, not in every trainer later."""
+    if args.checkpoint_every and not args.checkpoint_dir:
+        raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+    fields = {"checkpoint_keep": args.keep}
+    if args.checkpoint_dir:
+        fields.update(checkpoint_dir=os.path.abspath(args.checkpoint_dir), checkpoint_every=args.checkpoint_every or 0)
+    if args.resume is not None:
+        source = args.resume or args.checkpoint_dir
+        if not source:
+            raise ConfigError("--resume without a directory resumes from --checkpoint-dir's latest: give one of them")
+        fields["resume"] = str(Checkpoint(source).path.resolve())
+    return fields
+
+
 def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
@@ -119,7 +148,7 @@ def run(args) -> int:
     launcher = _launcher(args, dict(
         script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
-        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job))
+        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job, **_checkpoint_fields(args)))
     # SIGTERM (timeout, Slurm, Kubernetes, systemd) and SIGHUP stop the job as Ctrl-C does.
     with stop_signals():
         try:

@@ -37,12 +37,15 @@ class DenseClient:
         self.links.request_list(requests, timeout)
 
     def pull_dense(self, out: Mapping[str, np.ndarray], min_version: int,
-                   timeout: float | None = None) -> None:
-        """Copy every block (at least at ``min_version``) into ``out``'s flat arrays."""
+                   timeout: float | None = None) -> int:
+        """Copy every block (at least at ``min_version``) into ``out``'s flat arrays;
+        returns the highest block version seen (the step count, in sync mode)."""
         requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks], "trainer": self.trainer_id,
                               "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
                     for server, blocks in self._by_server.items()]
-        self.scatter(requests, self.links.request_list(requests, timeout), out)
+        replies = self.links.request_list(requests, timeout)
+        self.scatter(requests, replies, out)
+        return max((max(header.get("versions") or [0]) for header, _ in replies), default=0)
 
     def push_requests(self, grads: Mapping[str, np.ndarray], step: int, want_values: bool) -> list:
         requests = []

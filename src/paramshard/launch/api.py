@@ -54,6 +54,10 @@ class LaunchConfig:
     job_id: str = dataclasses.field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     limits: Limits = Limits()
     check_script: bool = True      # False when the script lives on other hosts only
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 3
+    resume: str | None = None      # a checkpoint path the trainers start from
 
     def __post_init__(self):
         if self.servers < 1:
@@ -68,7 +72,9 @@ class LaunchConfig:
     def base_env(self, servers: Sequence[str]) -> ClusterEnv:
         return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
                           dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
-                          secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits)
+                          secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
+                          checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
+                          checkpoint_keep=self.checkpoint_keep, resume=self.resume)
 
 
 @dataclasses.dataclass(frozen=True)

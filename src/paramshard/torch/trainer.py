@@ -25,6 +25,9 @@ from ..log import get_logger
 from ..optim import KINDS, SGD, OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
+from ..checkpoint.format import write_trainer_position
+from ..client import checkpoint as checkpoint_io
+from .position import capture, restore_random_streams
 from .sparse_embedding import SparseEmbedding
 
 log = get_logger("trainer")
@@ -104,9 +107,14 @@ def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
-                 env: ClusterEnv | None = None):
+                 env: ClusterEnv | None = None, resume=None):
+        """``resume``: a checkpoint to start from (default: PARAMSHARD_RESUME, set by
+        ``paramshard launch --resume``); a step-N directory or a checkpoint directory."""
         self.optimizer = _check_optimizer(optimizer)     # before anything touches the network
         self.env = env or runtime.current()
+        self.resume_from = str(resume) if resume is not None else self.env.resume
+        self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
+        self._saved_step: int | None = None
         if self.env.role != "trainer":
             raise ConfigError(f"Trainer needs a trainer process, this one is {self.env.rank_name}")
         self.model = model
@@ -133,16 +141,36 @@ class Trainer:
         self.tables = self._sparse_tables(model)
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
-        if self.is_chief:
+        ckpt = checkpoint_io.open_for_resume(self.resume_from, self.is_chief) if self.resume_from else None
+        if self.is_chief and ckpt is not None:
+            checkpoint_io.restore_checkpoint(self.links, self.plan, self.optimizer,
+                                             {t.name: t.spec for t in self.tables.values()}, ckpt)
+            log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)
+        elif self.is_chief:
             self.dense.register_dense(self._values, self.optimizer)
             for table in self.tables.values():
                 self.sparse.register_sparse(table.spec)
             log.info("registered %d parameters (%d blocks) and %d sparse tables with %d servers, "
                      "dense load ratio %.3f", len(self._params), len(self.plan.blocks), len(self.tables),
                      self.plan.num_servers, self.plan.load_ratio())
-        self.dense.pull_dense(self._values, min_version=0)
+        version = self.dense.pull_dense(self._values, min_version=0)
+        if self.resume_from:
+            self._resume_position(ckpt, version)
         for table in self.tables.values():
             table._puller = self._pull_rows
+
+    def _resume_position(self, ckpt, version: int) -> None:
+        """Step count and random streams as they were at the checkpoint."""
+        if ckpt is not None:
+            self.step_count = ckpt.step
+            self.position = ckpt.trainer_position(self.trainer_id) or {}
+        elif self.env.mode == "sync":      # the checkpoint is not on this host: the servers know the step
+            self.step_count = version
+        restore_random_streams(self.position)
+        self._saved_step = self.step_count
+        log.info("trainer %d resumes at step %d%s", self.trainer_id, self.step_count,
+                 "" if self.position else " (no saved position for this trainer: data and random streams "
+                                          "start afresh)")
 
     @staticmethod
     def _sparse_tables(model: torch.nn.Module) -> dict[str, SparseEmbedding]:
@@ -194,6 +222,27 @@ class Trainer:
         self.step_count += 1
         for _, p in self._params:
             p.grad = None
+        every = self.env.checkpoint_every
+        if every and self.env.checkpoint_dir and self.step_count % every == 0:
+            self.save()
+
+    def save(self, directory=None, state: dict | None = None) -> None:
+        """A checkpoint of the whole job at this step: every trainer calls it at the same step
+        (sync mode); the chief saves what the servers hold, each trainer its own position
+        (``state``: anything JSON the script needs to find its place in the data again)."""
+        directory = directory or self.env.checkpoint_dir
+        if directory is None:
+            raise ConfigError("Trainer.save() needs a directory (or PARAMSHARD_CHECKPOINT_DIR: "
+                              "paramshard launch --checkpoint-dir DIR)")
+        if self.is_chief:
+            settings = {"mode": self.env.mode, "trainers": self.env.num_trainers, "job_id": self.env.job_id}
+            path, nbytes, seconds = checkpoint_io.save_checkpoint(
+                self.links, self.plan, {t.name: t.spec for t in self.tables.values()}, directory, self.step_count,
+                settings, keep=self.env.checkpoint_keep)
+            log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
+                     nbytes / 1e6 / max(seconds, 1e-9))
+        write_trainer_position(directory, self.step_count, self.trainer_id, capture(self.step_count, state))
+        self._saved_step = self.step_count
 
     def pull(self) -> None:
         """Fetch the current parameter values (e.g. before evaluating in async mode)."""
@@ -238,6 +287,8 @@ class Trainer:
         if hook is not None:
             atexit.unregister(hook)
         try:
+            if leave and self.env.checkpoint_dir and self._saved_step != self.step_count:
+                self.save()      # the final checkpoint: the last one always holds the trained model
             if leave:
                 self.links.request_many({s: ({"op": "leave", "trainer": self.trainer_id}, ())
                                          for s in range(len(self.links))}, timeout=timeout)

@@ -57,6 +57,11 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool)},
     "export_sparse": {"table": str},
     "import_sparse": {"table": str},
+    "snapshot_dense": {},
+    "snapshot_sparse": {"table": str, "start": int, "count": int},
+    "restore_dense": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
+                      "plan_fingerprint": int, "trainer": int},
+    "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int},
     "leave": {"trainer": int},
     "shutdown": {},
 }

@@ -1,0 +1,225 @@
+"""Checkpoints from the trainers' side (server side: paramshard.server.checkpoint_service).
+
+``save_checkpoint`` asks every server for its state and writes one checkpoint
+(paramshard.checkpoint.format): dense parameters whole, one file per parameter
+and optimizer slot (the blocks are joined back), sparse tables whole, every row
+of every server. ``restore_checkpoint`` cuts them again for the job at hand: its
+plan (any number of servers, any dispatch) and its id routing, so a checkpoint
+moves between job shapes.
+
+Consistency: in sync mode a checkpoint taken by the chief between two of its
+steps is a step boundary on every server (no block or table can complete the
+next step without the chief's push).
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from ..checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
+from ..errors import ConfigError
+from ..optim import OptimizerConfig, from_wire
+from ..sharding import ShardPlan
+from ..tables import policy_from_wire, policy_to_wire
+from ..transport.client import ServerLinks
+from .sparse import Partition, SparseClient, TableSpec
+
+SPARSE_PAGE_ROWS = 1 << 20        # rows per snapshot/restore message (~64 MB at dim 16 with Adagrad)
+
+
+def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict, dict]:
+    """Per parameter: flat values, flat slots, version; and the optimizer as the servers hold it."""
+    replies = links.request_many({s: ({"op": "snapshot_dense"}, ()) for s in range(len(links))})
+    by_name = {b.name: b for b in plan.blocks}
+    values = {p.name: np.empty(p.numel, np.float32) for p in plan.params}
+    slots: dict[str, list[np.ndarray]] = {}
+    versions: dict[str, int] = {}
+    seen, optimizer = set(), None
+    for server, (header, arrays) in sorted(replies.items()):
+        per_block = 1 + header["slots"]
+        if header["blocks"]:
+            optimizer = header["optimizer"]
+        for i, (name, version) in enumerate(zip(header["blocks"], header["versions"])):
+            block = by_name.get(name)
+            if block is None:
+                raise CheckpointError(f"server {server} holds block {name}, which is not in this model's plan")
+            part = arrays[i * per_block:(i + 1) * per_block]
+            span = slice(block.offset, block.offset + block.size)
+            values[block.param][span] = part[0]
+            for j, slot in enumerate(part[1:]):
+                slots.setdefault(block.param, [np.empty(len(values[block.param]), np.float32)
+                                               for _ in range(per_block - 1)])[j][span] = slot
+            versions[block.param] = max(versions.get(block.param, 0), version)
+            seen.add(name)
+    missing = [n for n in by_name if n not in seen]
+    if missing:
+        raise CheckpointError(f"the servers do not hold blocks {missing[:3]} (of {len(missing)}): nothing to "
+                              f"save before the chief has registered the model")
+    return values, slots, versions, optimizer
+
+
+def _gather_table(links: ServerLinks, name: str) -> tuple[dict[str, np.ndarray], int, int]:
+    """Every server's rows of table ``name``, pages joined; its version and evicted count."""
+    pieces: dict[str, list[np.ndarray]] = {}
+    version = evicted = 0
+    for server in range(len(links)):
+        start = 0
+        while True:
+            (header, arrays), = links.request_list(
+                [(server, {"op": "snapshot_sparse", "table": name, "start": start, "count": SPARSE_PAGE_ROWS}, ())])
+            for part, arr in zip(header["parts"], arrays):
+                pieces.setdefault(part, []).append(arr)
+            version, evicted = max(version, header["version"]), evicted + header["evicted"]
+            start += SPARSE_PAGE_ROWS
+            if start >= header["rows"]:
+                break
+    return {part: np.concatenate(arrs) for part, arrs in pieces.items()}, version, evicted
+
+
+def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, TableSpec], root, step: int,
+                    settings: Mapping, keep: int | None = None) -> tuple:
+    """Write the servers' whole state as checkpoint ``step`` under ``root``.
+    ``settings``: job facts for the manifest (mode, dispatch, ...). Returns (path, bytes, seconds)."""
+    started = time.monotonic()
+    writer = CheckpointWriter(root, step)
+    try:
+        values, slots, versions, optimizer = _gather_dense(links, plan)
+        dense = []
+        for i, p in enumerate(plan.params):
+            files = {"values": f"dense/p{i}.values.npy",
+                     "slots": [f"dense/p{i}.slot{j}.npy" for j in range(len(slots.get(p.name, [])))]}
+            writer.put(files["values"], values[p.name])
+            for path, slot in zip(files["slots"], slots.get(p.name, [])):
+                writer.put(path, slot)
+            dense.append({"name": p.name, "shape": list(p.shape), "version": versions[p.name], "files": files})
+        sparse = []
+        for i, (name, spec) in enumerate(tables.items()):
+            parts, version, evicted = _gather_table(links, name)
+            files = {}
+            for part, arr in parts.items():
+                files[part] = f"sparse/t{i}/{part}.npy"
+                writer.put(files[part], arr)
+            sparse.append({"name": name, "dim": spec.dim, "seed": spec.seed, "init_scale": spec.init_scale,
+                           "optimizer": spec.optimizer.to_wire(),
+                           "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale),
+                           "rows": int(len(parts["ids"])), "version": version, "evicted": evicted, "files": files})
+        path = writer.commit({**settings, "servers": plan.num_servers, "dispatch": plan.dispatch,
+                              "optimizer": optimizer, "plan": plan.to_json(), "dense": dense, "sparse": sparse},
+                             keep=keep)
+    except BaseException:
+        writer.abort()
+        raise
+    return path, writer.bytes, time.monotonic() - started
+
+
+def check_fits(ckpt: Checkpoint, plan: ShardPlan, optimizer: OptimizerConfig, tables: Mapping[str, TableSpec]) -> None:
+    """The model at hand must be the checkpoint's: same parameters, shapes, optimizer kinds, tables."""
+    saved = {d["name"]: d for d in ckpt.manifest["dense"]}
+    here = {p.name: list(p.shape) for p in plan.params}
+    problems = [f"parameter {n} is {here[n]} here, {saved[n]['shape']} in the checkpoint"
+                for n in here if n in saved and saved[n]["shape"] != here[n]]
+    problems += [f"parameter {n} is not in the checkpoint" for n in here if n not in saved]
+    problems += [f"the checkpoint's parameter {n} is not in this model" for n in saved if n not in here]
+    kind = (ckpt.manifest.get("optimizer") or {}).get("kind")
+    if kind is not None and kind != optimizer.kind:
+        problems.append(f"the dense optimizer is {optimizer.kind} here, {kind} in the checkpoint (its state "
+                        f"would not fit)")
+    saved_tables = {t["name"]: t for t in ckpt.manifest["sparse"]}
+    for name, spec in tables.items():
+        t = saved_tables.get(name)
+        if t is None:
+            problems.append(f"sparse table {name!r} is not in the checkpoint")
+        elif t["dim"] != spec.dim or from_wire(t["optimizer"]).kind != spec.optimizer.kind:
+            problems.append(f"sparse table {name!r} is dim {spec.dim}/{spec.optimizer.kind} here, "
+                            f"dim {t['dim']}/{from_wire(t['optimizer']).kind} in the checkpoint")
+    if problems:
+        raise CheckpointError(f"{ckpt.path} does not fit this model: " + "; ".join(problems))
+
+
+def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConfig,
+                       tables: Mapping[str, TableSpec], ckpt: Checkpoint, trainer_id: int = 0) -> None:
+    """Load ``ckpt`` onto this job's fresh servers, cut for ``plan`` (chief only). Tables first:
+    the other trainers' first dense pull waits for the dense restore, so they see every table whole."""
+    check_fits(ckpt, plan, optimizer, tables)
+    sparse_client = SparseClient(links, trainer_id)
+    for entry in ckpt.manifest["sparse"]:
+        if entry["name"] not in tables:
+            continue
+        spec = tables[entry["name"]]
+        sparse_client.register_sparse(spec)
+        parts = {part: ckpt.array(path) for part, path in entry["files"].items()}
+        _restore_table(links, entry, parts, trainer_id)
+    _restore_dense(links, plan, optimizer, ckpt, trainer_id)
+
+
+def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int) -> None:
+    row_parts = [p for p in parts if p not in ("counted_ids", "counts")]
+    ids = parts["ids"]
+    route = Partition.of(ids, len(links))
+    counted = parts.get("counted_ids")
+    count_route = Partition.of(counted, len(links)) if counted is not None else None
+    requests = []
+    for server in range(len(links)):
+        mine = route.part(server)
+        chunk_rows = {p: parts[p][mine] for p in row_parts}
+        n = len(chunk_rows["ids"])
+        for start in range(0, max(n, 1), SPARSE_PAGE_ROWS):
+            names = list(row_parts)
+            arrays = [chunk_rows[p][start:start + SPARSE_PAGE_ROWS] for p in row_parts]
+            if start == 0 and count_route is not None:
+                cm = count_route.part(server)
+                names += ["counted_ids", "counts"]
+                arrays += [counted[cm], parts["counts"][cm]]
+            requests.append((server, {"op": "restore_sparse", "table": entry["name"], "parts": names,
+                                      "version": entry["version"], "evicted": 0, "trainer": trainer_id}, arrays))
+    for request in requests:     # one page at a time: bounded memory on the servers' side
+        links.request_list([request])
+
+
+def _restore_dense(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConfig, ckpt: Checkpoint,
+                   trainer_id: int) -> None:
+    entries = {d["name"]: d for d in ckpt.manifest["dense"]}
+    flat = {name: (ckpt.array(d["files"]["values"]).reshape(-1),
+                   [ckpt.array(f).reshape(-1) for f in d["files"]["slots"]]) for name, d in entries.items()}
+    n_slots = {len(s) for _, s in flat.values()}
+    if len(n_slots) > 1:
+        raise CheckpointError(f"{ckpt.path}: parameters carry different numbers of optimizer slots")
+    slots = n_slots.pop() if n_slots else 0
+    requests = []
+    for server in range(plan.num_servers):
+        blocks = plan.for_server(server)
+        if not blocks:
+            continue
+        arrays = []
+        for b in blocks:
+            values, ss = flat[b.param]
+            span = slice(b.offset, b.offset + b.size)
+            arrays.append(values[span])
+            arrays.extend(s[span] for s in ss)
+        requests.append((server, {"op": "restore_dense", "names": [b.name for b in blocks],
+                                  "versions": [entries[b.param]["version"] for b in blocks], "slots": slots,
+                                  "optimizer": optimizer.to_wire(), "plan_fingerprint": plan.fingerprint(),
+                                  "trainer": trainer_id}, arrays))
+    links.request_list(requests)
+
+
+def table_spec_from_manifest(entry: dict) -> TableSpec:
+    """A table's settings as the checkpoint recorded them."""
+    admission, eviction, init_scale = policy_from_wire(entry["policy"])
+    return TableSpec(entry["name"], entry["dim"], from_wire(entry["optimizer"]), entry["seed"], init_scale,
+                     admission, eviction)
+
+
+def open_for_resume(path, required: bool) -> Checkpoint | None:
+    """The checkpoint to resume from; None when it is not readable here and not ``required``
+    (a trainer on another host: the chief restores the servers, the servers know the step)."""
+    try:
+        return Checkpoint(path)
+    except (CheckpointError, OSError) as exc:
+        if required:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise ConfigError(f"cannot read checkpoint {path}: {exc}") from None
+        return None

@@ -1,0 +1,161 @@
+"""The checkpoint Service: a server's whole state out (snapshot) and back in (restore).
+
+Client side: paramshard.client.checkpoint, which writes the files. The server
+never touches a file system: a checkpoint is written where the chief runs,
+whatever hosts the servers are on, and can be restored onto any number of
+servers. Every array travels with a name in the header's ``parts`` list, so
+the message says what it carries.
+
+- ``snapshot_dense``: every block of this server with its optimizer slots and version.
+- ``snapshot_sparse``: one page of a table's rows (ids, values, slots, per-row step
+  counts and last-seen versions), and on the first page the admission counters.
+- ``restore_dense`` / ``restore_sparse``: the chief only, onto servers that hold
+  nothing of it yet; all or nothing like registration.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..optim import from_wire
+from .dense import DenseStore
+from .replies import Reply
+from .sparse_service import SparseService
+from .sparse_table import SparseTable, put_rows
+
+
+class CheckpointService:
+    def __init__(self, dense: DenseStore, sparse: SparseService | None):
+        self.dense = dense
+        self.sparse = sparse
+
+    def ops(self) -> dict:
+        return {op: getattr(self, f"handle_{op}") for op in
+                ("snapshot_dense", "snapshot_sparse", "restore_dense", "restore_sparse")}
+
+    def stats(self) -> dict:
+        return {}
+
+    def on_leave(self, trainer: int) -> None:
+        pass
+
+    # -- dense --------------------------------------------------------------
+    def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
+        store = self.dense
+        if not store.registered:
+            return Reply({"blocks": [], "versions": [], "slots": 0})
+        blocks = list(store.blocks.values())
+        out = []
+        for b in blocks:
+            out.append(b.values.copy())
+            out.extend(s.copy() for s in b.slots)
+        return Reply({"blocks": [b.name for b in blocks], "versions": [b.version for b in blocks],
+                      "slots": len(blocks[0].slots) if blocks else 0, "optimizer": store.optimizer.to_wire(),
+                      "plan_fingerprint": store.plan_fingerprint}, out)
+
+    def handle_restore_dense(self, header: dict, arrays: list) -> Reply:
+        names, versions, n_slots = header["names"], header["versions"], header["slots"]
+        per_block = 1 + n_slots
+        if len(versions) != len(names) or len(arrays) != per_block * len(names):
+            raise ConfigError(f"restore_dense: {len(names)} blocks, {len(versions)} versions and "
+                              f"{len(arrays)} arrays do not fit ({per_block} arrays a block)")
+        optimizer = from_wire(header["optimizer"])
+        values = arrays[0::per_block]
+        slots = [arrays[i * per_block + 1:(i + 1) * per_block] for i in range(len(names))]
+        for name, v, ss in zip(names, values, slots):     # check everything before storing anything
+            if any(s.shape != v.shape or s.dtype != np.float32 for s in ss):
+                raise ConfigError(f"restore_dense: block {name}: optimizer slots do not match its values")
+        if any(type(x) is not int or x < 0 for x in versions):
+            raise ConfigError("restore_dense: versions must be non-negative integers")
+        if self.dense.registered:
+            raise ConfigError("restore_dense: this server already holds a model; restore onto fresh servers")
+        self.dense.register(header["trainer"], names, values, optimizer, header["plan_fingerprint"])
+        for name, ss, version in zip(names, slots, versions):
+            block = self.dense.blocks[name]
+            if len(ss) != len(block.slots):
+                self.dense.blocks, self.dense.plan_fingerprint, self.dense.optimizer = {}, None, None
+                raise ConfigError(f"restore_dense: {len(ss)} optimizer slots a block, "
+                                  f"{optimizer.kind} keeps {len(block.slots)}")
+            for dst, src in zip(block.slots, ss):
+                dst[...] = src
+            block.version = version
+        return Reply({"blocks": len(names)})
+
+    # -- sparse -------------------------------------------------------------
+    def _table(self, name: str) -> SparseTable:
+        if self.sparse is None:
+            raise ConfigError("this server serves no sparse tables")
+        return self.sparse._table(name)
+
+    def handle_snapshot_sparse(self, header: dict, arrays: list) -> Reply:
+        table = self._table(header["table"])
+        start, count = header["start"], header["count"]
+        if start < 0 or count < 1:
+            raise ConfigError(f"snapshot_sparse: start {start}, count {count}: expected start >= 0, count >= 1")
+        end = min(table.num_rows, start + count)
+        rows = slice(start, max(start, end))
+        parts = ["ids", "values"] + [f"slot{i}" for i in range(len(table.slots))]
+        out = [table.index.ids_by_row()[rows].copy(), table.values[rows].copy(), *(s[rows].copy() for s in table.slots)]
+        if table.steps is not None:
+            parts.append("steps")
+            out.append(table.steps[rows].astype(np.int64))
+        if table.last_seen is not None:
+            parts.append("last_seen")
+            out.append(table.last_seen[rows].astype(np.int64))
+        if start == 0 and table.counts is not None:
+            parts += ["counted_ids", "counts"]
+            out += [table.counts.ids_by_row().copy(), table.count_values[:table.counts.size].astype(np.int64)]
+        return Reply({"rows": table.num_rows, "version": table.version, "evicted": table.evicted,
+                      "parts": parts}, out)
+
+    def handle_restore_sparse(self, header: dict, arrays: list) -> Reply:
+        table = self._table(header["table"])
+        if header["trainer"] != 0:
+            raise ConfigError(f"trainer {header['trainer']} tried to restore table {table.name!r}: only the chief does")
+        parts = header["parts"]
+        if len(parts) != len(arrays) or len(set(parts)) != len(parts):
+            raise ConfigError(f"restore_sparse: parts {parts} do not match the {len(arrays)} arrays")
+        got = dict(zip(parts, arrays))
+        ids, values = got.get("ids"), got.get("values")
+        if ids is None or values is None:
+            raise ConfigError("restore_sparse needs ids and values")
+        n = len(ids)
+        slots = [got.get(f"slot{i}") for i in range(len(table.slots))]
+        for name, arr, shape in [("values", values, (n, table.dim))] + [
+                (f"slot{i}", s, (n, table.dim)) for i, s in enumerate(slots)]:
+            if arr is None or arr.shape != shape or arr.dtype != np.float32:
+                raise ConfigError(f"restore_sparse: table {table.name!r}: {name} must be float32{list(shape)}")
+        for name in ("steps", "last_seen"):
+            if name in got and got[name].shape != (n,):
+                raise ConfigError(f"restore_sparse: {name} must have one entry per id")
+        if ids.dtype != np.uint64:
+            raise ConfigError("restore_sparse: ids must be uint64")
+        if n and (table.index.lookup(ids) >= 0).any():
+            raise ConfigError(f"restore_sparse: table {table.name!r} already has rows for some of these ids")
+        table.load(ids, values)                  # creates the rows (index, capacity), sets values
+        rows = table.index.lookup(ids)
+        for dst, src in zip(table.slots, slots):
+            put_rows(dst, rows, src)
+        if table.steps is not None and "steps" in got:
+            table.steps[rows] = got["steps"].astype(np.uint32)
+        if table.last_seen is not None and "last_seen" in got:
+            table.last_seen[rows] = got["last_seen"].astype(np.uint32)
+        if "counted_ids" in got and table.counts is not None:
+            counted = table.counts.lookup(got["counted_ids"])
+            new = counted < 0
+            if new.any():
+                table.counts.insert(got["counted_ids"][new])
+                if table.counts.size > len(table.count_values):
+                    table.count_values = np.resize(table.count_values, table.counts.size + 16)
+                counted = table.counts.lookup(got["counted_ids"])
+            table.count_values[counted] = got["counts"].astype(np.uint32)
+        table.version = max(table.version, header["version"])
+        table.evicted = max(table.evicted, header["evicted"])
+        return Reply({"rows": table.num_rows})
+
+
+def attach_checkpoints(server) -> CheckpointService:
+    sparse = next((s for s in server._services if isinstance(s, SparseService)), None)
+    service = CheckpointService(server.dense, sparse)
+    server.add_service(service)
+    return service
