@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 PARAMSHARD = str(VENV_BIN / "paramshard")
 ORACLE = str(REPO / "tests" / "e2e" / "scripts" / "sync_oracle.py")
-MARK = "PARAMSHARD_TEST_JOB_MARK"
+MARK = "PSTEST_JOB_MARK"   # not PARAMSHARD_*: launchers pass those on only as their own contract
 
 
 @dataclasses.dataclass

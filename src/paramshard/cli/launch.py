@@ -6,14 +6,16 @@ import os
 import re
 import sys
 
-from ..checkpoint.format import Checkpoint
+from ..checkpoint.format import Checkpoint, checkpoints
 from ..env import ClusterEnv, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
 from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
 from ..launch.signals import StopSignal, signal_number, stop_signals
 from ..launch.ssh import SshLauncher, SshOptions
 from ..errors import ConfigError
-from ..log import configure
+from ..log import configure, get_logger
+
+log = get_logger("launch")
 
 HELP = "run a training script as a cluster: on this machine, or over SSH on --hosts"
 
@@ -64,6 +66,17 @@ def _positive(flag: str, convert, what: str):
     return parse
 
 
+def preprocess(argv: list[str]) -> list[str]:
+    """`--resume SCRIPT ...` means the latest checkpoint, not a checkpoint named SCRIPT:
+    argparse would take the script as --resume's value. A checkpoint is a directory."""
+    argv = list(argv)
+    for i, token in enumerate(argv[:-1]):
+        if token == "--resume" and os.path.isfile(argv[i + 1]):
+            argv[i] = "--resume="
+            break
+    return argv
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     if not issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter):
         p.formatter_class = argparse.RawDescriptionHelpFormatter    # keeps the epilog's line breaks
@@ -87,6 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="steps between checkpoints (without it: only the final checkpoint)")
     ckpt.add_argument("--keep", metavar="N", type=_positive("--keep", int, "a whole number"), default=3,
                       help="checkpoints to keep, the newest (default 3)")
+    ckpt.add_argument("--max-restarts", metavar="N", type=int, default=0,
+                      help="when a process dies, restart the job up to N times from the latest checkpoint in "
+                           "--checkpoint-dir (every server and trainer rolls back to it; default 0: fail)")
     ckpt.add_argument("--resume", metavar="DIR", nargs="?", const="",
                       help="start from a checkpoint: DIR (a step-N directory, or a checkpoint directory's "
                            "latest); alone: the latest in --checkpoint-dir")
@@ -130,6 +146,10 @@ def _checkpoint_fields(args) -> dict:
     checkpoint to resume from must be readable now, not in every trainer later."""
     if args.checkpoint_every and not args.checkpoint_dir:
         raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.max_restarts and not args.checkpoint_dir:
+        raise ConfigError("--max-restarts needs --checkpoint-dir (a restart resumes from the latest checkpoint)")
     fields = {"checkpoint_keep": args.keep}
     if args.checkpoint_dir:
         fields.update(checkpoint_dir=os.path.abspath(args.checkpoint_dir), checkpoint_every=args.checkpoint_every or 0)
@@ -145,14 +165,33 @@ def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
     job = {"job_id": outer.job_id} if outer.job_id else {}
-    launcher = _launcher(args, dict(
+    fields = dict(
         script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
-        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job, **_checkpoint_fields(args)))
+        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job, **_checkpoint_fields(args))
+    for attempt in range(args.max_restarts + 1):
+        launcher = _launcher(args, fields)
+        code, stopped = _run_once(launcher)
+        if code == 0 or stopped or attempt == args.max_restarts:
+            return code
+        latest = checkpoints(fields["checkpoint_dir"])
+        if not latest:
+            log.error("no checkpoint in %s yet: nothing to restart from", fields["checkpoint_dir"])
+            return code
+        step = Checkpoint(latest[-1]).step
+        log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
+                    "(%s); the steps after it are trained again", attempt + 1, args.max_restarts, step, latest[-1])
+        fields["resume"] = str(latest[-1].resolve())
+    return code
+
+
+def _run_once(launcher) -> tuple[int, bool]:
+    """(exit status, stopped by a signal)."""
     # SIGTERM (timeout, Slurm, Kubernetes, systemd) and SIGHUP stop the job as Ctrl-C does.
     with stop_signals():
         try:
             launcher.start()
-            return launcher.wait()
+            code = launcher.wait()
+            return code, launcher.stopped_by_signal
         except (KeyboardInterrupt, StopSignal) as exc:     # before wait() took over, or after it
-            return launcher.stop_on_signal(signal_number(exc))
+            return launcher.stop_on_signal(signal_number(exc)), True

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        # A subcommand may rewrite its own arguments before argparse sees them (PREPROCESS).
+        module = importlib.import_module(f"paramshard.cli.{COMMANDS[argv[0]]}")
+        argv = [argv[0], *getattr(module, "preprocess", lambda a: a)(argv[1:])]
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)

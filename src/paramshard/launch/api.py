@@ -233,6 +233,7 @@ class Launcher:
         self.engine = engine
         self.servers: list = []
         self.trainers: list = []
+        self.stopped_by_signal = False
 
     def start_job(self, spec: JobSpec) -> None:
         try:
@@ -284,6 +285,7 @@ class Launcher:
 
     def stop_on_signal(self, signum: int) -> int:
         """Stop every process of the job after ``signum``; return the exit status, 128 + signum."""
+        self.stopped_by_signal = True
         log.warning("%s received: stopping every process of the job", signal.Signals(signum).name)
         everyone = self.servers + self.trainers
         # Tracebacks of processes dying of the stop (KeyboardInterrupt, peers lost) are noise.

@@ -1,0 +1,81 @@
+"""Checkpoints through `paramshard launch`: stop and --resume, and a server killed
+with -9 under --max-restarts, both end bit-identical to an undisturbed run."""
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, processes_marked
+
+SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "resumable.py")
+
+
+def launch(*args, timeout=120):
+    r = subprocess.run([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                       env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
+    return r.returncode, r.stdout + r.stderr
+
+
+def final_hash(output):
+    found = re.findall(r"final ([0-9a-f]{64})", output)
+    assert len(found) == 1, output[-4000:]
+    return found[0]
+
+
+def test_stop_then_resume_equals_one_run(tmp_path):
+    code, whole = launch(SCRIPT, "--steps", "12")
+    assert code == 0, whole[-4000:]
+    ckpt = tmp_path / "ckpt"
+    code, first = launch("--checkpoint-dir", str(ckpt), SCRIPT, "--steps", "12", "--stop-at", "5")
+    assert code == 0, first[-4000:]
+    assert (ckpt / "step-00000005" / "manifest.json").is_file()       # the final checkpoint of the first run
+    code, second = launch("--checkpoint-dir", str(ckpt), "--resume", SCRIPT, "--steps", "12")
+    assert code == 0, second[-4000:]
+    assert "trainer 1 starts at step 5" in second, second[-4000:]
+    assert final_hash(second) == final_hash(whole)
+    assert (ckpt / "step-00000012").is_dir()
+
+
+def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path):
+    code, out = launch("--checkpoint-dir", str(tmp_path / "none"), "--resume", SCRIPT)
+    assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in out, out
+
+
+def test_a_killed_server_restarts_the_job_from_the_latest_checkpoint(tmp_path):
+    code, whole = launch(SCRIPT, "--steps", "16")
+    assert code == 0, whole[-4000:]
+    ckpt = tmp_path / "ckpt"
+    mark = f"kill-test-{time.time_ns()}"
+    proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
+                             "--checkpoint-every", "3", "--max-restarts", "1", SCRIPT, "--steps", "16",
+                             "--step-delay", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ckpt / "step-00000006").is_dir():
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint at step 6 in time"
+            time.sleep(0.05)
+        server_1 = [pid for pid in processes_marked(mark) if _environ(pid).get("PARAMSHARD_SERVER_ID") == "1"
+                    and _environ(pid).get("PARAMSHARD_ROLE") == "server"]
+        assert len(server_1) == 1, server_1
+        os.kill(server_1[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-6000:]
+    assert re.search(r"restart 1 of 1: every server and trainer starts again from checkpoint step \d+", out), out
+    assert final_hash(out) == final_hash(whole)
+    assert not processes_marked(mark)
+
+
+def _environ(pid):
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)

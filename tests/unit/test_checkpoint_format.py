@@ -1,0 +1,90 @@
+"""The checkpoint files: atomic commit, latest, keep, verification, and a writer killed mid-save."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from paramshard.checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter, checkpoints, resolve
+
+
+def write(root, step, value, keep=None):
+    w = CheckpointWriter(root, step)
+    w.put("dense/p0.values.npy", np.full(1000, value, np.float32))
+    return w.commit({"dense": [], "sparse": []}, keep=keep)
+
+
+def test_commit_publishes_whole_checkpoints_and_latest(tmp_path):
+    write(tmp_path, 5, 1.0)
+    write(tmp_path, 9, 2.0)
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.step == 9 and ckpt.path.name == "step-00000009"
+    np.testing.assert_array_equal(ckpt.array("dense/p0.values.npy"), np.full(1000, 2.0, np.float32))
+    assert Checkpoint(tmp_path / "step-00000005").step == 5
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_keep_prunes_the_oldest(tmp_path):
+    for step in range(1, 6):
+        write(tmp_path, step, float(step), keep=2)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-00000004", "step-00000005"]
+
+
+def test_unknown_and_mismatched_files_are_named(tmp_path):
+    path = write(tmp_path, 1, 1.0)
+    ckpt = Checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="lists no file dense/nope.npy"):
+        ckpt.array("dense/nope.npy")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["dense/p0.values.npy"]["shape"] = [999]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"float32\[1000\], the manifest says <f4\[999\]"):
+        Checkpoint(tmp_path).array("dense/p0.values.npy")
+    (path / "dense/p0.values.npy").unlink()
+    with pytest.raises(CheckpointError, match="cannot read"):
+        Checkpoint(tmp_path).array("dense/p0.values.npy")
+
+
+def test_nothing_to_resume_says_so(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        resolve(tmp_path)
+    (tmp_path / "latest").write_text(json.dumps({"checkpoint": "step-00000007"}))
+    with pytest.raises(CheckpointError, match="names step-00000007, which is missing or incomplete"):
+        resolve(tmp_path)
+
+
+def test_a_writer_killed_mid_save_leaves_the_previous_checkpoint_whole(tmp_path):
+    write(tmp_path, 3, 3.0)
+    # A second writer puts 1 GB in small pieces: it is killed while writing them.
+    code = textwrap.dedent(f"""
+        import numpy as np, sys
+        from paramshard.checkpoint.format import CheckpointWriter
+        w = CheckpointWriter({str(tmp_path)!r}, 4)
+        print("writing", flush=True)
+        for i in range(256):
+            w.put(f"sparse/t0/part{{i}}.npy", np.ones(1 << 20, np.float32))
+        w.commit({{"dense": [], "sparse": []}})
+        print("committed", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob(".tmp-step-00000004-*/sparse/t0/part3.npy")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the writer finished before the kill"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert list(tmp_path.glob(".tmp-step-00000004-*")), "the kill came too late to test anything"
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.step == 3
+    np.testing.assert_array_equal(ckpt.array("dense/p0.values.npy"), np.full(1000, 3.0, np.float32))
+    # The next save goes through (the stale temporary directory is ignored).
+    write(tmp_path, 5, 5.0)
+    assert Checkpoint(tmp_path).step == 5
