@@ -9,7 +9,8 @@ moves between job shapes.
 
 Consistency: in sync mode a checkpoint taken by the chief between two of its
 steps is a step boundary on every server (no block or table can complete the
-next step without the chief's push).
+next step without the chief's push). In async mode the servers hold pushes at
+one cut while they are read (server/push_gate.py); the manifest records it.
 """
 from __future__ import annotations
 
@@ -78,14 +79,40 @@ def _gather_table(links: ServerLinks, name: str) -> tuple[dict[str, np.ndarray],
     return {part: np.concatenate(arrs) for part, arrs in pieces.items()}, version, evicted
 
 
+def _pause_at_a_cut(links: ServerLinks) -> dict[int, int]:
+    """Async mode: hold pushes everywhere at one cut (server/push_gate.py). Returns the cut,
+    per trainer the last step every server's state includes."""
+    everyone = range(len(links))
+    try:
+        replies = links.request_many({s: ({"op": "pause_pushes"}, ()) for s in everyone})
+        cut: dict[int, int] = {}
+        for header, _ in replies.values():
+            for _stream, trainer, step in header["applied"]:
+                cut[trainer] = max(cut.get(trainer, -1), step)
+        links.request_many({s: ({"op": "cut_pushes", "cut": [[t, k] for t, k in sorted(cut.items())]}, ())
+                            for s in everyone})
+    except BaseException:
+        links.request_many({s: ({"op": "resume_pushes"}, ()) for s in everyone})
+        raise
+    return cut
+
+
 def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, TableSpec], root, step: int,
                     settings: Mapping, keep: int | None = None) -> tuple:
     """Write the servers' whole state as checkpoint ``step`` under ``root``.
     ``settings``: job facts for the manifest (mode, dispatch, ...). Returns (path, bytes, seconds)."""
     started = time.monotonic()
     writer = CheckpointWriter(root, step)
+    cut = None
     try:
-        values, slots, versions, optimizer = _gather_dense(links, plan)
+        if settings.get("mode") == "async":
+            cut = _pause_at_a_cut(links)
+        try:
+            values, slots, versions, optimizer = _gather_dense(links, plan)
+            tables_state = {name: _gather_table(links, name) for name in tables}
+        finally:
+            if cut is not None:
+                links.request_many({s: ({"op": "resume_pushes"}, ()) for s in range(len(links))})
         dense = []
         for i, p in enumerate(plan.params):
             files = {"values": f"dense/p{i}.values.npy",
@@ -96,7 +123,7 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             dense.append({"name": p.name, "shape": list(p.shape), "version": versions[p.name], "files": files})
         sparse = []
         for i, (name, spec) in enumerate(tables.items()):
-            parts, version, evicted = _gather_table(links, name)
+            parts, version, evicted = tables_state[name]
             files = {}
             for part, arr in parts.items():
                 files[part] = f"sparse/t{i}/{part}.npy"
@@ -105,6 +132,8 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
                            "optimizer": spec.optimizer.to_wire(),
                            "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale),
                            "rows": int(len(parts["ids"])), "version": version, "evicted": evicted, "files": files})
+        if cut is not None:
+            settings = {**settings, "cut": {str(t): k for t, k in sorted(cut.items())}}
         path = writer.commit({**settings, "servers": plan.num_servers, "dispatch": plan.dispatch,
                               "optimizer": optimizer, "plan": plan.to_json(), "dense": dense, "sparse": sparse},
                              keep=keep)

@@ -19,19 +19,50 @@ import numpy as np
 from ..errors import ConfigError
 from ..optim import from_wire
 from .dense import DenseStore
-from .replies import Reply
+from .replies import Deferred, Reply
 from .sparse_service import SparseService
 from .sparse_table import SparseTable, put_rows
 
 
 class CheckpointService:
-    def __init__(self, dense: DenseStore, sparse: SparseService | None):
+    def __init__(self, dense: DenseStore, sparse: SparseService | None, server=None):
         self.dense = dense
         self.sparse = sparse
+        self.server = server        # its push gate (async cut) and release of held pushes
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
-                ("snapshot_dense", "snapshot_sparse", "restore_dense", "restore_sparse")}
+                ("snapshot_dense", "snapshot_sparse", "restore_dense", "restore_sparse",
+                 "pause_pushes", "cut_pushes", "resume_pushes")}
+
+    # -- the async cut (server/push_gate.py) ---------------------------------
+    def _streams(self) -> list[str]:
+        streams = ["dense"] if self.dense.registered else []
+        return streams + [f"sparse:{name}" for name in (self.sparse.tables if self.sparse else ())]
+
+    def handle_pause_pushes(self, header: dict, arrays: list) -> Reply:
+        return Reply({"applied": self.server.gate.pause()})
+
+    def handle_cut_pushes(self, header: dict, arrays: list) -> Deferred:
+        cut = header["cut"]
+        if not all(isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c) for c in cut):
+            raise ConfigError("cut_pushes: 'cut' must be a list of [trainer, step] pairs")
+        gate = self.server.gate
+        if not gate.paused:
+            raise ConfigError("cut_pushes before pause_pushes")
+        self.server.release(gate.set_cut({t: k for t, k in cut}))
+
+        def describe():
+            late = gate.missing(self._streams())
+            return "pushes up to the cut never arrived: " + ", ".join(
+                f"trainer {t} step {k} ({stream})" for stream, t, k in late[:5])
+        return Deferred(ready=lambda: not gate.missing(self._streams()), make_reply=lambda: Reply(),
+                        describe=describe, waits_on=lambda: sorted({t for _, t, _ in gate.missing(self._streams())}))
+
+    def handle_resume_pushes(self, header: dict, arrays: list) -> Reply:
+        held = self.server.gate.resume()
+        self.server.release(held)
+        return Reply({"released": len(held)})
 
     def stats(self) -> dict:
         return {}
@@ -156,6 +187,6 @@ class CheckpointService:
 
 def attach_checkpoints(server) -> CheckpointService:
     sparse = next((s for s in server._services if isinstance(s, SparseService)), None)
-    service = CheckpointService(server.dense, sparse)
+    service = CheckpointService(server.dense, sparse, server)
     server.add_service(service)
     return service

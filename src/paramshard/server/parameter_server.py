@@ -31,6 +31,7 @@ from .barrier import Membership
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
 from .peers import PeerWatch
+from .push_gate import PushGate
 from .replies import Deferred, Reply
 
 log = get_logger("server")
@@ -42,6 +43,9 @@ class _Waiting:
     def __init__(self, identity, request_id, op, deferred, deadline):
         self.identity, self.request_id, self.op = identity, request_id, op
         self.deferred, self.deadline = deferred, deadline
+
+
+PUSH_OPS = ("push_dense", "push_sparse")
 
 
 def _peer_address(frame) -> str | None:
@@ -78,6 +82,7 @@ class ParameterServer:
         self._secure_peer = security.configure_client if security is not None else None
         self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer)
         self._waiting: list[_Waiting] = []
+        self.gate = PushGate(timeout)       # async checkpoints: holds pushes for a consistent cut
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -169,6 +174,10 @@ class ParameterServer:
 
     def _job_ended(self) -> bool:
         """True (with ``exit_code`` set) when nothing is left to serve."""
+        if self.gate.expired():
+            log.warning("%s: paused for a checkpoint for more than %g s without a resume (the chief died "
+                        "mid-save?): applying the %d held pushes", self.name, self.timeout, len(self.gate.held))
+            self.release(self.gate.resume())
         for trainer in self.membership.expire():
             log.error("%s: trainer %d did not come back within %g s: counted as lost", self.name,
                       trainer, self.timeout)
@@ -212,8 +221,14 @@ class ParameterServer:
                 if type(trainer) is not int:
                     raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
                 self.membership.check_trainer(trainer)
+            if op in PUSH_OPS and self.mode == "async" and self.gate.should_hold(trainer, header["step"]):
+                self.gate.held.append((trainer, header["step"], frames))
+                return
             arrays = protocol.decode_arrays(header, rest[1:])
             outcome = self._dispatch(op)(header, arrays)
+            if op in PUSH_OPS:
+                self.gate.note_applied("dense" if op == "push_dense" else f"sparse:{header['table']}",
+                                       trainer, header["step"])
         except Exception as exc:   # noqa: BLE001 - no request may take the server down
             self._send_failure(identity, request_id, op, exc)
             return
@@ -227,6 +242,11 @@ class ParameterServer:
                                           time.monotonic() + self.timeout))
         else:
             self._reply(identity, request_id, outcome)
+
+    def release(self, held: list) -> None:
+        """Handle pushes the gate held back, in their arrival order."""
+        for _, _, frames in held:
+            self._handle(frames)
 
     def _send_failure(self, identity, request_id: int, op: str, exc: Exception) -> None:
         """Turn any exception into an error reply: ours say what is wrong, anything

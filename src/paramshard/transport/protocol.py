@@ -62,6 +62,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "restore_dense": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
                       "plan_fingerprint": int, "trainer": int},
     "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int},
+    "pause_pushes": {},
+    "cut_pushes": {"cut": list},
+    "resume_pushes": {},
     "leave": {"trainer": int},
     "shutdown": {},
 }

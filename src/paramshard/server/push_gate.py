@@ -1,0 +1,77 @@
+"""A consistent cut across servers for an async checkpoint (a two-phase snapshot).
+
+In async mode every server applies pushes as they arrive, so "the state now"
+differs from server to server: trainer 2's step 41 may have reached server 0
+and not yet server 1. A checkpoint must hold, for every trainer, the same steps
+on every server. The chief asks every server to:
+
+1. ``pause``: hold every push from now on, and say, per stream (dense blocks,
+   each sparse table) and trainer, the last step applied;
+2. ``cut``: the chief sends, per trainer, the highest step any server applied;
+   each server applies the held pushes up to that step, waits for the ones still
+   on their way (an async trainer has at most one step in flight: it waits for
+   every reply before its next step), and keeps holding later ones;
+3. after the snapshot, ``resume``: the held pushes are applied, in arrival order.
+
+A server left paused for longer than its timeout (a chief that died mid-save)
+resumes by itself.
+"""
+from __future__ import annotations
+
+import time
+
+
+class PushGate:
+    def __init__(self, timeout: float, clock=time.monotonic):
+        self.timeout = timeout
+        self._clock = clock
+        self.applied: dict[str, dict[int, int]] = {}     # stream -> trainer -> last step applied
+        self.paused_at: float | None = None
+        self.cut: dict[int, int] | None = None
+        self.held: list = []                              # frames, in arrival order
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    def note_applied(self, stream: str, trainer: int, step: int) -> None:
+        seen = self.applied.setdefault(stream, {})
+        if step > seen.get(trainer, -1):
+            seen[trainer] = step
+
+    def pause(self) -> list:
+        """Start holding; the applied steps as [[stream, trainer, step], ...]."""
+        self.paused_at = self._clock()
+        self.cut = None
+        return [[s, t, k] for s, by in sorted(self.applied.items()) for t, k in sorted(by.items())]
+
+    def should_hold(self, trainer: int, step: int) -> bool:
+        if not self.paused:
+            return False
+        return self.cut is None or step > self.cut.get(trainer, -1)
+
+    def set_cut(self, cut: dict[int, int]) -> list:
+        """Take the cut; returns the held pushes that now go through (those up to the cut)."""
+        self.cut = dict(cut)
+        release = [h for h in self.held if not self.should_hold(h[0], h[1])]
+        self.held = [h for h in self.held if self.should_hold(h[0], h[1])]
+        return release
+
+    def missing(self, streams: list[str]) -> list[tuple[str, int, int]]:
+        """(stream, trainer, step) still to arrive before this server's state is at the cut."""
+        if self.cut is None:
+            return []
+        out = []
+        for stream in streams:
+            seen = self.applied.get(stream, {})
+            out += [(stream, t, k) for t, k in sorted(self.cut.items()) if seen.get(t, -1) < k]
+        return out
+
+    def resume(self) -> list:
+        """Stop holding; returns every held push, in arrival order."""
+        released, self.held = self.held, []
+        self.paused_at, self.cut = None, None
+        return released
+
+    def expired(self) -> bool:
+        return self.paused and self._clock() - self.paused_at > self.timeout
