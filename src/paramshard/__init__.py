@@ -16,7 +16,7 @@ from .runtime import init
 from .tables import Admission, Eviction
 
 __all__ = ["init", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
-           "export", "ParamshardError", "__version__"]
+           "export", "load_model", "ParamshardError", "__version__"]
 
 try:
     __version__ = _metadata.version("paramshard")
@@ -33,4 +33,7 @@ def __getattr__(name):
     if name == "SparseEmbedding":
         from .torch.sparse_embedding import SparseEmbedding
         return SparseEmbedding
+    if name == "load_model":
+        from .serving import load_model
+        return load_model
     raise AttributeError(f"module 'paramshard' has no attribute {name!r}")

@@ -61,6 +61,8 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_CHECKPOINT_KEEP", "how many checkpoints to keep (default 3)", ()),
     ("PARAMSHARD_RESUME", "a checkpoint (a step-N directory, or a checkpoint directory for its latest) "
      "the job starts from (`launch --resume`)", ()),
+    ("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
+     "many left normally (`launch --min-trainers`); the others may have died", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
@@ -113,6 +115,7 @@ class ClusterEnv:
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
     resume: str | None = None
+    min_trainers: int | None = None
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -198,6 +201,7 @@ class ClusterEnv:
             checkpoint_every=_or(_int(e, "PARAMSHARD_CHECKPOINT_EVERY"), 0),
             checkpoint_keep=_or(_int(e, "PARAMSHARD_CHECKPOINT_KEEP"), 3),
             resume=e.get("PARAMSHARD_RESUME") or None,
+            min_trainers=_int(e, "PARAMSHARD_MIN_TRAINERS"),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
         )
@@ -233,6 +237,8 @@ class ClusterEnv:
             out["PARAMSHARD_CHECKPOINT_KEEP"] = str(self.checkpoint_keep)
         if self.resume:
             out["PARAMSHARD_RESUME"] = self.resume
+        if self.min_trainers is not None:
+            out["PARAMSHARD_MIN_TRAINERS"] = str(self.min_trainers)
         out.update(self.limits.to_environ())
         return out
 

@@ -79,3 +79,25 @@ def _environ(pid):
     except OSError:
         return {}
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+SURVIVOR = str(REPO / "tests" / "e2e" / "scripts" / "async_survivor.py")
+
+
+def test_async_goes_on_without_a_dead_trainer_with_min_trainers():
+    code, out = launch("--trainers", "3", "--mode", "async", "--min-trainers", "2", SURVIVOR, "--fail-trainer", "1")
+    assert code == 0, out[-4000:]
+    assert "async training continues with 2 trainers (--min-trainers 2)" in out, out[-4000:]
+    assert "trainer 0 done" in out and "trainer 2 done" in out, out[-4000:]
+    assert re.search(r"server 0: every trainer ended, 2 left normally; lost: \[1\]", out), out[-4000:]
+
+
+def test_without_min_trainers_a_dead_trainer_stops_the_job():
+    code, out = launch("--trainers", "3", "--mode", "async", SURVIVOR, "--fail-trainer", "1")
+    assert code == 3, out[-4000:]
+    assert "first failure: trainer 1" in out, out[-4000:]
+
+
+def test_min_trainers_needs_async():
+    code, out = launch("--min-trainers", "1", SURVIVOR)
+    assert code == 2 and "--min-trainers 1: needs --mode async" in out, out

@@ -103,6 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--max-restarts", metavar="N", type=int, default=0,
                       help="when a process dies, restart the job up to N times from the latest checkpoint in "
                            "--checkpoint-dir (every server and trainer rolls back to it; default 0: fail)")
+    p.add_argument("--min-trainers", metavar="N", type=_positive("--min-trainers", int, "a whole number"),
+                   help="async mode: a trainer that dies does not stop the job while N trainers are alive "
+                        "(default: any failure stops the job)")
     ckpt.add_argument("--resume", metavar="DIR", nargs="?", const="",
                       help="start from a checkpoint: DIR (a step-N directory, or a checkpoint directory's "
                            "latest); alone: the latest in --checkpoint-dir")
@@ -168,7 +171,8 @@ def run(args) -> int:
     fields = dict(
         script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
-        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, **job, **_checkpoint_fields(args))
+        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
+        **_checkpoint_fields(args))
     for attempt in range(args.max_restarts + 1):
         launcher = _launcher(args, fields)
         code, stopped = _run_once(launcher)

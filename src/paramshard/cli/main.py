@@ -19,6 +19,7 @@ COMMANDS = {
     "split-data": "split_data",
     "gen-data": "gen_data",
     "export": "export",
+    "export-model": "export_model",
     "k8s": "k8s",
 }
 

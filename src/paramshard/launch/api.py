@@ -58,12 +58,16 @@ class LaunchConfig:
     checkpoint_every: int = 0
     checkpoint_keep: int = 3
     resume: str | None = None      # a checkpoint path the trainers start from
+    min_trainers: int | None = None   # async: the job goes on while this many trainers are alive
 
     def __post_init__(self):
         if self.servers < 1:
             raise ConfigError(f"--servers {self.servers}: a job needs at least one server")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
+        if self.min_trainers is not None and (self.mode != "async" or not 1 <= self.min_trainers <= self.trainers):
+            raise ConfigError(f"--min-trainers {self.min_trainers}: needs --mode async (a sync step needs every "
+                              f"trainer) and a value in 1..{self.trainers}")
         if self.check_script and not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
         # Building the contract validates mode, dispatch, block size, timeout.
@@ -74,7 +78,7 @@ class LaunchConfig:
                           dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
                           secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
                           checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
-                          checkpoint_keep=self.checkpoint_keep, resume=self.resume)
+                          checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +238,8 @@ class Launcher:
         self.servers: list = []
         self.trainers: list = []
         self.stopped_by_signal = False
+        self.min_trainers: int | None = None     # async: keep going while this many trainers are alive
+        self._tolerated_seen: list = []
 
     def start_job(self, spec: JobSpec) -> None:
         try:
@@ -245,12 +251,29 @@ class Launcher:
             self.close()
             raise
 
+    def _tolerated(self, failed: list) -> list:
+        """Failed trainers an async job can do without (``min_trainers``); logged once each."""
+        if not self.min_trainers:
+            return []
+        dead_trainers = [p for p in self.trainers if p.poll() not in (None, 0)]
+        if any(p not in self.trainers for p in failed) or len(self.trainers) - len(dead_trainers) < self.min_trainers:
+            return []
+        for p in dead_trainers:
+            if p not in self._tolerated_seen:
+                self._tolerated_seen.append(p)
+                log.warning("%s; async training continues with %d trainers (--min-trainers %d)", p.describe_exit(),
+                            len(self.trainers) - len(dead_trainers), self.min_trainers)
+        return dead_trainers
+
     def wait(self, poll_interval: float = 0.1) -> int:
-        """Block until the job ends; 0 when every trainer succeeded, else the first failure's code."""
+        """Block until the job ends; 0 when every trainer succeeded (or, with ``min_trainers``,
+        enough of them), else the first failure's code."""
         try:
             while True:
                 everyone = self.servers + self.trainers
                 failed = [p for p in everyone if p.poll() not in (None, 0)]
+                tolerated = self._tolerated(failed)
+                failed = [p for p in failed if p not in tolerated]
                 if failed:
                     for p in failed:
                         log.error("%s", p.describe_exit())
@@ -271,13 +294,13 @@ class Launcher:
                                                     stopped=[p for p in late if ended[p] >= stopping_at and
                                                              p.poll() in (-signal.SIGTERM, -signal.SIGKILL)]))
                     return exit_status(first.poll()) or 1
-                if all(t.poll() == 0 for t in self.trainers):
+                if all(t.poll() == 0 or t in tolerated for t in self.trainers):
                     # Servers exit on their own once every trainer has left.
                     deadline = time.monotonic() + 10
                     while any(s.poll() is None for s in self.servers) and time.monotonic() < deadline:
                         time.sleep(poll_interval)
                     self.close()
-                    log.info("job finished: %d trainers succeeded", len(self.trainers))
+                    log.info("job finished: %d trainers succeeded", len(self.trainers) - len(tolerated))
                     return 0
                 time.sleep(poll_interval)
         except (KeyboardInterrupt, StopSignal) as exc:

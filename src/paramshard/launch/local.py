@@ -43,6 +43,7 @@ class LocalLauncher(Launcher):
     def __init__(self, config: LaunchConfig, out=None):
         super().__init__(LocalEngine(out))
         self.config = config
+        self.min_trainers = config.min_trainers
         self.out = self.engine.out
         self.addresses: list[str] = []
 

@@ -197,6 +197,7 @@ class SshLauncher(Launcher):
             self.workdir = options.workspace or os.getcwd()
         self.script = self._remote_script()
         super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
+        self.min_trainers = config.min_trainers
         self.addresses: list[str] = []
 
     def _remote_script(self) -> str:

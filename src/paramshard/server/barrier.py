@@ -19,8 +19,9 @@ from ..errors import ConfigError
 
 
 class Membership:
-    def __init__(self, num_trainers: int, grace: float, clock=time.monotonic):
+    def __init__(self, num_trainers: int, grace: float, clock=time.monotonic, min_trainers: int | None = None):
         self.num_trainers = num_trainers
+        self.min_trainers = min_trainers     # async: this many leaving normally is a finished job
         self.grace = grace
         self._clock = clock
         self.started_at = clock()
@@ -90,9 +91,15 @@ class Membership:
             return []
         return sorted(self.live - self.seen)
 
+    def enough_left(self) -> bool:
+        """``min_trainers`` is set, no trainer is live, and at least that many left normally."""
+        return bool(self.min_trainers) and not self.live and len(self.left) >= self.min_trainers
+
     def job_over(self) -> bool:
         """No trainer can push again: every one left or is gone, or the only ones
         still counted never arrived while every other one ended."""
+        if self.enough_left():
+            return True
         if self.live or self.lost_since:
             ended = self.left | self.gone
             return bool(ended) and not self.lost_since and self.live == set(self.never_arrived())

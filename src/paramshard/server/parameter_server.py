@@ -59,7 +59,7 @@ def _peer_address(frame) -> str | None:
 class ParameterServer:
     def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
-                 peers: dict[int, str] | None = None, limits: Limits = Limits()):
+                 peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None):
         """``bind`` is host:port; port 0 picks a free port (see ``address``).
         ``peers``: index -> address of the job's other servers, watched so this one
         does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
@@ -69,7 +69,7 @@ class ParameterServer:
         self.num_trainers = num_trainers
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
-        self.membership = Membership(num_trainers, grace=timeout)
+        self.membership = Membership(num_trainers, grace=timeout, min_trainers=min_trainers)
         self.dense = DenseStore(mode, self.membership)
         self._handlers: dict = {}
         self._services: list[Service] = []
@@ -189,7 +189,11 @@ class ParameterServer:
             return True
         if not self.exit_when_trainers_leave or not self.membership.job_over():
             return False
-        if self.membership.gone or self.membership.never_arrived():
+        if self.membership.enough_left():
+            lost = sorted(self.membership.failed)
+            log.info("%s: every trainer ended, %d left normally%s (--min-trainers %d)", self.name,
+                     len(self.membership.left), f"; lost: {lost}" if lost else "", self.membership.min_trainers)
+        elif self.membership.gone or self.membership.never_arrived():
             self.exit_code = 1
             log.error("%s: stopping: no trainer can push any more (%s)", self.name, self.membership.summary())
         else:

@@ -35,6 +35,16 @@ def _dense(grad: torch.Tensor) -> np.ndarray:
     return (grad.to_dense() if grad.is_sparse else grad).numpy()
 
 
+class _RowSource:
+    """A public row source (ids, training) under the puller's call (table, ids, training)."""
+
+    def __init__(self, source, trainable: bool):
+        self.source, self.trainable = source, trainable
+
+    def __call__(self, table, ids: np.ndarray, training: bool) -> np.ndarray:
+        return self.source(ids, training)
+
+
 class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, mode: str = "sum", optimizer: OptimizerConfig | None = None,
                  seed: int = 0, init_scale: float = 0.01, admission: Admission | None = None,
@@ -47,7 +57,7 @@ class SparseEmbedding(torch.nn.Module):
         self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
                               admission or Admission(), eviction or Eviction())
         self.mode = mode
-        self._puller = None                  # set by the Trainer that owns this module
+        self._puller = None                  # set by the Trainer that owns this module, or attach()
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
 
     @property
@@ -61,15 +71,20 @@ class SparseEmbedding(torch.nn.Module):
     def forward(self, ids, offsets=None, per_sample_weights=None) -> torch.Tensor:
         """``ids``: [batch, bag] integers, or flat with ``offsets`` as for nn.EmbeddingBag."""
         if self._puller is None:
-            raise ConfigError(f"SparseEmbedding {self.name!r} is not attached to servers yet: "
-                              f"build ps.Trainer(model, ...) before the first forward")
+            raise ConfigError(f"SparseEmbedding {self.name!r} has nowhere to read its rows from: build "
+                              f"ps.Trainer(model, ...) before the first forward to train through the servers, "
+                              f"or ps.load_model(model, FILE) to run a model exported by "
+                              f"`paramshard export-model` without them")
         flat = as_uint64(ids)
         shape = flat.shape
         codes, unique = pd.factorize(flat.ravel())   # hash-based: faster than sorting
         unique = np.asarray(unique, np.uint64)
         # In eval mode nothing is created on the servers: unseen ids read their initial rows.
-        rows = torch.from_numpy(self._puller(self, unique, self.training)).requires_grad_(self.training)
-        if self.training:
+        # A row source attached with trainable=False (a served model) gives constants: nothing
+        # would push their gradients, so none are kept.
+        learn = self.training and getattr(self._puller, "trainable", True)
+        rows = torch.from_numpy(self._puller(self, unique, self.training)).requires_grad_(learn)
+        if learn:
             self._touched.append((unique, rows))
         index = torch.from_numpy(codes.astype(np.int64, copy=False)).view(shape)
         if offsets is not None:
@@ -78,6 +93,17 @@ class SparseEmbedding(torch.nn.Module):
         # scattering into a dense [unique, dim] buffer (2.5x faster, measured).
         return F.embedding_bag(index, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                sparse=True)
+
+    def attach(self, row_source, trainable: bool = True) -> None:
+        """Read rows from ``row_source(ids, training) -> float32 [len(ids), dim]``, called with
+        the batch's distinct ids (uint64) and whether the module is in training mode.
+        ``trainable=False``: the rows are constants (paramshard.load_model serves them from a
+        file): forward keeps no gradients for them, in either mode."""
+        if not callable(row_source):
+            raise ConfigError(f"SparseEmbedding {self.name!r}.attach: row_source must be callable "
+                              f"(ids, training) -> rows, got {type(row_source).__name__}")
+        self._puller = _RowSource(row_source, trainable)
+        self._touched = []
 
     def take_gradients(self) -> tuple[np.ndarray, np.ndarray]:
         """Merged (ids, grads) of every forward since the last step; clears them."""

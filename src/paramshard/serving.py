@@ -1,0 +1,211 @@
+"""A trained model as one file, served without parameter servers.
+
+``export_model(checkpoint, out)`` (the `paramshard export-model` command) turns a
+checkpoint into one ``torch.save``d dict:
+
+    {"format": "paramshard-model", "version": 1, "step": 1200, "checkpoint": "runs/ckpt/step-00001200",
+     "dense":  {"mlp.0.weight": tensor [400, 429], ...},          # parameter name -> float32 tensor
+     "sparse": {"deep": {"ids": int64 tensor [n] (uint64 bit patterns), "rows": float32 tensor [n, dim],
+                         "dim": 16, "seed": 0, "init_scale": 0.01,
+                         "admission": {"min_count": 1, "probability": 1.0}}, ...}}
+
+Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=True)``
+reads it without running any pickled code. ``load_model(module, file)`` copies the
+dense parameters into the module and gives every SparseEmbedding a local table.
+An id the table does not hold reads what the servers would have given it in
+evaluation (``unknown="initial"``: its deterministic initial row, or zeros when the
+table's admission policy would not have given it a row) or zeros (``unknown="zeros"``).
+Rows are constants: backward reaches the dense parameters only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint.format import Checkpoint
+from .errors import ConfigError
+from .export import replaced_into_place
+from .sparse_hash import admitted_by_probability, initial_rows
+from .tables import policy_from_wire
+
+FORMAT = "paramshard-model"
+FORMAT_VERSION = 1
+UNKNOWN = ("initial", "zeros")
+MAKE_ONE = "make one with `paramshard export-model CHECKPOINT --out FILE`"
+
+
+class ModelFileError(ConfigError):
+    """A model file that is missing, not an export, or does not fit the module."""
+
+
+# ---------------------------------------------------------------- checkpoint -> file
+
+def export_model(checkpoint, out) -> dict:
+    """Write the model of ``checkpoint`` (a checkpoint directory or step directory) to
+    ``out``, after verifying every file of the checkpoint. Returns the written dict."""
+    ckpt = Checkpoint(checkpoint)
+    # Every file, not only the ones exported: a damaged checkpoint is named now, not at resume.
+    for relpath in ckpt.manifest["files"]:
+        ckpt.array(relpath)
+    model = {"format": FORMAT, "version": FORMAT_VERSION, "step": int(ckpt.step), "checkpoint": str(ckpt.path),
+             "dense": {}, "sparse": {}}
+    for entry in ckpt.manifest["dense"]:
+        values = ckpt.array(entry["files"]["values"]).astype(np.float32, copy=False)
+        model["dense"][entry["name"]] = torch.from_numpy(values.reshape(entry["shape"]))
+    for entry in ckpt.manifest["sparse"]:
+        ids = ckpt.array(entry["files"]["ids"]).astype(np.uint64, copy=False)
+        rows = ckpt.array(entry["files"]["values"]).astype(np.float32, copy=False)
+        order = np.argsort(ids, kind="stable")      # sorted once here: lookups search it as is
+        admission, _, init_scale = policy_from_wire(entry["policy"])
+        model["sparse"][entry["name"]] = {
+            "ids": torch.from_numpy(ids[order].view(np.int64)), "rows": torch.from_numpy(rows[order]),
+            "dim": int(entry["dim"]), "seed": int(entry["seed"]), "init_scale": float(init_scale),
+            "admission": {"min_count": admission.min_count, "probability": admission.probability}}
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ModelFileError(f"--out {out}: directory {out.parent} does not exist")
+    try:
+        with replaced_into_place(out) as tmp:
+            torch.save(model, tmp)
+    except OSError as exc:
+        raise ModelFileError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    return model
+
+
+# ---------------------------------------------------------------- file -> module
+
+@dataclasses.dataclass
+class LocalTable:
+    """A table's rows in this process: ids sorted (uint64), rows [n, dim]."""
+    name: str
+    ids: np.ndarray
+    rows: np.ndarray
+    seed: int
+    init_scale: float
+    min_count: int = 1
+    probability: float = 1.0
+
+    @property
+    def dim(self) -> int:
+        return self.rows.shape[1]
+
+    def lookup(self, ids: np.ndarray, unknown: str = "initial") -> np.ndarray:
+        """Rows of uint64 ``ids`` [n] -> float32 [n, dim]. An id without a row reads as it
+        would from the servers in evaluation (paramshard.server.sparse_table.pull with
+        create=False) with ``unknown="initial"``, or zeros."""
+        ids = np.asarray(ids, np.uint64)
+        out = np.zeros((len(ids), self.dim), np.float32)
+        if len(self.ids):
+            pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+            found = self.ids[pos] == ids
+            out[found] = self.rows[pos[found]]
+        else:
+            found = np.zeros(len(ids), bool)
+        if unknown == "initial" and self.min_count == 1 and not found.all():
+            absent = np.flatnonzero(~found)
+            fresh = absent[admitted_by_probability(self.seed, ids[absent], self.probability)]
+            out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
+        return out
+
+    def row_source(self, unknown: str):
+        """A SparseEmbedding.attach row source (ids, training) -> rows."""
+        return lambda ids, training: self.lookup(ids, unknown)
+
+
+@dataclasses.dataclass
+class ModelFile:
+    path: Path
+    step: int
+    dense: dict[str, torch.Tensor]
+    tables: dict[str, LocalTable]
+
+
+def read_model(path) -> ModelFile:
+    """An exported model file, checked to be one (no pickled code runs while reading it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: {'not a file' if path.exists() else 'no such file'}; {MAKE_ONE}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:     # zip, pickle and torch errors alike: the file is not ours
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ModelFileError(f"{path}: not a paramshard model file ({reason}); {MAKE_ONE}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ModelFileError(f"{path}: not a paramshard model file (no format tag {FORMAT!r}); {MAKE_ONE}")
+    if data.get("version") != FORMAT_VERSION:
+        raise ModelFileError(f"{path}: model file version {data.get('version')!r}, this paramshard reads "
+                             f"version {FORMAT_VERSION}; export it again with this paramshard")
+    try:
+        dense = {str(name): _tensor(t, torch.float32) for name, t in data["dense"].items()}
+        tables = {str(name): _table(str(name), t) for name, t in data["sparse"].items()}
+        step = int(data["step"])
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ModelFileError(f"{path}: damaged model file ({type(exc).__name__}: {exc}); {MAKE_ONE}") from None
+    return ModelFile(path, step, dense, tables)
+
+
+def _tensor(t, dtype) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+        raise TypeError(f"expected a {dtype} tensor, found {getattr(t, 'dtype', type(t).__name__)}")
+    return t
+
+
+def _table(name: str, t: dict) -> LocalTable:
+    ids = _tensor(t["ids"], torch.int64).numpy().view(np.uint64)
+    rows = _tensor(t["rows"], torch.float32).numpy()
+    if rows.ndim != 2 or rows.shape != (len(ids), t["dim"]):
+        raise ValueError(f"table {name!r}: rows {list(rows.shape)} for {len(ids)} ids of dim {t['dim']}")
+    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+        raise ValueError(f"table {name!r}: ids are not sorted and distinct")
+    admission = t["admission"]
+    return LocalTable(name, ids, rows, int(t["seed"]), float(t["init_scale"]), int(admission["min_count"]),
+                      float(admission["probability"]))
+
+
+def load_model(module: torch.nn.Module, path, unknown: str = "initial") -> torch.nn.Module:
+    """Load an exported model file into ``module`` (the same nn.Module class that was
+    trained), to run without any server: dense parameters are copied in by name, every
+    SparseEmbedding reads its rows from the file. ``unknown``: what an id the table does
+    not hold reads: "initial" (what the servers would give it in evaluation: its
+    deterministic initial row) or "zeros". Names and shapes are checked first; every
+    mismatch is named and nothing is changed. Returns ``module``."""
+    from .torch.sparse_embedding import SparseEmbedding
+
+    if unknown not in UNKNOWN:
+        raise ConfigError(f"load_model(unknown={unknown!r}): expected one of {UNKNOWN}")
+    model = read_model(path)
+    params = dict(module.named_parameters())
+    tables: dict[str, SparseEmbedding] = {}
+    for m in module.modules():
+        if isinstance(m, SparseEmbedding):
+            if m.name in tables and tables[m.name] is not m:
+                raise ConfigError(f"two SparseEmbedding modules are named {m.name!r}; share one module to "
+                                  f"share a table")
+            tables[m.name] = m
+    problems = _mismatches(params, tables, model)
+    if problems:
+        raise ModelFileError(f"{model.path} does not fit this model: " + "; ".join(problems))
+    with torch.no_grad():
+        for name, value in model.dense.items():
+            params[name].copy_(value)
+    for name, table in tables.items():
+        table.attach(model.tables[name].row_source(unknown), trainable=False)
+    return module
+
+
+def _mismatches(params: dict, tables: dict, model: ModelFile) -> list[str]:
+    where = model.path.name
+    # A frozen parameter never reached the servers: the module's own value stands.
+    problems = [f"parameter {n} is not in {where}" for n, p in params.items()
+                if p.requires_grad and n not in model.dense]
+    problems += [f"{where}'s parameter {n} is not in this model" for n in model.dense if n not in params]
+    problems += [f"parameter {n} is {list(params[n].shape)} here, {list(v.shape)} in {where}"
+                 for n, v in model.dense.items() if n in params and params[n].shape != v.shape]
+    problems += [f"sparse table {n!r} is not in {where}" for n in tables if n not in model.tables]
+    problems += [f"{where}'s sparse table {n!r} is not in this model" for n in model.tables if n not in tables]
+    problems += [f"sparse table {n!r} is dim {t.dim} here, dim {model.tables[n].dim} in {where}"
+                 for n, t in tables.items() if n in model.tables and t.dim != model.tables[n].dim]
+    return problems
