@@ -2,6 +2,8 @@
 
     paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
     python examples/ctr_wide_deep.py --train-rows 100000      # one process
+    paramshard launch --servers 2 --trainers 2 --checkpoint-dir runs/ckpt examples/ctr_wide_deep.py
+                                        # keeps the trained model: see examples/evaluate.py
 
 With no --data, trainer 0 generates synthetic Criteo-like data from a hidden
 logistic model (so the best possible AUC is known) and splits it into one
@@ -86,7 +88,8 @@ def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, flo
     return auc(labels, probs), logloss(labels, probs)
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
+    """The options, shared with examples/evaluate.py (same data options, same test set)."""
     p = argparse.ArgumentParser()
     p.add_argument("--data", type=Path, help="directory of part-NNNNN shards (default: synthetic)")
     p.add_argument("--test", type=Path, help="test file in Criteo TSV format (with --data)")
@@ -97,7 +100,11 @@ def main():
     p.add_argument("--batch-size", type=int, default=1024, help="per trainer")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.05)
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = parser().parse_args()
 
     env = ps.init()
     tid, chief = env.trainer_id, env.trainer_id == 0
@@ -152,7 +159,14 @@ def main():
 
     if chief:
         print(server_load_table(trainer.server_stats()), flush=True)
-    trainer.close()
+    trainer.close()     # with a checkpoint directory: also the final checkpoint, the model just evaluated
+    if chief and env.checkpoint_dir:
+        print(f"trained model in checkpoint {env.checkpoint_dir}; to run it without servers:\n"
+              f"  paramshard export-model {env.checkpoint_dir} --out model.pt\n"
+              f"  python examples/evaluate.py --model model.pt  (+ this run's data options)", flush=True)
+    elif chief:
+        print("to keep the trained model: paramshard launch --checkpoint-dir DIR ... examples/ctr_wide_deep.py "
+              "(see examples/evaluate.py)", flush=True)
 
 
 if __name__ == "__main__":

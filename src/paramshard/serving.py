@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint.format import Checkpoint
+from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
 from .sparse_hash import admitted_by_probability, initial_rows
@@ -47,17 +47,25 @@ def export_model(checkpoint, out) -> dict:
     """Write the model of ``checkpoint`` (a checkpoint directory or step directory) to
     ``out``, after verifying every file of the checkpoint. Returns the written dict."""
     ckpt = Checkpoint(checkpoint)
+    needed = {d["files"]["values"] for d in ckpt.manifest["dense"]}
+    needed |= {t["files"][part] for t in ckpt.manifest["sparse"] for part in ("ids", "values")}
     # Every file, not only the ones exported: a damaged checkpoint is named now, not at resume.
+    arrays = {}
     for relpath in ckpt.manifest["files"]:
-        ckpt.array(relpath)
+        array = ckpt.array(relpath)
+        if relpath in needed:
+            arrays[relpath] = array
+    missing = sorted(needed - set(arrays))
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: the manifest lists no file {missing[0]} (incomplete checkpoint)")
     model = {"format": FORMAT, "version": FORMAT_VERSION, "step": int(ckpt.step), "checkpoint": str(ckpt.path),
              "dense": {}, "sparse": {}}
     for entry in ckpt.manifest["dense"]:
-        values = ckpt.array(entry["files"]["values"]).astype(np.float32, copy=False)
+        values = arrays[entry["files"]["values"]].astype(np.float32, copy=False)
         model["dense"][entry["name"]] = torch.from_numpy(values.reshape(entry["shape"]))
     for entry in ckpt.manifest["sparse"]:
-        ids = ckpt.array(entry["files"]["ids"]).astype(np.uint64, copy=False)
-        rows = ckpt.array(entry["files"]["values"]).astype(np.float32, copy=False)
+        ids = arrays[entry["files"]["ids"]].astype(np.uint64, copy=False)
+        rows = arrays[entry["files"]["values"]].astype(np.float32, copy=False)
         order = np.argsort(ids, kind="stable")      # sorted once here: lookups search it as is
         admission, _, init_scale = policy_from_wire(entry["policy"])
         model["sparse"][entry["name"]] = {

@@ -5,6 +5,8 @@ import logging
 import weakref
 
 import pytest
+
+from paramshard.env import ClusterEnv
 import torch
 
 import paramshard as ps
@@ -96,6 +98,8 @@ def bare_trainer(links, trainer_id=1):
     t = Trainer.__new__(Trainer)
     t.trainer_id, t.links, t._closed = trainer_id, links, False
     t._exit_hook = None
+    t.env = ClusterEnv(role=None)          # no checkpoint directory: close() only leaves
+    t.step_count, t._saved_step = 0, None
     return t
 
 

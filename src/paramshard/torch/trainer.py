@@ -157,7 +157,7 @@ class Trainer:
         if self.resume_from:
             self._resume_position(ckpt, version)
         for table in self.tables.values():
-            table._puller = self._pull_rows
+            table.attach(functools.partial(self._pull_rows, table))
 
     def _resume_position(self, ckpt, version: int) -> None:
         """Step count and random streams as they were at the checkpoint."""
