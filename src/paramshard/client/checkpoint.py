@@ -201,8 +201,11 @@ def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int
                 cm = count_route.part(server)
                 names += ["counted_ids", "counts"]
                 arrays += [counted[cm], parts["counts"][cm]]
-            requests.append((server, {"op": "restore_sparse", "table": entry["name"], "parts": names,
-                                      "version": entry["version"], "evicted": 0, "trainer": trainer_id}, arrays))
+            header = {"op": "restore_sparse", "table": entry["name"], "parts": names,
+                      "version": entry["version"], "evicted": 0, "trainer": trainer_id}
+            if start == 0:
+                header["reserve"] = n
+            requests.append((server, header, arrays))
     for request in requests:     # one page at a time: bounded memory on the servers' side
         links.request_list([request])
 

@@ -15,13 +15,14 @@ the message says what it carries.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
 from ..optim import from_wire
 from .dense import DenseStore
 from .replies import Deferred, Reply
 from .sparse_service import SparseService
-from .sparse_table import SparseTable, put_rows
+from .sparse_table import SparseTable
 
 
 class CheckpointService:
@@ -161,16 +162,25 @@ class CheckpointService:
                 raise ConfigError(f"restore_sparse: {name} must have one entry per id")
         if ids.dtype != np.uint64:
             raise ConfigError("restore_sparse: ids must be uint64")
+        if n > 1 and pd.Index(ids).has_duplicates:       # a hash table: far faster than a sort
+            raise ConfigError(f"restore_sparse: table {table.name!r}: some ids appear twice")
         if n and (table.index.lookup(ids) >= 0).any():
             raise ConfigError(f"restore_sparse: table {table.name!r} already has rows for some of these ids")
-        table.load(ids, values)                  # creates the rows (index, capacity), sets values
-        rows = table.index.lookup(ids)
+        first = table.num_rows
+        table.limits.check("max_rows", first + n, f"table {table.name!r}: rows on this server")
+        # The first page says how many rows follow: one allocation instead of one per page.
+        table._ensure_capacity(max(first + n, header.get("reserve", 0)))
+        table.index.insert(ids)                  # the new ids get rows first..first+n-1, in order
+        new = slice(first, first + n)
+        table.values[new] = values
         for dst, src in zip(table.slots, slots):
-            put_rows(dst, rows, src)
-        if table.steps is not None and "steps" in got:
-            table.steps[rows] = got["steps"].astype(np.uint32)
-        if table.last_seen is not None and "last_seen" in got:
-            table.last_seen[rows] = got["last_seen"].astype(np.uint32)
+            dst[new] = src
+        if table.steps is not None:
+            table.steps[new] = got["steps"].astype(np.uint32) if "steps" in got else 0
+        if table.last_seen is not None:
+            table.last_seen[new] = got["last_seen"].astype(np.uint32) if "last_seen" in got else header["version"]
+        table.num_rows = first + n
+        table._last_pull.clear()
         if "counted_ids" in got and table.counts is not None:
             counted = table.counts.lookup(got["counted_ids"])
             new = counted < 0
