@@ -224,8 +224,20 @@ class Gen:
             return self.head(r, op, table=TABLE), [ids, self.grads(r, len(ids) * DIM, (len(ids), DIM))]
         if op == "leave":
             return self.head(r, op, trainer=0), []
-        if op in ("hello", "stats", "shutdown"):
+        if op in ("hello", "stats", "shutdown", "snapshot_dense", "pause_pushes", "resume_pushes"):
             return self.head(r, op), []
+        if op == "snapshot_sparse":
+            return self.head(r, op, table=TABLE, start=0, count=r.randint(1, 100), min_version=0), []
+        if op == "cut_pushes":
+            return self.head(r, op, cut=[[0, 0]]), []
+        if op == "restore_dense":
+            name = self.fresh(r)
+            return (self.head(r, op, names=[name], versions=[0], slots=0, optimizer=dict(w.optimizer),
+                              plan_fingerprint=w.fingerprint, trainer=0), [self.grads(r, 8)])
+        if op == "restore_sparse":
+            ids = self.never_pulled(r, r.randint(1, 5))
+            return (self.head(r, op, table=TABLE, parts=["ids", "values"], version=0, evicted=0, trainer=0),
+                    [ids, self.grads(r, len(ids) * DIM, (len(ids), DIM))])
         raise AssertionError(op)
 
     # -- generators ------------------------------------------------------------
@@ -410,6 +422,8 @@ class Gen:
         bool: [0, 1, 1.0, "true", "false", None, [], {}],
         "str_list": ["w.block0", [0], [None], [["w.block0"]], {"w.block0": 0}, None, 5, True,
                      ["w.block0", 1], [b"w.block0"], [1.5], [{"a": "b"}]],
+        "int_list": [0, "0", [True], [1.5], ["0"], [None], {"0": 0}, None, [[0]]],
+        list: [0, "[]", None, True, 1.5, {"0": 0}, b"[]"],
     }
 
     def g_wrong_field_type(self, r):

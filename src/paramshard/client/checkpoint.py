@@ -8,8 +8,10 @@ plan (any number of servers, any dispatch) and its id routing, so a checkpoint
 moves between job shapes.
 
 Consistency: in sync mode a checkpoint taken by the chief between two of its
-steps is a step boundary on every server (no block or table can complete the
-next step without the chief's push). In async mode the servers hold pushes at
+steps is a step boundary on every server: no block or table can complete the
+next step without the chief's push, and the tables' snapshots wait until they
+completed the chief's last step (sparse pushes are answered before the step
+completes). In async mode the servers hold pushes at
 one cut while they are read (server/push_gate.py); the manifest records it.
 """
 from __future__ import annotations
@@ -61,15 +63,17 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict
     return values, slots, versions, optimizer
 
 
-def _gather_table(links: ServerLinks, name: str) -> tuple[dict[str, np.ndarray], int, int]:
-    """Every server's rows of table ``name``, pages joined; its version and evicted count."""
+def _gather_table(links: ServerLinks, name: str, min_version: int = 0) -> tuple[dict[str, np.ndarray], int, int]:
+    """Every server's rows of table ``name``, pages joined, once the table has completed
+    ``min_version`` steps (sync); its version and evicted count."""
     pieces: dict[str, list[np.ndarray]] = {}
     version = evicted = 0
     for server in range(len(links)):
         start = 0
         while True:
             (header, arrays), = links.request_list(
-                [(server, {"op": "snapshot_sparse", "table": name, "start": start, "count": SPARSE_PAGE_ROWS}, ())])
+                [(server, {"op": "snapshot_sparse", "table": name, "start": start, "count": SPARSE_PAGE_ROWS,
+                           "min_version": min_version}, ())])
             for part, arr in zip(header["parts"], arrays):
                 pieces.setdefault(part, []).append(arr)
             version, evicted = max(version, header["version"]), evicted + header["evicted"]
@@ -109,7 +113,10 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             cut = _pause_at_a_cut(links)
         try:
             values, slots, versions, optimizer = _gather_dense(links, plan)
-            tables_state = {name: _gather_table(links, name) for name in tables}
+            # Sync: the chief's dense reply means every dense block finished this step, but sparse
+            # pushes are answered at once: the tables' snapshots wait for the same step.
+            min_version = step if settings.get("mode") == "sync" else 0
+            tables_state = {name: _gather_table(links, name, min_version) for name in tables}
         finally:
             if cut is not None:
                 links.request_many({s: ({"op": "resume_pushes"}, ()) for s in range(len(links))})

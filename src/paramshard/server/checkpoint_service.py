@@ -119,11 +119,23 @@ class CheckpointService:
             raise ConfigError("this server serves no sparse tables")
         return self.sparse._table(name)
 
-    def handle_snapshot_sparse(self, header: dict, arrays: list) -> Reply:
+    def handle_snapshot_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
         table = self._table(header["table"])
         start, count = header["start"], header["count"]
         if start < 0 or count < 1:
             raise ConfigError(f"snapshot_sparse: start {start}, count {count}: expected start >= 0, count >= 1")
+        version = header.get("min_version", 0)
+        if table.version < version:
+            # Sync: a sparse push is answered at once, so the chief may ask before the other
+            # trainers' pushes of its last step arrived; the snapshot waits for that step.
+            return Deferred(ready=lambda: table.version >= version,
+                            make_reply=lambda: self._page(table, start, count),
+                            describe=lambda: f"table {table.name!r} step {version} is not complete: trainers "
+                                             f"{table.waiting_for()} have not pushed",
+                            waits_on=table.waiting_for)
+        return self._page(table, start, count)
+
+    def _page(self, table: SparseTable, start: int, count: int) -> Reply:
         end = min(table.num_rows, start + count)
         rows = slice(start, max(start, end))
         parts = ["ids", "values"] + [f"slot{i}" for i in range(len(table.slots))]

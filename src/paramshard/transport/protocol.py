@@ -58,7 +58,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "export_sparse": {"table": str},
     "import_sparse": {"table": str},
     "snapshot_dense": {},
-    "snapshot_sparse": {"table": str, "start": int, "count": int},
+    "snapshot_sparse": {"table": str, "start": int, "count": int, "min_version": Optional(int)},
     "restore_dense": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
                       "plan_fingerprint": int, "trainer": int},
     "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int,

@@ -1,0 +1,74 @@
+"""Carry on after a server died and was restarted in place (``launch --max-restarts``).
+
+Every server has a generation (its *epoch*); every data request carries the
+trainer's, and a server answers a request of another epoch with ``reset``. A
+server restarted by the launcher starts in epoch -1 (recovering): it refuses
+every data request until the chief has rebuilt the job's state. Recovery:
+
+1. every trainer waits until every server answers again (deadline: the job's
+   timeout);
+2. the chief moves every server to a new epoch (``reset``: state dropped,
+   waiting requests failed with ``reset``) and restores the latest checkpoint
+   onto all of them, so in sync mode every server is back at the same step;
+3. the other trainers wait until every server is in one new epoch, then pull
+   (their dense pull waits for the chief's dense restore, which comes last).
+
+Stale requests (sent before a trainer noticed) carry the old epoch and are
+refused, so nothing from before the rollback is applied after it.
+"""
+from __future__ import annotations
+
+import time
+
+from ..checkpoint.format import Checkpoint
+from ..errors import DeadlineExceeded, RemoteError, ServerUnavailable
+from ..log import get_logger
+from ..transport.client import ServerLinks
+
+log = get_logger("recovery")
+
+# Errors a trainer can recover from when recovery is on: a server gone, or a server
+# that dropped this trainer's request in a reset (or while recovering).
+RECOVERABLE_CODES = ("reset", "peer_lost")
+
+
+def recoverable(exc: BaseException) -> bool:
+    if isinstance(exc, ServerUnavailable):
+        return True
+    return isinstance(exc, RemoteError) and exc.code in RECOVERABLE_CODES
+
+
+def _generations(links: ServerLinks, deadline: float) -> list[int]:
+    """Every server's epoch, once every server answers (restarted ones take a moment)."""
+    while True:
+        try:
+            return [h["generation"] for h in links.wait_ready(timeout=max(1.0, min(5.0, deadline - time.monotonic())))]
+        except (ServerUnavailable, DeadlineExceeded) as exc:
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(f"recovery: the servers did not all come back in time ({exc})") from None
+            time.sleep(0.2)
+
+
+def reset_servers(links: ServerLinks, timeout: float, trainer_id: int) -> int:
+    """Chief: move every server to one new epoch, its state dropped. Returns the epoch."""
+    deadline = time.monotonic() + timeout
+    epoch = max(_generations(links, deadline)) + 1
+    links.request_many({s: ({"op": "reset", "epoch": epoch, "trainer": trainer_id}, ()) for s in range(len(links))})
+    return epoch
+
+
+def wait_for_new_epoch(links: ServerLinks, old: int, timeout: float) -> int:
+    """Others: wait until every server is in one epoch newer than ``old``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = _generations(links, deadline)
+        if len(set(seen)) == 1 and seen[0] > old:
+            return seen[0]
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded(f"recovery: the chief did not restore the servers within {timeout:g} s "
+                                   f"(epochs {seen}); is trainer 0 alive?")
+        time.sleep(0.1)
+
+
+def latest_checkpoint(root) -> Checkpoint:
+    return Checkpoint(root)
