@@ -63,6 +63,10 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "the job starts from (`launch --resume`)", ()),
     ("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
      "many left normally (`launch --min-trainers`); the others may have died", ()),
+    ("PARAMSHARD_MAX_RESTARTS", "how many times the launcher may restart a dead server in place "
+     "(`launch --max-restarts`); trainers then wait for it and roll back to the latest checkpoint", ()),
+    ("PARAMSHARD_RECOVERING", "set by the launcher on a server it restarted: serve nothing until the chief "
+     "restores the checkpoint", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
@@ -116,6 +120,8 @@ class ClusterEnv:
     checkpoint_keep: int = 3
     resume: str | None = None
     min_trainers: int | None = None
+    max_restarts: int = 0
+    recovering: bool = False
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -202,6 +208,8 @@ class ClusterEnv:
             checkpoint_keep=_or(_int(e, "PARAMSHARD_CHECKPOINT_KEEP"), 3),
             resume=e.get("PARAMSHARD_RESUME") or None,
             min_trainers=_int(e, "PARAMSHARD_MIN_TRAINERS"),
+            max_restarts=_or(_int(e, "PARAMSHARD_MAX_RESTARTS"), 0),
+            recovering=e.get("PARAMSHARD_RECOVERING", "") not in ("", "0"),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
         )
@@ -239,6 +247,10 @@ class ClusterEnv:
             out["PARAMSHARD_RESUME"] = self.resume
         if self.min_trainers is not None:
             out["PARAMSHARD_MIN_TRAINERS"] = str(self.min_trainers)
+        if self.max_restarts:
+            out["PARAMSHARD_MAX_RESTARTS"] = str(self.max_restarts)
+        if self.recovering:
+            out["PARAMSHARD_RECOVERING"] = "1"
         out.update(self.limits.to_environ())
         return out
 

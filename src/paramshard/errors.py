@@ -25,6 +25,10 @@ class ServerUnavailable(ParamshardError):
     """A server did not answer in time or its connection dropped."""
 
 
+class StaleEpoch(ParamshardError):
+    """A request from before a reset (the job rolled back to a checkpoint): refused."""
+
+
 class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
 

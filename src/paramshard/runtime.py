@@ -56,7 +56,8 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
-                             limits=env.limits, min_trainers=env.min_trainers if env.mode == "async" else None)
+                             limits=env.limits, min_trainers=env.min_trainers if env.mode == "async" else None,
+                             recovering=env.recovering)
     _attach_optional_services(server, env)
     return server
 

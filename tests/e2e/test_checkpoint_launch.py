@@ -44,33 +44,57 @@ def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path):
     assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in out, out
 
 
-def test_a_killed_server_restarts_the_job_from_the_latest_checkpoint(tmp_path):
-    code, whole = launch(SCRIPT, "--steps", "16")
-    assert code == 0, whole[-4000:]
+def _kill_mid_run(tmp_path, role, rank):
+    """Run the 16-step job (0.3 s a step) with checkpoints every 5 steps and --max-restarts 1;
+    0.6 s after step 5 is saved (about step 7, well before the next checkpoint), kill -9 the
+    given rank. Returns (exit code, output)."""
     ckpt = tmp_path / "ckpt"
     mark = f"kill-test-{time.time_ns()}"
     proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
-                             "--checkpoint-every", "3", "--max-restarts", "1", SCRIPT, "--steps", "16",
+                             "--checkpoint-every", "5", "--max-restarts", "1", SCRIPT, "--steps", "16",
                              "--step-delay", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not (ckpt / "step-00000006").is_dir():
-            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint at step 6 in time"
+        while not (ckpt / "step-00000005").is_dir():
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint at step 5 in time"
             time.sleep(0.05)
-        server_1 = [pid for pid in processes_marked(mark) if _environ(pid).get("PARAMSHARD_SERVER_ID") == "1"
-                    and _environ(pid).get("PARAMSHARD_ROLE") == "server"]
-        assert len(server_1) == 1, server_1
-        os.kill(server_1[0], signal.SIGKILL)
+        time.sleep(0.6)
+        key = "PARAMSHARD_SERVER_ID" if role == "server" else "PARAMSHARD_TRAINER_ID"
+        victims = [pid for pid in processes_marked(mark) if _environ(pid).get(key) == str(rank)
+                   and _environ(pid).get("PARAMSHARD_ROLE") == role]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out[-6000:]
+    assert not processes_marked(mark)
+    return proc.returncode, out
+
+
+def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_path):
+    code, whole = launch(SCRIPT, "--steps", "16")
+    assert code == 0, whole[-4000:]
+    code, out = _kill_mid_run(tmp_path, "server", 1)
+    assert code == 0, out[-6000:]
+    assert "restarting it in place on 127.0.0.1:" in out, out[-6000:]
+    replayed = re.findall(r"trainer (\d): rolled back from step (\d+) to checkpoint step (\d+): (\d+) steps", out)
+    assert {t for t, *_ in replayed} == {"0", "1"}, out[-6000:]
+    assert all(int(back_to) == 5 and int(n) >= 1 for _, _, back_to, n in replayed), replayed   # steps replayed
+    # The trainers were not restarted: each script started once.
+    assert out.count("trainer 0 starts at step") == 1 and out.count("trainer 1 starts at step") == 1, out[-6000:]
+    assert final_hash(out) == final_hash(whole)
+
+
+def test_a_killed_trainer_restarts_the_job_from_the_latest_checkpoint(tmp_path):
+    code, whole = launch(SCRIPT, "--steps", "16")
+    assert code == 0, whole[-4000:]
+    code, out = _kill_mid_run(tmp_path, "trainer", 1)
+    assert code == 0, out[-6000:]
     assert re.search(r"restart 1 of 1: every server and trainer starts again from checkpoint step \d+", out), out
     assert final_hash(out) == final_hash(whole)
-    assert not processes_marked(mark)
 
 
 def _environ(pid):

@@ -228,6 +228,8 @@ class Gen:
             return self.head(r, op), []
         if op == "snapshot_sparse":
             return self.head(r, op, table=TABLE, start=0, count=r.randint(1, 100), min_version=0), []
+        if op == "reset":       # legit, it would drop everything: only ever sent broken
+            return self.head(r, op, epoch=1, trainer=0), []
         if op == "cut_pushes":
             return self.head(r, op, cut=[[0, 0]]), []
         if op == "restore_dense":

@@ -172,19 +172,22 @@ def run(args) -> int:
         script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
         secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
-        **_checkpoint_fields(args))
-    for attempt in range(args.max_restarts + 1):
-        launcher = _launcher(args, fields)
+        **_checkpoint_fields(args), max_restarts=args.max_restarts)
+    used = 0
+    while True:
+        launcher = _launcher(args, dict(fields, max_restarts=args.max_restarts - used))
         code, stopped = _run_once(launcher)
-        if code == 0 or stopped or attempt == args.max_restarts:
+        used += launcher.restarts_used            # servers restarted in place
+        if code == 0 or stopped or used >= args.max_restarts:
             return code
+        used += 1
         latest = checkpoints(fields["checkpoint_dir"])
         if not latest:
             log.error("no checkpoint in %s yet: nothing to restart from", fields["checkpoint_dir"])
             return code
         step = Checkpoint(latest[-1]).step
         log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
-                    "(%s); the steps after it are trained again", attempt + 1, args.max_restarts, step, latest[-1])
+                    "(%s); the steps after it are trained again", used, args.max_restarts, step, latest[-1])
         fields["resume"] = str(latest[-1].resolve())
     return code
 

@@ -41,7 +41,8 @@ class DenseClient:
         """Copy every block (at least at ``min_version``) into ``out``'s flat arrays;
         returns the highest block version seen (the step count, in sync mode)."""
         requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks], "trainer": self.trainer_id,
-                              "min_version": min_version, "plan_fingerprint": self.fingerprint}, ())
+                              "min_version": min_version, "plan_fingerprint": self.fingerprint,
+                              "epoch": self.links.epoch}, ())
                     for server, blocks in self._by_server.items()]
         replies = self.links.request_list(requests, timeout)
         self.scatter(requests, replies, out)
@@ -51,7 +52,7 @@ class DenseClient:
         requests = []
         for server, blocks in self._by_server.items():
             header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
-                      "trainer": self.trainer_id, "reply_values": want_values}
+                      "trainer": self.trainer_id, "reply_values": want_values, "epoch": self.links.epoch}
             requests.append((server, header, [self._slice(grads, b) for b in blocks]))
         return requests
 

@@ -70,5 +70,18 @@ def wait_for_new_epoch(links: ServerLinks, old: int, timeout: float) -> int:
         time.sleep(0.1)
 
 
-def latest_checkpoint(root) -> Checkpoint:
-    return Checkpoint(root)
+def roll_back(links: ServerLinks, plan, optimizer, tables, checkpoint_dir, is_chief: bool, trainer_id: int,
+              timeout: float) -> Checkpoint | None:
+    """Bring every server back to the latest checkpoint (the chief does it, the others
+    wait for it); returns the checkpoint when this trainer can read it."""
+    from .checkpoint import open_for_resume, restore_checkpoint
+    old = links.epoch
+    if is_chief:
+        ckpt = Checkpoint(checkpoint_dir)       # before the reset: no checkpoint, nothing to roll back to
+        links.epoch = reset_servers(links, timeout, trainer_id)
+        restore_checkpoint(links, plan, optimizer, tables, ckpt, trainer_id)
+        log.warning("trainer %d: restored checkpoint %s (step %d) onto every server, epoch %d", trainer_id,
+                    ckpt.path, ckpt.step, links.epoch)
+        return ckpt
+    links.epoch = wait_for_new_epoch(links, old, timeout)
+    return open_for_resume(checkpoint_dir, required=False)

@@ -85,7 +85,8 @@ class SparseClient:
             mine = part.part(s)
             if part.count(s):
                 requests.append((s, {"op": "pull_sparse", "table": table, "trainer": self.trainer_id,
-                                     "min_version": min_version, "create": create}, [ids[mine]]))
+                                     "min_version": min_version, "create": create, "epoch": self.links.epoch},
+                                 [ids[mine]]))
         return requests, part
 
     @staticmethod
@@ -111,7 +112,7 @@ class SparseClient:
         ``ids`` must be distinct (SparseEmbedding.take_gradients merges them)."""
         part = self._partition(table, ids)
         return [(s, {"op": "push_sparse", "table": table, "step": step, "trainer": self.trainer_id,
-                     "distinct": True},
+                     "distinct": True, "epoch": self.links.epoch},
                  [ids[part.part(s)], grads[part.part(s)]]) for s in range(self.num_servers)]
 
     def push_sparse(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> None:

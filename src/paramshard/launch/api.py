@@ -59,6 +59,7 @@ class LaunchConfig:
     checkpoint_keep: int = 3
     resume: str | None = None      # a checkpoint path the trainers start from
     min_trainers: int | None = None   # async: the job goes on while this many trainers are alive
+    max_restarts: int = 0             # dead servers restarted in place, trainers roll back to a checkpoint
 
     def __post_init__(self):
         if self.servers < 1:
@@ -78,7 +79,8 @@ class LaunchConfig:
                           dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
                           secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
                           checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
-                          checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers)
+                          checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers,
+                          max_restarts=self.max_restarts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +242,13 @@ class Launcher:
         self.stopped_by_signal = False
         self.min_trainers: int | None = None     # async: keep going while this many trainers are alive
         self._tolerated_seen: list = []
+        self.checkpoint_dir: str | None = None
+        self.restarts_left = 0                   # dead servers this launcher may restart in place
+        self.restarts_used = 0
+        self.server_ranks: list[RankSpec] = []
 
     def start_job(self, spec: JobSpec) -> None:
+        self.server_ranks = list(spec.servers)
         try:
             for rank in spec.servers:
                 self.servers.append(self.engine.start(rank))
@@ -265,6 +272,28 @@ class Launcher:
                             len(self.trainers) - len(dead_trainers), self.min_trainers)
         return dead_trainers
 
+    def _restart_in_place(self, failed: list) -> bool:
+        """Dead servers only, restarts left, a checkpoint to roll back to: start each again on
+        its own address; the trainers wait for it and roll back (client/recovery.py)."""
+        if not all(p in self.servers for p in failed) or self.restarts_left < len(failed):
+            return False
+        from ..checkpoint.format import checkpoints
+        done = checkpoints(self.checkpoint_dir) if self.checkpoint_dir else []
+        if not done:
+            log.error("no checkpoint in %s yet: a dead server cannot be restarted in place", self.checkpoint_dir)
+            return False
+        for p in failed:
+            i = self.servers.index(p)
+            rank = self.server_ranks[i]
+            self.restarts_left -= 1
+            self.restarts_used += 1
+            log.warning("%s; restarting it in place on %s (restart %d); the trainers roll back to the "
+                        "latest checkpoint (%s)", p.describe_exit(), rank.env.servers[i], self.restarts_used,
+                        done[-1].name)
+            self.servers[i] = self.engine.start(dataclasses.replace(
+                rank, env=dataclasses.replace(rank.env, recovering=True)))
+        return True
+
     def wait(self, poll_interval: float = 0.1) -> int:
         """Block until the job ends; 0 when every trainer succeeded (or, with ``min_trainers``,
         enough of them), else the first failure's code."""
@@ -274,6 +303,8 @@ class Launcher:
                 failed = [p for p in everyone if p.poll() not in (None, 0)]
                 tolerated = self._tolerated(failed)
                 failed = [p for p in failed if p not in tolerated]
+                if failed and self._restart_in_place(failed):
+                    continue
                 if failed:
                     for p in failed:
                         log.error("%s", p.describe_exit())

@@ -44,6 +44,7 @@ class LocalLauncher(Launcher):
         super().__init__(LocalEngine(out))
         self.config = config
         self.min_trainers = config.min_trainers
+        self.checkpoint_dir, self.restarts_left = config.checkpoint_dir, config.max_restarts
         self.out = self.engine.out
         self.addresses: list[str] = []
 

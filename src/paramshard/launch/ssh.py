@@ -198,6 +198,7 @@ class SshLauncher(Launcher):
         self.script = self._remote_script()
         super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
         self.min_trainers = config.min_trainers
+        self.checkpoint_dir, self.restarts_left = config.checkpoint_dir, config.max_restarts
         self.addresses: list[str] = []
 
     def _remote_script(self) -> str:

@@ -22,3 +22,6 @@ class Service(Protocol):
 
     def on_leave(self, trainer: int) -> None:
         """``trainer`` left the job: finish steps that only waited for it."""
+
+    def reset(self) -> None:
+        """Drop all state: the job rolls back to a checkpoint (the chief restores it next)."""

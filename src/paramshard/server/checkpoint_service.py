@@ -71,6 +71,9 @@ class CheckpointService:
     def on_leave(self, trainer: int) -> None:
         pass
 
+    def reset(self) -> None:
+        self.server.release(self.server.gate.resume())
+
     # -- dense --------------------------------------------------------------
     def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
         store = self.dense

@@ -22,6 +22,9 @@ class DenseHandlers:
     def on_leave(self, trainer: int) -> None:
         self.store.on_leave(trainer)
 
+    def reset(self) -> None:
+        self.store.blocks, self.store.plan_fingerprint, self.store.optimizer = {}, None, None
+
     def handle_register_dense(self, header: dict, arrays: list) -> Reply:
         names = header["names"]
         self.store.register(header["trainer"], names, arrays, from_wire(header["optimizer"]),

@@ -20,7 +20,7 @@ from collections import Counter
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import ParamshardError, ProtocolError
+from ..errors import ConfigError, ParamshardError, ProtocolError, StaleEpoch
 from ..limits import Limits
 from ..log import get_logger
 from ..transport import protocol
@@ -46,6 +46,7 @@ class _Waiting:
 
 
 PUSH_OPS = ("push_dense", "push_sparse")
+DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
 
 
 def _peer_address(frame) -> str | None:
@@ -59,7 +60,8 @@ def _peer_address(frame) -> str | None:
 class ParameterServer:
     def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
-                 peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None):
+                 peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None,
+                 recovering: bool = False):
         """``bind`` is host:port; port 0 picks a free port (see ``address``).
         ``peers``: index -> address of the job's other servers, watched so this one
         does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
@@ -83,6 +85,9 @@ class ParameterServer:
         self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer)
         self._waiting: list[_Waiting] = []
         self.gate = PushGate(timeout)       # async checkpoints: holds pushes for a consistent cut
+        # The job's epoch (client/recovery.py): data requests of another epoch are refused. A
+        # server restarted in place starts at -1: it serves nothing until the chief resets it.
+        self.generation = -1 if recovering else 0
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -225,6 +230,11 @@ class ParameterServer:
                 if type(trainer) is not int:
                     raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
                 self.membership.check_trainer(trainer)
+            if op in DATA_OPS and header.get("epoch", self.generation) != self.generation:
+                raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {self.name} is in epoch "
+                                 f"{self.generation}" + (" (restarted, waiting for the chief to restore the "
+                                                         "checkpoint)" if self.generation < 0 else
+                                                         " (the job rolled back to a checkpoint)"))
             if op in PUSH_OPS and self.mode == "async" and self.gate.should_hold(trainer, header["step"]):
                 self.gate.held.append((trainer, header["step"], frames))
                 return
@@ -257,7 +267,8 @@ class ParameterServer:
         else is a bug (or MemoryError) reported as ``internal`` with the op."""
         self.stats["errors"] += 1
         if isinstance(exc, ParamshardError):
-            code = "bad_request" if isinstance(exc, ProtocolError) else "invalid"
+            code = ("bad_request" if isinstance(exc, ProtocolError) else
+                    "reset" if isinstance(exc, StaleEpoch) else "invalid")
             message = str(exc)
             log.warning("%s: rejected %s request %s: %s", self.name, op, request_id, exc)
         else:
@@ -326,7 +337,25 @@ class ParameterServer:
 
     # -- generic ops ------------------------------------------------------
     def handle_hello(self, header, arrays) -> Reply:
-        return Reply({"server": self.server_id, "mode": self.mode, "trainers": self.num_trainers})
+        return Reply({"server": self.server_id, "mode": self.mode, "trainers": self.num_trainers,
+                      "generation": self.generation})
+
+    def handle_reset(self, header, arrays) -> Reply:
+        """The chief rolls the job back: drop every service's state, fail what waits, new epoch."""
+        if header["trainer"] != 0:
+            raise ConfigError(f"trainer {header['trainer']} asked for a reset: only the chief (trainer 0) does")
+        if header["epoch"] <= self.generation:
+            raise ConfigError(f"reset to epoch {header['epoch']}: {self.name} is already in epoch {self.generation}")
+        for w in self._waiting:
+            self._send(w.identity, protocol.error_header(w.request_id, "reset", f"{self.name}: the job rolls "
+                                                          f"back to a checkpoint; this {w.op} is void"))
+        self._waiting = []
+        for service in self._services:
+            service.reset()
+        self.generation = header["epoch"]
+        log.warning("%s: reset to epoch %d: state dropped, the chief restores the latest checkpoint",
+                    self.name, self.generation)
+        return Reply({"generation": self.generation})
 
     def handle_stats(self, header, arrays) -> Reply:
         return Reply({"stats": self.snapshot_stats()})

@@ -104,6 +104,9 @@ class SparseService:
         table.load(ids, np.asarray(arrays[1], np.float32))
         return Reply({"rows": table.num_rows})
 
+    def reset(self) -> None:
+        self.tables = {}
+
     def on_leave(self, trainer: int) -> None:
         if self.mode == "sync":
             for table in self.tables.values():

@@ -20,13 +20,14 @@ from .. import runtime
 from ..client.dense import DenseClient
 from ..client.sparse import SparseClient
 from ..env import ClusterEnv
-from ..errors import ConfigError
+from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
 from ..optim import KINDS, SGD, OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
 from ..checkpoint.format import write_trainer_position
 from ..client import checkpoint as checkpoint_io
+from ..client import recovery
 from .position import capture, restore_random_streams
 from .sparse_embedding import SparseEmbedding
 
@@ -115,6 +116,8 @@ class Trainer:
         self.resume_from = str(resume) if resume is not None else self.env.resume
         self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
         self._saved_step: int | None = None
+        self._recoveries = 0
+        self._void_step = False
         if self.env.role != "trainer":
             raise ConfigError(f"Trainer needs a trainer process, this one is {self.env.rank_name}")
         self.model = model
@@ -185,8 +188,37 @@ class Trainer:
 
     def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
         # Sync: rows must include every update of the steps before this one.
-        version = self.step_count if self.env.mode == "sync" else 0
-        return self.sparse.pull_sparse(table.name, ids, table.dim, version, create)
+        try:
+            version = self.step_count if self.env.mode == "sync" else 0
+            return self.sparse.pull_sparse(table.name, ids, table.dim, version, create)
+        except ParamshardError as exc:
+            self._recover(exc)
+            # This forward's batch belongs to a step that was rolled back: its step() is void.
+            self._void_step = True
+            return self.sparse.pull_sparse(table.name, ids, table.dim,
+                                           self.step_count if self.env.mode == "sync" else 0, create)
+
+    def _recover(self, exc: ParamshardError) -> None:
+        """A server died and the launcher restarts it in place: roll back to the latest
+        checkpoint with every other trainer (client/recovery.py). Re-raises ``exc`` when
+        recovery is off or spent."""
+        if not (self.env.max_restarts and self.env.checkpoint_dir and recovery.recoverable(exc)) \
+                or self._recoveries >= self.env.max_restarts:
+            raise exc
+        self._recoveries += 1
+        failed_at = self.step_count
+        log.warning("trainer %d: %s; waiting for the servers, then rolling back to the latest checkpoint "
+                    "(recovery %d of %d)", self.trainer_id, exc, self._recoveries, self.env.max_restarts)
+        ckpt = recovery.roll_back(self.links, self.plan, self.optimizer, {t.name: t.spec for t in self.tables.values()},
+                                  self.env.checkpoint_dir, self.is_chief, self.trainer_id, self.env.timeout)
+        version = self.dense.pull_dense(self._values, min_version=0)
+        self._resume_position(ckpt, version)
+        for _, p in self._params:
+            p.grad = None
+        for table in self.tables.values():
+            table.take_gradients()
+        log.warning("trainer %d: rolled back from step %d to checkpoint step %d: %d steps are trained again",
+                    self.trainer_id, failed_at, self.step_count, failed_at - self.step_count)
 
     @staticmethod
     def _dense_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -201,9 +233,24 @@ class Trainer:
         return params
 
     def step(self, loss: torch.Tensor | None = None) -> None:
-        """Backward (if ``loss`` is given), push gradients, take the new values."""
+        """Backward (if ``loss`` is given), push gradients, take the new values. After a
+        recovery (``launch --max-restarts``) ``step_count`` went back to the checkpoint's
+        step: a loop driven by ``step_count`` trains those steps again."""
         if self._closed:
             raise ConfigError("Trainer.step after close()")
+        if self._void_step:     # its forward ran before a rollback: nothing of it counts
+            self._void_step = False
+            for _, p in self._params:
+                p.grad = None
+            for table in self.tables.values():
+                table.take_gradients()
+            return
+        try:
+            self._step(loss)
+        except ParamshardError as exc:
+            self._recover(exc)
+
+    def _step(self, loss: torch.Tensor | None) -> None:
         if loss is not None:
             loss.backward()
         grads = {}

@@ -131,6 +131,7 @@ class ServerLinks:
         """``security``: the job's keys (``Security.from_env(env)``), None for plain TCP."""
         self.timeout = timeout
         self.who = who
+        self.epoch = 0      # the job's epoch, carried by data requests (client/recovery.py)
         self.security = security
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
