@@ -32,6 +32,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/ctr_end_to_end.py --markdown
 	$(PY) benchmarks/sparse_memory.py --markdown
 	$(PY) benchmarks/big_table.py --markdown
+	$(PY) benchmarks/checkpoint_speed.py --markdown
+	$(PY) benchmarks/engine_startup.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

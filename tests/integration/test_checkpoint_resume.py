@@ -13,24 +13,9 @@ from paramshard.checkpoint.format import Checkpoint, CheckpointError
 from paramshard.torch.trainer import Trainer
 from tests.conftest import run_in_threads
 
-DIM, VOCAB, STEPS, CUT = 8, 300, 10, 6
+from tests.e2e.scripts.resumable import DIM, Model, batch   # the model and batches the e2e resume tests use
 
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = ps.SparseEmbedding("feat", DIM, optimizer=ps.optim.Adagrad(lr=0.1), seed=3)
-        self.mlp = nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 1))
-
-    def forward(self, ids):
-        return self.mlp(self.emb(ids)).squeeze(1)
-
-
-def batch(step, trainer):
-    g = np.random.default_rng(1000 * step + trainer)
-    ids = torch.from_numpy((g.zipf(1.3, (16, 4)) % VOCAB).astype(np.int64))
-    return ids, torch.from_numpy((g.random(16) < 0.4).astype(np.float32))
+STEPS, CUT = 10, 6
 
 
 def run(cluster, servers, dispatch, stop_at, ckpt_dir=None, resume=None, save_at=None):
@@ -113,9 +98,9 @@ def test_resume_into_another_model_names_the_mismatch(cluster, tmp_path):
         def __init__(self):
             super().__init__()
             self.emb = ps.SparseEmbedding("feat", DIM, optimizer=ps.optim.Adagrad(lr=0.1), seed=3)
-            self.mlp = nn.Sequential(nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, 1))
+            self.mlp = nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 1))
 
-    with pytest.raises(CheckpointError, match=r"parameter mlp.0.weight is \[32, 8\] here, \[64, 8\] in the checkpoint"):
+    with pytest.raises(CheckpointError, match=r"parameter mlp.0.weight is \[64, 8\] here, \[32, 8\] in the checkpoint"):
         Trainer(Other(), ps.optim.Adam(lr=0.01), env=c.trainer_env(0), resume=tmp_path)
 
 
