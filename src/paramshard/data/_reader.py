@@ -198,6 +198,27 @@ class LineReader:
         self.max_line_bytes = max_line_bytes
         self.bad_lines = 0
         self.bad_line_examples: list[str] = []  # first MAX_EXAMPLES messages, for a report
+        self.epoch = -1          # passes started (0 during the first)
+        self.batches = 0         # batches handed out in the current pass
+        self._resume_at: dict | None = None
+
+    # -- position, for checkpoints (Trainer.save(state=...)) -------------------
+    def state(self) -> dict:
+        """Where this reader is: the pass and how many batches of it were handed out.
+        JSON; save it with ``trainer.save(state={"reader": reader.state()})``."""
+        return {"epoch": self.epoch, "batches": self.batches}
+
+    def restore(self, state: dict) -> None:
+        """Continue from ``state``: the next pass is the saved one and starts after the
+        batches it had handed out (they are read again to be skipped, so bad-line
+        accounting and batch boundaries come out exactly as in the first run)."""
+        try:
+            epoch, batches = max(0, int(state["epoch"])), int(state["batches"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"reader state {state!r}: expected {{'epoch': int, 'batches': int}}") from None
+        if batches < 0:
+            raise ConfigError(f"reader state {state!r}: batches must be >= 0")
+        self._resume_at = {"epoch": epoch, "batches": batches}
 
     def _parse(self, chunk: bytes):
         raise NotImplementedError
@@ -221,4 +242,16 @@ class LineReader:
     def __iter__(self):
         self.bad_lines = 0
         self.bad_line_examples = []
-        return rebatch(self._good_batches(), self.batch_size, self._concat)
+        skip = 0
+        if self._resume_at is not None:
+            self.epoch, skip = self._resume_at["epoch"] - 1, self._resume_at["batches"]
+            self._resume_at = None
+        self.epoch += 1
+        return self._counted(rebatch(self._good_batches(), self.batch_size, self._concat), skip)
+
+    def _counted(self, batches, skip: int):
+        self.batches = 0
+        for batch in batches:
+            self.batches += 1
+            if self.batches > skip:
+                yield batch
