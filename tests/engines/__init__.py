@@ -33,11 +33,12 @@ def engines_required() -> bool:
     return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
 
 
-def unavailable(reason: str) -> None:
-    """Skip the calling test (or fail it when the engines are required) with ``reason``."""
+def unavailable(reason: str, hint: str = INSTALL_HINT) -> None:
+    """Skip the calling test (or fail it when the engines are required) with ``reason``
+    and ``hint``, how to install what is missing."""
     import pytest
 
-    message = f"{reason}; {INSTALL_HINT}"
+    message = f"{reason}; {hint}"
     if engines_required():
         pytest.fail(f"{REQUIRE_ENV} is set but: {message}", pytrace=False)
     pytest.skip(message)

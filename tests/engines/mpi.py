@@ -65,7 +65,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REQUIRE_ENV, engines_required
+from . import unavailable
 
 INSTALL_HINT = ("install Open MPI with `sudo scripts/install-test-engines.sh` (package openmpi-bin) and mpi4py "
                 "into the venv (`pip install -e \".[test]\"` or `pip install 'mpi4py>=4'`)")
@@ -73,10 +73,7 @@ LOOPBACK_MCA = ("--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
 
 
 def _unavailable(reason: str) -> None:
-    message = f"{reason}; {INSTALL_HINT}"
-    if engines_required():
-        pytest.fail(f"{REQUIRE_ENV} is set but: {message}", pytrace=False)
-    pytest.skip(message)
+    unavailable(reason, INSTALL_HINT)
 
 
 _checked: list[str | None] = []

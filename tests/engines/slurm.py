@@ -75,7 +75,7 @@ from pathlib import Path
 
 import pytest
 
-from . import REQUIRE_ENV, alive, engines_required, process_tree, stop_processes, stop_tree
+from . import alive, process_tree, stop_processes, stop_tree, unavailable
 
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 INSTALL_HINT = ("install Slurm and munge with `sudo scripts/install-test-engines.sh` (packages slurm-wlm, munge) "
@@ -91,11 +91,7 @@ def which(name: str) -> str | None:
 
 
 def _unavailable(reason: str) -> None:
-    """Skip the calling test (fail it with PARAMSHARD_REQUIRE_ENGINES=1), saying why and how to install."""
-    message = f"{reason}; {INSTALL_HINT}"
-    if engines_required():
-        pytest.fail(f"{REQUIRE_ENV} is set but: {message}", pytrace=False)
-    pytest.skip(message)
+    unavailable(reason, INSTALL_HINT)
 
 
 _checked: list[str | None] = []
