@@ -180,19 +180,13 @@ def load_model(module: torch.nn.Module, path, unknown: str = "initial") -> torch
     not hold reads: "initial" (what the servers would give it in evaluation: its
     deterministic initial row) or "zeros". Names and shapes are checked first; every
     mismatch is named and nothing is changed. Returns ``module``."""
-    from .torch.sparse_embedding import SparseEmbedding
+    from .torch.sparse_embedding import tables_of
 
     if unknown not in UNKNOWN:
         raise ConfigError(f"load_model(unknown={unknown!r}): expected one of {UNKNOWN}")
     model = read_model(path)
     params = dict(module.named_parameters())
-    tables: dict[str, SparseEmbedding] = {}
-    for m in module.modules():
-        if isinstance(m, SparseEmbedding):
-            if m.name in tables and tables[m.name] is not m:
-                raise ConfigError(f"two SparseEmbedding modules are named {m.name!r}; share one module to "
-                                  f"share a table")
-            tables[m.name] = m
+    tables = tables_of(module)
     problems = _mismatches(params, tables, model)
     if problems:
         raise ModelFileError(f"{model.path} does not fit this model: " + "; ".join(problems))

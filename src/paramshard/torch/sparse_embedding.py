@@ -118,3 +118,15 @@ class SparseEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}, optimizer={self.spec.optimizer.kind}"
+
+
+def tables_of(model: torch.nn.Module) -> dict[str, "SparseEmbedding"]:
+    """Every SparseEmbedding in ``model`` by table name; two modules may not share a name."""
+    tables: dict[str, SparseEmbedding] = {}
+    for module in model.modules():
+        if isinstance(module, SparseEmbedding):
+            if module.name in tables and tables[module.name] is not module:
+                raise ConfigError(f"two SparseEmbedding modules are named {module.name!r}; "
+                                  f"share one module to share a table")
+            tables[module.name] = module
+    return tables

@@ -29,7 +29,7 @@ from ..checkpoint.format import write_trainer_position
 from ..client import checkpoint as checkpoint_io
 from ..client import recovery
 from .position import capture, restore_random_streams
-from .sparse_embedding import SparseEmbedding
+from .sparse_embedding import SparseEmbedding, tables_of
 
 log = get_logger("trainer")
 
@@ -177,14 +177,7 @@ class Trainer:
 
     @staticmethod
     def _sparse_tables(model: torch.nn.Module) -> dict[str, SparseEmbedding]:
-        tables: dict[str, SparseEmbedding] = {}
-        for module in model.modules():
-            if isinstance(module, SparseEmbedding):
-                if module.name in tables and tables[module.name] is not module:
-                    raise ConfigError(f"two SparseEmbedding modules are named {module.name!r}; "
-                                      f"share one module to share a table")
-                tables[module.name] = module
-        return tables
+        return tables_of(model)
 
     def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
         # Sync: rows must include every update of the steps before this one.
