@@ -253,7 +253,7 @@ def run_batch_size(args, children, train, test, codes_train, codes_test, vocab, 
     return result
 
 
-def report(args, results, hidden_auc, vocab, markdown: bool, note: str) -> None:
+def report(args, results, hidden_auc, vocab, markdown: bool, note: str, runs_by_batch: dict) -> None:
     seg_text = (f"interleaved in segments of {args.segment} steps" if args.segment
                 else "interleaved in about 8 segments per run, " + ", ".join(
                     f"{r['segment']} steps each at batch {r['batch']}" for r in results))
@@ -283,8 +283,14 @@ def report(args, results, hidden_auc, vocab, markdown: bool, note: str) -> None:
              f"paramshard in {args.mode} mode; {seg_text}; paramshard server "
              f"held {results[-1]['server_rows']:,} rows at the end (evaluation pulls create none). "
              f"Target: ratio >= 0.7x.")
+    rheaders = ["batch", "ratio ps/pt of each repetition (whole run)", "median", "min-max"]
+    rrows = [[str(bs), ", ".join(f"{ratio(r):.2f}x" for r in runs), f"{C.median([ratio(r) for r in runs]):.2f}x",
+              f"{min(ratio(r) for r in runs):.2f}-{max(ratio(r) for r in runs):.2f}x"]
+             for bs, runs in runs_by_batch.items()]
     C.emit(markdown, [
-        ("CTR end to end: paramshard vs one PyTorch process", headers, rows, right),
+        (f"CTR end to end: paramshard vs one PyTorch process (the median of {args.repeats} repetitions)",
+         headers, rows, right),
+        ("Every repetition", rheaders, rrows, [True, False, True, True]),
         ("Where a step's time goes", pheaders, prows, [True, False, False, True, True]),
         ("SparseEmbedding backward: dense vs sparse gradient", bheaders, brows, [True, False, True]),
     ], [extra, note])
@@ -303,8 +309,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads in this process, for both candidates (default 1: on 2 shared "
                         "vCPUs, with the server process beside it, 2 threads under load ran 2-5x slower)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="whole comparisons per batch size, alternating batch sizes; the tables show the run "
+                        "with the median ratio, and every run's ratio (default 3)")
     p.add_argument("--markdown", action="store_true", help="print markdown tables for RESULTS.md")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     C.install_sigterm_as_exit()
     note = C.machine_note()
@@ -316,7 +327,7 @@ def main(argv=None) -> int:
     children = C.Children()
     workdir = Path(tempfile.mkdtemp(prefix="bench-ctr-"))
     t_start = time.monotonic()
-    results = []
+    runs_by_batch: dict[int, list] = {bs: [] for bs in batch_sizes}
     try:
         print(f"generating {args.train_rows + args.test_rows:,} rows ...", flush=True)
         train, test, hidden_auc = load_data(args.train_rows, args.test_rows, workdir)
@@ -325,25 +336,37 @@ def main(argv=None) -> int:
         vocab = len(uniques)
         codes = codes.astype(np.int64).reshape(-1, train.sparse_ids.shape[1])
         codes_train, codes_test = codes[:len(train)], codes[len(train):]
-        for bs in batch_sizes:
-            segment = args.segment or max(1, (len(train) // bs) // 8)
-            args_bs = argparse.Namespace(**{**vars(args), "segment": segment})
-            print(f"batch {bs}: training both candidates, interleaved in segments of {segment} steps ...",
-                  flush=True)
-            results.append(run_batch_size(args_bs, children, train, test, codes_train, codes_test, vocab, bs))
-            r = results[-1]
-            print(f"  paramshard {r['samples'] / r[PS]['total_s']:,.0f} samples/s, PyTorch "
-                  f"{r['samples'] / r[PT]['total_s']:,.0f} samples/s; AUC {r[PS]['auc']:.4f} vs "
-                  f"{r[PT]['auc']:.4f}", flush=True)
-            children.stop_all()
+        for rep in range(args.repeats):
+            for bs in batch_sizes:
+                segment = args.segment or max(1, (len(train) // bs) // 8)
+                args_bs = argparse.Namespace(**{**vars(args), "segment": segment})
+                print(f"repeat {rep + 1}/{args.repeats}, batch {bs}: training both candidates, interleaved in "
+                      f"segments of {segment} steps ...", flush=True)
+                runs_by_batch[bs].append(run_batch_size(args_bs, children, train, test, codes_train, codes_test,
+                                                        vocab, bs))
+                r = runs_by_batch[bs][-1]
+                print(f"  paramshard {r['samples'] / r[PS]['total_s']:,.0f} samples/s, PyTorch "
+                      f"{r['samples'] / r[PT]['total_s']:,.0f} samples/s; AUC {r[PS]['auc']:.4f} vs "
+                      f"{r[PT]['auc']:.4f}", flush=True)
+                children.stop_all()
     finally:
         children.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
     load = os.getloadavg()[0]
     note += (f"; load average {load:.2f} at end; torch threads {torch.get_num_threads()}; "
              f"{time.monotonic() - t_start:.0f} s")
-    report(args, results, hidden_auc, vocab, args.markdown, note)
+    results = [median_run(runs_by_batch[bs]) for bs in batch_sizes]
+    report(args, results, hidden_auc, vocab, args.markdown, note, runs_by_batch)
     return 0
+
+
+def ratio(r: dict) -> float:
+    return r[PT]["total_s"] / r[PS]["total_s"]        # samples/s of paramshard over PyTorch's
+
+
+def median_run(runs: list) -> dict:
+    """The repetition whose whole-run ratio is the median (a real run, not a blend)."""
+    return sorted(runs, key=ratio)[(len(runs) - 1) // 2]
 
 
 if __name__ == "__main__":
