@@ -125,3 +125,49 @@ def test_without_min_trainers_a_dead_trainer_stops_the_job():
 def test_min_trainers_needs_async():
     code, out = launch("--min-trainers", "1", SURVIVOR)
     assert code == 2 and "--min-trainers 1: needs --mode async" in out, out
+
+
+def test_a_server_dead_before_the_first_checkpoint_fails_the_job_fast(tmp_path):
+    """--max-restarts with nothing to roll back to: no restart, the job fails naming the server."""
+    ckpt = tmp_path / "ckpt"
+    mark = f"early-kill-{time.time_ns()}"
+    proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
+                             "--checkpoint-every", "1000", "--max-restarts", "1", SCRIPT, "--steps", "200",
+                             "--step-delay", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "starts at step 0" not in _peek(proc):
+            assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+            time.sleep(0.05)
+        victim = [pid for pid in processes_marked(mark) if _environ(pid).get("PARAMSHARD_SERVER_ID") == "0"
+                  and _environ(pid).get("PARAMSHARD_ROLE") == "server"]
+        killed_at = time.monotonic()
+        os.kill(victim[0], signal.SIGKILL)
+        proc.wait(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = _peek(proc) + proc.stdout.read()
+    assert proc.returncode != 0, out[-4000:]
+    assert "no checkpoint in" in out and "first failure: server 0" in out, out[-4000:]
+    assert took < 30, took
+    assert not processes_marked(mark)
+
+
+_seen: dict = {}
+
+
+def _peek(proc) -> str:
+    """What ``proc`` printed so far (non-blocking reads of its stdout pipe)."""
+    import fcntl
+    fd = proc.stdout.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        chunk = os.read(fd, 1 << 20)
+    except BlockingIOError:
+        chunk = b""
+    _seen[proc.pid] = _seen.get(proc.pid, "") + chunk.decode(errors="replace")
+    return _seen[proc.pid]
