@@ -5,6 +5,11 @@ and every SparseEmbedding table with the servers; every trainer then pulls
 the dense values, so all start from the same point. ``step(loss)`` runs
 backward, pushes dense gradients and sparse row gradients together, and
 receives the updated dense parameters in the same round trip.
+
+Checkpoints (``save``, ``resume=``) go through paramshard.client.checkpoint;
+after a server died and was restarted in place, the Trainer rolls back with
+the others (paramshard.client.recovery) and ``step_count`` goes back to the
+checkpoint's step.
 """
 from __future__ import annotations
 
@@ -17,17 +22,18 @@ import numpy as np
 import torch
 
 from .. import runtime
+from ..checkpoint.format import write_trainer_position
+from ..client import checkpoint as checkpoint_io
+from ..client import recovery
 from ..client.dense import DenseClient
 from ..client.sparse import SparseClient
 from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
-from ..optim import KINDS, SGD, OptimizerConfig
+from ..optim import OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
-from ..checkpoint.format import write_trainer_position
-from ..client import checkpoint as checkpoint_io
-from ..client import recovery
+from .optimizer_config import optimizer_config
 from .position import capture, restore_random_streams
 from .sparse_embedding import SparseEmbedding, tables_of
 
@@ -35,61 +41,6 @@ log = get_logger("trainer")
 
 # A leave at interpreter exit must not hold the script up when the servers are gone.
 EXIT_CLOSE_TIMEOUT = 3.0
-
-
-def _fmt(value) -> str:
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (tuple, list)):
-        return "(" + ", ".join(_fmt(v) for v in value) + ")"
-    return repr(value)
-
-
-def _ps_equivalent(optimizer) -> str | None:
-    """The ps.optim call matching a torch.optim optimizer's first param group, or None."""
-    if not isinstance(optimizer, torch.optim.Optimizer) or not optimizer.param_groups:
-        return None
-    g = optimizer.param_groups[0]
-
-    def call(name, *keys):
-        args = [f"{k}={_fmt(g[k])}" for k in keys if k in g]
-        return f"ps.optim.{name}({', '.join(args)})"
-
-    if type(optimizer) is torch.optim.SGD:
-        if g.get("momentum", 0) > 0:
-            return call("Momentum", "lr", "momentum", "nesterov", "weight_decay")
-        return call("SGD", "lr", "weight_decay")
-    if type(optimizer) is torch.optim.Adam:
-        return call("Adam", "lr", "betas", "eps", "weight_decay")
-    if type(optimizer) is torch.optim.Adagrad:
-        return call("Adagrad", "lr", "lr_decay", "initial_accumulator_value", "eps", "weight_decay")
-    return None
-
-
-def _check_optimizer(optimizer) -> OptimizerConfig:
-    if optimizer is None:
-        return SGD(lr=0.01)
-    if isinstance(optimizer, OptimizerConfig):
-        return optimizer
-    available = ", ".join(f"ps.optim.{cls.__name__}" for cls in KINDS.values())
-    if isinstance(optimizer, type) and issubclass(optimizer, OptimizerConfig):
-        raise ConfigError(f"Trainer(optimizer=ps.optim.{optimizer.__name__}): pass an instance with its "
-                          f"settings, e.g. optimizer=ps.optim.{optimizer.__name__}(lr=0.01)")
-    if isinstance(optimizer, torch.optim.Optimizer):
-        module = type(optimizer).__module__
-        module = "torch.optim" if module.startswith("torch.optim") else module
-        name = f"{module}.{type(optimizer).__name__}"
-        equivalent = _ps_equivalent(optimizer)
-        hint = (f"use optimizer={equivalent}" if equivalent else
-                f"{name} has no paramshard equivalent; pick one of {available}")
-        raise ConfigError(f"Trainer(optimizer={name}(...)): optimizers run on the parameter servers, so "
-                          f"the Trainer takes a ps.optim config, not a torch.optim optimizer; {hint}")
-    shown = repr(optimizer)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise ConfigError(f"Trainer(optimizer={shown}): expected a ps.optim config (optimizers run on the "
-                      f"parameter servers), one of {available}, e.g. optimizer=ps.optim.SGD(lr=0.1)")
 
 
 def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
@@ -111,7 +62,7 @@ class Trainer:
                  env: ClusterEnv | None = None, resume=None):
         """``resume``: a checkpoint to start from (default: PARAMSHARD_RESUME, set by
         ``paramshard launch --resume``); a step-N directory or a checkpoint directory."""
-        self.optimizer = _check_optimizer(optimizer)     # before anything touches the network
+        self.optimizer = optimizer_config(optimizer)     # before anything touches the network
         self.env = env or runtime.current()
         self.resume_from = str(resume) if resume is not None else self.env.resume
         self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
