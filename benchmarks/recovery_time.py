@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
-from tests.e2e.run_job import MARK, PARAMSHARD, VENV_BIN, processes_marked  # noqa: E402
+from tests.e2e.run_job import MARK, PARAMSHARD, VENV_BIN, rank_pids  # noqa: E402
 
 SCRIPT = str(ROOT / "tests" / "e2e" / "scripts" / "resumable.py")
-
-
-def environ_of(pid: int) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 def one_run(extra: list[str], kill: bool) -> dict:
@@ -64,8 +56,7 @@ def one_run(extra: list[str], kill: bool) -> dict:
                     raise SystemExit("no checkpoint at step 5")
                 time.sleep(0.01)
             time.sleep(0.55)
-            victim = [p for p in processes_marked(mark) if environ_of(p).get("PARAMSHARD_SERVER_ID") == "1"
-                      and environ_of(p).get("PARAMSHARD_ROLE") == "server"]
+            victim = rank_pids(mark, "server", 1)
             killed_at = time.monotonic()
             os.kill(victim[0], signal.SIGKILL)
         proc.wait(timeout=180)

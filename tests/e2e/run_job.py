@@ -45,6 +45,22 @@ def processes_marked(mark: str) -> list[int]:
     return found
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def rank_pids(mark: str, role: str, index: int) -> list[int]:
+    """PIDs of ``role`` ``index`` (e.g. server 1) among the processes of the job marked ``mark``."""
+    key = "PARAMSHARD_SERVER_ID" if role == "server" else "PARAMSHARD_TRAINER_ID"
+    return [pid for pid in processes_marked(mark)
+            if environ_of(pid).get("PARAMSHARD_ROLE") == role and environ_of(pid).get(key) == str(index)]
+
+
 def run_job(argv: list[str], env: dict | None = None, timeout: float = 120.0, cwd: str | Path = REPO,
             settle: float = 5.0) -> JobResult:
     """Run ``argv`` in its own process group; kill the group at the deadline. After it

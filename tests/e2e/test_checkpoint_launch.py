@@ -5,9 +5,8 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, processes_marked
+from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "resumable.py")
 
@@ -61,9 +60,7 @@ def _kill_mid_run(tmp_path, role, rank):
             assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint at step 5 in time"
             time.sleep(0.05)
         time.sleep(0.6)
-        key = "PARAMSHARD_SERVER_ID" if role == "server" else "PARAMSHARD_TRAINER_ID"
-        victims = [pid for pid in processes_marked(mark) if _environ(pid).get(key) == str(rank)
-                   and _environ(pid).get("PARAMSHARD_ROLE") == role]
+        victims = rank_pids(mark, role, rank)
         assert len(victims) == 1, victims
         os.kill(victims[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
@@ -95,14 +92,6 @@ def test_a_killed_trainer_restarts_the_job_from_the_latest_checkpoint(tmp_path):
     assert code == 0, out[-6000:]
     assert re.search(r"restart 1 of 1: every server and trainer starts again from checkpoint step \d+", out), out
     assert final_hash(out) == final_hash(whole)
-
-
-def _environ(pid):
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 SURVIVOR = str(REPO / "tests" / "e2e" / "scripts" / "async_survivor.py")
@@ -141,8 +130,7 @@ def test_a_server_dead_before_the_first_checkpoint_fails_the_job_fast(tmp_path):
         while "starts at step 0" not in _peek(proc):
             assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
             time.sleep(0.05)
-        victim = [pid for pid in processes_marked(mark) if _environ(pid).get("PARAMSHARD_SERVER_ID") == "0"
-                  and _environ(pid).get("PARAMSHARD_ROLE") == "server"]
+        victim = rank_pids(mark, "server", 0)
         killed_at = time.monotonic()
         os.kill(victim[0], signal.SIGKILL)
         proc.wait(timeout=60)
