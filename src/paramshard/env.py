@@ -63,6 +63,8 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "the job starts from (`launch --resume`)", ()),
     ("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
      "many left normally (`launch --min-trainers`); the others may have died", ()),
+    ("PARAMSHARD_MAX_IN_FLIGHT", "async: pushes a trainer may have on their way before it waits for the "
+     "oldest reply (default 1; 0 waits for every push; sync mode always waits)", ()),
     ("PARAMSHARD_MAX_RESTARTS", "how many times the launcher may restart a dead server in place "
      "(`launch --max-restarts`); trainers then wait for it and roll back to the latest checkpoint", ()),
     ("PARAMSHARD_RECOVERING", "set by the launcher on a server it restarted: serve nothing until the chief "
@@ -122,6 +124,7 @@ class ClusterEnv:
     min_trainers: int | None = None
     max_restarts: int = 0
     recovering: bool = False
+    max_in_flight: int | None = None    # None: 1 in async mode, 0 in sync
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -140,6 +143,8 @@ class ClusterEnv:
             raise ConfigError(f"PARAMSHARD_CHECKPOINT_EVERY={self.checkpoint_every}: must be >= 0 steps")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"PARAMSHARD_CHECKPOINT_KEEP={self.checkpoint_keep}: keep at least 1")
+        if self.max_in_flight is not None and self.max_in_flight < 0:
+            raise ConfigError(f"PARAMSHARD_MAX_IN_FLIGHT={self.max_in_flight}: must be >= 0 pushes")
         for addr in self.servers:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit():
@@ -209,6 +214,7 @@ class ClusterEnv:
             resume=e.get("PARAMSHARD_RESUME") or None,
             min_trainers=_int(e, "PARAMSHARD_MIN_TRAINERS"),
             max_restarts=_or(_int(e, "PARAMSHARD_MAX_RESTARTS"), 0),
+            max_in_flight=_int(e, "PARAMSHARD_MAX_IN_FLIGHT"),
             recovering=e.get("PARAMSHARD_RECOVERING", "") not in ("", "0"),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
@@ -251,6 +257,8 @@ class ClusterEnv:
             out["PARAMSHARD_MAX_RESTARTS"] = str(self.max_restarts)
         if self.recovering:
             out["PARAMSHARD_RECOVERING"] = "1"
+        if self.max_in_flight is not None:
+            out["PARAMSHARD_MAX_IN_FLIGHT"] = str(self.max_in_flight)
         out.update(self.limits.to_environ())
         return out
 

@@ -45,12 +45,14 @@ def make_data(n=256, bag=6):
     return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(y)
 
 
+@pytest.mark.parametrize("loop", ["plain", "prefetching"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 @pytest.mark.parametrize("ps_opt,torch_opt", [
     (ps.optim.SGD(lr=0.2), torch.optim.SGD),
     (ps.optim.Adagrad(lr=0.2), torch.optim.Adagrad),
 ], ids=["sgd", "adagrad"])
-def test_sync_sparse_two_trainers_equal_embedding_bag_one_process(cluster, mode, ps_opt, torch_opt):
+def test_sync_sparse_two_trainers_equal_embedding_bag_one_process(cluster, mode, ps_opt, torch_opt, loop):
+    """Prefetching (rows of batch k+1 asked for while batch k trains) changes nothing in sync mode."""
     c = cluster(servers=2, trainers=2, mode="sync")
     ids, y = make_data()
     batch, steps = 16, 8
@@ -73,10 +75,13 @@ def test_sync_sparse_two_trainers_equal_embedding_bag_one_process(cluster, mode,
         model = models[tid]
         trainer = Trainer(model, ps.optim.SGD(lr=0.1), env=c.trainer_env(tid))
         share = ps.shard(dataset, batch_size=batch, trainer_id=tid, num_trainers=2)
-        for k, (xb, yb) in enumerate(torch.utils.data.DataLoader(share, batch_size=batch)):
+        loader = torch.utils.data.DataLoader(share, batch_size=batch)
+        for k, (xb, yb) in enumerate(trainer.prefetching(loader) if loop == "prefetching" else loader):
             if k == steps:
                 break
             trainer.step(F.binary_cross_entropy_with_logits(model(xb), yb))
+        if loop == "prefetching":
+            assert trainer.pipeline_stats()["prefetch_hits"] == steps - 2
         return trainer
 
     trainers = run_in_threads([lambda t=t: trainer_fn(t) for t in range(2)])

@@ -6,6 +6,7 @@ import weakref
 
 import pytest
 
+from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
 import torch
 
@@ -100,6 +101,7 @@ def bare_trainer(links, trainer_id=1):
     t._exit_hook = None
     t.env = ClusterEnv(role=None)          # no checkpoint directory: close() only leaves
     t.step_count, t._saved_step = 0, None
+    t.steps = StepClient(links, dense=None, sparse=None)    # nothing in flight
     return t
 
 

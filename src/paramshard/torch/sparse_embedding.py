@@ -3,8 +3,12 @@
 Each forward de-duplicates the batch's ids, pulls just those rows, and pools
 them per bag (sum or mean). Autograd then sums the gradients of duplicate ids
 into their unique row, so the Trainer pushes one merged gradient per id.
+``prepare(ids)`` does the de-duplication of a coming batch ahead of time, so
+its rows can be fetched while the current batch trains (torch/prefetch.py).
 """
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import pandas as pd
@@ -35,6 +39,24 @@ def _dense(grad: torch.Tensor) -> np.ndarray:
     return (grad.to_dense() if grad.is_sparse else grad).numpy()
 
 
+def _distinct(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each id, distinct ids in order of first appearance)."""
+    codes, unique = pd.factorize(flat.ravel())   # hash-based: faster than sorting
+    return codes, np.asarray(unique, np.uint64)
+
+
+def input_key(ids) -> tuple | None:
+    """Identifies the memory a batch of ids lives in: a view of the same tensor
+    (``ids.reshape(...)``) has the same key; a write to it changes the key."""
+    if isinstance(ids, torch.Tensor):
+        if not ids.is_contiguous() or ids.device.type != "cpu":
+            return None
+        return ("tensor", ids.data_ptr(), ids.numel(), ids.dtype, ids._version)
+    if isinstance(ids, np.ndarray) and ids.flags.c_contiguous:
+        return ("array", ids.__array_interface__["data"][0], ids.size, ids.dtype.str)
+    return None
+
+
 class _RowSource:
     """A public row source (ids, training) under the puller's call (table, ids, training)."""
 
@@ -59,6 +81,10 @@ class SparseEmbedding(torch.nn.Module):
         self.mode = mode
         self._puller = None                  # set by the Trainer that owns this module, or attach()
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
+        # prepare(): coming batches' ids, already de-duplicated (flat ids, codes, unique): the
+        # next batch's and the one after (prepared while the next one's forward is still to come).
+        self._prepared: collections.deque = collections.deque(maxlen=2)
+        self.last_input_key: tuple | None = None     # which memory the last forward read its ids from
 
     @property
     def name(self) -> str:
@@ -75,10 +101,15 @@ class SparseEmbedding(torch.nn.Module):
                               f"ps.Trainer(model, ...) before the first forward to train through the servers, "
                               f"or ps.load_model(model, FILE) to run a model exported by "
                               f"`paramshard export-model` without them")
+        self.last_input_key = input_key(ids)
         flat = as_uint64(ids)
         shape = flat.shape
-        codes, unique = pd.factorize(flat.ravel())   # hash-based: faster than sorting
-        unique = np.asarray(unique, np.uint64)
+        prepared = next((p for p in self._prepared if np.array_equal(p[0], flat.ravel())), None)
+        if prepared is not None:     # prepare() had these ids: reuse its work (and the rows fetched for them)
+            self._prepared.remove(prepared)
+            _, codes, unique = prepared
+        else:
+            codes, unique = _distinct(flat)
         # In eval mode nothing is created on the servers: unseen ids read their initial rows.
         # A row source attached with trainable=False (a served model) gives constants: nothing
         # would push their gradients, so none are kept.
@@ -93,6 +124,17 @@ class SparseEmbedding(torch.nn.Module):
         # scattering into a dense [unique, dim] buffer (2.5x faster, measured).
         return F.embedding_bag(index, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                sparse=True)
+
+    def prepare(self, ids) -> np.ndarray:
+        """De-duplicate a coming batch's ids now (to fetch their rows ahead); the next forward
+        given the same ids (compared value by value) reuses the work. Returns the distinct ids."""
+        flat = as_uint64(ids).ravel()
+        codes, unique = _distinct(flat)
+        self._prepared.append((flat.copy(), codes, unique))   # a copy: compared with what the forward reads
+        return unique
+
+    def clear_prepared(self) -> None:
+        self._prepared.clear()
 
     def attach(self, row_source, trainable: bool = True) -> None:
         """Read rows from ``row_source(ids, training) -> float32 [len(ids), dim]``, called with

@@ -24,9 +24,10 @@ import torch
 from .. import runtime
 from ..checkpoint.format import write_trainer_position
 from ..client import checkpoint as checkpoint_io
-from ..client import recovery
+from ..client import control, recovery
 from ..client.dense import DenseClient
 from ..client.sparse import SparseClient
+from ..client.step import StepClient
 from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
@@ -35,6 +36,7 @@ from ..sharding import ParamSpec, make_plan
 from ..transport.client import ServerLinks
 from .optimizer_config import optimizer_config
 from .position import capture, restore_random_streams
+from .prefetch import prefetching
 from .sparse_embedding import SparseEmbedding, tables_of
 
 log = get_logger("trainer")
@@ -59,11 +61,16 @@ def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
-                 env: ClusterEnv | None = None, resume=None):
+                 env: ClusterEnv | None = None, resume=None, max_in_flight: int | None = None):
         """``resume``: a checkpoint to start from (default: PARAMSHARD_RESUME, set by
-        ``paramshard launch --resume``); a step-N directory or a checkpoint directory."""
+        ``paramshard launch --resume``); a step-N directory or a checkpoint directory.
+        ``max_in_flight`` (async mode): pushes that may be unanswered when ``step`` returns,
+        so the next forward overlaps the servers' update (default PARAMSHARD_MAX_IN_FLIGHT,
+        else 1); a forward sees dense values at most that many of its own steps old. Sync
+        mode waits for every step's barrier: 0."""
         self.optimizer = optimizer_config(optimizer)     # before anything touches the network
         self.env = env or runtime.current()
+        self.max_in_flight = self._window(max_in_flight)
         self.resume_from = str(resume) if resume is not None else self.env.resume
         self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
         self._saved_step: int | None = None
@@ -89,9 +96,24 @@ class Trainer:
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
 
+    def _window(self, max_in_flight: int | None) -> int:
+        chosen = max_in_flight if max_in_flight is not None else self.env.max_in_flight
+        if self.env.mode == "sync":
+            if chosen:
+                raise ConfigError(f"max_in_flight={chosen}: sync mode waits for every step's barrier (the "
+                                  f"next forward needs every trainer's update); pushes in flight are for "
+                                  f"PARAMSHARD_MODE=async")
+            return 0
+        if chosen is None:
+            return 1
+        if not isinstance(chosen, int) or chosen < 0:
+            raise ConfigError(f"max_in_flight must be a whole number >= 0, got {chosen!r}")
+        return chosen
+
     def _connect(self, model: torch.nn.Module) -> None:
         self.dense = DenseClient(self.links, self.plan, self.trainer_id)
         self.sparse = SparseClient(self.links, self.trainer_id)
+        self.steps = StepClient(self.links, self.dense, self.sparse, self.max_in_flight)
         self.tables = self._sparse_tables(model)
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
@@ -130,17 +152,37 @@ class Trainer:
     def _sparse_tables(model: torch.nn.Module) -> dict[str, SparseEmbedding]:
         return tables_of(model)
 
-    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
+    def _row_version(self, step: int) -> int:
         # Sync: rows must include every update of the steps before this one.
+        return step if self.env.mode == "sync" else 0
+
+    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
         try:
-            version = self.step_count if self.env.mode == "sync" else 0
-            return self.sparse.pull_sparse(table.name, ids, table.dim, version, create)
+            return self.steps.rows(table.name, ids, table.dim, self._row_version(self.step_count), create)
         except ParamshardError as exc:
             self._recover(exc)
             # This forward's batch belongs to a step that was rolled back: its step() is void.
             self._void_step = True
-            return self.sparse.pull_sparse(table.name, ids, table.dim,
-                                           self.step_count if self.env.mode == "sync" else 0, create)
+            return self.steps.rows(table.name, ids, table.dim, self._row_version(self.step_count), create)
+
+    def prefetch_rows(self, table: SparseEmbedding, ids) -> None:
+        """Start pulling the rows of a coming batch's ``ids`` for ``table`` (the batch after
+        the one being trained: its step is the next one)."""
+        self.steps.prefetch(table.name, table.prepare(ids), self._row_version(self.step_count + 1))
+
+    def prefetching(self, iterable, ids=None):
+        """Iterate ``iterable`` (a data loader) and fetch each next batch's rows while the
+        current one trains: ``for batch in trainer.prefetching(loader): ...``. Which tensor
+        feeds which table is found after the first batch; ``ids``: a function batch -> ids
+        tensor (every table) or -> {table name: tensor}, when the model computes its ids.
+        Sync results are unchanged; in async mode rows may miss the update of the step
+        just before (one step more staleness on the rows of ids both batches share)."""
+        return prefetching(self, iterable, ids)
+
+    def pipeline_stats(self) -> dict:
+        """How the steps overlapped: prefetch hits/misses, seconds spent waiting for rows
+        and for push replies, the most pushes left in flight."""
+        return {**self.steps.stats.as_dict(), "max_in_flight": self.max_in_flight}
 
     def _recover(self, exc: ParamshardError) -> None:
         """A server died and the launcher restarts it in place: roll back to the latest
@@ -153,6 +195,7 @@ class Trainer:
         failed_at = self.step_count
         log.warning("trainer %d: %s; waiting for the servers, then rolling back to the latest checkpoint "
                     "(recovery %d of %d)", self.trainer_id, exc, self._recoveries, self.env.max_restarts)
+        self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
         ckpt = recovery.roll_back(self.links, self.plan, self.optimizer, {t.name: t.spec for t in self.tables.values()},
                                   self.env.checkpoint_dir, self.is_chief, self.trainer_id, self.env.timeout)
         version = self.dense.pull_dense(self._values, min_version=0)
@@ -203,13 +246,8 @@ class Trainer:
             # (sync servers wait for every trainer): its gradient is zero.
             grads[name] = (p.grad.detach().contiguous().view(-1).numpy() if p.grad is not None
                            else np.zeros(p.numel(), np.float32))
-        dense_requests = self.dense.push_requests(grads, self.step_count, want_values=True)
-        requests = list(dense_requests)
-        for table in self.tables.values():
-            ids, row_grads = table.take_gradients()
-            requests += self.sparse.push_requests(table.name, ids, row_grads, self.step_count)
-        replies = self.links.request_list(requests)
-        self.dense.scatter(dense_requests, replies[:len(dense_requests)], self._values)
+        sparse_grads = [(table.name, *table.take_gradients()) for table in self.tables.values()]
+        self.steps.push(grads, sparse_grads, self.step_count, self._values)
         self.step_count += 1
         for _, p in self._params:
             p.grad = None
@@ -225,6 +263,7 @@ class Trainer:
         if directory is None:
             raise ConfigError("Trainer.save() needs a directory (or PARAMSHARD_CHECKPOINT_DIR: "
                               "paramshard launch --checkpoint-dir DIR)")
+        self.steps.flush()       # every step up to this one is on the servers
         if self.is_chief:
             settings = {"mode": self.env.mode, "trainers": self.env.num_trainers, "job_id": self.env.job_id}
             path, nbytes, seconds = checkpoint_io.save_checkpoint(
@@ -237,13 +276,14 @@ class Trainer:
 
     def pull(self) -> None:
         """Fetch the current parameter values (e.g. before evaluating in async mode)."""
-        version = self.step_count if self.env.mode == "sync" else 0
-        self.dense.pull_dense(self._values, min_version=version)
+        self.steps.flush()
+        self.dense.pull_dense(self._values, min_version=self._row_version(self.step_count))
 
     def export_table(self, name: str, path) -> int:
         """Write every server's rows of table ``name`` into one file (see paramshard.export)."""
         from ..export import save_table
         self._table(name)
+        self.steps.flush()
         ids, values, meta = self.sparse.export_sparse(name, with_meta=True)
         save_table(path, meta, ids, values)
         return len(ids)
@@ -264,8 +304,7 @@ class Trainer:
         return self.tables[name]
 
     def server_stats(self) -> list[dict]:
-        replies = self.links.request_many({s: ({"op": "stats"}, ()) for s in range(len(self.links))})
-        return [replies[s][0]["stats"] for s in sorted(replies)]
+        return control.server_stats(self.links)
 
     def close(self, timeout: float = 10, leave: bool = True) -> None:
         """Tell every server this trainer is done (sync barriers stop waiting for it).
@@ -278,11 +317,12 @@ class Trainer:
         if hook is not None:
             atexit.unregister(hook)
         try:
+            if leave:
+                self.steps.flush()    # the last pushes count: they reach the servers before the leave
             if leave and self.env.checkpoint_dir and self._saved_step != self.step_count:
                 self.save()      # the final checkpoint: the last one always holds the trained model
             if leave:
-                self.links.request_many({s: ({"op": "leave", "trainer": self.trainer_id}, ())
-                                         for s in range(len(self.links))}, timeout=timeout)
+                control.leave(self.links, self.trainer_id, timeout)
         finally:
             self.links.close()
 

@@ -123,6 +123,23 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
     sock.close(0)
 
 
+class Ticket:
+    """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses")
+
+    def __init__(self, count: int, wait: float, deadline: float):
+        self.results: list = [None] * count
+        self.pending: dict[int, tuple[int, int, str]] = {}     # request id -> (slot, server, op)
+        self.error: Exception | None = None
+        self.wait, self.deadline = wait, deadline
+        self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
+
+    @property
+    def done(self) -> bool:
+        """Every reply is in (or an error is): ``collect`` will not wait."""
+        return not self.pending or self.error is not None
+
+
 class ServerLinks:
     """Talks to every server of the job. Not thread-safe: one per trainer thread."""
 
@@ -136,6 +153,7 @@ class ServerLinks:
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
         self.links = [_Link(self._ctx, i, a, identity, security) for i, a in enumerate(addresses)]
+        self._inflight: dict[int, Ticket] = {}     # request id -> the ticket awaiting its reply
         self._poller = zmq.Poller()
         for link in self.links:
             self._poller.register(link.sock, zmq.POLLIN)
@@ -172,38 +190,69 @@ class ServerLinks:
         parallel (and one server may get several). Reply arrays are read-only
         views over the received frames.
         """
+        return self.collect(self.submit(requests, timeout))
+
+    def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> "Ticket":
+        """Send [(server, header, arrays)] now and return at once; ``collect(ticket)``
+        gives the replies later. Several tickets may be out together (a push in
+        flight while the next batch's rows are fetched); each has its own deadline.
+        The arrays must not change until the ticket is collected (they are sent
+        without copying)."""
         wait = self.timeout if timeout is None else timeout
         # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
         # so a server's error naming the peer it waited for arrives first.
-        deadline = time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0)
-        pending: dict[int, tuple[int, int, str]] = {}   # request id -> (slot, server, op)
+        ticket = Ticket(len(requests), wait, time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0))
         # Connections lost before the requests go out; one more while they are
         # pending fails them, whatever libzmq reconnected since.
-        losses = {}
         for server in {server for server, _, _ in requests}:
             link = self.links[server]
             link.poll_events()
             self._check_refused(link)   # before sending: a given-up link has no peer, a send would block
-            losses[server] = link.losses
+            ticket.losses[server] = link.losses
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
             frames = protocol.encode({**header, "id": request_id}, arrays)
             self.links[server].sock.send_multipart(frames, copy=False)
-            pending[request_id] = (slot, server, header.get("op"))
-        results: list = [None] * len(requests)
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._raise_deadline(pending, wait)
-            ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1)))
-            for server in {srv for _, srv, _ in pending.values()}:
-                if self.links[server].sock in ready:
-                    self._receive(self.links[server], pending, results)
-            self._check_alive(pending, results, losses)
-        return results
+            ticket.pending[request_id] = (slot, server, header.get("op"))
+            self._inflight[request_id] = ticket
+        return ticket
 
-    def _receive(self, link: _Link, pending: dict, results: list) -> None:
-        while any(srv == link.index for _, srv, _ in pending.values()):
+    def collect(self, ticket: "Ticket") -> list:
+        """Wait for every reply of ``ticket`` (until its deadline) and return them in
+        request order; raises the first error reply, a lost server or the deadline.
+        Replies to other tickets that arrive meanwhile are kept for them."""
+        try:
+            while ticket.pending and ticket.error is None:
+                remaining = ticket.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._raise_deadline(ticket.pending, ticket.wait)
+                ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1)))
+                for link in self.links:
+                    if link.sock in ready:
+                        self._receive(link)
+                self._check_alive(ticket)
+            if ticket.error is not None:
+                raise ticket.error
+            return ticket.results
+        finally:
+            self.discard(ticket)
+
+    def poll_replies(self) -> None:
+        """Take the replies that have arrived, without waiting (``Ticket.done`` then says
+        which tickets need no wait)."""
+        for link in self.links:
+            if not link.sock.closed:
+                self._receive(link)
+
+    def discard(self, ticket: "Ticket") -> None:
+        """Forget a ticket's outstanding requests: their late replies are dropped."""
+        for request_id in ticket.pending:
+            self._inflight.pop(request_id, None)
+        ticket.pending.clear()
+
+    def _receive(self, link: _Link) -> None:
+        """Every reply waiting on ``link``, each filed with the ticket it answers."""
+        while True:
             try:
                 frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -212,24 +261,27 @@ class ServerLinks:
                 header = protocol.decode_header(frames[0].buffer)
             except ProtocolError as exc:
                 raise ProtocolError(f"reply from {link.name}: {exc}") from None
-            entry = pending.pop(header["id"], None)
-            if entry is None:
-                continue   # a late answer to a request that already timed out
+            ticket = self._inflight.pop(header.get("id"), None)
+            if ticket is None:
+                continue   # a late answer to a request that timed out or was discarded
+            slot, _, _ = ticket.pending.pop(header["id"])
             if not header.get("ok"):
-                raise RemoteError(link.name, str(header.get("code")), str(header.get("message")))
-            results[entry[0]] = (header, protocol.decode_arrays(header, frames[1:]))
+                if ticket.error is None:
+                    ticket.error = RemoteError(link.name, str(header.get("code")), str(header.get("message")))
+                continue
+            ticket.results[slot] = (header, protocol.decode_arrays(header, frames[1:]))
 
-    def _check_alive(self, pending: dict, results: list, losses: dict[int, int]) -> None:
-        for server in {srv for _, srv, _ in pending.values()}:
+    def _check_alive(self, ticket: "Ticket") -> None:
+        for server in {srv for _, srv, _ in ticket.pending.values()}:
             link = self.links[server]
             link.poll_events()
             self._check_refused(link)
-            lost = link.losses > losses[server]
+            lost = link.losses > ticket.losses[server]
             if lost or (link.ever_connected and not link.connected):
                 # A server that answered and then exited (the job ending) is fine:
                 # take an answer already queued before calling it lost.
-                self._receive(link, pending, results)
-                if not any(srv == server for _, srv, _ in pending.values()):
+                self._receive(link)
+                if not any(srv == server for _, srv, _ in ticket.pending.values()):
                     continue
                 raise ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
@@ -264,6 +316,7 @@ class ServerLinks:
         for link in self.links:
             link.close()
         self.links = []
+        self._inflight.clear()
 
     def __enter__(self):
         return self

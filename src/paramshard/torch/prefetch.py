@@ -1,0 +1,126 @@
+"""``Trainer.prefetching(loader)``: fetch the next batch's rows while this one computes.
+
+The wrapper reads one batch ahead. While the loop body runs batch k (forward,
+backward, ``trainer.step``), the pulls for batch k+1's ids are already on
+their way (client/step.py), so its forward finds its rows waiting.
+
+Which part of a batch feeds which SparseEmbedding is found out by itself:
+after the first batch, each table's last forward tells which memory its ids
+came from, and that is matched against the batch's integer tensors (a view
+such as ``ids.reshape(-1, 1)`` matches its tensor). A model that computes its
+ids inside the forward (``ids + offsets``), or a batch that is not made of
+tuples, lists and dicts, needs ``ids=``: a function batch -> the ids the
+forward will see (one tensor for every table, or {table: tensor}).
+The forward compares the ids it gets with the prefetched ones value by value,
+so a wrong guess costs a pull, never a wrong row; a table whose prefetched
+rows keep going unused stops being prefetched, with a warning.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ..log import get_logger
+from .sparse_embedding import SparseEmbedding, input_key
+
+log = get_logger("trainer")
+
+_END = object()
+MISSES_BEFORE_GIVING_UP = 3      # prefetched batches in a row whose rows no forward took
+
+
+def integer_leaves(batch: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) of every integer tensor in a batch of nested tuples, lists and dicts."""
+    if isinstance(batch, torch.Tensor):
+        if not batch.is_floating_point() and not batch.is_complex() and batch.dtype != torch.bool:
+            yield path, batch
+    elif isinstance(batch, (tuple, list)):
+        for i, item in enumerate(batch):
+            yield from integer_leaves(item, path + (i,))
+    elif isinstance(batch, dict):
+        for k, item in batch.items():
+            yield from integer_leaves(item, path + (k,))
+
+
+def leaf_at(batch: Any, path: tuple):
+    for step in path:
+        batch = batch[step]
+    return batch
+
+
+class InputFinder:
+    """Which tensor of a batch each table reads its ids from."""
+
+    def __init__(self, tables: dict[str, SparseEmbedding], ids: Callable | None):
+        self.tables, self.ids = tables, ids
+        self.paths: dict[str, tuple] = {}
+        self.learned = ids is not None
+        self.given_up: set[str] = set()
+
+    def inputs(self, batch) -> dict[str, torch.Tensor]:
+        """{table: its ids tensor in ``batch``} for the tables known so far."""
+        if self.ids is not None:
+            given = self.ids(batch)
+            if isinstance(given, dict):
+                unknown = set(given) - set(self.tables)
+                if unknown:
+                    raise ValueError(f"prefetching(ids=...) named tables {sorted(unknown)} this model does "
+                                     f"not have; its tables: {sorted(self.tables)}")
+                found = dict(given)
+            else:
+                found = {name: given for name in self.tables}
+        else:
+            found = {name: leaf_at(batch, path) for name, path in self.paths.items()}
+        return {name: t for name, t in found.items() if name not in self.given_up}
+
+    def learn(self, batch) -> None:
+        """After a batch's forward: match each table's last input with the batch's tensors."""
+        if self.learned:
+            return
+        self.learned = True
+        keys = {input_key(t): path for path, t in integer_leaves(batch)}
+        keys.pop(None, None)
+        for name, table in self.tables.items():
+            path = keys.get(table.last_input_key)
+            if path is not None:
+                self.paths[name] = path
+            else:
+                log.info("prefetching: cannot tell which part of the batch table %r reads its ids from (its "
+                         "forward computes them?); its rows are pulled in the forward. Pass "
+                         "trainer.prefetching(loader, ids=lambda batch: ...) to prefetch them", name)
+
+
+def prefetching(trainer, iterable: Iterable, ids: Callable | None = None) -> Iterator:
+    tables = trainer.tables
+    if not tables:
+        yield from iterable
+        return
+    finder = InputFinder(tables, ids)
+    iterator = iter(iterable)
+    current = next(iterator, _END)
+    try:
+        while current is not _END:
+            upcoming = next(iterator, _END)
+            if upcoming is not _END and trainer.model.training:
+                for name, tensor in finder.inputs(upcoming).items():
+                    trainer.prefetch_rows(tables[name], tensor)
+            yield current
+            finder.learn(current)
+            _give_up_on_unused(trainer, finder)
+            current = upcoming
+    finally:
+        for table in tables.values():
+            table.clear_prepared()
+        trainer.steps.forget_fetches()
+
+
+def _give_up_on_unused(trainer, finder: InputFinder) -> None:
+    """A table whose prefetched rows no forward takes, batch after batch, is not prefetched any more."""
+    for name in finder.tables:
+        unused = trainer.steps.unused_in_a_row(name)
+        if unused >= MISSES_BEFORE_GIVING_UP and name not in finder.given_up:
+            finder.given_up.add(name)
+            log.warning("prefetching: the rows fetched ahead for table %r went unused %d batches in a row "
+                        "(its forward does not read the tensor prefetching picked); no more prefetching for "
+                        "it. Pass trainer.prefetching(loader, ids=...) to name its ids", name, unused)
