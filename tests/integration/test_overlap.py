@@ -160,3 +160,22 @@ def test_a_wrong_ids_guess_stops_prefetching_with_a_warning(cluster, caplog):
             stats = trainer.pipeline_stats()
     assert stats["prefetch_hits"] == 0 and stats["pulls"] == 10
     assert any("went unused 3 batches in a row" in r.getMessage() for r in caplog.records)
+
+
+def test_servers_report_where_their_time_goes(cluster):
+    """Per-phase seconds for the benchmark's profile; rows_updated counts every pushed row."""
+    c = cluster(servers=1, trainers=1, mode="async")
+    model = LinearInGrads()
+    batches = make_batches(6, seed=4)
+    with Trainer(model, ps.optim.SGD(lr=LR), env=c.trainer_env(0)) as trainer:
+        for x, ids in trainer.prefetching(batches):
+            trainer.step(model(x, ids))
+        trainer.pull()
+        (stats,) = trainer.server_stats()
+    phases = stats["phase_seconds"]
+    for phase in ("decode", "push_sparse", "pull_sparse", "push_dense", "reply"):
+        assert phases[phase] > 0, phase
+    table = stats["tables"]["t"]
+    assert table["rows_updated"] == sum(len(np.unique(ids.numpy())) for _, ids in batches)
+    for phase in ("pull_lookup", "pull_gather", "push_lookup", "push_optimizer"):
+        assert table["phase_seconds"][phase] > 0, phase

@@ -96,6 +96,8 @@ class ParameterServer:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
+        # Where a request's time goes: decoding, each op's handler, encoding and sending the reply.
+        self.phase_seconds: Counter = Counter()
         self.started_at = time.time()
 
     def add_service(self, service: Service) -> None:
@@ -238,8 +240,12 @@ class ParameterServer:
             if op in PUSH_OPS and self.mode == "async" and self.gate.should_hold(trainer, header["step"]):
                 self.gate.held.append((trainer, header["step"], frames))
                 return
+            started = time.perf_counter()
             arrays = protocol.decode_arrays(header, rest[1:])
+            decoded = time.perf_counter()
             outcome = self._dispatch(op)(header, arrays)
+            self.phase_seconds["decode"] += decoded - started
+            self.phase_seconds[op] += time.perf_counter() - decoded
             if op in PUSH_OPS:
                 self.gate.note_applied("dense" if op == "push_dense" else f"sparse:{header['table']}",
                                        trainer, header["step"])
@@ -325,7 +331,9 @@ class ParameterServer:
         return sorted(set(deferred.waits_on()) & failed)
 
     def _reply(self, identity, request_id: int, reply: Reply) -> None:
+        started = time.perf_counter()
         self._send(identity, protocol.ok_header(request_id, **reply.fields), reply.arrays)
+        self.phase_seconds["reply"] += time.perf_counter() - started
 
     def _send(self, identity, header: dict, arrays=()) -> None:
         frames = protocol.encode(header, arrays)
@@ -376,7 +384,8 @@ class ParameterServer:
         out = {"server": self.server_id, "address": self.address,
                "uptime_s": round(time.time() - self.started_at, 3),
                "trainers": {"live": sorted(self.membership.live), "left": sorted(self.membership.left),
-                            "lost": sorted(self.membership.failed)}}
+                            "lost": sorted(self.membership.failed)},
+               "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()}}
         out.update(self.stats)
         for service in self._services:
             out.update(service.stats())

@@ -117,7 +117,8 @@ class SparseService:
             "sparse_rows": sum(t.num_rows for t in self.tables.values()),
             "sparse_bytes": sum(t.nbytes for t in self.tables.values()),
             "tables": {n: {"rows": t.num_rows, "bytes": t.nbytes, "version": t.version, "evicted": t.evicted,
-                           "dim": t.dim} for n, t in self.tables.items()},
+                           "dim": t.dim, "rows_updated": t.rows_updated, "phase_seconds": {k: round(v, 6) for k, v in t.timings.items()}}
+                       for n, t in self.tables.items()},
         }
 
 

@@ -7,6 +7,9 @@ for that. Async mode: each push is applied on arrival.
 """
 from __future__ import annotations
 
+import collections
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -53,8 +56,11 @@ class SparseTable:
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
-        self._last_pull: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Two per trainer: a trainer that prefetches pulls batch k+1 before it pushes batch k.
+        self._last_pull: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=2))
         self.evicted = 0
+        self.timings: collections.Counter = collections.Counter()    # seconds per phase (stats)
+        self.rows_updated = 0
 
     # -- rows -------------------------------------------------------------
     def _ensure_capacity(self, rows: int) -> None:
@@ -121,7 +127,9 @@ class SparseTable:
     def pull(self, ids: np.ndarray, trainer: int | None = None, create: bool = True) -> np.ndarray:
         """Rows of ``ids``. ``create=False`` (evaluation) stores nothing: an id
         without a row reads what its first training pull would give it."""
+        started = time.perf_counter()
         rows = self.rows_for(ids, create=create)
+        looked_up = time.perf_counter()
         have = rows >= 0
         if have.all():
             out = np.take(self.values, rows, axis=0, mode="clip")   # clip: skips a bounds pass
@@ -136,13 +144,17 @@ class SparseTable:
             self.last_seen[rows[have]] = self.version
         if trainer is not None and create:
             # The push that follows usually carries exactly these ids: keep their rows.
-            self._last_pull[trainer] = (ids.copy(), rows)
+            self._last_pull[trainer].append((ids.copy(), rows))
+        self.timings["pull_lookup"] += looked_up - started
+        self.timings["pull_gather"] += time.perf_counter() - looked_up
         return out
 
     def _rows_of_push(self, trainer: int, ids: np.ndarray) -> np.ndarray:
-        cached = self._last_pull.pop(trainer, None)
-        if cached is not None and np.array_equal(cached[0], ids):
-            return cached[1]
+        recent = self._last_pull.get(trainer)
+        for i, (pulled, rows) in enumerate(recent or ()):
+            if np.array_equal(pulled, ids):
+                del recent[i]
+                return rows
         return self.index.lookup(ids)
 
     # -- updates ----------------------------------------------------------
@@ -157,6 +169,7 @@ class SparseTable:
             raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
         if self.mode == "sync":
             self.barrier.check_arrival(trainer, step, self.version)
+        started = time.perf_counter()
         if not distinct:
             ids, grads = merge_duplicates(ids, grads)
         elif len(ids) > 1 and pd.Index(ids).has_duplicates:   # a hash table: ~1 ms for 100k ids, a sort ~15
@@ -164,6 +177,7 @@ class SparseTable:
                               f"merge duplicate ids (or send distinct=false and the server merges them)")
         rows = self._rows_of_push(trainer, ids)
         self._check_known(ids, rows)
+        self.timings["push_lookup"] += time.perf_counter() - started
         if self.mode == "async":
             self._apply(rows, grads, contributors=1)
             self.version += 1
@@ -211,6 +225,7 @@ class SparseTable:
             rows, grads = rows[keep], grads[keep]
         if not len(rows):
             return
+        started = time.perf_counter()
         values = np.take(self.values, rows, axis=0, mode="clip")
         slots = [np.take(s, rows, axis=0, mode="clip") for s in self.slots]
         if self.steps is not None:
@@ -223,6 +238,8 @@ class SparseTable:
         put_rows(self.values, rows, values)
         for s, new in zip(self.slots, slots):
             put_rows(s, rows, new)
+        self.timings["push_optimizer"] += time.perf_counter() - started
+        self.rows_updated += len(rows)
 
     # -- eviction and export ----------------------------------------------
     def _maybe_evict(self) -> None:
