@@ -623,7 +623,8 @@ class Gen:
         h, _ = self.base(r, "register_sparse")
         case = r.choice(["existing_other_dim", "existing_other_seed", "existing_other_optimizer",
                          "existing_other_policy",
-                         "new_bad_dim", "new_bad_policy", "new_bad_optimizer", "existing_same_settings"])
+                         "new_bad_dim", "new_bad_policy", "new_bad_optimizer", "new_bad_reserve",
+                         "existing_same_settings"])
         if case.startswith("existing"):
             h.update(table=TABLE, dim=DIM, seed=0, optimizer=dict(w.table_optimizer))
         if case == "existing_other_dim":
@@ -641,6 +642,8 @@ class Gen:
             case = f"new_bad_policy_{key}"
         elif case == "new_bad_optimizer":
             h["optimizer"] = self.bad_optimizer(r)
+        elif case == "new_bad_reserve":      # more rows than PARAMSHARD_MAX_ROWS, negative, or not an int
+            h["reserve"] = r.choice([-1, I64_MIN, (1 << 30) + 1, I64_MAX, "1000", 1.5, [10]])
         else:
             return self.msg("register_sparse/existing_same_settings", NO_EFFECT, h)
         return self.msg(f"register_sparse/{case}", REJECT, h)
@@ -843,7 +846,8 @@ class Fuzzer:
             state["sparse"] = ("error", str(exc))
         stats = self.links.request(0, {"op": "stats"}, timeout=5)[0]["stats"]
         state["stats"] = {k: stats.get(k) for k in ("dense_blocks", "dense_elements", "sparse_rows", "sparse_bytes")}
-        state["tables"] = {n: {k: v for k, v in t.items() if k != "version"}
+        # Time spent is no state (the reader's own pulls add to it).
+        state["tables"] = {n: {k: v for k, v in t.items() if k not in ("version", "phase_seconds")}
                            for n, t in stats.get("tables", {}).items()}
         state["table_version"] = stats.get("tables", {}).get(TABLE, {}).get("version")
         state["trainers"] = stats.get("trainers")     # who is live / left / lost

@@ -9,11 +9,12 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.errors import RemoteError
+from paramshard.errors import ConfigError, RemoteError
 from paramshard.limits import Limits
 from paramshard.runtime import build_server
 from paramshard.server.replies import Deferred, Reply
 from paramshard.sharding import ParamSpec, make_plan
+from paramshard.sparse_hash import initial_rows
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks
 
@@ -156,6 +157,28 @@ def test_limits_are_enforced_with_errors_naming_them():
             with pytest.raises(RemoteError, match="PARAMSHARD_MAX_ROWS"):
                 sparse.pull_sparse("t", np.arange(100, 200, dtype=np.uint64), 4)
             assert server.snapshot_stats()["sparse_rows"] == 100
+            with pytest.raises(RemoteError, match="rows reserved on this server.*PARAMSHARD_MAX_ROWS"):
+                sparse.register_sparse(TableSpec("huge", 4, ps.optim.SGD(), capacity=10_000))
+            assert "huge" not in server.snapshot_stats()["tables"]     # refused whole: no half table
+    finally:
+        server.close()
+
+
+def test_a_capacity_hint_reserves_rows_up_front_and_the_table_still_grows():
+    server = start_server()
+    try:
+        with ServerLinks([server.address], timeout=5) as links:
+            sparse = SparseClient(links, 0)
+            sparse.register_sparse(TableSpec("t", 4, ps.optim.Adagrad(lr=0.1), capacity=50_000))
+            table = server._handlers["pull_sparse"].__self__.tables["t"]
+            assert len(table.values) >= 50_000 and len(table.slots[0]) == len(table.values)
+            assert table.num_rows == 0
+            ids = np.arange(60_000, dtype=np.uint64)      # past the hint: it grows as before
+            rows = sparse.pull_sparse("t", ids, 4)
+            np.testing.assert_array_equal(rows, initial_rows(0, ids, 4, 0.01))
+            assert table.num_rows == 60_000
+        with pytest.raises(ConfigError, match="capacity must be a whole number"):
+            TableSpec("t", 4, ps.optim.SGD(), capacity=-1)
     finally:
         server.close()
 

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..optim import OptimizerConfig
 from ..sparse_hash import server_of
 from ..tables import Admission, Eviction, check_table_settings, policy_to_wire
@@ -25,9 +25,13 @@ class TableSpec:
     init_scale: float = 0.01
     admission: Admission = Admission()
     eviction: Eviction = Eviction()
+    capacity: int = 0           # rows to make room for up front, over all servers (0: grow as ids come)
 
     def __post_init__(self):
         check_table_settings(self.name, self.dim, self.seed, self.init_scale)
+        if not isinstance(self.capacity, int) or self.capacity < 0:
+            raise ConfigError(f"table {self.name!r}: capacity must be a whole number of rows >= 0, "
+                              f"got {self.capacity!r}")
 
 
 @dataclasses.dataclass
@@ -75,6 +79,9 @@ class SparseClient:
         header = {"op": "register_sparse", "trainer": self.trainer_id, "table": spec.name, "dim": spec.dim, "seed": spec.seed,
                   "optimizer": spec.optimizer.to_wire(),
                   "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale)}
+        if spec.capacity:
+            # The hash spreads ids evenly: each server's share, plus a little for the spread.
+            header["reserve"] = -(-spec.capacity * 102 // (100 * self.num_servers)) + 1024
         self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
 
     def pull_requests(self, table: str, ids: np.ndarray, min_version: int,

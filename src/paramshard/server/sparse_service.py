@@ -58,8 +58,13 @@ class SparseService:
         if trainer != 0:
             raise ConfigError(f"trainer {trainer} tried to create table {name!r}: only the chief (trainer 0) "
                               f"registers tables")
-        self.tables[name] = SparseTable(name, *config, mode=self.mode, membership=self.membership,
-                                        limits=self.limits)
+        reserve = header.get("reserve") or 0
+        if reserve < 0:
+            raise ConfigError(f"table {name!r}: reserve must be >= 0 rows, got {reserve}")
+        self.limits.check("max_rows", reserve, f"table {name!r}: rows reserved on this server")
+        table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits)
+        table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
+        self.tables[name] = table
         return Reply({"rows": 0})
 
     def handle_pull_sparse(self, header: dict, arrays: list) -> Reply | Deferred:

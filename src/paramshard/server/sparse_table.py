@@ -42,6 +42,7 @@ class SparseTable:
         self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, mode, limits
         self.optimizer, self.admission, self.eviction, self.init_scale = optimizer, admission, eviction, init_scale
         self.rule = make_rule(optimizer)
+        self._slot_initials = self.rule.init_slots((1, dim))     # a new row's optimizer state
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
         self.index = IdIndex(capacity)
@@ -76,11 +77,25 @@ class SparseTable:
         # Allocate everything before replacing anything: a MemoryError half way
         # must leave the table as it was, not with arrays of different lengths.
         values = grow(self.values)
-        fresh_slots = self.rule.init_slots((new_cap - self.num_rows, self.dim))
-        slots = [np.concatenate([s[:self.num_rows], f]) for s, f in zip(self.slots, fresh_slots)]
+        # Rows past num_rows stay untouched (their pages unmapped) until a row is created there
+        # (_init_rows): reserving room costs address space, not memory.
+        slots = [grow(s) for s in self.slots]
         steps = grow(self.steps) if self.steps is not None else None
         last_seen = grow(self.last_seen) if self.last_seen is not None else None
         self.values, self.slots, self.steps, self.last_seen = values, slots, steps, last_seen
+
+    def _init_rows(self, start: int, stop: int) -> None:
+        """Optimizer state, update counts and last-seen step of new rows start..stop-1."""
+        for slot, initial in zip(self.slots, self._slot_initials):
+            slot[start:stop] = initial
+        if self.steps is not None:
+            self.steps[start:stop] = 0
+        if self.last_seen is not None:
+            self.last_seen[start:stop] = self.version
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows now, so filling the table never copies it to grow."""
+        self._ensure_capacity(rows)
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:
         """Which of these new, distinct ids get a row now."""
@@ -116,10 +131,7 @@ class SparseTable:
                 self._ensure_capacity(first + count)
                 row_of_new[admitted] = self.index.insert(new_ids[admitted])   # rows first..first+count-1
                 self.values[first:first + count] = fresh
-                if self.steps is not None:
-                    self.steps[first:first + count] = 0
-                if self.last_seen is not None:
-                    self.last_seen[first:first + count] = self.version
+                self._init_rows(first, first + count)
                 self.num_rows += count
             rows[missing] = row_of_new[inverse]
         return rows
@@ -142,8 +154,9 @@ class SparseTable:
                 out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
         if self.last_seen is not None:
             self.last_seen[rows[have]] = self.version
-        if trainer is not None and create:
-            # The push that follows usually carries exactly these ids: keep their rows.
+        if trainer is not None and create and have.all():
+            # The push that follows usually carries exactly these ids: keep their rows. (Not
+            # when some are not admitted yet: a later pull may admit them, and then -1 is stale.)
             self._last_pull[trainer].append((ids.copy(), rows))
         self.timings["pull_lookup"] += looked_up - started
         self.timings["pull_gather"] += time.perf_counter() - looked_up
@@ -283,6 +296,7 @@ class SparseTable:
             self.limits.check("max_rows", first + int(new.sum()), f"table {self.name!r}: rows on this server")
             self._ensure_capacity(first + int(new.sum()))
             self.index.insert(ids[new])
+            self._init_rows(first, first + int(new.sum()))
             self.num_rows += int(new.sum())
             rows = self.index.lookup(ids)
             if self.last_seen is not None:

@@ -70,14 +70,18 @@ class _RowSource:
 class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, mode: str = "sum", optimizer: OptimizerConfig | None = None,
                  seed: int = 0, init_scale: float = 0.01, admission: Admission | None = None,
-                 eviction: Eviction | None = None):
+                 eviction: Eviction | None = None, capacity: int = 0):
+        """``capacity``: rows the servers make room for when the table is registered (like
+        nn.EmbeddingBag's num_embeddings, but only a hint: the table still grows past it).
+        Set it to the expected number of distinct ids to spare the servers the copies of
+        growing while the first epoch fills the table."""
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ConfigError(f"SparseEmbedding {name!r}: mode must be 'sum' or 'mean', got {mode!r}")
         if not isinstance(dim, int) or dim < 1:
             raise ConfigError(f"SparseEmbedding {name!r}: dim must be a whole number >= 1")
         self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
-                              admission or Admission(), eviction or Eviction())
+                              admission or Admission(), eviction or Eviction(), capacity)
         self.mode = mode
         self._puller = None                  # set by the Trainer that owns this module, or attach()
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []

@@ -52,7 +52,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int, "epoch": Optional(int)},
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool, "epoch": Optional(int)},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
-                        "trainer": int},
+                        "trainer": int, "reserve": Optional(int)},
     "pull_sparse": {"table": str, "trainer": int, "min_version": int, "create": Optional(bool),
                     "epoch": Optional(int)},
     "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool), "epoch": Optional(int)},
