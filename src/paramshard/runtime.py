@@ -2,8 +2,9 @@
 
 ``init()`` on a server rank serves until the job ends and then exits the
 process, so one script can run every rank (mpirun, Kubernetes). With no
-cluster around (plain ``python train.py``) it starts a server thread in this
-process, so a user can debug without launching anything.
+cluster around (plain ``python train.py``) it makes a server inside this
+process, so a user can debug without launching anything; the Trainer calls it
+directly (server/in_process.py), without sockets or a thread.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import threading
 from .env import ClusterEnv
 from .log import configure, get_logger
 from .server.parameter_server import ParameterServer
+from .transport.client import ServerLinks
+from .server.in_process import LocalLinks
 from .transport.security import Security
 
 log = get_logger("runtime")
@@ -33,12 +36,11 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         if env.role == "server":
             sys.exit(serve(env))
         if env.role is None:
-            _local_server = build_server(dataclasses.replace(env, server_id=0), bind="127.0.0.1:0",
-                                         num_trainers=1).start()
-            _local_server.wait_ready()
+            _local_server = build_server(dataclasses.replace(env, server_id=0), num_trainers=1,
+                                         watch_peers=False, in_process=True)
             env = dataclasses.replace(env, role="trainer", servers=(_local_server.address,),
                                       num_trainers=1, trainer_id=0)
-            log.info("no cluster in the environment: started a local server at %s", _local_server.address)
+            log.info("no cluster in the environment: training against a server inside this process")
         _env = env
         return env
 
@@ -47,11 +49,22 @@ def current() -> ClusterEnv:
     return _env if _env is not None else init()
 
 
+def links_for(env: ClusterEnv, who: str | None = None):
+    """Links to the servers of ``env``: direct calls when it is this process's own
+    in-process server, ServerLinks (sockets) otherwise."""
+    if _local_server is not None and env.servers == (_local_server.address,):
+        return LocalLinks(_local_server, env.timeout, who=who or env.rank_name)
+    return ServerLinks.for_job(env, who=who)
+
+
 def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None,
-                 watch_peers: bool = True) -> ParameterServer:
+                 watch_peers: bool = True, in_process: bool = False) -> ParameterServer:
     """``watch_peers=False``: the other servers' addresses are not known yet
-    (``ParameterServer.watch_peers`` adds them later)."""
-    if bind is None:
+    (``ParameterServer.watch_peers`` adds them later). ``in_process``: no socket, the
+    server answers ``handle_local`` calls only (``links_for``)."""
+    if in_process:
+        bind = None
+    elif bind is None:
         own_host, _, own_port = env.servers[env.server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,

@@ -23,7 +23,7 @@ def no_network(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("Trainer touched the network before checking its optimizer")
     monkeypatch.setattr(runtime, "current", forbidden)
-    monkeypatch.setattr(trainer_module.ServerLinks, "for_job", forbidden)
+    monkeypatch.setattr(runtime, "links_for", forbidden)
 
 
 def model():

@@ -46,6 +46,7 @@ class _Waiting:
 
 
 PUSH_OPS = ("push_dense", "push_sparse")
+IN_PROCESS = "in-process:0"     # the address of a server without a socket (host:port, as any other)
 DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
 
 
@@ -58,11 +59,13 @@ def _peer_address(frame) -> str | None:
 
 
 class ParameterServer:
-    def __init__(self, server_id: int, bind: str, num_trainers: int, mode: str = "sync",
+    def __init__(self, server_id: int, bind: str | None, num_trainers: int, mode: str = "sync",
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
                  peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None,
                  recovering: bool = False):
-        """``bind`` is host:port; port 0 picks a free port (see ``address``).
+        """``bind`` is host:port; port 0 picks a free port (see ``address``). ``bind=None``: no
+        socket at all, requests come only through ``handle_local`` (a server inside the
+        trainer's process: server/in_process.py).
         ``peers``: index -> address of the job's other servers, watched so this one
         does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
         self.server_id = server_id
@@ -79,8 +82,11 @@ class ParameterServer:
         self._stop_after_replies = False   # set by leave/shutdown: finish answering, then stop
         self.exit_code = 0
         self._ctx = zmq.Context.instance()
-        self._sock, self.address = bind_router(self._ctx, bind, self.name, limits.max_message_bytes,
-                                               security=security)
+        if bind is None:
+            self._sock, self.address = None, IN_PROCESS
+        else:
+            self._sock, self.address = bind_router(self._ctx, bind, self.name, limits.max_message_bytes,
+                                                   security=security)
         self._secure_peer = security.configure_client if security is not None else None
         self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer)
         self._waiting: list[_Waiting] = []
@@ -90,7 +96,7 @@ class ParameterServer:
         self.generation = -1 if recovering else 0
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if self._sock is not None else None
         self._trainer_by_fd: dict[int, int] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -118,6 +124,8 @@ class ParameterServer:
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":
+        if self._sock is None:
+            raise RuntimeError(f"{self.name} has no socket (bind=None): it serves through handle_local only")
         self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
         self._thread.start()
         return self
@@ -127,6 +135,8 @@ class ParameterServer:
             raise ParamshardError(f"{self.name} did not start within {timeout} s")
 
     def close(self) -> None:
+        if self._sock is None:       # in-process: nothing runs, only the (empty) peer watch to close
+            self._peers.close()
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -227,28 +237,14 @@ class ParameterServer:
             protocol.validate_request(header)
             op = header["op"]
             self.stats[f"op_{op}"] += 1
-            trainer = header.get("trainer")
-            if trainer is not None:
-                if type(trainer) is not int:
-                    raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
-                self.membership.check_trainer(trainer)
-            if op in DATA_OPS and header.get("epoch", self.generation) != self.generation:
-                raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {self.name} is in epoch "
-                                 f"{self.generation}" + (" (restarted, waiting for the chief to restore the "
-                                                         "checkpoint)" if self.generation < 0 else
-                                                         " (the job rolled back to a checkpoint)"))
+            trainer = self._admit(op, header)
             if op in PUSH_OPS and self.mode == "async" and self.gate.should_hold(trainer, header["step"]):
                 self.gate.held.append((trainer, header["step"], frames))
                 return
             started = time.perf_counter()
             arrays = protocol.decode_arrays(header, rest[1:])
-            decoded = time.perf_counter()
-            outcome = self._dispatch(op)(header, arrays)
-            self.phase_seconds["decode"] += decoded - started
-            self.phase_seconds[op] += time.perf_counter() - decoded
-            if op in PUSH_OPS:
-                self.gate.note_applied("dense" if op == "push_dense" else f"sparse:{header['table']}",
-                                       trainer, header["step"])
+            self.phase_seconds["decode"] += time.perf_counter() - started
+            outcome = self._run(op, header, arrays, trainer)
         except Exception as exc:   # noqa: BLE001 - no request may take the server down
             self._send_failure(identity, request_id, op, exc)
             return
@@ -263,6 +259,56 @@ class ParameterServer:
         else:
             self._reply(identity, request_id, outcome)
 
+    def _admit(self, op: str, header: dict) -> int | None:
+        """Checks every request passes before its handler runs; the trainer it names."""
+        trainer = header.get("trainer")
+        if trainer is not None:
+            if type(trainer) is not int:
+                raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
+            self.membership.check_trainer(trainer)
+        if op in DATA_OPS and header.get("epoch", self.generation) != self.generation:
+            raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {self.name} is in epoch "
+                             f"{self.generation}" + (" (restarted, waiting for the chief to restore the "
+                                                     "checkpoint)" if self.generation < 0 else
+                                                     " (the job rolled back to a checkpoint)"))
+        return trainer
+
+    def _run(self, op: str, header: dict, arrays: list, trainer: int | None) -> Reply | Deferred:
+        started = time.perf_counter()
+        outcome = self._dispatch(op)(header, arrays)
+        self.phase_seconds[op] += time.perf_counter() - started
+        if op in PUSH_OPS:
+            self.gate.note_applied("dense" if op == "push_dense" else f"sparse:{header['table']}",
+                                   trainer, header["step"])
+        return outcome
+
+    def handle_local(self, header: dict, arrays: list) -> Reply | Deferred:
+        """One request from a trainer in this process (server/in_process.py): the socket
+        path's checks and handlers, without encoding anything. Raises what the socket
+        path turns into an error reply (``failure_reply`` gives that reply)."""
+        self.stats["requests"] += 1
+        protocol.validate_request(header)
+        op = header["op"]
+        self.stats[f"op_{op}"] += 1
+        trainer = self._admit(op, header)
+        # A push is never held for an async checkpoint here: the one in-process trainer
+        # saves between its own steps, so none can arrive during the cut.
+        outcome = self._run(op, header, arrays, trainer)
+        if trainer is not None:
+            self.membership.note_request(trainer, IN_PROCESS)
+        return outcome
+
+    def failure_reply(self, op: str, exc: Exception) -> tuple[str, str]:
+        """(code, message) of the error reply for a request that raised ``exc``."""
+        self.stats["errors"] += 1
+        if isinstance(exc, ParamshardError):
+            code = ("bad_request" if isinstance(exc, ProtocolError) else
+                    "reset" if isinstance(exc, StaleEpoch) else "invalid")
+            log.warning("%s: rejected %s request: %s", self.name, op, exc)
+            return code, str(exc)
+        log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())
+        return "internal", f"internal: {op} failed on {self.name}: {type(exc).__name__}: {exc}"
+
     def release(self, held: list) -> None:
         """Handle pushes the gate held back, in their arrival order."""
         for _, _, frames in held:
@@ -271,16 +317,7 @@ class ParameterServer:
     def _send_failure(self, identity, request_id: int, op: str, exc: Exception) -> None:
         """Turn any exception into an error reply: ours say what is wrong, anything
         else is a bug (or MemoryError) reported as ``internal`` with the op."""
-        self.stats["errors"] += 1
-        if isinstance(exc, ParamshardError):
-            code = ("bad_request" if isinstance(exc, ProtocolError) else
-                    "reset" if isinstance(exc, StaleEpoch) else "invalid")
-            message = str(exc)
-            log.warning("%s: rejected %s request %s: %s", self.name, op, request_id, exc)
-        else:
-            code = "internal"
-            message = f"internal: {op} failed on {self.name}: {type(exc).__name__}: {exc}"
-            log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())
+        code, message = self.failure_reply(op, exc)
         self._send(identity, protocol.error_header(request_id, code, message))
 
     def _dispatch(self, op: str):

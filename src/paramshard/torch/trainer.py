@@ -33,7 +33,6 @@ from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
 from ..optim import OptimizerConfig
 from ..sharding import ParamSpec, make_plan
-from ..transport.client import ServerLinks
 from .optimizer_config import optimizer_config
 from .position import capture, restore_random_streams
 from .prefetch import prefetching
@@ -85,7 +84,7 @@ class Trainer:
         self._params = self._dense_parameters(model)
         self.plan = make_plan([ParamSpec(n, tuple(p.shape)) for n, p in self._params],
                               len(self.env.servers), self.env.dispatch, self.env.min_block_size)
-        self.links = ServerLinks.for_job(self.env)
+        self.links = runtime.links_for(self.env)
         self._closed = False
         try:
             self._connect(model)

@@ -1,0 +1,92 @@
+"""A script run without a cluster trains against a server inside its own process
+(server/in_process.py): direct calls, no sockets. Oracle: it trains exactly as the
+same job against a server process does."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import paramshard as ps
+from paramshard import runtime
+from paramshard.env import ClusterEnv
+from paramshard.errors import DeadlineExceeded, RemoteError
+from paramshard.server.in_process import LocalLinks
+from paramshard.torch.trainer import Trainer
+
+
+class Ctr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = ps.SparseEmbedding("emb", 4, optimizer=ps.optim.Adagrad(lr=0.1), init_scale=0.1)
+        self.head = nn.Linear(4 * 3 + 2, 1)
+
+    def forward(self, dense, ids):
+        e = self.emb(ids.reshape(-1, 1)).view(ids.shape[0], -1)
+        return self.head(torch.cat([e, dense], 1)).squeeze(1)
+
+
+def batches(n=12, b=16):
+    rng = np.random.default_rng(0)
+    return [(torch.from_numpy(rng.standard_normal((b, 2)).astype(np.float32)),
+             torch.from_numpy(rng.integers(0, 50, (b, 3))),
+             torch.from_numpy((rng.random(b) < 0.4).astype(np.float32))) for _ in range(n)]
+
+
+def train(env, prefetch: bool):
+    model = Ctr()
+    with Trainer(model, ps.optim.Adam(lr=0.01), env=env) as trainer:
+        data = batches()
+        for dense, ids, y in (trainer.prefetching(data) if prefetch else data):
+            trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+        links_type = type(trainer.links)
+        rows = trainer.sparse.export_sparse("emb")
+        hits = trainer.pipeline_stats()["prefetch_hits"]
+    return model.head.weight.detach().clone(), rows, links_type, hits
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """An in-process server as ``ps.init()`` makes one with no cluster around."""
+    server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False, in_process=True)
+    monkeypatch.setattr(runtime, "_local_server", server)
+    yield ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+    server.close()
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_in_process_training_equals_a_server_process(cluster, in_process, prefetch):
+    local_w, local_rows, local_links, local_hits = train(in_process, prefetch)
+    c = cluster(servers=1, trainers=1, mode="sync")
+    remote_w, remote_rows, remote_links, _ = train(c.trainer_env(0), prefetch)
+    assert local_links is LocalLinks and remote_links is not LocalLinks
+    torch.testing.assert_close(local_w, remote_w, rtol=0, atol=0)
+    np.testing.assert_array_equal(local_rows[0], remote_rows[0])
+    np.testing.assert_array_equal(local_rows[1], remote_rows[1])
+    if prefetch:    # sync: each prefetched pull waited for the step before it, then was answered
+        assert local_hits == len(batches()) - 2
+
+
+def test_in_process_errors_are_the_servers_error_replies(in_process):
+    links = runtime.links_for(in_process)
+    with pytest.raises(RemoteError, match="unknown sparse table 'nope'") as caught:
+        links.request(0, {"op": "push_sparse", "table": "nope", "trainer": 0, "step": 0},
+                      [np.arange(3, dtype=np.uint64), np.zeros((3, 4), np.float32)])
+    assert caught.value.code == "invalid"
+    with pytest.raises(RemoteError) as caught:
+        links.request(0, {"op": "pull_dense", "names": "not a list"})
+    assert caught.value.code == "bad_request"
+
+
+def test_a_reply_nothing_in_the_process_can_complete_is_an_error_not_a_hang(in_process):
+    with pytest.raises(DeadlineExceeded, match="has not registered sparse table 'nope'"):
+        runtime.links_for(in_process).request(0, {"op": "pull_sparse", "table": "nope", "trainer": 0,
+                                                  "min_version": 0}, [np.arange(3, dtype=np.uint64)])
+    model = nn.Linear(3, 1)
+    with Trainer(model, ps.optim.SGD(lr=0.1), env=in_process) as trainer:
+        ticket = trainer.links.submit([(0, {"op": "pull_dense", "names": [b.name for b in trainer.plan.blocks],
+                                            "trainer": 0, "min_version": 5,
+                                            "plan_fingerprint": trainer.plan.fingerprint()}, ())])
+        with pytest.raises(DeadlineExceeded, match="cannot answer.*pull_dense"):
+            trainer.links.collect(ticket)
