@@ -44,8 +44,9 @@ def make_batches(n, seed, features=8, bag=5, vocab=40):
              torch.from_numpy(rng.integers(0, vocab, (3, bag)).astype(np.int64))) for _ in range(n)]
 
 
+@pytest.mark.parametrize("fresh_rows", [True, False])
 @pytest.mark.parametrize("window", [0, 1, 3])
-def test_async_pushes_in_flight_lose_nothing(cluster, window):
+def test_async_pushes_in_flight_lose_nothing(cluster, window, fresh_rows):
     """2 trainers, pushes in flight and prefetched rows: the servers end with exactly
     initial - lr * (every gradient pushed), dense and sparse."""
     c = cluster(servers=2, trainers=2, mode="async")
@@ -56,7 +57,7 @@ def test_async_pushes_in_flight_lose_nothing(cluster, window):
 
     def train(t):
         trainer = Trainer(models[t], ps.optim.SGD(lr=LR), env=c.trainer_env(t), max_in_flight=window)
-        for x, ids in trainer.prefetching(data[t]):
+        for x, ids in trainer.prefetching(data[t], fresh_rows=fresh_rows):
             trainer.step(models[t](x, ids))
         trainer.pull()               # waits for this trainer's pushes in flight
         both_pushed.wait()
@@ -179,3 +180,31 @@ def test_servers_report_where_their_time_goes(cluster):
     assert table["rows_updated"] == sum(len(np.unique(ids.numpy())) for _, ids in batches)
     for phase in ("pull_lookup", "pull_gather", "push_lookup", "push_optimizer"):
         assert table["phase_seconds"][phase] > 0, phase
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_async_prefetched_rows_are_never_staler_than_a_serial_run(cluster, window):
+    """The rows a forward sees hold every earlier step's update of this trainer, pushes in
+    flight or not: rows of ids the step before pushes are asked for right after that push."""
+    c = cluster(servers=2, trainers=1, mode="async")
+    batches = make_batches(20, seed=8, vocab=12)        # few ids: most recur in the next batch
+    model = LinearInGrads()
+    seen = []
+    with Trainer(model, ps.optim.SGD(lr=LR), env=c.trainer_env(0), max_in_flight=window) as trainer:
+        rows_of = trainer.steps.rows
+
+        def recording(table, ids, *args, **kwargs):       # what each forward got, prefetched or not
+            rows = rows_of(table, ids, *args, **kwargs)
+            seen.append((ids.copy(), rows.copy()))
+            return rows
+        trainer.steps.rows = recording
+        for x, ids in trainer.prefetching(batches):
+            trainer.step(model(x, ids))
+        stats = trainer.pipeline_stats()
+    assert stats["prefetch_hits"] >= len(batches) - 2
+    assert len(seen) == len(batches)
+    counts = np.zeros(12)
+    for (x, ids), (got_ids, got_rows) in zip(batches, seen):
+        expected = initial_rows(SEED, got_ids, DIM, SCALE) - LR * counts[got_ids.astype(np.int64)][:, None]
+        np.testing.assert_allclose(got_rows, expected, rtol=1e-5, atol=1e-6)
+        counts += np.bincount(ids.numpy().ravel(), minlength=12)

@@ -28,6 +28,7 @@ import time
 from typing import Mapping
 
 import numpy as np
+import pandas as pd
 
 from ..transport.client import ServerLinks, Ticket
 from .dense import DenseClient
@@ -35,20 +36,38 @@ from .sparse import Partition, SparseClient
 
 
 @dataclasses.dataclass
+class _Piece:
+    """Part of a prefetch: the rows of ``ids[positions]`` (all of them: positions None)."""
+    positions: np.ndarray | None
+    ids: np.ndarray
+    after_push: bool = False           # sent right after the next push, not now
+    ticket: Ticket | None = None       # None: not sent yet
+    requests: list = dataclasses.field(default_factory=list)
+    part: Partition | None = None
+
+
+@dataclasses.dataclass
 class _Fetch:
     """Rows on their way for one table's next batch."""
     ids: np.ndarray
     min_version: int
-    ticket: Ticket
-    requests: list
-    part: Partition
+    pieces: list[_Piece]
+
+    @property
+    def tickets(self) -> list[Ticket]:
+        return [piece.ticket for piece in self.pieces if piece.ticket is not None]
 
 
 @dataclasses.dataclass
 class _Push:
-    ticket: Ticket
+    sparse: Ticket            # the table pushes, sent first
+    dense: Ticket             # the dense push, whose reply carries the new values
     dense_requests: list
     values: Mapping[str, np.ndarray]
+
+    @property
+    def done(self) -> bool:
+        return self.sparse.done and self.dense.done
 
 
 FETCHES_PER_TABLE = 2
@@ -75,15 +94,44 @@ class StepClient:
         self.stats = PipelineStats()
 
     # -- rows ---------------------------------------------------------------
-    def prefetch(self, table: str, ids: np.ndarray, min_version: int) -> None:
+    def prefetch(self, table: str, ids: np.ndarray, min_version: int,
+                 fresh_after: np.ndarray | None | bool = None) -> None:
         """Send the pull of ``ids`` (distinct, uint64) for a coming forward now. Up to
         FETCHES_PER_TABLE batches of a table may be on their way (the next one, fetched
-        while the current one's forward is still to come)."""
+        while the current one's forward is still to come).
+
+        ``fresh_after`` (async): the ids the step before that forward will push. Their
+        rows are asked for only right after that push (the same connection: the server
+        applies the push first), so no row is staler than in a serial run; the others
+        go now. ``True``: that step's ids are not known, every row waits for the push."""
         queue = self._fetches.setdefault(table, collections.deque())
         while len(queue) >= FETCHES_PER_TABLE:
             self._count_unused(table, queue.popleft())
-        requests, part = self.sparse.pull_requests(table, ids, min_version, create=True)
-        queue.append(_Fetch(ids, min_version, self.links.submit(requests), requests, part))
+        if fresh_after is None or fresh_after is False:
+            pieces = [_Piece(None, ids)]
+        elif fresh_after is True:
+            pieces = [_Piece(None, ids, after_push=True)]
+        else:
+            pushed = pd.Index(fresh_after).get_indexer(ids) >= 0       # a hash lookup, not a sort
+            late, early = np.flatnonzero(pushed), np.flatnonzero(~pushed)
+            pieces = [_Piece(early, ids[early]), _Piece(late, ids[late], after_push=True)]
+        fetch = _Fetch(ids, min_version, pieces)
+        for piece in pieces:
+            if not piece.after_push:
+                self._send(table, fetch, piece)
+        queue.append(fetch)
+
+    def _send(self, table: str, fetch: _Fetch, piece: _Piece) -> None:
+        piece.requests, piece.part = self.sparse.pull_requests(table, piece.ids, fetch.min_version, create=True)
+        piece.ticket = self.links.submit(piece.requests)
+
+    def _send_waiting_pieces(self) -> None:
+        """After a push: the pulls that had to wait for it."""
+        for table, queue in self._fetches.items():
+            for fetch in queue:
+                for piece in fetch.pieces:
+                    if piece.ticket is None:
+                        self._send(table, fetch, piece)
 
     def rows(self, table: str, ids: np.ndarray, dim: int, min_version: int, create: bool = True) -> np.ndarray:
         """Rows of distinct ``ids``: the prefetched reply when it is for these very ids
@@ -92,12 +140,28 @@ class StepClient:
         try:
             fetch = self._take_fetch(table, ids, min_version) if create else None
             if fetch is not None:
-                replies = self.links.collect(fetch.ticket)
-                return self.sparse.gather_rows(replies, fetch.requests, fetch.part, len(ids), dim)
+                return self._gather(table, fetch, dim)
             self.stats["pulls"] += 1
             return self.sparse.pull_sparse(table, ids, dim, min_version, create)
         finally:
             self.stats["pull_wait_s"] += time.perf_counter() - started
+
+    def _gather(self, table: str, fetch: _Fetch, dim: int) -> np.ndarray:
+        for piece in fetch.pieces:
+            if piece.ticket is None:      # the push it waited for never came (no step): ask now
+                self._send(table, fetch, piece)
+        if len(fetch.pieces) == 1:
+            piece = fetch.pieces[0]
+            return self.sparse.gather_rows(self.links.collect(piece.ticket), piece.requests, piece.part,
+                                           len(piece.ids), dim)
+        out = np.empty((len(fetch.ids), dim), np.float32)
+        for piece in fetch.pieces:
+            if len(piece.ids):
+                out[piece.positions] = self.sparse.gather_rows(self.links.collect(piece.ticket), piece.requests,
+                                                               piece.part, len(piece.ids), dim)
+            else:
+                self.links.discard(piece.ticket)
+        return out
 
     def _take_fetch(self, table: str, ids: np.ndarray, min_version: int) -> _Fetch | None:
         """The fetch of these ids; fetches queued before it were for batches that never came."""
@@ -119,7 +183,8 @@ class StepClient:
     def _count_unused(self, table: str, fetch: _Fetch) -> None:
         self.stats["prefetch_misses"] += 1
         self._unused[table] += 1
-        self.links.discard(fetch.ticket)
+        for ticket in fetch.tickets:
+            self.links.discard(ticket)
 
     def unused_in_a_row(self, table: str) -> int:
         return self._unused[table]
@@ -136,18 +201,23 @@ class StepClient:
         """Send step ``step``'s gradients to every server (dense, and (table, ids, grads)
         for each table); the updated dense values land in ``values`` when the reply is
         taken. Returns once at most ``max_in_flight`` pushes are unanswered."""
-        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True)
-        requests = list(dense_requests)
+        # Order on each connection: table pushes, then the pulls that wait for them (rows
+        # this push updates, for the next forward), then the dense push: that forward waits
+        # for the table update only, not for the dense update and its reply.
+        sparse_requests = []
         for table, ids, grads in sparse_grads:
-            requests += self.sparse.push_requests(table, ids, grads, step)
-        self._pushes.append(_Push(self.links.submit(requests), dense_requests, values))
+            sparse_requests += self.sparse.push_requests(table, ids, grads, step)
+        sparse_ticket = self.links.submit(sparse_requests)
+        self._send_waiting_pieces()
+        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True)
+        self._pushes.append(_Push(sparse_ticket, self.links.submit(dense_requests), dense_requests, values))
         self.stats["steps"] += 1
         while len(self._pushes) > self.max_in_flight:
             self._finish_oldest()
         # Replies already here cost nothing to take, and make the next forward fresher.
         if self._pushes:
             self.links.poll_replies()
-            while self._pushes and self._pushes[0].ticket.done:
+            while self._pushes and self._pushes[0].done:
                 self._finish_oldest()
         # What the next forward may miss: this many of its own steps' dense updates.
         self.stats["max_in_flight_seen"] = max(self.stats["max_in_flight_seen"], len(self._pushes))
@@ -156,10 +226,14 @@ class StepClient:
         push = self._pushes.popleft()     # collected or failed, it is no longer in flight
         started = time.perf_counter()
         try:
-            replies = self.links.collect(push.ticket)
+            self.links.collect(push.sparse)
+            replies = self.links.collect(push.dense)
+        except BaseException:
+            self.links.discard(push.dense)
+            raise
         finally:
             self.stats["push_wait_s"] += time.perf_counter() - started
-        self.dense.scatter(push.dense_requests, replies[:len(push.dense_requests)], push.values)
+        self.dense.scatter(push.dense_requests, replies, push.values)
 
     @property
     def in_flight(self) -> int:
@@ -179,6 +253,7 @@ class StepClient:
     def drop(self) -> None:
         """Forget every push and prefetch in flight (their replies are dropped)."""
         for push in self._pushes:
-            self.links.discard(push.ticket)
+            self.links.discard(push.sparse)
+            self.links.discard(push.dense)
         self._pushes.clear()
         self.forget_fetches()

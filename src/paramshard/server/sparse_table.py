@@ -8,6 +8,7 @@ for that. Async mode: each push is applied on arrival.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 
 import numpy as np
@@ -57,8 +58,9 @@ class SparseTable:
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
-        # Two per trainer: a trainer that prefetches pulls batch k+1 before it pushes batch k.
-        self._last_pull: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=2))
+        # A few per trainer: a trainer that prefetches pulls batch k+1 (in up to two pieces)
+        # before and around its push of batch k.
+        self._last_pull: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=4))
         self.evicted = 0
         self.timings: collections.Counter = collections.Counter()    # seconds per phase (stats)
         self.rows_updated = 0
@@ -164,9 +166,23 @@ class SparseTable:
 
     def _rows_of_push(self, trainer: int, ids: np.ndarray) -> np.ndarray:
         recent = self._last_pull.get(trainer)
-        for i, (pulled, rows) in enumerate(recent or ()):
+        if not recent:
+            return self.index.lookup(ids)
+        for i, (pulled, rows) in enumerate(recent):
             if np.array_equal(pulled, ids):
                 del recent[i]
+                return rows
+        # A prefetching trainer pulls a batch in two pieces (the rows it is about to update come
+        # after that update), with the next batch's first piece in between: the push's ids are
+        # two earlier pulls' together, in another order.
+        for i, j in itertools.combinations(range(len(recent)), 2):
+            (ids_i, rows_i), (ids_j, rows_j) = recent[i], recent[j]
+            if len(ids_i) + len(ids_j) != len(ids):
+                continue
+            where = pd.Index(np.concatenate([ids_i, ids_j])).get_indexer(ids)   # a hash of this batch only
+            if (where >= 0).all():
+                rows = np.concatenate([rows_i, rows_j])[where]
+                del recent[j], recent[i]
                 return rows
         return self.index.lookup(ids)
 

@@ -91,7 +91,7 @@ class InputFinder:
                          "trainer.prefetching(loader, ids=lambda batch: ...) to prefetch them", name)
 
 
-def prefetching(trainer, iterable: Iterable, ids: Callable | None = None) -> Iterator:
+def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_rows: bool = True) -> Iterator:
     tables = trainer.tables
     if not tables:
         yield from iterable
@@ -104,7 +104,7 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None) -> Ite
             upcoming = next(iterator, _END)
             if upcoming is not _END and trainer.model.training:
                 for name, tensor in finder.inputs(upcoming).items():
-                    trainer.prefetch_rows(tables[name], tensor)
+                    trainer.prefetch_rows(tables[name], tensor, fresh_rows)
             yield current
             finder.learn(current)
             _give_up_on_unused(trainer, finder)

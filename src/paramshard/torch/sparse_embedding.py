@@ -137,6 +137,10 @@ class SparseEmbedding(torch.nn.Module):
         self._prepared.append((flat.copy(), codes, unique))   # a copy: compared with what the forward reads
         return unique
 
+    def prepared_ids(self) -> np.ndarray | None:
+        """Distinct ids of the latest prepared batch (None: none is waiting for its forward)."""
+        return self._prepared[-1][2] if self._prepared else None
+
     def clear_prepared(self) -> None:
         self._prepared.clear()
 

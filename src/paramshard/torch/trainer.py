@@ -164,19 +164,29 @@ class Trainer:
             self._void_step = True
             return self.steps.rows(table.name, ids, table.dim, self._row_version(self.step_count), create)
 
-    def prefetch_rows(self, table: SparseEmbedding, ids) -> None:
+    def prefetch_rows(self, table: SparseEmbedding, ids, fresh_rows: bool = True) -> None:
         """Start pulling the rows of a coming batch's ``ids`` for ``table`` (the batch after
         the one being trained: its step is the next one)."""
-        self.steps.prefetch(table.name, table.prepare(ids), self._row_version(self.step_count + 1))
+        # Async, fresh_rows: rows the current step will push are asked for after that push (never
+        # staler than without prefetching); its ids are those of the batch prepared before this
+        # one. Sync: the version already makes the server wait for the step to be complete.
+        current = table.prepared_ids()
+        if self.env.mode == "sync" or not fresh_rows:
+            fresh_after = None
+        else:
+            fresh_after = True if current is None else current
+        self.steps.prefetch(table.name, table.prepare(ids), self._row_version(self.step_count + 1), fresh_after)
 
-    def prefetching(self, iterable, ids=None):
+    def prefetching(self, iterable, ids=None, fresh_rows: bool = True):
         """Iterate ``iterable`` (a data loader) and fetch each next batch's rows while the
         current one trains: ``for batch in trainer.prefetching(loader): ...``. Which tensor
         feeds which table is found after the first batch; ``ids``: a function batch -> ids
         tensor (every table) or -> {table name: tensor}, when the model computes its ids.
-        Sync results are unchanged; in async mode rows may miss the update of the step
-        just before (one step more staleness on the rows of ids both batches share)."""
-        return prefetching(self, iterable, ids)
+        Sync results are unchanged. Async: rows are never staler than without prefetching
+        (the rows of ids the current step pushes are fetched right after that push);
+        ``fresh_rows=False`` fetches them ahead too, for more overlap, and they then miss
+        this trainer's update of the step just before (benchmarks/RESULTS.md measures both)."""
+        return prefetching(self, iterable, ids, fresh_rows)
 
     def pipeline_stats(self) -> dict:
         """How the steps overlapped: prefetch hits/misses, seconds spent waiting for rows
