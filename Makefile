@@ -30,6 +30,7 @@ bench: $(STAMP)
 	GLIBC_TUNABLES=$(TUNABLES) $(PY) benchmarks/dense_push_pull.py --markdown
 	$(PY) benchmarks/sparse_rows.py --markdown
 	$(PY) benchmarks/ctr_end_to_end.py --markdown
+	$(PY) benchmarks/ps_vs_pytorch.py --markdown
 	$(PY) benchmarks/sparse_memory.py --markdown
 	$(PY) benchmarks/big_table.py --markdown
 	$(PY) benchmarks/checkpoint_speed.py --markdown

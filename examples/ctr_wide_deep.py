@@ -136,11 +136,13 @@ def main():
         # Sync steps must line up: every trainer takes the same number of steps.
         steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
         progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
-        for k, b in enumerate(batches[:steps]):
-            logits = model(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)))
-            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(b.labels))
+        tensors = [(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)),
+                    torch.from_numpy(b.labels)) for b in batches[:steps]]
+        # prefetching: the next batch's rows are on their way while this one trains.
+        for dense, ids, labels in trainer.prefetching(tensors):
+            loss = F.binary_cross_entropy_with_logits(model(dense, ids), labels)
             trainer.step(loss)
-            seen += len(b)
+            seen += len(labels)
             losses.append(loss.item())
             if progress:
                 rate = seen / (time.perf_counter() - start)

@@ -28,6 +28,7 @@ from ..transport.security import Security
 from ..transport.server_socket import bind_router
 from .api import Service
 from .barrier import Membership
+from .control_handlers import ControlHandlers
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
 from .peers import PeerWatch
@@ -79,6 +80,7 @@ class ParameterServer:
         self._handlers: dict = {}
         self._services: list[Service] = []
         self.add_service(DenseHandlers(self.dense))
+        self.add_service(ControlHandlers(self))
         self._stop_after_replies = False   # set by leave/shutdown: finish answering, then stop
         self.exit_code = 0
         self._ctx = zmq.Context.instance()
@@ -321,7 +323,7 @@ class ParameterServer:
         self._send(identity, protocol.error_header(request_id, code, message))
 
     def _dispatch(self, op: str):
-        handler = self._handlers.get(op) or getattr(self, f"handle_{op}", None)
+        handler = self._handlers.get(op)
         if handler is None:
             raise ProtocolError(f"op {op!r} is not served by this server (sparse tables not enabled?)")
         return handler
@@ -380,42 +382,18 @@ class ParameterServer:
         except zmq.ZMQError as exc:   # client went away: nothing to answer
             log.warning("%s: could not answer a client that left: %s", self.name, exc)
 
-    # -- generic ops ------------------------------------------------------
-    def handle_hello(self, header, arrays) -> Reply:
-        return Reply({"server": self.server_id, "mode": self.mode, "trainers": self.num_trainers,
-                      "generation": self.generation})
-
-    def handle_reset(self, header, arrays) -> Reply:
-        """The chief rolls the job back: drop every service's state, fail what waits, new epoch."""
-        if header["trainer"] != 0:
-            raise ConfigError(f"trainer {header['trainer']} asked for a reset: only the chief (trainer 0) does")
-        if header["epoch"] <= self.generation:
-            raise ConfigError(f"reset to epoch {header['epoch']}: {self.name} is already in epoch {self.generation}")
+    def fail_waiting(self, code: str, message: str) -> None:
+        """Answer every waiting request with an error (a reset voids them)."""
         for w in self._waiting:
-            self._send(w.identity, protocol.error_header(w.request_id, "reset", f"{self.name}: the job rolls "
-                                                          f"back to a checkpoint; this {w.op} is void"))
+            self._send(w.identity, protocol.error_header(w.request_id, code, f"{message}; this {w.op} is void"))
         self._waiting = []
-        for service in self._services:
-            service.reset()
-        self.generation = header["epoch"]
-        log.warning("%s: reset to epoch %d: state dropped, the chief restores the latest checkpoint",
-                    self.name, self.generation)
-        return Reply({"generation": self.generation})
 
-    def handle_stats(self, header, arrays) -> Reply:
-        return Reply({"stats": self.snapshot_stats()})
-
-    def handle_leave(self, header, arrays) -> Reply:
-        trainer = header["trainer"]
-        self.membership.leave(trainer)
-        for service in self._services:
-            service.on_leave(trainer)
-        log.info("%s: trainer %d left (%d still training)", self.name, trainer, len(self.membership.live))
-        return Reply()
-
-    def handle_shutdown(self, header, arrays) -> Reply:
+    def stop_after_replies(self) -> None:
         self._stop_after_replies = True
-        return Reply()
+
+    @property
+    def services(self) -> list[Service]:
+        return list(self._services)
 
     def snapshot_stats(self) -> dict:
         out = {"server": self.server_id, "address": self.address,
