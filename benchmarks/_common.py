@@ -248,3 +248,12 @@ def serve_router(conn, host: str, answer: Callable) -> None:
     finally:
         sock.close(0)
         ctx.term()
+
+
+def mem_available() -> int:
+    """Bytes the kernel says can still be allocated (MemAvailable)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")

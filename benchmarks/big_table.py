@@ -42,14 +42,6 @@ def ids_of(table: str, index: np.ndarray) -> np.ndarray:
     return mix64(index.astype(np.uint64) ^ SALT[table])
 
 
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
 
 def estimate_bytes(rows: int, dim: int) -> tuple[int, int]:
     """(final, peak) bytes of an SGD table of ``rows`` rows, from SparseTable's layout:
@@ -78,10 +70,10 @@ def fill(client, proc, table: str, rows: int, dim: int, chunk: int, deadline: fl
             el = time.perf_counter() - t0
             st = C.proc_status(proc.pid)
             log(f"  {table}: {done:,} rows in {el:.1f} s ({done / el / 1e6:.2f}M rows/s), server RSS "
-                f"{st['VmRSS'] / GiB:.2f} GiB, MemAvailable {mem_available() / GiB:.1f} GiB")
+                f"{st['VmRSS'] / GiB:.2f} GiB, MemAvailable {C.mem_available() / GiB:.1f} GiB")
             next_report += progress_every
         if done < rows:
-            if mem_available() < min_free:
+            if C.mem_available() < min_free:
                 stopped = f"MemAvailable fell below {min_free / GiB:.1f} GiB"
             elif time.monotonic() > deadline:
                 stopped = "the fill time limit was reached"
@@ -104,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="print markdown tables for RESULTS.md")
     args = p.parse_args(argv)
     final_est, peak_est = estimate_bytes(args.rows, args.dim)
-    avail = mem_available()
+    avail = C.mem_available()
     if peak_est > avail:
         print(f"not starting: a {args.rows:,}-row table of dim {args.dim} needs about {peak_est / GiB:.1f} GiB "
               f"at its peak and {avail / GiB:.1f} GiB is available; lower --rows or --dim", file=sys.stderr)

@@ -439,14 +439,6 @@ def round_order(jobs: list, rnd: int, repeats: int) -> list:
 GiB = 1 << 30
 
 
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
 def table_bytes(rows: int) -> tuple[int, int]:
     """(final, peak) bytes of an Adagrad table of dim 16 whose capacity is capped at ``rows``
     (PARAMSHARD_MAX_ROWS): values + accumulator, an id index of 12 B per bucket (power of two,
@@ -475,7 +467,7 @@ def fill_table(client, name: str, rows: int, chunk: int, min_free: int, log) -> 
     t0 = time.perf_counter()
     done, stopped = 0, None
     while done < rows:
-        if mem_available() < min_free:
+        if C.mem_available() < min_free:
             stopped = f"MemAvailable fell below {min_free / GiB:.1f} GiB"
             log(f"  {name}: stopping the fill at {done:,} rows: {stopped}")
             break
@@ -495,7 +487,7 @@ def table_scaling(args, children: C.Children, log) -> dict:
     from paramshard.optim import Adagrad
     from paramshard.transport.client import ServerLinks
     sizes = sorted(args.table_sizes)
-    avail = mem_available()
+    avail = C.mem_available()
     need = sum(table_bytes(s)[0] for s in sizes[:-1]) + table_bytes(sizes[-1])[1] + int(args.min_free_gib * GiB)
     while len(sizes) > 1 and need > avail:                      # drop the largest tables that cannot fit
         log(f"  skipping the {sizes[-1]:,}-row table: about {need / GiB:.1f} GiB needed, "

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DeadlineExceeded, RemoteError
-from ..transport.client import Ticket
+from ..transport.client import Requests, Ticket
 from .parameter_server import ParameterServer
 from .replies import Deferred, Reply
 
@@ -33,7 +33,7 @@ def _own_copy(array: np.ndarray) -> np.ndarray:
     return array if array.base is None and array.flags.owndata else array.copy()
 
 
-class LocalLinks:
+class LocalLinks(Requests):
     """Requests to an in-process server, as ServerLinks makes them to remote ones."""
 
     def __init__(self, server: ParameterServer, timeout: float, who: str = "trainer"):
@@ -47,17 +47,6 @@ class LocalLinks:
 
     def wait_ready(self, timeout: float = 30.0) -> list[dict]:
         return [self.request(0, {"op": "hello"})[0]]
-
-    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (), timeout: float | None = None):
-        return self.request_list([(server, header, arrays)], timeout)[0]
-
-    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
-        servers = list(requests)
-        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
-        return dict(zip(servers, replies))
-
-    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
-        return self.collect(self.submit(requests, timeout))
 
     def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> Ticket:
         wait = self.timeout if timeout is None else timeout

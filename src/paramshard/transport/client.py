@@ -140,7 +140,30 @@ class Ticket:
         return not self.pending or self.error is not None
 
 
-class ServerLinks:
+class Requests:
+    """The blocking calls, built on ``submit`` and ``collect`` (ServerLinks, LocalLinks)."""
+
+    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
+                timeout: float | None = None):
+        return self.request_list([(server, header, arrays)], timeout)[0]
+
+    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
+        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}."""
+        servers = list(requests)
+        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
+        return dict(zip(servers, replies))
+
+    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
+        """[(server, header, arrays)] -> [(reply_header, reply_arrays)], in order.
+
+        All requests go out before any reply is awaited, so the servers work in
+        parallel (and one server may get several). Reply arrays are read-only
+        views over the received frames (writable copies in-process).
+        """
+        return self.collect(self.submit(requests, timeout))
+
+
+class ServerLinks(Requests):
     """Talks to every server of the job. Not thread-safe: one per trainer thread."""
 
     def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer",
@@ -172,25 +195,6 @@ class ServerLinks:
         """Block until every server answers (its hello), or raise naming the silent ones."""
         replies = self.request_many({s: ({"op": "hello"}, ()) for s in range(len(self.links))}, timeout)
         return [replies[s][0] for s in sorted(replies)]
-
-    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
-                timeout: float | None = None):
-        return self.request_list([(server, header, arrays)], timeout)[0]
-
-    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
-        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}."""
-        servers = list(requests)
-        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
-        return dict(zip(servers, replies))
-
-    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
-        """[(server, header, arrays)] -> [(reply_header, reply_arrays)], in order.
-
-        All requests go out before any reply is awaited, so the servers work in
-        parallel (and one server may get several). Reply arrays are read-only
-        views over the received frames.
-        """
-        return self.collect(self.submit(requests, timeout))
 
     def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> "Ticket":
         """Send [(server, header, arrays)] now and return at once; ``collect(ticket)``
