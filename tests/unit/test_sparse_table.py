@@ -35,6 +35,22 @@ def test_id_index_matches_a_dict_through_growth():
     assert ix.size == len(ref)
 
 
+def test_a_reserved_index_maps_exactly_what_a_growing_one_does():
+    rng = np.random.default_rng(1)
+    batches = [np.unique(rng.integers(0, 2**64 - 2, 4000, dtype=np.uint64)) for _ in range(6)]
+    grown, reserved = IdIndex(4), IdIndex(4)
+    reserved.insert(batches[0][:10])
+    grown.insert(batches[0][:10])
+    reserved.reserve(30_000)             # after some ids: they are placed again
+    buckets = len(reserved.buckets)
+    for batch in batches[1:]:
+        new = batch[grown.lookup(batch) < 0]
+        np.testing.assert_array_equal(grown.insert(new), reserved.insert(new))
+    assert len(reserved.buckets) == buckets     # never rehashed while filling
+    probe = np.concatenate([np.concatenate(batches), rng.integers(0, 2**64 - 2, 500, dtype=np.uint64)])
+    np.testing.assert_array_equal(grown.lookup(probe), reserved.lookup(probe))
+
+
 def test_every_uint64_can_be_stored():
     ix = IdIndex()
     extremes = np.array([0, 1, 2**63, 2**64 - 1], np.uint64)

@@ -37,6 +37,17 @@ class IdIndex:
     def ids_by_row(self) -> np.ndarray:
         return self.ids[:self.size]
 
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` ids without growing: the id store and buckets sized now (the
+        table's capacity hint), so filling never rehashes. Built aside, then swapped in."""
+        if rows <= len(self.ids) and self._buckets_for(rows) <= len(self.buckets):
+            return
+        store = np.empty(max(rows, len(self.ids)), np.uint64)
+        store[:self.size] = self.ids[:self.size]
+        buckets = np.full(max(self._buckets_for(rows), len(self.buckets)), -1, np.int32)
+        self._place(store, buckets, np.arange(self.size))
+        self.ids, self.buckets, self.mask = store, buckets, np.uint64(len(buckets) - 1)
+
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where absent."""
         ids = np.asarray(ids, np.uint64)

@@ -98,6 +98,7 @@ class SparseTable:
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` rows now, so filling the table never copies it to grow."""
         self._ensure_capacity(rows)
+        self.index.reserve(rows)
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:
         """Which of these new, distinct ids get a row now."""
