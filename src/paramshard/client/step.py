@@ -10,7 +10,9 @@ bytes in its own thread while Python computes:
   batch at once; ``rows()`` in that batch's forward takes the reply (or pulls
   afresh if the ids or the version are not the ones fetched). In sync mode the
   version makes the server hold the reply until the step before is complete,
-  so the rows are exactly those of a serial run.
+  so the rows are exactly those of a serial run. In async mode the rows the
+  step before will update can be asked for right after its push
+  (``fresh_after``), so they are never staler than in a serial run either.
 - **Pushes in flight** (async mode): ``push()`` sends a step's gradients and
   returns; the dense values of the reply are written into the parameters when
   more than ``max_in_flight`` pushes are out (or the reply is already in). A
