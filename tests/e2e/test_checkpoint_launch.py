@@ -43,17 +43,23 @@ def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path):
     assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in out, out
 
 
+def _launch_with_restarts(ckpt, mark: str, every: int, steps: int, delay: float) -> subprocess.Popen:
+    """A 2 + 2 job of SCRIPT with checkpoints every ``every`` steps and --max-restarts 1; its
+    processes carry ``mark`` (run_job.processes_marked finds them)."""
+    return subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
+                             "--checkpoint-every", str(every), "--max-restarts", "1", SCRIPT, "--steps", str(steps),
+                             "--step-delay", str(delay)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+                            start_new_session=True)
+
+
 def _kill_mid_run(tmp_path, role, rank):
     """Run the 16-step job (0.3 s a step) with checkpoints every 5 steps and --max-restarts 1;
     0.6 s after step 5 is saved (about step 7, well before the next checkpoint), kill -9 the
     given rank. Returns (exit code, output)."""
     ckpt = tmp_path / "ckpt"
     mark = f"kill-test-{time.time_ns()}"
-    proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
-                             "--checkpoint-every", "5", "--max-restarts", "1", SCRIPT, "--steps", "16",
-                             "--step-delay", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
-                            start_new_session=True)
+    proc = _launch_with_restarts(ckpt, mark, every=5, steps=16, delay=0.3)
     try:
         deadline = time.monotonic() + 60
         while not (ckpt / "step-00000005").is_dir():
@@ -120,11 +126,7 @@ def test_a_server_dead_before_the_first_checkpoint_fails_the_job_fast(tmp_path):
     """--max-restarts with nothing to roll back to: no restart, the job fails naming the server."""
     ckpt = tmp_path / "ckpt"
     mark = f"early-kill-{time.time_ns()}"
-    proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
-                             "--checkpoint-every", "1000", "--max-restarts", "1", SCRIPT, "--steps", "200",
-                             "--step-delay", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
-                            start_new_session=True)
+    proc = _launch_with_restarts(ckpt, mark, every=1000, steps=200, delay=0.05)
     try:
         deadline = time.monotonic() + 60
         while "starts at step 0" not in _peek(proc):
