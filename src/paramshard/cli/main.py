@@ -18,6 +18,8 @@ COMMANDS = {
     "env": "env",
     "split-data": "split_data",
     "gen-data": "gen_data",
+    "dataset": "dataset",
+    "schema": "schema",
     "export": "export",
     "export-model": "export_model",
     "k8s": "k8s",

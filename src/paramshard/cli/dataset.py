@@ -1,0 +1,18 @@
+"""`paramshard dataset`: fetch a public tabular dataset as raw CSV files."""
+from __future__ import annotations
+
+from ..data.datasets import DATASETS, fetch
+
+HELP = "fetch a public tabular dataset as raw train/test CSV files (adult: UCI census income)"
+EXAMPLE = "paramshard dataset adult data/adult"
+
+
+def add_arguments(p):
+    p.add_argument("name", choices=DATASETS)
+    p.add_argument("out", metavar="DIR", help="directory for train.csv and test.csv")
+
+
+def run(args) -> int:
+    train, test = fetch(args.name, args.out)
+    print(f"{args.name}: {train} and {test}")
+    return 0

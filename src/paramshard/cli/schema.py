@@ -1,0 +1,79 @@
+"""`paramshard schema`: write a schema from a look at a file, fit its statistics, show one."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..data.fit import fit_schema
+from ..data.infer import SAMPLE_ROWS, infer_schema
+from ..data.schema import Schema
+
+HELP = "describe a CSV/TSV/Parquet file's columns for the readers and models (infer, fit, show)"
+EXAMPLE = ("paramshard schema infer data/adult/train.csv --label income -o adult.schema.json",
+           "paramshard schema fit adult.schema.json data/adult/train.csv -o adult.fitted.json",
+           "paramshard schema show adult.fitted.json")
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    infer = sub.add_parser("infer", help="write a first schema by looking at the first rows of FILE")
+    infer.add_argument("file", metavar="FILE")
+    infer.add_argument("--label", metavar="COL", help="the label column (default: one named like a label)")
+    infer.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, metavar="N",
+                       help=f"rows to look at (default {SAMPLE_ROWS})")
+    infer.add_argument("-o", "--out", metavar="SCHEMA", help="write here (.json or .yaml); default: print it")
+    fit = sub.add_parser("fit", help="compute the statistics the transforms need, in one pass over the data")
+    fit.add_argument("schema", metavar="SCHEMA")
+    fit.add_argument("files", metavar="FILE", nargs="+", help="the training data (not the test data)")
+    fit.add_argument("-o", "--out", metavar="FITTED", required=True, help="the fitted schema to write")
+    fit.add_argument("--skip-bad-lines", action="store_true", help="ignore malformed lines instead of failing")
+    show = sub.add_parser("show", help="one line per column: kind, transforms, statistics")
+    show.add_argument("schema", metavar="SCHEMA")
+
+
+def run(args) -> int:
+    if args.action == "infer":
+        schema = infer_schema(args.file, label=args.label, sample_rows=args.sample_rows)
+        if args.out:
+            schema.save(args.out)
+            print(f"wrote {args.out}: {describe(schema)}")
+            print(f"edit it if a guess is wrong, then: paramshard schema fit {args.out} TRAIN_FILES -o FITTED")
+        else:
+            import json
+            json.dump(schema.to_dict(), sys.stdout, indent=1)
+            print()
+    elif args.action == "fit":
+        fitted = fit_schema(Schema.load(args.schema), args.files, skip_bad_lines=args.skip_bad_lines)
+        fitted.save(args.out)
+        print(f"wrote {args.out}: statistics of {fitted.rows_fitted:,} rows; {describe(fitted)}")
+    else:
+        schema = Schema.load(args.schema)
+        print(describe(schema))
+        for line in column_lines(schema):
+            print(line)
+    return 0
+
+
+def describe(schema: Schema) -> str:
+    label = schema.label
+    target = f"{label.column} ({'/'.join(label.positive)} = 1)" if label.positive else label.column
+    dropped = [c.name for c in schema.columns if c.kind == "drop"]
+    return (f"label {target}, {schema.num_dense} dense features, {schema.num_fields} id fields"
+            + (f", dropped {', '.join(dropped)}" if dropped else ""))
+
+
+def column_lines(schema: Schema) -> list[str]:
+    out = []
+    for c in schema.columns:
+        what = c.kind
+        if c.kind == "numeric":
+            what += f" {'+'.join(c.transforms) or 'raw'}" + (f", {c.bucketize} buckets" if c.bucketize else "")
+            what += ", missing indicator" if c.missing_indicator else ""
+        elif c.kind == "multi":
+            what += f" split on {c.separator!r}"
+        if c.stats:
+            s = c.stats
+            what += (f"  mean {s['mean']:.4g} std {s['std']:.4g}" if "mean" in s
+                     else f"  {s['distinct']:,} distinct") + f", {s['missing']:,} missing"
+        out.append(f"  {c.name:24s} {what}" + (f"   ({c.note})" if c.note else ""))
+    return out

@@ -1,0 +1,213 @@
+"""TabularReader: batches from CSV, TSV and Parquet files, as a schema says.
+
+    schema = Schema.load("adult.fitted.json")
+    reader = TabularReader(["train.csv"], schema, batch_size=512, shard=(trainer_id, num_trainers),
+                           shuffle=True, equal_steps=True)
+    for epoch in range(3):
+        for batch in reader:            # a new pass each time, reshuffled
+            out = model(**batch.torch()) ...
+
+Streaming: one chunk of a file is held at a time, plus the shuffle buffer.
+- ``shard=(i, n)``: this trainer takes records i, i+n, i+2n, ... of the files
+  read in order (counting bad lines too, so every trainer agrees who owns
+  what without talking);
+- ``shuffle``: rows go through a buffer of ``shuffle_buffer`` rows that is
+  permuted before it is handed out; the permutation is seeded by (seed, pass,
+  shard), so a run is reproducible and each pass differs;
+- ``drop_last``: no short final batch;
+- ``equal_steps``: every shard yields the same number of batches,
+  (records // n) // batch_size, counted up front from the files (line counts,
+  Parquet metadata), so sync trainers take the same number of steps; a shard
+  left short by skipped bad lines reads its first rows again to fill up.
+Bad lines raise ``DataFormatError`` (``path:line: reason``), or with
+``skip_bad_lines=True`` are counted in ``bad_lines`` (examples in
+``bad_line_examples``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..log import get_logger
+from ._reader import DEFAULT_CHUNK_BYTES, MAX_EXAMPLES, as_paths, read_blocks, rebatch
+from .batch import TabularBatch
+from .encode import Encoder
+from .errors import DataFormatError
+from .frames import file_format, iter_frames
+from .schema import Schema
+
+log = get_logger("data")
+DEFAULT_SHUFFLE_BUFFER = 1 << 16
+
+
+class TabularReader:
+    def __init__(self, paths, schema: Schema | str | Path, batch_size: int, *, shard: tuple[int, int] | None = None,
+                 shuffle: bool = False, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, seed: int = 0,
+                 drop_last: bool = False, equal_steps: bool = False, skip_bad_lines: bool = False,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size}: must be >= 1")
+        if shuffle and shuffle_buffer < 1:
+            raise ConfigError(f"shuffle_buffer={shuffle_buffer}: must be >= 1")
+        self.paths = as_paths(paths)
+        self.schema = schema if isinstance(schema, Schema) else Schema.load(schema)
+        self.encoder = Encoder(self.schema)
+        self.batch_size = batch_size
+        self.shard = _check_shard(shard)
+        self.shuffle, self.shuffle_buffer, self.seed = shuffle, shuffle_buffer, seed
+        self.drop_last, self.skip_bad_lines, self.chunk_bytes = drop_last, skip_bad_lines, chunk_bytes
+        self.steps = None
+        if equal_steps:
+            index, count = self.shard
+            self.steps = (count_records(self.paths, self.schema) // count) // batch_size
+            if self.steps == 0:
+                raise ConfigError(f"equal_steps: {count_records(self.paths, self.schema)} rows over {count} "
+                                  f"trainers make no full batch of {batch_size}: use a smaller --batch-size")
+        self.epoch = -1
+        self.batches = 0
+        self.bad_lines = 0
+        self.bad_line_examples: list[str] = []
+        self._skip = 0
+
+    def __len__(self) -> int:
+        """Batches per pass, when known (equal_steps)."""
+        if self.steps is None:
+            raise TypeError("the number of batches is known up front only with equal_steps=True")
+        return self.steps
+
+    # -- position, for checkpoints --------------------------------------------
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "batches": self.batches}
+
+    def restore(self, state: dict) -> None:
+        """The next pass is the saved one, from the batch after the saved position."""
+        try:
+            self.epoch, self._skip = int(state["epoch"]) - 1, int(state["batches"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"reader state {state!r}: expected {{'epoch': int, 'batches': int}}") from None
+
+    # -- iteration ---------------------------------------------------------------
+    def __iter__(self):
+        self.epoch += 1
+        self.bad_lines, self.bad_line_examples = 0, []
+        skip, self._skip = self._skip, 0
+        return self._counted(skip)
+
+    def _counted(self, skip: int):
+        self.batches = 0
+        for batch in self._batches():
+            self.batches += 1
+            if self.batches > skip:
+                yield batch
+
+    def _batches(self):
+        rows = self._rows()
+        if self.shuffle:
+            rows = self._shuffled(rows)
+        batches = rebatch(rows, self.batch_size, TabularBatch.concat)
+        if self.steps is not None:
+            yield from self._exactly(batches, self.steps)
+            return
+        for batch in batches:
+            if self.drop_last and len(batch) < self.batch_size:
+                return
+            yield batch
+
+    def _exactly(self, batches, steps: int):
+        """``steps`` full batches: stop early, or read the shard again when it ran short."""
+        done = 0
+        while done < steps:
+            produced = 0
+            for batch in batches:
+                if len(batch) < self.batch_size:
+                    break
+                yield batch
+                done, produced = done + 1, produced + 1
+                if done == steps:
+                    return
+            if produced == 0:
+                raise ConfigError(f"shard {self.shard[0]} of {self.shard[1]}: no full batch of "
+                                  f"{self.batch_size} rows in {', '.join(map(str, self.paths))}")
+            log.warning("shard %d of %d ran out after %d of %d batches (bad lines skipped): reading its "
+                        "first rows again so every trainer takes %d steps", *self.shard, done, steps, steps)
+            rows = self._rows()
+            batches = rebatch(self._shuffled(rows) if self.shuffle else rows, self.batch_size, TabularBatch.concat)
+
+    def _rows(self):
+        """Encoded batches of this shard's good rows, in file order (any sizes)."""
+        index, count = self.shard
+        offset = 0
+        for path in self.paths:
+            base = 2 if file_format(path, self.schema.format)[0] == "text" and self.schema.format.header else 1
+            last = offset
+            for frame in iter_frames(path, self.schema.format, self.schema.used_columns, self.chunk_bytes):
+                records = frame.lines - base + offset
+                mine = records % count == index
+                for line, reason in frame.bad:
+                    if (line - base + offset) % count == index:
+                        self._bad(path, line, reason)
+                if len(frame):
+                    last = max(last, int(records[-1]) + 1)
+                if frame.bad:
+                    last = max(last, frame.bad[-1][0] - base + offset + 1)
+                picked = {name: values[mine] for name, values in frame.columns.items()}
+                batch, bad = self.encoder.encode(picked)
+                lines = frame.lines[mine]
+                for row, reason in bad:
+                    self._bad(path, int(lines[row]), reason)
+                if len(batch):
+                    yield batch
+            offset = last
+
+    def _bad(self, path, line: int, reason: str) -> None:
+        err = DataFormatError(path, line, reason)
+        if not self.skip_bad_lines:
+            raise err
+        self.bad_lines += 1
+        if len(self.bad_line_examples) < MAX_EXAMPLES:
+            self.bad_line_examples.append(err.short)
+
+    def _shuffled(self, batches):
+        rng = np.random.default_rng([self.seed, max(self.epoch, 0), self.shard[0]])
+        pending, held = [], 0
+        for batch in batches:
+            pending.append(batch)
+            held += len(batch)
+            if held >= self.shuffle_buffer:
+                merged = TabularBatch.concat(pending)
+                yield merged.select(rng.permutation(len(merged)))
+                pending, held = [], 0
+        if pending:
+            merged = TabularBatch.concat(pending)
+            yield merged.select(rng.permutation(len(merged)))
+
+
+def _check_shard(shard) -> tuple[int, int]:
+    if shard is None:
+        return (0, 1)
+    try:
+        index, count = (int(x) for x in shard)
+    except (TypeError, ValueError):
+        raise ConfigError(f"shard={shard!r}: expected (index, count)") from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"shard={shard!r}: index must be in 0..count-1")
+    return index, count
+
+
+def count_records(paths, schema: Schema) -> int:
+    """Data rows in the files (bad lines included): newlines for text, metadata for Parquet."""
+    total = 0
+    for path in as_paths(paths):
+        if file_format(path, schema.format)[0] == "parquet":
+            import pyarrow.parquet as pq
+            total += pq.ParquetFile(path).metadata.num_rows
+            continue
+        lines, last = 0, b"\n"
+        for block in read_blocks(path, 1 << 22):
+            lines += block.count(b"\n")
+            last = block[-1:]
+        lines += last != b"\n"                 # a last line without its newline
+        total += lines - (1 if schema.format.header and lines else 0)
+    return total
