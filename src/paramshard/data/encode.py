@@ -113,6 +113,9 @@ class Encoder:
         if not label.positive and not label.negative:
             x, not_number = parse_numbers(raw, miss)
             flag(not_number, lambda i: f"label column {label.column!r} is not a number: {_show(raw[i])}")
+            flag(~miss & ~not_number & ~np.isin(x, (0.0, 1.0, -1.0)),
+                 lambda i: f"label must be 0 or 1 (or -1/+1), got {_show(raw[i])}; for other values set "
+                           f"label.positive / label.negative in the schema")
             return (x > 0).astype(np.float32)
         text = as_text(raw)
         pos = np.isin(text, np.array(label.positive, dtype=object))

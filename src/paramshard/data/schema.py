@@ -79,8 +79,7 @@ class Column:
 @dataclass
 class Label:
     column: str
-    # Values that mean 1 and 0. Both empty: the label is a number, > 0 is positive
-    # (0/1 and -1/+1 labels). Otherwise any other value is a bad line, so a typo or a
+    # Values that mean 1 and 0. Both empty: the label is a number, 0/1 or -1/+1. Otherwise any other value is a bad line, so a typo or a
     # "<=50K." spelling in a test file is caught instead of read as negative.
     positive: list = field(default_factory=list)
     negative: list = field(default_factory=list)

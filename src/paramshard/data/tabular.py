@@ -145,18 +145,16 @@ class TabularReader:
             for frame in iter_frames(path, self.schema.format, self.schema.used_columns, self.chunk_bytes):
                 records = frame.lines - base + offset
                 mine = records % count == index
-                for line, reason in frame.bad:
-                    if (line - base + offset) % count == index:
-                        self._bad(path, line, reason)
                 if len(frame):
                     last = max(last, int(records[-1]) + 1)
                 if frame.bad:
                     last = max(last, frame.bad[-1][0] - base + offset + 1)
-                picked = {name: values[mine] for name, values in frame.columns.items()}
-                batch, bad = self.encoder.encode(picked)
+                batch, bad = self.encoder.encode({name: values[mine] for name, values in frame.columns.items()})
                 lines = frame.lines[mine]
-                for row, reason in bad:
-                    self._bad(path, int(lines[row]), reason)
+                problems = [(line, reason) for line, reason in frame.bad if (line - base + offset) % count == index]
+                problems += [(int(lines[row]), reason) for row, reason in bad]
+                for line, reason in sorted(problems):      # the first bad line of the file is the one raised
+                    self._bad(path, line, reason)
                 if len(batch):
                     yield batch
             offset = last
@@ -170,18 +168,10 @@ class TabularReader:
             self.bad_line_examples.append(err.short)
 
     def _shuffled(self, batches):
+        """Blocks of ``shuffle_buffer`` rows, each permuted: a row moves at most a block."""
         rng = np.random.default_rng([self.seed, max(self.epoch, 0), self.shard[0]])
-        pending, held = [], 0
-        for batch in batches:
-            pending.append(batch)
-            held += len(batch)
-            if held >= self.shuffle_buffer:
-                merged = TabularBatch.concat(pending)
-                yield merged.select(rng.permutation(len(merged)))
-                pending, held = [], 0
-        if pending:
-            merged = TabularBatch.concat(pending)
-            yield merged.select(rng.permutation(len(merged)))
+        for block in rebatch(batches, self.shuffle_buffer, TabularBatch.concat):
+            yield block.select(rng.permutation(len(block)))
 
 
 def _check_shard(shard) -> tuple[int, int]:

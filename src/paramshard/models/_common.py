@@ -1,0 +1,132 @@
+"""Pieces every CTR model shares: where its tables come from, checking a batch,
+looking a table up once for the whole batch, the linear (wide) part, the MLP."""
+from __future__ import annotations
+
+import zlib
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError
+
+EmbeddingFactory = Callable[[str, int], nn.Module]
+
+
+def default_embedding(table_optimizer=None, capacity: int = 0) -> EmbeddingFactory:
+    """Tables on the parameter servers. Imported here, not at the top: paramshard.torch
+    pulls in the trainer and its clients, which building a model does not need."""
+    def make(name: str, dim: int) -> nn.Module:
+        from ..torch.sparse_embedding import SparseEmbedding
+        # A seed per table: with one shared seed, an id's "wide" weight would start equal to
+        # column 0 of its "deep" row (initial rows depend only on seed, id and column).
+        return SparseEmbedding(name, dim, optimizer=table_optimizer, capacity=capacity,
+                               seed=zlib.crc32(name.encode()) & 0x7FFFFFFF)
+    return make
+
+
+def lookup(table: nn.Module, ids: torch.Tensor, offsets, weights, batch: int, fields: int) -> torch.Tensor:
+    """[B, F, dim] field embeddings, from ONE call of ``table`` with the whole batch's ids:
+    the prefetcher (torch/prefetch.py) fetches a table's rows for the tensor its last forward
+    read, so a table called per field or on a copy of the ids would miss every prefetch.
+    ``reshape`` of the contiguous batch tensor is a view: the same memory, as it needs."""
+    if offsets is None:
+        rows = table(ids.reshape(batch * fields, 1))
+    else:
+        rows = table(ids, offsets, per_sample_weights=weights)
+    return rows.view(batch, fields, -1)
+
+
+def mlp(width: int, hidden, out: int | None = 1) -> nn.Sequential:
+    """Linear+ReLU per hidden width, then Linear(-, out) unless ``out`` is None (a tower
+    whose output feeds another layer). Layer indices match examples/ctr_model.py."""
+    layers = []
+    for h in hidden:
+        layers += [nn.Linear(width, int(h)), nn.ReLU()]
+        width = int(h)
+    if out is not None:
+        layers.append(nn.Linear(width, out))
+    return nn.Sequential(*layers)
+
+
+def out_width(width: int, hidden) -> int:
+    """Width of ``mlp(width, hidden, out=None)``'s output."""
+    return int(hidden[-1]) if len(hidden) else width
+
+
+class Bias(nn.Module):
+    """The dense linear term when there are no dense features: nn.Linear(0, 1) would give
+    the servers an empty weight block and warn on its init, and only the bias means anything."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(dense.shape[0], 1)
+
+
+def dense_linear(num_dense: int) -> nn.Module:
+    """The dense features' linear term, [B, D] -> [B, 1], with the model's bias. Each model
+    makes it last, after its tower, as examples/ctr_model.py does: the same torch seed then
+    gives the same initial weights and the parameters come in the same order."""
+    return nn.Linear(num_dense, 1) if num_dense else Bias()
+
+
+class FieldModel(nn.Module):
+    """Base of the CTR models: schema sizes, the tables, the wide (LR) part, input checks.
+    A subclass sets ``self.dense_wide = dense_linear(self.num_dense)`` at the end of its __init__."""
+
+    def __init__(self, schema, embedding: EmbeddingFactory | None = None, table_optimizer=None,
+                 capacity: int = 0, prefix: str = "", dim: int | None = None):
+        """``dim``: also make the "deep" table (field embeddings of that width)."""
+        super().__init__()
+        self.num_dense, self.num_fields = int(schema.num_dense), int(schema.num_fields)
+        if self.num_dense < 0 or self.num_fields < 1:
+            raise ConfigError(f"{type(self).__name__}: the schema needs num_dense >= 0 and num_fields >= 1, "
+                              f"got num_dense={self.num_dense}, num_fields={self.num_fields}")
+        self.prefix = prefix
+        # The factory is not kept: a lambda attribute would make the model unpicklable (torch.save).
+        factory = embedding or default_embedding(table_optimizer, capacity)
+        self.wide = factory(prefix + "wide", 1)      # one weight per feature id: logistic regression
+        self.dim = dim
+        if dim is not None:
+            if not isinstance(dim, int) or dim < 1:
+                raise ConfigError(f"{type(self).__name__}: dim must be a whole number >= 1, got {dim!r}")
+            self.deep = factory(prefix + "deep", dim)    # one row per (field, value): ids are field-distinct
+
+    def check(self, dense: torch.Tensor, ids: torch.Tensor, offsets, weights) -> int:
+        """The batch size; ConfigError naming expected vs got on a wrong shape."""
+        name, F, D = type(self).__name__, self.num_fields, self.num_dense
+        if dense.dim() != 2 or dense.shape[1] != D:
+            raise ConfigError(f"{name}: dense must be [B, {D}] (num_dense={D}), got {list(dense.shape)}")
+        batch = dense.shape[0]
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ConfigError(f"{name}: ids must be int64 feature ids, got {ids.dtype}")
+        if offsets is None:
+            if ids.dim() != 2 or ids.shape[1] != F or ids.shape[0] != batch:
+                raise ConfigError(f"{name}: ids must be [B, num_fields] = [{batch}, {F}] (B from dense), "
+                                  f"got {list(ids.shape)}")
+            return batch
+        if ids.dim() != 1:
+            raise ConfigError(f"{name}: with offsets, ids must be flat [N], got {list(ids.shape)}")
+        if offsets.dim() != 1 or offsets.shape[0] != batch * F:
+            raise ConfigError(f"{name}: offsets must be [B * num_fields] = [{batch * F}] "
+                              f"(B={batch}, num_fields={F}), got {list(offsets.shape)}")
+        if weights is not None and weights.shape != ids.shape:
+            raise ConfigError(f"{name}: weights must be one per id, [{ids.shape[0]}], got {list(weights.shape)}")
+        return batch
+
+    def linear_logit(self, dense, ids, offsets, weights, batch: int) -> torch.Tensor:
+        """[B]: sum of every field's wide weight + the dense linear term (with the bias)."""
+        wide = lookup(self.wide, ids, offsets, weights, batch, self.num_fields)      # [B, F, 1]
+        return wide.sum(dim=(1, 2)) + self.dense_wide(dense).squeeze(1)
+
+    def embed(self, ids, offsets, weights, batch: int) -> torch.Tensor:
+        """[B, F, dim] deep field embeddings (a multi-valued field: the weighted sum of its bag)."""
+        return lookup(self.deep, ids, offsets, weights, batch, self.num_fields)
+
+    def extra_repr(self) -> str:
+        dim = "" if self.dim is None else f", dim={self.dim}"
+        prefix = f", prefix={self.prefix!r}" if self.prefix else ""
+        return f"num_dense={self.num_dense}, num_fields={self.num_fields}{dim}{prefix}"

@@ -1,0 +1,30 @@
+"""Wide & Deep (Cheng et al. 2016, "Wide & Deep Learning for Recommender Systems")."""
+from __future__ import annotations
+
+import torch
+
+from ._common import EmbeddingFactory, FieldModel, dense_linear, mlp
+
+
+class WideDeep(FieldModel):
+    """logit = wide (logistic regression, as LogisticRegression) + MLP(concat(the F field
+    embeddings, dense)) -> 1, ReLU between layers. Tables "wide" (dim 1) and "deep" (``dim``).
+    With num_dense=13, num_fields=26 this is examples/ctr_model.py's model, down to the
+    parameter names (wide, deep, mlp.*, dense_wide.*)."""
+
+    def __init__(self, schema, dim: int = 16, hidden=(400, 400), *, embedding: EmbeddingFactory | None = None,
+                 table_optimizer=None, capacity: int = 0, prefix: str = ""):
+        super().__init__(schema, embedding, table_optimizer, capacity, prefix, dim=dim)
+        self.hidden = tuple(int(h) for h in hidden)
+        self.mlp = mlp(self.num_fields * dim + self.num_dense, self.hidden)
+        self.dense_wide = dense_linear(self.num_dense)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+        batch = self.check(dense, ids, offsets, weights)
+        deep = self.embed(ids, offsets, weights, batch).reshape(batch, -1)       # [B, F * dim]
+        return (self.linear_logit(dense, ids, offsets, weights, batch)
+                + self.mlp(torch.cat([deep, dense], dim=1)).squeeze(1))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, hidden={self.hidden}"

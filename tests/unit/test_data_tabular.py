@@ -1,0 +1,119 @@
+"""TabularReader: the same batches from CSV, TSV (with or without header) and Parquet;
+shards partition the rows; shuffle permutes them; equal steps; bad lines."""
+import gzip
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from paramshard.data.batch import TabularBatch
+from paramshard.data.errors import DataFormatError
+from paramshard.data.fit import fit_schema
+from paramshard.data.schema import Column, Format, Label, Schema
+from paramshard.data.tabular import TabularReader, count_records
+from paramshard.errors import ConfigError
+
+
+def frame(n=300, seed=1) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"id": np.arange(n), "x": rng.normal(size=n).round(4),
+                         "cat": rng.choice(["u", "v", "w"], n), "y": rng.integers(0, 2, n)})
+
+
+def schema(**fmt) -> Schema:
+    return Schema(Label("y"), [Column("id", transforms=[]), Column("x", transforms=["standardize"], bucketize=4),
+                               Column("cat", "categorical")], format=Format(**fmt))
+
+
+@pytest.fixture
+def files(tmp_path):
+    df = frame()
+    df.to_csv(tmp_path / "d.csv", index=False)
+    df.to_csv(tmp_path / "d.tsv", sep="\t", index=False)
+    df.to_csv(tmp_path / "noheader.tsv.gz", sep="\t", index=False, header=False, compression="gzip")
+    df.to_parquet(tmp_path / "d.parquet")
+    return df, tmp_path
+
+
+def rows(reader) -> TabularBatch:
+    return TabularBatch.concat(list(reader))
+
+
+def same(a: TabularBatch, b: TabularBatch):
+    for name in ("labels", "dense", "ids"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_csv_tsv_and_parquet_give_identical_batches(files):
+    df, d = files
+    fitted = fit_schema(schema(), [d / "d.csv"])
+    csv = list(TabularReader([d / "d.csv"], fitted, 64))
+    for other in ([d / "d.tsv"], [d / "d.parquet"]):
+        got = list(TabularReader(other, fitted, 64))
+        assert [len(b) for b in got] == [len(b) for b in csv]
+        for a, b in zip(csv, got):
+            same(a, b)
+    plain = Schema.from_dict({**fitted.to_dict(), "format": {"type": "tsv", "header": False,
+                                                             "names": ["id", "x", "cat", "y"]}})
+    same(rows(TabularReader([d / "noheader.tsv.gz"], plain, 64)), rows(csv))
+    assert rows(csv).dense[:, 0].tolist() == df["id"].tolist()
+    assert fit_schema(schema(), [d / "d.parquet"]).columns == fitted.columns   # fit agrees across formats
+
+
+def test_shards_partition_the_rows_and_equal_steps_gives_every_trainer_the_same_count(files):
+    df, d = files
+    s = fit_schema(schema(), [d / "d.csv"])
+    seen = []
+    for t in range(3):
+        r = TabularReader([d / "d.csv", d / "d.parquet"], s, 32, shard=(t, 3))
+        ids = rows(r).dense[:, 0]
+        assert (np.r_[df["id"], df["id"]][t::3] == ids).all()     # records t, t+3, ... across both files
+        seen.append(len(ids))
+        eq = TabularReader([d / "d.csv", d / "d.parquet"], s, 32, shard=(t, 3), equal_steps=True)
+        assert len(eq) == (600 // 3) // 32 == len(list(eq)) and all(len(b) == 32 for b in eq)
+    assert sum(seen) == 600
+    assert count_records([d / "d.csv", d / "d.parquet"], s) == 600     # the header line is not a record
+
+
+def test_shuffle_is_a_seeded_permutation_that_changes_per_pass(files):
+    df, d = files
+    s = fit_schema(schema(), [d / "d.csv"])
+    r = TabularReader([d / "d.csv"], s, 50, shuffle=True, shuffle_buffer=128, seed=7)
+    first, second = rows(r).dense[:, 0], rows(r).dense[:, 0]
+    assert sorted(first) == sorted(second) == df["id"].tolist()
+    assert first.tolist() != df["id"].tolist() and first.tolist() != second.tolist()
+    again = TabularReader([d / "d.csv"], s, 50, shuffle=True, shuffle_buffer=128, seed=7)
+    assert rows(again).dense[:, 0].tolist() == first.tolist()
+    # the buffer bounds how far a row moves: none crosses a 128-row block
+    assert all(set(first[i:i + 128]) == set(range(i, min(i + 128, 300))) for i in (0, 128))
+
+
+def test_drop_last_and_restore(files):
+    df, d = files
+    s = fit_schema(schema(), [d / "d.csv"])
+    assert [len(b) for b in TabularReader([d / "d.csv"], s, 128)] == [128, 128, 44]
+    assert [len(b) for b in TabularReader([d / "d.csv"], s, 128, drop_last=True)] == [128, 128]
+    r = TabularReader([d / "d.csv"], s, 100)
+    it = iter(r)
+    next(it)
+    state = r.state()
+    resumed = TabularReader([d / "d.csv"], s, 100)
+    resumed.restore(state)
+    same(rows(resumed), rows(TabularReader([d / "d.csv"], s, 100)).take(100, 300))
+
+
+def test_bad_lines_name_file_and_line_and_can_be_skipped(tmp_path):
+    lines = ["id,x,cat,y", "1,0.5,u,1", "2,oops,v,0", "3,0.1,w", "4,0.2,u,7", "5,0.3,v,1"]
+    (tmp_path / "b.csv").write_text("\n".join(lines) + "\n")
+    s = Schema(Label("y"), [Column("id"), Column("x"), Column("cat", "categorical")])
+    with pytest.raises(DataFormatError, match=r"b\.csv:3: column 'x' is not a number: 'oops'"):
+        list(TabularReader([tmp_path / "b.csv"], s, 10))
+    r = TabularReader([tmp_path / "b.csv"], s, 10, skip_bad_lines=True)
+    got = rows(r)
+    assert got.dense[:, 0].tolist() == [1, 5] and r.bad_lines == 3
+    assert any("b.csv:4: expected 4 columns" in e for e in r.bad_line_examples)
+    assert any("b.csv:5: " in e for e in r.bad_line_examples)   # label 7
+    with pytest.raises(DataFormatError, match="no column 'zz'"):
+        list(TabularReader([tmp_path / "b.csv"], Schema(Label("zz"), [Column("x")]), 10))
+    with pytest.raises(ConfigError, match="shard"):
+        TabularReader([tmp_path / "b.csv"], s, 10, shard=(2, 2))
