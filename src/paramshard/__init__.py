@@ -15,13 +15,20 @@ from .errors import ParamshardError
 from .runtime import init
 from .tables import Admission, Eviction
 
-__all__ = ["init", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
-           "export", "load_model", "ParamshardError", "__version__"]
+__all__ = ["init", "barrier", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
+           "evaluate", "predict", "export", "load_model", "ParamshardError", "__version__"]
 
 try:
     __version__ = _metadata.version("paramshard")
 except _metadata.PackageNotFoundError:   # run from a source tree that was never installed
     __version__ = "0+unknown"
+
+
+def barrier(name: str = "default", timeout: float | None = None) -> None:
+    """Wait until every trainer of the job got to ``barrier(name)``: ``Trainer.barrier`` of
+    the most recently built open Trainer of this process."""
+    from .torch.trainer import current_trainer
+    current_trainer().barrier(name, timeout)
 
 
 def __getattr__(name):
@@ -33,6 +40,9 @@ def __getattr__(name):
     if name == "SparseEmbedding":
         from .torch.sparse_embedding import SparseEmbedding
         return SparseEmbedding
+    if name in ("evaluate", "predict"):
+        from . import evaluation
+        return getattr(evaluation, name)
     if name == "load_model":
         from .serving import load_model
         return load_model

@@ -56,6 +56,7 @@ CHECK_EVERY = 500
 RSS_SLACK_KB = 64 * 1024
 REPLY_DEADLINE_S = 5.0
 TABLE, DIM = "emb", 8
+BARRIER, BARRIER_PASSED = "fz", 2     # a barrier trainer 0 passed twice during setup
 U64_MAX = 2**64 - 1
 I64_MIN, I64_MAX = -2**63, 2**63 - 1
 
@@ -224,6 +225,8 @@ class Gen:
             return self.head(r, op, table=TABLE), [ids, self.grads(r, len(ids) * DIM, (len(ids), DIM))]
         if op == "leave":
             return self.head(r, op, trainer=0), []
+        if op == "barrier":     # a new barrier: the job's one trainer would pass it at once
+            return self.head(r, op, trainer=0, name=f"fz{r.getrandbits(40):x}", count=1), []
         if op in ("hello", "stats", "shutdown", "snapshot_dense", "pause_pushes", "resume_pushes"):
             return self.head(r, op), []
         if op == "snapshot_sparse":
@@ -253,6 +256,7 @@ class Gen:
             (12, self.g_push_dense), (2, self.g_pull_dense), (6, self.g_register_dense),
             (6, self.g_register_sparse), (2, self.g_pull_sparse), (10, self.g_push_sparse),
             (1, self.g_export_sparse), (4, self.g_import_sparse), (1, self.g_leave),
+            (4, self.g_barrier),
         ]
         total = sum(wt for wt, _ in gens)
         x = r.random() * total
@@ -727,6 +731,30 @@ class Gen:
             arrays[1] = self.grads(r, (n + 1) * DIM, (n + 1, DIM))
         return self.msg(f"import_sparse/{case}", REJECT, h, arrays)
 
+    def g_barrier(self, r):
+        h, arrays = self.base(r, "barrier")
+        case = r.choice(["count_below_1", "skips_ahead", "older_than_passed", "wrong_trainer", "empty_name",
+                         "long_name", "with_arrays", "retry_of_passed"])
+        if case == "count_below_1":
+            h["count"] = r.choice([0, -1, I64_MIN])
+        elif case == "skips_ahead":
+            h.update(r.choice([{"count": r.choice([2, 3, I64_MAX, U64_MAX])},
+                               {"name": BARRIER, "count": BARRIER_PASSED + r.choice([2, 10, 10**9])}]))
+        elif case == "older_than_passed":
+            h.update(name=BARRIER, count=r.randint(1, BARRIER_PASSED - 1))
+        elif case == "wrong_trainer":
+            h["trainer"] = self.other_trainer(r)
+        elif case == "empty_name":
+            h["name"] = ""
+        elif case == "long_name":
+            h["name"] = "x" * r.choice([257, 5000])
+        elif case == "with_arrays":
+            arrays = [self.grads(r, r.choice([0, 1, 8]))]
+        else:   # the count it passed last, again: a retry, answered at once, nothing changes
+            h.update(name=BARRIER, count=BARRIER_PASSED)
+            return self.msg(f"barrier/{case}", NO_EFFECT, h, arrays)
+        return self.msg(f"barrier/{case}", REJECT, h, arrays)
+
     def g_leave(self, r):
         h, _ = self.base(r, "leave")
         h["trainer"] = self.other_trainer(r)
@@ -819,6 +847,8 @@ class Fuzzer:
             sparse.pull_sparse(TABLE, known, DIM)
             sparse.push_sparse(TABLE, known, rng.standard_normal((len(known), DIM)).astype(np.float32), step)
             dense.push_dense({k: rng.standard_normal(v.size).astype(np.float32) for k, v in values.items()}, step)
+        for count in range(1, BARRIER_PASSED + 1):
+            self.links.request(0, {"op": "barrier", "trainer": 0, "name": BARRIER, "count": count})
         names = [b.name for b in plan.for_server(0)]
         self.world = World(mode=self.mode, names=names, sizes={b.name: b.size for b in plan.for_server(0)},
                            fingerprint=plan.fingerprint(), dense_versions={}, sparse_version=0, known_ids=known,
@@ -851,6 +881,7 @@ class Fuzzer:
                            for n, t in stats.get("tables", {}).items()}
         state["table_version"] = stats.get("tables", {}).get(TABLE, {}).get("version")
         state["trainers"] = stats.get("trainers")     # who is live / left / lost
+        state["barriers"] = stats.get("barriers")     # names kept, who waits where
         return state
 
     def adopt(self, state: dict) -> None:
@@ -863,7 +894,7 @@ class Fuzzer:
     @staticmethod
     def diff(before: dict, after: dict, allow_table_version: bool) -> list[str]:
         out = []
-        for key in ("dense", "sparse", "stats", "tables", "table_version", "trainers"):
+        for key in ("dense", "sparse", "stats", "tables", "table_version", "trainers", "barriers"):
             if key == "table_version" and allow_table_version:
                 continue
             if before[key] != after[key]:

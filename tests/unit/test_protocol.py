@@ -128,3 +128,21 @@ def test_bad_array_metadata_is_a_protocol_error(meta, frame, expected):
 def test_empty_arrays_with_a_shape_still_decode():
     out = protocol.decode_arrays({"arrays": [{"dtype": "float32", "shape": [0, 8]}]}, [b""])
     assert out[0].shape == (0, 8)
+
+
+BARRIER = {"trainer": 0, "name": "epoch", "count": 1}
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({k: v for k, v in BARRIER.items() if k != "name"}, "barrier: missing field 'name'"),
+    ({k: v for k, v in BARRIER.items() if k != "count"}, "barrier: missing field 'count'"),
+    ({k: v for k, v in BARRIER.items() if k != "trainer"}, "barrier: missing field 'trainer'"),
+    ({**BARRIER, "name": ["epoch"]}, "field 'name' must be str, got list"),
+    ({**BARRIER, "count": True}, "field 'count' must be int, got bool"),
+    ({**BARRIER, "count": 1.0}, "field 'count' must be int, got float"),
+    ({**BARRIER, "trainer": None}, "field 'trainer' must be int, got NoneType"),
+])
+def test_barrier_fields_are_checked(fields, expected):
+    _request("barrier", **BARRIER)
+    with pytest.raises(ProtocolError, match=expected):
+        _request("barrier", **fields)

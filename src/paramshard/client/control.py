@@ -1,7 +1,17 @@
-"""Trainer side of the control requests (server side: ParameterServer.handle_stats/leave)."""
+"""Trainer side of the control requests (server side: ParameterServer.handle_stats/leave,
+server/trainer_barrier.py)."""
 from __future__ import annotations
 
+import time
+
+from ..errors import ConfigError, DeadlineExceeded, ParamshardError, RemoteError
 from ..transport.client import ServerLinks
+
+# A barrier waits for the slowest trainer (its epoch, the chief's evaluation), which may take
+# far longer than one request: by default it waits this many PARAMSHARD_TIMEOUTs. A dead
+# trainer fails it at once anyway; the limit is for a live one that never comes (a script
+# that calls barrier() a different number of times on different trainers).
+BARRIER_TIMEOUT_FACTOR = 10
 
 
 def server_stats(links: ServerLinks) -> list[dict]:
@@ -14,3 +24,49 @@ def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> 
     """Tell every server this trainer is done: sync barriers stop waiting for it."""
     links.request_many({s: ({"op": "leave", "trainer": trainer_id}, ()) for s in range(len(links))},
                        timeout=timeout)
+
+
+def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout: float | None = None) -> None:
+    """Enter barrier ``name`` for the ``count``-th time and return once every trainer that has
+    not left entered it as often. Server 0 decides. ``timeout``: seconds in all (None:
+    BARRIER_TIMEOUT_FACTOR x the links' timeout; math.inf: as long as the trainers waited for
+    are alive). Raises naming the missing trainers: at once if one of them lost its
+    connection, else at the deadline."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"barrier name must be a non-empty str, got {name!r}")
+    if timeout is None:
+        timeout = BARRIER_TIMEOUT_FACTOR * links.timeout
+    if not timeout > 0:
+        raise ConfigError(f"barrier timeout must be > 0 seconds (math.inf: no limit), got {timeout!r}")
+    header = {"op": "barrier", "trainer": trainer_id, "name": name, "count": count}
+    deadline = time.monotonic() + timeout
+    while True:
+        # Server 0 answers a waiting request within PARAMSHARD_TIMEOUT (the links' timeout),
+        # with a ``timeout`` error if the barrier is not complete by then: ask again (the same
+        # count is a retry) until our own deadline.
+        wait = min(links.timeout, deadline - time.monotonic())
+        try:
+            links.request(0, header, timeout=wait)
+            return
+        except RemoteError as exc:
+            if exc.code != "timeout":
+                raise
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"trainer {trainer_id}: barrier {name!r} #{count} did not complete "
+                                       f"within {timeout:g} s: {exc.remote_message}") from None
+        except DeadlineExceeded:
+            if time.monotonic() < deadline:
+                raise           # not ours (an in-process server that can never complete it)
+            # Our deadline came before the server's: ask it who is missing.
+            raise DeadlineExceeded(f"trainer {trainer_id}: barrier {name!r} #{count} did not complete within "
+                                   f"{timeout:g} s: {_missing(links, name)}") from None
+
+
+def _missing(links: ServerLinks, name: str) -> str:
+    try:
+        waiting = links.request(0, {"op": "stats"}, timeout=min(5.0, links.timeout))[0]["stats"]["barriers"]["waiting"]
+    except (ParamshardError, KeyError, TypeError) as exc:
+        return f"server 0 could not say who is missing ({exc})"
+    if name not in waiting:
+        return "server 0 has no trainer waiting in it any more (it completed just now, or the job rolled back)"
+    return f"trainers {waiting[name]['missing']} have not entered it yet (server 0 waits in #{waiting[name]['count']})"

@@ -34,6 +34,7 @@ from .dense_handlers import DenseHandlers
 from .peers import PeerWatch
 from .push_gate import PushGate
 from .replies import Deferred, Reply
+from .trainer_barrier import TrainerBarriers
 
 log = get_logger("server")
 
@@ -81,6 +82,7 @@ class ParameterServer:
         self._services: list[Service] = []
         self.add_service(DenseHandlers(self.dense))
         self.add_service(ControlHandlers(self))
+        self.add_service(TrainerBarriers(server_id, self.membership))
         self._stop_after_replies = False   # set by leave/shutdown: finish answering, then stop
         self.exit_code = 0
         self._ctx = zmq.Context.instance()

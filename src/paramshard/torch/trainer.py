@@ -42,6 +42,17 @@ log = get_logger("trainer")
 
 # A leave at interpreter exit must not hold the script up when the servers are gone.
 EXIT_CLOSE_TIMEOUT = 3.0
+_made: list = []     # weak references to this process's Trainers, oldest first (paramshard.barrier)
+
+
+def current_trainer() -> "Trainer":
+    """The most recently built Trainer of this process that is not closed."""
+    for ref in reversed(_made):
+        trainer = ref()
+        if trainer is not None and not trainer._closed:
+            return trainer
+    raise ConfigError("paramshard.barrier() needs an open Trainer in this process: build "
+                      "ps.Trainer(model) first (or call trainer.barrier() on the one you have)")
 
 
 def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
@@ -94,6 +105,8 @@ class Trainer:
         # A script that ends without close() still leaves (instead of looking dead to the servers).
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
+        self._barrier_counts: dict[str, int] = {}
+        _made[:] = [r for r in _made if r() is not None] + [weakref.ref(self)]
 
     def _window(self, max_in_flight: int | None) -> int:
         chosen = max_in_flight if max_in_flight is not None else self.env.max_in_flight
@@ -311,6 +324,18 @@ class Trainer:
         if name not in self.tables:
             raise ConfigError(f"no SparseEmbedding named {name!r} in this model; tables: {sorted(self.tables)}")
         return self.tables[name]
+
+    def barrier(self, name: str = "default", timeout: float | None = None) -> None:
+        """Return once every trainer that has not left called ``barrier(name)`` as often as this
+        one (this trainer's pushes are on the servers first). ``timeout``: None waits up to
+        10 x PARAMSHARD_TIMEOUT, math.inf as long as those waited for are alive; a trainer
+        that died fails it at once. See paramshard.client.control.barrier."""
+        if self._closed:
+            raise ConfigError("Trainer.barrier after close()")
+        self.steps.flush()
+        count = self._barrier_counts.get(name, 0) + 1
+        control.barrier(self.links, self.trainer_id, name, count, timeout)
+        self._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
 
     def server_stats(self) -> list[dict]:
         return control.server_stats(self.links)

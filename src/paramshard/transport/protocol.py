@@ -69,6 +69,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "resume_pushes": {},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
+    "barrier": {"name": str, "count": int, "trainer": int},
     "shutdown": {},
 }
 

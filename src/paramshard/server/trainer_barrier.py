@@ -1,0 +1,127 @@
+"""Server side of ``paramshard.barrier()``: no trainer goes on before every one got there
+(client side: paramshard.client.control.barrier).
+
+A barrier is a name, and a trainer enters it for the count-th time (the client
+counts, per name). Entry (name, k) is answered once every trainer that has not
+left entered (name, k). Trainers that left do not count; a lost one stays
+required, so the wait fails at once naming it (``waits_on``: the path a sync
+push takes). Only server 0 keeps barriers, so one place decides.
+
+A waiting reply ends at the server's deadline (PARAMSHARD_TIMEOUT) with a
+``timeout`` error, yet a barrier may rightly wait longer (for the slowest
+trainer's epoch): the client then enters the same count again. So the count a
+trainer entered last may come again (a retry: it waits again, or is answered at
+once if the barrier completed meanwhile); the next count is taken only once the
+last one completed; anything else is an error.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError, LimitExceeded
+from .barrier import Membership
+from .replies import Deferred, Reply
+
+MAX_NAME_CHARS = 256
+MAX_BARRIERS = 4096      # names are kept for the whole job: a script making new ones without end is a bug
+
+
+class _Barrier:
+    __slots__ = ("entered", "completed")
+
+    def __init__(self):
+        self.entered: dict[int, int] = {}    # trainer -> the last count it entered
+        self.completed = 0                   # every count up to this one let every trainer through
+
+
+class TrainerBarriers:
+    """The ``barrier`` op as a Service (server/api.py)."""
+
+    def __init__(self, server_id: int, membership: Membership):
+        self.server_id = server_id
+        self.membership = membership
+        self.barriers: dict[str, _Barrier] = {}
+
+    def ops(self) -> dict:
+        return {"barrier": self.handle_barrier}
+
+    def stats(self) -> dict:
+        waiting = {}
+        for name, b in self.barriers.items():
+            if self._settle(b) < max(b.entered.values(), default=0):
+                waiting[name] = {"count": b.completed + 1, "missing": self._missing(b, b.completed + 1)}
+        return {"barriers": {"names": len(self.barriers), "waiting": waiting}}
+
+    def on_leave(self, trainer: int) -> None:
+        # It no longer counts (Membership.required); waits it held up complete at the next check.
+        for b in self.barriers.values():
+            b.entered.pop(trainer, None)
+
+    def reset(self) -> None:
+        # Kept: counts follow the trainers' scripts, which go on across a rollback (their
+        # counters are not rolled back). Waits were voided by fail_waiting; a voided entry
+        # is retried with the same count.
+        pass
+
+    def handle_barrier(self, header: dict, arrays: list) -> Reply | Deferred:
+        trainer, name, count = header["trainer"], header["name"], header["count"]
+        what = f"barrier {name[:MAX_NAME_CHARS]!r} #{count}"
+        if self.server_id != 0:
+            raise ConfigError(f"trainer {trainer} sent {what} to server {self.server_id}: barriers are kept "
+                              f"by server 0 only (paramshard.client.control.barrier sends them there)")
+        if not name or len(name) > MAX_NAME_CHARS:
+            raise ConfigError(f"trainer {trainer}: a barrier name must have 1 to {MAX_NAME_CHARS} characters, "
+                              f"got {len(name)}")
+        if count < 1:
+            raise ConfigError(f"trainer {trainer} entered {what}: counts start at 1")
+        if arrays:
+            raise ConfigError(f"trainer {trainer}: {what} carries no arrays, got {len(arrays)}")
+        if trainer in self.membership.left:
+            raise ConfigError(f"trainer {trainer} already left this job and cannot enter {what}")
+        b = self.barriers.get(name)
+        if b is None:
+            if len(self.barriers) >= MAX_BARRIERS:
+                raise LimitExceeded(f"trainer {trainer} entered {what}: {MAX_BARRIERS} barrier names are in "
+                                    f"use already; reuse names (each call counts) instead of making new ones")
+            b = _Barrier()     # kept only once the entry is accepted: a rejected one leaves no trace
+        self._check_count(b, trainer, name, count)
+        self.barriers[name] = b
+        b.entered[trainer] = count
+        if self._settle(b) >= count:
+            return self._passed(name, count)
+        return Deferred(ready=lambda: self._settle(b) >= count,
+                        make_reply=lambda: self._passed(name, count),
+                        describe=lambda: self._describe(b, name, count),
+                        waits_on=lambda: self._missing(b, count))
+
+    def _check_count(self, b: _Barrier, trainer: int, name: str, count: int) -> None:
+        last = b.entered.get(trainer, 0)
+        completed = self._settle(b)
+        if count == last:
+            return          # a retry (the server gave up waiting, the client asks again)
+        if count < last:
+            raise ConfigError(f"trainer {trainer} entered barrier {name!r} #{count}, older than #{last} it "
+                              f"entered already (completed up to #{completed})")
+        if count > last + 1:
+            raise ConfigError(f"trainer {trainer} entered barrier {name!r} #{count}, but the last it entered is "
+                              f"#{last}: counts go 1, 2, 3... per trainer and name (skipped one?)")
+        if last > completed:
+            raise ConfigError(f"trainer {trainer} entered barrier {name!r} #{count} while #{last} still waits "
+                              f"for trainers {self._missing(b, last)}: its wait for #{last} failed, so enter "
+                              f"#{last} again (a retry) rather than going on")
+
+    def _settle(self, b: _Barrier) -> int:
+        """Count ``completed`` up to what every trainer still required entered; returns it."""
+        required = self.membership.required
+        if required:
+            b.completed = max(b.completed, min(b.entered.get(t, 0) for t in required))
+        return b.completed
+
+    def _missing(self, b: _Barrier, count: int) -> list[int]:
+        return sorted(t for t in self.membership.required if b.entered.get(t, 0) < count)
+
+    def _describe(self, b: _Barrier, name: str, count: int) -> str:
+        missing = self._missing(b, count)
+        return f"barrier {name!r} #{count} waits for trainers {missing} to enter it{self.membership.where(missing)}"
+
+    @staticmethod
+    def _passed(name: str, count: int) -> Reply:
+        return Reply({"name": name, "count": count})
