@@ -133,6 +133,7 @@ def test_infer_guesses_kinds_label_and_drops_constants(tmp_path):
     assert kinds == {"age": "numeric", "amount": "numeric", "city": "categorical", "tags": "multi", "const": "drop"}
     assert s.column("amount").transforms == ["log", "standardize"]       # heavy-tailed
     assert s.column("age").transforms == ["standardize"] and s.column("age").missing_indicator
+    assert s.column("age").bucketize == 10 and s.num_fields == 4      # city, tags + 2 bucketized numbers
     with pytest.raises(ConfigError, match="--label"):
         infer_schema(path, label="nope")
 

@@ -23,18 +23,29 @@ from .schema import Column, Label, Schema
 from .errors import show
 
 
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(code of each value, distinct values): the per-value work below runs once per
+    distinct value (a CTR column has far fewer than rows), the rest is a take."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def _is_missing(v, missing: frozenset) -> bool:
+    return v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and v.strip() in missing)
+
+
 def missing_mask(values: np.ndarray, missing: frozenset) -> np.ndarray:
     if values.dtype != object:
         return np.isnan(values) if values.dtype.kind == "f" else np.zeros(len(values), bool)
-    return np.fromiter((v is None or (isinstance(v, float) and v != v) or
-                        (isinstance(v, str) and v.strip() in missing) for v in values), bool, len(values))
+    codes, uniques = distinct(values)
+    return np.fromiter((_is_missing(v, missing) for v in uniques), bool, len(uniques))[codes]
 
 
 def as_text(values: np.ndarray) -> np.ndarray:
     """Category values as stripped strings (a Parquet number 3 and a CSV "3" agree)."""
-    if values.dtype == object:
-        return np.array([v.strip() if isinstance(v, str) else _number_text(v) for v in values], dtype=object)
-    return np.array([_number_text(v) for v in values.tolist()], dtype=object)
+    codes, uniques = distinct(values)
+    text = np.array([v.strip() if isinstance(v, str) else _number_text(v) for v in uniques.tolist()], dtype=object)
+    return text[codes] if len(text) else np.empty(len(values), object)
 
 
 def _number_text(v) -> str:
@@ -46,7 +57,10 @@ def parse_numbers(values: np.ndarray, missing: np.ndarray) -> tuple[np.ndarray, 
     if values.dtype != object:
         x = values.astype(np.float64)
         return x, np.zeros(len(x), bool)
-    x = pd.to_numeric(pd.Series(np.where(missing, "nan", values)).str.strip(), errors="coerce").to_numpy(np.float64)
+    codes, uniques = distinct(values)
+    parsed = pd.to_numeric(pd.Series(uniques, dtype=object).str.strip(), errors="coerce").to_numpy(np.float64)
+    x = parsed[codes] if len(parsed) else np.empty(len(values))
+    x[missing] = np.nan
     return x, np.isnan(x) & ~missing
 
 

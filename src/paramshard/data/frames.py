@@ -114,7 +114,7 @@ def _split(path, chunk: bytes, first_line: int, delimiter: str, names: list, pos
     elif len(good):
         lines = chunk.split(b"\n")
         body = b"\n".join(lines[i] for i in good) if len(good) < len(counts) else chunk
-        df = pd.read_csv(io.BytesIO(body), sep=delimiter, header=None, dtype=str, keep_default_na=False,
+        df = pd.read_csv(io.BytesIO(body), sep=delimiter, header=None, dtype=object, keep_default_na=False,
                          na_filter=False, quoting=csv.QUOTE_NONE, skip_blank_lines=False, usecols=positions,
                          engine="c")
         columns = {names[p]: df[p].to_numpy(dtype=object) for p in positions}

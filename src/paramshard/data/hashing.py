@@ -27,9 +27,24 @@ def feature_id(field: str, value: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+CACHE_PER_FIELD = 1 << 20
+_cache: dict[str, dict[str, int]] = {}
+
+
 def feature_ids(field: str, values) -> np.ndarray:
-    """int64 ids of an array of strings (object or str dtype), hashing each distinct value once."""
+    """int64 ids of an array of strings (object or str dtype), hashing each distinct value
+    once; values seen before in this process come from a per-field cache (the frequent
+    values of a CTR column recur in every chunk), bounded to CACHE_PER_FIELD entries."""
     values = np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(values.ravel(), use_na_sentinel=False)
-    table = np.fromiter((feature_id(field, str(v)) for v in uniques), np.int64, len(uniques))
+    cache = _cache.setdefault(field, {})
+    table = np.empty(len(uniques), np.int64)
+    for i, v in enumerate(uniques.tolist()):
+        v = str(v)
+        hit = cache.get(v)
+        if hit is None:
+            hit = feature_id(field, v)
+            if len(cache) < CACHE_PER_FIELD:
+                cache[v] = hit
+        table[i] = hit
     return table[codes].reshape(values.shape)

@@ -4,7 +4,9 @@ The guesses, each written into the column's ``note`` so the user can see why
 and edit the file:
 - a column whose present values all parse as numbers is numeric:
   "standardize", preceded by "log" when it is heavy-tailed (skewness > 2, as
-  counts and amounts are), a missing indicator when any value is missing;
+  counts and amounts are), a missing indicator when any value is missing,
+  and 10 quantile buckets as one more id field when it has more than 10
+  distinct values;
 - anything else is categorical, or multi-valued when most of its cells hold
   one of the usual list separators (``|``, ``;``);
 - a column with a single value in the sample (always empty padding fields)
@@ -29,6 +31,9 @@ SAMPLE_ROWS = 20000
 LABEL_NAMES = ("label", "click", "clicked", "target", "y", "is_click", "income", "class", "outcome")
 MULTI_SEPARATORS = ("|", ";")
 SKEWED = 2.0
+# Numbers also become quantile-bucket ids, so the model can learn a shape per range (an age
+# effect that rises then falls) that one linear weight cannot; the standardized value stays.
+BUCKETS = 10
 
 
 def sniff_format(path: Path) -> Format:
@@ -123,8 +128,12 @@ def _column(name: str, raw: np.ndarray, missing: frozenset) -> Column:
         v = x[~miss]
         skew = _skewness(v)
         transforms = ["log", "standardize"] if skew > SKEWED else ["standardize"]
-        return Column(name, "numeric", transforms=transforms, missing_indicator=bool(miss.any()),
-                      note=f"numbers; skewness {skew:.1f}" + (" (heavy tail: log first)" if skew > SKEWED else ""))
+        distinct = len(np.unique(v))
+        buckets = BUCKETS if distinct > BUCKETS else 0
+        return Column(name, "numeric", transforms=transforms, missing_indicator=bool(miss.any()), bucketize=buckets,
+                      note=f"numbers; skewness {skew:.1f}" + (" (heavy tail: log first)" if skew > SKEWED else "")
+                      + (f"; {distinct} distinct values: also {BUCKETS} quantile buckets as an id field"
+                         if buckets else ""))
     text = as_text(present)
     for sep in MULTI_SEPARATORS:
         if np.mean([sep in t for t in text]) > 0.5:

@@ -75,3 +75,59 @@ class StreamingAUC:
             return float("nan")
         neg_below = np.cumsum(self.neg) - self.neg
         return float((self.pos * (neg_below + 0.5 * self.neg)).sum() / (p * n))
+
+
+class ExactAUC:
+    """AUC of scores seen in pieces, exact: it keeps one (positives, negatives) count
+    per distinct score, so memory grows with the distinct scores (at most the rows;
+    float32 probabilities of a trained model repeat a lot), never with bins."""
+
+    def __init__(self):
+        self.scores = np.empty(0, np.float64)
+        self.pos = np.empty(0, np.int64)
+        self.neg = np.empty(0, np.int64)
+
+    def update(self, labels, scores) -> None:
+        y = _binary_labels(labels)
+        s = np.asarray(scores, np.float64).ravel()
+        if s.shape != y.shape:
+            raise ConfigError(f"{y.size} labels but {s.size} scores")
+        merged, where = np.unique(np.concatenate([self.scores, s]), return_inverse=True)
+        pos = np.bincount(where[len(self.scores):][y], minlength=len(merged))
+        neg = np.bincount(where[len(self.scores):][~y], minlength=len(merged))
+        old = where[:len(self.scores)]
+        pos[old] += self.pos
+        neg[old] += self.neg
+        self.scores, self.pos, self.neg = merged, pos, neg
+
+    def value(self) -> float:
+        """Equal to ``auc`` over every score seen (ties count one half)."""
+        p, n = self.pos.sum(), self.neg.sum()
+        if p == 0 or n == 0:
+            return float("nan")
+        neg_below = np.cumsum(self.neg) - self.neg
+        return float((self.pos * (neg_below + 0.5 * self.neg)).sum() / (p * n))
+
+
+class BinaryMetrics:
+    """AUC (exact), log loss and accuracy at 0.5 of probabilities seen in pieces."""
+
+    def __init__(self, eps: float = 1e-7):
+        self.auc = ExactAUC()
+        self.eps = eps
+        self.rows = self.correct = 0
+        self.loss_sum = 0.0
+
+    def update(self, labels, probs) -> None:
+        y = _binary_labels(labels)
+        p = np.asarray(probs, np.float64).ravel()
+        self.auc.update(y, p)
+        q = np.clip(p, self.eps, 1.0 - self.eps)
+        self.loss_sum += float(-np.where(y, np.log(q), np.log1p(-q)).sum())
+        self.correct += int(((p >= 0.5) == y).sum())
+        self.rows += y.size
+
+    def result(self) -> dict:
+        rows = self.rows
+        return {"auc": self.auc.value(), "logloss": self.loss_sum / rows if rows else float("nan"),
+                "accuracy": self.correct / rows if rows else float("nan"), "rows": rows}

@@ -1,0 +1,1 @@
+"""Ready-made training programs, run with ``python -m`` or ``paramshard launch -m``."""
