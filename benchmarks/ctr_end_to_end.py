@@ -1,6 +1,6 @@
 """End-to-end CTR training: paramshard (1 server + 1 trainer) vs one plain PyTorch process.
 
-The same WideDeep model (examples/ctr_model.py: wide table of dim 1, deep table
+The same WideDeep model (paramshard.models.WideDeep on the Criteo layout: wide table of dim 1, deep table
 of dim 16, MLP 400-400-1) on the same synthetic Criteo-like data, the same
 batches in the same order, the same number of steps:
 
@@ -74,12 +74,14 @@ def build_models(vocab: int, dim: int):
     import torch.nn as nn
 
     import paramshard as ps
-    from ctr_model import WideDeep
+    from paramshard.data import criteo_schema
+    from paramshard.models import WideDeep
     torch.manual_seed(0)
     table_opt = ps.optim.Adagrad(lr=TABLE_LR)
-    ps_model = WideDeep(lambda name, d: ps.SparseEmbedding(name, d, optimizer=table_opt, init_scale=INIT),
-                        dim=dim)
-    pt_model = WideDeep(lambda name, d: nn.EmbeddingBag(vocab, d, mode="sum", sparse=True), dim=dim)
+    ps_model = WideDeep(criteo_schema(), dim=dim,
+                        embedding=lambda name, d: ps.SparseEmbedding(name, d, optimizer=table_opt, init_scale=INIT))
+    pt_model = WideDeep(criteo_schema(), dim=dim,
+                        embedding=lambda name, d: nn.EmbeddingBag(vocab, d, mode="sum", sparse=True))
     with torch.no_grad():
         for bag in (pt_model.wide, pt_model.deep):
             bag.weight.uniform_(-INIT, INIT)
@@ -195,7 +197,8 @@ def backward_variants(items, dim: int, reps: int = 9) -> dict:
     import pandas as pd
     import torch
     import torch.nn.functional as F
-    from ctr_model import NUM_FIELDS
+    from paramshard.data.presets import CRITEO_SPARSE
+    NUM_FIELDS = len(CRITEO_SPARSE)
     times = {"dense gradient (before)": [], "sparse=True + to_dense() (library now)": []}
     for k in range(reps + 1):
         _, ids, _, _ = items[k % len(items)]

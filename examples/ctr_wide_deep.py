@@ -23,11 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import paramshard as ps  # noqa: E402
-from ctr_model import WideDeep  # noqa: E402
-from paramshard.data import CriteoReader, auc, generate_criteo, logloss, shard_files, split_lines  # noqa: E402
-from paramshard.report import StepProgress, server_load_table  # noqa: E402
+import paramshard as ps
+from paramshard.data import CriteoReader, criteo_schema, generate_criteo, shard_files, split_lines
+from paramshard.models import WideDeep
+from paramshard.report import StepProgress, server_load_table
 
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,
@@ -76,16 +75,8 @@ def write_synthetic(root: Path, train_rows: int, test_rows: int, shards: int) ->
 
 
 def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, float]:
-    model.eval()
-    labels, probs = [], []
-    with torch.no_grad():
-        for b in CriteoReader([test_path], batch_size):
-            logits = model(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)))
-            probs.append(torch.sigmoid(logits).numpy())
-            labels.append(b.labels)
-    model.train()
-    labels, probs = np.concatenate(labels), np.concatenate(probs)
-    return auc(labels, probs), logloss(labels, probs)
+    metrics = ps.evaluate(model, CriteoReader([test_path], batch_size))     # eval mode, no gradients
+    return metrics["auc"], metrics["logloss"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,7 +110,8 @@ def main():
 
     torch.manual_seed(0)
     table_opt = ps.optim.Adagrad(lr=args.lr)
-    model = WideDeep(lambda name, dim: ps.SparseEmbedding(name, dim, optimizer=table_opt), dim=args.dim)
+    model = WideDeep(criteo_schema(), dim=args.dim,      # 13 dense features, 26 id fields
+                     embedding=lambda name, dim: ps.SparseEmbedding(name, dim, optimizer=table_opt))
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=1e-3))
     if chief:
         print(f"{env.num_trainers} trainers, {len(env.servers)} servers, {env.mode} mode; "
@@ -150,6 +142,7 @@ def main():
         if progress:
             progress.close()
         elapsed = time.perf_counter() - start
+        ps.barrier("epoch-end")     # async: the others' pushes of this epoch are in before the chief evaluates
         trainer.pull()
         if chief:
             test_auc, test_loss = evaluate(model, test_path)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paramshard as ps  # noqa: E402
-from ctr_model import WideDeep  # noqa: E402
+from paramshard.data import criteo_schema  # noqa: E402
+from paramshard.models import WideDeep  # noqa: E402
 from ctr_wide_deep import evaluate, parser, prepare_synthetic  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def main():
                    help="what an id the model never stored reads (default: initial, as in training)")
     args = p.parse_args()
 
-    model = WideDeep(lambda name, dim: ps.SparseEmbedding(name, dim), dim=args.dim)
+    model = WideDeep(criteo_schema(), dim=args.dim, embedding=lambda name, dim: ps.SparseEmbedding(name, dim))
     try:
         ps.load_model(model, args.model, unknown=args.unknown)
     except ps.ParamshardError as exc:

@@ -39,7 +39,7 @@ def lookup(table: nn.Module, ids: torch.Tensor, offsets, weights, batch: int, fi
 
 def mlp(width: int, hidden, out: int | None = 1) -> nn.Sequential:
     """Linear+ReLU per hidden width, then Linear(-, out) unless ``out`` is None (a tower
-    whose output feeds another layer). Layer indices match examples/ctr_model.py."""
+    whose output feeds another layer). Layer indices match the first demo's model (see WideDeep)."""
     layers = []
     for h in hidden:
         layers += [nn.Linear(width, int(h)), nn.ReLU()]
@@ -68,7 +68,7 @@ class Bias(nn.Module):
 
 def dense_linear(num_dense: int) -> nn.Module:
     """The dense features' linear term, [B, D] -> [B, 1], with the model's bias. Each model
-    makes it last, after its tower, as examples/ctr_model.py does: the same torch seed then
+    makes it last, after its tower, as the first demo's model did: the same torch seed then
     gives the same initial weights and the parameters come in the same order."""
     return nn.Linear(num_dense, 1) if num_dense else Bias()
 

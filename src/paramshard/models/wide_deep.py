@@ -9,8 +9,8 @@ from ._common import EmbeddingFactory, FieldModel, dense_linear, mlp
 class WideDeep(FieldModel):
     """logit = wide (logistic regression, as LogisticRegression) + MLP(concat(the F field
     embeddings, dense)) -> 1, ReLU between layers. Tables "wide" (dim 1) and "deep" (``dim``).
-    With num_dense=13, num_fields=26 this is examples/ctr_model.py's model, down to the
-    parameter names (wide, deep, mlp.*, dense_wide.*)."""
+    With num_dense=13, num_fields=26 (criteo_schema()) this is the CTR demo's model (it was
+    examples/ctr_model.py), down to the parameter names (wide, deep, mlp.*, dense_wide.*)."""
 
     def __init__(self, schema, dim: int = 16, hidden=(400, 400), *, embedding: EmbeddingFactory | None = None,
                  table_optimizer=None, capacity: int = 0, prefix: str = ""):
