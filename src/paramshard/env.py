@@ -74,6 +74,9 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
     ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
      "(with OMPI_COMM_WORLD_SIZE)", ()),
+    ("OMP_NUM_THREADS", "threads of torch's intra-op pool in each process (read by torch at import); "
+     "`paramshard launch` sets it and MKL_NUM_THREADS to the CPUs of the host (its affinity) divided by "
+     "the job's processes there, at least 1, unless it is set already: then it passes that value on", ()),
 )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..env import DEFAULT_TIMEOUT, MODES
 from ..errors import ConfigError
+from ..launch import target
 from ..launch.k8s import DEFAULT_PORT, SECRET_KEY, K8sJobSpec, render_manifests, to_yaml
 
 HELP = "print Kubernetes manifests (Service, StatefulSet of servers, Indexed Job of trainers) for a job"
@@ -70,13 +71,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="include a Secret with a newly generated PARAMSHARD_SECRET (it is then in the output: "
                         "treat the file as a secret); without it, the command to create one is printed")
     p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout")
-    p.add_argument("script", help="the training script, a path inside the image (relative to its WORKDIR)")
+    target.add_module_argument(p)
+    target.no_abbreviations(p)
+    p.add_argument("script", nargs="?",
+                   help="the training script, a path inside the image (relative to its WORKDIR), unless -m MODULE")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def preprocess(argv: list[str]) -> list[str]:
+    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
+    return target.split_attached_module(argv, add_arguments)
+
+
 def run(args) -> int:
+    script, module, script_args = target.from_args(args.script, args.module, args.script_args)
     spec = K8sJobSpec(
-        script=args.script, script_args=tuple(args.script_args), image=args.image, servers=args.servers,
+        script=script, module=module, script_args=script_args, image=args.image, servers=args.servers,
         trainers=args.trainers, name=args.name, namespace=args.namespace, mode=args.mode, port=args.port,
         timeout=args.timeout, cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
         secret=secrets.token_hex(32) if args.create_secret else None)

@@ -12,19 +12,26 @@ from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
 from ..launch.signals import StopSignal, signal_number, stop_signals
 from ..launch.ssh import SshLauncher, SshOptions
+from ..launch import target
 from ..errors import ConfigError
 from ..log import configure, get_logger
 
 log = get_logger("launch")
 
-HELP = "run a training script as a cluster: on this machine, or over SSH on --hosts"
+HELP = "run a training script (or -m MODULE) as a cluster: on this machine, or over SSH on --hosts"
 
 EPILOG = """\
 examples:
   paramshard launch --servers 2 --trainers 4 --mode async train.py --epochs 3
       2 parameter servers and 4 trainers on this machine; --epochs 3 goes to train.py
+  paramshard launch --servers 2 --trainers 4 -m mypkg.train --epochs 3
+      the same with `python -m mypkg.train --epochs 3` as each trainer
   paramshard launch --hosts 10.0.0.1,10.0.0.2 --dispatch-package . --servers 2 --trainers 4 train.py
       copy this directory to two machines and run the job there over SSH (README "Many machines")
+
+threads: every process gets OMP_NUM_THREADS and MKL_NUM_THREADS = the CPUs of its host / the job's
+processes on that host (at least 1), so they do not fight over the cores; an OMP_NUM_THREADS set
+here is passed on instead.
 """
 
 # "10.0.0.1:6174,10.0.0.2:6174", "[::1]:6174", "node1:6174": what a PaddlePaddle user passes to --servers.
@@ -68,13 +75,14 @@ def _positive(flag: str, convert, what: str):
 
 def preprocess(argv: list[str]) -> list[str]:
     """`--resume SCRIPT ...` means the latest checkpoint, not a checkpoint named SCRIPT:
-    argparse would take the script as --resume's value. A checkpoint is a directory."""
+    argparse would take the script as --resume's value. A checkpoint is a directory.
+    `-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
     argv = list(argv)
     for i, token in enumerate(argv[:-1]):
         if token == "--resume" and os.path.isfile(argv[i + 1]):
             argv[i] = "--resume="
             break
-    return argv
+    return target.split_attached_module(argv, add_arguments)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,11 +128,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="Python interpreter on the hosts, an absolute path (default: this one's path)")
     ssh.add_argument("--dispatch-package", metavar="DIR",
                      help="copy DIR to every host first (rsync, incremental) and run there; "
-                          "the script must be inside DIR")
+                          "the script must be inside DIR (a -m module: importable from DIR or installed)")
     ssh.add_argument("--workspace", metavar="DIR",
                      help="directory on the hosts to run in (default with --dispatch-package: "
                           "~/.paramshard/JOB_ID; alone: already deployed there)")
-    p.add_argument("script", help="the training script (run once per trainer)")
+    target.add_module_argument(p)
+    target.no_abbreviations(p)
+    p.add_argument("script", nargs="?", help="the training script (run once per trainer), unless -m MODULE")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
@@ -168,8 +178,9 @@ def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
     job = {"job_id": outer.job_id} if outer.job_id else {}
+    script, module, script_args = target.from_args(args.script, args.module, args.script_args)
     fields = dict(
-        script=args.script, script_args=tuple(args.script_args), servers=args.servers, trainers=args.trainers,
+        script=script, module=module, script_args=script_args, servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
         secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
         **_checkpoint_fields(args), max_restarts=args.max_restarts)

@@ -1,10 +1,10 @@
-"""`paramshard run --servers S SCRIPT [ARGS]`: the one command any engine starts on every rank.
+"""`paramshard run --servers S SCRIPT|-m MODULE [ARGS]`: the one command any engine starts on every rank.
 
 Ranks below S serve, the rest train. The rank comes from the engine (see
 launch/world.py); servers bind a free port on their own host's address and
 every rank learns every server's address through the engine (launch/rendezvous.py).
-Then a server serves until the job ends and a trainer becomes the script
-(exec: the engine's signals and exit codes reach the script directly).
+Then a server serves until the job ends and a trainer becomes the script, or
+``python -m MODULE`` (exec: the engine's signals and exit codes reach it directly).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import uuid
 from ..env import MODES, ClusterEnv
 from ..errors import ConfigError
 from ..launch.api import MALLOC_TUNABLES
+from ..launch import target
 from ..launch.rendezvous import exchange_for, own_address
 from ..launch.world import World, detect
 from ..log import configure, get_logger
@@ -40,8 +41,16 @@ def add_arguments(p) -> None:
     p.add_argument("--store-port", type=int, metavar="PORT",
                    help="Slurm only: port of the address store on the first node (default: "
                         "PARAMSHARD_STORE_PORT, else 29600 + job id %% 2000)")
-    p.add_argument("script", help="the training script (run by trainers with the job's environment)")
+    target.add_module_argument(p)
+    target.no_abbreviations(p)
+    p.add_argument("script", nargs="?",
+                   help="the training script (run by trainers with the job's environment), unless -m MODULE")
     p.add_argument("args", nargs="...", help="the script's own arguments")
+
+
+def preprocess(argv: list[str]) -> list[str]:
+    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
+    return target.split_attached_module(argv, add_arguments)
 
 
 def _settings(args, environ) -> ClusterEnv:
@@ -63,7 +72,9 @@ def run(args) -> int:
     environ = dict(os.environ)
     if args.servers < 1:
         raise ConfigError(f"--servers {args.servers}: a job needs at least one server")
-    if not os.path.isfile(args.script):
+    args.script, args.module, args.args = target.from_args(args.script, args.module, args.args)
+    # A module is looked for by python -m on each trainer: a missing one fails it like any error.
+    if args.script is not None and not os.path.isfile(args.script):
         raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()})")
     base = _settings(args, environ)
     if base.role is not None:
@@ -153,8 +164,8 @@ def _after_job() -> None:
 
 
 def _become_script(args, env: ClusterEnv, environ: dict) -> None:
-    """Replace this process with ``python SCRIPT ARGS`` and the job's contract."""
+    """Replace this process with ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) and the job's contract."""
     child_env = {**environ, **env.to_environ(), "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, args.script, *args.args]
+    argv = [sys.executable, *target.command_words(args.script, args.module, args.args)]
     sys.stdout.flush(), sys.stderr.flush()
     os.execve(sys.executable, argv, child_env)

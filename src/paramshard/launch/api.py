@@ -17,13 +17,14 @@ import signal
 import threading
 import time
 import uuid
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..limits import Limits
 from ..log import get_logger
 from .signals import StopSignal, _signals_hurry, signal_number
+from .target import check as check_target, command_words
 
 log = get_logger("launch")
 
@@ -36,10 +37,33 @@ log = get_logger("launch")
 MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
                    "glibc.malloc.trim_threshold=2147483648")
 
+# torch (OpenMP) and MKL size their thread pools by the host's cores, once per process: S + T
+# processes on one host would each start a pool of all its cores and fight over them.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a cgroup cpuset), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:           # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_environ(cpus: int, processes: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """OMP_NUM_THREADS and MKL_NUM_THREADS for one of ``processes`` sharing ``cpus``: an equal
+    share, at least 1. A user's OMP_NUM_THREADS (in ``environ``, the launcher's) wins, as
+    does a MKL_NUM_THREADS of theirs; both are passed on as they are."""
+    environ = os.environ if environ is None else environ
+    own = {name: environ[name] for name in THREAD_VARIABLES if environ.get(name)}
+    if "OMP_NUM_THREADS" in own:
+        return own
+    return {**dict.fromkeys(THREAD_VARIABLES, str(max(1, cpus // processes))), **own}
+
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
-    script: str
+    script: str | None = None      # what each trainer runs: a script, or `module` below
     script_args: tuple[str, ...] = ()
     servers: int = 1
     trainers: int = 1
@@ -60,6 +84,7 @@ class LaunchConfig:
     resume: str | None = None      # a checkpoint path the trainers start from
     min_trainers: int | None = None   # async: the job goes on while this many trainers are alive
     max_restarts: int = 0             # dead servers restarted in place, trainers roll back to a checkpoint
+    module: str | None = None         # a module, run as python -m (script_args are then its arguments)
 
     def __post_init__(self):
         if self.servers < 1:
@@ -69,7 +94,9 @@ class LaunchConfig:
         if self.min_trainers is not None and (self.mode != "async" or not 1 <= self.min_trainers <= self.trainers):
             raise ConfigError(f"--min-trainers {self.min_trainers}: needs --mode async (a sync step needs every "
                               f"trainer) and a value in 1..{self.trainers}")
-        if self.check_script and not os.path.isfile(self.script):
+        check_target(self.script, self.module)
+        # A module is looked for where the trainers run: a missing one fails them like any error.
+        if self.check_script and self.script is not None and not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
         # Building the contract validates mode, dispatch, block size, timeout.
         self.base_env(["127.0.0.1:1"] * self.servers)
@@ -89,6 +116,8 @@ class RankSpec:
     env: ClusterEnv                # its whole environment contract
     argv: tuple[str, ...]          # what runs (the engine decides where and how)
     host: str | None = None        # None: this machine
+    # Variables beyond the contract, for every engine alike (the thread counts).
+    extra_environ: tuple[tuple[str, str], ...] = ()
 
     @property
     def tag(self) -> str:
@@ -97,6 +126,7 @@ class RankSpec:
     def environ(self) -> dict[str, str]:
         """The variables this rank needs beyond its host's own environment."""
         out = self.env.to_environ()
+        out.update(self.extra_environ)
         out["PYTHONUNBUFFERED"] = "1"
         out["GLIBC_TUNABLES"] = os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES)
         return out
@@ -110,17 +140,28 @@ class JobSpec:
     @classmethod
     def build(cls, config: LaunchConfig, addresses: Sequence[str], python: str,
               server_hosts: Sequence[str | None] | None = None,
-              trainer_hosts: Sequence[str | None] | None = None, script: str | None = None) -> "JobSpec":
+              trainer_hosts: Sequence[str | None] | None = None, script: str | None = None,
+              threads: Mapping[str | None, dict[str, str]] | None = None) -> "JobSpec":
         """Rank -> environment. ``addresses``: where each server listens (its own host's
-        address); ``*_hosts``: where each rank runs (None entries: this machine)."""
+        address); ``*_hosts``: where each rank runs (None entries: this machine); ``script``:
+        the script's path where it runs; ``threads``: host -> its thread variables (default:
+        this machine's CPUs shared by the ranks placed on it, see ``thread_environ``)."""
         base = config.base_env(addresses)
         server_hosts = server_hosts or [None] * config.servers
         trainer_hosts = trainer_hosts or [None] * config.trainers
-        servers = tuple(RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i),
-                                 (python, "-m", "paramshard", "server"), server_hosts[i])
+        if threads is None:      # the ranks on this machine share its CPUs (other hosts: nothing set)
+            here = [*server_hosts, *trainer_hosts].count(None)
+            threads = {None: thread_environ(usable_cpus(), here)} if here else {}
+        trainer_argv = (python, *command_words(script or config.script, config.module, config.script_args))
+
+        def rank(name: str, env: ClusterEnv, argv: tuple[str, ...], host: str | None) -> RankSpec:
+            return RankSpec(name, env, argv, host, tuple(sorted(threads.get(host, {}).items())))
+
+        servers = tuple(rank(f"server {i}", dataclasses.replace(base, role="server", server_id=i),
+                             (python, "-m", "paramshard", "server"), server_hosts[i])
                         for i in range(config.servers))
-        trainers = tuple(RankSpec(f"trainer {i}", dataclasses.replace(base, role="trainer", trainer_id=i),
-                                  (python, script or config.script, *config.script_args), trainer_hosts[i])
+        trainers = tuple(rank(f"trainer {i}", dataclasses.replace(base, role="trainer", trainer_id=i),
+                              trainer_argv, trainer_hosts[i])
                          for i in range(config.trainers))
         return cls(servers, trainers)
 

@@ -23,6 +23,7 @@ import yaml
 from ..env import DEFAULT_TIMEOUT, MODES
 from ..errors import ConfigError
 from .api import MALLOC_TUNABLES
+from .target import check as check_target, command_words
 
 DEFAULT_PORT = 6174
 SECRET_KEY = "secret"
@@ -46,11 +47,12 @@ _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|
 @dataclasses.dataclass(frozen=True)
 class K8sJobSpec:
     """One job's manifests; every field is a `paramshard k8s` flag (errors name the flag)."""
-    script: str
+    script: str | None             # a path inside the image, or None with a module
     image: str
     servers: int
     trainers: int
     script_args: tuple[str, ...] = ()
+    module: str | None = None      # run as python -m, importable in the image
     name: str = "paramshard"
     namespace: str = "default"
     mode: str = "sync"
@@ -63,6 +65,7 @@ class K8sJobSpec:
     secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
+        check_target(self.script, self.module)
         if self.servers < 1:
             raise ConfigError(f"--servers {self.servers}: need at least 1 server")
         if self.trainers < 1:
@@ -173,7 +176,8 @@ def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]
 def _container(spec: K8sJobSpec, role: str, env: list[tuple[str, str | dict]], ports: list[dict]) -> dict:
     # One command for both roles, as under mpirun: PARAMSHARD_ROLE picks serving or training,
     # and `paramshard run`'s server path deletes the job's server objects at the end.
-    argv = ["paramshard", "run", "--servers", str(spec.servers), spec.script, *spec.script_args]
+    argv = ["paramshard", "run", "--servers", str(spec.servers),
+            *command_words(spec.script, spec.module, spec.script_args)]
     resources = {"cpu": spec.cpu, "memory": spec.memory}
     container = {
         "name": role,

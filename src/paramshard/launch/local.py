@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..env import ClusterEnv
 from ..log import get_logger
@@ -33,7 +33,7 @@ class LocalEngine:
         self.out = out or sys.stdout
 
     def start(self, rank: RankSpec) -> Child:
-        return Child(rank.tag, rank.argv, LocalLauncher._child_environ(rank.env), self.out)
+        return Child(rank.tag, rank.argv, LocalLauncher._child_environ(rank.env, rank.extra_environ), self.out)
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)
@@ -51,8 +51,10 @@ class LocalLauncher(Launcher):
     def start(self) -> "LocalLauncher":
         c = self.config
         self.addresses = [f"{c.host}:{p}" for p in free_ports(c.servers, c.host)]
-        self.start_job(JobSpec.build(c, self.addresses, python=sys.executable))
-        log.info("started %d servers (%s) and %d trainers", c.servers, ",".join(self.addresses), c.trainers)
+        spec = JobSpec.build(c, self.addresses, python=sys.executable)
+        self.start_job(spec)
+        log.info("started %d servers (%s) and %d trainers, OMP_NUM_THREADS=%s each", c.servers,
+                 ",".join(self.addresses), c.trainers, dict(spec.trainers[0].extra_environ).get("OMP_NUM_THREADS"))
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -62,10 +64,11 @@ class LocalLauncher(Launcher):
             links.wait_ready(timeout)
 
     @staticmethod
-    def _child_environ(env: ClusterEnv) -> dict:
+    def _child_environ(env: ClusterEnv, extra: Iterable[tuple[str, str]] = ()) -> dict:
         environ = {k: v for k, v in os.environ.items()
                    if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))}
         environ.update(env.to_environ())
+        environ.update(extra)
         environ["PYTHONUNBUFFERED"] = "1"
         environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
         return environ

@@ -18,6 +18,7 @@ first line of the channel's stdin so it never shows on a command line.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..log import get_logger
-from .api import JobSpec, LaunchConfig, Launcher, RankSpec
+from .api import JobSpec, LaunchConfig, Launcher, RankSpec, thread_environ
 from .hosts import Host, placement
 from .processes import Child, stop_all
 
@@ -139,34 +140,43 @@ def _run(argv: list[str], timeout: float, what: str) -> str:
 
 # Prints the file system's identity (machine id, boot id, and the root directory's
 # device: hosts with the same one share a file system, so one copy of the workspace
-# serves them all; containers on one machine differ by their root), then free
-# ports on the given address.
-_PROBE = ("import socket,sys\n"
+# serves them all; containers on one machine differ by their root), the CPUs a
+# process may use there, then free ports on the given address.
+_PROBE = ("import os,socket,sys\n"
           "ident=''\n"
           "for f in ('/etc/machine-id','/proc/sys/kernel/random/boot_id'):\n"
           "    try: ident+=open(f).read().strip()\n"
           "    except OSError: pass\n"
-          "import os; st=os.stat('/'); ident+=f':{st.st_dev}:{st.st_ino}'\n"
+          "st=os.stat('/'); ident+=f':{st.st_dev}:{st.st_ino}'\n"
+          "try: cpus=len(os.sched_getaffinity(0))\n"
+          "except AttributeError: cpus=os.cpu_count() or 1\n"
           "socks=[socket.socket() for _ in range(int(sys.argv[2]))]\n"
           "[s.bind((sys.argv[1], 0)) for s in socks]\n"
-          "print(ident or 'unknown', *[s.getsockname()[1] for s in socks])")
+          "print(ident or 'unknown', cpus, *[s.getsockname()[1] for s in socks])")
 
 
-def probe(host: Host, ports: int, options: SshOptions) -> tuple[str, list[int]]:
-    """(machine identity, ``ports`` ports free right now on ``host``'s own address),
-    asked on that host; this also checks ssh and the remote Python before anything starts."""
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    machine: str          # hosts with the same one share a machine (and a file system)
+    cpus: int             # CPUs a process may use there
+    ports: list[int]      # free right now on the host's own address
+
+
+def probe(host: Host, ports: int, options: SshOptions) -> Probed:
+    """What the job needs to know of ``host``, with ``ports`` free ports, asked on that
+    host; this also checks ssh and the remote Python before anything starts."""
     argv = [*options.ssh_argv(host), host.target,
             shlex.join([options.remote_python, "-c", _PROBE, host.address, str(ports)])]
     out = _run(argv, options.connect_timeout + 10, f"ssh to {host.target}")
     words = out.split()
     try:
-        found = [int(p) for p in words[1:]]
+        numbers = [int(p) for p in words[1:]]
     except ValueError:
-        found = []
-    if len(found) != ports:
+        numbers = []
+    if len(numbers) != ports + 1:
         raise ConfigError(f"ssh to {host.target}: unexpected answer {out.strip()[:200]!r} from the probe "
                           f"(is {options.remote_python} a Python on that host? set --remote-python)")
-    return words[0], found
+    return Probed(words[0], numbers[0], numbers[1:])
 
 
 def dispatch(host: Host, package: str, workspace: str, options: SshOptions) -> int:
@@ -201,10 +211,11 @@ class SshLauncher(Launcher):
         self.checkpoint_dir, self.restarts_left = config.checkpoint_dir, config.max_restarts
         self.addresses: list[str] = []
 
-    def _remote_script(self) -> str:
-        """The script's path as the remote side sees it, from the workspace."""
+    def _remote_script(self) -> str | None:
+        """The script's path as the remote side sees it, from the workspace (None: a module,
+        which python -m finds from the workspace or the hosts' own installation)."""
         package = self.options.dispatch_package
-        if not package:
+        if not package or self.config.script is None:
             return self.config.script
         local = os.path.abspath(self.config.script)
         root = os.path.abspath(package)
@@ -212,6 +223,13 @@ class SshLauncher(Launcher):
             raise ConfigError(f"training script {self.config.script!r} is not inside --dispatch-package "
                               f"{package!r}: only that directory is copied to the hosts")
         return os.path.relpath(local, root)
+
+    def _threads(self, found: dict[str, Probed]) -> dict[str, dict[str, str]]:
+        """Host -> its ranks' thread variables: its CPUs shared by every rank on its machine
+        (hosts that are one machine, e.g. loopback aliases, count together)."""
+        placed = [*self.on_servers, *self.on_trainers]
+        on_machine = collections.Counter(found[h.target].machine for h in placed)
+        return {h.host: thread_environ(found[h.target].cpus, on_machine[found[h.target].machine]) for h in placed}
 
     def start(self) -> "SshLauncher":
         used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
@@ -223,17 +241,17 @@ class SshLauncher(Launcher):
             if self.options.dispatch_package:
                 # One copy per machine: hosts that share one (loopback aliases, network
                 # namespaces) would otherwise race their rsyncs into the same directory.
-                machines = {ident: used[t] for t, (ident, _) in found.items()}
+                machines = {p.machine: used[t] for t, p in found.items()}
                 list(pool.map(lambda h: dispatch(h, self.options.dispatch_package, self.workdir, self.options),
                               machines.values()))
-        ports = {t: p for t, (_, p) in found.items()}
         self.addresses = [""] * self.config.servers
         for target, servers in servers_on.items():
-            for i, port in zip(servers, ports[target]):
+            for i, port in zip(servers, found[target].ports):
                 self.addresses[i] = f"{self.on_servers[i].address}:{port}"
         spec = JobSpec.build(self.config, self.addresses, python=self.options.remote_python,
                              server_hosts=[h.host for h in self.on_servers],
-                             trainer_hosts=[h.host for h in self.on_trainers], script=self.script)
+                             trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
+                             threads=self._threads(found))
         self.start_job(spec)
         log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
                  ",".join(self.addresses), self.config.trainers, len(used))
