@@ -25,6 +25,7 @@ Bad lines raise ``DataFormatError`` (``path:line: reason``), or with
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -103,37 +104,39 @@ class TabularReader:
                 yield batch
 
     def _batches(self):
-        rows = self._rows()
-        if self.shuffle:
-            rows = self._shuffled(rows)
-        batches = rebatch(rows, self.batch_size, TabularBatch.concat)
         if self.steps is not None:
-            yield from self._exactly(batches, self.steps)
+            yield from self._exactly(self.steps)
             return
-        for batch in batches:
+        for batch in rebatch(self._pass(), self.batch_size, TabularBatch.concat):
             if self.drop_last and len(batch) < self.batch_size:
                 return
             yield batch
 
-    def _exactly(self, batches, steps: int):
-        """``steps`` full batches: stop early, or read the shard again when it ran short."""
-        done = 0
-        while done < steps:
-            produced = 0
+    def _pass(self):
+        rows = self._rows()
+        return self._shuffled(rows) if self.shuffle else rows
+
+    def _exactly(self, steps: int):
+        """``steps`` full batches: stop early, or go on into the shard again when it ran
+        short (its last rows carried over, so no row is dropped before one is repeated)."""
+        done, carried = 0, []
+        while True:
+            rows_before = sum(len(b) for b in carried)
+            batches = rebatch(itertools.chain(carried, self._pass()), self.batch_size, TabularBatch.concat)
+            carried, grew = [], False
             for batch in batches:
                 if len(batch) < self.batch_size:
+                    carried, grew = [batch], len(batch) > rows_before
                     break
                 yield batch
-                done, produced = done + 1, produced + 1
+                done, grew = done + 1, True
                 if done == steps:
                     return
-            if produced == 0:
-                raise ConfigError(f"shard {self.shard[0]} of {self.shard[1]}: no full batch of "
-                                  f"{self.batch_size} rows in {', '.join(map(str, self.paths))}")
+            if not grew:
+                raise ConfigError(f"shard {self.shard[0]} of {self.shard[1]}: no good rows in "
+                                  f"{', '.join(map(str, self.paths))} to make {steps} batches of {self.batch_size}")
             log.warning("shard %d of %d ran out after %d of %d batches (bad lines skipped): reading its "
-                        "first rows again so every trainer takes %d steps", *self.shard, done, steps, steps)
-            rows = self._rows()
-            batches = rebatch(self._shuffled(rows) if self.shuffle else rows, self.batch_size, TabularBatch.concat)
+                        "rows again so every trainer takes %d steps", *self.shard, done, steps, steps)
 
     def _rows(self):
         """Encoded batches of this shard's good rows, in file order (any sizes)."""
