@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/big_table.py --markdown
 	$(PY) benchmarks/checkpoint_speed.py --markdown
 	$(PY) benchmarks/engine_startup.py --markdown
+	$(PY) benchmarks/tabular_reader.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
