@@ -191,3 +191,12 @@ def test_config_errors(tmp_path):
         CriteoReader(tmp_path / "nope.txt", 10)
     with pytest.raises(ConfigError, match="batch_size=0"):
         CriteoReader(write(tmp_path / "d.txt", [line()]), 0)
+
+
+def test_criteo_batch_as_tensors_keeps_the_id_bits():
+    import torch
+    b = CriteoBatch(np.array([1.0], np.float32), np.zeros((1, 13), np.float32),
+                    np.array([[2**63 + 5] + [7] * 25], np.uint64))
+    t = b.torch()
+    assert t["ids"].dtype == torch.int64 and t["ids"][0, 0].item() == -(2**63) + 5
+    assert t["ids"].numpy().view(np.uint64)[0, 0] == 2**63 + 5 and t["dense"].shape == (1, 13)

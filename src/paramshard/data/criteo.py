@@ -50,6 +50,13 @@ class CriteoBatch:
     def take(self, start: int, stop: int) -> "CriteoBatch":
         return CriteoBatch(self.labels[start:stop], self.dense[start:stop], self.sparse_ids[start:stop])
 
+    def torch(self) -> dict:
+        """The batch as tensors, ids as int64 (the bit patterns of the uint64 ids, which is
+        what SparseEmbedding takes): ``model(b["dense"], b["ids"])``."""
+        import torch
+        return {"dense": torch.from_numpy(self.dense), "ids": torch.from_numpy(self.sparse_ids.view(np.int64)),
+                "labels": torch.from_numpy(self.labels)}
+
     @staticmethod
     def concat(batches) -> "CriteoBatch":
         return CriteoBatch(np.concatenate([b.labels for b in batches]),
