@@ -38,6 +38,7 @@ def pushes(trainer, step):
 def test_async_checkpoint_is_one_cut_on_every_server(cluster, tmp_path):
     c = cluster(servers=2, trainers=TRAINERS, mode="async", min_block_size=64)
     models = [Model() for _ in range(TRAINERS)]
+    done = [0] * TRAINERS          # steps each trainer has taken
 
     def trainer_fn(tid):
         model = models[tid]
@@ -49,7 +50,13 @@ def test_async_checkpoint_is_one_cut_on_every_server(cluster, tmp_path):
                 if n in SHAPES:
                     p.grad = torch.from_numpy(dense[n])
             trainer.step()
+            done[tid] = k + 1
             if tid == 0 and k == SAVE_AT:
+                # The others must be mid-run when the save starts (threads start at different
+                # times; a fast chief could otherwise save before they pushed anything).
+                deadline = time.monotonic() + 30
+                while min(done[1:]) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 trainer.save(tmp_path)
             elif tid != 0:
                 time.sleep(0.002)
