@@ -128,6 +128,7 @@ def main():
         # Sync steps must line up: every trainer takes the same number of steps.
         steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
         progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
+        trainer.log(epoch=epoch + 1, total_steps=steps * args.epochs)     # the launcher's live progress
         tensors = [(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)),
                     torch.from_numpy(b.labels)) for b in batches[:steps]]
         # prefetching: the next batch's rows are on their way while this one trains.
@@ -146,6 +147,7 @@ def main():
         trainer.pull()
         if chief:
             test_auc, test_loss = evaluate(model, test_path)
+            trainer.log(test_auc=test_auc)
             print(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}  test AUC {test_auc:.4f}  "
                   f"logloss {test_loss:.4f}  {seen * env.num_trainers / elapsed:,.0f} samples/s "
                   f"(all trainers)", flush=True)

@@ -71,6 +71,12 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "restores the checkpoint", ()),
     ("PARAMSHARD_LOG_LEVEL", "log level of every paramshard process: DEBUG, INFO, WARNING or ERROR "
      "(default INFO)", ()),
+    ("PARAMSHARD_METRICS_PORT", "base port of the Prometheus `/metrics` endpoints: server i listens on "
+     "PORT+i, trainer j on PORT+servers+j (0 or unset: none)", ()),
+    ("PARAMSHARD_MAX_STALENESS", "async mode: a trainer may start step j only when every trainer finished "
+     "step j-K-1 (bounded staleness, SSP); unset: no bound", ()),
+    ("PARAMSHARD_RECORDS", "`stdout`: trainers print progress records for the launcher's run directory "
+     "(set by `paramshard launch`)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
     ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
      "(with OMPI_COMM_WORLD_SIZE)", ()),
@@ -128,6 +134,9 @@ class ClusterEnv:
     max_restarts: int = 0
     recovering: bool = False
     max_in_flight: int | None = None    # None: 1 in async mode, 0 in sync
+    metrics_port: int = 0               # 0: no /metrics endpoint
+    max_staleness: int | None = None    # async: bounded staleness (SSP); None: no bound
+    records: str | None = None          # "stdout": progress records for the launcher
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
@@ -148,6 +157,12 @@ class ClusterEnv:
             raise ConfigError(f"PARAMSHARD_CHECKPOINT_KEEP={self.checkpoint_keep}: keep at least 1")
         if self.max_in_flight is not None and self.max_in_flight < 0:
             raise ConfigError(f"PARAMSHARD_MAX_IN_FLIGHT={self.max_in_flight}: must be >= 0 pushes")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"PARAMSHARD_MAX_STALENESS={self.max_staleness}: must be >= 0 steps")
+        if self.records not in (None, "stdout"):
+            raise ConfigError(f"PARAMSHARD_RECORDS={self.records!r}: the only value is 'stdout'")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"PARAMSHARD_METRICS_PORT={self.metrics_port}: must be a port, 1..65535 (0: off)")
         for addr in self.servers:
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit():
@@ -218,6 +233,9 @@ class ClusterEnv:
             min_trainers=_int(e, "PARAMSHARD_MIN_TRAINERS"),
             max_restarts=_or(_int(e, "PARAMSHARD_MAX_RESTARTS"), 0),
             max_in_flight=_int(e, "PARAMSHARD_MAX_IN_FLIGHT"),
+            metrics_port=_or(_int(e, "PARAMSHARD_METRICS_PORT"), 0),
+            max_staleness=_int(e, "PARAMSHARD_MAX_STALENESS"),
+            records=e.get("PARAMSHARD_RECORDS") or None,
             recovering=e.get("PARAMSHARD_RECOVERING", "") not in ("", "0"),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
@@ -262,6 +280,12 @@ class ClusterEnv:
             out["PARAMSHARD_RECOVERING"] = "1"
         if self.max_in_flight is not None:
             out["PARAMSHARD_MAX_IN_FLIGHT"] = str(self.max_in_flight)
+        if self.metrics_port:
+            out["PARAMSHARD_METRICS_PORT"] = str(self.metrics_port)
+        if self.max_staleness is not None:
+            out["PARAMSHARD_MAX_STALENESS"] = str(self.max_staleness)
+        if self.records:
+            out["PARAMSHARD_RECORDS"] = self.records
         out.update(self.limits.to_environ())
         return out
 

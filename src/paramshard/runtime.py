@@ -70,7 +70,7 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
                              limits=env.limits, min_trainers=env.min_trainers if env.mode == "async" else None,
-                             recovering=env.recovering)
+                             recovering=env.recovering, max_staleness=env.max_staleness)
     _attach_optional_services(server, env)
     return server
 
@@ -98,4 +98,10 @@ def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return server.serve_forever()
+    from .observe.prometheus import server_metrics
+    metrics = server_metrics(env, server)     # None unless PARAMSHARD_METRICS_PORT is set
+    try:
+        return server.serve_forever()
+    finally:
+        if metrics is not None:
+            metrics.close()

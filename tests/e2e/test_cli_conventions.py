@@ -19,7 +19,8 @@ from paramshard.cli.main import build_parser
 from paramshard.sharding import ParamSpec, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "export-model", "run", "k8s"]   # launch documents itself
+OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "export-model", "run", "k8s",
+            "schema", "dataset", "report", "stats"]   # launch documents itself
 
 
 def cli(*args, cwd=None, env=None, timeout=60) -> subprocess.CompletedProcess:

@@ -120,7 +120,9 @@ def main(argv=None) -> int:
         f"trainer(s), {len(env.servers)} server(s), {env.mode} mode; {len(reader)} steps of {args.batch_size} "
         f"rows per trainer per epoch")
     history = []
+    trainer.log(total_steps=len(reader) * args.epochs)     # the launcher's progress shows an ETA
     for epoch in range(1, args.epochs + 1):
+        trainer.log(epoch=epoch)
         start = time.perf_counter()
         progress = StepProgress(len(reader), f"epoch {epoch}") if chief else None
         train_loss, rows = train_epoch(trainer, model, reader, progress)
@@ -133,6 +135,7 @@ def main(argv=None) -> int:
             test = evaluate(model, TabularReader(args.test, schema, 8192, skip_bad_lines=args.skip_bad_lines))
             history.append({"epoch": epoch, "train_loss": train_loss, "seconds": round(seconds, 3),
                             "samples_per_s": round(rows * trainers / seconds, 1), **test})
+            trainer.log(test_auc=test["auc"], test_logloss=test["logloss"])
             say(f"epoch {epoch}: train loss {train_loss:.4f}  test AUC {test['auc']:.4f}  logloss "
                 f"{test['logloss']:.4f}  accuracy {test['accuracy']:.4f}  "
                 f"{rows * trainers / seconds:,.0f} samples/s")

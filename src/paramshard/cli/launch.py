@@ -15,6 +15,8 @@ from ..launch.ssh import SshLauncher, SshOptions
 from ..launch import target
 from ..errors import ConfigError
 from ..log import configure, get_logger
+from ..observe.job_watch import JobWatch
+from ..observe.records import default_run_dir
 
 log = get_logger("launch")
 
@@ -111,6 +113,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--max-restarts", metavar="N", type=int, default=0,
                       help="when a process dies, restart the job up to N times from the latest checkpoint in "
                            "--checkpoint-dir (every server and trainer rolls back to it; default 0: fail)")
+    watch = p.add_argument_group("seeing the job")
+    watch.add_argument("--run-dir", metavar="DIR",
+                       help="where this run's logs, configuration, plan, metrics.jsonl and summary.json go "
+                            "(default runs/YYYYmmdd-HHMMSS-JOBID)")
+    watch.add_argument("--report", action="store_true",
+                       help="at the end, write the run directory's plots and index.html (paramshard report)")
+    watch.add_argument("--metrics-port", metavar="PORT", type=int, default=0,
+                       help="serve Prometheus /metrics: server i on PORT+i, trainer j on PORT+servers+j")
+    p.add_argument("--max-staleness", metavar="K", type=int,
+                   help="async: a trainer waits while it is more than K steps ahead of the slowest "
+                        "(bounded staleness); 0 is lockstep")
     p.add_argument("--min-trainers", metavar="N", type=_positive("--min-trainers", int, "a whole number"),
                    help="async mode: a trainer that dies does not stop the job while N trainers are alive "
                         "(default: any failure stops the job)")
@@ -183,32 +196,43 @@ def run(args) -> int:
         script=script, module=module, script_args=script_args, servers=args.servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
         secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
-        **_checkpoint_fields(args), max_restarts=args.max_restarts)
-    used = 0
-    while True:
-        launcher = _launcher(args, dict(fields, max_restarts=args.max_restarts - used))
-        code, stopped = _run_once(launcher)
-        used += launcher.restarts_used            # servers restarted in place
-        if code == 0 or stopped or used >= args.max_restarts:
-            return code
-        used += 1
-        latest = checkpoints(fields["checkpoint_dir"])
-        if not latest:
-            log.error("no checkpoint in %s yet: nothing to restart from", fields["checkpoint_dir"])
-            return code
-        step = Checkpoint(latest[-1]).step
-        log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
-                    "(%s); the steps after it are trained again", used, args.max_restarts, step, latest[-1])
-        fields["resume"] = str(latest[-1].resolve())
-    return code
+        **_checkpoint_fields(args), max_restarts=args.max_restarts, max_staleness=args.max_staleness,
+        metrics_port=args.metrics_port, records="stdout")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
+    launcher, code = None, 1
+    first = _launcher(args, dict(fields, max_restarts=args.max_restarts))
+    fields.setdefault("job_id", first.config.job_id)      # restarts: one job, one run directory
+    watch = JobWatch(args.run_dir or default_run_dir(first.config.job_id), first.config.job_id, report=args.report)
+    try:
+        used = 0
+        while True:
+            launcher = first if launcher is None else _launcher(args, dict(fields, max_restarts=args.max_restarts - used))
+            watch.attach(launcher)
+            code, stopped = _run_once(launcher, watch)
+            used += launcher.restarts_used            # servers restarted in place
+            if code == 0 or stopped or used >= args.max_restarts:
+                return code
+            used += 1
+            latest = checkpoints(fields["checkpoint_dir"])
+            if not latest:
+                log.error("no checkpoint in %s yet: nothing to restart from", fields["checkpoint_dir"])
+                return code
+            step = Checkpoint(latest[-1]).step
+            log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
+                        "(%s); the steps after it are trained again", used, args.max_restarts, step, latest[-1])
+            fields["resume"] = str(latest[-1].resolve())
+    finally:
+        watch.finished(code, launcher)
 
 
-def _run_once(launcher) -> tuple[int, bool]:
+def _run_once(launcher, watch) -> tuple[int, bool]:
     """(exit status, stopped by a signal)."""
     # SIGTERM (timeout, Slurm, Kubernetes, systemd) and SIGHUP stop the job as Ctrl-C does.
     with stop_signals():
         try:
             launcher.start()
+            watch.started(launcher)
             code = launcher.wait()
             return code, launcher.stopped_by_signal
         except (KeyboardInterrupt, StopSignal) as exc:     # before wait() took over, or after it

@@ -20,9 +20,11 @@ COMMANDS = {
     "gen-data": "gen_data",
     "dataset": "dataset",
     "schema": "schema",
+    "stats": "stats",
     "export": "export",
     "export-model": "export_model",
     "k8s": "k8s",
+    "report": "report",
 }
 
 

@@ -48,11 +48,14 @@ class DenseClient:
         self.scatter(requests, replies, out)
         return max((max(header.get("versions") or [0]) for header, _ in replies), default=0)
 
-    def push_requests(self, grads: Mapping[str, np.ndarray], step: int, want_values: bool) -> list:
+    def push_requests(self, grads: Mapping[str, np.ndarray], step: int, want_values: bool,
+                      resume_step: int | None = None) -> list:
         requests = []
         for server, blocks in self._by_server.items():
             header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
                       "trainer": self.trainer_id, "reply_values": want_values, "epoch": self.links.epoch}
+            if resume_step is not None:
+                header["resume_step"] = resume_step
             requests.append((server, header, [self._slice(grads, b) for b in blocks]))
         return requests
 

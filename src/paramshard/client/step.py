@@ -94,6 +94,8 @@ class StepClient:
         self._fetches: dict[str, collections.deque[_Fetch]] = {}
         self._unused = collections.Counter()      # table -> prefetches in a row that no forward took
         self.stats = PipelineStats()
+        self.bounded = False              # --max-staleness set: pushes carry resume_step
+        self.last_staleness: int | None = None    # async: what the servers said of the latest push taken
 
     # -- rows ---------------------------------------------------------------
     def prefetch(self, table: str, ids: np.ndarray, min_version: int,
@@ -211,7 +213,9 @@ class StepClient:
             sparse_requests += self.sparse.push_requests(table, ids, grads, step)
         sparse_ticket = self.links.submit(sparse_requests)
         self._send_waiting_pieces()
-        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True)
+        # Bounded staleness: the trainer starts step + 1 + window once this reply is in.
+        resume = step + 1 + self.max_in_flight if self.bounded else None
+        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True, resume_step=resume)
         self._pushes.append(_Push(sparse_ticket, self.links.submit(dense_requests), dense_requests, values))
         self.stats["steps"] += 1
         while len(self._pushes) > self.max_in_flight:
@@ -236,6 +240,9 @@ class StepClient:
         finally:
             self.stats["push_wait_s"] += time.perf_counter() - started
         self.dense.scatter(push.dense_requests, replies, push.values)
+        seen = [header.get("staleness") for header, _ in replies if header.get("staleness") is not None]
+        if seen:
+            self.last_staleness = max(seen)
 
     @property
     def in_flight(self) -> int:

@@ -85,12 +85,18 @@ class LaunchConfig:
     min_trainers: int | None = None   # async: the job goes on while this many trainers are alive
     max_restarts: int = 0             # dead servers restarted in place, trainers roll back to a checkpoint
     module: str | None = None         # a module, run as python -m (script_args are then its arguments)
+    max_staleness: int | None = None  # async: bounded staleness (SSP), see server/staleness.py
+    metrics_port: int = 0             # base port of the /metrics endpoints (0: none)
+    records: str | None = None        # "stdout": trainers print progress records (the run directory)
 
     def __post_init__(self):
         if self.servers < 1:
             raise ConfigError(f"--servers {self.servers}: a job needs at least one server")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
+        if self.max_staleness is not None and self.mode != "async":
+            raise ConfigError(f"--max-staleness {self.max_staleness}: bounds async staleness; sync mode "
+                              f"already waits for every trainer each step (use --mode async)")
         if self.min_trainers is not None and (self.mode != "async" or not 1 <= self.min_trainers <= self.trainers):
             raise ConfigError(f"--min-trainers {self.min_trainers}: needs --mode async (a sync step needs every "
                               f"trainer) and a value in 1..{self.trainers}")
@@ -107,7 +113,8 @@ class LaunchConfig:
                           secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
                           checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
                           checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers,
-                          max_restarts=self.max_restarts)
+                          max_restarts=self.max_restarts, max_staleness=self.max_staleness,
+                          metrics_port=self.metrics_port, records=self.records)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +294,10 @@ class Launcher:
         self.restarts_left = 0                   # dead servers this launcher may restart in place
         self.restarts_used = 0
         self.server_ranks: list[RankSpec] = []
+        self.spec: JobSpec | None = None
 
     def start_job(self, spec: JobSpec) -> None:
+        self.spec = spec
         self.server_ranks = list(spec.servers)
         try:
             for rank in spec.servers:

@@ -31,9 +31,11 @@ class LocalEngine:
 
     def __init__(self, out=None):
         self.out = out or sys.stdout
+        self.tap_for = None          # rank -> Child tap (observe/run_dir.py), set by `paramshard launch`
 
     def start(self, rank: RankSpec) -> Child:
-        return Child(rank.tag, rank.argv, LocalLauncher._child_environ(rank.env, rank.extra_environ), self.out)
+        return Child(rank.tag, rank.argv, LocalLauncher._child_environ(rank.env, rank.extra_environ), self.out,
+                     tap=self.tap_for(rank) if self.tap_for else None)
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)

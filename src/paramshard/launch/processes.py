@@ -201,11 +201,13 @@ class Child:
     """One process whose merged stdout/stderr lines are printed as ``tag | line``."""
 
     def __init__(self, tag: str, argv: Sequence[str], env: dict, out: TextIO | None = None,
-                 stdin_text: str | None = None):
+                 stdin_text: str | None = None, tap=None):
         """``stdin_text``: when given, the child's stdin is a pipe that gets this text
         and then stays open for the child's lifetime (an ssh channel whose remote
-        side kills its processes when stdin closes, i.e. when this launcher goes)."""
-        self.tag, self.argv = tag, list(argv)
+        side kills its processes when stdin closes, i.e. when this launcher goes).
+        ``tap(line) -> bool``: sees every line first (the run directory's log file, metric
+        records); a line it returns True for is taken out of the output."""
+        self.tag, self.argv, self.tap = tag, list(argv), tap
         self.out = out or sys.stdout
         # Its last lines, timed, for the launcher's failure summary (error_excerpt).
         self._recent: collections.deque[tuple[float, str]] = collections.deque(maxlen=RECENT_LINES)
@@ -243,6 +245,8 @@ class Child:
     def _copy_lines(self) -> None:
         writable = True
         for line in self.proc.stdout:
+            if self.tap is not None and self.tap(line):
+                continue
             with self._recent_lock:
                 self._recent.append((time.monotonic(), line.rstrip("\n")))
             if self._hold_tracebacks and self._withhold(line.rstrip("\n")):

@@ -113,13 +113,15 @@ class SshEngine:
     def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None):
         self.hosts, self.options, self.workdir, self.secret = hosts, options, workdir, secret
         self.out = out or sys.stdout
+        self.tap_for = None          # rank -> Child tap (observe/run_dir.py), set by `paramshard launch`
 
     def start(self, rank: RankSpec) -> RemoteChild:
         host = self.hosts[rank.host]
         argv = [*self.options.ssh_argv(host), host.target,
                 remote_command(rank, self.workdir, read_secret=bool(self.secret))]
         stdin = f"{self.secret}\n" if self.secret else ""
-        return RemoteChild(host, rank.tag, argv, dict(os.environ), self.out, stdin_text=stdin)
+        return RemoteChild(host, rank.tag, argv, dict(os.environ), self.out, stdin_text=stdin,
+                           tap=self.tap_for(rank) if self.tap_for else None)
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..optim import OptimizerConfig
 from .barrier import Membership, StepBarrier
 from .optimizers import Rule, make_rule
+from .staleness import Clocks
 
 
 class DenseBlock:
@@ -38,9 +39,11 @@ def check_distinct(names: list, what: str) -> None:
 
 
 class DenseStore:
-    def __init__(self, mode: str, membership: Membership):
+    def __init__(self, mode: str, membership: Membership, max_staleness: int | None = None):
         self.mode = mode
         self.membership = membership
+        self.clocks = Clocks(membership, max_staleness)    # async only
+        self.last_staleness: int | None = None
         self.blocks: dict[str, DenseBlock] = {}
         self.plan_fingerprint: int | None = None
         self.optimizer: OptimizerConfig | None = None
@@ -107,6 +110,7 @@ class DenseStore:
         if self.mode == "async":
             for block, grad in zip(blocks, grads):
                 self._apply(block, grad)
+            self.last_staleness = self.clocks.pushed(trainer, step)
             return
         for block in blocks:   # check everything before changing anything
             block.barrier.check_arrival(trainer, step, block.version)

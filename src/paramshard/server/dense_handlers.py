@@ -17,13 +17,17 @@ class DenseHandlers:
         return {op: getattr(self, f"handle_{op}") for op in ("register_dense", "pull_dense", "push_dense")}
 
     def stats(self) -> dict:
-        return {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
+        out = {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
+        if self.store.mode == "async":
+            out["staleness"] = self.store.clocks.stats()
+        return out
 
     def on_leave(self, trainer: int) -> None:
         self.store.on_leave(trainer)
 
     def reset(self) -> None:
         self.store.blocks, self.store.plan_fingerprint, self.store.optimizer = {}, None, None
+        self.store.clocks.reset()
 
     def handle_register_dense(self, header: dict, arrays: list) -> Reply:
         names = header["names"]
@@ -47,16 +51,33 @@ class DenseHandlers:
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, step = header["names"], header["step"]
         self.store.push(header["trainer"], step, names, arrays)
+        if self.store.mode == "async":
+            staleness, clocks = self.store.last_staleness, self.store.clocks
+            resume = header.get("resume_step")
+            if resume is not None and not clocks.may_start(resume):
+                # Bounded staleness: this trainer is too far ahead; the reply lets it go on.
+                return Deferred(
+                    ready=lambda: clocks.may_start(resume),
+                    make_reply=lambda: self._async_reply(names, header["reply_values"], staleness),
+                    describe=lambda: (f"trainer {header['trainer']} may start step {resume} only when every "
+                                      f"trainer finished step {resume - clocks.bound - 1} (--max-staleness "
+                                      f"{clocks.bound}); waiting for trainers {clocks.laggards(resume)}"),
+                    waits_on=lambda: clocks.laggards(resume),
+                )
+            return self._async_reply(names, header["reply_values"], staleness)
         if not header["reply_values"]:
             return Reply()
-        if self.store.mode == "async":
-            return self._values_reply(names)
         return Deferred(
             ready=lambda: self.store.versions_reached(names, step + 1),
             make_reply=lambda: self._values_reply(names),
             describe=lambda: self._describe_wait(names, step + 1),
             waits_on=lambda: self.store.waiting_for(names),
         )
+
+    def _async_reply(self, names: list[str], values: bool, staleness: int | None) -> Reply:
+        reply = self._values_reply(names) if values else Reply()
+        reply.fields["staleness"] = staleness
+        return reply
 
     def _check_plan(self, fingerprint: int) -> None:
         registered = self.store.plan_fingerprint

@@ -64,7 +64,7 @@ class ParameterServer:
     def __init__(self, server_id: int, bind: str | None, num_trainers: int, mode: str = "sync",
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
                  peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None,
-                 recovering: bool = False):
+                 recovering: bool = False, max_staleness: int | None = None):
         """``bind`` is host:port; port 0 picks a free port (see ``address``). ``bind=None``: no
         socket at all, requests come only through ``handle_local`` (a server inside the
         trainer's process: server/in_process.py).
@@ -77,7 +77,7 @@ class ParameterServer:
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
         self.membership = Membership(num_trainers, grace=timeout, min_trainers=min_trainers)
-        self.dense = DenseStore(mode, self.membership)
+        self.dense = DenseStore(mode, self.membership, max_staleness if mode == "async" else None)
         self._handlers: dict = {}
         self._services: list[Service] = []
         self.add_service(DenseHandlers(self.dense))
@@ -109,6 +109,7 @@ class ParameterServer:
         # Where a request's time goes: decoding, each op's handler, encoding and sending the reply.
         self.phase_seconds: Counter = Counter()
         self.started_at = time.time()
+        self._cached_stats: tuple[float, dict | None] = (0.0, None)   # (monotonic time, snapshot): cached_stats()
 
     def add_service(self, service: Service) -> None:
         """Serve one more set of ops (e.g. sparse tables)."""
@@ -183,6 +184,7 @@ class ParameterServer:
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.1
+                    self._refresh_cached_stats(now)
                     if self._job_ended():
                         break
         finally:
@@ -347,6 +349,9 @@ class ParameterServer:
             try:
                 if w.deferred.ready():
                     self._reply(w.identity, w.request_id, w.deferred.make_reply())
+                    # How long requests queue behind a barrier or a bound (the run directory's queue_s).
+                    self.stats["deferred_answered"] += 1
+                    self.stats["deferred_wait_s"] += now - (w.deadline - self.timeout)
                     continue
                 lost = self._lost_peers(w.deferred)
                 if lost:
@@ -396,6 +401,18 @@ class ParameterServer:
     @property
     def services(self) -> list[Service]:
         return list(self._services)
+
+    def _refresh_cached_stats(self, now: float, max_age: float = 1.0) -> None:
+        if now - self._cached_stats[0] >= max_age:
+            # A new dict swapped in whole: readers in other threads never see one half-built.
+            self._cached_stats = (now, self.snapshot_stats())
+
+    def cached_stats(self) -> tuple[dict | None, float]:
+        """(snapshot, its age in seconds) for other threads (a /metrics endpoint): the loop
+        refreshes it about once a second, as only the loop may read its live counters.
+        (None, age) before the loop's first refresh."""
+        taken, snapshot = self._cached_stats
+        return snapshot, time.monotonic() - taken
 
     def snapshot_stats(self) -> dict:
         out = {"server": self.server_id, "address": self.address,

@@ -31,6 +31,7 @@ from ..client.step import StepClient
 from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
+from ..observe.trainer_watch import TrainerWatch
 from ..optim import OptimizerConfig
 from ..sharding import ParamSpec, make_plan
 from .optimizer_config import optimizer_config
@@ -70,6 +71,8 @@ def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
 
 
 class Trainer:
+    watch = metrics = None    # its records and /metrics exporter (observe/trainer_watch.py)
+
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
                  env: ClusterEnv | None = None, resume=None, max_in_flight: int | None = None):
         """``resume``: a checkpoint to start from (default: PARAMSHARD_RESUME, set by
@@ -98,9 +101,13 @@ class Trainer:
         self.links = runtime.links_for(self.env)
         self._closed = False
         try:
+            self.watch = TrainerWatch(self.env, model)
+            self.metrics = self.watch.metrics
             self._connect(model)
         except BaseException:
             self.links.close()    # a failed start must not leave sockets (and their monitors) behind
+            if self.watch is not None:
+                self.watch.close()
             raise
         # A script that ends without close() still leaves (instead of looking dead to the servers).
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
@@ -116,16 +123,21 @@ class Trainer:
                                   f"next forward needs every trainer's update); pushes in flight are for "
                                   f"PARAMSHARD_MODE=async")
             return 0
-        if chosen is None:
-            return 1
+        chosen = 1 if chosen is None else chosen
         if not isinstance(chosen, int) or chosen < 0:
             raise ConfigError(f"max_in_flight must be a whole number >= 0, got {chosen!r}")
+        bound = self.env.max_staleness
+        if bound is not None and chosen > bound:
+            # A push in flight is a step started before the servers said it may start.
+            log.info("max_in_flight %d lowered to %d: --max-staleness %d", chosen, bound, bound)
+            return bound
         return chosen
 
     def _connect(self, model: torch.nn.Module) -> None:
         self.dense = DenseClient(self.links, self.plan, self.trainer_id)
         self.sparse = SparseClient(self.links, self.trainer_id)
         self.steps = StepClient(self.links, self.dense, self.sparse, self.max_in_flight)
+        self.steps.bounded = self.env.mode == "async" and self.env.max_staleness is not None
         self.tables = self._sparse_tables(model)
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
@@ -258,6 +270,16 @@ class Trainer:
             self._step(loss)
         except ParamshardError as exc:
             self._recover(exc)
+            return
+        if self.watch is not None:
+            self.watch.after_step(self.step_count, loss, self.steps.stats, self.steps.last_staleness)
+
+    def log(self, **values) -> None:
+        """Report values with this trainer's progress (the launcher's live table, the run
+        directory, /metrics): ``loss=``, ``epoch=``, ``total_steps=`` (for an ETA),
+        ``samples=`` (this step's, when the model's first input does not say), and any
+        metric of your own (``auc=0.78``)."""
+        self.watch.log(**values)
 
     def _step(self, loss: torch.Tensor | None) -> None:
         if loss is not None:
@@ -359,6 +381,8 @@ class Trainer:
                 control.leave(self.links, self.trainer_id, timeout)
         finally:
             self.links.close()
+            if self.watch is not None:
+                self.watch.close()
 
     def __enter__(self):
         return self

@@ -1,0 +1,20 @@
+"""`paramshard report`: plots and an index.html of a run directory."""
+from __future__ import annotations
+
+HELP = "draw a run directory's metrics as PNG plots and an index.html (works on a run still going)"
+EXAMPLE = "paramshard report runs/20261123-181500-ab12cd"
+
+
+def add_arguments(p):
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a run directory of `paramshard launch` (the one holding metrics.jsonl)")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="folder for the PNGs and index.html (default: RUN_DIR/report)")
+
+
+def run(args) -> int:
+    # Imported here: `paramshard --help` and the other commands need not load matplotlib.
+    from ..observe.report_files import write_report
+
+    print(write_report(args.run_dir, args.out))
+    return 0

@@ -1,0 +1,87 @@
+"""`paramshard stats`: a live table of a running job's servers."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..env import ClusterEnv
+from ..errors import ConfigError, ParamshardError
+from ..observe.monitor import server_record
+from ..observe.progress import server_line
+
+HELP = "a live table of a running job's servers (from its run directory or their addresses)"
+EXAMPLE = ("paramshard stats runs/20261123-181500-job-ab12cd34ef56",
+           "paramshard stats --servers 127.0.0.1:6000,127.0.0.1:6001 --once")
+
+
+def add_arguments(p):
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory of `paramshard launch`")
+    p.add_argument("--servers", metavar="ADDRS", help="server addresses host:port,... instead of a run directory")
+    p.add_argument("--every", type=float, default=2.0, metavar="S", help="seconds between refreshes")
+    p.add_argument("--once", action="store_true", help="print one table and exit")
+    p.add_argument("--json", action="store_true", help="print each server's raw counters as JSON (implies --once)")
+
+
+def _target(args) -> ClusterEnv:
+    """The servers to ask, with the job's security (its secret comes from this shell's
+    PARAMSHARD_SECRET: the run directory never holds it)."""
+    outer = ClusterEnv.from_environ()
+    if args.servers:
+        servers = tuple(a.strip() for a in args.servers.split(",") if a.strip())
+        return ClusterEnv(role=None, servers=servers, secret=outer.secret, keys_dir=outer.keys_dir,
+                          job_id=outer.job_id, timeout=outer.timeout)
+    if not args.run_dir:
+        raise ConfigError("give a run directory (RUN_DIR) or --servers host:port,...")
+    config = Path(args.run_dir) / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{args.run_dir}: no config.json; is it a run directory of `paramshard launch`?")
+    data = json.loads(config.read_text())
+    ranks = data.get("ranks", {})
+    servers = ranks.get("server 0", {}).get("environ", {}).get("PARAMSHARD_SERVERS", "")
+    if not servers:
+        raise ConfigError(f"{config}: no server addresses in it")
+    return ClusterEnv(role=None, servers=tuple(servers.split(",")), secret=outer.secret, keys_dir=outer.keys_dir,
+                      job_id=data.get("job_id"), timeout=outer.timeout)
+
+
+def _table(links, before: dict) -> tuple[list[str], list[dict]]:
+    lines, raw = [], []
+    now = time.time()
+    records = {}
+    for s in range(len(links)):
+        try:
+            header, _ = links.request(s, {"op": "stats"}, timeout=5.0)
+        except ParamshardError as exc:
+            lines.append(f"server {s}: no answer ({exc})")
+            continue
+        stats = header["stats"]
+        raw.append(stats)
+        old, then = before.get(s, (None, None))
+        records[s] = server_record(stats, old, now, then)
+        before[s] = (stats, now)
+    total = sum(r.get("elements", 0) for r in records.values())
+    return [server_line(s, r, total) for s, r in sorted(records.items())] + lines, raw
+
+
+def run(args) -> int:
+    from ..transport.client import ServerLinks
+    env = _target(args)
+    with ServerLinks.for_job(env, who="paramshard stats", timeout=10.0) as links:
+        before: dict = {}
+        if args.json:
+            _, raw = _table(links, before)
+            print(json.dumps(raw, indent=1))
+            return 0
+        if args.once:
+            print("\n".join(_table(links, before)[0]))
+            return 0
+        from rich.live import Live
+        from rich.text import Text
+        with Live(refresh_per_second=1) as live:
+            try:
+                while True:
+                    live.update(Text("\n".join(_table(links, before)[0])))
+                    time.sleep(args.every)
+            except KeyboardInterrupt:
+                return 0

@@ -1,0 +1,1 @@
+"""Seeing a job: the run directory, metric records, live progress, plots, /metrics."""

@@ -1,0 +1,65 @@
+"""What `paramshard launch` adds around a job to see it: the run directory, the
+watcher of the servers, the live progress, and at the end the summary and,
+if asked, the report. One object, so the launcher's own code stays about
+starting and supervising processes."""
+from __future__ import annotations
+
+import sys
+
+from ..errors import ParamshardError
+from ..log import get_logger
+from .monitor import Monitor
+from .progress import Progress
+from .run_dir import RunDir
+
+log = get_logger("launch")
+
+
+class JobWatch:
+    def __init__(self, path, job_id: str, report: bool = False, out=None):
+        self.run = RunDir(path, job_id)
+        self.report = report
+        self.progress = Progress(out or sys.stdout)
+        self.monitor: Monitor | None = None
+        self._links = None
+
+    def attach(self, launcher) -> None:
+        """Before the launcher starts: every process's output goes through the run directory."""
+        launcher.engine.tap_for = self.run.tap_for
+        launcher.engine.out = self.progress.writer()
+
+    def started(self, launcher) -> None:
+        """The processes are up: write the configuration, start watching the servers."""
+        from ..transport.client import ServerLinks
+        spec = launcher.spec
+        self.run.write_config(launcher.config, [*spec.servers, *spec.trainers])
+        self.run.event("start", f"{len(spec.servers)} servers, {len(spec.trainers)} trainers")
+        self._stop_monitor()            # a restarted job has new servers
+        env = launcher.config.base_env(launcher.addresses)
+        self._links = ServerLinks.for_job(env, who="launcher (run directory)", timeout=10.0)
+        self.monitor = Monitor(self.run, self._links, self.progress).start()
+
+    def _stop_monitor(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        if self._links is not None:
+            self._links.close()
+            self._links = None
+
+    def finished(self, code: int, launcher) -> None:
+        self._stop_monitor()
+        if launcher is not None:
+            launcher.engine.out = sys.stdout      # anything printed after the live table goes
+        self.progress.close()
+        self.run.event("end", f"exit code {code}")
+        processes = (launcher.servers + launcher.trainers) if launcher is not None else []
+        self.run.write_summary(code, processes)
+        self.run.close()
+        log.info("run directory: %s (paramshard report %s)", self.run.path, self.run.path)
+        if self.report:
+            from .report_files import write_report
+            try:
+                log.info("report: %s", write_report(self.run.path))
+            except (ParamshardError, OSError) as exc:
+                log.error("no report: %s", exc)

@@ -1,0 +1,116 @@
+"""Live progress on the launcher's terminal: a line per trainer (step, epoch,
+samples/s, loss) and per server (requests/s, rows, share of the dense load),
+overall throughput and, when the trainers said how many steps they take, ETA.
+
+On a terminal it is a rich live table below the processes' output; anywhere
+else (a pipe, CI logs) plain lines every ``PLAIN_EVERY`` seconds, prefixed
+``progress |`` like the processes' own lines.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+PLAIN_EVERY = 10.0
+
+
+def _rate(x) -> str:
+    return f"{x:,.0f}" if isinstance(x, (int, float)) else "-"
+
+
+def _loss(x) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) else "-"
+
+
+def trainer_line(t: int, r: dict) -> str:
+    epoch = f" epoch {r['epoch']}" if r.get("epoch") is not None else ""
+    total = f"/{r['total_steps']}" if r.get("total_steps") else ""
+    stale = f"  staleness {r['staleness_max']}" if r.get("staleness_max") is not None else ""
+    return (f"trainer {t}: step {r.get('step', 0)}{total}{epoch}  {_rate(r.get('samples_per_s'))} samples/s  "
+            f"loss {_loss(r.get('loss'))}{stale}")
+
+
+def server_line(s: int, r: dict, total_elements: int) -> str:
+    share = r.get("elements", 0) / total_elements if total_elements else 0.0
+    return (f"server {s}: {_rate(r.get('requests_per_s'))} requests/s  {r.get('rows', 0):,} rows  "
+            f"{r.get('elements', 0):,} elements ({share:.0%} of dense)")
+
+
+def overall_line(trainers: dict) -> str:
+    rate = sum(r.get("samples_per_s") or 0 for r in trainers.values())
+    line = f"all trainers: {_rate(rate)} samples/s"
+    remaining = [(r["total_steps"] - r.get("step", 0), r.get("steps_per_s")) for r in trainers.values()
+                 if r.get("total_steps")]
+    etas = [left / speed for left, speed in remaining if speed]
+    if etas and len(remaining) == len(trainers):
+        line += f"  ETA {max(0, max(etas)):,.0f} s"
+    return line
+
+
+def lines(trainers: dict, servers: dict) -> list[str]:
+    total = sum(r.get("elements", 0) for r in servers.values())
+    return ([trainer_line(t, r) for t, r in sorted(trainers.items())]
+            + [server_line(s, r, total) for s, r in sorted(servers.items())]
+            + ([overall_line(trainers)] if trainers else []))
+
+
+class Progress:
+    """``update(trainers, servers)`` with the latest records; ``close()`` at the end."""
+
+    def __init__(self, out=None, tty: bool | None = None, every: float = PLAIN_EVERY):
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty() if tty is None else tty
+        self.every = every
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._live = None
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+            self.console = Console(file=self.out)
+            self._live = Live(console=self.console, refresh_per_second=2, transient=True)
+            self._live.start()
+
+    def writer(self):
+        """Where the processes' lines go while the live table is shown (above it)."""
+        return _ConsoleOut(self.console) if self._live is not None else self.out
+
+    def update(self, trainers: dict, servers: dict, force: bool = False) -> None:
+        text = lines(trainers, servers)
+        if not text:
+            return
+        with self._lock:
+            if self._live is not None:
+                from rich.text import Text
+                self._live.update(Text("\n".join(text)))
+                return
+            now = time.monotonic()
+            if now - self._last < self.every and not force:
+                return
+            self._last = now
+            self.out.write("".join(f"progress | {line}\n" for line in text))
+            self.out.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+
+class _ConsoleOut:
+    """A file-like object printing through a rich console (so it scrolls above the live table)."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def write(self, text: str) -> int:
+        self.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True

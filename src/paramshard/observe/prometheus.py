@@ -1,0 +1,247 @@
+"""Prometheus ``/metrics`` for servers and trainers (PARAMSHARD_METRICS_PORT).
+
+Server i listens on PORT+i, trainer j on PORT+servers+j. Each endpoint has its
+own ``CollectorRegistry`` (never prometheus_client's global one), so several
+servers or trainers in one process (tests, the in-process standalone run) do
+not collide, and ``close()`` stops its HTTP thread and frees its port.
+
+A server's loop is single-threaded and owns its counters: the collector here
+runs in the HTTP thread, so it reads only ``ParameterServer.cached_stats()``,
+the snapshot the loop stores about once a second (``stats_age_seconds`` says
+how old it is: a loop stuck in a handler shows as a growing age). The names
+follow observe/records.py's server and trainer records.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..errors import ConfigError
+
+SERVER = "paramshard_server_"
+TRAINER = "paramshard_trainer_"
+WIRE_PHASES = ("decode", "reply")       # phase_seconds keys that are not an op's handler
+PHASES = ("pull", "compute", "push")
+# Step phases run from ~100 us (a local push) to seconds (a sync barrier behind a slow trainer).
+PHASE_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+RATE_WINDOW = 1.0     # seconds over which samples_per_second is measured (as the trainer records)
+LOOPBACK = ("127.", "localhost", "[::1]", "::1", "in-process")
+
+
+class MetricsEndpoint:
+    """``http://host:port/metrics`` serving one registry from a daemon thread."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str, who: str):
+        host = host.strip("[]")     # an IPv6 address as written in host:port
+        host = "0.0.0.0" if host in ("*", "") else host
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except (OSError, OverflowError) as exc:
+            raise ConfigError(f"{who}: cannot serve /metrics on {host}:{port}: {exc} "
+                              f"(PARAMSHARD_METRICS_PORT: port taken, or base + index past 65535?)") from None
+        self.registry, self.host = registry, host
+        self.port = self._httpd.server_port      # the one picked, for port 0
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        with self._lock:       # idempotent: a process's exit path and a test may both close it
+            httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()       # stops serve_forever (it polls every 0.5 s)
+        httpd.server_close()   # frees the port
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- servers ------------------------------------------------------------------
+class ServerCollector(Collector):
+    """A server's counters, read from the snapshot its loop cached (never live state)."""
+
+    def __init__(self, server):
+        self.server = server
+        self.label = str(server.server_id)
+
+    def collect(self):
+        stats, age = self.server.cached_stats()
+        yield self._family(GaugeMetricFamily, "stats_age_seconds", "seconds since the server loop took "
+                           "the snapshot these figures come from", [([], age)])
+        if stats is None:
+            return
+        for name, key, doc in (("requests_total", "requests", "requests received"),
+                               ("errors_total", "errors", "requests answered with an error"),
+                               ("timeouts_total", "timeouts", "waiting requests that reached the deadline"),
+                               ("bytes_in_total", "bytes_in", "request bytes received"),
+                               ("bytes_out_total", "bytes_out", "array bytes sent in replies")):
+            yield self._family(CounterMetricFamily, name, doc, [([], stats.get(key, 0))])
+        for name, doc in (("dense_elements", "dense parameter elements held"),
+                          ("dense_blocks", "dense blocks held"),
+                          ("sparse_rows", "sparse rows held, all tables"),
+                          ("sparse_bytes", "bytes of sparse rows held, all tables")):
+            if name in stats:
+                yield self._family(GaugeMetricFamily, name, doc, [([], stats[name])])
+        yield self._family(CounterMetricFamily, "requests_by_op_total", "requests received, by op",
+                           [([key[3:]], n) for key, n in stats.items() if key.startswith("op_")], ["op"])
+        phases = stats.get("phase_seconds", {})
+        yield self._family(CounterMetricFamily, "handler_seconds_total", "seconds in each op's handler",
+                           [([op], s) for op, s in phases.items() if op not in WIRE_PHASES], ["op"])
+        yield self._family(CounterMetricFamily, "wire_seconds_total", "seconds decoding requests and "
+                           "sending replies", [([p], phases[p]) for p in WIRE_PHASES if p in phases], ["phase"])
+        tables = stats.get("tables", {})
+        for name, key, doc in (("table_rows", "rows", "rows held, by table"),
+                               ("table_bytes", "bytes", "bytes of rows held, by table"),
+                               ("table_version", "version", "updates applied to the table")):
+            yield self._family(GaugeMetricFamily, name, doc,
+                               [([table], t[key]) for table, t in tables.items() if key in t], ["table"])
+        trainers = stats.get("trainers", {})
+        yield self._family(GaugeMetricFamily, "trainers", "trainers by state: live, left (done), lost",
+                           [([state], len(trainers.get(state, ()))) for state in ("live", "left", "lost")],
+                           ["state"])
+        # Async push staleness histogram ({"0": n, "1": n, ...}), once the server counts it.
+        staleness = stats.get("staleness")
+        if staleness:
+            yield self._family(CounterMetricFamily, "push_staleness_total", "async pushes by staleness "
+                               "(updates applied between the trainer's read and its push)",
+                               [([str(k)], n) for k, n in staleness.items()], ["staleness"])
+
+    def _family(self, cls, name: str, doc: str, samples, labels=()):
+        family = cls(SERVER + name, doc, labels=["server", *labels])
+        for values, value in samples:
+            family.add_metric([self.label, *values], value)
+        return family
+
+
+def serve_server_metrics(server, port: int, host: str = "127.0.0.1") -> MetricsEndpoint:
+    """Serve ``server``'s counters at ``http://host:port/metrics`` until ``close()``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(server))
+    return MetricsEndpoint(registry, port, host, server.name)
+
+
+def server_metrics(env, server) -> MetricsEndpoint | None:
+    """Server ``env.server_id``'s endpoint when PARAMSHARD_METRICS_PORT is set, on the host
+    the server itself is bound to (loopback for a local job)."""
+    if not env.metrics_port:
+        return None
+    return serve_server_metrics(server, env.metrics_port + env.server_id, server.address.rpartition(":")[0])
+
+
+# -- trainers -----------------------------------------------------------------
+class TrainerMetrics:
+    """A trainer's exporter: steps, samples, loss, throughput, step phases, user metrics."""
+
+    def __init__(self, trainer_id: int, port: int, host: str = "127.0.0.1"):
+        self.registry = CollectorRegistry(auto_describe=False)
+        r, label = self.registry, {"trainer": str(trainer_id)}
+        self._steps = Counter(TRAINER + "steps", "steps pushed", ["trainer"], registry=r).labels(**label)
+        self._samples = Counter(TRAINER + "samples", "samples trained (the first dimension of the first "
+                                "tensor each forward got)", ["trainer"], registry=r).labels(**label)
+        self._loss = Gauge(TRAINER + "loss", "loss of the last step", ["trainer"], registry=r).labels(**label)
+        self._rate = Gauge(TRAINER + "samples_per_second", f"samples per second over the last "
+                           f"~{RATE_WINDOW:g} s", ["trainer"], registry=r).labels(**label)
+        phase = Histogram(TRAINER + "step_phase_seconds", "seconds of a step by phase: pull (waiting for "
+                          "rows), push (waiting for push replies), compute (the rest)", ["trainer", "phase"],
+                          buckets=PHASE_BUCKETS, registry=r)
+        self._phase = {p: phase.labels(trainer=label["trainer"], phase=p) for p in PHASES}
+        self._user = Gauge(TRAINER + "metric", "the script's own metrics (set_metric)", ["trainer", "name"],
+                           registry=r)
+        self.trainer_id = trainer_id
+        self._lock = threading.Lock()     # the rate window and the pipeline marks below
+        self._window_start, self._window_samples = time.monotonic(), 0
+        self._last_end, self._last_pull, self._last_push = time.perf_counter(), 0.0, 0.0
+        self._batch: int | None = None     # samples of the last forward (watch)
+        self._hook = None
+        self.endpoint = MetricsEndpoint(r, port, host, f"trainer {trainer_id}")
+
+    @property
+    def port(self) -> int:
+        return self.endpoint.port
+
+    def observe_step(self, samples: int | None, loss=None, phases: dict | None = None) -> None:
+        """One step done: ``samples`` in it (None: unknown), its ``loss`` (a number or a scalar
+        tensor), ``phases``: seconds by phase, any of pull, compute, push."""
+        self._steps.inc()
+        if loss is not None:     # a tensor is detached first: float() of one with grad warns
+            self._loss.set(float(loss.detach() if hasattr(loss, "detach") else loss))
+        for name, seconds in (phases or {}).items():
+            self._phase[name].observe(max(0.0, seconds))
+        if samples:
+            self._samples.inc(samples)
+        with self._lock:
+            self._window_samples += samples or 0
+            now = time.monotonic()
+            if now - self._window_start >= RATE_WINDOW:
+                self._rate.set(self._window_samples / (now - self._window_start))
+                self._window_start, self._window_samples = now, 0
+
+    def watch(self, model) -> None:
+        """Count samples per step as the first dimension of the first tensor each forward
+        of ``model`` gets (Trainer.step is not told the batch size)."""
+        def pre_hook(module, args, kwargs):
+            found = _first_tensor(args) if args else _first_tensor(kwargs)
+            if found is not None and found.dim() > 0:
+                self._batch = int(found.shape[0])
+        self._hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+    def observe_pipeline(self, pipeline, loss=None) -> None:
+        """``observe_step`` for a Trainer's step: the samples of the last forward (``watch``),
+        and phases from the trainer's own counters (client/step.py PipelineStats,
+        cumulative): pull and push are the waits since the previous step, compute is the
+        rest of the time since then (forward, backward, data loading, encoding)."""
+        samples, self._batch = self._batch, None
+        with self._lock:
+            now = time.perf_counter()
+            pull = pipeline["pull_wait_s"] - self._last_pull
+            push = pipeline["push_wait_s"] - self._last_push
+            phases = {"pull": pull, "push": push, "compute": now - self._last_end - pull - push}
+            self._last_end, self._last_pull, self._last_push = now, pipeline["pull_wait_s"], pipeline["push_wait_s"]
+        self.observe_step(samples, loss, phases)
+
+    def set_metric(self, name: str, value: float) -> None:
+        self._user.labels(trainer=str(self.trainer_id), name=name).set(value)
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.endpoint.close()
+
+
+def _first_tensor(obj):
+    if hasattr(obj, "shape") and hasattr(obj, "dim"):      # a torch.Tensor, without importing torch here
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def trainer_metrics(env, model=None) -> TrainerMetrics | None:
+    """Trainer ``env.trainer_id``'s exporter when PARAMSHARD_METRICS_PORT is set, counting
+    ``model``'s batches. A trainer has no address of its own: loopback when every server
+    is (a local job), else every interface, where Prometheus on another host can reach it."""
+    if not env.metrics_port:
+        return None
+    local = all(address.startswith(LOOPBACK) for address in env.servers)
+    metrics = TrainerMetrics(env.trainer_id, env.metrics_port + len(env.servers) + env.trainer_id,
+                             "127.0.0.1" if local else "0.0.0.0")
+    if model is not None:
+        metrics.watch(model)
+    return metrics

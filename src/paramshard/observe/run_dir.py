@@ -1,0 +1,131 @@
+"""The launcher's side of a run directory: every process's log, the configuration,
+the records the trainers print and the servers answer, and the summary at the end.
+
+Trainers print their records on stdout behind a marker (``records.MARK``); the
+launcher reads every child's output anyway (launch/processes.py), so the
+records travel the same way over SSH as locally, and nothing needs a shared
+file system. The tap takes them out of the output and writes every other line
+to the process's own log file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from pathlib import Path
+
+from .records import MARK, RecordWriter, write_json
+
+REDACTED = "<redacted>"
+
+
+class RunDir:
+    def __init__(self, path, job_id: str):
+        self.path = Path(path)
+        self.job_id = job_id
+        (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        self.records = RecordWriter(self.path / "metrics.jsonl")
+        self.started = time.time()
+        self.trainers: dict[int, dict] = {}     # latest record of each trainer
+        self.servers: dict[int, dict] = {}      # latest record of each server
+        self._lock = threading.Lock()
+        self._logs: list = []
+
+    # -- what the processes print ----------------------------------------------
+    def tap_for(self, rank) -> "callable":
+        """A Child tap for ``rank``: its lines into logs/<name>.log, its records into metrics.jsonl."""
+        log = open(self.path / "logs" / f"{rank.name.replace(' ', '-')}.log", "a", buffering=1,
+                   errors="replace")
+        self._logs.append(log)
+
+        def tap(line: str) -> bool:
+            if line.startswith(MARK):
+                self.take_record(line[len(MARK):])
+                return True
+            try:
+                log.write(line if line.endswith("\n") else line + "\n")
+            except ValueError:          # closed at the end while the pump drains the last lines
+                pass
+            return False
+        return tap
+
+    def take_record(self, text: str) -> None:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            return                      # a torn line (the process died mid-print): nothing to keep
+        if not isinstance(record, dict) or record.get("kind") != "trainer":
+            return
+        with self._lock:
+            self.trainers[int(record.get("trainer", -1))] = record
+        self.records.write(record)
+
+    def server_record(self, record: dict) -> None:
+        with self._lock:
+            self.servers[record["server"]] = record
+        self.records.write(record)
+
+    def event(self, event: str, text: str = "") -> None:
+        self.records.write({"kind": "event", "event": event, "text": text})
+
+    def latest(self) -> tuple[dict, dict]:
+        with self._lock:
+            return dict(self.trainers), dict(self.servers)
+
+    # -- files -------------------------------------------------------------------
+    def write_config(self, config, ranks) -> None:
+        """The launch configuration and every rank's contract, the secret redacted."""
+        fields = {k: v for k, v in dataclasses.asdict(config).items()}
+        if fields.get("secret"):
+            fields["secret"] = REDACTED
+        contracts = {}
+        for rank in ranks:
+            environ = dict(rank.environ())
+            for key in environ:
+                if "SECRET" in key:
+                    environ[key] = REDACTED
+            contracts[rank.name] = {"host": rank.host, "argv": list(rank.argv), "environ": environ}
+        write_json(self.path / "config.json", {"job_id": self.job_id, "launch": fields, "ranks": contracts})
+
+    def write_plan(self, stats: list[dict]) -> None:
+        servers = [{"server": s["server"], "address": s.get("address"), "dense_blocks": s.get("dense_blocks", 0),
+                    "dense_elements": s.get("dense_elements", 0),
+                    "tables": {n: {"rows": t.get("rows", 0), "dim": t.get("dim")} for n, t in s.get("tables", {}).items()}}
+                   for s in stats]
+        loads = [s["dense_elements"] for s in servers]
+        mean = sum(loads) / len(loads) if loads else 0
+        write_json(self.path / "plan.json", {"servers": servers,
+                                             "dense_load_max_over_mean": max(loads) / mean if mean else None})
+
+    def write_summary(self, exit_code: int, processes) -> dict:
+        trainers, servers = self.latest()
+        histogram: dict[str, int] = {}
+        for s in servers.values():
+            for k, n in (s.get("staleness") or {}).items():
+                histogram[k] = histogram.get(k, 0) + n
+        ended = time.time()
+        summary = {
+            "job_id": self.job_id, "started": self.started, "ended": ended,
+            "duration_s": round(ended - self.started, 3), "exit_code": exit_code,
+            "processes": [{"name": getattr(p, "tag", "?"), "host": getattr(getattr(p, "host", None), "target", None),
+                           "exit_code": p.poll()} for p in processes],
+            "totals": {
+                "steps": {str(t): r.get("step", 0) for t, r in sorted(trainers.items())},
+                "samples": sum(r.get("samples", 0) for r in trainers.values()),
+                "sparse_rows": sum(s.get("rows", 0) for s in servers.values()),
+                "dense_elements": sum(s.get("elements", 0) for s in servers.values()),
+                **{key: sum(s.get(key, 0) for s in servers.values()) for key in ("requests", "bytes_in", "bytes_out")},
+            },
+            "staleness": ({"max": max(int(k) for k in histogram), "histogram": histogram} if histogram else None),
+        }
+        write_json(self.path / "summary.json", summary)
+        return summary
+
+    def close(self) -> None:
+        self.records.close()
+        for log in self._logs:
+            try:
+                log.close()
+            except ValueError:
+                pass

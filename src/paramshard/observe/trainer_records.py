@@ -1,0 +1,124 @@
+"""A trainer's progress records: steps, samples/s, loss, the user's own metrics and
+where a step's time goes (pull / compute / push), about once a second.
+
+The Trainer calls ``on_step`` from ``step()``; users add values with
+``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``. Under
+``paramshard launch`` (PARAMSHARD_RECORDS=stdout) each record is one stdout
+line behind ``records.MARK``, which the launcher takes out of the output and
+writes to the run directory; with no launcher nothing is printed.
+
+Samples per step: the first dimension of the first tensor the model's forward
+got (a forward pre-hook), unless the script logs ``samples=``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from .records import MARK, TRAINER_EVERY
+
+RESERVED = ("loss", "epoch", "total_steps", "samples")
+
+
+def _first_tensor(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+class TrainerRecords:
+    def __init__(self, trainer_id: int, emit=None, every: float = TRAINER_EVERY, clock=time.monotonic):
+        self.trainer_id, self.every, self.clock = trainer_id, every, clock
+        self.emit = emit or _print_record
+        self.samples = 0
+        self.batch: int | None = None          # samples of the last forward (pre-hook)
+        self.logged_samples: int | None = None
+        self.epoch = self.total_steps = None
+        self.metrics: dict = {}
+        self._losses: list[float] = []
+        self._last_t = clock()
+        self._last_step = self._last_samples = 0
+        self._waits = self._last_waits = (0.0, 0.0)     # cumulative (rows, push replies) waits
+        self.step = 0
+        self.staleness_max: int | None = None
+        self._hook = None
+
+    def watch(self, model: torch.nn.Module) -> None:
+        def pre_hook(module, args, kwargs):
+            found = _first_tensor(args) if args else _first_tensor(kwargs)
+            if found is not None and found.dim() > 0:
+                self.batch = int(found.shape[0])
+        self._hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+    def log(self, **values) -> None:
+        if "loss" in values and values["loss"] is not None:
+            self._losses.append(float(values["loss"]))
+        if "epoch" in values:
+            self.epoch = values["epoch"]
+        if "total_steps" in values:
+            self.total_steps = int(values["total_steps"])
+        if "samples" in values:
+            self.logged_samples = int(values["samples"])
+        for key, value in values.items():
+            if key not in RESERVED:
+                self.metrics[key] = float(value)
+
+    def on_step(self, step: int, loss: torch.Tensor | None, pull_wait_s: float, push_wait_s: float,
+                staleness: int | None = None) -> None:
+        """After ``step()``: ``step`` steps done; the trainer's cumulative waits for rows
+        (``pull_wait_s``) and for push replies (``push_wait_s``); the staleness the servers
+        reported for the latest push."""
+        self.step = step
+        self.samples += self.logged_samples or self.batch or 0
+        self.logged_samples = None
+        if loss is not None:
+            self._losses.append(float(loss.detach()))
+        self._waits = (pull_wait_s, push_wait_s)
+        if staleness is not None:
+            self.staleness_max = max(self.staleness_max or 0, staleness)
+        if self.clock() - self._last_t >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        now = self.clock()
+        steps = self.step - self._last_step
+        if steps <= 0:
+            return
+        dt = max(now - self._last_t, 1e-9)
+        pull = (self._waits[0] - self._last_waits[0]) / steps
+        push = (self._waits[1] - self._last_waits[1]) / steps
+        record = {
+            "kind": "trainer", "t": time.time(), "trainer": self.trainer_id, "step": self.step,
+            "samples": self.samples, "samples_per_s": round((self.samples - self._last_samples) / dt, 2),
+            "steps_per_s": round(steps / dt, 4),
+            "loss": sum(self._losses) / len(self._losses) if self._losses else None,
+            "epoch": self.epoch, "total_steps": self.total_steps, "metrics": dict(self.metrics),
+            "phases": {"pull": round(pull, 6), "compute": round(max(dt / steps - pull - push, 0.0), 6),
+                       "push": round(push, 6)},
+            "staleness_max": self.staleness_max,
+        }
+        self.emit(record)
+        self._losses, self.staleness_max = [], None
+        self._last_t, self._last_step, self._last_samples = now, self.step, self.samples
+        self._last_waits = self._waits
+
+    def close(self) -> None:
+        self.flush()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+
+def _print_record(record: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,40 @@
+"""What watches a Trainer's steps: the progress records for the launcher's run
+directory (trainer_records.py) and the /metrics endpoint (prometheus.py). The
+Trainer holds one of these and calls it; it holds the details."""
+from __future__ import annotations
+
+from .prometheus import trainer_metrics
+from .trainer_records import RESERVED, TrainerRecords
+
+
+class TrainerWatch:
+    def __init__(self, env, model):
+        self.records = TrainerRecords(env.trainer_id) if env.records == "stdout" else None
+        if self.records is not None:
+            self.records.watch(model)
+        try:
+            self.metrics = trainer_metrics(env, model)
+        except BaseException:
+            self.close()
+            raise
+
+    def log(self, **values) -> None:
+        if self.records is not None:
+            self.records.log(**values)
+        if self.metrics is not None:
+            for key, value in values.items():
+                if key not in RESERVED and value is not None:
+                    self.metrics.set_metric(key, float(value))
+
+    def after_step(self, step: int, loss, pipeline, staleness: int | None) -> None:
+        """``pipeline``: the step client's cumulative PipelineStats."""
+        if self.records is not None:
+            self.records.on_step(step, loss, pipeline["pull_wait_s"], pipeline["push_wait_s"], staleness)
+        if self.metrics is not None:
+            self.metrics.observe_pipeline(pipeline, loss)
+
+    def close(self) -> None:
+        if self.records is not None:
+            self.records.close()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()

@@ -1,0 +1,56 @@
+"""Async staleness on one server: how far each push is behind the fastest trainer,
+and the bounded-staleness gate (SSP: Ho et al. 2013, Petuum; ps-lite's bounded delay).
+
+Each trainer's clock is the number of its steps this server has applied. The
+staleness of a push is how many steps the fastest trainer is ahead of the
+pushing one once the push is in (0: it is the fastest, or level with it).
+
+With a bound K (``--max-staleness K``), a trainer may start step j only when
+every trainer still in the job (lost ones included: waiting for one fails at
+once) has finished step j - K - 1, i.e. the slowest clock is at least j - K.
+The trainer learns it may go on from the reply to a push; the push says which
+step the trainer starts on that reply (``resume_step``). Then no push records
+a staleness above K: when the fastest trainer started its latest step s, the
+slowest had a clock of at least s - K. K = 0 is lockstep: with one trainer,
+exactly what sync mode computes.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from .barrier import Membership
+
+
+class Clocks:
+    def __init__(self, membership: Membership, bound: int | None = None):
+        self.membership = membership
+        self.bound = bound
+        self.clock: dict[int, int] = {}
+        self.histogram: Counter = Counter()
+
+    def pushed(self, trainer: int, step: int) -> int:
+        """Trainer's step ``step`` (0-based) is applied: its staleness."""
+        self.clock[trainer] = max(self.clock.get(trainer, 0), step + 1)
+        staleness = max(self.clock.values()) - self.clock[trainer]
+        self.histogram[staleness] += 1
+        return staleness
+
+    def slowest(self) -> int:
+        required = self.membership.required
+        return min((self.clock.get(t, 0) for t in required), default=0)
+
+    def may_start(self, step: int) -> bool:
+        return self.bound is None or self.slowest() >= step - self.bound
+
+    def laggards(self, step: int) -> list[int]:
+        """Trainers a start of ``step`` waits for."""
+        if self.bound is None:
+            return []
+        return sorted(t for t in self.membership.required if self.clock.get(t, 0) < step - self.bound)
+
+    def stats(self) -> dict:
+        return {str(k): n for k, n in sorted(self.histogram.items())}
+
+    def reset(self) -> None:
+        self.clock.clear()
+        self.histogram.clear()
