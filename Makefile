@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
+	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 --report examples/ctr_wide_deep.py
 
 # The engine tests need sshd, rsync, iproute2, OpenMPI, Slurm and munge (Debian packages, installed as root;
 # elsewhere those tests skip and say why).

@@ -69,7 +69,7 @@ class Progress:
             from rich.console import Console
             from rich.live import Live
             self.console = Console(file=self.out)
-            self._live = Live(console=self.console, refresh_per_second=2, transient=True)
+            self._live = Live(console=self.console, refresh_per_second=2, transient=False)   # the last table stays
             self._live.start()
 
     def writer(self):
