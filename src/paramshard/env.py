@@ -76,7 +76,8 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_MAX_STALENESS", "async mode: a trainer may start step j only when every trainer finished "
      "step j-K-1 (bounded staleness, SSP); unset: no bound", ()),
     ("PARAMSHARD_RECORDS", "`stdout`: trainers print progress records for the launcher's run directory "
-     "(set by `paramshard launch`)", ()),
+     "(set by `paramshard launch`); `dir:PATH`: every rank writes its own into PATH (`paramshard run "
+     "--run-dir`)", ()),
 ) + tuple((variable, f"{meaning} (default {default})", ()) for variable, default, meaning in LIMIT_SPEC.values()) + (
     ("OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers "
      "(with OMPI_COMM_WORLD_SIZE)", ()),
@@ -159,8 +160,8 @@ class ClusterEnv:
             raise ConfigError(f"PARAMSHARD_MAX_IN_FLIGHT={self.max_in_flight}: must be >= 0 pushes")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"PARAMSHARD_MAX_STALENESS={self.max_staleness}: must be >= 0 steps")
-        if self.records not in (None, "stdout"):
-            raise ConfigError(f"PARAMSHARD_RECORDS={self.records!r}: the only value is 'stdout'")
+        if self.records is not None and self.records != "stdout" and not self.records.startswith("dir:"):
+            raise ConfigError(f"PARAMSHARD_RECORDS={self.records!r}: 'stdout' or 'dir:PATH'")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"PARAMSHARD_METRICS_PORT={self.metrics_port}: must be a port, 1..65535 (0: off)")
         for addr in self.servers:

@@ -99,9 +99,19 @@ def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     from .observe.prometheus import server_metrics
+    from .observe.rank_records import ServerRecorder, run_dir_of, write_rank
     metrics = server_metrics(env, server)     # None unless PARAMSHARD_METRICS_PORT is set
+    run_dir = run_dir_of(env)                 # `paramshard run --run-dir`: this rank writes its own records
+    recorder = None
+    if run_dir is not None:
+        write_rank(run_dir, env.rank_name, env)
+        recorder = ServerRecorder(run_dir, server)
+    code = 1
     try:
-        return server.serve_forever()
+        code = server.serve_forever()
+        return code
     finally:
         if metrics is not None:
             metrics.close()
+        if recorder is not None:
+            recorder.close(code)

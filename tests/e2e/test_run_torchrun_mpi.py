@@ -132,3 +132,24 @@ def test_mpirun_over_two_hosts_servers_advertise_their_own_host(ssh_hosts):
     assert re.search(r"server 0: rank 0 on \S+ at 127\.0\.0\.2:\d+; server 1: rank 1 on \S+ at 127\.0\.0\.3:\d+",
                      result.output), result
 
+
+
+def test_torchrun_with_a_run_directory_every_rank_writes_its_records(tmp_path):
+    import json
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    result = run_job(torchrun(4, "--servers", "2", "--run-dir", str(run), ORACLE))
+    assert_trained(result)
+    ranks = sorted(p.name for p in (run / "ranks").iterdir())
+    assert ranks == ["server-0.json", "server-1.json", "trainer-0.json", "trainer-1.json"]
+    assert sorted(p.name for p in (run / "metrics").iterdir()) == \
+        ["server-0.jsonl", "server-1.jsonl", "trainer-0.jsonl", "trainer-1.jsonl"]
+    last = [json.loads(line) for line in (run / "metrics/trainer-1.jsonl").read_text().splitlines()][-1]
+    assert last["kind"] == "trainer" and last["trainer"] == 1 and last["step"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["totals"]["steps"]["1"] == last["step"]
+    rep = subprocess.run([sys.executable, "-m", "paramshard", "report", str(run)], capture_output=True, text=True,
+                         timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert (run / "report/throughput.png").stat().st_size > 1000

@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
     p.add_argument("--store-port", type=int, metavar="PORT",
                    help="Slurm only: port of the address store on the first node (default: "
                         "PARAMSHARD_STORE_PORT, else 29600 + job id %% 2000)")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="a directory every rank can write (shared): each writes its contract and its "
+                        "records there; `paramshard report DIR` draws them (README \"Seeing a job\")")
     target.add_module_argument(p)
     target.no_abbreviations(p)
     p.add_argument("script", nargs="?",
@@ -63,6 +66,8 @@ def _settings(args, environ) -> ClusterEnv:
         if args.timeout <= 0:
             raise ConfigError(f"--timeout {args.timeout:g}: must be > 0 seconds")
         changes["timeout"] = args.timeout
+    if args.run_dir:
+        changes["records"] = f"dir:{os.path.abspath(args.run_dir)}"
     return dataclasses.replace(base, **changes)
 
 
@@ -167,5 +172,8 @@ def _become_script(args, env: ClusterEnv, environ: dict) -> None:
     """Replace this process with ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) and the job's contract."""
     child_env = {**environ, **env.to_environ(), "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, *target.command_words(args.script, args.module, args.args)]
+    from ..observe.rank_records import run_dir_of, write_rank
+    if run_dir_of(env) is not None:
+        write_rank(run_dir_of(env), env.rank_name, env)
     sys.stdout.flush(), sys.stderr.flush()
     os.execve(sys.executable, argv, child_env)

@@ -58,15 +58,21 @@ def load_run(run_dir: str | Path) -> RunData:
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such directory; pass a run directory "
                           "(the --run-dir of `paramshard launch`, by default runs/YYYYmmdd-HHMMSS-JOBID)")
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
+    # `paramshard launch` writes one metrics.jsonl; `paramshard run --run-dir` one file a rank
+    # under metrics/ (observe/rank_records.py).
+    files = [run_dir / "metrics.jsonl"] if (run_dir / "metrics.jsonl").is_file() else \
+        sorted((run_dir / "metrics").glob("*.jsonl")) if (run_dir / "metrics").is_dir() else []
+    if not files:
         raise ConfigError(f"{run_dir} is not a run directory: it has no metrics.jsonl "
-                          "(written by `paramshard launch` as the job runs); pass the directory the launcher printed")
+                          "(written by `paramshard launch` as the job runs) nor metrics/*.jsonl (`paramshard "
+                          "run --run-dir`); pass the directory the launcher printed")
     run = RunData(run_dir)
-    try:
-        records = list(read_records(metrics))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{metrics}: cannot read it ({exc})") from exc
+    records = []
+    for metrics in files:
+        try:
+            records += list(read_records(metrics))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{metrics}: cannot read it ({exc})") from exc
     for record in records:
         # Anything not shaped like a record (a stray value, a record from a newer version
         # with another kind) is left out rather than failing the report.

@@ -4,12 +4,15 @@ Trainer holds one of these and calls it; it holds the details."""
 from __future__ import annotations
 
 from .prometheus import trainer_metrics
+from .rank_records import run_dir_of, trainer_writer
 from .trainer_records import RESERVED, TrainerRecords
 
 
 class TrainerWatch:
     def __init__(self, env, model):
-        self.records = TrainerRecords(env.trainer_id) if env.records == "stdout" else None
+        run_dir = run_dir_of(env)
+        emit = trainer_writer(run_dir, env.trainer_id) if run_dir is not None else None
+        self.records = TrainerRecords(env.trainer_id, emit=emit) if env.records else None
         if self.records is not None:
             self.records.watch(model)
         try:
