@@ -156,3 +156,22 @@ def test_batches_with_bags_cut_and_join_consistently():
                 bag = picked.ids[picked.offsets[2 * new + f]:ends[2 * new + f]]
                 assert bag.tolist() == rows[old][f]
     check()
+
+
+def test_libsvm_preset_gives_each_row_one_bag_weighted_by_its_values(tmp_path):
+    from paramshard.data import LibsvmReader, libsvm_schema
+    lines = ["1 3:0.5 7:2", "-1 3:1", "0 9:1.5 2:1 4:0.25", "+1"]          # the last row has no feature
+    (tmp_path / "d.svm").write_text("\n".join(lines) + "\n")
+    b = rows(TabularReader([tmp_path / "d.svm"], libsvm_schema(), 3))
+    ref = LibsvmReader([tmp_path / "d.svm"], 10, format="libsvm")
+    (sb,) = list(ref)
+    assert b.labels.tolist() == [1, 0, 0, 1] and b.num_fields == 1 and b.dense.shape == (4, 0)
+    assert b.ids.tolist() == sb.ids.astype(np.int64).tolist() == [3, 7, 3, 9, 2, 4]
+    assert b.offsets.tolist() == [0, 2, 3, 6] and b.weights.tolist() == [0.5, 2, 1, 1.5, 1, 0.25]
+    odd = rows(TabularReader([tmp_path / "d.svm"], libsvm_schema(), 3, shard=(1, 2)))
+    assert odd.labels.tolist() == [0, 1] and odd.ids.tolist() == [3]
+    (tmp_path / "bad.svm").write_text("1 3:0.5\nnot a line\n")
+    with pytest.raises(DataFormatError, match=r"bad\.svm:2"):
+        list(TabularReader([tmp_path / "bad.svm"], libsvm_schema(), 3))
+    r = TabularReader([tmp_path / "bad.svm"], libsvm_schema(), 3, skip_bad_lines=True)
+    assert len(rows(r)) == 1 and r.bad_lines == 1

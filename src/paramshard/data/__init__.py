@@ -18,14 +18,14 @@ from .hashing import feature_ids
 from .infer import infer_schema
 from .libsvm import LibsvmReader, SparseBatch
 from .metrics import BinaryMetrics, ExactAUC, StreamingAUC, auc, logloss
-from .presets import criteo_schema
+from .presets import criteo_schema, libsvm_schema
 from .schema import Column, Format, Label, Schema
 from .split import shard_files, split_lines
 from .synthetic import generate_criteo
 from .tabular import TabularReader, count_records
 
 __all__ = ["Schema", "Column", "Label", "Format", "TabularReader", "TabularBatch", "infer_schema", "fit_schema",
-           "criteo_schema", "feature_ids", "count_records",
+           "criteo_schema", "libsvm_schema", "feature_ids", "count_records",
            "CriteoReader", "CriteoBatch", "LibsvmReader", "SparseBatch", "DataFormatError",
            "generate_criteo", "split_lines", "shard_files",
            "auc", "logloss", "ExactAUC", "StreamingAUC", "BinaryMetrics"]

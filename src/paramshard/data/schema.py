@@ -25,7 +25,7 @@ from ..errors import ConfigError
 
 KINDS = ("numeric", "categorical", "multi", "drop")
 TRANSFORMS = ("log", "standardize")
-FORMATS = ("csv", "tsv", "parquet")
+FORMATS = ("csv", "tsv", "parquet", "libsvm")
 DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
 VERSION = 1
 

@@ -41,6 +41,7 @@ from .schema import Schema
 
 log = get_logger("data")
 DEFAULT_SHUFFLE_BUFFER = 1 << 16
+LIBSVM_ROWS = 8192            # rows per LibsvmReader batch in the libsvm preset
 
 
 class TabularReader:
@@ -140,6 +141,9 @@ class TabularReader:
 
     def _rows(self):
         """Encoded batches of this shard's good rows, in file order (any sizes)."""
+        if self.schema.format.type == "libsvm":
+            yield from self._libsvm_rows()
+            return
         index, count = self.shard
         offset = 0
         for path in self.paths:
@@ -161,6 +165,25 @@ class TabularReader:
                 if len(batch):
                     yield batch
             offset = last
+
+    def _libsvm_rows(self):
+        """The libsvm preset: LibsvmReader parses (its numpy fast path and its errors), each
+        row's features become one bag weighted by their values. Shards by good row."""
+        from .libsvm import LibsvmReader
+        reader = LibsvmReader(self.paths, LIBSVM_ROWS, skip_bad_lines=self.skip_bad_lines, format="libsvm")
+        index, count = self.shard
+        seen = 0
+        try:
+            for sb in reader:
+                batch = TabularBatch(sb.labels, np.zeros((len(sb), 0), np.float32), sb.ids.view(np.int64), 1,
+                                     sb.offsets[:-1].copy(), sb.values)
+                mine = np.flatnonzero((seen + np.arange(len(sb))) % count == index)
+                seen += len(sb)
+                if len(mine):
+                    yield batch if len(mine) == len(sb) else batch.select(mine)
+        finally:
+            self.bad_lines += reader.bad_lines
+            self.bad_line_examples += reader.bad_line_examples[:MAX_EXAMPLES - len(self.bad_line_examples)]
 
     def _bad(self, path, line: int, reason: str) -> None:
         err = DataFormatError(path, line, reason)
