@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 
 from .env import ClusterEnv
 from .log import configure, get_logger
@@ -115,3 +116,16 @@ def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
             metrics.close()
         if recorder is not None:
             recorder.close(code)
+        if env.records == "stdout":
+            _print_final_record(server)
+
+
+def _print_final_record(server: ParameterServer) -> None:
+    """Under `paramshard launch`: this server's last counters, for the run directory (the
+    launcher asks every few seconds, but a job may end between two asks)."""
+    import json
+    from .observe.monitor import server_record
+    from .observe.records import MARK
+    record = dict(server_record(server.snapshot_stats(), None, time.time(), None), final=True)
+    sys.stdout.write(MARK + json.dumps(record, separators=(",", ":"), default=float) + "\n")
+    sys.stdout.flush()

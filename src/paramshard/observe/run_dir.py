@@ -55,7 +55,10 @@ class RunDir:
             record = json.loads(text)
         except json.JSONDecodeError:
             return                      # a torn line (the process died mid-print): nothing to keep
-        if not isinstance(record, dict) or record.get("kind") != "trainer":
+        if not isinstance(record, dict) or record.get("kind") not in ("trainer", "server"):
+            return
+        if record["kind"] == "server":      # a server's final counters, printed as it stops
+            self.server_record(record)
             return
         with self._lock:
             self.trainers[int(record.get("trainer", -1))] = record

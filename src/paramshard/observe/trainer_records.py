@@ -49,6 +49,8 @@ class TrainerRecords:
         self._last_t = clock()
         self._last_step = self._last_samples = 0
         self._waits = self._last_waits = (0.0, 0.0)     # cumulative (rows, push replies) waits
+        self._logged = False                            # trainer.log() since the last record
+        self._rates = (0.0, 0.0)                        # (samples/s, steps/s) of the last record
         self.step = 0
         self.staleness_max: int | None = None
         self._hook = None
@@ -61,6 +63,7 @@ class TrainerRecords:
         self._hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
     def log(self, **values) -> None:
+        self._logged = True
         if "loss" in values and values["loss"] is not None:
             self._losses.append(float(values["loss"]))
         if "epoch" in values:
@@ -92,23 +95,27 @@ class TrainerRecords:
     def flush(self) -> None:
         now = self.clock()
         steps = self.step - self._last_step
-        if steps <= 0:
+        if steps <= 0 and not self._logged:
             return
         dt = max(now - self._last_t, 1e-9)
-        pull = (self._waits[0] - self._last_waits[0]) / steps
-        push = (self._waits[1] - self._last_waits[1]) / steps
+        per = max(steps, 1)         # values logged after the last step: a record with no new step
+        pull = (self._waits[0] - self._last_waits[0]) / per
+        push = (self._waits[1] - self._last_waits[1]) / per
         record = {
             "kind": "trainer", "t": time.time(), "trainer": self.trainer_id, "step": self.step,
-            "samples": self.samples, "samples_per_s": round((self.samples - self._last_samples) / dt, 2),
-            "steps_per_s": round(steps / dt, 4),
+            "samples": self.samples,
+            # A record of values logged after the last step keeps the rates of the one before.
+            "samples_per_s": round((self.samples - self._last_samples) / dt, 2) if steps else self._rates[0],
+            "steps_per_s": round(steps / dt, 4) if steps else self._rates[1],
             "loss": sum(self._losses) / len(self._losses) if self._losses else None,
             "epoch": self.epoch, "total_steps": self.total_steps, "metrics": dict(self.metrics),
-            "phases": {"pull": round(pull, 6), "compute": round(max(dt / steps - pull - push, 0.0), 6),
+            "phases": {"pull": round(pull, 6), "compute": round(max(dt / per - pull - push, 0.0), 6) if steps else 0.0,
                        "push": round(push, 6)},
             "staleness_max": self.staleness_max,
         }
         self.emit(record)
-        self._losses, self.staleness_max = [], None
+        self._rates = (record["samples_per_s"], record["steps_per_s"])
+        self._losses, self.staleness_max, self._logged = [], None, False
         self._last_t, self._last_step, self._last_samples = now, self.step, self.samples
         self._last_waits = self._waits
 
