@@ -50,6 +50,16 @@ def logloss(labels, probs, eps: float = 1e-7) -> float:
     return float(-np.mean(np.where(y, np.log(p), np.log1p(-p))))
 
 
+def auc_of_counts(pos: np.ndarray, neg: np.ndarray) -> float:
+    """AUC from positive and negative counts per score level, in increasing score order:
+    each positive beats the negatives below its level and ties half of those at it."""
+    p, n = pos.sum(), neg.sum()
+    if p == 0 or n == 0:
+        return float("nan")
+    neg_below = np.cumsum(neg) - neg
+    return float((pos * (neg_below + 0.5 * neg)).sum() / (p * n))
+
+
 class StreamingAUC:
     """AUC of probabilities seen in pieces, in O(bins) memory.
 
@@ -70,11 +80,7 @@ class StreamingAUC:
         self.neg += np.bincount(b[~y], minlength=self.bins)
 
     def value(self) -> float:
-        p, n = self.pos.sum(), self.neg.sum()
-        if p == 0 or n == 0:
-            return float("nan")
-        neg_below = np.cumsum(self.neg) - self.neg
-        return float((self.pos * (neg_below + 0.5 * self.neg)).sum() / (p * n))
+        return auc_of_counts(self.pos, self.neg)
 
 
 class ExactAUC:
@@ -102,11 +108,7 @@ class ExactAUC:
 
     def value(self) -> float:
         """Equal to ``auc`` over every score seen (ties count one half)."""
-        p, n = self.pos.sum(), self.neg.sum()
-        if p == 0 or n == 0:
-            return float("nan")
-        neg_below = np.cumsum(self.neg) - self.neg
-        return float((self.pos * (neg_below + 0.5 * self.neg)).sum() / (p * n))
+        return auc_of_counts(self.pos, self.neg)
 
 
 class BinaryMetrics:

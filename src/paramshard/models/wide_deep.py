@@ -22,9 +22,13 @@ class WideDeep(FieldModel):
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
         batch = self.check(dense, ids, offsets, weights)
-        deep = self.embed(ids, offsets, weights, batch).reshape(batch, -1)       # [B, F * dim]
-        return (self.linear_logit(dense, ids, offsets, weights, batch)
-                + self.mlp(torch.cat([deep, dense], dim=1)).squeeze(1))
+        v = self.embed(ids, offsets, weights, batch)                               # [B, F, dim]
+        deep = self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)).squeeze(1)
+        return self.linear_logit(dense, ids, offsets, weights, batch) + deep + self.interaction(v)
+
+    def interaction(self, v: torch.Tensor):
+        """A term over the field embeddings of its own (DeepFM's factorization machine); none here."""
+        return 0.0
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, hidden={self.hidden}"

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..errors import ConfigError
+from .batch_size import watch_batch_size
 
 SERVER = "paramshard_server_"
 TRAINER = "paramshard_trainer_"
@@ -190,11 +191,9 @@ class TrainerMetrics:
     def watch(self, model) -> None:
         """Count samples per step as the first dimension of the first tensor each forward
         of ``model`` gets (Trainer.step is not told the batch size)."""
-        def pre_hook(module, args, kwargs):
-            found = _first_tensor(args) if args else _first_tensor(kwargs)
-            if found is not None and found.dim() > 0:
-                self._batch = int(found.shape[0])
-        self._hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        def note(samples: int) -> None:
+            self._batch = samples
+        self._hook = watch_batch_size(model, note)
 
     def observe_pipeline(self, pipeline, loss=None) -> None:
         """``observe_step`` for a Trainer's step: the samples of the last forward (``watch``),
@@ -218,19 +217,6 @@ class TrainerMetrics:
             self._hook.remove()
             self._hook = None
         self.endpoint.close()
-
-
-def _first_tensor(obj):
-    if hasattr(obj, "shape") and hasattr(obj, "dim"):      # a torch.Tensor, without importing torch here
-        return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
 
 
 def trainer_metrics(env, model=None) -> TrainerMetrics | None:

@@ -18,22 +18,10 @@ import time
 
 import torch
 
+from .batch_size import watch_batch_size
 from .records import MARK, TRAINER_EVERY
 
 RESERVED = ("loss", "epoch", "total_steps", "samples")
-
-
-def _first_tensor(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
 
 
 class TrainerRecords:
@@ -56,11 +44,9 @@ class TrainerRecords:
         self._hook = None
 
     def watch(self, model: torch.nn.Module) -> None:
-        def pre_hook(module, args, kwargs):
-            found = _first_tensor(args) if args else _first_tensor(kwargs)
-            if found is not None and found.dim() > 0:
-                self.batch = int(found.shape[0])
-        self._hook = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        def note(samples: int) -> None:
+            self.batch = samples
+        self._hook = watch_batch_size(model, note)
 
     def log(self, **values) -> None:
         self._logged = True
