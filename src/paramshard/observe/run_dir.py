@@ -58,6 +58,11 @@ class RunDir:
         if not isinstance(record, dict) or record.get("kind") not in ("trainer", "server"):
             return
         if record["kind"] == "server":      # a server's final counters, printed as it stops
+            with self._lock:
+                before = self.servers.get(record.get("server"), {})
+            for rate in ("requests_per_s", "update_s"):     # it has no earlier counters of its own
+                if record.get(rate) is None:
+                    record[rate] = before.get(rate)
             self.server_record(record)
             return
         with self._lock:
