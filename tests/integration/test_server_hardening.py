@@ -1,5 +1,7 @@
 """A live server against hostile or careless requests: every failure is an error
 reply (with the request id), state is unchanged, and the server keeps serving."""
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -232,3 +234,35 @@ def test_leave_for_an_unknown_trainer_is_an_error(server, links):
     links.request(0, {"op": "leave", "trainer": 1})
     with pytest.raises(RemoteError, match="already left"):
         links.request(0, {"op": "leave", "trainer": 1})
+
+
+def test_a_message_queued_before_a_hang_up_does_not_bring_the_trainer_back():
+    """The disconnect event can reach the server before the last messages of the same
+    connection: such a message must not count as the trainer reconnecting (it did
+    not; a bounded wait for it would then hang until the timeout instead of failing)."""
+    env = ClusterEnv(role="server", servers=("127.0.0.1:0",), server_id=0, num_trainers=2, mode="async",
+                     timeout=30)
+    server = build_server(env, bind="127.0.0.1:0")       # not started: the test plays its loop
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(f"tcp://{server.address}")
+        barrier = {"v": protocol.PROTOCOL_VERSION, "op": "barrier", "arrays": [], "name": "b", "count": 1, "trainer": 1}
+        sock.send_multipart([msgpack.packb({**barrier, "id": 1})])
+        assert server._sock.poll(5000)
+        server._handle(server._sock.recv_multipart(copy=False))      # trainer 1 is known on this connection
+        sock.send_multipart([msgpack.packb({**barrier, "id": 2, "name": "c"})])
+        sock.close(linger=1000)                                        # hangs up after its last request
+        deadline = time.monotonic() + 5
+        while 1 not in server.membership.failed:                      # the accept, then the disconnect
+            assert time.monotonic() < deadline, "no disconnect event within 5 s"
+            server._monitor.poll(100)
+            server._note_disconnects()
+        assert server._sock.poll(5000)
+        server._handle(server._sock.recv_multipart(copy=False))      # the request sent before the hang-up
+        assert 1 in server.membership.failed, "a message of a closed connection revived trainer 1"
+    finally:
+        sock.close(0)
+        server._stop.set()
+        server._sock.close(0)
+        server._monitor.close(0)
+        server._peers.close()

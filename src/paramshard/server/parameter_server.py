@@ -100,8 +100,13 @@ class ParameterServer:
         self.generation = -1 if recovering else 0
         # Which connection each trainer talks over, to notice a trainer that dies:
         # its TCP connection drops and the monitor reports that socket's fd.
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if self._sock is not None else None
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED) if self._sock is not None else None
         self._trainer_by_fd: dict[int, int] = {}
+        # Connections reported closed whose descriptor was not reused since: a message
+        # still queued from one of them is not a trainer coming back (the disconnect
+        # event can overtake the last messages the connection delivered).
+        self._closed_fds: set[int] = set()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -254,11 +259,12 @@ class ParameterServer:
         except Exception as exc:   # noqa: BLE001 - no request may take the server down
             self._send_failure(identity, request_id, op, exc)
             return
-        if trainer is not None:
+        fd = rest[0].get(zmq.SRCFD)
+        if trainer is not None and fd not in self._closed_fds:
             # Only an accepted request ties its connection to a trainer: a stranger's
             # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
             self.membership.note_request(trainer, _peer_address(rest[0]))
-            self._trainer_by_fd[rest[0].get(zmq.SRCFD)] = trainer
+            self._trainer_by_fd[fd] = trainer
         if isinstance(outcome, Deferred):
             self._waiting.append(_Waiting(identity, request_id, op, outcome,
                                           time.monotonic() + self.timeout))
@@ -335,7 +341,12 @@ class ParameterServer:
     def _note_disconnects(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            trainer = self._trainer_by_fd.pop(int(event["value"]), None)
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._closed_fds.discard(fd)     # the descriptor now belongs to a new connection
+                continue
+            self._closed_fds.add(fd)
+            trainer = self._trainer_by_fd.pop(fd, None)
             if trainer is not None and self.membership.connection_lost(trainer):
                 log.error("%s: trainer %d lost its connection without leaving (died?)%s; it has %g s "
                           "to come back", self.name, trainer, self.membership.where([trainer]), self.timeout)
