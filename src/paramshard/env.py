@@ -14,7 +14,12 @@ from .errors import ConfigError
 from .limits import SPEC as LIMIT_SPEC, Limits
 
 ROLES = ("server", "trainer")
-MODES = ("sync", "async")
+# sync/async: dense and sparse parameters on the servers. collective: no servers, dense
+# gradients averaged by allreduce (collective/). hybrid: dense by allreduce, sparse
+# tables on servers that keep sync steps.
+PS_MODES = ("sync", "async")
+MODES = (*PS_MODES, "collective", "hybrid")
+COLLECTIVE_BACKENDS = ("gloo", "nccl")
 DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
 DEFAULT_MIN_BLOCK_SIZE = 8192
 DEFAULT_TIMEOUT = 120.0
@@ -32,7 +37,15 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS")),
     ("PARAMSHARD_TRAINER_ID", "this trainer's index, 0..T-1",
      ("PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID")),
-    ("PARAMSHARD_MODE", "`sync` (barrier per step, default) or `async`", ()),
+    ("PARAMSHARD_MODE", "`sync` (barrier per step, default), `async`, `collective` (no servers: dense "
+     "gradients averaged by allreduce, torch DistributedDataParallel) or `hybrid` (dense by allreduce, "
+     "sparse tables on the servers, sync steps)", ()),
+    ("PARAMSHARD_COLLECTIVE_ADDR", "collective and hybrid modes: `host:port` where trainer 0 hosts the "
+     "torch.distributed store the trainers meet at (the launcher picks it)", ()),
+    ("PARAMSHARD_COLLECTIVE_BACKEND", "collective and hybrid modes: torch.distributed backend, `gloo` "
+     "(default; CPU tensors) or `nccl`", ()),
+    ("PARAMSHARD_COLLECTIVE_FD", "set by `paramshard run` on trainer 0: a listening socket for that store, "
+     "bound before the address exchange", ()),
     ("PARAMSHARD_DISPATCH", "block placement: " + ", ".join(DISPATCHERS)
      + " (default round_robin)", ()),
     ("PARAMSHARD_MIN_BLOCK_SIZE", f"smallest dense block in elements (default {DEFAULT_MIN_BLOCK_SIZE})", ()),
@@ -138,12 +151,20 @@ class ClusterEnv:
     metrics_port: int = 0               # 0: no /metrics endpoint
     max_staleness: int | None = None    # async: bounded staleness (SSP); None: no bound
     records: str | None = None          # "stdout": progress records for the launcher
+    collective_addr: str | None = None  # collective/hybrid: trainer 0's store (host:port)
+    collective_backend: str = "gloo"
+    collective_fd: int | None = None    # `paramshard run`: trainer 0's listening socket for that store
 
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
             raise ConfigError(f"PARAMSHARD_ROLE={self.role!r}: expected one of {ROLES}")
         if self.mode not in MODES:
             raise ConfigError(f"PARAMSHARD_MODE={self.mode!r}: expected one of {MODES}")
+        if self.collective_backend not in COLLECTIVE_BACKENDS:
+            raise ConfigError(f"PARAMSHARD_COLLECTIVE_BACKEND={self.collective_backend!r}: expected one of "
+                              f"{COLLECTIVE_BACKENDS}")
+        if self.collective_addr is not None:
+            _check_address("PARAMSHARD_COLLECTIVE_ADDR", self.collective_addr)
         if self.dispatch not in DISPATCHERS:
             raise ConfigError(f"PARAMSHARD_DISPATCH={self.dispatch!r}: expected one of {DISPATCHERS}")
         if self.min_block_size < 1:
@@ -165,19 +186,35 @@ class ClusterEnv:
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"PARAMSHARD_METRICS_PORT={self.metrics_port}: must be a port, 1..65535 (0: off)")
         for addr in self.servers:
-            host, sep, port = addr.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ConfigError(f"PARAMSHARD_SERVERS entry {addr!r} is not host:port")
+            _check_address("PARAMSHARD_SERVERS entry", addr)
+        if self.mode == "collective" and self.servers:
+            raise ConfigError(f"PARAMSHARD_MODE=collective has no parameter servers, but PARAMSHARD_SERVERS "
+                              f"lists {len(self.servers)}: use mode hybrid to keep sparse tables on servers, "
+                              f"or start no servers (--servers 0)")
         if self.role == "server":
             if not self.servers:
                 raise ConfigError("a server needs PARAMSHARD_SERVERS (its own address among them)")
             if self.server_id is None or not 0 <= self.server_id < len(self.servers):
                 raise ConfigError(f"PARAMSHARD_SERVER_ID={self.server_id}: expected 0..{len(self.servers) - 1}")
         if self.role == "trainer":
-            if not self.servers:
+            if not self.servers and self.mode != "collective":
                 raise ConfigError("a trainer needs PARAMSHARD_SERVERS (comma-separated host:port)")
+            if self.collective and self.num_trainers > 1 and not self.collective_addr:
+                raise ConfigError(f"PARAMSHARD_MODE={self.mode} with {self.num_trainers} trainers needs "
+                                  f"PARAMSHARD_COLLECTIVE_ADDR (host:port of trainer 0's store; "
+                                  f"`paramshard launch` and `paramshard run` set it)")
             if not 0 <= self.trainer_id < self.num_trainers:
                 raise ConfigError(f"PARAMSHARD_TRAINER_ID={self.trainer_id}: expected 0..{self.num_trainers - 1}")
+
+    @property
+    def collective(self) -> bool:
+        """Dense gradients are averaged by allreduce among the trainers (no dense blocks on servers)."""
+        return self.mode in ("collective", "hybrid")
+
+    @property
+    def server_mode(self) -> str:
+        """How the servers apply pushes: hybrid keeps sync steps for its sparse tables."""
+        return "async" if self.mode == "async" else "sync"
 
     @property
     def rank_name(self) -> str:
@@ -237,6 +274,9 @@ class ClusterEnv:
             metrics_port=_or(_int(e, "PARAMSHARD_METRICS_PORT"), 0),
             max_staleness=_int(e, "PARAMSHARD_MAX_STALENESS"),
             records=e.get("PARAMSHARD_RECORDS") or None,
+            collective_addr=e.get("PARAMSHARD_COLLECTIVE_ADDR") or None,
+            collective_backend=e.get("PARAMSHARD_COLLECTIVE_BACKEND", "") or "gloo",
+            collective_fd=_int(e, "PARAMSHARD_COLLECTIVE_FD"),
             recovering=e.get("PARAMSHARD_RECOVERING", "") not in ("", "0"),
             limits=Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
                              if (value := _int(e, variable)) is not None}),
@@ -287,8 +327,20 @@ class ClusterEnv:
             out["PARAMSHARD_MAX_STALENESS"] = str(self.max_staleness)
         if self.records:
             out["PARAMSHARD_RECORDS"] = self.records
+        if self.collective_addr:
+            out["PARAMSHARD_COLLECTIVE_ADDR"] = self.collective_addr
+        if self.collective_backend != "gloo":
+            out["PARAMSHARD_COLLECTIVE_BACKEND"] = self.collective_backend
+        if self.collective_fd is not None:
+            out["PARAMSHARD_COLLECTIVE_FD"] = str(self.collective_fd)
         out.update(self.limits.to_environ())
         return out
+
+
+def _check_address(what: str, addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{what} {addr!r} is not host:port")
 
 
 def _or(value, default):

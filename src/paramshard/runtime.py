@@ -36,7 +36,11 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         configure(env.log_tag)
         if env.role == "server":
             sys.exit(serve(env))
-        if env.role is None:
+        if env.role is None and env.mode == "collective":
+            # No servers in this mode: one trainer, a process group of one.
+            env = dataclasses.replace(env, role="trainer", num_trainers=1, trainer_id=0)
+            log.info("no cluster in the environment: collective mode with this process as the only trainer")
+        elif env.role is None:
             _local_server = build_server(dataclasses.replace(env, server_id=0), num_trainers=1,
                                          watch_peers=False, in_process=True)
             env = dataclasses.replace(env, role="trainer", servers=(_local_server.address,),
@@ -68,7 +72,7 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     elif bind is None:
         own_host, _, own_port = env.servers[env.server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
-    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.mode, env.timeout,
+    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
                              limits=env.limits, min_trainers=env.min_trainers if env.mode == "async" else None,
                              recovering=env.recovering, max_staleness=env.max_staleness)

@@ -91,10 +91,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     if not issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter):
         p.formatter_class = argparse.RawDescriptionHelpFormatter    # keeps the epilog's line breaks
     p.epilog = EPILOG
-    p.add_argument("--servers", type=_server_count, default=1,
-                   help="number of parameter servers (default 1)")
+    p.add_argument("--servers", type=_server_count, default=None,
+                   help="number of parameter servers (default 1; 0 with --mode collective)")
     p.add_argument("--trainers", type=int, default=1, help="number of trainers (default 1)")
-    p.add_argument("--mode", choices=MODES, default="sync", help="sync: barrier per step; async: apply on arrival")
+    p.add_argument("--mode", choices=MODES, default="sync",
+                   help="sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
+                        "averaged by allreduce (DDP); hybrid: dense by allreduce, sparse tables on the servers "
+                        "(README \"Choosing a mode\")")
     p.add_argument("--dispatch", choices=DISPATCHERS, default="round_robin", help="how blocks go to servers")
     p.add_argument("--min-block-size", type=_positive("--min-block-size", int, "a whole number"),
                    default=DEFAULT_MIN_BLOCK_SIZE,
@@ -192,12 +195,13 @@ def run(args) -> int:
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
     job = {"job_id": outer.job_id} if outer.job_id else {}
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
+    servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
     fields = dict(
-        script=script, module=module, script_args=script_args, servers=args.servers, trainers=args.trainers,
+        script=script, module=module, script_args=script_args, servers=servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
         secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
         **_checkpoint_fields(args), max_restarts=args.max_restarts, max_staleness=args.max_staleness,
-        metrics_port=args.metrics_port, records="stdout")
+        metrics_port=args.metrics_port, records="stdout", collective_backend=outer.collective_backend)
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
     launcher, code = None, 1

@@ -201,10 +201,12 @@ class StepClient:
 
     # -- pushes -------------------------------------------------------------
     def push(self, dense_grads: Mapping[str, np.ndarray], sparse_grads: list[tuple[str, np.ndarray, np.ndarray]],
-             step: int, values: Mapping[str, np.ndarray]) -> None:
+             step: int, values: Mapping[str, np.ndarray], while_waiting=None) -> None:
         """Send step ``step``'s gradients to every server (dense, and (table, ids, grads)
         for each table); the updated dense values land in ``values`` when the reply is
-        taken. Returns once at most ``max_in_flight`` pushes are unanswered."""
+        taken. Returns once at most ``max_in_flight`` pushes are unanswered.
+        ``while_waiting()``: work of the trainer's own (hybrid mode's dense update) run
+        once everything is sent, while the servers work, before any reply is awaited."""
         # Order on each connection: table pushes, then the pulls that wait for them (rows
         # this push updates, for the next forward), then the dense push: that forward waits
         # for the table update only, not for the dense update and its reply.
@@ -218,6 +220,8 @@ class StepClient:
         dense_requests = self.dense.push_requests(dense_grads, step, want_values=True, resume_step=resume)
         self._pushes.append(_Push(sparse_ticket, self.links.submit(dense_requests), dense_requests, values))
         self.stats["steps"] += 1
+        if while_waiting is not None:
+            while_waiting()
         while len(self._pushes) > self.max_in_flight:
             self._finish_oldest()
         # Replies already here cost nothing to take, and make the next forward fresher.

@@ -88,10 +88,19 @@ class LaunchConfig:
     max_staleness: int | None = None  # async: bounded staleness (SSP), see server/staleness.py
     metrics_port: int = 0             # base port of the /metrics endpoints (0: none)
     records: str | None = None        # "stdout": trainers print progress records (the run directory)
+    collective_backend: str = "gloo"  # collective/hybrid: torch.distributed backend
 
     def __post_init__(self):
-        if self.servers < 1:
-            raise ConfigError(f"--servers {self.servers}: a job needs at least one server")
+        if self.mode == "collective" and self.servers != 0:
+            raise ConfigError(f"--servers {self.servers}: --mode collective has no parameter servers (dense "
+                              f"gradients are averaged by allreduce among the trainers); use --servers 0, or "
+                              f"--mode hybrid to keep sparse tables on servers")
+        if self.mode != "collective" and self.servers < 1:
+            raise ConfigError(f"--servers {self.servers}: {self.mode} mode needs at least one server "
+                              f"(--servers 0 is for --mode collective)")
+        if self.mode in ("collective", "hybrid") and (self.checkpoint_dir or self.resume or self.max_restarts):
+            raise ConfigError(f"--mode {self.mode}: checkpoints are not available in this mode yet "
+                              f"(drop --checkpoint-dir, --resume and --max-restarts, or use sync mode)")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
         if self.max_staleness is not None and self.mode != "async":
@@ -105,10 +114,16 @@ class LaunchConfig:
         if self.check_script and self.script is not None and not os.path.isfile(self.script):
             raise ConfigError(f"training script {self.script!r} not found")
         # Building the contract validates mode, dispatch, block size, timeout.
-        self.base_env(["127.0.0.1:1"] * self.servers)
+        self.base_env(["127.0.0.1:1"] * self.servers, "127.0.0.1:1" if self.collective else None)
 
-    def base_env(self, servers: Sequence[str]) -> ClusterEnv:
+    @property
+    def collective(self) -> bool:
+        """The trainers form a process group (collective, hybrid): trainer 0 hosts its store."""
+        return self.mode in ("collective", "hybrid")
+
+    def base_env(self, servers: Sequence[str], collective_addr: str | None = None) -> ClusterEnv:
         return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
+                          collective_addr=collective_addr, collective_backend=self.collective_backend,
                           dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
                           secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
                           checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
@@ -148,12 +163,16 @@ class JobSpec:
     def build(cls, config: LaunchConfig, addresses: Sequence[str], python: str,
               server_hosts: Sequence[str | None] | None = None,
               trainer_hosts: Sequence[str | None] | None = None, script: str | None = None,
-              threads: Mapping[str | None, dict[str, str]] | None = None) -> "JobSpec":
+              threads: Mapping[str | None, dict[str, str]] | None = None,
+              collective_addr: str | None = None) -> "JobSpec":
         """Rank -> environment. ``addresses``: where each server listens (its own host's
         address); ``*_hosts``: where each rank runs (None entries: this machine); ``script``:
         the script's path where it runs; ``threads``: host -> its thread variables (default:
-        this machine's CPUs shared by the ranks placed on it, see ``thread_environ``)."""
-        base = config.base_env(addresses)
+        this machine's CPUs shared by the ranks placed on it, see ``thread_environ``);
+        ``collective_addr``: where trainer 0 hosts the trainers' store (collective, hybrid)."""
+        if config.collective and not collective_addr:
+            raise ConfigError(f"{config.mode} mode: the trainers' store address (trainer 0's host:port) is missing")
+        base = config.base_env(addresses, collective_addr)
         server_hosts = server_hosts or [None] * config.servers
         trainer_hosts = trainer_hosts or [None] * config.trainers
         if threads is None:      # the ranks on this machine share its CPUs (other hosts: nothing set)

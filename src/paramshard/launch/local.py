@@ -52,11 +52,16 @@ class LocalLauncher(Launcher):
 
     def start(self) -> "LocalLauncher":
         c = self.config
-        self.addresses = [f"{c.host}:{p}" for p in free_ports(c.servers, c.host)]
-        spec = JobSpec.build(c, self.addresses, python=sys.executable)
+        ports = free_ports(c.servers + c.collective, c.host)
+        self.addresses = [f"{c.host}:{p}" for p in ports[:c.servers]]
+        # Collective and hybrid modes: trainer 0 hosts the trainers' store on the last port.
+        collective_addr = f"{c.host}:{ports[-1]}" if c.collective else None
+        spec = JobSpec.build(c, self.addresses, python=sys.executable, collective_addr=collective_addr)
         self.start_job(spec)
-        log.info("started %d servers (%s) and %d trainers, OMP_NUM_THREADS=%s each", c.servers,
-                 ",".join(self.addresses), c.trainers, dict(spec.trainers[0].extra_environ).get("OMP_NUM_THREADS"))
+        log.info("started %d servers (%s) and %d trainers%s, OMP_NUM_THREADS=%s each", c.servers,
+                 ",".join(self.addresses) or "-", c.trainers,
+                 f" ({c.mode} mode, trainer 0 hosts their store at {collective_addr})" if c.collective else "",
+                 dict(spec.trainers[0].extra_environ).get("OMP_NUM_THREADS"))
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:

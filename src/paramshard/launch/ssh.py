@@ -238,8 +238,12 @@ class SshLauncher(Launcher):
         servers_on: dict[str, list[int]] = {t: [] for t in used}
         for i, h in enumerate(self.on_servers):
             servers_on[h.target].append(i)
+        # Collective and hybrid modes: one more port on trainer 0's host, for the trainers' store.
+        store_host = self.on_trainers[0] if self.config.collective else None
+        extra = {t: int(store_host is not None and t == store_host.target) for t in used}
         with ThreadPoolExecutor(max_workers=min(16, len(used))) as pool:
-            found = dict(zip(used, pool.map(lambda t: probe(used[t], len(servers_on[t]), self.options), used)))
+            found = dict(zip(used, pool.map(lambda t: probe(used[t], len(servers_on[t]) + extra[t], self.options),
+                                            used)))
             if self.options.dispatch_package:
                 # One copy per machine: hosts that share one (loopback aliases, network
                 # namespaces) would otherwise race their rsyncs into the same directory.
@@ -250,7 +254,10 @@ class SshLauncher(Launcher):
         for target, servers in servers_on.items():
             for i, port in zip(servers, found[target].ports):
                 self.addresses[i] = f"{self.on_servers[i].address}:{port}"
+        collective_addr = (f"{store_host.address}:{found[store_host.target].ports[-1]}"
+                           if store_host is not None else None)
         spec = JobSpec.build(self.config, self.addresses, python=self.options.remote_python,
+                             collective_addr=collective_addr,
                              server_hosts=[h.host for h in self.on_servers],
                              trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
                              threads=self._threads(found))

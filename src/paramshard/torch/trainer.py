@@ -6,6 +6,12 @@ the dense values, so all start from the same point. ``step(loss)`` runs
 backward, pushes dense gradients and sparse row gradients together, and
 receives the updated dense parameters in the same round trip.
 
+In collective and hybrid modes (paramshard.collective) the dense parameters are
+not on the servers: the model forwards through DistributedDataParallel, whose
+backward averages the gradients over the trainers, and ``step`` applies them to
+this trainer's replica (a DenseSync: paramshard/dense_sync.py); hybrid mode
+still pushes the sparse tables' rows to the servers, in sync steps.
+
 Checkpoints (``save``, ``resume=``) go through paramshard.client.checkpoint;
 after a server died and was restarted in place, the Trainer rolls back with
 the others (paramshard.client.recovery) and ``step_count`` goes back to the
@@ -27,7 +33,8 @@ from ..client import checkpoint as checkpoint_io
 from ..client import control, recovery
 from ..client.dense import DenseClient
 from ..client.sparse import SparseClient
-from ..client.step import StepClient
+from ..client.step import PipelineStats, StepClient
+from ..dense_sync import DenseSync
 from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
@@ -72,15 +79,19 @@ def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
 
 class Trainer:
     watch = metrics = None    # its records and /metrics exporter (observe/trainer_watch.py)
+    data_parallel = None      # collective and hybrid modes: the model's forward through DDP
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
-                 env: ClusterEnv | None = None, resume=None, max_in_flight: int | None = None):
+                 env: ClusterEnv | None = None, resume=None, max_in_flight: int | None = None,
+                 find_unused_parameters: bool = False):
         """``resume``: a checkpoint to start from (default: PARAMSHARD_RESUME, set by
         ``paramshard launch --resume``); a step-N directory or a checkpoint directory.
         ``max_in_flight`` (async mode): pushes that may be unanswered when ``step`` returns,
         so the next forward overlaps the servers' update (default PARAMSHARD_MAX_IN_FLIGHT,
         else 1); a forward sees dense values at most that many of its own steps old. Sync
-        mode waits for every step's barrier: 0."""
+        mode waits for every step's barrier: 0. ``find_unused_parameters`` (collective and
+        hybrid modes): passed to DistributedDataParallel, for models whose forward leaves
+        some parameters out of the loss."""
         self.optimizer = optimizer_config(optimizer)     # before anything touches the network
         self.env = env or runtime.current()
         self.max_in_flight = self._window(max_in_flight)
@@ -96,18 +107,20 @@ class Trainer:
         self.is_chief = self.trainer_id == 0
         self.step_count = 0
         self._params = self._dense_parameters(model)
-        self.plan = make_plan([ParamSpec(n, tuple(p.shape)) for n, p in self._params],
-                              len(self.env.servers), self.env.dispatch, self.env.min_block_size)
-        self.links = runtime.links_for(self.env)
+        # Dense blocks on the servers in sync and async modes only; hybrid's servers hold tables.
+        on_servers = [] if self.env.collective else self._params
+        self.plan = make_plan([ParamSpec(n, tuple(p.shape)) for n, p in on_servers], len(self.env.servers),
+                              self.env.dispatch, self.env.min_block_size) if self.env.servers else None
         self._closed = False
+        self.links = runtime.links_for(self.env) if self.env.servers else None
         try:
             self.watch = TrainerWatch(self.env, model)
             self.metrics = self.watch.metrics
+            if self.env.collective:
+                self._join_collective(model, find_unused_parameters)
             self._connect(model)
         except BaseException:
-            self.links.close()    # a failed start must not leave sockets (and their monitors) behind
-            if self.watch is not None:
-                self.watch.close()
+            self._hang_up()       # a failed start must not leave sockets (and their monitors) behind
             raise
         # A script that ends without close() still leaves (instead of looking dead to the servers).
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
@@ -117,9 +130,9 @@ class Trainer:
 
     def _window(self, max_in_flight: int | None) -> int:
         chosen = max_in_flight if max_in_flight is not None else self.env.max_in_flight
-        if self.env.mode == "sync":
+        if self.env.mode != "async":
             if chosen:
-                raise ConfigError(f"max_in_flight={chosen}: sync mode waits for every step's barrier (the "
+                raise ConfigError(f"max_in_flight={chosen}: {self.env.mode} mode waits for every step (the "
                                   f"next forward needs every trainer's update); pushes in flight are for "
                                   f"PARAMSHARD_MODE=async")
             return 0
@@ -133,12 +146,38 @@ class Trainer:
             return bound
         return chosen
 
+    def _join_collective(self, model: torch.nn.Module, find_unused_parameters: bool) -> None:
+        """Collective and hybrid modes: the trainers' process group, and the model's forward
+        through DistributedDataParallel (which broadcasts the chief's values)."""
+        from ..collective import group
+        from ..collective.data_parallel import DataParallelForward
+        from ..collective.dense_sync import AllreduceDenseSync
+        if self.env.checkpoint_dir or self.resume_from:
+            raise ConfigError(f"checkpoints are not available in {self.env.mode} mode yet (the dense replicas are "
+                              f"on the trainers, not on servers): drop --checkpoint-dir/--resume, or use sync mode")
+        group.join(self.env)
+        if self._params:
+            self.data_parallel = DataParallelForward(model, find_unused_parameters)
+        self.dense_sync = AllreduceDenseSync(self.optimizer, {n: p.detach().view(-1).numpy()
+                                                              for n, p in self._params})
+
     def _connect(self, model: torch.nn.Module) -> None:
-        self.dense = DenseClient(self.links, self.plan, self.trainer_id)
-        self.sparse = SparseClient(self.links, self.trainer_id)
-        self.steps = StepClient(self.links, self.dense, self.sparse, self.max_in_flight)
-        self.steps.bounded = self.env.mode == "async" and self.env.max_staleness is not None
         self.tables = self._sparse_tables(model)
+        self.stats = PipelineStats()
+        self.dense = self.sparse = self.steps = None
+        if self.links is None:        # collective mode: nothing on servers
+            if self.tables:
+                raise ConfigError(f"the model has SparseEmbedding tables {sorted(self.tables)}, and collective mode "
+                                  f"has no servers to hold them: use --mode hybrid (dense parameters by allreduce, "
+                                  f"tables on servers), or torch.nn.EmbeddingBag for a table every trainer holds")
+        else:
+            self.dense = DenseClient(self.links, self.plan, self.trainer_id)
+            self.sparse = SparseClient(self.links, self.trainer_id)
+            self.steps = StepClient(self.links, self.dense, self.sparse, self.max_in_flight)
+            self.steps.bounded = self.env.mode == "async" and self.env.max_staleness is not None
+            self.stats = self.steps.stats
+        if not self.env.collective:
+            self.dense_sync: DenseSync = self.dense
         # Flat numpy views sharing memory with the parameters: pulls land in place.
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
         ckpt = checkpoint_io.open_for_resume(self.resume_from, self.is_chief) if self.resume_from else None
@@ -147,13 +186,18 @@ class Trainer:
                                              {t.name: t.spec for t in self.tables.values()}, ckpt)
             log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)
         elif self.is_chief:
-            self.dense.register_dense(self._values, self.optimizer)
+            self.dense_sync.register_dense(self._values, self.optimizer)
             for table in self.tables.values():
                 self.sparse.register_sparse(table.spec)
-            log.info("registered %d parameters (%d blocks) and %d sparse tables with %d servers, "
-                     "dense load ratio %.3f", len(self._params), len(self.plan.blocks), len(self.tables),
-                     self.plan.num_servers, self.plan.load_ratio())
-        version = self.dense.pull_dense(self._values, min_version=0)
+            if self.env.collective:
+                log.info("%d parameters averaged by allreduce over %d trainers (%s mode), %d sparse tables on "
+                         "%d servers", len(self._params), self.env.num_trainers, self.env.mode, len(self.tables),
+                         len(self.env.servers))
+            else:
+                log.info("registered %d parameters (%d blocks) and %d sparse tables with %d servers, "
+                         "dense load ratio %.3f", len(self._params), len(self.plan.blocks), len(self.tables),
+                         self.plan.num_servers, self.plan.load_ratio())
+        version = self.dense_sync.pull_dense(self._values, min_version=0)
         if self.resume_from:
             self._resume_position(ckpt, version)
         for table in self.tables.values():
@@ -164,7 +208,7 @@ class Trainer:
         if ckpt is not None:
             self.step_count = ckpt.step
             self.position = ckpt.trainer_position(self.trainer_id) or {}
-        elif self.env.mode == "sync":      # the checkpoint is not on this host: the servers know the step
+        elif self.env.server_mode == "sync":      # the checkpoint is not on this host: the servers know the step
             self.step_count = version
         restore_random_streams(self.position)
         self._saved_step = self.step_count
@@ -178,7 +222,7 @@ class Trainer:
 
     def _row_version(self, step: int) -> int:
         # Sync: rows must include every update of the steps before this one.
-        return step if self.env.mode == "sync" else 0
+        return step if self.env.server_mode == "sync" else 0
 
     def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
         try:
@@ -196,7 +240,7 @@ class Trainer:
         # staler than without prefetching); its ids are those of the batch prepared before this
         # one. Sync: the version already makes the server wait for the step to be complete.
         current = table.prepared_ids()
-        if self.env.mode == "sync" or not fresh_rows:
+        if self.env.server_mode == "sync" or not fresh_rows:
             fresh_after = None
         else:
             fresh_after = True if current is None else current
@@ -216,13 +260,13 @@ class Trainer:
     def pipeline_stats(self) -> dict:
         """How the steps overlapped: prefetch hits/misses, seconds spent waiting for rows
         and for push replies, the most pushes left in flight."""
-        return {**self.steps.stats.as_dict(), "max_in_flight": self.max_in_flight}
+        return {**self.stats.as_dict(), "max_in_flight": self.max_in_flight}
 
     def _recover(self, exc: ParamshardError) -> None:
         """A server died and the launcher restarts it in place: roll back to the latest
         checkpoint with every other trainer (client/recovery.py). Re-raises ``exc`` when
         recovery is off or spent."""
-        if not (self.env.max_restarts and self.env.checkpoint_dir and recovery.recoverable(exc)) \
+        if not (self.env.max_restarts and self.env.checkpoint_dir and recovery.recoverable(exc)) or self.env.collective \
                 or self._recoveries >= self.env.max_restarts:
             raise exc
         self._recoveries += 1
@@ -272,7 +316,7 @@ class Trainer:
             self._recover(exc)
             return
         if self.watch is not None:
-            self.watch.after_step(self.step_count, loss, self.steps.stats, self.steps.last_staleness)
+            self.watch.after_step(self.step_count, loss, self.stats, self.steps and self.steps.last_staleness)
 
     def log(self, **values) -> None:
         """Report values with this trainer's progress (the launcher's live table, the run
@@ -291,7 +335,15 @@ class Trainer:
             grads[name] = (p.grad.detach().contiguous().view(-1).numpy() if p.grad is not None
                            else np.zeros(p.numel(), np.float32))
         sparse_grads = [(table.name, *table.take_gradients()) for table in self.tables.values()]
-        self.steps.push(grads, sparse_grads, self.step_count, self._values)
+        step = self.step_count
+        if self.steps is None:          # collective: the backward averaged the gradients
+            self.dense_sync.push_dense(grads, step, self._values)
+            self.stats["steps"] += 1
+        elif self.env.collective:       # hybrid: tables to the servers; the dense update runs meanwhile
+            self.steps.push({}, sparse_grads, step, {},
+                            while_waiting=lambda: self.dense_sync.push_dense(grads, step, self._values))
+        else:
+            self.steps.push(grads, sparse_grads, step, self._values)
         self.step_count += 1
         for _, p in self._params:
             p.grad = None
@@ -304,6 +356,8 @@ class Trainer:
         (sync mode); the chief saves what the servers hold, each trainer its own position
         (``state``: anything JSON the script needs to find its place in the data again)."""
         directory = directory or self.env.checkpoint_dir
+        if self.env.collective:
+            raise ConfigError(f"Trainer.save(): checkpoints are not available in {self.env.mode} mode yet")
         if directory is None:
             raise ConfigError("Trainer.save() needs a directory (or PARAMSHARD_CHECKPOINT_DIR: "
                               "paramshard launch --checkpoint-dir DIR)")
@@ -320,14 +374,15 @@ class Trainer:
 
     def pull(self) -> None:
         """Fetch the current parameter values (e.g. before evaluating in async mode)."""
-        self.steps.flush()
-        self.dense.pull_dense(self._values, min_version=self._row_version(self.step_count))
+        if self.steps is not None:
+            self.steps.flush()
+        self.dense_sync.pull_dense(self._values, min_version=self._row_version(self.step_count))
 
     def export_table(self, name: str, path) -> int:
         """Write every server's rows of table ``name`` into one file (see paramshard.export)."""
         from ..export import save_table
         self._table(name)
-        self.steps.flush()
+        self.steps.flush()      # a table exists only with servers: steps too
         ids, values, meta = self.sparse.export_sparse(name, with_meta=True)
         save_table(path, meta, ids, values)
         return len(ids)
@@ -354,13 +409,17 @@ class Trainer:
         that died fails it at once. See paramshard.client.control.barrier."""
         if self._closed:
             raise ConfigError("Trainer.barrier after close()")
-        self.steps.flush()
         count = self._barrier_counts.get(name, 0) + 1
-        control.barrier(self.links, self.trainer_id, name, count, timeout)
+        if self.steps is None:      # collective: no servers, the trainers' group
+            from ..collective import group
+            group.barrier(self.trainer_id, self.env.timeout * 10 if timeout is None else timeout)
+        else:
+            self.steps.flush()
+            control.barrier(self.links, self.trainer_id, name, count, timeout)
         self._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
 
     def server_stats(self) -> list[dict]:
-        return control.server_stats(self.links)
+        return control.server_stats(self.links) if self.links is not None else []
 
     def close(self, timeout: float = 10, leave: bool = True) -> None:
         """Tell every server this trainer is done (sync barriers stop waiting for it).
@@ -373,16 +432,26 @@ class Trainer:
         if hook is not None:
             atexit.unregister(hook)
         try:
-            if leave:
+            if leave and self.steps is not None:
                 self.steps.flush()    # the last pushes count: they reach the servers before the leave
             if leave and self.env.checkpoint_dir and self._saved_step != self.step_count:
                 self.save()      # the final checkpoint: the last one always holds the trained model
-            if leave:
+            if leave and self.links is not None:
                 control.leave(self.links, self.trainer_id, timeout)
         finally:
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Close sockets, the watch and the trainers' group; the model forwards by itself again."""
+        if self.links is not None:
             self.links.close()
-            if self.watch is not None:
-                self.watch.close()
+        if self.watch is not None:
+            self.watch.close()
+        if self.data_parallel is not None:
+            self.data_parallel.restore()
+        if self.env.collective:
+            from ..collective import group
+            group.leave()
 
     def __enter__(self):
         return self
