@@ -35,3 +35,9 @@ def test_srun_store_port_from_the_flag(slurm):
     port = free_ports(1)[0]
     result = srun(slurm, 3, "--servers", "1", "--store-port", str(port), ORACLE)
     assert_trained(result, trainers=2)
+
+
+def test_srun_collective_mode_needs_no_server(slurm):
+    result = srun(slurm, 2, "--servers", "0", "--mode", "collective", ORACLE)
+    assert_trained(result, trainers=2)
+    assert "0 servers, 2 trainers under slurm" in result.output, result

@@ -153,3 +153,43 @@ def test_torchrun_with_a_run_directory_every_rank_writes_its_records(tmp_path):
                          timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert (run / "report/throughput.png").stat().st_size > 1000
+
+
+# Collective and hybrid modes: the same oracle script (one process with the combined
+# batch), the dense gradients averaged by allreduce among the trainers.
+
+def test_torchrun_collective_mode_needs_no_server():
+    result = run_job(torchrun(2, "--servers", "0", "--mode", "collective", ORACLE))
+    assert_trained(result)
+    assert "0 servers, 2 trainers under torchrun" in result.output, result
+    assert "joined the gloo group of 2 trainers" in result.output, result
+
+
+def test_mpirun_collective_and_hybrid_modes():
+    mpirun_or_skip()
+    result = run_job(mpirun(3, "--servers", "0", "--mode", "collective", ORACLE))
+    assert_trained(result, trainers=3)
+    result = run_job(mpirun(3, "--servers", "1", "--mode", "hybrid", ORACLE))
+    assert_trained(result, trainers=2)
+    assert "averaged by allreduce over 2 trainers (hybrid mode)" in result.output, result
+
+
+def test_collective_mode_refuses_servers_and_other_modes_need_one():
+    result = run_job(torchrun(2, "--servers", "1", "--mode", "collective", ORACLE), timeout=60)
+    assert result.code != 0 and "collective mode has no parameter servers" in result.output, result
+    result = run_job(torchrun(2, "--servers", "0", ORACLE), timeout=60)
+    assert result.code != 0 and "sync mode needs at least one server" in result.output, result
+
+
+def test_collective_a_dead_trainer_ends_the_job_within_seconds():
+    result = run_job(torchrun(2, "--servers", "0", "--mode", "collective", ORACLE, "--fail-trainer", "1"))
+    assert result.code != 0, result
+    assert "trainer 1: failing on purpose" in result.output, result
+    assert not result.leftovers, result
+    assert result.seconds < 60, result
+
+
+@pytest.mark.parametrize("mode, servers", [("collective", "0"), ("hybrid", "2")])
+def test_the_same_script_in_collective_and_hybrid_modes_under_paramshard_launch(mode, servers):
+    result = run_job([PARAMSHARD, "launch", "--servers", servers, "--trainers", "2", "--mode", mode, ORACLE])
+    assert_trained(result)

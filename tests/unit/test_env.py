@@ -63,3 +63,29 @@ def test_generated_table_lists_every_variable():
     table = variables_markdown()
     for name in ("PARAMSHARD_ROLE", "PARAMSHARD_SERVERS", "PARAMSHARD_MODE", "PADDLE_TRAINERS_NUM"):
         assert name in table
+
+
+def test_collective_and_hybrid_contracts():
+    trainer = {"PARAMSHARD_ROLE": "trainer", "PARAMSHARD_TRAINERS": "2", "PARAMSHARD_TRAINER_ID": "1"}
+    env = ClusterEnv.from_environ({**trainer, "PARAMSHARD_MODE": "collective",
+                                   "PARAMSHARD_COLLECTIVE_ADDR": "10.0.0.1:29500"})
+    assert env.servers == () and env.collective and env.server_mode == "sync"
+    assert ClusterEnv.from_environ(env.to_environ() | {"PARAMSHARD_ROLE": "trainer"}) == env
+    hybrid = ClusterEnv.from_environ({**trainer, "PARAMSHARD_MODE": "hybrid", "PARAMSHARD_SERVERS": "h:1",
+                                      "PARAMSHARD_COLLECTIVE_ADDR": "h:2", "PARAMSHARD_COLLECTIVE_FD": "7"})
+    assert hybrid.collective and hybrid.server_mode == "sync" and hybrid.collective_fd == 7
+    assert ClusterEnv.from_environ({"PARAMSHARD_MODE": "async"}).server_mode == "async"
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"PARAMSHARD_MODE": "collective", "PARAMSHARD_SERVERS": "h:1"}, "collective has no parameter servers"),
+    ({"PARAMSHARD_MODE": "hybrid", "PARAMSHARD_ROLE": "trainer", "PARAMSHARD_TRAINERS": "2",
+      "PARAMSHARD_SERVERS": "h:1"}, "needs PARAMSHARD_COLLECTIVE_ADDR"),
+    ({"PARAMSHARD_MODE": "collective", "PARAMSHARD_COLLECTIVE_ADDR": "nohost"}, "is not host:port"),
+    ({"PARAMSHARD_COLLECTIVE_BACKEND": "mpi"}, "expected one of ('gloo', 'nccl')"),
+    ({"PARAMSHARD_MODE": "sync", "PARAMSHARD_ROLE": "trainer"}, "a trainer needs PARAMSHARD_SERVERS"),
+])
+def test_bad_collective_contracts_are_named(environ, message):
+    with pytest.raises(ConfigError) as err:
+        ClusterEnv.from_environ(environ)
+    assert message in str(err.value)

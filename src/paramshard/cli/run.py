@@ -3,6 +3,10 @@
 Ranks below S serve, the rest train. The rank comes from the engine (see
 launch/world.py); servers bind a free port on their own host's address and
 every rank learns every server's address through the engine (launch/rendezvous.py).
+In collective and hybrid modes the first trainer also binds a port, for the
+trainers' torch.distributed store, and hands the listening socket to its script
+(PARAMSHARD_COLLECTIVE_FD): nothing can take the port between the exchange and
+the store. ``--servers 0`` (collective mode): every rank trains.
 Then a server serves until the job ends and a trainer becomes the script, or
 ``python -m MODULE`` (exec: the engine's signals and exit codes reach it directly).
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import uuid
 
@@ -33,7 +38,8 @@ EXAMPLE = ("mpirun -np 4 paramshard run --servers 2 examples/ctr_wide_deep.py",
 
 def add_arguments(p) -> None:
     p.add_argument("--servers", type=int, required=True, metavar="S",
-                   help="how many ranks serve: ranks 0..S-1 are servers, the rest trainers")
+                   help="how many ranks serve: ranks 0..S-1 are servers, the rest trainers (0 with --mode "
+                        "collective)")
     p.add_argument("--mode", choices=MODES, help="sync or async (default: PARAMSHARD_MODE, else sync)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="deadline of any single wait, the rendezvous included (default: PARAMSHARD_TIMEOUT, "
@@ -75,13 +81,17 @@ def run(args) -> int:
     if "GLIBC_TUNABLES" not in os.environ:
         _restart_with_malloc_tunables()
     environ = dict(os.environ)
-    if args.servers < 1:
-        raise ConfigError(f"--servers {args.servers}: a job needs at least one server")
     args.script, args.module, args.args = target.from_args(args.script, args.module, args.args)
     # A module is looked for by python -m on each trainer: a missing one fails it like any error.
     if args.script is not None and not os.path.isfile(args.script):
         raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()})")
     base = _settings(args, environ)
+    if base.mode == "collective" and args.servers != 0:
+        raise ConfigError(f"--servers {args.servers}: collective mode has no parameter servers (use --servers 0, "
+                          f"or --mode hybrid to keep sparse tables on servers)")
+    if base.mode != "collective" and args.servers < 1:
+        raise ConfigError(f"--servers {args.servers}: {base.mode} mode needs at least one server "
+                          f"(--servers 0 is for --mode collective)")
     if base.role is not None:
         return _run_explicit(args, base, environ)
     world = detect(environ)
@@ -121,8 +131,13 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
     common = dataclasses.replace(base, num_trainers=world.size - servers_count, job_id=job_id,
                                  where=f"rank {world.rank} on {world.node}")
 
-    server = None
+    server = store_socket = None
     record = {"rank": world.rank, "node": world.node, "server": None}
+    if base.collective and world.rank == servers_count:
+        # The first trainer hosts the trainers' store: bound now, handed to the script.
+        host = own_address(world, environ)
+        store_socket = socket.create_server((base.bind or host, 0), backlog=1024)
+        record["collective"] = f"{host}:{store_socket.getsockname()[1]}"
     if is_server:
         host = own_address(world, environ)
         provisional = dataclasses.replace(common, role="server", server_id=world.rank,
@@ -134,6 +149,8 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
     finally:
         exchange.close()
     addresses = tuple(r["server"] for r in records[:servers_count])
+    if base.collective:
+        common = dataclasses.replace(common, collective_addr=records[servers_count]["collective"])
     if world.rank == 0:
         log.info("%d servers, %d trainers under %s: %s", servers_count, world.size - servers_count, world.engine,
                  "; ".join(f"{'server' if r['rank'] < servers_count else 'trainer'} "
@@ -148,6 +165,9 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
                                     for r in records[servers_count:]}
         return serve(env, server)
     env = dataclasses.replace(common, role="trainer", trainer_id=world.rank - servers_count, servers=addresses)
+    if store_socket is not None:
+        os.set_inheritable(store_socket.fileno(), True)     # kept open across the exec
+        env = dataclasses.replace(env, collective_fd=store_socket.detach())
     _become_script(args, env, environ)
 
 

@@ -141,3 +141,21 @@ def barrier(trainer_id: int, timeout: float) -> None:
 def leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# What gloo says when a peer trainer is gone or silent (its own words, from pair.cc).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out")
+
+
+def explain(exc: BaseException, trainer_id: int, num_trainers: int, step: int) -> CollectiveError | None:
+    """The allreduce of a step failed: an error naming the trainers it may be about, or
+    None when ``exc`` is not a communication failure."""
+    text = str(exc)
+    if not any(marker in text for marker in _PEER_GONE):
+        return None
+    others = [t for t in range(num_trainers) if t != trainer_id]
+    who = f"trainer {others[0]}" if len(others) == 1 else f"one of trainers {others}"
+    first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return CollectiveError(f"trainer {trainer_id}: the allreduce of step {step} failed: {who} stopped answering "
+                           f"(died, or hung longer than PARAMSHARD_TIMEOUT); look at its log for the cause. "
+                           f"gloo said: {first_line}")

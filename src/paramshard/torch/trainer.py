@@ -327,7 +327,11 @@ class Trainer:
 
     def _step(self, loss: torch.Tensor | None) -> None:
         if loss is not None:
-            loss.backward()
+            try:
+                loss.backward()          # collective, hybrid: DDP's allreduce runs in here
+            except RuntimeError as exc:
+                self._explain_collective_failure(exc)
+                raise
         grads = {}
         for name, p in self._params:
             # A parameter the loss did not touch still takes part in the step
@@ -350,6 +354,14 @@ class Trainer:
         every = self.env.checkpoint_every
         if every and self.env.checkpoint_dir and self.step_count % every == 0:
             self.save()
+
+    def _explain_collective_failure(self, exc: RuntimeError) -> None:
+        """Raise an error naming the trainers a failed allreduce waited for (if it is that)."""
+        if self.env.collective:
+            from ..collective import group
+            named = group.explain(exc, self.trainer_id, self.env.num_trainers, self.step_count)
+            if named is not None:
+                raise named from None
 
     def save(self, directory=None, state: dict | None = None) -> None:
         """A checkpoint of the whole job at this step: every trainer calls it at the same step
