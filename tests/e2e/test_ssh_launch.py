@@ -162,6 +162,17 @@ def test_many_hosts_in_network_namespaces_and_a_cut_host_fails_the_job(package, 
         assert len(final_losses(done.stdout)) == 2
         for address in lab.addresses[1:3]:
             assert f"{address} | server" in done.stdout
+        # Hybrid mode, each trainer on its own host: the trainers' gloo group must use the
+        # namespaces' addresses (there the host name resolves to loopback), and end where
+        # the same job ends on this machine.
+        hybrid = ["--servers", "1", "--trainers", "2", "--mode", "hybrid", "--timeout", str(timeout)]
+        local = run(launch_argv(*hybrid, script=package / "train.py", steps=10))
+        assert local.returncode == 0, local.stdout + local.stderr
+        spread = lab.check_call(0, launch_argv(*hybrid, "--trainer-hosts", ",".join(lab.addresses[2:]),
+                                               *flags[6:], script=package / "train.py", steps=10), timeout=180)
+        assert spread.returncode == 0, spread.stdout + spread.stderr
+        assert re.search(rf"{re.escape(lab.addresses[2])} \| trainer 0 .*joined the gloo group", spread.stdout), spread.stdout
+        assert final_losses(spread.stdout) == final_losses(local.stdout) and len(final_losses(local.stdout)) == 2
         # A long one: cut the host of server 1 mid-run.
         launcher = lab.run(0, launch_argv(*flags, script=package / "train.py", steps=100000, pause=0.05),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
