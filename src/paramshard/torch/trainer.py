@@ -117,7 +117,9 @@ class Trainer:
             self.watch = TrainerWatch(self.env, model)
             self.metrics = self.watch.metrics
             if self.env.collective:
-                self._join_collective(model, find_unused_parameters)
+                from ..collective.replicas import join_replicas
+                self.data_parallel, self.dense_sync = join_replicas(
+                    self.env, model, self._params, self.optimizer, find_unused_parameters, self.resume_from)
             self._connect(model)
         except BaseException:
             self._hang_up()       # a failed start must not leave sockets (and their monitors) behind
@@ -145,21 +147,6 @@ class Trainer:
             log.info("max_in_flight %d lowered to %d: --max-staleness %d", chosen, bound, bound)
             return bound
         return chosen
-
-    def _join_collective(self, model: torch.nn.Module, find_unused_parameters: bool) -> None:
-        """Collective and hybrid modes: the trainers' process group, and the model's forward
-        through DistributedDataParallel (which broadcasts the chief's values)."""
-        from ..collective import group
-        from ..collective.data_parallel import DataParallelForward
-        from ..collective.dense_sync import AllreduceDenseSync
-        if self.env.checkpoint_dir or self.resume_from:
-            raise ConfigError(f"checkpoints are not available in {self.env.mode} mode yet (the dense replicas are "
-                              f"on the trainers, not on servers): drop --checkpoint-dir/--resume, or use sync mode")
-        group.join(self.env)
-        if self._params:
-            self.data_parallel = DataParallelForward(model, find_unused_parameters)
-        self.dense_sync = AllreduceDenseSync(self.optimizer, {n: p.detach().view(-1).numpy()
-                                                              for n, p in self._params})
 
     def _connect(self, model: torch.nn.Module) -> None:
         self.tables = self._sparse_tables(model)
