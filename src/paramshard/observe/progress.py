@@ -32,9 +32,10 @@ def trainer_line(t: int, r: dict) -> str:
 
 
 def server_line(s: int, r: dict, total_elements: int) -> str:
-    share = r.get("elements", 0) / total_elements if total_elements else 0.0
-    return (f"server {s}: {_rate(r.get('requests_per_s'))} requests/s  {r.get('rows', 0):,} rows  "
-            f"{r.get('elements', 0):,} elements ({share:.0%} of dense)")
+    line = f"server {s}: {_rate(r.get('requests_per_s'))} requests/s  {r.get('rows', 0):,} rows"
+    if not total_elements:        # hybrid mode: the dense parameters are on the trainers
+        return line
+    return f"{line}  {r.get('elements', 0):,} elements ({r.get('elements', 0) / total_elements:.0%} of dense)"
 
 
 def overall_line(trainers: dict) -> str:
