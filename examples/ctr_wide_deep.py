@@ -161,7 +161,7 @@ def main():
         print(f"trained model in checkpoint {env.checkpoint_dir}; to run it without servers:\n"
               f"  paramshard export-model {env.checkpoint_dir} --out model.pt\n"
               f"  python examples/evaluate.py --model model.pt  (+ this run's data options)", flush=True)
-    elif chief:
+    elif chief and env.mode in ("sync", "async"):     # collective and hybrid take no checkpoints yet
         print("to keep the trained model: paramshard launch --checkpoint-dir DIR ... examples/ctr_wide_deep.py "
               "(see examples/evaluate.py)", flush=True)
 

@@ -2,6 +2,7 @@
 parameter servers.
 
     paramshard launch --servers 2 --trainers 2 examples/digits_mlp.py
+    paramshard launch --servers 0 --trainers 2 --mode collective examples/digits_mlp.py
     python examples/digits_mlp.py          # one process, local server
 
 Every trainer reads only its own shard of the training set; in sync mode all
@@ -46,8 +47,10 @@ def main():
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
     chief = env.trainer_id == 0
     if chief:
+        # Collective and hybrid modes keep the dense parameters on the trainers: no plan of blocks.
+        blocks = f", {len(trainer.plan.blocks)} blocks" if trainer.plan and trainer.plan.blocks else ""
         print(f"{env.num_trainers} trainers x {len(my_share)} samples, {len(env.servers)} servers, "
-              f"{env.mode} mode, {len(trainer.plan.blocks)} blocks", flush=True)
+              f"{env.mode} mode{blocks}", flush=True)
 
     for epoch in range(args.epochs):
         # Same shuffle seed on every trainer keeps steps aligned batch for batch.
@@ -64,7 +67,7 @@ def main():
         if chief:
             print(f"epoch {epoch + 1:2d}  loss {total / max(batches, 1):.4f}  test accuracy {acc:.3f}", flush=True)
 
-    if chief:
+    if chief and env.servers:
         print(server_load_table(trainer.server_stats()), flush=True)
     trainer.close()
 

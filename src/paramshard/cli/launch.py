@@ -28,6 +28,9 @@ examples:
       2 parameter servers and 4 trainers on this machine; --epochs 3 goes to train.py
   paramshard launch --servers 2 --trainers 4 -m mypkg.train --epochs 3
       the same with `python -m mypkg.train --epochs 3` as each trainer
+  paramshard launch --servers 0 --trainers 4 --mode collective train.py
+      no servers: dense gradients averaged by allreduce (DDP over gloo); --mode hybrid keeps
+      the SparseEmbedding tables on servers (README "Choosing a mode")
   paramshard launch --hosts 10.0.0.1,10.0.0.2 --dispatch-package . --servers 2 --trainers 4 train.py
       copy this directory to two machines and run the job there over SSH (README "Many machines")
 

@@ -33,7 +33,9 @@ HELP = "run one rank of a job started by mpirun, srun, torchrun or Kubernetes: s
 EXAMPLE = ("mpirun -np 4 paramshard run --servers 2 examples/ctr_wide_deep.py",
            "srun -n 4 --kill-on-bad-exit=1 paramshard run --servers 2 examples/ctr_wide_deep.py",
            "torchrun --standalone --nproc-per-node 4 --no-python paramshard run --servers 2 "
-           "examples/ctr_wide_deep.py")
+           "examples/ctr_wide_deep.py",
+           "torchrun --standalone --nproc-per-node 4 --no-python paramshard run --servers 0 --mode collective "
+           "examples/digits_mlp.py")
 
 
 def add_arguments(p) -> None:
