@@ -106,3 +106,19 @@ def test_bad_arguments_are_clear(adult):
                         "--test", str(adult / "test.csv"), "--schema", str(adult / "fitted.json"),
                         "--model", "xgboost"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "invalid choice: 'xgboost'" in r.stderr
+
+
+@pytest.mark.parametrize("mode, servers", [("collective", "0"), ("hybrid", "2")])
+def test_the_same_app_in_collective_and_hybrid_modes(adult, tmp_path, mode, servers):
+    """Collective: no servers, hashed tables every trainer holds; hybrid: tables on servers,
+    the dense part by allreduce. One epoch learns in both."""
+    out = tmp_path / f"{mode}.json"
+    r = subprocess.run([sys.executable, "-m", "paramshard", "launch", "--servers", servers, "--trainers", "2",
+                        "--mode", mode, "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
+                        "--test", str(adult / "test.csv"), "--schema", str(adult / "fitted.json"),
+                        "--model", "deepfm", "--epochs", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["mode"] == mode and result["servers"] == int(servers)
+    assert result["final"]["auc"] > 0.88 and result["final"]["rows"] == 9769, result["final"]

@@ -5,6 +5,10 @@
         --model deepfm --epochs 3 --json runs/adult.json
     python -m paramshard.apps.ctr ...        # the same in one process, no launcher
 
+Every mode of the launcher works: in hybrid mode the tables stay on the
+servers and the dense part is averaged by allreduce; in collective mode (no
+servers) every trainer holds hashed tables of --buckets rows (models/hashed.py).
+
 Every trainer reads its share of the rows of --train (rows t, t+T, ...),
 shuffled each epoch, the same number of steps on every trainer. After each
 epoch all trainers meet at a barrier, trainer 0 evaluates on --test (exact
@@ -32,7 +36,7 @@ from ..data.schema import Schema
 from ..data.tabular import TabularReader
 from ..errors import ConfigError, ParamshardError
 from ..evaluation import evaluate
-from ..models import MODELS, build_model
+from ..models import MODELS, build_model, hashed_embedding
 from ..report import StepProgress
 
 
@@ -49,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", default="128,64", help="MLP widths, comma-separated")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate of the dense parameters")
     p.add_argument("--table-lr", type=float, default=0.05, help="Adagrad learning rate of the embedding rows")
+    p.add_argument("--buckets", type=int, default=1 << 16,
+                   help="collective mode only: rows of each hashed table every trainer holds (a power of two)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-bad-lines", action="store_true", help="count malformed lines instead of failing")
     p.add_argument("--json", metavar="OUT", help="write per-epoch and final test metrics here (trainer 0)")
@@ -109,10 +115,13 @@ def main(argv=None) -> int:
 
     schema = load_schema(args.schema, args.train, args.skip_bad_lines, say)
     torch.manual_seed(args.seed)
-    model = build_model(args.model, schema, dim=args.dim, hidden=args.hidden,
-                        table_optimizer=ps.optim.Adagrad(lr=args.table_lr), capacity=capacity_hint(schema)) \
-        if args.model != "lr" else build_model("lr", schema, table_optimizer=ps.optim.Adagrad(lr=args.table_lr),
-                                               capacity=capacity_hint(schema))
+    tables = dict(table_optimizer=ps.optim.Adagrad(lr=args.table_lr), capacity=capacity_hint(schema))
+    if env.mode == "collective":       # no servers: every trainer holds hashed tables whole
+        tables = dict(embedding=hashed_embedding(args.buckets))
+        say(f"collective mode: tables of {args.buckets} hashed rows on every trainer, trained with Adam "
+            f"(lr {args.lr}) like the other dense parameters")
+    model = build_model(args.model, schema, dim=args.dim, hidden=args.hidden, **tables) \
+        if args.model != "lr" else build_model("lr", schema, **tables)
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
     reader = TabularReader(args.train, schema, args.batch_size, shard=(tid, trainers), shuffle=True,
                            seed=args.seed, equal_steps=True, skip_bad_lines=args.skip_bad_lines)

@@ -1,0 +1,55 @@
+"""Tables every trainer holds whole: ids hashed into a fixed number of rows.
+
+Collective mode has no servers for SparseEmbedding tables. A CTR model can still
+run there with ``embedding=hashed_embedding(buckets)``: per table a
+``torch.nn.EmbeddingBag(buckets, dim)`` whose ids are hashed into ``buckets``
+rows (the splitmix64 finaliser, salted per table, then the low bits; a plain
+modulo would keep the low bits of hashed feature ids and let equal values of
+two fields share a row). The table is a dense parameter: every trainer keeps
+a copy and every step allreduces its whole gradient, so memory and traffic
+grow with ``buckets`` while collisions shrink with it (benchmarks/modes.py
+measures the trade against sparse tables on servers).
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError
+from ..sparse_hash import initial_rows, mix64
+
+DEFAULT_INIT_SCALE = 0.01      # SparseEmbedding's default: rows start in [-0.01, 0.01)
+
+
+class HashedEmbeddingBag(nn.EmbeddingBag):
+    """``EmbeddingBag(buckets, dim, mode="sum")`` taking any int64 (uint64 bits) ids."""
+
+    def __init__(self, name: str, buckets: int, dim: int, init_scale: float = DEFAULT_INIT_SCALE):
+        if buckets < 1 or buckets & (buckets - 1):
+            raise ConfigError(f"hashed table {name!r}: buckets={buckets} must be a power of two")
+        self.salt = np.uint64(zlib.crc32(name.encode()))
+        # Rows as SparseEmbedding would start them for ids 0..buckets-1: nothing drawn from
+        # torch's generator, so the rest of the model initialises as it does with sparse tables.
+        weight = torch.from_numpy(initial_rows(int(self.salt), np.arange(buckets, dtype=np.uint64), dim, init_scale))
+        super().__init__(buckets, dim, mode="sum", _weight=weight)
+        self.table_name = name
+
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        hashed = mix64(ids.detach().contiguous().numpy().view(np.uint64) ^ self.salt)
+        return torch.from_numpy((hashed & np.uint64(self.num_embeddings - 1)).astype(np.int64))
+
+    def forward(self, ids, offsets=None, per_sample_weights=None):
+        return super().forward(self.rows_of(ids), offsets, per_sample_weights)
+
+    def extra_repr(self) -> str:
+        return f"{self.table_name!r}, buckets={self.num_embeddings}, dim={self.embedding_dim}"
+
+
+def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE):
+    """An ``embedding=`` factory for the CTR models (paramshard.models): tables of ``buckets`` rows."""
+    def make(name: str, dim: int) -> nn.Module:
+        return HashedEmbeddingBag(name, buckets, dim, init_scale)
+    return make
