@@ -39,6 +39,9 @@ def _target(args) -> ClusterEnv:
     data = json.loads(config.read_text())
     ranks = data.get("ranks", {})
     servers = ranks.get("server 0", {}).get("environ", {}).get("PARAMSHARD_SERVERS", "")
+    if not servers and data.get("launch", {}).get("mode") == "collective":
+        raise ConfigError(f"{args.run_dir}: a collective-mode job has no servers to ask; its trainers' progress "
+                          f"is in metrics.jsonl (`paramshard report {args.run_dir}` draws it)")
     if not servers:
         raise ConfigError(f"{config}: no server addresses in it")
     return ClusterEnv(role=None, servers=tuple(servers.split(",")), secret=outer.secret, keys_dir=outer.keys_dir,
