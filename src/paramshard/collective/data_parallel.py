@@ -46,4 +46,6 @@ class DataParallelForward:
         object.__setattr__(model, "forward", lambda *args, **kwargs: ddp(*args, **kwargs))
 
     def restore(self) -> None:
+        """The model's own forward again; the wrapper (and its hold on the process group) is dropped."""
         vars(self.model).pop("forward", None)
+        self.ddp = None

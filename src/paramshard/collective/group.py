@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import gc
 import ipaddress
 import os
 import socket
@@ -113,8 +114,10 @@ def join(env: ClusterEnv) -> None:
     if env.num_trainers == 1 and not env.collective_addr:
         store = dist.HashStore()        # one trainer (a standalone run): a group of one
     else:
-        _pin_gloo_interface(env.collective_addr.rpartition(":")[0])
+        # The store first: its connect retries until trainer 0 is up, and only then does
+        # trainer 0's name surely resolve (on Kubernetes its DNS record comes with its pod).
         store = _store(env, timeout)
+        _pin_gloo_interface(env.collective_addr.rpartition(":")[0])
     prefix = dist.PrefixStore(f"paramshard/{env.job_id or 'job'}", store)
     try:
         dist.init_process_group(env.collective_backend, store=prefix, rank=env.trainer_id,
@@ -140,6 +143,10 @@ def barrier(trainer_id: int, timeout: float) -> None:
 
 def leave() -> None:
     if dist.is_initialized():
+        # Whatever still holds the group (a dropped DDP wrapper in a reference cycle) goes
+        # first: a gloo thread still finishing the last allreduce when the interpreter exits
+        # aborts the process ("terminate called without an active exception", exit 134).
+        gc.collect()
         dist.destroy_process_group()
 
 

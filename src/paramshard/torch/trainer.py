@@ -448,6 +448,7 @@ class Trainer:
             self.watch.close()
         if self.data_parallel is not None:
             self.data_parallel.restore()
+            self.data_parallel = None
         if self.env.collective:
             from ..collective import group
             group.leave()
