@@ -2,13 +2,15 @@
 
 No cluster is needed to check what the manifests make the pods do. For each pod the
 test plays the kubelet: it fills in the downward-API values (pod index, completion
-index, namespace; pod IP -> loopback alias 127.0.0.(10+i), which Linux routes
-without configuration), resolves the Secret, plays cluster DNS by rewriting each
-server's DNS name to its pod's address, and starts the container's command and args
-exactly as written (`python`/`paramshard` from this venv) in the repository, the
-image's WORKDIR. The job must train to the end on its own: trainers exit 0, then
-the servers exit 0, and server 0 deletes its Service and StatefulSet through a fake
-API server (KUBERNETES_SERVICE_HOST + the test-only PARAMSHARD_K8S_API_URL).
+index, namespace; pod IP -> loopback alias 127.0.0.(10+i) for servers,
+127.0.0.(50+j) for trainers, which Linux routes without configuration), resolves
+the Secret, plays cluster DNS by rewriting each DNS name (of a server, and of
+trainer 0 in collective and hybrid modes) to the address of the pod a headless
+Service gives it, and starts the container's command and args exactly as written
+(`python`/`paramshard` from this venv) in the repository, the image's WORKDIR. The
+job must train to the end on its own: trainers exit 0, then the servers exit 0,
+and server 0 deletes its Services and StatefulSet through a fake API server
+(KUBERNETES_SERVICE_HOST + the test-only PARAMSHARD_K8S_API_URL).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import yaml
 
 from paramshard.cli.main import main
 from tests.unit.test_k8s_cleanup import FakeKubernetesApi
-from tests.unit.test_k8s_manifests import by_kind, pod_environ, server_pod, trainer_pod
+from tests.unit.test_k8s_manifests import (TRAINER_SERVICE, by_kind, pod_dns_names, pod_environ, server_pod,
+                                           trainer_pod)
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -34,11 +37,22 @@ SERVERS, TRAINERS = 2, 2
 DEADLINE = 240.0
 # Variables of the test's own environment that a pod would not have (or that name another engine).
 FOREIGN = ("PARAMSHARD_", "PADDLE_", "OMPI_", "PMI_", "SLURM_", "KUBERNETES_", "RANK", "WORLD_SIZE",
-           "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLIBC_TUNABLES", "OMP_NUM_THREADS")
+           "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME",
+           "TORCHELASTIC_")
 
 
 def server_ip(index: int) -> str:
     return f"127.0.0.{10 + index}"
+
+
+def trainer_ip(index: int) -> str:
+    return f"127.0.0.{50 + index}"
+
+
+def port_free_on(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
 
 
 def port_free_on_every_server_ip() -> int:
@@ -64,13 +78,13 @@ def port_free_on_every_server_ip() -> int:
 
 
 def loopback_aliases_work() -> str | None:
-    """None if 127.0.0.10.. can be bound (Linux routes all of 127/8 to lo), else why not."""
-    for i in range(SERVERS):
+    """None if 127.0.0.10.. and 127.0.0.50 can be bound (Linux routes all of 127/8 to lo), else why not."""
+    for ip in [*map(server_ip, range(SERVERS)), trainer_ip(0)]:
         try:
             with socket.socket() as s:
-                s.bind((server_ip(i), 0))
+                s.bind((ip, 0))
         except OSError as exc:
-            return f"cannot bind loopback alias {server_ip(i)} ({exc}); on macOS add it with ifconfig lo0 alias"
+            return f"cannot bind loopback alias {ip} ({exc}); on macOS add it with ifconfig lo0 alias"
     return None
 
 
@@ -81,31 +95,47 @@ def executable(argv: list[str]) -> list[str]:
 
 
 def with_cluster_dns(environ: dict[str, str], dns: dict[str, str]) -> dict[str, str]:
-    """PARAMSHARD_SERVERS with every DNS name replaced by its pod's address (KeyError: a name
-    that is not one of the server pods)."""
-    entries = [entry.rpartition(":") for entry in environ["PARAMSHARD_SERVERS"].split(",")]
-    return {**environ, "PARAMSHARD_SERVERS": ",".join(f"{dns[host]}:{port}" for host, _, port in entries)}
+    """PARAMSHARD_SERVERS and PARAMSHARD_COLLECTIVE_ADDR with every DNS name replaced by its
+    pod's address (KeyError: a name that no headless Service gives a pod)."""
+    def resolved(entry: str) -> str:
+        host, _, port = entry.rpartition(":")
+        return f"{dns[host]}:{port}"
+    out = dict(environ)
+    servers = [entry for entry in environ["PARAMSHARD_SERVERS"].split(",") if entry]
+    out["PARAMSHARD_SERVERS"] = ",".join(resolved(entry) for entry in servers)
+    if "PARAMSHARD_COLLECTIVE_ADDR" in environ:
+        out["PARAMSHARD_COLLECTIVE_ADDR"] = resolved(environ["PARAMSHARD_COLLECTIVE_ADDR"])
+    return out
 
 
-def render(tmp_path: Path, *flags: str) -> dict[str, dict]:
-    """`paramshard k8s` for SERVERS servers and TRAINERS trainers on a port free on every alias."""
+def render(tmp_path: Path, *flags: str, servers: int = SERVERS) -> dict[str, dict]:
+    """`paramshard k8s` for ``servers`` servers (none: collective mode) and TRAINERS trainers, the
+    servers on a port free on every alias, trainer 0's store on one free on its address."""
     job_yaml = tmp_path / "job.yaml"
-    assert main(["k8s", "--servers", str(SERVERS), "--trainers", str(TRAINERS), "--image", "paramshard:test",
-                 "--name", "digits", "--namespace", "ml", "--port", str(port_free_on_every_server_ip()),
-                 "--create-secret", "--out", str(job_yaml), *flags]) == 0
+    if servers:
+        own = ["--servers", str(servers), "--port", str(port_free_on_every_server_ip()), "--create-secret"]
+    else:
+        own = []            # collective: --servers defaults to 0, and there is no secret
+    if "collective" in flags or "hybrid" in flags:
+        own += ["--collective-port", str(port_free_on(trainer_ip(0)))]
+    assert main(["k8s", "--trainers", str(TRAINERS), "--image", "paramshard:test", "--name", "digits",
+                 "--namespace", "ml", *own, "--out", str(job_yaml), *flags]) == 0
     return by_kind(list(yaml.safe_load_all(job_yaml.read_text())))
 
 
 def run_pods(kinds: dict[str, dict], workdir: Path, logs_dir: Path) -> tuple[dict, dict, list]:
     """Start every pod of the manifests, wait for all of them: (exit codes, logs, API requests)."""
-    sts, job, service, secret = kinds["StatefulSet"], kinds["Job"], kinds["Service"], kinds["Secret"]
-    secrets = {secret["metadata"]["name"]: secret["stringData"]}
-    namespace = sts["metadata"]["namespace"]
-    pods = [(f"server {i}", sts, server_pod(sts, i, server_ip(i))) for i in range(sts["spec"]["replicas"])]
-    pods += [(f"trainer {j}", job, trainer_pod(job, j, f"127.0.0.{50 + j}")) for j in range(job["spec"]["completions"])]
-    # Cluster DNS: each StatefulSet pod is NAME-I.SERVICE.NAMESPACE.svc.cluster.local.
-    dns = {f"{pod['metadata']['name']}.{service['metadata']['name']}.{namespace}.svc.cluster.local":
-           pod["status"]["podIP"] for _, owner, pod in pods if owner is sts}
+    job, sts = kinds["Job"], kinds.get("StatefulSet")
+    secrets = {kinds["Secret"]["metadata"]["name"]: kinds["Secret"]["stringData"]} if "Secret" in kinds else {}
+    servers = sts["spec"]["replicas"] if sts else 0
+    pods = [(f"server {i}", sts, server_pod(sts, i, server_ip(i))) for i in range(servers)]
+    pods += [(f"trainer {j}", job, trainer_pod(job, j, trainer_ip(j))) for j in range(job["spec"]["completions"])]
+    # Cluster DNS: HOSTNAME.SUBDOMAIN.NAMESPACE.svc.cluster.local for each pod a headless Service selects
+    # (StatefulSet pod NAME-I under the servers' Service; Indexed Job pod JOB-I under the trainers').
+    dns = {}
+    for service in (kinds.get("Service"), kinds.get(TRAINER_SERVICE)):
+        if service is not None:
+            dns.update(pod_dns_names(service, [pod for _, _, pod in pods]))
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     children: dict[str, tuple[subprocess.Popen, Path]] = {}
@@ -131,9 +161,11 @@ def run_pods(kinds: dict[str, dict], workdir: Path, logs_dir: Path) -> tuple[dic
 
 
 def cleanup_requests(kinds: dict[str, dict]) -> list[tuple[str, str]]:
-    """What server 0 must send at the job's end: the Service, then the StatefulSet."""
+    """What server 0 must send at the job's end: the Services (the trainers' first, in hybrid
+    mode), then the StatefulSet."""
     ns, name = kinds["StatefulSet"]["metadata"]["namespace"], kinds["StatefulSet"]["metadata"]["name"]
-    return [("DELETE", f"/api/v1/namespaces/{ns}/services/{kinds['Service']['metadata']['name']}"),
+    services = [kinds[key]["metadata"]["name"] for key in (TRAINER_SERVICE, "Service") if key in kinds]
+    return [*(("DELETE", f"/api/v1/namespaces/{ns}/services/{service}") for service in services),
             ("DELETE", f"/apis/apps/v1/namespaces/{ns}/statefulsets/{name}")]
 
 
@@ -198,6 +230,51 @@ def test_a_failed_trainer_still_ends_the_servers(tmp_path, capsys, aliases):
     assert codes["trainer 1"] == 3 and codes["trainer 0"] != 0, report
     assert codes["server 0"] == codes["server 1"] == 1, report
     assert [(r["method"], r["path"]) for r in requests] == cleanup_requests(kinds), report
+
+
+TINY = """\
+import paramshard as ps, torch
+ps.init()
+model = torch.nn.Linear(4, 1)
+t = ps.Trainer(model, ps.optim.SGD(lr=0.1))
+for _ in range(3):
+    t.step(model(torch.ones(2, 4)).sum())
+t.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEADLINE + 60)
+def test_collective_manifests_run_as_local_pods(tmp_path, capsys, aliases):
+    """--mode collective: no server pod; trainer 0 hosts the store at its own DNS name (bound on
+    its pod address), trainer 1 reaches it by that name, and both finish."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    kinds = render(tmp_path, "--mode", "collective", "--timeout", "60", "tiny.py", servers=0)
+    capsys.readouterr()
+    assert sorted(kinds) == ["Job", TRAINER_SERVICE]
+    codes, logs, requests = run_pods(kinds, tmp_path, tmp_path)
+    report = describe(codes, logs)
+    assert codes == {"trainer 0": 0, "trainer 1": 0}, report
+    store = f"{trainer_ip(0)}:{kinds[TRAINER_SERVICE]['spec']['ports'][0]['port']}"
+    for j in range(TRAINERS):
+        assert f"trainer {j} joined the gloo group of {TRAINERS} trainers (store {store})" in logs[f"trainer {j}"]
+    assert requests == []       # no server, no cleanup: the trainers' Service stays with the Job
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(DEADLINE + 60)
+def test_hybrid_manifests_run_as_local_pods(tmp_path, capsys, aliases):
+    """--mode hybrid: servers and the trainers' group at once; at the end server 0 deletes the
+    trainers' Service as well as its own objects."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    kinds = render(tmp_path, "--mode", "hybrid", "--timeout", "60", "tiny.py")
+    capsys.readouterr()
+    codes, logs, requests = run_pods(kinds, tmp_path, tmp_path)
+    report = describe(codes, logs)
+    assert all(code == 0 for code in codes.values()) and len(codes) == SERVERS + TRAINERS, report
+    assert f"joined the gloo group of {TRAINERS} trainers" in logs["trainer 1"], report
+    assert [(r["method"], r["path"]) for r in requests] == cleanup_requests(kinds), report
+    assert [r["path"].rpartition("/")[2] for r in requests] == ["digits-trainers", "digits-server", "digits-server"]
 
 
 def wait_all(children: dict[str, tuple[subprocess.Popen, Path]], deadline: float) -> dict[str, int]:

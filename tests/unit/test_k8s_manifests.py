@@ -4,6 +4,8 @@ The schema (kubernetes-validate --strict, Kubernetes 1.32) catches misspelt or m
 fields; the rest of this file checks what no schema can: ids and addresses every pod
 derives, selectors, restart policies, RBAC, and that the environment contract is complete
 (each pod's environment, downward-API values filled in, read by ClusterEnv.from_environ).
+Collective and hybrid modes add the trainers' headless Service: trainer 0's stable DNS
+name is where the others find the store it hosts.
 """
 from __future__ import annotations
 
@@ -28,7 +30,20 @@ FLAG_SETS = {
                    "examples/ctr_wide_deep.py", "--epochs", "3", "--workdir", "/tmp/run dir"],
     "big": ["--servers", "8", "--trainers", "16", "--image", "ps@sha256:" + "a" * 64, "--cpu", "4",
             "--memory", "16Gi", "--cluster-domain", "corp.internal", "--name", "p" + "x" * 44, "job.py"],
+    # No servers: --servers left out (0 is the default with collective).
+    "collective": ["--mode", "collective", "--trainers", "3", "--image", "img:1", "--name", "allreduce",
+                   "--namespace", "ml-team", "--collective-port", "29555", "--cluster-domain", "corp.internal",
+                   "train.py", "--epochs", "2"],
+    "hybrid": ["--servers", "2", "--trainers", "4", "--mode", "hybrid", "--image", "img:1", "--name", "ctr",
+               "--create-secret", "-m", "mypkg.train", "--lr", "0.1"],
 }
+# The flag sets with parameter servers (a StatefulSet), and those whose trainers form a group.
+WITH_SERVERS = {k: v for k, v in FLAG_SETS.items() if k != "collective"}
+COLLECTIVE = {k: v for k, v in FLAG_SETS.items() if k in ("collective", "hybrid")}
+
+
+def flag(flags: list[str], name: str, default: str | None = None) -> str | None:
+    return flags[flags.index(name) + 1] if name in flags else default
 
 
 # -- running the command -------------------------------------------------------
@@ -48,10 +63,18 @@ def rendered(capsys, args: list[str]) -> list[dict]:
     return list(yaml.safe_load_all(out))
 
 
+TRAINER_SERVICE = "TrainerService"
+
+
 def by_kind(docs: list[dict]) -> dict[str, dict]:
-    kinds = [d["kind"] for d in docs]
+    """Kind -> the one object of that kind; the trainers' Service (collective, hybrid) is
+    keyed TRAINER_SERVICE, "Service" being the servers'."""
+    def key(d):
+        trainers = d["kind"] == "Service" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "trainer"
+        return TRAINER_SERVICE if trainers else d["kind"]
+    kinds = [key(d) for d in docs]
     assert len(kinds) == len(set(kinds)), kinds
-    return {d["kind"]: d for d in docs}
+    return {key(d): d for d in docs}
 
 
 # -- "running" a pod: what its environment becomes --------------------------------
@@ -100,33 +123,52 @@ def pod_environ(container: dict, pod: dict, secrets: dict[str, dict[str, str]]) 
 
 
 def server_pod(statefulset: dict, index: int, pod_ip: str) -> dict:
-    """A server pod as the StatefulSet controller makes it (name, pod-index label, IP)."""
+    """A server pod as the StatefulSet controller makes it (name, pod-index label, IP; its
+    hostname is its name, its subdomain the StatefulSet's serviceName)."""
     meta = statefulset["metadata"]
     return {"metadata": {"name": f"{meta['name']}-{index}", "namespace": meta["namespace"],
                          "labels": {**statefulset["spec"]["template"]["metadata"]["labels"],
                                     "apps.kubernetes.io/pod-index": str(index)},
                          "annotations": {}},
+            "spec": {"hostname": f"{meta['name']}-{index}", "subdomain": statefulset["spec"]["serviceName"]},
             "status": {"podIP": pod_ip}}
 
 
 def trainer_pod(job: dict, index: int, pod_ip: str) -> dict:
-    """A trainer pod as the Job controller makes it (completion index annotation and label)."""
-    meta = job["metadata"]
-    return {"metadata": {"name": f"{meta['name']}-{index}-abcde", "namespace": meta["namespace"],
-                         "labels": {**job["spec"]["template"]["metadata"]["labels"],
-                                    "batch.kubernetes.io/job-completion-index": str(index)},
-                         "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
-            "status": {"podIP": pod_ip}}
+    """A trainer pod as the Job controller makes it (completion index annotation and label;
+    an Indexed Job's pods get the hostname JOBNAME-INDEX, the template's subdomain kept)."""
+    meta, template = job["metadata"], job["spec"]["template"]
+    pod = {"metadata": {"name": f"{meta['name']}-{index}-abcde", "namespace": meta["namespace"],
+                        "labels": {**template["metadata"]["labels"],
+                                   "batch.kubernetes.io/job-completion-index": str(index)},
+                        "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+           "spec": {"hostname": f"{meta['name']}-{index}"},
+           "status": {"podIP": pod_ip}}
+    if "subdomain" in template["spec"]:
+        pod["spec"]["subdomain"] = template["spec"]["subdomain"]
+    return pod
+
+
+def pod_dns_names(service: dict, pods: list[dict], domain: str = CLUSTER_DOMAIN) -> dict[str, str]:
+    """What cluster DNS serves for a headless Service: HOSTNAME.SUBDOMAIN.NS.svc.DOMAIN -> pod IP,
+    for every pod the Service selects whose subdomain is the Service's name."""
+    meta, selector = service["metadata"], service["spec"]["selector"]
+    assert service["spec"]["clusterIP"] == "None"
+    return {f"{pod['spec']['hostname']}.{meta['name']}.{meta['namespace']}.svc.{domain}": pod["status"]["podIP"]
+            for pod in pods
+            if selector.items() <= pod["metadata"]["labels"].items()
+            and pod["spec"].get("subdomain") == meta["name"] and pod["metadata"]["namespace"] == meta["namespace"]}
 
 
 def secrets_of(docs: list[dict], value_if_made_by_hand: str = "made-by-kubectl") -> dict[str, dict[str, str]]:
-    """Secret name -> data: the generated Secret, or the one `kubectl create secret` would make."""
+    """Secret name -> data: the generated Secret, or the one `kubectl create secret` would make
+    ({} when no pod reads a secret: collective mode)."""
     kinds = by_kind(docs)
     if "Secret" in kinds:
         return {kinds["Secret"]["metadata"]["name"]: kinds["Secret"]["stringData"]}
-    ref = kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    ref = next(v["valueFrom"]["secretKeyRef"] for v in ref if v["name"] == "PARAMSHARD_SECRET")
-    return {ref["name"]: {ref["key"]: value_if_made_by_hand}}
+    refs = [v["valueFrom"]["secretKeyRef"] for v in kinds["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]
+            if v["name"] == "PARAMSHARD_SECRET"]
+    return {ref["name"]: {ref["key"]: value_if_made_by_hand} for ref in refs}
 
 
 def dns_address(statefulset: dict, index: int, domain: str = CLUSTER_DOMAIN) -> str:
@@ -150,12 +192,17 @@ def test_manifests_pass_the_strict_kubernetes_schema(capsys, tmp_path, flags):
     assert r.stdout.count("passed for resource") == len(kinds), r.stdout
 
 
-def test_stdout_is_yaml_in_creation_order(capsys):
-    docs = rendered(capsys, FLAG_SETS["everything"])
-    # The RBAC and the Secret exist before the pods that use them.
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "Service",
-                                         "StatefulSet", "Job"]
-    assert {d["metadata"]["namespace"] for d in docs} == {"ml-team"}
+@pytest.mark.parametrize("flags, kinds", [
+    (FLAG_SETS["everything"], ["ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "StatefulSet", "Job"]),
+    (FLAG_SETS["hybrid"], ["ServiceAccount", "Role", "RoleBinding", "Secret", "Service", "Service", "StatefulSet",
+                           "Job"]),
+    (FLAG_SETS["collective"], ["Service", "Job"]),
+], ids=["async", "hybrid", "collective"])
+def test_stdout_is_yaml_in_creation_order(capsys, flags, kinds):
+    docs = rendered(capsys, flags)
+    # The RBAC, the Secret and the Services exist before the pods that use them.
+    assert [d["kind"] for d in docs] == kinds
+    assert {d["metadata"]["namespace"] for d in docs} == {flag(flags, "--namespace", "default")}
 
 
 # -- (b) what the schema cannot say ---------------------------------------------------
@@ -171,7 +218,7 @@ def test_trainers_are_an_indexed_job_that_never_retries(capsys, flags):
     assert job["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-@pytest.mark.parametrize("flags", FLAG_SETS.values(), ids=FLAG_SETS.keys())
+@pytest.mark.parametrize("flags", WITH_SERVERS.values(), ids=WITH_SERVERS.keys())
 def test_servers_are_a_parallel_statefulset_behind_a_headless_service(capsys, flags):
     kinds = by_kind(rendered(capsys, flags))
     service, sts = kinds["Service"], kinds["StatefulSet"]
@@ -199,24 +246,31 @@ def test_every_pod_environment_is_a_complete_contract(capsys, flags):
     equality with the expected ClusterEnv proves no variable is missing or wrong."""
     docs = rendered(capsys, flags)
     kinds, secrets = by_kind(docs), secrets_of(docs)
-    sts, job = kinds["StatefulSet"], kinds["Job"]
-    servers, trainers = sts["spec"]["replicas"], job["spec"]["completions"]
-    name = sts["metadata"]["name"].removesuffix("-server")
-    domain = flags[flags.index("--cluster-domain") + 1] if "--cluster-domain" in flags else CLUSTER_DOMAIN
+    job = kinds["Job"]
+    sts = kinds.get("StatefulSet")
+    servers, trainers = sts["spec"]["replicas"] if sts else 0, job["spec"]["completions"]
+    name = job["metadata"]["name"].removesuffix("-trainer")
+    mode = flag(flags, "--mode", "sync")
+    domain = flag(flags, "--cluster-domain", CLUSTER_DOMAIN)
     addresses = tuple(dns_address(sts, i, domain) for i in range(servers))
-    (secret,) = [data["secret"] for data in secrets.values()]
-    common = dict(servers=addresses, num_trainers=trainers, secret=secret, job_id=name,
-                  mode=flags[flags.index("--mode") + 1] if "--mode" in flags else "sync",
-                  timeout=float(flags[flags.index("--timeout") + 1]) if "--timeout" in flags else 120.0)
+    # The secret keys the connections to servers: without servers, no pod reads one.
+    secret = [data["secret"] for data in secrets.values()]
+    assert len(secret) == (1 if servers else 0)
+    common = dict(servers=addresses, num_trainers=trainers, secret=secret[0] if secret else None, job_id=name,
+                  mode=mode, timeout=float(flag(flags, "--timeout", "120")))
     for i in range(servers):
         ip = f"10.1.0.{i + 1}"
         environ = pod_environ(sts["spec"]["template"]["spec"]["containers"][0], server_pod(sts, i, ip), secrets)
         assert ClusterEnv.from_environ(environ) == ClusterEnv(role="server", server_id=i, bind=ip, **common)
         assert environ["PARAMSHARD_K8S_NAMESPACE"] == sts["metadata"]["namespace"]
+    # Trainer 0's DNS name (hostname JOB-0 under the trainers' Service) and the store's port.
+    store = (f"{name}-trainer-0.{name}-trainers.{flag(flags, '--namespace', 'default')}.svc.{domain}:"
+             f"{flag(flags, '--collective-port', '29500')}" if mode in ("collective", "hybrid") else None)
     for j in range(trainers):
         environ = pod_environ(job["spec"]["template"]["spec"]["containers"][0],
                               trainer_pod(job, j, f"10.2.0.{j + 1}"), secrets)
-        assert ClusterEnv.from_environ(environ) == ClusterEnv(role="trainer", trainer_id=j, **common)
+        assert ClusterEnv.from_environ(environ) == ClusterEnv(role="trainer", trainer_id=j, collective_addr=store,
+                                                              **common)
         assert "PARAMSHARD_K8S_DELETE" not in environ      # trainers delete nothing
 
 
@@ -271,16 +325,94 @@ def test_secret_is_referenced_and_generated_only_when_asked(capsys):
     assert all(re.fullmatch(r"[0-9a-f]{64}", s) for s in made) and made[0] != made[1]
 
 
-def test_spec_is_pure_and_yaml_round_trips():
-    spec = K8sJobSpec(script="t.py", image="img", servers=2, trainers=3, secret="s3cret")
+@pytest.mark.parametrize("mode, servers", [("sync", 2), ("hybrid", 2), ("collective", 0)])
+def test_spec_is_pure_and_yaml_round_trips(mode, servers):
+    spec = K8sJobSpec(script="t.py", image="img", servers=servers, trainers=3, mode=mode,
+                      secret="s3cret" if servers else None)
     assert render_manifests(spec) == render_manifests(spec)
     assert list(yaml.safe_load_all(to_yaml(render_manifests(spec)))) == render_manifests(spec)
     assert "s3cret" not in repr(spec)
 
 
+# -- collective and hybrid: the trainers find trainer 0 -----------------------------------
+@pytest.mark.parametrize("flags", COLLECTIVE.values(), ids=COLLECTIVE.keys())
+def test_trainer_0_has_a_stable_dns_name_for_the_store(capsys, flags):
+    kinds = by_kind(rendered(capsys, flags))
+    service, job = kinds[TRAINER_SERVICE], kinds["Job"]
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    port = int(flag(flags, "--collective-port", "29500"))
+    # The pods' subdomain is the trainers' headless Service, which selects exactly the trainers.
+    assert pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    if "StatefulSet" in kinds:
+        assert not service["spec"]["selector"].items() <= kinds["StatefulSet"]["spec"]["template"]["metadata"][
+            "labels"].items()
+    assert service["spec"]["ports"] == [{"name": "collective", "port": port, "targetPort": port, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "collective", "containerPort": port, "protocol": "TCP"}]
+    # Cluster DNS, as it serves the Service's pods: PARAMSHARD_COLLECTIVE_ADDR is completion index 0's name.
+    domain = flag(flags, "--cluster-domain", CLUSTER_DOMAIN)
+    pods = [trainer_pod(job, j, f"10.2.0.{j + 1}") for j in range(job["spec"]["completions"])]
+    dns = pod_dns_names(service, pods, domain)
+    assert len(dns) == len(pods)
+    env = {v["name"]: v.get("value") for v in container["env"]}
+    host, _, store_port = env["PARAMSHARD_COLLECTIVE_ADDR"].rpartition(":")
+    assert dns[host] == "10.2.0.1" and int(store_port) == port
+    # The Indexed Job's hostname for index 0 is JOBNAME-0: the Job's name is the one in the address.
+    assert host.split(".")[0] == f"{job['metadata']['name']}-0"
+
+
+def test_collective_has_no_server_objects(capsys):
+    code, out, err = k8s(capsys, *FLAG_SETS["collective"])
+    assert code == 0, err
+    kinds = by_kind(list(yaml.safe_load_all(out)))
+    assert sorted(kinds) == ["Job", TRAINER_SERVICE]
+    # Nothing names a server object, a service account or a secret, and no pod waits for one.
+    assert "allreduce-server" not in out and "serviceAccountName" not in out and "secret" not in out.lower()
+    assert err == ""            # no `kubectl create secret` to run
+    container = kinds["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] + container["args"] == ["paramshard", "run", "--servers", "0", "train.py",
+                                                        "--epochs", "2"]
+    env = {v["name"]: v.get("value") for v in container["env"]}
+    assert env["PARAMSHARD_SERVERS"] == "" and env["PARAMSHARD_MODE"] == "collective"
+
+
+def test_hybrid_server_0_also_deletes_the_trainers_service(capsys):
+    kinds = by_kind(rendered(capsys, FLAG_SETS["hybrid"]))
+    role, sts = kinds["Role"], kinds["StatefulSet"]
+    services = [kinds["Service"]["metadata"]["name"], kinds[TRAINER_SERVICE]["metadata"]["name"]]
+    granted = {(group, resource, name) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for name in rule["resourceNames"]}
+    assert granted == {("apps", "statefulsets", sts["metadata"]["name"]), *(("", "services", s) for s in services)}
+    env = {v["name"]: v.get("value") for v in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # Services first, the StatefulSet (the asking pod's own) last.
+    assert env["PARAMSHARD_K8S_DELETE"] == (f"services/{services[1]},services/{services[0]},"
+                                            f"statefulsets/{sts['metadata']['name']}")
+
+
+@pytest.mark.parametrize("flags, servers", [
+    (["--mode", "collective"], 0), (["--mode", "collective", "--servers", "0"], 0), (["--mode", "hybrid"], 1),
+    ([], 1)])
+def test_servers_default_to_0_with_collective_else_1(capsys, flags, servers):
+    kinds = by_kind(rendered(capsys, ["--trainers", "2", "--image", "img", *flags, "t.py"]))
+    assert kinds.get("StatefulSet", {"spec": {"replicas": 0}})["spec"]["replicas"] == servers
+
+
 # -- bad flags ---------------------------------------------------------------------------
 @pytest.mark.parametrize("flags, message", [
-    (["--servers", "0"], "--servers 0: must be >= 1"),
+    (["--servers", "0"], "--servers 0: sync mode needs at least 1 server (--servers 0 is for --mode collective)"),
+    (["--servers", "-1"], "--servers -1: must be >= 0"),
+    (["--mode", "hybrid", "--servers", "0"], "--servers 0: hybrid mode needs at least 1 server"),
+    (["--mode", "collective"], "--servers 2: --mode collective has no parameter servers"),
+    (["--mode", "collective", "--servers", None, "--collective-port", "0"],
+     "--collective-port 0: expected a port number 1..65535"),
+    (["--mode", "hybrid", "--collective-port", "http"], "--collective-port http: expected a port number 1..65535"),
+    (["--collective-port", "29500"], "--collective-port 29500: only with --mode collective or hybrid"),
+    (["--mode", "collective", "--servers", None, "--port", "7000"],
+     "--port 7000: --mode collective has no servers to listen on it"),
+    (["--mode", "collective", "--servers", None, "--create-secret", True],
+     "--create-secret: --mode collective has no servers, and the secret only secures connections to servers"),
     (["--trainers", "two"], "--trainers two: not a whole number"),
     (["--memory", "lots"], "--memory 'lots': not a positive Kubernetes quantity"),
     (["--cpu", "0"], "--cpu '0': not a positive Kubernetes quantity"),
@@ -295,9 +427,11 @@ def test_spec_is_pure_and_yaml_round_trips():
 ])
 def test_bad_flags_are_a_clear_error(capsys, flags, message):
     base = {"--servers": "2", "--trainers": "2", "--image": "img"}
-    for flag, value in zip(flags[::2], flags[1::2]):
-        base[flag] = value
-    code, out, err = k8s(capsys, *[x for pair in base.items() for x in pair], "train.py")
+    for name, value in zip(flags[::2], flags[1::2]):
+        base[name] = value      # None: the flag left out; True: a switch
+    words = [word for name, value in base.items() if value is not None
+             for word in ((name,) if value is True else (name, value))]
+    code, out, err = k8s(capsys, *words, "train.py")
     assert code == 2
     assert out == ""
     assert "paramshard k8s: error: " in err and message in err, err

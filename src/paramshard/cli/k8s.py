@@ -10,12 +10,15 @@ from pathlib import Path
 from ..env import DEFAULT_TIMEOUT, MODES
 from ..errors import ConfigError
 from ..launch import target
-from ..launch.k8s import DEFAULT_PORT, SECRET_KEY, K8sJobSpec, render_manifests, to_yaml
+from ..launch.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8sJobSpec,
+                           render_manifests, to_yaml)
 
 HELP = "print Kubernetes manifests (Service, StatefulSet of servers, Indexed Job of trainers) for a job"
 EXAMPLE = ("paramshard k8s --servers 2 --trainers 4 --image registry.example.com/paramshard:0.1.0 "
            "examples/digits_mlp.py --epochs 4 > job.yaml",
-           "kubectl apply -f job.yaml")
+           "kubectl apply -f job.yaml",
+           "paramshard k8s --mode collective --trainers 4 --image registry.example.com/paramshard:0.1.0 "
+           "examples/digits_mlp.py > job.yaml")
 
 
 def _flag_error(message: str) -> argparse.ArgumentError:
@@ -23,22 +26,24 @@ def _flag_error(message: str) -> argparse.ArgumentError:
     return argparse.ArgumentError(None, message)
 
 
-def _count(flag: str):
+def _count(flag: str, minimum: int = 1):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise _flag_error(f"{flag} {text}: not a whole number") from None
-        if value < 1:
-            raise _flag_error(f"{flag} {text}: must be >= 1")
+        if value < minimum:
+            raise _flag_error(f"{flag} {text}: must be >= {minimum}")
         return value
     return parse
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise _flag_error(f"--port {text}: expected a port number 1..65535")
-    return int(text)
+def _port(flag: str):
+    def parse(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise _flag_error(f"{flag} {text}: expected a port number 1..65535")
+        return int(text)
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -52,15 +57,23 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", type=_count("--servers"), required=True, metavar="N",
-                   help="number of parameter servers (a StatefulSet)")
+    p.add_argument("--servers", type=_count("--servers", minimum=0), default=None, metavar="N",
+                   help="number of parameter servers, a StatefulSet (default 1; 0, and only 0, with "
+                        "--mode collective)")
     p.add_argument("--trainers", type=_count("--trainers"), required=True, metavar="M",
                    help="number of trainers (an Indexed Job)")
     p.add_argument("--image", required=True, help="container image with paramshard and the script (see Dockerfile)")
     p.add_argument("--name", default="paramshard", help="job name: prefixes every object and is PARAMSHARD_JOB_ID")
     p.add_argument("--namespace", default="default", help="namespace of every object")
-    p.add_argument("--mode", choices=MODES, default="sync", help="sync: barrier per step; async: apply on arrival")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port every server listens on")
+    p.add_argument("--mode", choices=MODES, default="sync",
+                   help="sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
+                        "averaged by allreduce among the trainers; hybrid: dense by allreduce, sparse tables on "
+                        "the servers")
+    p.add_argument("--port", type=_port("--port"), default=None,
+                   help=f"port every server listens on (default {DEFAULT_PORT})")
+    p.add_argument("--collective-port", type=_port("--collective-port"), default=None, metavar="PORT",
+                   help=f"collective and hybrid modes: port of the store trainer 0 hosts for the trainers' "
+                        f"torch.distributed group (default {DEFAULT_COLLECTIVE_PORT})")
     p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
                    help=f"seconds any single wait may take, PARAMSHARD_TIMEOUT (default {DEFAULT_TIMEOUT:g}); "
                         "trainers wait this long for servers still being scheduled")
@@ -69,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
     p.add_argument("--create-secret", action="store_true",
                    help="include a Secret with a newly generated PARAMSHARD_SECRET (it is then in the output: "
-                        "treat the file as a secret); without it, the command to create one is printed")
+                        "treat the file as a secret); without it, the command to create one is printed. Not "
+                        "with --mode collective, which has no servers and so no secret")
     p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout")
     target.add_module_argument(p)
     target.no_abbreviations(p)
@@ -85,11 +99,21 @@ def preprocess(argv: list[str]) -> list[str]:
 
 def run(args) -> int:
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
+    servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
     spec = K8sJobSpec(
-        script=script, module=module, script_args=script_args, image=args.image, servers=args.servers,
-        trainers=args.trainers, name=args.name, namespace=args.namespace, mode=args.mode, port=args.port,
+        script=script, module=module, script_args=script_args, image=args.image, servers=servers,
+        trainers=args.trainers, name=args.name, namespace=args.namespace, mode=args.mode,
+        port=args.port if args.port is not None else DEFAULT_PORT,
         timeout=args.timeout, cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
+        collective_port=args.collective_port if args.collective_port is not None else DEFAULT_COLLECTIVE_PORT,
         secret=secrets.token_hex(32) if args.create_secret else None)
+    # Flags that would do nothing are refused (after the spec's own checks, --servers first).
+    if args.port is not None and not spec.servers:
+        raise ConfigError(f"--port {args.port}: --mode collective has no servers to listen on it "
+                          f"(the trainers' store is at --collective-port)")
+    if args.collective_port is not None and not spec.collective:
+        raise ConfigError(f"--collective-port {args.collective_port}: only with --mode collective or hybrid "
+                          f"(the trainers' store); --mode {args.mode} has none")
     text = to_yaml(render_manifests(spec))
     if args.out:
         try:
@@ -99,7 +123,7 @@ def run(args) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    if not args.create_secret:
+    if not args.create_secret and spec.uses_secret:
         # On stderr: stdout stays YAML for `> job.yaml` or `| kubectl apply -f -`.
         print(f"# the pods read PARAMSHARD_SECRET from Secret {spec.secret_name} (key {SECRET_KEY!r}); "
               f"create it once per job:\n"

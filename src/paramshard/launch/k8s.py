@@ -3,12 +3,19 @@
 What ``render_manifests`` returns, in the order ``kubectl apply`` should create it:
 
 * a ServiceAccount, Role and RoleBinding that let the server pods delete their own
-  StatefulSet and Service, and nothing else (see k8s_cleanup.py: a StatefulSet restarts
+  StatefulSet and Services, and nothing else (see k8s_cleanup.py: a StatefulSet restarts
   any pod that exits, so "the servers end when the job ends" needs the objects gone);
-* with ``--create-secret`` only, the Secret holding PARAMSHARD_SECRET;
+* with ``--create-secret`` only, the Secret holding PARAMSHARD_SECRET (the key of every
+  connection to a server; collective mode has none, so no secret either);
 * a headless Service giving every server pod a stable DNS name;
+* collective and hybrid modes: a headless Service giving every trainer pod a stable DNS
+  name (the pod template's ``subdomain``), so trainer 0, which hosts the trainers'
+  torch.distributed store, is reachable at a name known before any pod exists;
 * a StatefulSet of S servers, server id = the pod index;
 * an Indexed Job of T trainers, trainer id = the completion index.
+
+Collective mode has no servers (S = 0): no StatefulSet, no server Service and no RBAC
+(nothing is left running that needs deleting; the trainers' Service stays with the Job).
 
 Every pod gets the environment contract (paramshard/env.py); the values that only the
 cluster knows (pod index, completion index, pod IP, namespace) come from the downward API.
@@ -26,6 +33,9 @@ from .api import MALLOC_TUNABLES
 from .target import check as check_target, command_words
 
 DEFAULT_PORT = 6174
+# Where trainer 0 hosts the trainers' store in collective and hybrid modes (torch's usual port).
+DEFAULT_COLLECTIVE_PORT = 29500
+COLLECTIVE_MODES = ("collective", "hybrid")
 SECRET_KEY = "secret"
 # The downward-API fields the pods read (tests substitute them to "run" a pod).
 POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
@@ -61,13 +71,20 @@ class K8sJobSpec:
     cpu: str = "1"
     memory: str = "2Gi"
     cluster_domain: str = "cluster.local"
+    collective_port: int = DEFAULT_COLLECTIVE_PORT   # collective, hybrid: trainer 0's store
     # The value of a generated Secret (--create-secret); None: the Secret is made by hand.
     secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         check_target(self.script, self.module)
-        if self.servers < 1:
-            raise ConfigError(f"--servers {self.servers}: need at least 1 server")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.mode == "collective" and self.servers != 0:
+            raise ConfigError(f"--servers {self.servers}: --mode collective has no parameter servers (leave "
+                              f"--servers out or give --servers 0; --mode hybrid keeps sparse tables on servers)")
+        if self.mode != "collective" and self.servers < 1:
+            raise ConfigError(f"--servers {self.servers}: {self.mode} mode needs at least 1 server "
+                              f"(--servers 0 is for --mode collective)")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: need at least 1 trainer")
         if not _DNS_1035.match(self.name) or len(self.name) > MAX_NAME:
@@ -82,10 +99,13 @@ class K8sJobSpec:
         if not self.image or any(c.isspace() for c in self.image):
             raise ConfigError(f"--image {self.image!r}: expected an image reference such as "
                               f"registry.example.com/paramshard:0.1.0")
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port}: expected 1..65535")
+        if not 1 <= self.collective_port <= 65535:
+            raise ConfigError(f"--collective-port {self.collective_port}: expected 1..65535")
+        if self.secret is not None and not self.uses_secret:
+            raise ConfigError("--create-secret: --mode collective has no servers, and the secret only secures "
+                              "connections to servers (the trainers' store and gloo traffic are plain TCP)")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout {self.timeout}: must be > 0 seconds")
         for flag, value, example in (("--cpu", self.cpu, "500m, 2"), ("--memory", self.memory, "512Mi, 4Gi")):
@@ -100,7 +120,30 @@ class K8sJobSpec:
 
     @property
     def trainer_name(self) -> str:
+        """The Indexed Job: the Job controller names trainer I's host TRAINER_NAME-I."""
         return f"{self.name}-trainer"
+
+    @property
+    def collective(self) -> bool:
+        """The trainers form a torch.distributed group that trainer 0's store brings together."""
+        return self.mode in COLLECTIVE_MODES
+
+    @property
+    def trainer_service_name(self) -> str:
+        """The trainers' headless Service, their pods' subdomain (collective, hybrid)."""
+        return f"{self.name}-trainers"
+
+    @property
+    def collective_address(self) -> str:
+        """Trainer 0's stable DNS name and the store's port: host TRAINER_NAME-0 (the Indexed
+        Job's hostname for completion index 0) in the subdomain of the trainers' Service."""
+        return (f"{self.trainer_name}-0.{self.trainer_service_name}.{self.namespace}.svc."
+                f"{self.cluster_domain}:{self.collective_port}")
+
+    @property
+    def uses_secret(self) -> bool:
+        """PARAMSHARD_SECRET keys the connections to servers (CurveZMQ); without servers nothing uses it."""
+        return self.servers > 0
 
     @property
     def secret_name(self) -> str:
@@ -120,9 +163,17 @@ class K8sJobSpec:
         return tuple(self.server_address(i) for i in range(self.servers))
 
     @property
+    def cleanup_services(self) -> tuple[str, ...]:
+        """The Services server 0 deletes: its own, and in hybrid mode the trainers' (their
+        store is long unused when the servers end, after the last trainer left)."""
+        if self.collective:
+            return (self.trainer_service_name, self.server_name)
+        return (self.server_name,)
+
+    @property
     def cleanup_targets(self) -> str:
-        # The Service first: deleting the StatefulSet ends the very pod that sends the requests.
-        return f"services/{self.server_name},statefulsets/{self.server_name}"
+        # The Services first: deleting the StatefulSet ends the very pod that sends the requests.
+        return ",".join([*(f"services/{s}" for s in self.cleanup_services), f"statefulsets/{self.server_name}"])
 
 
 def _is_zero(quantity: str) -> bool:
@@ -156,14 +207,15 @@ def _env(entries: list[tuple[str, str | dict]]) -> list[dict]:
 
 def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]]:
     """The contract every pod of the job shares, in `paramshard env`'s order."""
+    secret = [("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": SECRET_KEY}}})]
     return [
-        ("PARAMSHARD_SERVERS", ",".join(spec.server_addresses)),
+        ("PARAMSHARD_SERVERS", ",".join(spec.server_addresses)),     # "" in collective mode
         ("PARAMSHARD_TRAINERS", str(spec.trainers)),
         ("PARAMSHARD_MODE", spec.mode),
         ("PARAMSHARD_TIMEOUT", f"{spec.timeout:g}"),
         # Every pod derives the CurveZMQ keys from the secret and this id: they must agree.
         ("PARAMSHARD_JOB_ID", spec.name),
-        ("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": SECRET_KEY}}}),
+        *(secret if spec.uses_secret else []),
         ("PYTHONUNBUFFERED", "1"),          # log lines reach `kubectl logs` as they are written
         ("GLIBC_TUNABLES", MALLOC_TUNABLES),  # as the local launcher sets it (launch/api.py says why)
         # torch sizes its thread pool by the node's cores, not the container's CPU limit; a pool
@@ -195,8 +247,13 @@ def _container(spec: K8sJobSpec, role: str, env: list[tuple[str, str | dict]], p
     return container
 
 
-def _pod_spec(spec: K8sJobSpec, container: dict, restart_policy: str, service_account: str | None) -> dict:
+def _pod_spec(spec: K8sJobSpec, container: dict, restart_policy: str, service_account: str | None,
+              subdomain: str | None = None) -> dict:
     pod: dict = {"restartPolicy": restart_policy}
+    if subdomain:
+        # With the pod's hostname (an Indexed Job sets JOB-INDEX) this makes the DNS name
+        # HOSTNAME.SUBDOMAIN.NAMESPACE.svc.DOMAIN, also written to the pod's own /etc/hosts.
+        pod["subdomain"] = subdomain
     if service_account:
         pod["serviceAccountName"] = service_account
     else:
@@ -209,7 +266,7 @@ def _pod_spec(spec: K8sJobSpec, container: dict, restart_policy: str, service_ac
 
 
 def service_account_docs(spec: K8sJobSpec) -> list[dict]:
-    """Just enough for a server to delete its own StatefulSet and Service (k8s_cleanup.py)."""
+    """Just enough for a server to delete its own StatefulSet and the Services (k8s_cleanup.py)."""
     account = {"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": _metadata(spec, spec.server_name, "server")}
     role = {
@@ -218,7 +275,7 @@ def service_account_docs(spec: K8sJobSpec) -> list[dict]:
         "rules": [
             {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": [spec.server_name],
              "verbs": ["delete"]},
-            {"apiGroups": [""], "resources": ["services"], "resourceNames": [spec.server_name],
+            {"apiGroups": [""], "resources": ["services"], "resourceNames": list(spec.cleanup_services),
              "verbs": ["delete"]},
         ],
     }
@@ -237,19 +294,30 @@ def secret_doc(spec: K8sJobSpec) -> dict:
             "stringData": {SECRET_KEY: spec.secret}}
 
 
-def service_doc(spec: K8sJobSpec) -> dict:
+def _headless_service(spec: K8sJobSpec, name: str, component: str, port_name: str, port: int) -> dict:
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(spec, spec.server_name, "server"),
+        "metadata": _metadata(spec, name, component),
         "spec": {
             "clusterIP": "None",     # headless: DNS names the pods themselves, no load balancing
             # Names resolve as soon as a pod has an IP: trainers and peer servers connect
             # (and retry) before any readiness, as they do outside Kubernetes.
             "publishNotReadyAddresses": True,
-            "selector": labels(spec, "server"),
-            "ports": [{"name": "paramshard", "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}],
+            "selector": labels(spec, component),
+            "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
+
+
+def service_doc(spec: K8sJobSpec) -> dict:
+    """The servers' names: NAME-server-I.NAME-server.NAMESPACE.svc.DOMAIN."""
+    return _headless_service(spec, spec.server_name, "server", "paramshard", spec.port)
+
+
+def trainer_service_doc(spec: K8sJobSpec) -> dict:
+    """The trainers' names (collective, hybrid): NAME-trainer-I.NAME-trainers.NAMESPACE.svc.DOMAIN;
+    only trainer 0's is used, by the others, to reach the store it hosts."""
+    return _headless_service(spec, spec.trainer_service_name, "trainer", "collective", spec.collective_port)
 
 
 def statefulset_doc(spec: K8sJobSpec) -> dict:
@@ -286,6 +354,12 @@ def job_doc(spec: K8sJobSpec) -> dict:
         ("PARAMSHARD_ROLE", "trainer"),
         ("PARAMSHARD_TRAINER_ID", _field(COMPLETION_INDEX_FIELD)),
     ]
+    ports = []
+    if spec.collective:
+        # Trainer 0 binds this name, which resolves to its own pod IP (/etc/hosts); the
+        # others connect to it, retrying until the job's timeout while it starts.
+        env.append(("PARAMSHARD_COLLECTIVE_ADDR", spec.collective_address))
+        ports = [{"name": "collective", "containerPort": spec.collective_port, "protocol": "TCP"}]
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": _metadata(spec, spec.trainer_name, "trainer"),
@@ -299,17 +373,25 @@ def job_doc(spec: K8sJobSpec) -> dict:
             "backoffLimit": 0,
             "template": {
                 "metadata": {"labels": labels(spec, "trainer")},
-                "spec": _pod_spec(spec, _container(spec, "trainer", env, []), "Never", None),
+                "spec": _pod_spec(spec, _container(spec, "trainer", env, ports), "Never", None,
+                                  spec.trainer_service_name if spec.collective else None),
             },
         },
     }
 
 
 def render_manifests(spec: K8sJobSpec) -> list[dict]:
-    docs = service_account_docs(spec)
+    # No servers (collective): no StatefulSet to delete, so no Service or RBAC for it either.
+    docs = service_account_docs(spec) if spec.servers else []
     if spec.secret is not None:
         docs.append(secret_doc(spec))
-    return docs + [service_doc(spec), statefulset_doc(spec), job_doc(spec)]
+    if spec.servers:
+        docs.append(service_doc(spec))
+    if spec.collective:
+        docs.append(trainer_service_doc(spec))
+    if spec.servers:
+        docs.append(statefulset_doc(spec))
+    return docs + [job_doc(spec)]
 
 
 def to_yaml(docs: list[dict]) -> str:
