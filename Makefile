@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/checkpoint_speed.py --markdown
 	$(PY) benchmarks/engine_startup.py --markdown
 	$(PY) benchmarks/tabular_reader.py --markdown
+	$(PY) benchmarks/modes.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
