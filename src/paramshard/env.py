@@ -337,6 +337,18 @@ class ClusterEnv:
         return out
 
 
+def check_server_count(mode: str, servers: int) -> None:
+    """How many servers a mode takes (--servers of launch, run and k8s): none in collective
+    mode, at least one in every other."""
+    if mode == "collective" and servers != 0:
+        raise ConfigError(f"--servers {servers}: --mode collective has no parameter servers (dense gradients are "
+                          f"averaged by allreduce among the trainers): use --servers 0, or --mode hybrid to keep "
+                          f"sparse tables on servers")
+    if mode != "collective" and servers < 1:
+        raise ConfigError(f"--servers {servers}: {mode} mode needs at least one server (--servers 0 is for "
+                          f"--mode collective)")
+
+
 def _check_address(what: str, addr: str) -> None:
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit():

@@ -176,7 +176,7 @@ def test_mpirun_collective_and_hybrid_modes():
 
 def test_collective_mode_refuses_servers_and_other_modes_need_one():
     result = run_job(torchrun(2, "--servers", "1", "--mode", "collective", ORACLE), timeout=60)
-    assert result.code != 0 and "collective mode has no parameter servers" in result.output, result
+    assert result.code != 0 and "--mode collective has no parameter servers" in result.output, result
     result = run_job(torchrun(2, "--servers", "0", ORACLE), timeout=60)
     assert result.code != 0 and "sync mode needs at least one server" in result.output, result
 

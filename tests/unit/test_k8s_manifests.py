@@ -401,9 +401,9 @@ def test_servers_default_to_0_with_collective_else_1(capsys, flags, servers):
 
 # -- bad flags ---------------------------------------------------------------------------
 @pytest.mark.parametrize("flags, message", [
-    (["--servers", "0"], "--servers 0: sync mode needs at least 1 server (--servers 0 is for --mode collective)"),
+    (["--servers", "0"], "--servers 0: sync mode needs at least one server (--servers 0 is for --mode collective)"),
     (["--servers", "-1"], "--servers -1: must be >= 0"),
-    (["--mode", "hybrid", "--servers", "0"], "--servers 0: hybrid mode needs at least 1 server"),
+    (["--mode", "hybrid", "--servers", "0"], "--servers 0: hybrid mode needs at least one server"),
     (["--mode", "collective"], "--servers 2: --mode collective has no parameter servers"),
     (["--mode", "collective", "--servers", None, "--collective-port", "0"],
      "--collective-port 0: expected a port number 1..65535"),

@@ -18,7 +18,7 @@ import socket
 import sys
 import uuid
 
-from ..env import MODES, ClusterEnv
+from ..env import MODES, ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..launch.api import MALLOC_TUNABLES
 from ..launch import target
@@ -88,12 +88,7 @@ def run(args) -> int:
     if args.script is not None and not os.path.isfile(args.script):
         raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()})")
     base = _settings(args, environ)
-    if base.mode == "collective" and args.servers != 0:
-        raise ConfigError(f"--servers {args.servers}: collective mode has no parameter servers (use --servers 0, "
-                          f"or --mode hybrid to keep sparse tables on servers)")
-    if base.mode != "collective" and args.servers < 1:
-        raise ConfigError(f"--servers {args.servers}: {base.mode} mode needs at least one server "
-                          f"(--servers 0 is for --mode collective)")
+    check_server_count(base.mode, args.servers)
     if base.role is not None:
         return _run_explicit(args, base, environ)
     world = detect(environ)

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Mapping, Protocol, Sequence
 
-from ..env import ClusterEnv
+from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..limits import Limits
 from ..log import get_logger
@@ -91,13 +91,7 @@ class LaunchConfig:
     collective_backend: str = "gloo"  # collective/hybrid: torch.distributed backend
 
     def __post_init__(self):
-        if self.mode == "collective" and self.servers != 0:
-            raise ConfigError(f"--servers {self.servers}: --mode collective has no parameter servers (dense "
-                              f"gradients are averaged by allreduce among the trainers); use --servers 0, or "
-                              f"--mode hybrid to keep sparse tables on servers")
-        if self.mode != "collective" and self.servers < 1:
-            raise ConfigError(f"--servers {self.servers}: {self.mode} mode needs at least one server "
-                              f"(--servers 0 is for --mode collective)")
+        check_server_count(self.mode, self.servers)
         if self.mode in ("collective", "hybrid") and (self.checkpoint_dir or self.resume or self.max_restarts):
             raise ConfigError(f"--mode {self.mode}: checkpoints are not available in this mode yet "
                               f"(drop --checkpoint-dir, --resume and --max-restarts, or use sync mode)")

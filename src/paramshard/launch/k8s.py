@@ -27,7 +27,7 @@ import re
 
 import yaml
 
-from ..env import DEFAULT_TIMEOUT, MODES
+from ..env import DEFAULT_TIMEOUT, MODES, check_server_count
 from ..errors import ConfigError
 from .api import MALLOC_TUNABLES
 from .target import check as check_target, command_words
@@ -79,12 +79,7 @@ class K8sJobSpec:
         check_target(self.script, self.module)
         if self.mode not in MODES:
             raise ConfigError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if self.mode == "collective" and self.servers != 0:
-            raise ConfigError(f"--servers {self.servers}: --mode collective has no parameter servers (leave "
-                              f"--servers out or give --servers 0; --mode hybrid keeps sparse tables on servers)")
-        if self.mode != "collective" and self.servers < 1:
-            raise ConfigError(f"--servers {self.servers}: {self.mode} mode needs at least 1 server "
-                              f"(--servers 0 is for --mode collective)")
+        check_server_count(self.mode, self.servers)
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: need at least 1 trainer")
         if not _DNS_1035.match(self.name) or len(self.name) > MAX_NAME:
