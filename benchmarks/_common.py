@@ -123,6 +123,37 @@ def tail(path: str, lines: int = 30) -> str:
         return "(no log)"
 
 
+def run_for_results(children: "Children", tag: str, argv: list[str], environ: dict, result: str,
+                    trainers: int, timeout: float, results_suffice: bool = False) -> list[dict]:
+    """Run one job (a process, or a launcher and its ranks) to its end or its deadline and
+    return the trainers' ``trainer-*.json`` from the ``result`` directory; the job is
+    stopped in every case. ``results_suffice``: a job that wrote every result but has not
+    exited by the deadline is stopped with a warning instead of failing."""
+    import json
+    from pathlib import Path
+    result = Path(result)
+    try:
+        proc = children.spawn(tag, argv, environ)
+        log = children.popen[-1][2]
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                if results_suffice and len(list(result.glob("trainer-*.json"))) == trainers:
+                    print(f"  warning: {tag} wrote its results but had not exited after {timeout:g} s; stopped",
+                          file=sys.stderr, flush=True)
+                    break
+                raise TimeoutError(f"{tag} did not finish within {timeout:g} s; its log:\n{tail(log, 40)}")
+            time.sleep(0.1)
+        if proc.returncode not in (None, 0):
+            raise RuntimeError(f"{tag} exited with code {proc.returncode}; its log:\n{tail(log, 40)}")
+        files = sorted(result.glob("trainer-*.json"))
+        if len(files) != trainers:
+            raise RuntimeError(f"{tag}: {len(files)} result files for {trainers} trainers; its log:\n{tail(log, 40)}")
+        return [json.loads(f.read_text()) for f in files]
+    finally:
+        children.stop_all()
+
+
 def recv_with_timeout(conn, timeout: float, what: str):
     if not conn.poll(timeout):
         raise TimeoutError(f"no answer from {what} within {timeout:g} s")

@@ -54,7 +54,6 @@ one each round; the tables give medians (and min-max of samples/s).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -120,27 +119,11 @@ def job_argv(workload: str, mode: str, args, data_dir: Path | None, result: Path
 def run_job(children: C.Children, workload: str, mode: str, args, data_dir, workdir: Path) -> dict:
     """One ``paramshard launch`` to its end or its deadline; torn down in every case."""
     result = Path(tempfile.mkdtemp(prefix=f"result-{workload}-{mode}-", dir=workdir))
-    tag = f"{workload} workload, {mode} mode"
     try:
-        proc = children.spawn(tag, job_argv(workload, mode, args, data_dir, result, result / "run"),
-                              child_environ())
-        log = children.popen[-1][2]
-        deadline = time.monotonic() + args.run_timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{tag}: the run did not finish within {args.run_timeout:g} s; its log:\n"
-                                   f"{C.tail(log, 40)}")
-            time.sleep(0.1)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{tag}: paramshard launch exited with code {proc.returncode}; its log:\n"
-                               f"{C.tail(log, 40)}")
-        files = sorted(result.glob("trainer-*.json"))
-        if len(files) != TRAINERS:
-            raise RuntimeError(f"{tag}: {len(files)} result files for {TRAINERS} trainers; its log:\n"
-                               f"{C.tail(log, 40)}")
-        return combine([json.loads(f.read_text()) for f in files])
+        return combine(C.run_for_results(children, f"{workload} workload, {mode} mode",
+                                         job_argv(workload, mode, args, data_dir, result, result / "run"),
+                                         child_environ(), result, TRAINERS, args.run_timeout))
     finally:
-        children.stop_all()
         shutil.rmtree(result, ignore_errors=True)
 
 

@@ -366,28 +366,11 @@ def job_argv(cand: Candidate, data: Path, result: Path, args) -> list[str]:
 def run_job(children: C.Children, cand: Candidate, data: Path, workdir: Path, args) -> dict:
     """One fresh process (or launcher job) to its end or its deadline; torn down in every case."""
     result = Path(tempfile.mkdtemp(prefix="result-", dir=workdir))
-    tag = f"{cand.name} ({data.name})"
     try:
-        proc = children.spawn(tag, job_argv(cand, data, result, args), child_environ())
-        log = children.popen[-1][2]
-        deadline = time.monotonic() + args.run_timeout
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                if len(list(result.glob("trainer-*.json"))) == cand.trainers:
-                    print(f"  warning: {tag} wrote its results but had not exited after {args.run_timeout:g} s; "
-                          f"stopped", file=sys.stderr, flush=True)
-                    break
-                raise TimeoutError(f"{tag} did not finish within {args.run_timeout:g} s; its log:\n{C.tail(log)}")
-            time.sleep(0.1)
-        if proc.returncode not in (None, 0):
-            raise RuntimeError(f"{tag} exited with code {proc.returncode}; its log:\n{C.tail(log, 40)}")
-        files = sorted(result.glob("trainer-*.json"))
-        if len(files) != cand.trainers:
-            raise RuntimeError(f"{tag}: {len(files)} result files for {cand.trainers} trainers; its log:\n"
-                               f"{C.tail(log, 40)}")
-        return combine([json.loads(f.read_text()) for f in files])
+        return combine(C.run_for_results(children, f"{cand.name} ({data.name})", job_argv(cand, data, result, args),
+                                         child_environ(), result, cand.trainers, args.run_timeout,
+                                         results_suffice=True))
     finally:
-        children.stop_all()
         shutil.rmtree(result, ignore_errors=True)
 
 
