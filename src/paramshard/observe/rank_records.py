@@ -8,7 +8,9 @@ engine's nodes share (a cluster file system, a volume):
 - ``metrics/server-N.jsonl``: the server's records every ``SERVER_EVERY`` s,
   from the snapshot its loop refreshes (``ParameterServer.cached_stats``);
 - ``summary.json``: written by server 0 when it stops (its exit code, the
-  duration, totals from the last records it saw in ``metrics/``).
+  duration, totals from the last records it saw in ``metrics/``); a job in
+  collective mode has no server and so no summary (``paramshard report`` draws
+  the records without one).
 Logs stay with the engine (``srun --output``, ``mpirun --output-filename``,
 ``kubectl logs``). `paramshard report` merges ``metrics/*.jsonl``.
 """
