@@ -27,7 +27,7 @@ except _metadata.PackageNotFoundError:   # run from a source tree that was never
 def barrier(name: str = "default", timeout: float | None = None) -> None:
     """Wait until every trainer of the job got to ``barrier(name)``: ``Trainer.barrier`` of
     the most recently built open Trainer of this process."""
-    from .torch.trainer import current_trainer
+    from .torch.open_trainers import current_trainer
     current_trainer().barrier(name, timeout)
 
 

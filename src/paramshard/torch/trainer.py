@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import sys
 import weakref
 
 import numpy as np
@@ -45,37 +44,9 @@ from .optimizer_config import optimizer_config
 from .position import capture, restore_random_streams
 from .prefetch import prefetching
 from .sparse_embedding import SparseEmbedding, tables_of
+from .open_trainers import EXIT_CLOSE_TIMEOUT, _close_at_exit, current_trainer, remember  # noqa: F401
 
 log = get_logger("trainer")
-
-# A leave at interpreter exit must not hold the script up when the servers are gone.
-EXIT_CLOSE_TIMEOUT = 3.0
-_made: list = []     # weak references to this process's Trainers, oldest first (paramshard.barrier)
-
-
-def current_trainer() -> "Trainer":
-    """The most recently built Trainer of this process that is not closed."""
-    for ref in reversed(_made):
-        trainer = ref()
-        if trainer is not None and not trainer._closed:
-            return trainer
-    raise ConfigError("paramshard.barrier() needs an open Trainer in this process: build "
-                      "ps.Trainer(model) first (or call trainer.barrier() on the one you have)")
-
-
-def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
-    trainer = ref()
-    if trainer is None or trainer._closed:
-        return
-    if getattr(sys, "last_value", None) is not None:
-        return      # the script died of an exception: the servers should see a death, not a leave
-    log.warning("trainer %d: close() was not called; closing at exit "
-                "(use `with ps.Trainer(...) as trainer:` or call trainer.close())", trainer.trainer_id)
-    try:
-        trainer.close(timeout=EXIT_CLOSE_TIMEOUT)
-    except Exception as exc:      # servers already gone: nothing left to tell them
-        log.debug("trainer %d: close at exit failed: %s", trainer.trainer_id, exc)
-
 
 class Trainer:
     watch = metrics = None    # its records and /metrics exporter (observe/trainer_watch.py)
@@ -128,7 +99,7 @@ class Trainer:
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
         self._barrier_counts: dict[str, int] = {}
-        _made[:] = [r for r in _made if r() is not None] + [weakref.ref(self)]
+        remember(self)
 
     def _window(self, max_in_flight: int | None) -> int:
         chosen = max_in_flight if max_in_flight is not None else self.env.max_in_flight
