@@ -1,7 +1,7 @@
 """The checkpoint on disk: numpy arrays plus one JSON manifest, committed atomically.
 
     ROOT/
-      latest                        "step-00000120": the newest complete checkpoint
+      latest                        {"checkpoint": "step-00000120"}: the newest complete checkpoint
       step-00000120/
         manifest.json               what is where: settings, shapes, dtypes, CRC-32 of every file
         dense/p0.values.npy         one file per parameter (whole, not per block: a checkpoint
@@ -15,6 +15,13 @@ when complete, then ``latest`` is replaced (also by rename): a crash at any
 moment leaves the previous checkpoint whole and ``latest`` pointing at it.
 Readers verify every file against the manifest and name the one that does not
 match. Arrays are .npy files (``numpy.load`` reads them; no pickles).
+
+A checkpoint read from disk is untrusted data: readers refuse, with one
+CheckpointError naming the entry, any name that leaves the checkpoint (paths.py:
+``..``, absolute paths, symlinks out, ``latest`` naming anything but a step
+directory of its root), a manifest or position file that does not follow its
+schema (manifest.py, positions.py), and any .npy file whose header disagrees
+with the manifest or with the file's size, before allocating anything (npy.py).
 """
 from __future__ import annotations
 
@@ -29,18 +36,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from .errors import CheckpointError     # callers import it from here too
+from .jsonfile import MAX_LATEST_BYTES, MAX_MANIFEST_BYTES, MAX_POSITION_BYTES, read_json
+from .manifest import FORMAT, FORMAT_VERSION, check_manifest
+from .npy import load_npy
+from .paths import confined
+from .positions import check_position
 
-FORMAT = "paramshard-checkpoint"
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
-_CHUNK = 64 << 20
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint is missing, incomplete or does not match its manifest."""
+_STEP_DIR = re.compile(r"step-([0-9]{8,})")     # fullmatch: no trailing newline, ASCII digits
 
 
 def step_dir_name(step: int) -> str:
@@ -57,15 +62,6 @@ class _CrcWriter:
         self.crc = zlib.crc32(data, self.crc)
         self.bytes += len(data)
         return self.f.write(data)
-
-
-def file_crc(path: Path) -> tuple[int, int]:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return crc, size
 
 
 def _fsync_dir(path: Path) -> None:
@@ -136,8 +132,8 @@ def checkpoints(root) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.fullmatch(p.name).group(1)))
 
 
 def prune(root, keep: int) -> None:
@@ -152,44 +148,62 @@ def prune(root, keep: int) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def _step_dir(root: Path, name: str, what: str) -> Path:
+    """``root / name`` when ``name`` is a step directory's name and it stays in ``root``
+    once symlinks are resolved (a step directory linked elsewhere is not this root's)."""
+    if not isinstance(name, str) or not _STEP_DIR.fullmatch(name):
+        raise CheckpointError(f"{what} names {name!r}, not a step-NNNNNNNN directory of {root}: refused; "
+                              f"pass a step-NNNNNNNN directory instead")
+    confined(root, name, "step directory")
+    return root / name
+
+
+def _read_latest(root: Path) -> Path:
+    latest = root / LATEST
+    data = read_json(latest, MAX_LATEST_BYTES, "latest pointer", confined(root, LATEST, "latest pointer"))
+    if not isinstance(data, dict) or "checkpoint" not in data:
+        raise CheckpointError(f"{latest}: unreadable (not {{\"checkpoint\": \"step-NNNNNNNN\"}}); pass a "
+                              f"step-NNNNNNNN directory instead")
+    return _step_dir(root, data["checkpoint"], str(latest))
+
+
 def resolve(path) -> Path:
     """A checkpoint directory from either a step directory or a root (its ``latest``)."""
     path = Path(path)
+    try:
+        return _resolve(path)
+    except OSError as exc:          # e.g. a directory this user may not list
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({exc.strerror or exc})") from None
+
+
+def _resolve(path: Path) -> Path:
     if (path / MANIFEST).is_file():
         return path
     latest = path / LATEST
-    if latest.is_file():
-        try:
-            name = json.loads(latest.read_text())["checkpoint"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{latest}: unreadable ({exc}); pass a step-NNNNNNNN directory instead") from None
-        target = path / name
+    if latest.is_file() or latest.is_symlink():
+        target = _read_latest(path)
         if (target / MANIFEST).is_file():
             return target
-        raise CheckpointError(f"{latest} names {name}, which is missing or incomplete")
+        raise CheckpointError(f"{latest} names {target.name}, which is missing or incomplete")
     done = checkpoints(path)
     if done:
-        return done[-1]
+        return _step_dir(path, done[-1].name, f"{path}: the newest checkpoint")
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     raise CheckpointError(f"{path} holds no checkpoint (no {MANIFEST}, no {LATEST}, no step-* directory)")
 
 
 class Checkpoint:
-    """A complete checkpoint, read and verified file by file."""
+    """A complete checkpoint, read and verified file by file. Nothing is read from outside
+    its directory (trainer positions: outside its root), and the manifest is checked
+    against its schema here, before any field of it is used."""
 
     def __init__(self, path):
         self.path = resolve(path)
         manifest_path = self.path / MANIFEST
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
-        if self.manifest.get("format") != FORMAT:
-            raise CheckpointError(f"{manifest_path}: not a paramshard checkpoint manifest")
-        if self.manifest.get("version") != FORMAT_VERSION:
-            raise CheckpointError(f"{manifest_path}: format version {self.manifest.get('version')}, this "
-                                  f"paramshard reads version {FORMAT_VERSION}")
+        manifest = read_json(manifest_path, MAX_MANIFEST_BYTES, "manifest",
+                             confined(self.path, MANIFEST, "manifest"))
+        self.manifest = check_manifest(manifest, manifest_path)
 
     @property
     def step(self) -> int:
@@ -200,34 +214,23 @@ class Checkpoint:
         return self.path.parent
 
     def array(self, relpath: str) -> np.ndarray:
-        """One array, checked against the manifest (size, CRC-32, dtype, shape)."""
-        meta = self.manifest["files"].get(relpath)
+        """One array, checked against the manifest (size, CRC-32, dtype, shape) before it is allocated."""
+        meta = self.manifest["files"].get(relpath) if isinstance(relpath, str) else None
         if meta is None:
             raise CheckpointError(f"{self.path}: the manifest lists no file {relpath}")
-        path = self.path / relpath
-        try:
-            crc, size = file_crc(path)
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
-        if size != meta["bytes"]:
-            raise CheckpointError(f"{path}: {size} bytes, the manifest says {meta['bytes']} (truncated?)")
-        if crc != meta["crc32"]:
-            raise CheckpointError(f"{path}: CRC-32 {crc:#010x} does not match the manifest's "
-                                  f"{meta['crc32']:#010x} (corrupted)")
-        array = np.load(path, allow_pickle=False)
-        if array.dtype.str != meta["dtype"] or list(array.shape) != meta["shape"]:
-            raise CheckpointError(f"{path}: {array.dtype}{list(array.shape)}, the manifest says "
-                                  f"{meta['dtype']}{meta['shape']}")
-        return array
+        return load_npy(self.path / relpath, meta, confined(self.path, relpath, "file entry"))
 
     def trainer_position(self, trainer: int) -> dict | None:
-        path = self.root / "trainers" / self.path.name / f"trainer-{trainer}.json"
-        if not path.is_file():
+        """Trainer ``trainer``'s position at this checkpoint, schema-checked (None: it saved none)."""
+        # Named by the step, as write_trainer_position names it (not by this directory's name,
+        # which a user may have renamed, and which is no plain path component then).
+        relpath = f"trainers/{step_dir_name(self.step)}/trainer-{int(trainer)}.json"
+        path = self.root / relpath
+        if not (path.is_file() or path.is_symlink()):
             return None
-        try:
-            return json.loads(path.read_text())
-        except ValueError as exc:
-            raise CheckpointError(f"{path}: unreadable ({exc})") from None
+        data = read_json(path, MAX_POSITION_BYTES, "trainer position",
+                         confined(self.root, relpath, "trainer position"))
+        return check_position(data, self.step, path)
 
 
 def write_trainer_position(root, step: int, trainer: int, position: dict) -> None:
