@@ -17,8 +17,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 # Not root: the job needs no privilege. The user owns /app so scripts can write
-# their run directories (e.g. runs/) next to themselves.
-RUN useradd --create-home --uid 10001 paramshard && mkdir /app && chown paramshard /app
+# their run directories (e.g. runs/) next to themselves. Its uid and gid, 10001, are the
+# runAsUser/runAsGroup/fsGroup of every pod `paramshard k8s` renders (RUN_AS_ID in
+# launch/k8s.py): Pod Security "restricted" wants runAsNonRoot, which needs a numeric user.
+RUN groupadd --gid 10001 paramshard \
+    && useradd --create-home --uid 10001 --gid 10001 paramshard \
+    && mkdir /app && chown 10001:10001 /app
 WORKDIR /app
 
 # The project and the examples' extras; the CPU torch above already satisfies torch==2.13.0
@@ -28,5 +32,5 @@ COPY src ./src
 RUN pip install ".[examples]" && rm -rf build src/*.egg-info
 COPY examples ./examples
 
-USER 10001
+USER 10001:10001
 CMD ["paramshard", "--help"]

@@ -6,7 +6,8 @@ index, namespace; pod IP -> loopback alias 127.0.0.(10+i) for servers,
 127.0.0.(50+j) for trainers, which Linux routes without configuration), resolves
 the Secret, plays cluster DNS by rewriting each DNS name (of a server, and of
 trainer 0 in collective and hybrid modes) to the address of the pod a headless
-Service gives it, and starts the container's command and args exactly as written
+Service gives it, and starts the container's command and args as the kubelet does,
+$(VAR) references expanded from the container's environment and $$ made $
 (`python`/`paramshard` from this venv) in the repository, the image's WORKDIR. The
 job must train to the end on its own: trainers exit 0, then the servers exit 0,
 and server 0 deletes its Services and StatefulSet through a fake API server
@@ -28,8 +29,8 @@ import yaml
 
 from paramshard.cli.main import main
 from tests.unit.test_k8s_cleanup import FakeKubernetesApi
-from tests.unit.test_k8s_manifests import (TRAINER_SERVICE, by_kind, pod_dns_names, pod_environ, server_pod,
-                                           trainer_pod)
+from tests.unit.test_k8s_manifests import (TRAINER_POLICY, TRAINER_SERVICE, by_kind, kubelet_expand,
+                                           pod_dns_names, pod_environ, server_pod, trainer_pod)
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -143,14 +144,17 @@ def run_pods(kinds: dict[str, dict], workdir: Path, logs_dir: Path) -> tuple[dic
         try:
             for tag, owner, pod in pods:
                 container = owner["spec"]["template"]["spec"]["containers"][0]
-                environ = with_cluster_dns(pod_environ(container, pod, secrets), dns)
+                declared = pod_environ(container, pod, secrets)
+                # The kubelet expands $(VAR) in command and args from the container's own variables.
+                argv = [kubelet_expand(word, declared) for word in container["command"] + container["args"]]
+                environ = with_cluster_dns(declared, dns)
                 # What the kubelet gives every pod, pointed at the fake API server.
                 environ.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(api.port),
                                PARAMSHARD_K8S_API_URL=api.url)
                 log = logs_dir / f"{tag.replace(' ', '-')}.log"
                 with open(log, "wb") as out:
                     children[tag] = (subprocess.Popen(
-                        executable(container["command"] + container["args"]), cwd=workdir,
+                        executable(argv), cwd=workdir,
                         env={**base, **environ}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), log)
             codes = wait_all(children, DEADLINE)
         finally:
@@ -251,7 +255,7 @@ def test_collective_manifests_run_as_local_pods(tmp_path, capsys, aliases):
     (tmp_path / "tiny.py").write_text(TINY)
     kinds = render(tmp_path, "--mode", "collective", "--timeout", "60", "tiny.py", servers=0)
     capsys.readouterr()
-    assert sorted(kinds) == ["Job", TRAINER_SERVICE]
+    assert sorted(kinds) == ["Job", TRAINER_POLICY, TRAINER_SERVICE]
     codes, logs, requests = run_pods(kinds, tmp_path, tmp_path)
     report = describe(codes, logs)
     assert codes == {"trainer 0": 0, "trainer 1": 0}, report
@@ -261,17 +265,25 @@ def test_collective_manifests_run_as_local_pods(tmp_path, capsys, aliases):
     assert requests == []       # no server, no cleanup: the trainers' Service stays with the Job
 
 
+# Arguments the kubelet would rewrite if the manifests passed them on as written: the first
+# would become the job's secret, the others lose a "$".
+DOLLAR_ARGS = ["$(PARAMSHARD_SECRET)", "$$", "$$(PARAMSHARD_JOB_ID)", "cost: $5"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(DEADLINE + 60)
 def test_hybrid_manifests_run_as_local_pods(tmp_path, capsys, aliases):
     """--mode hybrid: servers and the trainers' group at once; at the end server 0 deletes the
-    trainers' Service as well as its own objects."""
-    (tmp_path / "tiny.py").write_text(TINY)
-    kinds = render(tmp_path, "--mode", "hybrid", "--timeout", "60", "tiny.py")
+    trainers' Service as well as its own objects. Script arguments with $ reach the script as written."""
+    (tmp_path / "tiny.py").write_text("import sys\nprint('script args', sys.argv[1:], flush=True)\n" + TINY)
+    kinds = render(tmp_path, "--mode", "hybrid", "--timeout", "60", "tiny.py", *DOLLAR_ARGS)
     capsys.readouterr()
     codes, logs, requests = run_pods(kinds, tmp_path, tmp_path)
     report = describe(codes, logs)
     assert all(code == 0 for code in codes.values()) and len(codes) == SERVERS + TRAINERS, report
+    for j in range(TRAINERS):       # servers serve; the trainers run the script
+        assert f"script args {DOLLAR_ARGS!r}" in logs[f"trainer {j}"], report
+    assert kinds["Secret"]["stringData"]["secret"] not in "".join(logs.values())
     assert f"joined the gloo group of {TRAINERS} trainers" in logs["trainer 1"], report
     assert [(r["method"], r["path"]) for r in requests] == cleanup_requests(kinds), report
     assert [r["path"].rpartition("/")[2] for r in requests] == ["digits-trainers", "digits-server", "digits-server"]

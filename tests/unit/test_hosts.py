@@ -1,4 +1,6 @@
 """Host lists, placement over hosts, and the remote command line (pure, no ssh)."""
+import os
+import re
 import shlex
 import subprocess
 
@@ -8,6 +10,7 @@ from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.launch.api import RankSpec
 from paramshard.launch.hosts import Host, parse_host, parse_hosts, placement
+from paramshard.launch import ssh as ssh_module
 from paramshard.launch.ssh import SshOptions, remote_command, remote_dir
 
 
@@ -117,3 +120,59 @@ def test_ssh_options():
     argv = SshOptions(ssh_config="/x/cfg").ssh_argv(Host("n1", port=2222))
     assert argv[:2] == ["ssh", "-T"] and ["-F", "/x/cfg"] == argv[argv.index("-F"):argv.index("-F") + 2]
     assert "BatchMode=yes" in argv and "-p" in argv and "ServerAliveInterval=2" in argv
+
+
+# -- hosts and users never reach ssh or rsync as options (issue 20, defect 9) ---------------------
+@pytest.mark.parametrize("entry, message", [
+    ("-oProxyCommand=touch/tmp/pwned", "host '-oProxyCommand=touch/tmp/pwned' starts with '-'"),
+    ("-oProxyCommand=sh -c id", "host '-oProxyCommand=sh' starts with '-'"),
+    ("-l@node7", "user '-l' starts with '-'"),
+    ("alice@-oProxyCommand=x:22", "host '-oProxyCommand=x' starts with '-'"),
+    ("node$(id)", "host 'node$(id)': a host name may hold only letters, digits"),
+    ("a;b@node7", "user 'a;b': a user name may hold only"),
+    ("`id`", "host '`id`'"),
+])
+def test_hosts_and_users_that_ssh_would_read_as_options_or_shell_are_refused(entry, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_host(entry)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_hosts(f"n1,{entry}")
+
+
+def test_a_host_made_directly_is_checked_too():
+    with pytest.raises(ConfigError, match="starts with '-'"):
+        Host("-oProxyCommand=x")
+    with pytest.raises(ConfigError, match="user '-F' starts with '-'"):
+        Host("n1", user="-F")
+    assert Host("node-7.example.com", "first.last_1").target == "first.last_1@node-7.example.com"
+    assert Host("[fe80::1]").address == "fe80::1"
+
+
+def _after_options(argv: list[str]) -> list[str]:
+    """The words ssh takes as its destination and command: those after the first "--"."""
+    assert "--" in argv, argv
+    return argv[argv.index("--") + 1:]
+
+
+def test_ssh_and_rsync_read_no_option_after_the_destination_begins(monkeypatch, tmp_path):
+    """`--` ends ssh's options before the target (ranks, probes), and rsync's before its operands."""
+    host = Host("n1", "alice", 2222)
+    options = SshOptions(ssh_config="/x/cfg", remote_python="/usr/bin/python3")
+    seen: list[list[str]] = []
+
+    def fake_run(argv, timeout, what):
+        seen.append(argv)
+        return "machine 4 5000\n" if argv[0] == "ssh" else "Number of regular files transferred: 2\n"
+    monkeypatch.setattr(ssh_module, "_run", fake_run)
+    ssh_module.probe(host, 1, options)
+    ssh_module.dispatch(host, str(tmp_path), "~/ws", options)
+    monkeypatch.setattr(ssh_module, "RemoteChild", lambda host, tag, argv, *a, **k: argv)
+    env = ClusterEnv(role="trainer", servers=("10.0.0.1:5000",), trainer_id=0, job_id="j1")
+    engine = ssh_module.SshEngine({"n1": host}, options, "/w", secret=None)
+    rank_argv = engine.start(RankSpec("trainer 0", env, ("/usr/bin/python3", "train.py"), host="n1"))
+    probe_argv, rsync_argv = seen
+    for argv in (probe_argv, rank_argv):
+        assert argv[:argv.index("--")] == options.ssh_argv(host)
+        assert _after_options(argv)[0] == "alice@n1" and len(_after_options(argv)) == 2
+    assert rsync_argv[0] == "rsync" and _after_options(rsync_argv) == [os.path.join(str(tmp_path), ""),
+                                                                      "alice@n1:~/ws/"]

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from ..launch.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8s
 
 HELP = "print Kubernetes manifests (Service, StatefulSet of servers, Indexed Job of trainers) for a job"
 EXAMPLE = ("paramshard k8s --servers 2 --trainers 4 --image registry.example.com/paramshard:0.1.0 "
-           "examples/digits_mlp.py --epochs 4 > job.yaml",
+           "--out job.yaml examples/digits_mlp.py --epochs 4",
            "kubectl apply -f job.yaml",
            "paramshard k8s --mode collective --trainers 4 --image registry.example.com/paramshard:0.1.0 "
            "examples/digits_mlp.py > job.yaml")
@@ -80,11 +82,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", default="1", help="CPU request and limit of every pod, e.g. 500m or 4")
     p.add_argument("--memory", default="2Gi", help="memory request and limit of every pod, e.g. 512Mi or 8Gi")
     p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
-    p.add_argument("--create-secret", action="store_true",
-                   help="include a Secret with a newly generated PARAMSHARD_SECRET (it is then in the output: "
-                        "treat the file as a secret); without it, the command to create one is printed. Not "
-                        "with --mode collective, which has no servers and so no secret")
-    p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout")
+    # Where the servers' PARAMSHARD_SECRET comes from. A generated Secret is the default: one
+    # `kubectl apply` runs an encrypted job, every job gets a fresh key, and `kubectl delete -f`
+    # removes the key with the job; a pod never starts without its Secret.
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--create-secret", action="store_true",
+                        help="the default with servers: the output includes Secret NAME-secret with a newly "
+                             "generated PARAMSHARD_SECRET, so one `kubectl apply` runs an encrypted job, each job "
+                             "has its own key and `kubectl delete -f` removes it; the output is then itself a "
+                             "secret (--out FILE, or stdout redirected to a file, is made mode 0600; keep it out "
+                             "of version control)")
+    secret.add_argument("--existing-secret", action="store_true",
+                        help="no Secret in the output: the pods read Secret NAME-secret (key 'secret') that you "
+                             "create once per job, e.g. from a secret manager (the command is printed); the "
+                             "output then holds no secret and may be committed")
+    secret.add_argument("--insecure", action="store_true",
+                        help="no secret at all: connections to the servers are plain, unauthenticated TCP and "
+                             "the pods get PARAMSHARD_INSECURE=1; only for a network no one else reaches")
+    p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout (mode 0600 when "
+                                                 "they hold the Secret)")
     target.add_module_argument(p)
     target.no_abbreviations(p)
     p.add_argument("script", nargs="?",
@@ -106,7 +122,10 @@ def run(args) -> int:
         port=args.port if args.port is not None else DEFAULT_PORT,
         timeout=args.timeout, cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
         collective_port=args.collective_port if args.collective_port is not None else DEFAULT_COLLECTIVE_PORT,
-        secret=secrets.token_hex(32) if args.create_secret else None)
+        # Generated unless another source is chosen; with no servers only if asked (then refused).
+        secret=secrets.token_hex(32) if args.create_secret or (
+            servers and not args.existing_secret and not args.insecure) else None,
+        existing_secret=args.existing_secret, insecure=args.insecure)
     # Flags that would do nothing are refused (after the spec's own checks, --servers first).
     if args.port is not None and not spec.servers:
         raise ConfigError(f"--port {args.port}: --mode collective has no servers to listen on it "
@@ -115,18 +134,55 @@ def run(args) -> int:
         raise ConfigError(f"--collective-port {args.collective_port}: only with --mode collective or hybrid "
                           f"(the trainers' store); --mode {args.mode} has none")
     text = to_yaml(render_manifests(spec))
+    private = spec.secret is not None          # the output holds the job's secret
     if args.out:
         try:
-            Path(args.out).write_text(text)
+            if private:
+                _write_private(args.out, text)
+            else:
+                Path(args.out).write_text(text)
         except OSError as exc:
             raise ConfigError(f"--out {args.out}: cannot write ({exc.strerror})") from None
-        print(f"wrote {args.out}", file=sys.stderr)
+        print(f"wrote {args.out}" + (f" (mode 0600: it holds Secret {spec.secret_name})" if private else ""),
+              file=sys.stderr)
     else:
+        if private:
+            _make_stdout_private(spec.secret_name)     # before a byte of the secret is in it
         sys.stdout.write(text)
-    if not args.create_secret and spec.uses_secret:
-        # On stderr: stdout stays YAML for `> job.yaml` or `| kubectl apply -f -`.
+    # On stderr: stdout stays YAML for `> job.yaml` or `| kubectl apply -f -`.
+    if spec.existing_secret:
+        # `&&`: without openssl the command would make a Secret with an empty value, which
+        # reads as no secret at all.
         print(f"# the pods read PARAMSHARD_SECRET from Secret {spec.secret_name} (key {SECRET_KEY!r}); "
               f"create it once per job:\n"
-              f"kubectl create secret generic {spec.secret_name} --namespace {spec.namespace} "
-              f"--from-literal={SECRET_KEY}=\"$(openssl rand -hex 32)\"", file=sys.stderr)
+              f"secret=\"$(openssl rand -hex 32)\" && kubectl create secret generic {spec.secret_name} "
+              f"--namespace {spec.namespace} --from-literal={SECRET_KEY}=\"$secret\"", file=sys.stderr)
+    if spec.insecure:
+        print("# --insecure: the servers accept any connection that reaches their port, unencrypted; "
+              "the NetworkPolicy only helps where the cluster's network plugin enforces it", file=sys.stderr)
     return 0
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, also when the file existed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)        # O_CREAT's mode applies only to a new file
+        f.write(text)
+
+
+def _make_stdout_private(secret_name: str) -> None:
+    """`paramshard k8s ... > job.yaml`: the shell made job.yaml with its umask, usually readable
+    by everyone; the Secret is about to go in, so make it the owner's only."""
+    try:
+        fd = sys.stdout.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return                              # not a file descriptor (tests, embedding)
+    if not stat.S_ISREG(mode) or not mode & 0o077:
+        return                              # a pipe or terminal, or private already
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError as exc:
+        print(f"# warning: the output holds Secret {secret_name} but its file stays readable by others "
+              f"({exc.strerror}): chmod 600 it, or use --out FILE", file=sys.stderr)

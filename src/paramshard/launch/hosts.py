@@ -5,6 +5,12 @@ with one a line (``#`` starts a comment). ``host`` is both what ssh connects
 to and the address the ranks placed there advertise, so give an address (or
 a name) that every other host can reach, never an alias only your own ssh
 config knows.
+
+Hosts and users reach ssh and rsync as command-line words, so neither may start
+with ``-`` (``-oProxyCommand=...`` would be read as an option and run a command)
+nor hold shell metacharacters (a ProxyCommand's ``%h``/``%r`` go through a shell):
+names are letters, digits, ``.``, ``_`` and ``-``. Older OpenSSH clients do not
+check this themselves.
 """
 from __future__ import annotations
 
@@ -15,6 +21,19 @@ import re
 from ..errors import ConfigError
 
 _HOST = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^@\s:\[\]]+)(?::(?P<port>\d+))?$")
+# What a host name or user may be: never an option (a leading "-"), never shell syntax.
+_NAME = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
+_IPV6 = re.compile(r"^\[[0-9a-fA-F:.]+\]$")
+
+
+def check_name(what: str, value: str) -> None:
+    """Refuse a host or user that ssh or rsync could take for an option, or a shell for syntax."""
+    if value.startswith("-"):
+        raise ConfigError(f"{what} {value!r} starts with '-', which ssh and rsync would read as an option: "
+                          f"give a {what} name{' or address' if what == 'host' else ''}")
+    if not _NAME.match(value):
+        raise ConfigError(f"{what} {value!r}: a {what} name may hold only letters, digits, '.', '_' and '-' "
+                          f"(ssh hands it to ProxyCommand shells)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +42,13 @@ class Host:
     user: str | None = None
     port: int | None = None     # ssh port
     slots: int | None = None    # most ranks placed here (None: no limit)
+
+    def __post_init__(self):
+        # Here, not only in parse_host: every Host reaches ssh's and rsync's command lines.
+        if not _IPV6.match(self.host):
+            check_name("host", self.host)
+        if self.user is not None:
+            check_name("user", self.user)
 
     @property
     def target(self) -> str:
@@ -45,16 +71,17 @@ def parse_host(text: str) -> Host:
     m = _HOST.match(parts[0])
     if not m:
         raise ConfigError(f"host {parts[0]!r}: expected [user@]host[:port]")
+    port = int(m["port"]) if m["port"] else None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"host {parts[0]!r}: port {port} out of range")
+    host = Host(m["host"], m["user"], port)      # refuses an option-like host or user first
     slots = None
     for extra in parts[1:]:
         key, sep, value = extra.partition("=")
         if key != "slots" or not sep or not value.isdigit() or int(value) < 1:
             raise ConfigError(f"host {text.strip()!r}: {extra!r} is not slots=N with N >= 1")
         slots = int(value)
-    port = int(m["port"]) if m["port"] else None
-    if port is not None and not 0 < port < 65536:
-        raise ConfigError(f"host {parts[0]!r}: port {port} out of range")
-    return Host(m["host"], m["user"], port, slots)
+    return dataclasses.replace(host, slots=slots)
 
 
 def parse_hosts(spec: str) -> list[Host]:

@@ -5,8 +5,11 @@ What ``render_manifests`` returns, in the order ``kubectl apply`` should create 
 * a ServiceAccount, Role and RoleBinding that let the server pods delete their own
   StatefulSet and Services, and nothing else (see k8s_cleanup.py: a StatefulSet restarts
   any pod that exits, so "the servers end when the job ends" needs the objects gone);
-* with ``--create-secret`` only, the Secret holding PARAMSHARD_SECRET (the key of every
-  connection to a server; collective mode has none, so no secret either);
+* the Secret holding PARAMSHARD_SECRET, the key of every connection to a server, generated
+  (the default; not with ``--existing-secret``, whose Secret is made by hand, nor with
+  ``--insecure``; collective mode has no servers, so no secret either);
+* NetworkPolicies: only the job's own pods reach the servers' port, and (collective,
+  hybrid) only the trainers reach the trainers (trainer 0's store and gloo's ports);
 * a headless Service giving every server pod a stable DNS name;
 * collective and hybrid modes: a headless Service giving every trainer pod a stable DNS
   name (the pod template's ``subdomain``), so trainer 0, which hosts the trainers'
@@ -19,6 +22,12 @@ Collective mode has no servers (S = 0): no StatefulSet, no server Service and no
 
 Every pod gets the environment contract (paramshard/env.py); the values that only the
 cluster knows (pod index, completion index, pod IP, namespace) come from the downward API.
+
+Secure by default: pods with servers always read PARAMSHARD_SECRET from a Secret (a pod
+whose Secret is missing does not start), unless ``--insecure`` says otherwise, which then
+shows in every pod as PARAMSHARD_INSECURE=1. Every pod meets the Pod Security "restricted"
+profile: non-root (uid RUN_AS_ID, the Dockerfile's user), no privilege escalation, no
+capabilities, the runtime's default seccomp profile, no host namespaces, ports or volumes.
 """
 from __future__ import annotations
 
@@ -37,6 +46,10 @@ DEFAULT_PORT = 6174
 DEFAULT_COLLECTIVE_PORT = 29500
 COLLECTIVE_MODES = ("collective", "hybrid")
 SECRET_KEY = "secret"
+INSECURE_VARIABLE = "PARAMSHARD_INSECURE"
+# The pods' user and group: the Dockerfile's `paramshard` user (uid and gid 10001). Pod Security
+# "restricted" needs runAsNonRoot, which the kubelet can only verify for a numeric user.
+RUN_AS_ID = 10001
 # The downward-API fields the pods read (tests substitute them to "run" a pod).
 POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -72,8 +85,11 @@ class K8sJobSpec:
     memory: str = "2Gi"
     cluster_domain: str = "cluster.local"
     collective_port: int = DEFAULT_COLLECTIVE_PORT   # collective, hybrid: trainer 0's store
-    # The value of a generated Secret (--create-secret); None: the Secret is made by hand.
+    # Where the servers' PARAMSHARD_SECRET comes from: exactly one of these with servers, none without.
+    # The value of the generated Secret in the output (the default, --create-secret):
     secret: str | None = dataclasses.field(default=None, repr=False)
+    existing_secret: bool = False   # --existing-secret: Secret NAME-secret, made by hand
+    insecure: bool = False          # --insecure: no secret, plain TCP, PARAMSHARD_INSECURE=1
 
     def __post_init__(self):
         check_target(self.script, self.module)
@@ -98,9 +114,20 @@ class K8sJobSpec:
             raise ConfigError(f"--port {self.port}: expected 1..65535")
         if not 1 <= self.collective_port <= 65535:
             raise ConfigError(f"--collective-port {self.collective_port}: expected 1..65535")
-        if self.secret is not None and not self.uses_secret:
-            raise ConfigError("--create-secret: --mode collective has no servers, and the secret only secures "
-                              "connections to servers (the trainers' store and gloo traffic are plain TCP)")
+        chosen = [flag for flag, on in (("--create-secret", self.secret is not None),
+                                        ("--existing-secret", self.existing_secret),
+                                        ("--insecure", self.insecure)) if on]
+        if chosen and not self.uses_secret:
+            raise ConfigError(f"{chosen[0]}: --mode collective has no servers, and the secret only secures "
+                              f"connections to servers (the trainers' store and gloo traffic are plain TCP); "
+                              f"drop {chosen[0]}")
+        if len(chosen) > 1:
+            raise ConfigError(f"{' and '.join(chosen)}: give only one (where the servers' secret comes from)")
+        if self.uses_secret and not chosen:
+            raise ConfigError("servers need PARAMSHARD_SECRET: generate a Secret (the default of `paramshard "
+                              "k8s`), use one made by hand (--existing-secret), or run without (--insecure)")
+        if self.secret == "":
+            raise ConfigError("--create-secret: the generated secret is empty")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout {self.timeout}: must be > 0 seconds")
         for flag, value, example in (("--cpu", self.cpu, "500m, 2"), ("--memory", self.memory, "512Mi, 4Gi")):
@@ -139,6 +166,11 @@ class K8sJobSpec:
     def uses_secret(self) -> bool:
         """PARAMSHARD_SECRET keys the connections to servers (CurveZMQ); without servers nothing uses it."""
         return self.servers > 0
+
+    @property
+    def reads_secret(self) -> bool:
+        """The pods read PARAMSHARD_SECRET from Secret NAME-secret (generated or made by hand)."""
+        return self.uses_secret and not self.insecure
 
     @property
     def secret_name(self) -> str:
@@ -182,9 +214,13 @@ def _suggest_name(name: str) -> str:
     return fixed or "paramshard"
 
 
+def job_labels(spec: K8sJobSpec) -> dict[str, str]:
+    """What every pod of this job carries, servers and trainers."""
+    return {"app.kubernetes.io/name": "paramshard", "app.kubernetes.io/instance": spec.name}
+
+
 def labels(spec: K8sJobSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "paramshard", "app.kubernetes.io/instance": spec.name,
-            "app.kubernetes.io/component": component}
+    return {**job_labels(spec), "app.kubernetes.io/component": component}
 
 
 def _metadata(spec: K8sJobSpec, name: str, component: str) -> dict:
@@ -202,7 +238,14 @@ def _env(entries: list[tuple[str, str | dict]]) -> list[dict]:
 
 def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]]:
     """The contract every pod of the job shares, in `paramshard env`'s order."""
-    secret = [("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": SECRET_KEY}}})]
+    if spec.reads_secret:
+        # Not optional: a pod whose Secret (or key) is missing does not start, it never runs without.
+        secret = [("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {
+            "name": spec.secret_name, "key": SECRET_KEY, "optional": False}}})]
+    elif spec.insecure:
+        secret = [(INSECURE_VARIABLE, "1")]     # plain TCP, chosen explicitly
+    else:
+        secret = []                             # collective: nothing reads a secret
     return [
         ("PARAMSHARD_SERVERS", ",".join(spec.server_addresses)),     # "" in collective mode
         ("PARAMSHARD_TRAINERS", str(spec.trainers)),
@@ -210,7 +253,7 @@ def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]
         ("PARAMSHARD_TIMEOUT", f"{spec.timeout:g}"),
         # Every pod derives the CurveZMQ keys from the secret and this id: they must agree.
         ("PARAMSHARD_JOB_ID", spec.name),
-        *(secret if spec.uses_secret else []),
+        *secret,
         ("PYTHONUNBUFFERED", "1"),          # log lines reach `kubectl logs` as they are written
         ("GLIBC_TUNABLES", MALLOC_TUNABLES),  # as the local launcher sets it (launch/api.py says why)
         # torch sizes its thread pool by the node's cores, not the container's CPU limit; a pool
@@ -220,11 +263,18 @@ def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]
     ]
 
 
+def literal(word: str) -> str:
+    """A command or args word the kubelet passes on as written: it replaces $(VAR) by the
+    container's variable VAR (so a script argument "$(PARAMSHARD_SECRET)" would become the
+    secret) and $$ by $; with every $ doubled, only the second rule applies."""
+    return word.replace("$", "$$")
+
+
 def _container(spec: K8sJobSpec, role: str, env: list[tuple[str, str | dict]], ports: list[dict]) -> dict:
     # One command for both roles, as under mpirun: PARAMSHARD_ROLE picks serving or training,
     # and `paramshard run`'s server path deletes the job's server objects at the end.
-    argv = ["paramshard", "run", "--servers", str(spec.servers),
-            *command_words(spec.script, spec.module, spec.script_args)]
+    argv = [literal(word) for word in ["paramshard", "run", "--servers", str(spec.servers),
+                                       *command_words(spec.script, spec.module, spec.script_args)]]
     resources = {"cpu": spec.cpu, "memory": spec.memory}
     container = {
         "name": role,
@@ -235,7 +285,9 @@ def _container(spec: K8sJobSpec, role: str, env: list[tuple[str, str | dict]], p
         # Requests = limits: the scheduler reserves what the pod may use, and a pod over its
         # memory is OOM-killed (a clear failure) instead of squeezing its neighbours.
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # Pod Security "restricted", per container as well (the pod's settings cover the rest).
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "privileged": False, "runAsNonRoot": True},
     }
     if ports:
         container["ports"] = ports
@@ -255,7 +307,10 @@ def _pod_spec(spec: K8sJobSpec, container: dict, restart_policy: str, service_ac
         pod["automountServiceAccountToken"] = False    # trainers never talk to the API server
     # The contract is all a pod needs; Service links would add variables for every Service.
     pod["enableServiceLinks"] = False
-    pod["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    # Pod Security "restricted": a numeric non-root user (the image's, see Dockerfile), which
+    # also owns the volumes a user adds (fsGroup); the runtime's default seccomp profile.
+    pod["securityContext"] = {"runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID,
+                              "fsGroup": RUN_AS_ID, "seccompProfile": {"type": "RuntimeDefault"}}
     pod["containers"] = [container]
     return pod
 
@@ -287,6 +342,34 @@ def secret_doc(spec: K8sJobSpec) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": _metadata(spec, spec.secret_name, "secret"),
             "stringData": {SECRET_KEY: spec.secret}}
+
+
+def _network_policy(spec: K8sJobSpec, name: str, component: str, peers: dict, ports: list[dict] | None) -> dict:
+    rule: dict = {"from": [{"podSelector": peers}]}      # no namespaceSelector: this namespace only
+    if ports is not None:
+        rule["ports"] = ports
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, name, component),
+        "spec": {"podSelector": {"matchLabels": labels(spec, component)}, "policyTypes": ["Ingress"],
+                 "ingress": [rule]},
+    }
+
+
+def network_policy_docs(spec: K8sJobSpec) -> list[dict]:
+    """Only the job's own pods reach its listening ports (where the cluster's network plugin
+    enforces NetworkPolicies): the servers' port from any pod of the job (trainers and peer
+    servers); in collective and hybrid modes the trainers, whose store (trainer 0) and gloo
+    connections are plain TCP, from the job's trainers only, on any port (gloo listens on
+    ephemeral ones)."""
+    docs = []
+    if spec.servers:
+        docs.append(_network_policy(spec, spec.server_name, "server", {"matchLabels": job_labels(spec)},
+                                    [{"protocol": "TCP", "port": spec.port}]))
+    if spec.collective:
+        docs.append(_network_policy(spec, spec.trainer_service_name, "trainer",
+                                    {"matchLabels": labels(spec, "trainer")}, None))
+    return docs
 
 
 def _headless_service(spec: K8sJobSpec, name: str, component: str, port_name: str, port: int) -> dict:
@@ -380,6 +463,8 @@ def render_manifests(spec: K8sJobSpec) -> list[dict]:
     docs = service_account_docs(spec) if spec.servers else []
     if spec.secret is not None:
         docs.append(secret_doc(spec))
+    # Before any pod listens: the ports are closed to other pods from the start.
+    docs += network_policy_docs(spec)
     if spec.servers:
         docs.append(service_doc(spec))
     if spec.collective:
