@@ -121,14 +121,16 @@ def main():
         base = evaluate(model, test_path)
         print(f"before training: test AUC {base[0]:.4f}  logloss {base[1]:.4f}", flush=True)
 
-    for epoch in range(args.epochs):
+    # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server
+    # restarted in place (--max-restarts), --resume and a whole-job restart.
+    for epoch in trainer.epochs(args.epochs):
         start, seen, losses = time.perf_counter(), 0, []
         reader = CriteoReader(my_files, args.batch_size, skip_bad_lines=True)
         batches = list(reader)
         # Sync steps must line up: every trainer takes the same number of steps.
         steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
-        progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
-        trainer.log(epoch=epoch + 1, total_steps=steps * args.epochs)     # the launcher's live progress
+        progress = StepProgress(steps, f"epoch {epoch}") if chief else None
+        trainer.log(epoch=epoch, total_steps=steps * args.epochs)     # the launcher's live progress
         tensors = [(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)),
                     torch.from_numpy(b.labels)) for b in batches[:steps]]
         # prefetching: the next batch's rows are on their way while this one trains.
@@ -148,7 +150,7 @@ def main():
         if chief:
             test_auc, test_loss = evaluate(model, test_path)
             trainer.log(test_auc=test_auc)
-            print(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}  test AUC {test_auc:.4f}  "
+            print(f"epoch {epoch}: train loss {np.mean(losses):.4f}  test AUC {test_auc:.4f}  "
                   f"logloss {test_loss:.4f}  {seen * env.num_trainers / elapsed:,.0f} samples/s "
                   f"(all trainers)", flush=True)
             if reader.bad_lines:

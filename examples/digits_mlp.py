@@ -52,12 +52,15 @@ def main():
         print(f"{env.num_trainers} trainers x {len(my_share)} samples, {len(env.servers)} servers, "
               f"{env.mode} mode{blocks}", flush=True)
 
-    for epoch in range(args.epochs):
-        # Same shuffle seed on every trainer keeps steps aligned batch for batch.
+    # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server
+    # restarted in place (--max-restarts), --resume and a whole-job restart.
+    for epoch in trainer.epochs(args.epochs):
+        # Same shuffle seed on every trainer keeps steps aligned batch for batch; a seed per epoch
+        # makes the epoch's order the same when it is replayed.
         loader = DataLoader(my_share, batch_size=args.batch_size, shuffle=True,
-                            generator=torch.Generator().manual_seed(args.seed + epoch))
+                            generator=torch.Generator().manual_seed(args.seed + epoch - 1))
         total, batches = 0.0, 0
-        for x, y in loader:
+        for x, y in trainer.prefetching(loader):
             loss = F.cross_entropy(model(x), y)
             trainer.step(loss)
             total, batches = total + loss.item(), batches + 1
@@ -65,7 +68,7 @@ def main():
         with torch.no_grad():
             acc = (model(x_test).argmax(1) == y_test).float().mean().item()
         if chief:
-            print(f"epoch {epoch + 1:2d}  loss {total / max(batches, 1):.4f}  test accuracy {acc:.3f}", flush=True)
+            print(f"epoch {epoch:2d}  loss {total / max(batches, 1):.4f}  test accuracy {acc:.3f}", flush=True)
 
     if chief and env.servers:
         print(server_load_table(trainer.server_stats()), flush=True)

@@ -103,19 +103,25 @@ def main():
         print(f"vocabulary {len(vocab):,} words, corpus {len(ids):,} tokens; {env.num_trainers} trainers, "
               f"{len(env.servers)} servers", flush=True)
 
-    for epoch in range(args.epochs):
-        rng = np.random.default_rng(epoch)          # same pairs on every trainer; each takes its share
+    # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server
+    # restarted in place (--max-restarts), --resume and a whole-job restart.
+    for epoch in trainer.epochs(args.epochs):
+        rng = np.random.default_rng(epoch - 1)      # same pairs on every trainer; each takes its share
         centers, contexts = skipgram_pairs(ids, freq, args.window, 1e-4, rng)
         batches = ps.shard(range(len(centers) // args.batch_size))
         steps = len(batches) if not args.max_steps else min(args.max_steps, len(batches))
-        neg_rng = np.random.default_rng(1000 * epoch + env.trainer_id)
         start, losses = time.perf_counter(), []
-        progress = StepProgress(steps, f"epoch {epoch + 1}") if chief else None
-        for k, b in enumerate(batches[:steps]):
+        progress = StepProgress(steps, f"epoch {epoch}") if chief else None
+
+        def tensors(b, epoch=epoch):
             sl = slice(b * args.batch_size, (b + 1) * args.batch_size)
-            negatives = neg_rng.choice(len(vocab), (args.batch_size, args.negatives), p=noise)
-            loss = model(torch.from_numpy(centers[sl]), torch.from_numpy(contexts[sl]),
-                         torch.from_numpy(negatives))
+            # Negatives drawn per batch, so a batch trained again (a rollback) draws the same ones.
+            negatives = np.random.default_rng([epoch, b, env.trainer_id]).choice(
+                len(vocab), (args.batch_size, args.negatives), p=noise)
+            return torch.from_numpy(centers[sl]), torch.from_numpy(contexts[sl]), torch.from_numpy(negatives)
+
+        for k, (center, context, negatives) in enumerate(trainer.prefetching(batches[:steps], convert=tensors)):
+            loss = model(center, context, negatives)
             trainer.step(loss)
             losses.append(loss.item())
             if progress:
@@ -124,7 +130,7 @@ def main():
         if progress:
             progress.close()
         if chief:
-            print(f"epoch {epoch + 1}: mean loss {np.mean(losses):.4f}", flush=True)
+            print(f"epoch {epoch}: mean loss {np.mean(losses):.4f}", flush=True)
 
     if chief:
         word_ids, rows = trainer.sparse.export_sparse("w2v_in")

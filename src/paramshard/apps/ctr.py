@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import paramshard as ps
 from ..data.fit import fit_schema
 from ..data.schema import Schema
+from ..data.batch import TabularBatch
 from ..data.tabular import TabularReader
 from ..errors import ConfigError, ParamshardError
 from ..evaluation import evaluate
@@ -91,8 +92,9 @@ def capacity_hint(schema: Schema) -> int:
 
 def train_epoch(trainer, model, reader, progress) -> tuple[float, int]:
     losses, rows = [], 0
-    batches = (b.torch() for b in reader)
-    for b in trainer.prefetching(batches):
+    # From where the job is in this epoch (a resume, a rollback): trainer.prefetching puts the
+    # reader back at that batch (torch/loop.py).
+    for b in trainer.prefetching(reader, convert=TabularBatch.torch):
         loss = F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]),
                                                   b["labels"])
         trainer.step(loss)
@@ -128,9 +130,9 @@ def main(argv=None) -> int:
     say(f"{args.model} on {schema.num_dense} dense features and {schema.num_fields} id fields; {trainers} "
         f"trainer(s), {len(env.servers)} server(s), {env.mode} mode; {len(reader)} steps of {args.batch_size} "
         f"rows per trainer per epoch")
-    history = []
+    history = {}       # by epoch: an epoch run again after a rollback replaces its first record
     trainer.log(total_steps=len(reader) * args.epochs)     # the launcher's progress shows an ETA
-    for epoch in range(1, args.epochs + 1):
+    for epoch in trainer.epochs(args.epochs):      # exact through rollbacks, --resume and restarts
         trainer.log(epoch=epoch)
         start = time.perf_counter()
         progress = StepProgress(len(reader), f"epoch {epoch}") if chief else None
@@ -142,8 +144,8 @@ def main(argv=None) -> int:
         trainer.pull()                  # dense values as the servers hold them (async: others' pushes too)
         if chief:
             test = evaluate(model, TabularReader(args.test, schema, 8192, skip_bad_lines=args.skip_bad_lines))
-            history.append({"epoch": epoch, "train_loss": train_loss, "seconds": round(seconds, 3),
-                            "samples_per_s": round(rows * trainers / seconds, 1), **test})
+            history[epoch] = {"epoch": epoch, "train_loss": train_loss, "seconds": round(seconds, 3),
+                              "samples_per_s": round(rows * trainers / seconds, 1), **test}
             trainer.log(test_auc=test["auc"], test_logloss=test["logloss"])
             say(f"epoch {epoch}: train loss {train_loss:.4f}  test AUC {test['auc']:.4f}  logloss "
                 f"{test['logloss']:.4f}  accuracy {test['accuracy']:.4f}  "
@@ -151,10 +153,10 @@ def main(argv=None) -> int:
             if reader.bad_lines:
                 say(f"  skipped {reader.bad_lines} malformed lines, e.g. {reader.bad_line_examples[0]}")
         ps.barrier("evaluated")         # nobody trains on while trainer 0 reads the model
-    if chief and args.json:
-        final = {k: history[-1][k] for k in ("auc", "logloss", "accuracy", "rows")}
+    if chief and args.json and history:
+        final = {k: history[max(history)][k] for k in ("auc", "logloss", "accuracy", "rows")}
         out = {"model": args.model, "trainers": trainers, "servers": len(env.servers), "mode": env.mode,
-               "epochs": history, "final": final}
+               "epochs": [history[e] for e in sorted(history)], "final": final}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         say(f"wrote {args.json}")

@@ -26,7 +26,8 @@ def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> 
                        timeout=timeout)
 
 
-def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout: float | None = None) -> None:
+def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout: float | None = None,
+            epoch: int | None = None, resumed: bool = False) -> None:
     """Enter barrier ``name`` for the ``count``-th time and return once every trainer that has
     not left entered it as often. Server 0 decides. ``timeout``: seconds in all (None:
     BARRIER_TIMEOUT_FACTOR x the links' timeout; math.inf: as long as the trainers waited for
@@ -39,6 +40,10 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
     if not timeout > 0:
         raise ConfigError(f"barrier timeout must be > 0 seconds (math.inf: no limit), got {timeout!r}")
     header = {"op": "barrier", "trainer": trainer_id, "name": name, "count": count}
+    if epoch is not None:       # a server of another epoch (restarted, rolled back) refuses it: "reset"
+        header["epoch"] = epoch
+    if resumed:                 # the count comes from a checkpoint (server/trainer_barrier.py)
+        header["resumed"] = True
     deadline = time.monotonic() + timeout
     while True:
         # Server 0 answers a waiting request within PARAMSHARD_TIMEOUT (the links' timeout),

@@ -49,10 +49,19 @@ def _generations(links: ServerLinks, deadline: float) -> list[int]:
             time.sleep(0.2)
 
 
+def next_epoch(generations: list[int], seen: int) -> int:
+    """The epoch a rollback moves to: past every server's and past the newest this trainer saw.
+
+    A restarted server reports -1 (it remembers nothing), so when every server restarted the
+    servers alone would name epoch 0 again: the epoch the other trainers already hold, which
+    they would take for no rollback at all (and whose stale requests a server would accept)."""
+    return max(max(generations), seen) + 1
+
+
 def reset_servers(links: ServerLinks, timeout: float, trainer_id: int) -> int:
     """Chief: move every server to one new epoch, its state dropped. Returns the epoch."""
     deadline = time.monotonic() + timeout
-    epoch = max(_generations(links, deadline)) + 1
+    epoch = next_epoch(_generations(links, deadline), links.epoch)
     links.request_many({s: ({"op": "reset", "epoch": epoch, "trainer": trainer_id}, ()) for s in range(len(links))})
     return epoch
 

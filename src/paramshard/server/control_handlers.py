@@ -12,6 +12,12 @@ from .replies import Reply
 
 log = get_logger("server")
 
+# How far one reset may move a server's epoch. The chief moves to one past the newest epoch it
+# saw, and a restarted server (epoch -1) may have missed the earlier rollbacks, so a reset may
+# jump a little; a huge jump is no rollback, and an epoch near 2**63 would leave no larger int64
+# for the next one.
+MAX_EPOCH_JUMP = 1 << 20
+
 
 class ControlHandlers:
     """The control ops as a Service (server/api.py)."""
@@ -52,12 +58,16 @@ class ControlHandlers:
         srv = self.server
         if header["trainer"] != 0:
             raise ConfigError(f"trainer {header['trainer']} asked for a reset: only the chief (trainer 0) does")
-        if header["epoch"] <= srv.generation:
-            raise ConfigError(f"reset to epoch {header['epoch']}: {srv.name} is already in epoch {srv.generation}")
+        epoch, highest = header["epoch"], max(srv.generation, 0) + MAX_EPOCH_JUMP
+        if epoch <= srv.generation:
+            raise ConfigError(f"reset to epoch {epoch}: {srv.name} is already in epoch {srv.generation}")
+        if epoch > highest:
+            raise ConfigError(f"reset to epoch {epoch}: {srv.name} is in epoch {srv.generation} and moves at most "
+                              f"to epoch {highest} (a rollback moves one epoch past the newest)")
         srv.fail_waiting("reset", f"{srv.name}: the job rolls back to a checkpoint")
         for service in srv.services:
             service.reset()
-        srv.generation = header["epoch"]
+        srv.generation = epoch
         log.warning("%s: reset to epoch %d: state dropped, the chief restores the latest checkpoint",
                     srv.name, srv.generation)
         return Reply({"generation": srv.generation})

@@ -13,6 +13,13 @@ trainer's epoch): the client then enters the same count again. So the count a
 trainer entered last may come again (a retry: it waits again, or is answered at
 once if the barrier completed meanwhile); the next count is taken only once the
 last one completed; anything else is an error.
+
+A trainer that started from a checkpoint (``--resume``, a whole-job restart, a rollback)
+goes on from the counts saved with it (torch/loop.py), which a new or restarted server 0
+cannot know: its entries say ``resumed`` until one of them passes, and such an entry that
+is the trainer's first on this server sets where its count stands. The rules above hold
+from the next entry on. A rollback (``reset``) forgets every barrier: counts go back to
+the checkpoint's.
 """
 from __future__ import annotations
 
@@ -56,10 +63,8 @@ class TrainerBarriers:
             b.entered.pop(trainer, None)
 
     def reset(self) -> None:
-        # Kept: counts follow the trainers' scripts, which go on across a rollback (their
-        # counters are not rolled back). Waits were voided by fail_waiting; a voided entry
-        # is retried with the same count.
-        pass
+        # The trainers' counts go back to the checkpoint's; waits were voided by fail_waiting.
+        self.barriers = {}
 
     def handle_barrier(self, header: dict, arrays: list) -> Reply | Deferred:
         trainer, name, count = header["trainer"], header["name"], header["count"]
@@ -82,7 +87,7 @@ class TrainerBarriers:
                 raise LimitExceeded(f"trainer {trainer} entered {what}: {MAX_BARRIERS} barrier names are in "
                                     f"use already; reuse names (each call counts) instead of making new ones")
             b = _Barrier()     # kept only once the entry is accepted: a rejected one leaves no trace
-        self._check_count(b, trainer, name, count)
+        self._check_count(b, trainer, name, count, header.get("resumed") is True)
         self.barriers[name] = b
         b.entered[trainer] = count
         if self._settle(b) >= count:
@@ -92,7 +97,13 @@ class TrainerBarriers:
                         describe=lambda: self._describe(b, name, count),
                         waits_on=lambda: self._missing(b, count))
 
-    def _check_count(self, b: _Barrier, trainer: int, name: str, count: int) -> None:
+    def _check_count(self, b: _Barrier, trainer: int, name: str, count: int, resumed: bool) -> None:
+        if resumed and trainer not in b.entered:
+            # The first entry since the rollback: the count the trainer's checkpoint gave it. The
+            # barrier completes up to the smallest count every required trainer entered.
+            if b.completed == 0 and not b.entered:
+                b.completed = count - 1
+            return
         last = b.entered.get(trainer, 0)
         completed = self._settle(b)
         if count == last:

@@ -91,27 +91,49 @@ class InputFinder:
                          "trainer.prefetching(loader, ids=lambda batch: ...) to prefetch them", name)
 
 
-def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_rows: bool = True) -> Iterator:
+def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_rows: bool = True,
+                convert: Callable | None = None) -> Iterator:
+    """The batches of ``iterable`` from where the trainer is in its data (torch/loop.py), the next
+    batch's rows fetched while this one trains; after a rollback, again from the checkpoint's batch."""
     tables = trainer.tables
-    if not tables:
-        yield from iterable
-        return
-    finder = InputFinder(tables, ids)
-    iterator = iter(iterable)
+    finder = InputFinder(tables, ids) if tables else None
+    loop = trainer.loop
+    iterator = _open(trainer, iterable, convert)
     current = next(iterator, _END)
     try:
         while current is not _END:
             upcoming = next(iterator, _END)
-            if upcoming is not _END and trainer.model.training:
+            if finder is not None and upcoming is not _END and trainer.model.training:
                 for name, tensor in finder.inputs(upcoming).items():
                     trainer.prefetch_rows(tables[name], tensor, fresh_rows)
+            recoveries = trainer.recoveries
             yield current
-            finder.learn(current)
-            _give_up_on_unused(trainer, finder)
+            if trainer.recoveries != recoveries:
+                # Rolled back while this batch trained: what was fetched ahead belongs to the old
+                # epoch; go on from the checkpoint's batch.
+                _forget_prefetched(trainer)
+                iterator = _open(trainer, iterable, convert)
+                current = next(iterator, _END)
+                continue
+            if finder is not None:
+                finder.learn(current)
+                _give_up_on_unused(trainer, finder)
             current = upcoming
     finally:
-        for table in tables.values():
-            table.clear_prepared()
+        loop.pass_ended()
+        _forget_prefetched(trainer)
+
+
+def _open(trainer, iterable, convert):
+    batches = trainer.loop.batches(iterable, trainer.step_count, trainer.barrier_counts())
+    trainer.replay_starts()
+    return map(convert, batches) if convert is not None else batches
+
+
+def _forget_prefetched(trainer) -> None:
+    for table in trainer.tables.values():
+        table.clear_prepared()
+    if trainer.steps is not None:
         trainer.steps.forget_fetches()
 
 

@@ -40,6 +40,7 @@ from ..log import get_logger
 from ..observe.trainer_watch import TrainerWatch
 from ..optim import OptimizerConfig
 from ..sharding import ParamSpec, make_plan
+from .loop import LoopPosition
 from .optimizer_config import optimizer_config
 from .position import capture, restore_random_streams
 from .prefetch import prefetching
@@ -71,6 +72,12 @@ class Trainer:
         self._saved_step: int | None = None
         self._recoveries = 0
         self._void_step = False
+        self.loop = LoopPosition()      # where epochs()/prefetching() are in the data (torch/loop.py)
+        # A rollback outside the batch loop (in a barrier, an evaluation): the barriers until the
+        # loop replays the epoch's batches are skipped (the other trainers replay them too).
+        self.replay_pending = False
+        self._barrier_counts: dict[str, int] = {}
+        self._resumed_barriers: set[str] = set()   # counts from a checkpoint, not yet passed here
         if self.env.role != "trainer":
             raise ConfigError(f"Trainer needs a trainer process, this one is {self.env.rank_name}")
         self.model = model
@@ -98,7 +105,6 @@ class Trainer:
         # A script that ends without close() still leaves (instead of looking dead to the servers).
         self._exit_hook = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._exit_hook)
-        self._barrier_counts: dict[str, int] = {}
         remember(self)
 
     def _window(self, max_in_flight: int | None) -> int:
@@ -168,6 +174,14 @@ class Trainer:
             self.position = ckpt.trainer_position(self.trainer_id) or {}
         elif self.env.server_mode == "sync":      # the checkpoint is not on this host: the servers know the step
             self.step_count = version
+        if self.position.get("loop"):
+            self.loop.load(self.position["loop"], self.step_count)
+            self._barrier_counts = dict(self.loop.barrier_counts)
+        elif self.loop.active:
+            # No position file here (another host): the rollback stays in this epoch (epochs()
+            # saves at every epoch's start), whose barrier counts are known.
+            self._barrier_counts = dict(self.loop.barrier_counts)
+        self._resumed_barriers = set(self._barrier_counts)
         restore_random_streams(self.position)
         self._saved_step = self.step_count
         log.info("trainer %d resumes at step %d%s", self.trainer_id, self.step_count,
@@ -204,16 +218,60 @@ class Trainer:
             fresh_after = True if current is None else current
         self.steps.prefetch(table.name, table.prepare(ids), self._row_version(self.step_count + 1), fresh_after)
 
-    def prefetching(self, iterable, ids=None, fresh_rows: bool = True):
+    def epochs(self, count: int):
+        """The epochs to train, 1 to ``count``, from where this job is: ``for epoch in
+        trainer.epochs(n): for batch in trainer.prefetching(loader): ...`` is exact through a
+        rollback (``--max-restarts``), ``--resume`` and a whole-job restart: every batch is trained
+        once, in order, whatever failed (torch/loop.py). With checkpoints on, each epoch starts
+        with one. A rollback in the code after an epoch's batch loop (a barrier, an evaluation)
+        runs that epoch again from the checkpoint's batch, so that code runs again too."""
+        if type(count) is not int or count < 0:
+            raise ConfigError(f"epochs({count!r}): expected a whole number of epochs >= 0")
+        epoch = self.loop.epoch if self.loop.epoch is not None else 1
+        resumed = self.loop.epoch is not None
+        while epoch <= count:
+            if not resumed:
+                self.loop.begin_epoch(epoch, self.step_count, self._barrier_counts)
+                if self.env.checkpoint_dir and not self.env.collective and self._saved_step != self.step_count:
+                    try:
+                        self.save()      # a rollback never goes back past the start of the epoch
+                    except ParamshardError as exc:
+                        self._recover(exc)           # back into the epoch before: go on there
+                        epoch, resumed = self.loop.epoch or epoch, True
+                        continue
+            yield epoch
+            # Rolled back after the batch loop: this epoch again, from the checkpoint's batch.
+            resumed = self.replay_pending
+            if not resumed:
+                epoch += 1
+        self.loop.begin_epoch(epoch, self.step_count, self._barrier_counts)   # a resume goes on from here
+
+    @property
+    def recoveries(self) -> int:
+        """Rollbacks so far (``launch --max-restarts``)."""
+        return self._recoveries
+
+    def barrier_counts(self) -> dict[str, int]:
+        return dict(self._barrier_counts)
+
+    def replay_starts(self) -> None:
+        """The batch loop goes on from the rolled-back position: what was void is over."""
+        self.replay_pending = False
+        self._void_step = False
+
+    def prefetching(self, iterable, ids=None, fresh_rows: bool = True, convert=None):
         """Iterate ``iterable`` (a data loader) and fetch each next batch's rows while the
-        current one trains: ``for batch in trainer.prefetching(loader): ...``. Which tensor
+        current one trains: ``for batch in trainer.prefetching(loader): ...``. After a rollback
+        it goes on from the checkpoint's batch, and in ``epochs()`` from the resumed epoch's
+        batch (torch/loop.py); ``convert``: a function applied to each batch (e.g.
+        ``TabularBatch.torch``), keeping the loader's position. Which tensor
         feeds which table is found after the first batch; ``ids``: a function batch -> ids
         tensor (every table) or -> {table name: tensor}, when the model computes its ids.
         Sync results are unchanged. Async: rows are never staler than without prefetching
         (the rows of ids the current step pushes are fetched right after that push);
         ``fresh_rows=False`` fetches them ahead too, for more overlap, and they then miss
         this trainer's update of the step just before (benchmarks/RESULTS.md measures both)."""
-        return prefetching(self, iterable, ids, fresh_rows)
+        return prefetching(self, iterable, ids, fresh_rows, convert)
 
     def pipeline_stats(self) -> dict:
         """How the steps overlapped: prefetch hits/misses, seconds spent waiting for rows
@@ -232,16 +290,31 @@ class Trainer:
         log.warning("trainer %d: %s; waiting for the servers, then rolling back to the latest checkpoint "
                     "(recovery %d of %d)", self.trainer_id, exc, self._recoveries, self.env.max_restarts)
         self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
+        self.replay_pending = self.loop.active   # the batch loop replays; barriers until then are void
         ckpt = recovery.roll_back(self.links, self.plan, self.optimizer, {t.name: t.spec for t in self.tables.values()},
                                   self.env.checkpoint_dir, self.is_chief, self.trainer_id, self.env.timeout)
         version = self.dense.pull_dense(self._values, min_version=0)
+        self.position = {}
         self._resume_position(ckpt, version)
+        self._saved_step = self.step_count
         for _, p in self._params:
             p.grad = None
         for table in self.tables.values():
             table.take_gradients()
-        log.warning("trainer %d: rolled back from step %d to checkpoint step %d: %d steps are trained again",
-                    self.trainer_id, failed_at, self.step_count, failed_at - self.step_count)
+        log.warning("trainer %d: rolled back from step %d to checkpoint step %d: %s", self.trainer_id, failed_at,
+                    self.step_count, self._replay_plan(failed_at))
+
+    def _replay_plan(self, failed_at: int) -> str:
+        """What the rollback makes the script train again, in its own words."""
+        lost = failed_at - self.step_count
+        if self.loop.active:
+            where = f"epoch {self.loop.epoch}, " if self.loop.epoch is not None else ""
+            batch = self.step_count - (self.loop.start_step or 0)
+            return (f"{lost} steps are trained again: the batch loop goes on from {where}batch {batch} "
+                    f"(trainer.prefetching replays them)")
+        return (f"{lost} steps are trained again if the script's loop follows trainer.step_count; a plain "
+                f"'for batch in loader' loop does not replay them (use trainer.epochs() and "
+                f"trainer.prefetching(loader))")
 
     @staticmethod
     def _dense_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -339,7 +412,11 @@ class Trainer:
                 settings, keep=self.env.checkpoint_keep)
             log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
                      nbytes / 1e6 / max(seconds, 1e-9))
-        write_trainer_position(directory, self.step_count, self.trainer_id, capture(self.step_count, state))
+        position = capture(self.step_count, state)
+        loop = self.loop.as_json(self.step_count, self._barrier_counts)
+        if loop is not None:
+            position["loop"] = loop
+        write_trainer_position(directory, self.step_count, self.trainer_id, position)
         self._saved_step = self.step_count
 
     def pull(self) -> None:
@@ -379,14 +456,23 @@ class Trainer:
         that died fails it at once. See paramshard.client.control.barrier."""
         if self._closed:
             raise ConfigError("Trainer.barrier after close()")
+        if self.replay_pending:
+            return      # rolled back: the batch loop replays first, and every trainer skips to there
         count = self._barrier_counts.get(name, 0) + 1
         if self.steps is None:      # collective: no servers, the trainers' group
             from ..collective import group
             group.barrier(self.trainer_id, self.env.timeout * 10 if timeout is None else timeout)
         else:
-            self.steps.flush()
-            control.barrier(self.links, self.trainer_id, name, count, timeout)
+            try:
+                self.steps.flush()
+                control.barrier(self.links, self.trainer_id, name, count, timeout, self.links.epoch,
+                                resumed=name in self._resumed_barriers)
+            except ParamshardError as exc:
+                self._recover(exc)
+                self.replay_pending = True
+                return
         self._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
+        self._resumed_barriers.discard(name)
 
     def server_stats(self) -> list[dict]:
         return control.server_stats(self.links) if self.links is not None else []

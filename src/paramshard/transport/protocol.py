@@ -70,7 +70,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "resume_pushes": {},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
-    "barrier": {"name": str, "count": int, "trainer": int},
+    "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool)},
     "shutdown": {},
 }
 
