@@ -19,6 +19,10 @@ SPEC = {
     "max_ids": ("PARAMSHARD_MAX_IDS", 1 << 24, "ids in one sparse pull or push"),
     "max_rows": ("PARAMSHARD_MAX_ROWS", 1 << 30, "rows of one sparse table on one server"),
     "max_dim": ("PARAMSHARD_MAX_DIM", 4096, "columns of a sparse table row"),
+    # 100 clients that never read cost at most ~100 x (this + one reply): 13 GB with a 4 MB model.
+    "max_queued_bytes": ("PARAMSHARD_MAX_QUEUED_BYTES", 128 << 20,
+                         "bytes of replies one connection may leave unread on a server; its next requests "
+                         "wait for them to drain and are refused after PARAMSHARD_TIMEOUT"),
 }
 
 
@@ -28,6 +32,7 @@ class Limits:
     max_ids: int = SPEC["max_ids"][1]
     max_rows: int = SPEC["max_rows"][1]
     max_dim: int = SPEC["max_dim"][1]
+    max_queued_bytes: int = SPEC["max_queued_bytes"][1]
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

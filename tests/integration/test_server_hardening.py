@@ -266,3 +266,191 @@ def test_a_message_queued_before_a_hang_up_does_not_bring_the_trainer_back():
         server._sock.close(0)
         server._monitor.close(0)
         server._peers.close()
+
+
+# -- issue 20, defect 8: restore_sparse's row reservation ------------------------------
+def test_restore_sparse_checks_its_reserve_before_allocating(server, links):
+    sparse = SparseClient(links, 0)
+    sparse.register_sparse(TableSpec("t", 4, ps.optim.SGD()))
+    restore = {"op": "restore_sparse", "table": "t", "parts": ["ids", "values"], "version": 0, "evicted": 0,
+               "trainer": 0}
+    page = [np.array([7], np.uint64), np.ones((1, 4), np.float32)]
+    with pytest.raises(RemoteError, match=r"invalid.*table 't'.*reserved.*PARAMSHARD_MAX_ROWS"):
+        links.request(0, {**restore, "reserve": 2**40}, page)      # was an `internal` MemoryError
+    with pytest.raises(RemoteError, match="reserve must be >= 0"):
+        links.request(0, {**restore, "reserve": -1}, page)
+    assert server.snapshot_stats()["sparse_rows"] == 0
+    links.request(0, {**restore, "reserve": 10}, page)                 # a sane hint still works
+    np.testing.assert_array_equal(sparse.pull_sparse("t", np.array([7], np.uint64), 4), np.ones((1, 4)))
+
+
+# -- issue 20, defects 3 and 4: clients that do not read their replies -------------------
+def snapshot_request(i: int) -> bytes:
+    return msgpack.packb({"v": protocol.PROTOCOL_VERSION, "id": i, "op": "snapshot_dense", "arrays": []})
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def non_reader(address, security=None) -> zmq.Socket:
+    """A DEALER that reads nothing: its libzmq takes one reply off TCP, the kernel a few MB more."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 1 << 16)
+    if security is not None:
+        security.configure_client(sock)
+    sock.connect(f"tcp://{address}")
+    return sock
+
+
+def register_model(links, elements: int) -> None:
+    plan = make_plan([ParamSpec("w", (elements,))], 1)
+    DenseClient(links, plan, 0).register_dense({"w": np.ones(elements, np.float32)}, ps.optim.SGD(lr=0.1))
+
+
+def wait_for_stat(read_stats, key: str, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = read_stats()
+        if stats.get(key, 0) > 0:
+            return stats
+        assert time.monotonic() < deadline, f"no {key} within {timeout} s: {stats}"
+        time.sleep(0.05)
+
+
+def test_the_server_socket_never_stops_reading_a_connection():
+    """libzmq 4.3.5 aborts the process when a peer resets a connection it stopped reading (inbound
+    pipe at RCVHWM): the server's socket has no inbound limit, so it never stops reading."""
+    from paramshard.transport.server_socket import bind_router
+    sock, _ = bind_router(zmq.Context.instance(), "127.0.0.1:0", "test")
+    try:
+        assert sock.getsockopt(zmq.RCVHWM) == 0
+    finally:
+        sock.close(0)
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "curve"])
+def test_a_client_that_floods_big_requests_and_hangs_up_does_not_abort_the_server(cluster, secure):
+    """3000 snapshot_dense of a 4 MB model, then a reset: the server used to die in libzmq
+    (`Assertion failed: !_io_error (src/stream_engine_base.cpp:310)`) within a heartbeat."""
+    from paramshard.transport.security import Security
+    c = cluster(servers=1, trainers=1, mode="sync", timeout=10.0,
+                **({"secret": "issue-20", "job_id": "j"} if secure else {}))
+    child, address, security = c.children[0], c.base.servers[0], Security.from_env(c.base)
+    with ServerLinks([address], timeout=10, security=security) as links:
+        links.wait_ready(30)
+        register_model(links, 1 << 20)
+        sock = non_reader(address, security)
+        for i in range(3000):
+            sock.send(snapshot_request(i))
+        sock.close(0)
+        # The abort came within a heartbeat interval (1 s) of the reset: keep being served for two.
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            assert child.proc.poll() is None, f"the server died: {child.describe_exit()}"
+            assert links.request(0, {"op": "hello"}, timeout=5)[0]["ok"]
+        assert child.proc.poll() is None, f"the server died: {child.describe_exit()}"
+
+
+def test_a_client_that_never_reads_costs_the_server_a_bounded_amount_of_memory(cluster):
+    limit, model = 32 << 20, 4 << 20
+    c = cluster(servers=1, trainers=1, mode="sync", timeout=10.0, limits=Limits(max_queued_bytes=limit))
+    child, address = c.children[0], c.base.servers[0]
+    with ServerLinks([address], timeout=10) as links:
+        links.wait_ready(30)
+        register_model(links, model // 4)
+        before = peak = rss_kb(child.pid)
+        sock = non_reader(address)
+        try:
+            for i in range(3000):
+                sock.send(snapshot_request(i))
+
+            def read_stats():
+                nonlocal peak
+                peak = max(peak, rss_kb(child.pid))
+                return links.request(0, {"op": "stats"})[0]["stats"]
+            stats = wait_for_stat(read_stats, "requests_refused")
+            peak = max(peak, rss_kb(child.pid))
+            print(f"server VmRSS {before} kB before, peak {peak} kB with the non-reader: "
+                  f"+{(peak - before) // 1024} MB; {stats['requests_held']} held, {stats['requests_refused']} refused")
+            # Old code: up to SNDHWM (1000) snapshots, 4 GB. Now: the limit, one reply, allocator slack.
+            assert (peak - before) * 1024 < limit + 2 * model + (48 << 20)
+            assert stats["queued_reply_bytes"] <= limit + model
+            assert links.request(0, {"op": "hello"})[0]["ok"]          # the others are served meanwhile
+        finally:
+            sock.close(0)
+
+
+def slow_reader_server(timeout: float, **limits):
+    server = start_server(limits=Limits(**limits), timeout=timeout)
+    links = ServerLinks([server.address], timeout=5)
+    register_model(links, 1 << 18)      # 1 MB replies: far more than the limit, and than TCP buffers hold
+    return server, links
+
+
+def test_a_slow_reader_is_held_back_and_then_served_never_refused():
+    server, links = slow_reader_server(timeout=30.0, max_queued_bytes=2 << 20)
+    sock = non_reader(server.address)
+    try:
+        for i in range(200):
+            sock.send(snapshot_request(i))
+        wait_for_stat(server.snapshot_stats, "requests_held")
+        ids = []
+        for _ in range(200):
+            assert sock.poll(5000), f"no reply after {len(ids)}"
+            reply = msgpack.unpackb(sock.recv_multipart()[0])
+            assert reply["ok"], reply
+            ids.append(reply["id"])
+        assert ids == list(range(200))                      # in order, every one answered
+        assert server.stats["requests_refused"] == 0
+    finally:
+        sock.close(0)
+        links.close()
+        server.close()
+
+
+def test_a_request_held_past_the_timeout_is_refused_naming_the_limit():
+    server, links = slow_reader_server(timeout=2.0, max_queued_bytes=2 << 20)
+    sock = non_reader(server.address)
+    try:
+        for i in range(50):
+            sock.send(snapshot_request(i))
+        wait_for_stat(server.snapshot_stats, "requests_refused", timeout=10)   # held 2 s, the server's timeout
+        deadline = time.monotonic() + 10
+        while True:
+            assert time.monotonic() < deadline and sock.poll(5000), "no refusal arrived"
+            reply = msgpack.unpackb(sock.recv_multipart()[0])
+            if not reply["ok"]:
+                break
+        assert reply["code"] == "overloaded"
+        assert "PARAMSHARD_MAX_QUEUED_BYTES=2097152" in reply["message"] and "not read" in reply["message"]
+        assert 0 <= reply["id"] < 50
+        assert links.request(0, {"op": "hello"})[0]["ok"]
+    finally:
+        sock.close(0)
+        links.close()
+        server.close()
+
+
+def test_a_trainer_with_requests_in_flight_is_never_refused_even_under_a_one_byte_limit():
+    """A real trainer pipelines (pushes in flight, prefetches) and reads every reply: whatever
+    the limit, its requests at most wait for its own replies to leave."""
+    server = start_server(limits=Limits(max_queued_bytes=1))
+    try:
+        with ServerLinks([server.address], timeout=5) as links:
+            client = register_w(links, np.ones(4, np.float32))
+            pull = {"op": "pull_dense", "names": ["w.block0"], "min_version": 0, "trainer": 0,
+                    "plan_fingerprint": client.fingerprint}
+            push = {"op": "push_dense", "names": ["w.block0"], "trainer": 0, "reply_values": True}
+            for step in range(20):
+                in_flight = links.submit([(0, {**push, "step": step}, [np.ones(4, np.float32)])])
+                prefetch = links.submit([(0, pull, ())] * 3)
+                assert all(h["ok"] for h, _ in links.collect(prefetch) + links.collect(in_flight))
+            stats = links.request(0, {"op": "stats"})[0]["stats"]
+            assert stats.get("requests_refused", 0) == 0 and stats["requests_held"] > 0
+            np.testing.assert_array_equal(pull_w(client), 1.0 - 20.0)
+    finally:
+        server.close()

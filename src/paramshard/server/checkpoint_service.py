@@ -183,8 +183,13 @@ class CheckpointService:
             raise ConfigError(f"restore_sparse: table {table.name!r} already has rows for some of these ids")
         first = table.num_rows
         table.limits.check("max_rows", first + n, f"table {table.name!r}: rows on this server")
-        # The first page says how many rows follow: one allocation instead of one per page.
-        table._ensure_capacity(max(first + n, header.get("reserve", 0)))
+        # The first page says how many rows follow: one allocation instead of one per page. The
+        # hint is checked like register_sparse's, before anything is allocated.
+        reserve = header.get("reserve", 0)
+        if reserve < 0:
+            raise ConfigError(f"restore_sparse: table {table.name!r}: reserve must be >= 0 rows, got {reserve}")
+        table.limits.check("max_rows", reserve, f"restore_sparse: table {table.name!r}: rows reserved on this server")
+        table._ensure_capacity(max(first + n, reserve))
         table.index.insert(ids)                  # the new ids get rows first..first+n-1, in order
         new = slice(first, first + n)
         table.values[new] = values

@@ -8,7 +8,8 @@ now or deferred, becomes an error reply and the loop goes on serving.
 
 The server also ends with its job: once no trainer can push again (every one
 left, or lost its connection for longer than the timeout) or a peer server is
-gone, it stops, with exit code 1 and a line naming the lost ones if any.
+gone, it stops, with exit code 1 and a line naming the lost ones if any (69,
+peers.PEER_LOST_EXIT_CODE, for a lost peer server).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from .barrier import Membership
 from .control_handlers import ControlHandlers
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
-from .peers import PeerWatch
+from .outbox import GO, HELD, Outbox, describe_identity
+from .peers import PEER_LOST_EXIT_CODE, PeerWatch
 from .push_gate import PushGate
 from .replies import Deferred, Reply
 from .trainer_barrier import TrainerBarriers
@@ -50,6 +52,9 @@ class _Waiting:
 PUSH_OPS = ("push_dense", "push_sparse")
 IN_PROCESS = "in-process:0"     # the address of a server without a socket (host:port, as any other)
 DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
+# Requests that belong to an epoch: refused in another (a barrier entered before a rollback
+# must not count after it).
+EPOCH_OPS = DATA_OPS + ("barrier",)
 
 
 def _peer_address(frame) -> str | None:
@@ -92,8 +97,12 @@ class ParameterServer:
             self._sock, self.address = bind_router(self._ctx, bind, self.name, limits.max_message_bytes,
                                                    security=security)
         self._secure_peer = security.configure_client if security is not None else None
-        self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer)
+        self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer, me=server_id)
         self._waiting: list[_Waiting] = []
+        # Replies each connection has not read yet, and its requests held back meanwhile:
+        # what one client can make this server hold is bounded (server/outbox.py).
+        self._outbox = Outbox(limits.max_queued_bytes, hold_seconds=timeout)
+        self._releasing = False     # the outbox let a held request through: more may follow at once
         self.gate = PushGate(timeout)       # async checkpoints: holds pushes for a consistent cut
         # The job's epoch (client/recovery.py): data requests of another epoch are refused. A
         # server restarted in place starts at -1: it serves nothing until the chief resets it.
@@ -130,7 +139,7 @@ class ParameterServer:
         if self._ready.is_set():
             raise RuntimeError(f"{self.name}: watch_peers() after serving started")
         self._peers.close()
-        self._peers = PeerWatch(self._ctx, peers, grace=self.timeout, secure=self._secure_peer)
+        self._peers = PeerWatch(self._ctx, peers, grace=self.timeout, secure=self._secure_peer, me=self.server_id)
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":
@@ -181,6 +190,8 @@ class ParameterServer:
                         except zmq.Again:
                             break
                         self._handle(frames)
+                if self._outbox.has_held():
+                    self._releasing = self._outbox.release(self._process, self._refuse, self._drop_held)
                 self._answer_waiting()
                 if self._stop_after_replies and not self._waiting:
                     break
@@ -189,6 +200,7 @@ class ParameterServer:
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.1
+                    self._outbox.sweep()
                     self._refresh_cached_stats(now)
                     if self._job_ended():
                         break
@@ -211,7 +223,7 @@ class ParameterServer:
                       trainer, self.timeout)
         gone_peers = self._peers.poll()
         if gone_peers:
-            self.exit_code = 1
+            self.exit_code = PEER_LOST_EXIT_CODE      # the launcher reads it: failed because a peer did
             log.error("%s: stopping because %s is gone (unreachable for %g s); the job cannot go on "
                       "without it", self.name, ", ".join(gone_peers), self.timeout)
             return True
@@ -230,15 +242,48 @@ class ParameterServer:
 
     # -- request handling -----------------------------------------------
     def _poll_ms(self) -> int:
+        # Held requests wait for replies to drain, which no socket event announces: look again soon.
+        if self._releasing and self._outbox.has_held():
+            return 0
+        longest = 20 if self._outbox.has_held() else 200
         if not self._waiting:
-            return 200
+            return longest
         soonest = min(w.deadline for w in self._waiting)
-        return max(0, min(200, int((soonest - time.monotonic()) * 1000) + 1))
+        return max(0, min(longest, int((soonest - time.monotonic()) * 1000) + 1))
 
     def _handle(self, frames: list) -> None:
-        identity, rest = frames[0], frames[1:]
+        """A request off the socket: handled now, or held while its connection has too many
+        unread replies (server/outbox.py), or refused when it holds too much already."""
         self.stats["requests"] += 1
-        self.stats["bytes_in"] += sum(len(f) for f in rest)
+        nbytes = sum(len(f) for f in frames[1:])
+        self.stats["bytes_in"] += nbytes
+        admitted = self._outbox.admit(frames[0].bytes, frames, nbytes)
+        if admitted == GO:
+            self._process(frames)
+        elif admitted == HELD:
+            self.stats["requests_held"] += 1
+        else:
+            self._refuse(frames)
+
+    def _refuse(self, frames: list) -> None:
+        """Answer a request of a connection over PARAMSHARD_MAX_QUEUED_BYTES with an error naming it
+        (logged once per episode: such a client sends thousands)."""
+        identity = frames[0].bytes
+        conn = self._outbox.connection(identity)
+        message = self._outbox.refusal(identity, self.name)
+        self.stats["requests_refused"] += 1
+        if not conn.warned_refuse:
+            conn.warned_refuse = True
+            log.warning("%s: client %s at %s does not read its replies: %s", self.name,
+                        describe_identity(identity), _peer_address(frames[1]) if len(frames) > 1 else "?", message)
+        request_id = protocol.request_id_of(frames[1].buffer) if len(frames) > 1 else -1
+        self._send(frames[0], protocol.error_header(request_id, "overloaded", message))
+
+    def _drop_held(self, frames: list) -> None:
+        self.stats["held_dropped"] += 1     # its client is gone: nobody to answer
+
+    def _process(self, frames: list) -> None:
+        identity, rest = frames[0], frames[1:]
         request_id, op = -1, "?"
         try:
             if not rest:
@@ -278,7 +323,7 @@ class ParameterServer:
             if type(trainer) is not int:
                 raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
             self.membership.check_trainer(trainer)
-        if op in DATA_OPS and header.get("epoch", self.generation) != self.generation:
+        if op in EPOCH_OPS and header.get("epoch", self.generation) != self.generation:
             raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {self.name} is in epoch "
                              f"{self.generation}" + (" (restarted, waiting for the chief to restore the "
                                                      "checkpoint)" if self.generation < 0 else
@@ -393,12 +438,35 @@ class ParameterServer:
         self.phase_seconds["reply"] += time.perf_counter() - started
 
     def _send(self, identity, header: dict, arrays=()) -> None:
+        """Queue a reply without ever blocking the loop. A peer whose pipe is full (SNDHWM replies
+        it does not read) or that is gone gets nothing: the reply is dropped and counted, with
+        one warning per connection. A sent reply counts against its connection until libzmq
+        releases it (server/outbox.py)."""
         frames = protocol.encode(header, arrays)
         self.stats["bytes_out"] += sum(a.nbytes for a in arrays)
+        key = identity.bytes if isinstance(identity, zmq.Frame) else bytes(identity)
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        # Tracked: the last frame zero-copy with a tracker. libzmq sends a connection's frames in
+        # order, so once it releases that one the reply (and every earlier one) has left the process.
+        track = self._outbox.track(key, nbytes)
+        last = zmq.Frame(frames[-1], copy=False, track=True) if track else frames[-1]
         try:
-            self._sock.send_multipart([identity, *frames], copy=False)
-        except zmq.ZMQError as exc:   # client went away: nothing to answer
-            log.warning("%s: could not answer a client that left: %s", self.name, exc)
+            self._sock.send(identity, zmq.NOBLOCK | zmq.SNDMORE, copy=False)   # Again / unreachable: nothing queued
+            for frame in frames[:-1]:
+                self._sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE, copy=False)
+            tracker = self._sock.send(last, zmq.NOBLOCK, copy=False, track=track)
+        except zmq.ZMQError as exc:
+            self.stats["replies_dropped"] += 1
+            conn = self._outbox.connection(key)
+            conn.gone = exc.errno == zmq.EHOSTUNREACH
+            if not conn.warned_drop:
+                conn.warned_drop = True
+                why = ("its queue is full: it does not read its replies" if isinstance(exc, zmq.Again)
+                       else f"it is gone ({exc})")
+                log.warning("%s: dropped a reply to client %s: %s (further drops to it are only counted, "
+                            "stats replies_dropped)", self.name, describe_identity(key), why)
+            return
+        self._outbox.sent(key, tracker if track else None, nbytes)
 
     def fail_waiting(self, code: str, message: str) -> None:
         """Answer every waiting request with an error (a reset voids them)."""
@@ -432,6 +500,7 @@ class ParameterServer:
                             "lost": sorted(self.membership.failed)},
                "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()}}
         out.update(self.stats)
+        out.update(self._outbox.stats())
         for service in self._services:
             out.update(service.stats())
         return out

@@ -50,6 +50,15 @@ def bind_router(ctx: zmq.Context, bind: str, name: str, max_message_bytes: int |
         sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, not drops
+    # libzmq 4.3.5 aborts the whole process (`Assertion failed: !_io_error
+    # (stream_engine_base.cpp:310)`) when a peer resets its connection while libzmq has
+    # stopped reading it because its inbound pipe is full (RCVHWM): the next heartbeat,
+    # or the PONG to a PING still in its buffer, writes to the dead connection. Any client
+    # that sends faster than the loop answers and then hangs up gets there. With no
+    # inbound limit libzmq never stops reading, so that state cannot arise; the loop
+    # never blocks (sends are NOBLOCK) and bounds what each connection costs instead
+    # (server/outbox.py).
+    sock.setsockopt(zmq.RCVHWM, 0)
     # Heartbeats towards every client: a trainer behind a silent partition (no FIN,
     # no RST) is disconnected after the timeout, so the server counts it as lost.
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
