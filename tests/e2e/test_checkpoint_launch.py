@@ -43,23 +43,24 @@ def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path):
     assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in out, out
 
 
-def _launch_with_restarts(ckpt, mark: str, every: int, steps: int, delay: float) -> subprocess.Popen:
-    """A 2 + 2 job of SCRIPT with checkpoints every ``every`` steps and --max-restarts 1; its
-    processes carry ``mark`` (run_job.processes_marked finds them)."""
+def _launch_with_restarts(ckpt, mark: str, every: int, steps: int, delay: float, *flags: str) -> subprocess.Popen:
+    """A 2 + 2 job of SCRIPT with checkpoints every ``every`` steps and --max-restarts 1 (and
+    the launcher's ``flags``); its processes carry ``mark`` (run_job.processes_marked finds them)."""
     return subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir", str(ckpt),
-                             "--checkpoint-every", str(every), "--max-restarts", "1", SCRIPT, "--steps", str(steps),
+                             "--checkpoint-every", str(every), "--max-restarts", "1", *flags, SCRIPT, "--steps", str(steps),
                              "--step-delay", str(delay)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
                             start_new_session=True)
 
 
-def _kill_mid_run(tmp_path, role, rank):
+def _kill_mid_run(tmp_path, role, rank, sig=signal.SIGKILL, *flags):
     """Run the 16-step job (0.3 s a step) with checkpoints every 5 steps and --max-restarts 1;
-    0.6 s after step 5 is saved (about step 7, well before the next checkpoint), kill -9 the
-    given rank. Returns (exit code, output)."""
+    0.6 s after step 5 is saved (about step 7, well before the next checkpoint), send ``sig``
+    (kill -9) to the given rank. Returns (exit code, output)."""
     ckpt = tmp_path / "ckpt"
     mark = f"kill-test-{time.time_ns()}"
-    proc = _launch_with_restarts(ckpt, mark, every=5, steps=16, delay=0.3)
+    proc = _launch_with_restarts(ckpt, mark, 5, 16, 0.3, *flags)
+    victims = []
     try:
         deadline = time.monotonic() + 60
         while not (ckpt / "step-00000005").is_dir():
@@ -68,11 +69,16 @@ def _kill_mid_run(tmp_path, role, rank):
         time.sleep(0.6)
         victims = rank_pids(mark, role, rank)
         assert len(victims) == 1, victims
-        os.kill(victims[0], signal.SIGKILL)
+        os.kill(victims[0], sig)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in victims if sig == signal.SIGSTOP else ():
+            try:
+                os.kill(pid, signal.SIGKILL)      # never leave a stopped process behind
+            except ProcessLookupError:
+                pass
     assert not processes_marked(mark)
     return proc.returncode, out
 
@@ -87,6 +93,31 @@ def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_pat
     assert {t for t, *_ in replayed} == {"0", "1"}, out[-6000:]
     assert all(int(back_to) == 5 and int(n) >= 1 for _, _, back_to, n in replayed), replayed   # steps replayed
     # The trainers were not restarted: each script started once.
+    assert out.count("trainer 0 starts at step") == 1 and out.count("trainer 1 starts at step") == 1, out[-6000:]
+    assert final_hash(out) == final_hash(whole)
+
+
+def test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart(tmp_path):
+    """SIGSTOP server 1 for good (longer than the timeout): server 0 names it in its status
+    lines, the launcher SIGKILLs it and restarts it alone, one restart spent, and the job ends
+    as an undisturbed run does. The timeout, 20 s, is the trainers' deadline for the servers to
+    come back (a busy machine takes seconds to start one); under the 5 s heartbeat it would fail
+    their requests with DeadlineExceeded before they see the server gone."""
+    code, whole = launch(SCRIPT, "--steps", "16")
+    assert code == 0, whole[-4000:]
+    code, out = _kill_mid_run(tmp_path, "server", 1, signal.SIGSTOP, "--timeout", "20")
+    assert code == 0, out[-6000:]
+    assert re.search(r"server 1 \(pid \d+ on this machine\) is hung: server 0 lost its heartbeat, and it has said "
+                     r"nothing to the launcher for [\d.]+ s: killing it \(SIGKILL\)", out), out[-6000:]
+    # One restart, for server 1 alone: server 0 did not exit, the job was not restarted whole.
+    restarts = re.findall(r"(server \d) was hung and is killed; restarting it in place on 127\.0\.0\.1:\d+ "
+                          r"\(restart (\d+)\)", out)
+    assert restarts == [("server 1", "1")], out[-6000:]
+    assert out.count("restarting it in place") == 1, out[-6000:]
+    assert "every server and trainer starts again" not in out and "first failure" not in out, out[-6000:]
+    assert re.search(r"restarted in place: restart 1: server 1 \(hung: server 0 lost its heartbeat", out), out[-6000:]
+    replayed = re.findall(r"trainer (\d): rolled back from step (\d+) to checkpoint step (\d+)", out)
+    assert {t for t, *_ in replayed} == {"0", "1"}, out[-6000:]
     assert out.count("trainer 0 starts at step") == 1 and out.count("trainer 1 starts at step") == 1, out[-6000:]
     assert final_hash(out) == final_hash(whole)
 

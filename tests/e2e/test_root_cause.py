@@ -131,3 +131,43 @@ def test_first_failure_is_not_the_one_that_lost_a_peer():
                        "    (it printed nothing)",
                        "  10.0.0.1 | trainer 0: failed after trainer 1 (peer lost; exit code 1)",
                        "  server 0: failed after trainer 1 (exit code 2): OSError: disk full"]
+
+
+def test_a_hung_server_is_the_first_failure_not_the_trainers_that_gave_up_on_it(tmp_path):
+    """No restarts: SIGSTOP server 1; the trainers fail on the lost heartbeat, and the summary
+    names server 1 as hung (from server 0's status lines), killed by the launcher."""
+    import os
+    import re
+    from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids
+    mark, log_path = f"hung-summary-{time.time_ns()}", tmp_path / "out.txt"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "2", "--trainers", "2",
+                                 str(REPO / "tests" / "e2e" / "scripts" / "resumable.py"), "--steps", "1000",
+                                 "--step-delay", "0.1"], stdout=log_file, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env={**os.environ, MARK: mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"},
+                                start_new_session=True)
+    victims = []
+    try:
+        deadline = time.monotonic() + 90
+        while log_path.read_text().count("starts at step 0") < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-4000:]
+            time.sleep(0.1)
+        victims = rank_pids(mark, "server", 1)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGSTOP)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)      # never leave a stopped process behind
+            except ProcessLookupError:
+                pass
+    out = log_path.read_text()
+    assert proc.returncode != 0, out[-4000:]
+    assert re.search(r"first failure: server 1 \(hung: server 0 lost its heartbeat, and it has said nothing to the "
+                     r"launcher for [\d.]+ s; the launcher killed it: killed by SIGKILL; pid \d+ on this machine\)",
+                     out), out[-4000:]
+    assert re.search(r"  trainer \d: failed after server 1 \(peer lost", out), out[-4000:]
+    assert not processes_marked(mark)

@@ -79,3 +79,40 @@ def test_a_server_stopped_between_requests_fails_the_next_one(cluster):
             assert time.monotonic() - start < 3
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def _wait_for(what: str, ready, seconds: float):
+    deadline = time.monotonic() + seconds
+    while not (found := ready()):
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.05)
+    return found
+
+
+def test_a_peer_names_the_stopped_server_in_its_status_lines_then_exits_for_it(cluster):
+    """Two real servers under a launcher's stdout (PARAMSHARD_RECORDS=stdout): SIGSTOP server 1;
+    server 0's status lines name it within the heartbeat time, server 1 falls silent, server 0
+    exits with PEER_LOST_EXIT_CODE naming it, and the launcher's verdict is: 1 hung, 0 a casualty."""
+    from paramshard.launch.peer_loss import ServerState, decide
+    from paramshard.launch.status import PEER_LOST_EXIT_CODE
+    c = cluster(servers=2, trainers=1, timeout=2.0, records="stdout")
+    server0, server1 = c.children
+    for child in c.children:
+        _wait_for(f"status line from {child.tag}", lambda child=child: child.last_status()[0], 60)
+    assert server0.last_status()[0].unreachable == {} and server0.last_status()[0].gone == ()
+    try:
+        os.kill(server1.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _wait_for("status line naming server 1", lambda: 1 in server0.last_status()[0].unreachable, 15)
+        named_after = time.monotonic() - stopped_at
+        code = _wait_for("exit of server 0", lambda: server0.poll() is not None and [server0.poll()], 15)[0]
+        status, _ = server0.last_status()
+        silent_for = time.monotonic() - server1.last_status()[1]
+    finally:
+        os.kill(server1.pid, signal.SIGKILL)
+    assert named_after < 8, named_after            # the 5 s heartbeat, not the 2 s timeout on top
+    assert code == PEER_LOST_EXIT_CODE and status.gone == (1,), (code, status)
+    assert silent_for >= named_after
+    verdict = decide([ServerState(0, code, status.unreachable, status.gone, 0.1), ServerState(1, silent_for=silent_for)])
+    assert set(verdict.hung) == {1} and verdict.casualties == (0,)
+    assert verdict.restart == (0, 1) and verdict.cost == 1

@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Iterable, Sequence, TextIO
 
+from .status import STATUS_MARK, PeerStatus
+
 _print_lock = threading.Lock()
 
 # The final line of a traceback ("RuntimeError: boom", "paramshard.errors.RemoteError: ...",
@@ -218,6 +220,9 @@ class Child:
         self._in_traceback = False
         self.withheld: list[str] = []              # exception lines of the tracebacks not copied
         self._muted = False
+        # Its last status line (launch/status.py) and when it came: servers under a launcher.
+        self.status: PeerStatus | None = None
+        self.status_at: float | None = None
         # PR_SET_PDEATHSIG fires when the forking thread exits: only the main
         # thread lives as long as the launcher. Other threads rely on the guardian.
         on_main = threading.current_thread() is threading.main_thread()
@@ -245,6 +250,13 @@ class Child:
     def _copy_lines(self) -> None:
         writable = True
         for line in self.proc.stdout:
+            if line.startswith(STATUS_MARK):
+                # For the launcher only: neither printed nor written to the run directory.
+                status = PeerStatus.parse(line)
+                if status is not None:
+                    with self._recent_lock:
+                        self.status, self.status_at = status, time.monotonic()
+                continue
             if self.tap is not None and self.tap(line):
                 continue
             with self._recent_lock:
@@ -330,9 +342,24 @@ class Child:
             return f"{self.tag} (pid {self.pid}) was killed by {name}"
         return f"{self.tag} (pid {self.pid}) exited with code {code}"
 
+    def last_status(self) -> tuple[PeerStatus | None, float | None]:
+        """(its last status line, time.monotonic() when it came), (None, None) before any."""
+        with self._recent_lock:
+            return self.status, self.status_at
+
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the child's process group, then SIGKILL if it lingers."""
         stop_all([self], grace)
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """SIGKILL the child's process group at once and reap it (a hung child: SIGTERM
+        would wait for a process that runs no handler, SIGKILL works even on a stopped one)."""
+        self._signal(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass                         # uninterruptible sleep: poll() says when it is gone
+        self.poll()
 
     def _signal(self, sig: int) -> None:
         try:

@@ -6,17 +6,29 @@ when a peer's ZMTP handshake succeeded and when its connection dropped (a
 killed process at once, a stopped or partitioned one after the heartbeat
 timeout). A peer that was reachable and stays unreachable for the grace
 period is gone, and a job missing a server cannot train on, so the server
-stops too instead of idling forever.
+stops too instead of idling forever, with ``PEER_LOST_EXIT_CODE`` (it failed
+because another one did).
+
+Under a launcher that reads its stdout (``PARAMSHARD_RECORDS=stdout``) the watch
+also writes status lines (launch/status.py): which peers are unreachable, at
+once when that changes and every second otherwise. The launcher learns of a
+hung peer as soon as its heartbeat is lost, while the trainers (who lose it on
+the same heartbeat) wait for it to come back, and can replace it in time.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Callable, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..launch.status import PEER_LOST_EXIT_CODE, STATUS_EVERY, PeerStatus
 from ..transport.client import close_monitored
+
+__all__ = ["PEER_LOST_EXIT_CODE", "PeerWatch", "launcher_report"]
 
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
@@ -36,13 +48,34 @@ class _Peer:
         return f"server {self.index} ({self.address})"
 
 
+def launcher_report() -> Callable[[str], None] | None:
+    """Where status lines go: this process's stdout when a launcher reads it and takes
+    marked lines out (``PARAMSHARD_RECORDS=stdout``, set by ``paramshard launch``), else
+    nowhere (a user's terminal, ``paramshard run``, Kubernetes logs)."""
+    if os.environ.get("PARAMSHARD_RECORDS") != "stdout":
+        return None
+
+    def write(line: str) -> None:
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass          # the launcher's pipe is gone: nobody to tell
+    return write
+
+
 class PeerWatch:
     def __init__(self, ctx: zmq.Context, peers: dict[int, str], grace: float,
-                 secure: Callable[[zmq.Socket], None] | None = None, clock=time.monotonic):
+                 secure: Callable[[zmq.Socket], None] | None = None, clock=time.monotonic,
+                 me: int | None = None, report: Callable[[str], None] | None = None):
         """``peers``: server index -> host:port of every other server; ``secure``
-        sets a socket's security options before it connects."""
+        sets a socket's security options before it connects. ``me``: this server's
+        index; with it, status lines go to ``report`` (default: ``launcher_report()``)."""
         self.grace = grace
         self._clock = clock
+        self.me = me
+        self._report = (report or launcher_report()) if me is not None else None
+        self._reported: tuple[float, frozenset[int]] | None = None    # (when, unreachable peers) of the last line
         self.peers: list[_Peer] = []
         for index, address in sorted(peers.items()):
             sock = ctx.socket(zmq.DEALER)
@@ -61,6 +94,9 @@ class PeerWatch:
 
     def poll(self) -> list[str]:
         """Names of peers gone for longer than the grace period (after having been reachable)."""
+        return [peer.name for peer in self._poll()]
+
+    def _poll(self) -> list[_Peer]:
         now = self._clock()
         gone = []
         for peer in self.peers:
@@ -73,8 +109,22 @@ class PeerWatch:
                     peer.reachable = False
                     peer.down_since = now
             if peer.down_since is not None and now - peer.down_since >= self.grace:
-                gone.append(peer.name)
+                gone.append(peer)
+        self._write_status(now, gone)
         return gone
+
+    def _write_status(self, now: float, gone: list[_Peer]) -> None:
+        """A status line when the unreachable peers changed, when some are gone (this
+        server is about to exit for them) and every STATUS_EVERY seconds: the launcher
+        counts a server that stops writing them as silent (launch/peer_loss.py)."""
+        if self._report is None or not self.peers:
+            return
+        down = {p.index: now - p.down_since for p in self.peers if p.down_since is not None}
+        last = self._reported
+        if last is not None and not gone and frozenset(down) == last[1] and now - last[0] < STATUS_EVERY:
+            return
+        self._reported = (now, frozenset(down))
+        self._report(PeerStatus(self.me, down, tuple(p.index for p in gone)).line())
 
     def close(self) -> None:
         for peer in self.peers:
