@@ -137,6 +137,7 @@ class Meter:
     def start(self) -> None:
         self.tcp0, self.wchar0, self.stdout0 = tcp_counters(self.servers), wchar(), self.stdout.bytes
         self.t0 = time.perf_counter()
+        self.wall0 = time.time()       # the window on the wall clock, for a driver that samples CPU time
 
     def tick(self, samples: int) -> None:
         self.samples += samples
@@ -144,6 +145,7 @@ class Meter:
 
     def stop_clock(self) -> None:
         self.seconds = time.perf_counter() - self.t0
+        self.wall1 = time.time()
         self.stdout1 = self.stdout.bytes
 
     def stop_bytes(self) -> dict:
@@ -153,7 +155,8 @@ class Meter:
         delta = {k: tcp1[k] - self.tcp0[k] for k in ("sent", "recv", "sent_servers", "recv_servers")}
         return {"steps_timed": self.steps, "samples_timed": self.samples, "seconds_timed": self.seconds,
                 "samples_per_s": self.samples / self.seconds, "tcp": delta, "tcp_sockets": tcp1["sockets"],
-                "wchar": wchar1 - self.wchar0, "stdout_bytes": self.stdout1 - self.stdout0}
+                "wchar": wchar1 - self.wchar0, "stdout_bytes": self.stdout1 - self.stdout0,
+                "window": [self.wall0, self.wall1]}
 
 
 def server_bytes_out(trainer) -> int:

@@ -52,16 +52,22 @@ VARIABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("PARAMSHARD_TIMEOUT", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})", ()),
     ("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry "
      "in PARAMSHARD_SERVERS)", ()),
-    ("PARAMSHARD_SECRET", "shared secret: when set, every connection is encrypted and "
-     "authenticated with CurveZMQ, keys derived from it and the job id; the launcher passes "
-     "its own value on", ()),
+    ("PARAMSHARD_SECRET", "shared secret: every connection is encrypted and authenticated with CurveZMQ, "
+     "keys derived from it and the job id. Unset, `paramshard launch` and `paramshard run` make a random one per "
+     "job (README \"Security\"); the launcher passes it on", ()),
+    ("PARAMSHARD_INSECURE", "`1`: no secret is made, connections are plain TCP (`launch --insecure`, "
+     "`run --insecure`); refused together with PARAMSHARD_SECRET or PARAMSHARD_KEYS_DIR", ()),
+    ("PARAMSHARD_SECRET_DIR", "`paramshard run` under srun or torchrun without PARAMSHARD_SECRET: the directory, "
+     "shared by every rank's host and private to this user, where the first rank writes the job's secret for the "
+     "others (default ~/.paramshard/secrets)", ()),
     ("PARAMSHARD_JOB_ID", "name of this job, the same on every process; mixed into the keys so "
      "two jobs with one secret never accept each other's traffic (the launcher makes one)", ()),
     ("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (see the README's security section)", ()),
     ("PARAMSHARD_WHERE", "where this process runs, for its log lines (`paramshard run` sets e.g. "
      "`rank 3 on node7`)", ()),
     ("PARAMSHARD_HOST", "the address other hosts reach this host at; a server started by `paramshard run` "
-     "advertises it (default: the address on the route towards the engine's rendezvous host)", ()),
+     "advertises it (default: the address on the route towards the engine's rendezvous host), a trainer "
+     "serves its /metrics there (`launch --hosts` and `paramshard run` set it)", ()),
     ("PARAMSHARD_STORE_PORT", "Slurm: port of the address store `paramshard run` hosts on the first node "
      "(default 29600 + job id % 2000)", ()),
     ("PARAMSHARD_K8S_DELETE", "Kubernetes: objects server 0 deletes when the job ends "
@@ -138,6 +144,8 @@ class ClusterEnv:
     secret: str | None = dataclasses.field(default=None, repr=False)
     job_id: str = ""
     keys_dir: str | None = None
+    insecure: bool = False           # plain TCP chosen on purpose: no secret is made for the job
+    host: str | None = None          # this host's address as the others reach it (PARAMSHARD_HOST)
     limits: Limits = Limits()
     where: str = ""                  # e.g. "rank 3 on node7": log lines only
     checkpoint_dir: str | None = None
@@ -165,6 +173,10 @@ class ClusterEnv:
                               f"{COLLECTIVE_BACKENDS}")
         if self.collective_addr is not None:
             _check_address("PARAMSHARD_COLLECTIVE_ADDR", self.collective_addr)
+        if self.insecure and (self.secret or self.keys_dir):
+            raise ConfigError(f"PARAMSHARD_INSECURE=1 (--insecure) asks for plain TCP, but "
+                              f"{'PARAMSHARD_SECRET' if self.secret else 'PARAMSHARD_KEYS_DIR'} is set too: "
+                              f"unset one of them")
         if self.dispatch not in DISPATCHERS:
             raise ConfigError(f"PARAMSHARD_DISPATCH={self.dispatch!r}: expected one of {DISPATCHERS}")
         if self.min_block_size < 1:
@@ -263,6 +275,8 @@ class ClusterEnv:
             secret=e.get("PARAMSHARD_SECRET") or None,
             job_id=e.get("PARAMSHARD_JOB_ID", ""),
             keys_dir=e.get("PARAMSHARD_KEYS_DIR") or None,
+            insecure=_flag(e, "PARAMSHARD_INSECURE"),
+            host=e.get("PARAMSHARD_HOST", "").strip() or None,
             where=e.get("PARAMSHARD_WHERE", ""),
             checkpoint_dir=e.get("PARAMSHARD_CHECKPOINT_DIR") or None,
             checkpoint_every=_or(_int(e, "PARAMSHARD_CHECKPOINT_EVERY"), 0),
@@ -305,6 +319,10 @@ class ClusterEnv:
             out["PARAMSHARD_JOB_ID"] = self.job_id
         if self.keys_dir:
             out["PARAMSHARD_KEYS_DIR"] = self.keys_dir
+        if self.insecure:
+            out["PARAMSHARD_INSECURE"] = "1"
+        if self.host:
+            out["PARAMSHARD_HOST"] = self.host
         if self.where:
             out["PARAMSHARD_WHERE"] = self.where
         if self.checkpoint_dir:
@@ -374,6 +392,17 @@ def _int(e: Mapping[str, str], *names: str) -> int | None:
         return int(hit[1])
     except ValueError:
         raise ConfigError(f"{hit[0]}={hit[1]!r} is not a whole number") from None
+
+
+def _flag(e: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable: unset, empty or 0 is no, 1 is yes; anything else is a mistake worth naming
+    (PARAMSHARD_INSECURE=false must not turn encryption off)."""
+    value = e.get(name, "").strip().lower()
+    if value in ("", "0", "no", "false"):
+        return False
+    if value in ("1", "yes", "true"):
+        return True
+    raise ConfigError(f"{name}={e[name]!r}: expected 1 (yes) or 0 (no)")
 
 
 def _float(e: Mapping[str, str], *names: str) -> float | None:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,50 @@ def test_launcher_api_waits_for_its_servers_and_cleans_up(tmp_path):
         assert launcher.wait() == 0
     assert all(c.poll() is not None for c in launcher.servers + launcher.trainers)
     assert "trainer 0 | servers hold 9900" in out.getvalue()
+
+
+PROBE = Path(__file__).parent / "scripts" / "secure_probe.py"
+
+
+def _probe_job(tmp_path, *flags, env_extra=None):
+    import os
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PARAMSHARD_")}
+    return subprocess.run([sys.executable, "-m", "paramshard", "launch", "--run-dir", str(tmp_path / "run"), *flags,
+                           str(PROBE)], capture_output=True, text=True, timeout=120, env={**env, **(env_extra or {})})
+
+
+def test_a_launch_without_a_secret_is_encrypted_and_refuses_plain_clients(tmp_path):
+    import hashlib
+    import json
+    import re
+    import stat
+    r = _probe_job(tmp_path, "--servers", "2", "--trainers", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    digests = set(re.findall(r"trainer \d secret (\S+)", r.stdout))
+    assert len(digests) == 1 and "None" not in digests, r.stdout      # one secret, every rank has it
+    assert r.stdout.count("plain client refused") == 2, r.stdout
+    assert "refused the connection handshake" in r.stdout and "this process uses no secret: plain TCP" in r.stdout
+    assert "plain client served" not in r.stdout and len(re.findall(r"trainer \d trained", r.stdout)) == 2
+    # `paramshard stats RUN_DIR` reads it; only this user can; config.json does not hold it.
+    secret_file = tmp_path / "run" / "secret"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    secret = secret_file.read_text().strip()
+    assert {hashlib.sha256(secret.encode()).hexdigest()[:16]} == digests
+    assert secret not in (tmp_path / "run" / "config.json").read_text()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["launch"]["insecure"] is False
+
+
+@pytest.mark.parametrize("how", ["--insecure", "PARAMSHARD_INSECURE=1"])
+def test_insecure_launch_runs_plain_tcp(tmp_path, how):
+    flags, extra = (["--insecure"], None) if how == "--insecure" else ([], {"PARAMSHARD_INSECURE": "1"})
+    r = _probe_job(tmp_path, *flags, env_extra=extra)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "trainer 0 secret None" in r.stdout and "trainer 0 plain client served" in r.stdout, r.stdout
+    assert "connections are plain TCP" in r.stderr
+    assert not (tmp_path / "run" / "secret").exists()
+
+
+def test_insecure_with_a_secret_is_refused_naming_both(tmp_path):
+    r = _probe_job(tmp_path, "--insecure", env_extra={"PARAMSHARD_SECRET": "mine"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "PARAMSHARD_INSECURE=1 (--insecure) asks for plain TCP, but PARAMSHARD_SECRET is set too" in r.stderr

@@ -155,6 +155,36 @@ def test_torchrun_with_a_run_directory_every_rank_writes_its_records(tmp_path):
     assert (run / "report/throughput.png").stat().st_size > 1000
 
 
+# Secure by default: no PARAMSHARD_SECRET, yet every connection is CurveZMQ.
+PROBE = str(ORACLE).replace("sync_oracle.py", "secure_probe.py")
+
+
+def assert_one_secret_and_plain_clients_refused(result, trainers=2):
+    assert result.code == 0, result
+    digests = set(re.findall(r"trainer \d secret (\S+)", result.output))
+    assert len(digests) == 1 and "None" not in digests, result          # one secret, every trainer has it
+    assert result.output.count("plain client refused") == trainers, result
+    assert len(re.findall(r"trainer \d trained", result.output)) == trainers, result
+    assert not result.leftovers, result
+
+
+def test_torchrun_without_a_secret_shares_one_through_a_private_file(tmp_path):
+    import stat
+    secrets = tmp_path / "secrets"
+    result = run_job(torchrun(3, "--servers", "1", PROBE), env={"PARAMSHARD_SECRET_DIR": str(secrets)})
+    assert_one_secret_and_plain_clients_refused(result)
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert list(secrets.iterdir()) == [], "the file outlived the rendezvous"
+
+
+def test_mpirun_without_a_secret_rank_0_sends_one_over_mpi(tmp_path):
+    mpirun_or_skip()
+    secrets = tmp_path / "secrets"
+    result = run_job(mpirun(3, "--servers", "1", PROBE), env={"PARAMSHARD_SECRET_DIR": str(secrets)})
+    assert_one_secret_and_plain_clients_refused(result)
+    assert not secrets.exists(), "under mpirun the secret goes over MPI, not through a file"
+
+
 # Collective and hybrid modes: the same oracle script (one process with the combined
 # batch), the dense gradients averaged by allreduce among the trainers.
 

@@ -75,7 +75,7 @@ def test_job_with_a_shared_secret_trains(cluster):
 
 
 @pytest.mark.parametrize("overrides,detail", [
-    ({"secret": None}, "one side uses CurveZMQ encryption, the other plain TCP|closed the connection"),
+    ({"secret": None}, "it requires CurveZMQ and this process has no secret|closed the connection"),
     ({"secret": "wrong"}, "closed the connection during the handshake"),
     ({"job_id": "job-b"}, "closed the connection during the handshake"),
 ], ids=["no-secret", "wrong-secret", "other-job"])
@@ -331,3 +331,32 @@ def test_a_refused_client_stops_knocking_and_cannot_wedge_the_process():
         router.disable_monitor()
         accepted.close(0)
         router.close(0)
+
+
+# -- a fake server (a squatter's address in an open rendezvous store) -------------------
+@pytest.mark.parametrize("fake", ["other-keys", "plain-tcp"])
+def test_a_fake_server_fails_curvezmq_authentication_and_the_trainer_says_so(fake):
+    """`paramshard run`'s stores are open: a squatter can publish its own address. With the
+    job's (generated) secret, the trainer refuses it: only a holder of the job's server key
+    completes the handshake. Oracle: the error says so, and not a request reached the fake."""
+    keys = Security.from_secret("a guess", "job-a") if fake == "other-keys" else None
+    squatter = ParameterServer(0, "127.0.0.1:0", num_trainers=1, timeout=5.0, security=keys)
+    squatter.start()
+    try:
+        squatter.wait_ready()
+        env = ps.env.ClusterEnv(role="trainer", servers=(squatter.address,), secret="generated", job_id="job-a",
+                                timeout=30)
+        start = time.monotonic()
+        with pytest.raises(HandshakeRefused) as refused:
+            Trainer(model(), ps.optim.SGD(lr=0.1), env=env)
+        assert time.monotonic() - start < 10
+        message = str(refused.value)
+        assert f"server 0 ({squatter.address}): it failed CurveZMQ authentication" in message
+        assert "it is not this job's server (a stale or fake address)" in message
+        assert "\n" not in message
+        if fake == "plain-tcp":
+            assert "it speaks plain TCP and this process CurveZMQ" in message
+        with ServerLinks([squatter.address], 10, security=keys) as links:
+            assert links.request(0, {"op": "stats"})[0]["stats"]["requests"] == 1     # this one alone
+    finally:
+        squatter.close()

@@ -89,3 +89,11 @@ def test_bad_collective_contracts_are_named(environ, message):
     with pytest.raises(ConfigError) as err:
         ClusterEnv.from_environ(environ)
     assert message in str(err.value)
+
+
+def test_insecure_and_host_round_trip_through_environ():
+    env = ClusterEnv(role="trainer", servers=("a:1",), insecure=True, host="10.0.0.2")
+    assert env.to_environ()["PARAMSHARD_INSECURE"] == "1" and env.to_environ()["PARAMSHARD_HOST"] == "10.0.0.2"
+    assert ClusterEnv.from_environ(env.to_environ()) == env
+    with pytest.raises(ConfigError, match="PARAMSHARD_INSECURE=1 .* PARAMSHARD_SECRET is set too: unset one"):
+        ClusterEnv.from_environ({"PARAMSHARD_INSECURE": "1", "PARAMSHARD_SECRET": "s"})

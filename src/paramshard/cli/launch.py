@@ -130,6 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-staleness", metavar="K", type=int,
                    help="async: a trainer waits while it is more than K steps ahead of the slowest "
                         "(bounded staleness); 0 is lockstep")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain TCP between the processes (also PARAMSHARD_INSECURE=1); by default the job gets a "
+                        "random secret and every connection is CurveZMQ (README \"Security\")")
     p.add_argument("--min-trainers", metavar="N", type=_positive("--min-trainers", int, "a whole number"),
                    help="async mode: a trainer that dies does not stop the job while N trainers are alive "
                         "(default: any failure stops the job)")
@@ -202,7 +205,8 @@ def run(args) -> int:
     fields = dict(
         script=script, module=module, script_args=script_args, servers=servers, trainers=args.trainers,
         mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
-        secret=outer.secret, keys_dir=outer.keys_dir, limits=outer.limits, min_trainers=args.min_trainers, **job,
+        secret=outer.secret, keys_dir=outer.keys_dir, insecure=args.insecure or outer.insecure, limits=outer.limits,
+        min_trainers=args.min_trainers, **job,
         **_checkpoint_fields(args), max_restarts=args.max_restarts, max_staleness=args.max_staleness,
         metrics_port=args.metrics_port, records="stdout", collective_backend=outer.collective_backend)
     if args.max_staleness is not None and args.max_staleness < 0:
@@ -210,7 +214,15 @@ def run(args) -> int:
     launcher, code = None, 1
     first = _launcher(args, dict(fields, max_restarts=args.max_restarts))
     fields.setdefault("job_id", first.config.job_id)      # restarts: one job, one run directory
+    fields["secret"] = first.config.secret                # and one secret (made by LaunchConfig if none was given)
     watch = JobWatch(args.run_dir or default_run_dir(first.config.job_id), first.config.job_id, report=args.report)
+    if first.config.secret and not outer.secret:
+        watch.run.write_secret(first.config.secret)       # for `paramshard stats RUN_DIR` (mode 0600)
+        log.info("connections are encrypted (CurveZMQ) with a secret made for this job, kept in %s/secret for "
+                 "`paramshard stats`; --insecure for plain TCP", watch.run.path)
+    elif first.config.insecure:
+        log.warning("--insecure: connections are plain TCP; any process that reaches the servers' ports can read "
+                    "and change the model")
     try:
         used = 0
         while True:

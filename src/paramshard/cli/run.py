@@ -17,15 +17,18 @@ import os
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 from ..env import MODES, ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..launch.api import MALLOC_TUNABLES
 from ..launch import target
+from ..launch.job_secret import FIX, fingerprint, shared_secret
 from ..launch.rendezvous import exchange_for, own_address
 from ..launch.world import World, detect
 from ..log import configure, get_logger
 from ..runtime import build_server, serve
+from ..transport.security import Security, new_secret
 
 log = get_logger("run")
 
@@ -49,6 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--store-port", type=int, metavar="PORT",
                    help="Slurm only: port of the address store on the first node (default: "
                         "PARAMSHARD_STORE_PORT, else 29600 + job id %% 2000)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain TCP between the ranks (also PARAMSHARD_INSECURE=1); by default they share a "
+                        "random secret and every connection is CurveZMQ (README \"Security\")")
     p.add_argument("--run-dir", metavar="DIR",
                    help="a directory every rank can write (shared): each writes its contract and its "
                         "records there; `paramshard report DIR` draws them (README \"Seeing a job\")")
@@ -76,6 +82,8 @@ def _settings(args, environ) -> ClusterEnv:
         changes["timeout"] = args.timeout
     if args.run_dir:
         changes["records"] = f"dir:{os.path.abspath(args.run_dir)}"
+    if args.insecure:
+        changes["insecure"] = True
     return dataclasses.replace(base, **changes)
 
 
@@ -122,14 +130,14 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
     role_name = f"server {world.rank}" if is_server else f"trainer {world.rank - servers_count}"
     configure(f"{role_name}, rank {world.rank} on {world.node}")   # before the rendezvous, which may fail
     exchange, world = exchange_for(world, environ, base.timeout, args.store_port)
-    job_id = base.job_id or world.job_key
-    if not job_id:     # the engine names no job: rank 0 names it for everyone
-        job_id = exchange.allgather({"job": f"{world.engine}-{uuid.uuid4().hex[:12]}"})[0]["job"]
-    common = dataclasses.replace(base, num_trainers=world.size - servers_count, job_id=job_id,
+    job_id, secret, secret_file = _job_and_secret(base, world, exchange, environ, servers=servers_count)
+    common = dataclasses.replace(base, num_trainers=world.size - servers_count, job_id=job_id, secret=secret,
                                  where=f"rank {world.rank} on {world.node}")
 
     server = store_socket = None
     record = {"rank": world.rank, "node": world.node, "server": None}
+    if secret_file is not None:     # ranks that read different files (hosts not sharing it) must not start
+        record["keys"] = fingerprint(Security.from_secret(secret, job_id).server_public)
     if base.collective and world.rank == servers_count:
         # The first trainer hosts the trainers' store: bound now, handed to the script.
         host = own_address(world, environ)
@@ -145,6 +153,10 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
         records = exchange.allgather(record)
     finally:
         exchange.close()
+    if secret_file is not None:
+        _check_same_keys(records, secret_file)
+        if secret_file.made:
+            secret_file.path.unlink(missing_ok=True)    # every rank read it before it reported
     addresses = tuple(r["server"] for r in records[:servers_count])
     if base.collective:
         common = dataclasses.replace(common, collective_addr=records[servers_count]["collective"])
@@ -161,11 +173,61 @@ def _run_rank(args, base: ClusterEnv, world: World, environ: dict) -> int:
         server.membership.places = {r["rank"] - servers_count: f"rank {r['rank']} on {r['node']}"
                                     for r in records[servers_count:]}
         return serve(env, server)
-    env = dataclasses.replace(common, role="trainer", trainer_id=world.rank - servers_count, servers=addresses)
+    # Its host's address: its /metrics listens there, not on every interface.
+    env = dataclasses.replace(common, role="trainer", trainer_id=world.rank - servers_count, servers=addresses,
+                              host=own_address(world, environ))
     if store_socket is not None:
         os.set_inheritable(store_socket.fileno(), True)     # kept open across the exec
         env = dataclasses.replace(env, collective_fd=store_socket.detach())
     _become_script(args, env, environ)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SecretFile:
+    path: Path
+    made: bool       # this rank wrote it (and removes it once every rank has read it)
+
+
+def _job_and_secret(base: ClusterEnv, world: World, exchange, environ: dict,
+                    servers: int = 1) -> tuple[str, str | None, _SecretFile | None]:
+    """The job id and the secret every rank uses, and the file it came from (srun, torchrun).
+
+    A secret or keys the user gave, or --insecure, win. Otherwise the ranks need one
+    secret that no other process can learn: under mpirun rank 0 makes it and sends it
+    over MPI (with the job's name: mpirun names no job); under srun and torchrun the
+    stores are open to anyone, so it goes through a private file (launch/job_secret.py).
+    No servers (collective mode): no ZeroMQ connection to protect, no secret made.
+    """
+    job_id = base.job_id or world.job_key
+    wants = servers > 0 and not (base.secret or base.keys_dir or base.insecure)
+    if exchange.trusted:
+        # Every rank takes part, whatever it wants: a collective call must be made by all.
+        mine = {"job": f"{world.engine}-{uuid.uuid4().hex[:12]}", "secret": new_secret() if wants else None}
+        first = exchange.allgather(mine if world.rank == 0 else {})[0]
+        job_id = job_id or first["job"]
+        if wants != bool(first.get("secret")):
+            raise ConfigError(f"{world.describe()}: {'rank 0' if wants else 'this rank'} has PARAMSHARD_SECRET, "
+                              f"PARAMSHARD_KEYS_DIR or PARAMSHARD_INSECURE set and {'this rank' if wants else 'rank 0'} "
+                              f"has not: give every rank the same (mpirun -x NAME)")
+        return job_id, first["secret"] if wants else base.secret, None
+    if not job_id:     # the engine names no job: rank 0 names it for everyone
+        job_id = exchange.allgather({"job": f"{world.engine}-{uuid.uuid4().hex[:12]}"})[0]["job"]
+    if not wants:
+        return job_id, base.secret, None
+    secret, path, made = shared_secret(environ, job_id)
+    return job_id, secret, _SecretFile(path, made)
+
+
+def _check_same_keys(records: list[dict], secret_file: _SecretFile) -> None:
+    """Every rank read the same secret file, or the job stops here with the fix (not later
+    with a refused handshake)."""
+    keys = [r.get("keys") for r in records]
+    others = [r for r in records if r.get("keys") != keys[0]]
+    if others:
+        where = ", ".join(f"rank {r['rank']} on {r['node']}" for r in others[:8])
+        raise ConfigError(f"the ranks read different secrets: {where} did not read what rank 0 on "
+                          f"{records[0]['node']} read from {secret_file.path.parent} (not shared between the "
+                          f"job's hosts?); {FIX}")
 
 
 def _restart_with_malloc_tunables() -> None:

@@ -9,6 +9,7 @@ from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..observe.monitor import server_record
 from ..observe.progress import server_line
+from ..observe.run_dir import read_secret
 
 HELP = "a live table of a running job's servers (from its run directory or their addresses)"
 EXAMPLE = ("paramshard stats runs/20261123-181500-job-ab12cd34ef56",
@@ -24,8 +25,9 @@ def add_arguments(p):
 
 
 def _target(args) -> ClusterEnv:
-    """The servers to ask, with the job's security (its secret comes from this shell's
-    PARAMSHARD_SECRET: the run directory never holds it)."""
+    """The servers to ask, with the job's security: the secret `paramshard launch` made for
+    the job (RUN_DIR/secret, this user's only), else this shell's PARAMSHARD_SECRET (a
+    secret the user gave is never written anywhere)."""
     outer = ClusterEnv.from_environ()
     if args.servers:
         servers = tuple(a.strip() for a in args.servers.split(",") if a.strip())
@@ -44,8 +46,18 @@ def _target(args) -> ClusterEnv:
                           f"is in metrics.jsonl (`paramshard report {args.run_dir}` draws it)")
     if not servers:
         raise ConfigError(f"{config}: no server addresses in it")
-    return ClusterEnv(role=None, servers=tuple(servers.split(",")), secret=outer.secret, keys_dir=outer.keys_dir,
-                      job_id=data.get("job_id"), timeout=outer.timeout)
+    try:
+        secret = read_secret(args.run_dir)
+    except OSError as exc:
+        raise ConfigError(f"{args.run_dir}: cannot read the job's secret ({exc.strerror}): only the user who "
+                          f"launched the job can ask its servers") from None
+    launch = data.get("launch", {})
+    if secret is None and launch.get("secret") and not outer.secret:
+        raise ConfigError(f"{args.run_dir}: the job runs with the PARAMSHARD_SECRET it was launched with: set the "
+                          f"same PARAMSHARD_SECRET in this shell")
+    keys_dir = None if secret else outer.keys_dir
+    return ClusterEnv(role=None, servers=tuple(servers.split(",")), secret=secret or outer.secret,
+                      keys_dir=keys_dir, job_id=data.get("job_id"), timeout=outer.timeout)
 
 
 def _table(links, before: dict) -> tuple[list[str], list[dict]]:

@@ -23,7 +23,10 @@ from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..limits import Limits
 from ..log import get_logger
+from ..transport.security import new_secret
+from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
 from .signals import StopSignal, _signals_hurry, signal_number
+from .status import PEER_LOST_EXIT_CODE
 from .target import check as check_target, command_words
 
 log = get_logger("launch")
@@ -72,8 +75,10 @@ class LaunchConfig:
     min_block_size: int = 8192
     timeout: float = 120.0
     host: str = "127.0.0.1"
+    # None: a random one is made for the job (CurveZMQ by default), unless keys_dir or insecure.
     secret: str | None = dataclasses.field(default=None, repr=False)
     keys_dir: str | None = None
+    insecure: bool = False         # plain TCP on purpose (--insecure): no secret is made
     # Names this job in its CurveZMQ keys, so two jobs with one secret refuse each other.
     job_id: str = dataclasses.field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
     limits: Limits = Limits()
@@ -92,6 +97,9 @@ class LaunchConfig:
 
     def __post_init__(self):
         check_server_count(self.mode, self.servers)
+        if not (self.secret or self.keys_dir or self.insecure):
+            # The launcher owns every rank's environment: encrypt unless told otherwise.
+            object.__setattr__(self, "secret", new_secret())
         if self.mode in ("collective", "hybrid") and (self.checkpoint_dir or self.resume or self.max_restarts):
             raise ConfigError(f"--mode {self.mode}: checkpoints are not available in this mode yet "
                               f"(drop --checkpoint-dir, --resume and --max-restarts, or use sync mode)")
@@ -119,7 +127,8 @@ class LaunchConfig:
         return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
                           collective_addr=collective_addr, collective_backend=self.collective_backend,
                           dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
-                          secret=self.secret, keys_dir=self.keys_dir, job_id=self.job_id, limits=self.limits,
+                          secret=self.secret, keys_dir=self.keys_dir, insecure=self.insecure, job_id=self.job_id,
+                          limits=self.limits,
                           checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
                           checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers,
                           max_restarts=self.max_restarts, max_staleness=self.max_staleness,
@@ -252,6 +261,10 @@ def error_excerpt(p: Process) -> list[str]:
 
 
 def lost_a_peer(p: Process) -> bool:
+    """It failed because another process did: a server's own exit code says so
+    (PEER_LOST_EXIT_CODE), a trainer's error names the lost peer."""
+    if p.poll() == PEER_LOST_EXIT_CODE and getattr(p, "tag", "").rpartition(" | ")[2].startswith("server "):
+        return True
     return any(m in line for line in error_excerpt(p) for m in PEER_LOST_MARKERS)
 
 
@@ -267,11 +280,16 @@ def first_failure(failed: Sequence[Process]) -> Process:
 
 
 def failure_summary(first: Process, others: Sequence[Process], stopped: Sequence[Process] = (),
-                    max_others: int = 8) -> str:
+                    max_others: int = 8, why: str | None = None) -> str:
     """The block a failed job ends with: the first failure, its own error, and the
     processes that failed after it (marked when they only lost a peer); ``stopped``:
-    those of them the launcher had to stop after they reported their error."""
-    lines = [f"first failure: {rank_name(first)} ({exit_reason(first)}; {where(first)})"]
+    those of them the launcher had to stop after they reported their error; ``why``:
+    the launcher's own finding about the first (a hung server it killed)."""
+    if why:
+        lines = [f"first failure: {rank_name(first)} ({why}; the launcher killed it: {exit_reason(first)}; "
+                 f"{where(first)})"]
+    else:
+        lines = [f"first failure: {rank_name(first)} ({exit_reason(first)}; {where(first)})"]
     excerpt = error_excerpt(first)
     lines += [f"    {line}" for line in excerpt] if excerpt else ["    (it printed nothing)"]
     for p in others[:max_others]:
@@ -308,6 +326,9 @@ class Launcher:
         self.restarts_used = 0
         self.server_ranks: list[RankSpec] = []
         self.spec: JobSpec | None = None
+        self.incidents: list[str] = []           # what each in-place restart was for, for the end of the job
+        self._restarted_at: dict[int, float] = {}   # server index -> when it was last restarted in place
+        self._spared_seen: set[tuple[int, int]] = set()   # (server, pid) named but not killed, logged once
 
     def start_job(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -335,26 +356,90 @@ class Launcher:
                             len(self.trainers) - len(dead_trainers), self.min_trainers)
         return dead_trainers
 
-    def _restart_in_place(self, failed: list) -> bool:
-        """Dead servers only, restarts left, a checkpoint to roll back to: start each again on
-        its own address; the trainers wait for it and roll back (client/recovery.py)."""
-        if not all(p in self.servers for p in failed) or self.restarts_left < len(failed):
+    def _server_states(self, now: float) -> list[ServerState]:
+        """Each server as launch/peer_loss.py sees it: exit code, the peers its last status
+        line names, and how long ago that line came."""
+        states = []
+        for i, p in enumerate(self.servers):
+            status, at = getattr(p, "last_status", lambda: (None, None))()
+            states.append(ServerState(i, p.poll(), dict(status.unreachable) if status else {},
+                                      status.gone if status else (), None if at is None else now - at))
+        return states
+
+    def _peer_verdict(self) -> Verdict:
+        """Which servers are hung, which died and which died only of a lost peer. A peer may
+        still exit for a server restarted less than a timeout (plus its heartbeat) ago."""
+        now = time.monotonic()
+        window = (self.server_ranks[0].env.timeout if self.server_ranks else 120.0) + 10.0
+        recent = [i for i, t in self._restarted_at.items() if now - t < window]
+        verdict = decide(self._server_states(now), recent)
+        for i, why in verdict.spared.items():
+            key = (i, getattr(self.servers[i], "pid", 0))
+            if i not in recent and key not in self._spared_seen:
+                self._spared_seen.add(key)
+                log.warning("%s: %s", self.servers[i].tag, why)
+        return verdict
+
+    def _await_hung(self, seconds: float = SILENT_AFTER) -> Verdict:
+        """Every failure so far only lost a peer (e.g. a trainer gave up on a server that
+        stopped answering): give the servers' status lines a few seconds to name a hung
+        server, so the summary blames it rather than the first to give up."""
+        deadline = time.monotonic() + seconds
+        while True:
+            verdict = self._peer_verdict()
+            if verdict.hung or time.monotonic() >= deadline or len(self.servers) < 2:
+                return verdict
+            time.sleep(0.1)
+
+    def _kill_hung(self, verdict: Verdict) -> dict:
+        """SIGKILL the hung servers (a hung process runs no SIGTERM handler); process -> why."""
+        hung = {self.servers[i]: why for i, why in verdict.hung.items()}
+        for p, why in hung.items():
+            log.error("%s (%s) is %s: killing it (SIGKILL)", p.tag, where(p), why)
+            kill = getattr(p, "kill", None)
+            if kill is not None:
+                kill()
+            else:
+                self.engine.stop([p], 0.0, None)
+        return hung
+
+    def _restart_in_place(self, failed: list, verdict: Verdict) -> bool:
+        """Dead or hung servers only, restarts left, a checkpoint to roll back to: kill the hung
+        ones, start each again on its own address; the trainers wait for them and roll back
+        (client/recovery.py). One restart per root cause: a server that exited only because a
+        hung or dead peer did comes back with it for free (launch/peer_loss.py)."""
+        if not (failed or verdict.hung) or any(p not in self.servers for p in failed) \
+                or self.restarts_left < verdict.cost:
             return False
         from ..checkpoint.format import checkpoints
         done = checkpoints(self.checkpoint_dir) if self.checkpoint_dir else []
         if not done:
-            log.error("no checkpoint in %s yet: a dead server cannot be restarted in place", self.checkpoint_dir)
+            if failed:      # a hung one alone: the peers' own timeout ends the job, naming it
+                log.error("no checkpoint in %s yet: a dead server cannot be restarted in place", self.checkpoint_dir)
             return False
-        for p in failed:
-            i = self.servers.index(p)
-            rank = self.server_ranks[i]
-            self.restarts_left -= 1
-            self.restarts_used += 1
+        old = list(self.servers)
+        hung = self._kill_hung(verdict)
+        first = self.restarts_used + 1
+        self.restarts_left -= verdict.cost
+        self.restarts_used += verdict.cost
+        causes = []
+        for i in verdict.restart:
+            p, rank = old[i], self.server_ranks[i]
+            if p in hung:
+                what, causes = f"{p.tag} was hung and is killed", causes + [f"{rank.name} ({hung[p]})"]
+            elif i in verdict.casualties:
+                what = f"{p.describe_exit()}: it lost a peer server, so no restart is spent on it"
+            else:
+                what, causes = p.describe_exit(), causes + [f"{rank.name} ({exit_reason(p)})"]
             log.warning("%s; restarting it in place on %s (restart %d); the trainers roll back to the "
-                        "latest checkpoint (%s)", p.describe_exit(), rank.env.servers[i], self.restarts_used,
-                        done[-1].name)
+                        "latest checkpoint (%s)", what, rank.env.servers[i], first if i in verdict.casualties
+                        else self.restarts_used, done[-1].name)
             self.servers[i] = self.engine.start(dataclasses.replace(
                 rank, env=dataclasses.replace(rank.env, recovering=True)))
+            self._restarted_at[i] = time.monotonic()
+        spent = (f"restart {first}" if verdict.cost == 1 else f"restarts {first}-{self.restarts_used}"
+                 if verdict.cost else "no restart spent")
+        self.incidents.append(f"{spent}: " + ", ".join(causes or ["servers that lost a just restarted peer"]))
         return True
 
     def wait(self, poll_interval: float = 0.1) -> int:
@@ -366,12 +451,18 @@ class Launcher:
                 failed = [p for p in everyone if p.poll() not in (None, 0)]
                 tolerated = self._tolerated(failed)
                 failed = [p for p in failed if p not in tolerated]
-                if failed and self._restart_in_place(failed):
+                verdict = self._peer_verdict()
+                if (failed or verdict.hung) and self._restart_in_place(failed, verdict):
                     continue
                 if failed:
                     for p in failed:
                         log.error("%s", p.describe_exit())
-                    first = first_failure(failed)
+                    if not verdict.hung and all(lost_a_peer(p) for p in failed):
+                        verdict = self._await_hung()
+                    # A hung server some peer exited for is the root cause, not the ones that gave up on it.
+                    hung = self._kill_hung(verdict)
+                    failed = [*hung, *failed]
+                    first = next(iter(hung)) if hung else first_failure(failed)
                     log.error("stopping the job: %s failed", first.tag)
                     stopping_at = time.monotonic()
                     # What the others print as they are stopped is not news.
@@ -386,7 +477,8 @@ class Launcher:
                     _each(everyone, "mute")        # nothing after the summary
                     log.error("%s", failure_summary(first, [p for p in failed if p is not first] + late,
                                                     stopped=[p for p in late if ended[p] >= stopping_at and
-                                                             p.poll() in (-signal.SIGTERM, -signal.SIGKILL)]))
+                                                             p.poll() in (-signal.SIGTERM, -signal.SIGKILL)],
+                                                    why=hung.get(first)))
                     return exit_status(first.poll()) or 1
                 if all(t.poll() == 0 or t in tolerated for t in self.trainers):
                     # Servers exit on their own once every trainer has left.
@@ -395,6 +487,8 @@ class Launcher:
                         time.sleep(poll_interval)
                     self.close()
                     log.info("job finished: %d trainers succeeded", len(self.trainers) - len(tolerated))
+                    for incident in self.incidents:
+                        log.info("restarted in place: %s", incident)
                     return 0
                 time.sleep(poll_interval)
         except (KeyboardInterrupt, StopSignal) as exc:

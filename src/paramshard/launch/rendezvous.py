@@ -11,6 +11,11 @@
 
 Each rank contributes one record: its host as the engine names it, and, for a
 server, the ``host:port`` it listens on. Every wait has the job's deadline.
+
+The stores are plain TCP without authentication: a process that squats the port
+or writes under the prefix can publish fake server addresses. They never carry
+the job's secret (launch/job_secret.py); a fake server cannot complete the
+CurveZMQ handshake with the job's keys, and the trainer's error says so.
 """
 from __future__ import annotations
 
@@ -72,6 +77,10 @@ def own_address(world: World, environ: Mapping[str, str]) -> str:
 
 
 class Exchange(Protocol):
+    # Only the job's own ranks can read or write what goes through it (MPI): it may carry
+    # the job's secret. A TCP store is open to any process that reaches its port.
+    trusted: bool
+
     def allgather(self, record: dict) -> list[dict]:
         """Every rank's record, in rank order."""
 
@@ -81,6 +90,8 @@ class Exchange(Protocol):
 
 
 class MpiExchange:
+    trusted = True     # MPI's own transport between the ranks mpirun started
+
     def __init__(self, world: World):
         try:
             from mpi4py import MPI
@@ -113,6 +124,7 @@ class MpiExchange:
 
 class StoreExchange:
     """Records under ``<prefix>/rank/<r>`` in a torch TCPStore (a client, or the host of it)."""
+    trusted = False    # unauthenticated: any local process can read and write it
 
     def __init__(self, world: World, host: str, port: int, timeout: float, hosting: bool = False,
                  bind: str | None = None):

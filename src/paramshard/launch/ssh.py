@@ -66,7 +66,8 @@ class SshOptions:
     connect_timeout: float = 10.0
 
     def ssh_argv(self, host: Host) -> list[str]:
-        """``ssh`` up to (not including) the target: shared by ranks, probes and rsync."""
+        """``ssh`` up to (not including) the target: shared by ranks, probes and rsync.
+        Callers put ``--`` before the target (rsync cannot: it adds ``-l USER`` after these words)."""
         argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout:g}",
                 # A silent partition ends the client (exit 255) within ~6 s, so the job fails fast.
                 "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
@@ -117,7 +118,7 @@ class SshEngine:
 
     def start(self, rank: RankSpec) -> RemoteChild:
         host = self.hosts[rank.host]
-        argv = [*self.options.ssh_argv(host), host.target,
+        argv = [*self.options.ssh_argv(host), "--", host.target,
                 remote_command(rank, self.workdir, read_secret=bool(self.secret))]
         stdin = f"{self.secret}\n" if self.secret else ""
         return RemoteChild(host, rank.tag, argv, dict(os.environ), self.out, stdin_text=stdin,
@@ -167,7 +168,7 @@ class Probed:
 def probe(host: Host, ports: int, options: SshOptions) -> Probed:
     """What the job needs to know of ``host``, with ``ports`` free ports, asked on that
     host; this also checks ssh and the remote Python before anything starts."""
-    argv = [*options.ssh_argv(host), host.target,
+    argv = [*options.ssh_argv(host), "--", host.target,
             shlex.join([options.remote_python, "-c", _PROBE, host.address, str(ports)])]
     out = _run(argv, options.connect_timeout + 10, f"ssh to {host.target}")
     words = out.split()
@@ -185,13 +186,23 @@ def dispatch(host: Host, package: str, workspace: str, options: SshOptions) -> i
     """Copy ``package`` to ``workspace`` on ``host`` (incremental: rsync sends only
     what changed); returns how many files were sent."""
     src = os.path.join(os.path.abspath(package), "")
-    argv = ["rsync", "-az", "--delete", "--mkpath", "--stats", "-e", shlex.join(options.ssh_argv(host)), src,
-            f"{host.target}:{workspace}/"]
+    # "--": no operand is an option to rsync. rsync itself runs `SSH [-l USER] HOST ...`, so
+    # the host and user reach ssh unguarded there: Host refuses any that start with "-".
+    argv = ["rsync", "-az", "--delete", "--mkpath", "--stats", "-e", shlex.join(options.ssh_argv(host)), "--",
+            src, f"{host.target}:{workspace}/"]
     out = _run(argv, 600, f"copying {package} to {host.target}:{workspace}")
     sent = re.search(r"Number of regular files transferred: ([\d,]+)", out)
     count = int(sent.group(1).replace(",", "")) if sent else -1
     log.info("%s: %s files of %s sent to %s", host.target, count if count >= 0 else "?", package, workspace)
     return count
+
+
+def with_own_hosts(spec: JobSpec, addresses: dict[str, str]) -> JobSpec:
+    """Every rank told its own host's address (PARAMSHARD_HOST): a trainer serves /metrics
+    there, not on every interface of a machine other users may share."""
+    def own(rank: RankSpec) -> RankSpec:
+        return dataclasses.replace(rank, env=dataclasses.replace(rank.env, host=addresses[rank.host]))
+    return JobSpec(tuple(map(own, spec.servers)), tuple(map(own, spec.trainers)))
 
 
 class SshLauncher(Launcher):
@@ -261,7 +272,7 @@ class SshLauncher(Launcher):
                              server_hosts=[h.host for h in self.on_servers],
                              trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
                              threads=self._threads(found))
-        self.start_job(spec)
+        self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
         log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
                  ",".join(self.addresses), self.config.trainers, len(used))
         return self

@@ -219,15 +219,25 @@ class TrainerMetrics:
         self.endpoint.close()
 
 
+def trainer_bind_address(env) -> str:
+    """Where a trainer's /metrics listens: its host's own address when the launcher or engine
+    told it (PARAMSHARD_HOST: `launch --hosts`, `paramshard run`), where Prometheus on
+    another host reaches it and nothing else does; else loopback when every server is (a
+    local job); else every interface (a pod, whose network is its own)."""
+    if env.host:
+        return env.host
+    if all(address.startswith(LOOPBACK) for address in env.servers):
+        return "127.0.0.1"
+    return "0.0.0.0"
+
+
 def trainer_metrics(env, model=None) -> TrainerMetrics | None:
     """Trainer ``env.trainer_id``'s exporter when PARAMSHARD_METRICS_PORT is set, counting
-    ``model``'s batches. A trainer has no address of its own: loopback when every server
-    is (a local job), else every interface, where Prometheus on another host can reach it."""
+    ``model``'s batches, on ``trainer_bind_address(env)``."""
     if not env.metrics_port:
         return None
-    local = all(address.startswith(LOOPBACK) for address in env.servers)
     metrics = TrainerMetrics(env.trainer_id, env.metrics_port + len(env.servers) + env.trainer_id,
-                             "127.0.0.1" if local else "0.0.0.0")
+                             trainer_bind_address(env))
     if model is not None:
         metrics.watch(model)
     return metrics

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,28 @@ from pathlib import Path
 from .records import MARK, RecordWriter, write_json
 
 REDACTED = "<redacted>"
+SECRET_FILE = "secret"      # the generated secret of a `paramshard launch` job (0600)
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, mode 0600 from the start (no moment when others may read it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_secret(run_dir) -> str | None:
+    """The secret `paramshard launch` made for the job of ``run_dir``, if it made one."""
+    try:
+        return (Path(run_dir) / SECRET_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 class RunDir:
@@ -95,6 +118,12 @@ class RunDir:
                     environ[key] = REDACTED
             contracts[rank.name] = {"host": rank.host, "argv": list(rank.argv), "environ": environ}
         write_json(self.path / "config.json", {"job_id": self.job_id, "launch": fields, "ranks": contracts})
+
+    def write_secret(self, secret: str) -> None:
+        """The job's generated secret in ``secret``, readable by this user only (0600), so that
+        `paramshard stats RUN_DIR` can reach the servers; config.json never holds it. Written
+        to a new file that replaces any old one, never through an existing file's mode."""
+        write_private(self.path / SECRET_FILE, secret + "\n")
 
     def write_plan(self, stats: list[dict]) -> None:
         servers = [{"server": s["server"], "address": s.get("address"), "dense_blocks": s.get("dense_blocks", 0),

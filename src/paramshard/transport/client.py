@@ -52,6 +52,7 @@ class _Link:
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.curve = security is not None
         if security is not None:
             security.configure_client(self.sock)
         # libzmq's I/O thread blocks when a monitor pipe is full, and with it every
@@ -69,6 +70,7 @@ class _Link:
         self.losses = 0             # connections lost after their handshake (heartbeat timeout, reset, close)
         self.failed_handshakes = 0  # in a row, since the last successful one
         self.refusal: str | None = None
+        self.key_refused = False    # the server completed its half, then refused our key (ZAP)
         self.given_up = False       # disconnected for good after a refusal
 
     def poll_events(self) -> None:
@@ -88,16 +90,18 @@ class _Link:
                 self.connected = False
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.refusal = f"it did not accept this process's key (ZAP status {int(value)})"
+                self.key_refused = True
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 if int(value) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                    self.refusal = "one side uses CurveZMQ encryption, the other plain TCP"
+                    self.refusal = ("it speaks plain TCP and this process CurveZMQ"
+                                    if self.curve else "it requires CurveZMQ and this process has no secret: plain TCP")
                 else:
                     self.refusal = f"protocol error {int(value):#x} during the handshake"
             elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self.failed_handshakes += 1
                 if self.failed_handshakes >= REFUSALS_IN_A_ROW and self.refusal is None:
                     self.refusal = (f"it closed the connection during the handshake "
-                                    f"{self.failed_handshakes} times in a row (other keys?)")
+                                    f"{self.failed_handshakes} times in a row")
 
     def give_up(self) -> None:
         """Stop reconnecting (every ~0.1 s) to a server that refuses us: close the
@@ -298,10 +302,18 @@ class ServerLinks(Requests):
         if not link.given_up:
             self._poller.unregister(link.sock)
             link.give_up()
+        uses = self.security.origin if self.security else "no secret: plain TCP"
+        if self.security is not None and not link.key_refused:
+            # Only a holder of the job's server secret key can complete our half of the handshake:
+            # a server that fails it is another job's, a stale address, or a fake one (published
+            # e.g. in an engine's unauthenticated rendezvous store) -- or the keys differ.
+            raise HandshakeRefused(
+                f"{self.who} cannot talk to {link.name}: it failed CurveZMQ authentication ({link.refusal}): it "
+                f"does not hold this job's server key, so it is not this job's server (a stale or fake address) "
+                f"or it was started with other keys; {FIX_HINT} (this process uses {uses})")
         raise HandshakeRefused(
             f"{self.who} cannot talk to {link.name}: the server refused the connection "
-            f"handshake ({link.refusal}); {FIX_HINT} (this process uses "
-            f"{self.security.origin if self.security else 'no secret: plain TCP'})")
+            f"handshake ({link.refusal}); {FIX_HINT} (this process uses {uses})")
 
     def _raise_deadline(self, pending: dict, waited: float) -> None:
         parts = []

@@ -18,7 +18,9 @@ Keys come from one of two places:
   A server needs ``server.key_secret`` and ``client.key``; a client needs
   ``server.key`` and ``client.key_secret``.
 
-Nothing set: plain TCP, as before.
+Nothing set: plain TCP. Processes started by hand get that; ``paramshard launch``
+and ``paramshard run`` own every rank's environment and make a random secret per
+job (``new_secret``) unless the user gave one or chose PARAMSHARD_INSECURE=1.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import secrets
 import threading
 
 import zmq
@@ -45,6 +48,11 @@ _KDF_CONTEXT = b"paramshard curve keys v1"
 ZAP_DOMAIN = "paramshard"
 FIX_HINT = ("set the same PARAMSHARD_SECRET and PARAMSHARD_JOB_ID (or PARAMSHARD_KEYS_DIR) on every "
             "process of the job")
+
+
+def new_secret() -> str:
+    """A random secret for one job: 256 bits from the operating system's generator."""
+    return secrets.token_urlsafe(32)
 
 
 class HandshakeRefused(ServerUnavailable):
