@@ -157,7 +157,7 @@ def test_script_and_module_words_are_never_read_as_abbreviated_flags():
 def test_run_and_k8s_take_a_module_too():
     from paramshard.launch.k8s import K8sJobSpec, job_doc
     spec = K8sJobSpec(script=None, module="pkg.train", script_args=("--epochs", "3"), image="img", servers=2,
-                      trainers=3)
+                      trainers=3, existing_secret=True)
     assert job_doc(spec)["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "run", "--servers", "2", "-m", "pkg.train", "--epochs", "3"]
 

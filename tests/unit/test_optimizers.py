@@ -21,7 +21,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("config,torch_opt", CASES, ids=lambda c: repr(c)[:40])
+# Ids from the configs alone (a lambda's repr holds its address, which differs between
+# pytest-xdist workers, and they must collect the same ids).
+@pytest.mark.parametrize("config,torch_opt", CASES, ids=[repr(config) for config, _ in CASES])
 def test_rule_matches_torch(config, torch_opt):
     rng = np.random.default_rng(0)
     n = 100_003    # more than one update chunk, and not a multiple of it

@@ -10,8 +10,10 @@ a cache directory, so this works wherever PyPI does.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -35,15 +37,22 @@ def _wheel(name: str, version: str, timeout: float = 300) -> Path:
     if found:
         return found[0]
     where.mkdir(parents=True, exist_ok=True)
+    # Into a private directory first, then renamed: a process looking at the cache at the same
+    # time (two jobs, parallel tests) never finds a half-written wheel.
+    private = Path(tempfile.mkdtemp(prefix=".download-", dir=where))
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-           "-d", str(where), f"{name}=={version}"]
+           "-d", str(private), f"{name}=={version}"]
     try:
         subprocess.run(cmd, check=True, timeout=timeout, capture_output=True, text=True)
+        for wheel in private.glob("*.whl"):
+            os.replace(wheel, where / wheel.name)
     except subprocess.CalledProcessError as exc:
         raise ConfigError(f"could not fetch {name}=={version} from PyPI: {exc.stderr.strip()[-400:]}; "
                           f"check the network or pip's index settings") from None
     except subprocess.TimeoutExpired:
         raise ConfigError(f"fetching {name}=={version} from PyPI took over {timeout:g} s") from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     found = sorted(where.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
     if not found:
         raise ConfigError(f"pip reported success but no {name} wheel is in {where}")
