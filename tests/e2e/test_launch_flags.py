@@ -63,4 +63,6 @@ def test_script_without_close_leaves_at_exit_and_the_job_ends_promptly(tmp_path)
         assert f"trainer {t}: close() was not called; closing at exit" in output
         assert f"trainer {t} left" in output
     assert "lost its connection" not in output
-    assert elapsed < 8, f"job took {elapsed:.1f} s\n{output}"
+    # Had a trainer not left, the servers would wait the whole PARAMSHARD_TIMEOUT (120 s) for it:
+    # the bound tells the two apart without timing the machine's speed.
+    assert elapsed < 40, f"job took {elapsed:.1f} s: did the servers wait for a trainer?\n{output}"
