@@ -33,5 +33,9 @@ class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
 
 
+class Cancelled(ParamshardError):
+    """A wait was called off by its owner (an observer told to stop) before its replies came."""
+
+
 class LimitExceeded(ConfigError):
     """A request passed one of the server's resource limits (paramshard.limits)."""

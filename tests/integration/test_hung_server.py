@@ -99,6 +99,8 @@ def test_a_peer_names_the_stopped_server_in_its_status_lines_then_exits_for_it(c
     server0, server1 = c.children
     for child in c.children:
         _wait_for(f"status line from {child.tag}", lambda child=child: child.last_status()[0], 60)
+    # Stopped before server 0 ever reached it, server 1 could never be named unreachable.
+    _wait_for("server 0 to reach server 1", lambda: server0.last_status()[0].unseen == (), 30)
     assert server0.last_status()[0].unreachable == {} and server0.last_status()[0].gone == ()
     try:
         os.kill(server1.pid, signal.SIGSTOP)

@@ -83,7 +83,7 @@ def test_three_servers_two_name_the_hung_one_one_restart():
 # -- status lines -------------------------------------------------------------------------------------
 
 def test_status_lines_round_trip_and_anything_else_is_not_one():
-    status = PeerStatus(0, {1: 5.25}, (1,))
+    status = PeerStatus(0, {1: 5.25}, (1,), unseen=(2,))
     line = status.line()
     assert line.startswith(STATUS_MARK) and line.endswith("\n") and "\n" not in line[:-1]
     assert PeerStatus.parse(line) == status
@@ -105,13 +105,15 @@ def test_the_peer_watch_writes_a_status_line_each_second_and_at_once_on_a_change
     clock, lines = Clock(), []
     watch = PeerWatch(zmq.Context.instance(), {1: "127.0.0.1:1"}, grace=3.0, clock=clock, me=0, report=lines.append)
     try:
-        assert watch.poll() == [] and [PeerStatus.parse(x) for x in lines] == [PeerStatus(0)]
+        assert watch.poll() == [] and [PeerStatus.parse(x) for x in lines] == [PeerStatus(0, unseen=(1,))]
         clock.now += 0.5
         watch.poll()
         assert len(lines) == 1                           # nothing changed, not a second yet
         peer = watch.peers[0]
-        peer.reachable = peer.ever_reachable = True      # as a handshake would, then the heartbeat is lost:
-        peer.reachable, peer.down_since = False, clock.now
+        peer.reachable = peer.ever_reachable = True      # as a handshake would: said at once
+        watch.poll()
+        assert len(lines) == 2 and PeerStatus.parse(lines[-1]) == PeerStatus(0)
+        peer.reachable, peer.down_since = False, clock.now      # then the heartbeat is lost:
         clock.now += 0.25
         watch.poll()
         assert PeerStatus.parse(lines[-1]) == PeerStatus(0, {1: 0.25})    # at once

@@ -3,12 +3,12 @@
 Under ``paramshard launch`` (``PARAMSHARD_RECORDS=stdout``: the launcher reads every
 rank's stdout and takes marked lines out) a server with peers writes one line
 
-    \\x1eparamshard-status {"server": 0, "unreachable": {"1": 5.2}, "gone": []}
+    \\x1eparamshard-status {"server": 0, "unreachable": {"1": 5.2}, "gone": [], "unseen": []}
 
-every ``STATUS_EVERY`` seconds and at once when the set of unreachable peers
-changes: which peer servers it has lost the heartbeat of, for how many seconds,
-and, in its last line before exiting with ``PEER_LOST_EXIT_CODE``, the peers it
-exits for. The launcher needs no text matching to learn who named whom, and the
+every ``STATUS_EVERY`` seconds and at once when the set of unreachable or unseen
+peers changes: which peer servers it has lost the heartbeat of, for how many
+seconds, which it has not reached yet, and, in its last line before exiting with
+``PEER_LOST_EXIT_CODE``, the peers it exits for. The launcher needs no text matching to learn who named whom, and the
 lines double as the server's own heartbeat to the launcher: a hung server (SIGSTOP,
 a frozen VM) stops writing them, a partitioned one does not (launch/peer_loss.py).
 The channel is the launcher's own pipe, so it works the same over SSH.
@@ -32,10 +32,13 @@ class PeerStatus:
     server: int                                   # who writes it
     unreachable: dict[int, float] = dataclasses.field(default_factory=dict)   # peer -> seconds without heartbeat
     gone: tuple[int, ...] = ()                    # peers it exits for
+    # Peers it never completed a handshake with (still starting, or hung before it
+    # answered anyone): a peer can be named unreachable only once it was reached.
+    unseen: tuple[int, ...] = ()
 
     def line(self) -> str:
         body = {"server": self.server, "unreachable": {str(k): round(v, 2) for k, v in sorted(self.unreachable.items())},
-                "gone": list(self.gone)}
+                "gone": list(self.gone), "unseen": list(self.unseen)}
         return STATUS_MARK + json.dumps(body, separators=(",", ":")) + "\n"
 
     @classmethod
@@ -47,6 +50,6 @@ class PeerStatus:
         try:
             body = json.loads(line[len(STATUS_MARK):])
             return cls(int(body["server"]), {int(k): float(v) for k, v in body.get("unreachable", {}).items()},
-                       tuple(int(i) for i in body.get("gone", ())))
+                       tuple(int(i) for i in body.get("gone", ())), tuple(int(i) for i in body.get("unseen", ())))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None

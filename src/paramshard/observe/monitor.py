@@ -67,9 +67,12 @@ class Monitor:
     def poll(self) -> None:
         for server in range(len(self.links)):
             try:
-                header, _ = self.links.request(server, {"op": "stats"}, timeout=min(5.0, self.every * 2))
+                ticket = self.links.submit([(server, {"op": "stats"}, ())], timeout=min(5.0, self.every * 2))
+                # A stop (the job ended or was stopped) ends the wait at once: a server stopped
+                # before it ever answered would otherwise hold the launcher's exit for the deadline.
+                [(header, _)] = self.links.collect(ticket, cancel=self._stop)
             except ParamshardError:
-                continue                  # down or busy: the supervision loop reports dead servers
+                continue                  # down, busy or stopping: the supervision loop reports dead servers
             stats = header["stats"]
             now = time.time()
             before, then = self._before.get(server, (None, None))

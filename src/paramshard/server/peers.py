@@ -10,8 +10,8 @@ stops too instead of idling forever, with ``PEER_LOST_EXIT_CODE`` (it failed
 because another one did).
 
 Under a launcher that reads its stdout (``PARAMSHARD_RECORDS=stdout``) the watch
-also writes status lines (launch/status.py): which peers are unreachable, at
-once when that changes and every second otherwise. The launcher learns of a
+also writes status lines (launch/status.py): which peers are unreachable or not
+reached yet, at once when that changes and every second otherwise. The launcher learns of a
 hung peer as soon as its heartbeat is lost, while the trainers (who lose it on
 the same heartbeat) wait for it to come back, and can replace it in time.
 """
@@ -75,7 +75,7 @@ class PeerWatch:
         self._clock = clock
         self.me = me
         self._report = (report or launcher_report()) if me is not None else None
-        self._reported: tuple[float, frozenset[int]] | None = None    # (when, unreachable peers) of the last line
+        self._reported: tuple[float, frozenset[int], frozenset[int]] | None = None   # (when, unreachable, unseen) last said
         self.peers: list[_Peer] = []
         for index, address in sorted(peers.items()):
             sock = ctx.socket(zmq.DEALER)
@@ -120,11 +120,13 @@ class PeerWatch:
         if self._report is None or not self.peers:
             return
         down = {p.index: now - p.down_since for p in self.peers if p.down_since is not None}
+        unseen = tuple(p.index for p in self.peers if not p.ever_reachable)
         last = self._reported
-        if last is not None and not gone and frozenset(down) == last[1] and now - last[0] < STATUS_EVERY:
+        if (last is not None and not gone and frozenset(down) == last[1] and frozenset(unseen) == last[2]
+                and now - last[0] < STATUS_EVERY):
             return
-        self._reported = (now, frozenset(down))
-        self._report(PeerStatus(self.me, down, tuple(p.index for p in gone)).line())
+        self._reported = (now, frozenset(down), frozenset(unseen))
+        self._report(PeerStatus(self.me, down, tuple(p.index for p in gone), unseen).line())
 
     def close(self) -> None:
         for peer in self.peers:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from typing import Sequence
 
@@ -24,7 +25,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
+from ..errors import Cancelled, DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
 from . import protocol
 from .security import FIX_HINT, HandshakeRefused, Security
 
@@ -225,12 +226,17 @@ class ServerLinks(Requests):
             self._inflight[request_id] = ticket
         return ticket
 
-    def collect(self, ticket: "Ticket") -> list:
+    def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
         """Wait for every reply of ``ticket`` (until its deadline) and return them in
         request order; raises the first error reply, a lost server or the deadline.
-        Replies to other tickets that arrive meanwhile are kept for them."""
+        Replies to other tickets that arrive meanwhile are kept for them. ``cancel``
+        set by another thread ends the wait within a poll slice (Cancelled): an
+        observer that is told to stop must not wait out a deadline on a server
+        that was stopped before it ever answered."""
         try:
             while ticket.pending and ticket.error is None:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"{self.who} stopped waiting for {len(ticket.pending)} replies")
                 remaining = ticket.deadline - time.monotonic()
                 if remaining <= 0:
                     self._raise_deadline(ticket.pending, ticket.wait)
