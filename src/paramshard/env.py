@@ -12,13 +12,9 @@ from typing import Mapping
 
 from .errors import ConfigError
 from .limits import SPEC as LIMIT_SPEC, Limits
+from .mode import MODES, PS_MODES, Mode
 
 ROLES = ("server", "trainer")
-# sync/async: dense and sparse parameters on the servers. collective: no servers, dense
-# gradients averaged by allreduce (collective/). hybrid: dense by allreduce, sparse
-# tables on servers that keep sync steps.
-PS_MODES = ("sync", "async")
-MODES = (*PS_MODES, "collective", "hybrid")
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
 DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
 DEFAULT_MIN_BLOCK_SIZE = 8192
@@ -136,7 +132,7 @@ class ClusterEnv:
     server_id: int | None = None
     num_trainers: int = 1
     trainer_id: int = 0
-    mode: str = "sync"
+    mode: Mode = Mode.SYNC              # a plain string is parsed (Mode.parse)
     dispatch: str = "round_robin"
     min_block_size: int = DEFAULT_MIN_BLOCK_SIZE
     timeout: float = DEFAULT_TIMEOUT
@@ -166,8 +162,7 @@ class ClusterEnv:
     def __post_init__(self):
         if self.role is not None and self.role not in ROLES:
             raise ConfigError(f"PARAMSHARD_ROLE={self.role!r}: expected one of {ROLES}")
-        if self.mode not in MODES:
-            raise ConfigError(f"PARAMSHARD_MODE={self.mode!r}: expected one of {MODES}")
+        object.__setattr__(self, "mode", Mode.parse(self.mode))
         if self.collective_backend not in COLLECTIVE_BACKENDS:
             raise ConfigError(f"PARAMSHARD_COLLECTIVE_BACKEND={self.collective_backend!r}: expected one of "
                               f"{COLLECTIVE_BACKENDS}")
@@ -199,7 +194,7 @@ class ClusterEnv:
             raise ConfigError(f"PARAMSHARD_METRICS_PORT={self.metrics_port}: must be a port, 1..65535 (0: off)")
         for addr in self.servers:
             _check_address("PARAMSHARD_SERVERS entry", addr)
-        if self.mode == "collective" and self.servers:
+        if not self.mode.has_servers and self.servers:
             raise ConfigError(f"PARAMSHARD_MODE=collective has no parameter servers, but PARAMSHARD_SERVERS "
                               f"lists {len(self.servers)}: use mode hybrid to keep sparse tables on servers, "
                               f"or start no servers (--servers 0)")
@@ -209,7 +204,7 @@ class ClusterEnv:
             if self.server_id is None or not 0 <= self.server_id < len(self.servers):
                 raise ConfigError(f"PARAMSHARD_SERVER_ID={self.server_id}: expected 0..{len(self.servers) - 1}")
         if self.role == "trainer":
-            if not self.servers and self.mode != "collective":
+            if not self.servers and self.mode.has_servers:
                 raise ConfigError("a trainer needs PARAMSHARD_SERVERS (comma-separated host:port)")
             if self.collective and self.num_trainers > 1 and not self.collective_addr:
                 raise ConfigError(f"PARAMSHARD_MODE={self.mode} with {self.num_trainers} trainers needs "
@@ -220,13 +215,13 @@ class ClusterEnv:
 
     @property
     def collective(self) -> bool:
-        """Dense gradients are averaged by allreduce among the trainers (no dense blocks on servers)."""
-        return self.mode in ("collective", "hybrid")
+        """Dense gradients are averaged by allreduce among the trainers (``mode.allreduce``)."""
+        return self.mode.allreduce
 
     @property
-    def server_mode(self) -> str:
-        """How the servers apply pushes: hybrid keeps sync steps for its sparse tables."""
-        return "async" if self.mode == "async" else "sync"
+    def server_mode(self) -> Mode:
+        """How the servers apply pushes (``mode.server_mode``)."""
+        return self.mode.server_mode
 
     @property
     def rank_name(self) -> str:
@@ -267,7 +262,7 @@ class ClusterEnv:
             role=role, servers=tuple(servers), server_id=server_id,
             num_trainers=num_trainers if num_trainers is not None else 1,
             trainer_id=trainer_id or 0,
-            mode=e.get("PARAMSHARD_MODE", "sync").lower(),
+            mode=Mode.parse(e.get("PARAMSHARD_MODE", "sync")),
             dispatch=e.get("PARAMSHARD_DISPATCH", "round_robin"),
             min_block_size=_or(_int(e, "PARAMSHARD_MIN_BLOCK_SIZE"), DEFAULT_MIN_BLOCK_SIZE),
             timeout=_or(_float(e, "PARAMSHARD_TIMEOUT"), DEFAULT_TIMEOUT),

@@ -1,0 +1,77 @@
+"""What a Trainer tells whoever watches it, without knowing who that is.
+
+The core (torch/, server/, runtime) does not import observe/: it calls the
+listeners registered here. ``observe/`` registers its own (the run directory's
+records, the /metrics endpoint) by name, so nothing heavy is imported until a
+Trainer starts, and a test or a user can register another (a step hook, a
+logger) with ``register_trainer_listener``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Protocol
+
+
+class TrainerListener(Protocol):
+    def after_step(self, step: int, loss: Any, pipeline: dict, staleness: int | None) -> None:
+        """After each step: its number (the count after it), the loss tensor (or None), the
+        step client's cumulative pipeline counters and the servers' staleness of the step."""
+
+    def log(self, **values) -> None:
+        """``Trainer.log(loss=..., epoch=..., auc=...)``."""
+
+    def close(self) -> None:
+        """The trainer closed (or failed to start): release what it holds."""
+
+
+# A factory: (env, model) -> listener or None; or "module:attribute" naming one, imported when used.
+ListenerFactory = Callable[[Any, Any], "TrainerListener | None"]
+_trainer_factories: list[ListenerFactory | str] = ["paramshard.observe.trainer_watch:TrainerWatch"]
+
+
+def register_trainer_listener(factory: ListenerFactory | str) -> None:
+    """Every Trainer started from now on gets ``factory(env, model)`` as a listener."""
+    _trainer_factories.append(factory)
+
+
+def unregister_trainer_listener(factory: ListenerFactory | str) -> None:
+    _trainer_factories.remove(factory)
+
+
+def _resolve(factory: ListenerFactory | str) -> ListenerFactory:
+    if isinstance(factory, str):
+        module, _, attribute = factory.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+class TrainerListeners:
+    """Every registered listener of one Trainer, called in registration order."""
+
+    def __init__(self, env, model):
+        self.listeners: list[TrainerListener] = []
+        try:
+            for factory in _trainer_factories:
+                listener = _resolve(factory)(env, model)
+                if listener is not None:
+                    self.listeners.append(listener)
+        except BaseException:
+            self.close()
+            raise
+
+    def find(self, kind: type):
+        """The listener of this type, or None (e.g. the observe watch, for its /metrics)."""
+        return next((x for x in self.listeners if isinstance(x, kind)), None)
+
+    def after_step(self, step: int, loss, pipeline: dict, staleness: int | None) -> None:
+        for listener in self.listeners:
+            listener.after_step(step, loss, pipeline, staleness)
+
+    def log(self, **values) -> None:
+        for listener in self.listeners:
+            listener.log(**values)
+
+    def close(self) -> None:
+        for listener in reversed(self.listeners):
+            listener.close()
+        self.listeners = []
