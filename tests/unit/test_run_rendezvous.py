@@ -104,15 +104,17 @@ def test_a_rank_that_never_reports_is_named_within_the_deadline():
     assert "ranks [2] did not report" in str(errors[1])
 
 
-def test_engine_table_names_every_engine_and_is_in_the_readme():
+def test_engine_table_names_every_engine_and_is_in_the_engines_page():
     from pathlib import Path
     engines = {engine for engine, _, _ in ENGINE_VARIABLES}
     assert {"openmpi", "slurm", "torchrun"} <= engines
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert engine_variables_markdown() in readme, "README's engine table is stale: paste `paramshard env`"
+    page = (Path(__file__).parents[2] / "docs" / "engines.md").read_text()
+    assert engine_variables_markdown() in page, "docs/engines.md's engine table is stale: paste `paramshard env`"
 
 
-def test_the_readme_contract_table_is_the_generated_one():
+def test_the_contract_table_is_the_generated_one_and_the_readme_links_it():
     from pathlib import Path
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert variables_markdown() in readme, "README's variable table is stale: paste `paramshard env`"
+    root = Path(__file__).parents[2]
+    assert "docs/environment.md" in (root / "README.md").read_text()
+    page = (root / "docs" / "environment.md").read_text()
+    assert variables_markdown() in page, "docs/environment.md's variable table is stale: paste `paramshard env`"
