@@ -104,15 +104,15 @@ def test_a_rank_that_never_reports_is_named_within_the_deadline():
     assert "ranks [2] did not report" in str(errors[1])
 
 
-def test_engine_table_names_every_engine_and_is_in_the_readme():
+def test_engine_table_names_every_engine_and_is_in_the_docs():
     from pathlib import Path
     engines = {engine for engine, _, _ in ENGINE_VARIABLES}
     assert {"openmpi", "slurm", "torchrun"} <= engines
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert engine_variables_markdown() in readme, "README's engine table is stale: paste `paramshard env`"
+    docs = (Path(__file__).parents[2] / "docs" / "environment.md").read_text()
+    assert engine_variables_markdown() in docs, "docs/environment.md is stale: paramshard env --markdown"
 
 
-def test_the_readme_contract_table_is_the_generated_one():
+def test_the_docs_contract_table_is_the_generated_one():
     from pathlib import Path
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert variables_markdown() in readme, "README's variable table is stale: paste `paramshard env`"
+    docs = (Path(__file__).parents[2] / "docs" / "environment.md").read_text()
+    assert variables_markdown() in docs, "docs/environment.md is stale: paramshard env --markdown"

@@ -22,6 +22,7 @@ from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..log import get_logger
 from ..settings.fields import launched, with_fields
+from ..settings.process import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
 from ..settings.setting import LAUNCH
 from ..transport.security import new_secret
 from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
@@ -42,7 +43,7 @@ MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:
 
 # torch (OpenMP) and MKL size their thread pools by the host's cores, once per process: S + T
 # processes on one host would each start a pool of all its cores and fight over them.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARIABLES = (OMP_THREADS.env, MKL_THREADS.env)
 
 
 def usable_cpus() -> int:
@@ -129,7 +130,8 @@ class RankSpec:
         out = self.env.to_environ()
         out.update(self.extra_environ)
         out["PYTHONUNBUFFERED"] = "1"
-        out["GLIBC_TUNABLES"] = os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES)
+        given = GLIBC_TUNABLES.read(os.environ)
+        out[GLIBC_TUNABLES.env] = MALLOC_TUNABLES if given is None else given
         return out
 
 
