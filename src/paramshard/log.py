@@ -5,9 +5,11 @@ import logging
 import os
 import sys
 
+from .settings.process import LOG_LEVEL
+
 _configured = False
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LEVEL_VARIABLE = "PARAMSHARD_LOG_LEVEL"
+LEVEL_VARIABLE = LOG_LEVEL.env
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -45,7 +47,7 @@ def configure(rank_name: str, level: str | None = None) -> None:
 def level_from_environ(environ) -> tuple[str, str | None]:
     """(level, problem): PARAMSHARD_LOG_LEVEL read case-insensitively; INFO when unset
     or empty, and INFO with a message naming the variable when the value is not a level."""
-    raw = environ.get(LEVEL_VARIABLE, "")
+    raw = LOG_LEVEL.read(environ)
     value = raw.strip().upper()
     if not value:
         return "INFO", None

@@ -104,17 +104,19 @@ def test_a_rank_that_never_reports_is_named_within_the_deadline():
     assert "ranks [2] did not report" in str(errors[1])
 
 
-def test_engine_table_names_every_engine_and_is_in_the_engines_page():
+def test_engine_table_names_every_engine_and_is_in_the_docs():
     from pathlib import Path
     engines = {engine for engine, _, _ in ENGINE_VARIABLES}
     assert {"openmpi", "slurm", "torchrun"} <= engines
-    page = (Path(__file__).parents[2] / "docs" / "engines.md").read_text()
-    assert engine_variables_markdown() in page, "docs/engines.md's engine table is stale: paste `paramshard env`"
+    docs = Path(__file__).parents[2] / "docs"
+    for page in ("environment.md", "engines.md"):
+        assert engine_variables_markdown() in (docs / page).read_text(), \
+            f"docs/{page}'s engine table is stale: paramshard env --markdown"
 
 
-def test_the_contract_table_is_the_generated_one_and_the_readme_links_it():
+def test_the_docs_contract_table_is_the_generated_one_and_the_readme_links_it():
     from pathlib import Path
     root = Path(__file__).parents[2]
     assert "docs/environment.md" in (root / "README.md").read_text()
-    page = (root / "docs" / "environment.md").read_text()
-    assert variables_markdown() in page, "docs/environment.md's variable table is stale: paste `paramshard env`"
+    docs = (root / "docs" / "environment.md").read_text()
+    assert variables_markdown() in docs, "docs/environment.md is stale: paramshard env --markdown"

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import secrets
 import stat
 import sys
 from pathlib import Path
 
-from ..env import DEFAULT_TIMEOUT, MODES
 from ..errors import ConfigError
 from ..launch import target
+from ..settings.contract import SECRET_SOURCE
+from ..settings.flags import add_flags, spec_fields
 from ..launch.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8sJobSpec,
                            render_manifests, to_yaml)
 
@@ -48,37 +48,18 @@ def _port(flag: str):
     return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise _flag_error(f"--timeout {text}: not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise _flag_error(f"--timeout {text}: must be a finite number > 0 seconds")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=_count("--servers", minimum=0), default=None, metavar="N",
                    help="number of parameter servers, a StatefulSet (default 1; 0, and only 0, with "
                         "--mode collective)")
-    p.add_argument("--trainers", type=_count("--trainers"), required=True, metavar="M",
-                   help="number of trainers (an Indexed Job)")
     p.add_argument("--image", required=True, help="container image with paramshard and the script (see Dockerfile)")
     p.add_argument("--name", default="paramshard", help="job name: prefixes every object and is PARAMSHARD_JOB_ID")
     p.add_argument("--namespace", default="default", help="namespace of every object")
-    p.add_argument("--mode", choices=MODES, default="sync",
-                   help="sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
-                        "averaged by allreduce among the trainers; hybrid: dense by allreduce, sparse tables on "
-                        "the servers")
     p.add_argument("--port", type=_port("--port"), default=None,
                    help=f"port every server listens on (default {DEFAULT_PORT})")
     p.add_argument("--collective-port", type=_port("--collective-port"), default=None, metavar="PORT",
                    help=f"collective and hybrid modes: port of the store trainer 0 hosts for the trainers' "
                         f"torch.distributed group (default {DEFAULT_COLLECTIVE_PORT})")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
-                   help=f"seconds any single wait may take, PARAMSHARD_TIMEOUT (default {DEFAULT_TIMEOUT:g}); "
-                        "trainers wait this long for servers still being scheduled")
     p.add_argument("--cpu", default="1", help="CPU request and limit of every pod, e.g. 500m or 4")
     p.add_argument("--memory", default="2Gi", help="memory request and limit of every pod, e.g. 512Mi or 8Gi")
     p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
@@ -96,9 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="no Secret in the output: the pods read Secret NAME-secret (key 'secret') that you "
                              "create once per job, e.g. from a secret manager (the command is printed); the "
                              "output then holds no secret and may be committed")
-    secret.add_argument("--insecure", action="store_true",
-                        help="no secret at all: connections to the servers are plain, unauthenticated TCP and "
-                             "the pods get PARAMSHARD_INSECURE=1; only for a network no one else reaches")
+    # --trainers, --mode, --timeout and --insecure (in that group): from the table (settings/).
+    add_flags(p, "k8s", {SECRET_SOURCE: secret})
     p.add_argument("--out", metavar="FILE", help="write the manifests to FILE instead of stdout (mode 0600 when "
                                                  "they hold the Secret)")
     target.add_module_argument(p)
@@ -117,15 +97,15 @@ def run(args) -> int:
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
     servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
     spec = K8sJobSpec(
-        script=script, module=module, script_args=script_args, image=args.image, servers=servers,
-        trainers=args.trainers, name=args.name, namespace=args.namespace, mode=args.mode,
+        **spec_fields(args), script=script, module=module, script_args=script_args, image=args.image,
+        servers=servers, name=args.name, namespace=args.namespace,
         port=args.port if args.port is not None else DEFAULT_PORT,
-        timeout=args.timeout, cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
+        cpu=args.cpu, memory=args.memory, cluster_domain=args.cluster_domain,
         collective_port=args.collective_port if args.collective_port is not None else DEFAULT_COLLECTIVE_PORT,
         # Generated unless another source is chosen; with no servers only if asked (then refused).
         secret=secrets.token_hex(32) if args.create_secret or (
             servers and not args.existing_secret and not args.insecure) else None,
-        existing_secret=args.existing_secret, insecure=args.insecure)
+        existing_secret=args.existing_secret)
     # Flags that would do nothing are refused (after the spec's own checks, --servers first).
     if args.port is not None and not spec.servers:
         raise ConfigError(f"--port {args.port}: --mode collective has no servers to listen on it "

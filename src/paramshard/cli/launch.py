@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
 
 from ..checkpoint.format import Checkpoint, checkpoints
-from ..env import ClusterEnv, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT, DISPATCHERS, MODES
+from ..env import ClusterEnv
 from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
 from ..launch.signals import StopSignal, signal_number, stop_signals
@@ -17,6 +16,9 @@ from ..errors import ConfigError
 from ..log import configure, get_logger
 from ..observe.job_watch import JobWatch
 from ..observe.records import default_run_dir
+from ..settings.argtypes import flag_error
+from ..settings.contract import WATCH
+from ..settings.flags import add_flags, launch_fields
 
 log = get_logger("launch")
 
@@ -43,12 +45,6 @@ here is passed on instead.
 _HOST_PORT = re.compile(r"^(\[[^\]]+\]|[^\s,:\[\]]+):\d+$")
 
 
-def _flag_error(message: str) -> argparse.ArgumentError:
-    # Raised from a type function, an ArgumentError without an action is reported by argparse
-    # as the message alone (usage, "paramshard launch: error: ...", exit 2), like the other flags.
-    return argparse.ArgumentError(None, message)
-
-
 def _server_count(text: str) -> int:
     try:
         return int(text)
@@ -57,25 +53,9 @@ def _server_count(text: str) -> int:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if items and all(_HOST_PORT.match(item) for item in items):
         hosts = ",".join(item.rsplit(":", 1)[0] for item in items)
-        raise _flag_error(f"--servers takes a number of servers; to run on several machines use "
+        raise flag_error(f"--servers takes a number of servers; to run on several machines use "
                           f"--hosts {hosts} (see README \"Many machines\")")
-    raise _flag_error(f"--servers {text}: not a number; --servers takes a number of servers")
-
-
-def _positive(flag: str, convert, what: str):
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise _flag_error(f"{flag} {text}: not {what}") from None
-        if convert is int and value < 1:
-            raise _flag_error(f"{flag} {text}: must be >= 1")
-        if convert is float and not (math.isfinite(value) and value > 0):
-            raise _flag_error(f"{flag} {text}: must be > 0 seconds" if math.isfinite(value) else
-                              f"{flag} {text}: must be a finite number > 0 seconds")
-        return value
-    parse.__name__ = convert.__name__
-    return parse
+    raise flag_error(f"--servers {text}: not a number; --servers takes a number of servers")
 
 
 def preprocess(argv: list[str]) -> list[str]:
@@ -96,49 +76,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
     p.add_argument("--servers", type=_server_count, default=None,
                    help="number of parameter servers (default 1; 0 with --mode collective)")
-    p.add_argument("--trainers", type=int, default=1, help="number of trainers (default 1)")
-    p.add_argument("--mode", choices=MODES, default="sync",
-                   help="sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
-                        "averaged by allreduce (DDP); hybrid: dense by allreduce, sparse tables on the servers "
-                        "(README \"Choosing a mode\")")
-    p.add_argument("--dispatch", choices=DISPATCHERS, default="round_robin", help="how blocks go to servers")
-    p.add_argument("--min-block-size", type=_positive("--min-block-size", int, "a whole number"),
-                   default=DEFAULT_MIN_BLOCK_SIZE,
-                   help=f"smallest dense block, in elements (default {DEFAULT_MIN_BLOCK_SIZE})")
-    p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds"),
-                   default=DEFAULT_TIMEOUT,
-                   help=f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})")
-    ckpt = p.add_argument_group("checkpoints")
-    ckpt.add_argument("--checkpoint-dir", metavar="DIR",
-                      help="save checkpoints here: every --checkpoint-every steps and when the job ends")
-    ckpt.add_argument("--checkpoint-every", metavar="STEPS", type=_positive("--checkpoint-every", int,
-                                                                          "a whole number"),
-                      help="steps between checkpoints (without it: only the final checkpoint)")
-    ckpt.add_argument("--keep", metavar="N", type=_positive("--keep", int, "a whole number"), default=3,
-                      help="checkpoints to keep, the newest (default 3)")
-    ckpt.add_argument("--max-restarts", metavar="N", type=int, default=0,
-                      help="when a process dies, restart the job up to N times from the latest checkpoint in "
-                           "--checkpoint-dir (every server and trainer rolls back to it; default 0: fail)")
-    watch = p.add_argument_group("seeing the job")
+    # Every flag that sets a job's setting comes from the table (settings/contract.py), groups too.
+    groups = add_flags(p, "launch")
+    watch = groups.get(WATCH) or p.add_argument_group(WATCH)
     watch.add_argument("--run-dir", metavar="DIR",
                        help="where this run's logs, configuration, plan, metrics.jsonl and summary.json go "
                             "(default runs/YYYYmmdd-HHMMSS-JOBID)")
     watch.add_argument("--report", action="store_true",
                        help="at the end, write the run directory's plots and index.html (paramshard report)")
-    watch.add_argument("--metrics-port", metavar="PORT", type=int, default=0,
-                       help="serve Prometheus /metrics: server i on PORT+i, trainer j on PORT+servers+j")
-    p.add_argument("--max-staleness", metavar="K", type=int,
-                   help="async: a trainer waits while it is more than K steps ahead of the slowest "
-                        "(bounded staleness); 0 is lockstep")
-    p.add_argument("--insecure", action="store_true",
-                   help="plain TCP between the processes (also PARAMSHARD_INSECURE=1); by default the job gets a "
-                        "random secret and every connection is CurveZMQ (README \"Security\")")
-    p.add_argument("--min-trainers", metavar="N", type=_positive("--min-trainers", int, "a whole number"),
-                   help="async mode: a trainer that dies does not stop the job while N trainers are alive "
-                        "(default: any failure stops the job)")
-    ckpt.add_argument("--resume", metavar="DIR", nargs="?", const="",
-                      help="start from a checkpoint: DIR (a step-N directory, or a checkpoint directory's "
-                           "latest); alone: the latest in --checkpoint-dir")
     ssh = p.add_argument_group("many machines (over SSH)")
     ssh.add_argument("--hosts", metavar="HOSTS",
                      help="comma list or file of '[user@]host[:port] [slots=N]': run the ranks there over ssh; "
@@ -199,16 +144,11 @@ def _checkpoint_fields(args) -> dict:
 def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
-    job = {"job_id": outer.job_id} if outer.job_id else {}
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
     servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
-    fields = dict(
-        script=script, module=module, script_args=script_args, servers=servers, trainers=args.trainers,
-        mode=args.mode, dispatch=args.dispatch, min_block_size=args.min_block_size, timeout=args.timeout,
-        secret=outer.secret, keys_dir=outer.keys_dir, insecure=args.insecure or outer.insecure, limits=outer.limits,
-        min_trainers=args.min_trainers, **job,
-        **_checkpoint_fields(args), max_restarts=args.max_restarts, max_staleness=args.max_staleness,
-        metrics_port=args.metrics_port, records="stdout", collective_backend=outer.collective_backend)
+    # The flags' settings, and the ones the launcher's own environment passes on (security, limits).
+    fields = dict(launch_fields(args, "launch", outer), script=script, module=module, script_args=script_args,
+                  servers=servers, **_checkpoint_fields(args), records="stdout")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
     launcher, code = None, 1

@@ -19,7 +19,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from ..env import MODES, ClusterEnv, check_server_count
+from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..launch.api import MALLOC_TUNABLES
 from ..launch import target
@@ -28,6 +28,7 @@ from ..launch.rendezvous import exchange_for, own_address
 from ..launch.world import World, detect
 from ..log import configure, get_logger
 from ..runtime import build_server, serve
+from ..settings.flags import add_flags, contract_changes
 from ..transport.security import Security, new_secret
 
 log = get_logger("run")
@@ -45,16 +46,7 @@ def add_arguments(p) -> None:
     p.add_argument("--servers", type=int, required=True, metavar="S",
                    help="how many ranks serve: ranks 0..S-1 are servers, the rest trainers (0 with --mode "
                         "collective)")
-    p.add_argument("--mode", choices=MODES, help="sync or async (default: PARAMSHARD_MODE, else sync)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="deadline of any single wait, the rendezvous included (default: PARAMSHARD_TIMEOUT, "
-                        "else 120)")
-    p.add_argument("--store-port", type=int, metavar="PORT",
-                   help="Slurm only: port of the address store on the first node (default: "
-                        "PARAMSHARD_STORE_PORT, else 29600 + job id %% 2000)")
-    p.add_argument("--insecure", action="store_true",
-                   help="plain TCP between the ranks (also PARAMSHARD_INSECURE=1); by default they share a "
-                        "random secret and every connection is CurveZMQ (README \"Security\")")
+    add_flags(p, "run")     # --mode, --timeout, --insecure, --store-port: from the table (settings/)
     p.add_argument("--run-dir", metavar="DIR",
                    help="a directory every rank can write (shared): each writes its contract and its "
                         "records there; `paramshard report DIR` draws them (README \"Seeing a job\")")
@@ -73,17 +65,11 @@ def preprocess(argv: list[str]) -> list[str]:
 def _settings(args, environ) -> ClusterEnv:
     """Everything but the roles, from PARAMSHARD_* and the flags (flags win)."""
     base = ClusterEnv.from_environ(environ)
-    changes = {}
-    if args.mode:
-        changes["mode"] = args.mode
-    if args.timeout is not None:
-        if args.timeout <= 0:
-            raise ConfigError(f"--timeout {args.timeout:g}: must be > 0 seconds")
-        changes["timeout"] = args.timeout
+    changes = contract_changes(args, "run")
+    if args.timeout is not None and args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: must be > 0 seconds")
     if args.run_dir:
         changes["records"] = f"dir:{os.path.abspath(args.run_dir)}"
-    if args.insecure:
-        changes["insecure"] = True
     return dataclasses.replace(base, **changes)
 
 

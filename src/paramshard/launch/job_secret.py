@@ -26,16 +26,17 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
+from ..settings.process import SECRET_DIR
 from ..transport.security import new_secret
 
-SECRET_DIR_VARIABLE = "PARAMSHARD_SECRET_DIR"
+SECRET_DIR_VARIABLE = SECRET_DIR.env
 FIX = (f"set PARAMSHARD_SECRET on every rank (e.g. export it before srun or torchrun), set {SECRET_DIR_VARIABLE} to "
        f"a directory of yours every host of the job shares, or pass --insecure for plain TCP")
 
 
 def secret_dir(environ: Mapping[str, str]) -> Path:
     """Where the ranks of a job meet their secret: PARAMSHARD_SECRET_DIR, else ~/.paramshard/secrets."""
-    given = environ.get(SECRET_DIR_VARIABLE, "").strip()
+    given = SECRET_DIR.read(environ)
     return Path(given).expanduser() if given else Path.home() / ".paramshard" / "secrets"
 
 

@@ -38,6 +38,9 @@ import yaml
 
 from ..env import DEFAULT_TIMEOUT, MODES, check_server_count
 from ..errors import ConfigError
+from ..settings.fields import with_fields
+from ..settings.setting import K8S
+from ..settings.table import in_scope
 from .api import MALLOC_TUNABLES
 from .target import check as check_target, command_words
 
@@ -68,8 +71,11 @@ _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|
 
 
 @dataclasses.dataclass(frozen=True)
+@with_fields(K8S)
 class K8sJobSpec:
-    """One job's manifests; every field is a `paramshard k8s` flag (errors name the flag)."""
+    """One job's manifests; every field is a `paramshard k8s` flag (errors name the flag). Settings of
+    scope K8S (settings/contract.py) not written below are fields too, generated, and go into every
+    pod's environment as the contract writes them (``_settings_env``)."""
     script: str | None             # a path inside the image, or None with a module
     image: str
     servers: int
@@ -254,6 +260,7 @@ def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]
         # Every pod derives the CurveZMQ keys from the secret and this id: they must agree.
         ("PARAMSHARD_JOB_ID", spec.name),
         *secret,
+        *_settings_env(spec),
         ("PYTHONUNBUFFERED", "1"),          # log lines reach `kubectl logs` as they are written
         ("GLIBC_TUNABLES", MALLOC_TUNABLES),  # as the local launcher sets it (launch/api.py says why)
         # torch sizes its thread pool by the node's cores, not the container's CPU limit; a pool
@@ -261,6 +268,20 @@ def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]
         ("OMP_NUM_THREADS", {"valueFrom": {"resourceFieldRef": {
             "containerName": container, "resource": "limits.cpu", "divisor": "1"}}}),
     ]
+
+
+# Written by hand above: their manifest form is not the contract's (timeout as %g, the secret's source).
+_WRITTEN_HERE = ("trainers", "mode", "timeout", "insecure")
+
+
+def _settings_env(spec: K8sJobSpec) -> list[tuple[str, str]]:
+    """The other K8S settings (generated fields), as ``ClusterEnv.to_environ`` writes them."""
+    out: list[tuple[str, str]] = []
+    for setting in in_scope(K8S):
+        name = setting.launch_field or setting.field
+        if name not in _WRITTEN_HERE:
+            out += setting.environ(getattr(spec, name), spec).items()
+    return out
 
 
 def literal(word: str) -> str:

@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Mapping
 
 from ..log import get_logger
+from ..settings.process import K8S_API_URL, K8S_DELETE, K8S_NAMESPACE
 
 log = get_logger("k8s")
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-TARGETS_VARIABLE = "PARAMSHARD_K8S_DELETE"          # "services/NAME,statefulsets/NAME", in order
-NAMESPACE_VARIABLE = "PARAMSHARD_K8S_NAMESPACE"     # from the downward API; else the service account's
+TARGETS_VARIABLE = K8S_DELETE.env         # "services/NAME,statefulsets/NAME", in order
+NAMESPACE_VARIABLE = K8S_NAMESPACE.env    # from the downward API; else the service account's
 # For tests only: the API server's base URL (e.g. a plain-HTTP fake on 127.0.0.1) instead of
 # https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
-API_URL_VARIABLE = "PARAMSHARD_K8S_API_URL"
+API_URL_VARIABLE = K8S_API_URL.env
 
 # resource (as written in PARAMSHARD_K8S_DELETE) -> its API path prefix
 API_PREFIXES = {
@@ -47,7 +48,7 @@ def delete_job_objects(environ: Mapping[str, str] = os.environ, base_url: str | 
     None when not in a cluster (no KUBERNETES_SERVICE_HOST or no PARAMSHARD_K8S_DELETE).
 
     ``timeout``: seconds for all the requests together. Never raises."""
-    targets = [t.strip() for t in environ.get(TARGETS_VARIABLE, "").split(",") if t.strip()]
+    targets = [t.strip() for t in (K8S_DELETE.read(environ) or "").split(",") if t.strip()]
     if not environ.get("KUBERNETES_SERVICE_HOST") or not targets:
         return None
     try:
@@ -60,13 +61,13 @@ def delete_job_objects(environ: Mapping[str, str] = os.environ, base_url: str | 
 
 def _delete_all(environ: Mapping[str, str], targets: list[str], base_url: str | None, timeout: float,
                 account_dir: Path) -> str:
-    namespace = environ.get(NAMESPACE_VARIABLE) or _read(account_dir / "namespace")
+    namespace = K8S_NAMESPACE.read(environ) or _read(account_dir / "namespace")
     if not namespace:
         summary = (f"cleanup skipped: no namespace ({NAMESPACE_VARIABLE} unset, no "
                    f"{account_dir / 'namespace'}); delete {', '.join(targets)} by hand")
         log.error("%s", summary)
         return summary
-    base = (base_url or environ.get(API_URL_VARIABLE) or _in_cluster_url(environ)).rstrip("/")
+    base = (base_url or K8S_API_URL.read(environ) or _in_cluster_url(environ)).rstrip("/")
     token = _read(account_dir / "token")
     if token is None:
         log.warning("no service account token at %s: asking the API server without one", account_dir / "token")

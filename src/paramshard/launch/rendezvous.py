@@ -28,6 +28,8 @@ import time
 from typing import Mapping, Protocol
 
 from ..errors import ConfigError, ParamshardError
+from ..settings.process import STORE_PORT
+from ..settings.table import by_field
 from .world import World
 
 STORE_PORT_BASE = 29600      # Slurm store: base + job id % STORE_PORT_SPAN unless set
@@ -65,7 +67,7 @@ def own_address(world: World, environ: Mapping[str, str]) -> str:
     counts (never the hostname's: it often resolves to 127.0.1.1). A loopback route
     means every rank shares this machine; if an ssh login to a loopback alias started
     this rank (SSH_CONNECTION), that alias says which simulated host this is."""
-    explicit = environ.get("PARAMSHARD_HOST", "").strip()
+    explicit = by_field("host").read(environ)
     if explicit:
         return explicit
     routed = route_source(world.rendezvous_host) if world.rendezvous_host else "127.0.0.1"
@@ -219,11 +221,9 @@ def _scontrol(args: list[str]) -> str:
 def slurm_store_port(environ: Mapping[str, str], flag: int | None) -> int:
     if flag is not None:
         return flag
-    if environ.get("PARAMSHARD_STORE_PORT"):
-        try:
-            return int(environ["PARAMSHARD_STORE_PORT"])
-        except ValueError:
-            raise ConfigError(f"PARAMSHARD_STORE_PORT={environ['PARAMSHARD_STORE_PORT']!r} is not a port") from None
+    given = STORE_PORT.read(environ)
+    if given is not None:
+        return given
     job = environ.get("SLURM_JOB_ID", "0")
     return STORE_PORT_BASE + (int(job) if job.isdigit() else 0) % STORE_PORT_SPAN
 

@@ -26,6 +26,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..launch.status import PEER_LOST_EXIT_CODE, STATUS_EVERY, PeerStatus
+from ..settings.table import by_field
 from ..transport.client import close_monitored
 
 __all__ = ["PEER_LOST_EXIT_CODE", "PeerWatch", "launcher_report"]
@@ -52,7 +53,7 @@ def launcher_report() -> Callable[[str], None] | None:
     """Where status lines go: this process's stdout when a launcher reads it and takes
     marked lines out (``PARAMSHARD_RECORDS=stdout``, set by ``paramshard launch``), else
     nowhere (a user's terminal, ``paramshard run``, Kubernetes logs)."""
-    if os.environ.get("PARAMSHARD_RECORDS") != "stdout":
+    if by_field("records").read(os.environ) != "stdout":
         return None
 
     def write(line: str) -> None:

@@ -1,0 +1,258 @@
+"""The job's contract: settings every rank reads into ``ClusterEnv`` (scope JOB).
+
+Declaration order is the order of ClusterEnv's fields and of docs/environment.md.
+Error messages name the variable; the flags' messages name the flag.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Mapping
+
+from ..errors import ConfigError
+from ..limits import SPEC as LIMIT_SPEC, Limits
+from ..mode import MODES, Mode
+from . import argtypes
+from .setting import JOB, K8S, LAUNCH, Setting, flag
+
+ROLES = ("server", "trainer")
+COLLECTIVE_BACKENDS = ("gloo", "nccl")
+DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
+DEFAULT_MIN_BLOCK_SIZE = 8192
+DEFAULT_TIMEOUT = 120.0
+CHECKPOINTS, WATCH = "checkpoints", "seeing the job"     # `paramshard launch`'s argument groups
+SECRET_SOURCE = "secret source"     # `paramshard k8s`'s mutually exclusive group (made by cli/k8s.py)
+_LAUNCHED = frozenset({JOB, LAUNCH})
+
+
+def new_job_id() -> str:
+    """A launcher's job id when none is given: names the job in its CurveZMQ keys."""
+    return f"job-{uuid.uuid4().hex[:12]}"
+
+
+def first_int(e: Mapping[str, str], *names: str) -> int | None:
+    """The first of ``names`` set in ``e``, as a whole number."""
+    for name in names:
+        if e.get(name, "") != "":
+            try:
+                return int(e[name])
+            except ValueError:
+                raise ConfigError(f"{name}={e[name]!r} is not a whole number") from None
+    return None
+
+
+def _role(e: Mapping[str, str]) -> str | None:
+    for name in ("PARAMSHARD_ROLE", "PADDLE_TRAINING_ROLE", "TRAINING_ROLE"):
+        if e.get(name, "") != "":
+            value = e[name].strip().lower()
+            value = {"pserver": "server"}.get(value, value)
+            if value not in ROLES:
+                raise ConfigError(f"{name}={e[name]!r}: expected server or trainer (PSERVER/TRAINER)")
+            return value
+    return None
+
+
+def _servers(e: Mapping[str, str]) -> tuple[str, ...]:
+    for name in ("PARAMSHARD_SERVERS", "PADDLE_PSERVERS_IP_PORT_LIST"):
+        if e.get(name, "") != "":
+            return tuple(s.strip() for s in e[name].split(",") if s.strip())
+    if e.get("PADDLE_INIT_PSERVERS", "") == "":
+        return ()
+    port = e.get("PADDLE_INIT_PORT")
+    hosts = [s.strip() for s in e["PADDLE_INIT_PSERVERS"].split(",") if s.strip()]
+    return tuple(hosts if port is None else [h if ":" in h else f"{h}:{port}" for h in hosts])
+
+
+def _server_id(e: Mapping[str, str]) -> int | None:
+    found = first_int(e, "PARAMSHARD_SERVER_ID", "PADDLE_PSERVER_ID")
+    servers = _servers(e)
+    if found is None and e.get("PADDLE_CURRENT_ENDPOINT") in servers:
+        return servers.index(e["PADDLE_CURRENT_ENDPOINT"])
+    return found
+
+
+def check_address(what: str, addr: str) -> str | None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return f"{what} {addr!r} is not host:port"
+    return None
+
+
+def _first_bad_address(addresses) -> str | None:
+    return next((m for a in addresses if (m := check_address("PARAMSHARD_SERVERS entry", a))), None)
+
+
+def _yes_no(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("", "0", "no", "false"):
+        return False
+    if value in ("1", "yes", "true"):
+        return True
+    raise ValueError(text)
+
+
+def _int_at_least(variable: str, minimum: int, unit: str):
+    return lambda v: f"{variable}={v}: must be >= {minimum}{unit}" if v is not None and v < minimum else None
+
+
+def _limit_rows() -> list[tuple[str, str, str]]:
+    return [(variable, f"{meaning} (default {default})", "") for variable, default, meaning in LIMIT_SPEC.values()]
+
+
+def _limits(e: Mapping[str, str]) -> Limits:
+    return Limits(**{field: value for field, (variable, _, _) in LIMIT_SPEC.items()
+                     if (value := first_int(e, variable)) is not None})
+
+
+_MODE_HELP = ("sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
+              "averaged by allreduce")
+
+CONTRACT: tuple[Setting, ...] = (
+    Setting("PARAMSHARD_ROLE", "`server` or `trainer`; unset means a standalone run (a local server is started "
+            "in-process)", "role", annotation="str | None", reader=_role, required=True,
+            fallbacks=("PADDLE_TRAINING_ROLE", "TRAINING_ROLE"),
+            check=lambda v: f"PARAMSHARD_ROLE={v!r}: expected one of {ROLES}" if v is not None and v not in ROLES
+            else None),
+    Setting("PARAMSHARD_SERVERS", "comma-separated `host:port` of all servers", "servers", (),
+            "tuple[str, ...]", reader=_servers, text=",".join, always=True, check=_first_bad_address,
+            fallbacks=("PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_INIT_PSERVERS (+PADDLE_INIT_PORT)")),
+    Setting("PARAMSHARD_SERVER_ID", "this server's index (servers only)", "server_id", None, "int | None",
+            reader=_server_id, written_when=lambda env: env.role == "server",
+            fallbacks=("PADDLE_PSERVER_ID", "PADDLE_CURRENT_ENDPOINT (looked up in the server list)")),
+    Setting("PARAMSHARD_TRAINERS", "number of trainers", "num_trainers", 1, "int", int, always=True,
+            fallbacks=("PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS"),
+            check=_int_at_least("PARAMSHARD_TRAINERS", 1, ""), scopes=frozenset({JOB, LAUNCH, K8S}),
+            launch_field="trainers",
+            flags=(flag("launch", "--trainers", "number of trainers (default 1)", type=int, default=1),
+                   flag("k8s", "--trainers", "number of trainers (an Indexed Job)", type=argtypes.count("--trainers"),
+                        required=True, metavar="M"))),
+    Setting("PARAMSHARD_TRAINER_ID", "this trainer's index, 0..T-1", "trainer_id", 0, "int", int,
+            written_when=lambda env: env.role == "trainer",
+            fallbacks=("PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID")),
+    Setting("PARAMSHARD_MODE", "`sync` (barrier per step, default), `async`, `collective` (no servers: dense "
+            "gradients averaged by allreduce, torch DistributedDataParallel) or `hybrid` (dense by allreduce, "
+            "sparse tables on the servers, sync steps)", "mode", Mode.SYNC, "Mode", Mode.parse, keep_empty=True,
+            coerce=Mode.parse, always=True, scopes=frozenset({JOB, LAUNCH, K8S}),
+            flags=(flag("launch", "--mode", _MODE_HELP + " (DDP); hybrid: dense by allreduce, sparse tables on the "
+                        "servers (README \"Choosing a mode\")", choices=MODES, default="sync"),
+                   flag("k8s", "--mode", _MODE_HELP + " among the trainers; hybrid: dense by allreduce, sparse "
+                        "tables on the servers", choices=MODES, default="sync"),
+                   flag("run", "--mode", "sync or async (default: PARAMSHARD_MODE, else sync)", choices=MODES))),
+    Setting("PARAMSHARD_COLLECTIVE_ADDR", "collective and hybrid modes: `host:port` where trainer 0 hosts the "
+            "torch.distributed store the trainers meet at (the launcher picks it)", "collective_addr",
+            check=lambda v: v is not None and check_address("PARAMSHARD_COLLECTIVE_ADDR", v) or None),
+    Setting("PARAMSHARD_COLLECTIVE_BACKEND", "collective and hybrid modes: torch.distributed backend, `gloo` "
+            "(default; CPU tensors) or `nccl`", "collective_backend", "gloo", "str", scopes=_LAUNCHED, inherit=True,
+            check=lambda v: f"PARAMSHARD_COLLECTIVE_BACKEND={v!r}: expected one of {COLLECTIVE_BACKENDS}"
+            if v not in COLLECTIVE_BACKENDS else None),
+    Setting("PARAMSHARD_COLLECTIVE_FD", "set by `paramshard run` on trainer 0: a listening socket for that store, "
+            "bound before the address exchange", "collective_fd", None, "int | None", int),
+    Setting("PARAMSHARD_DISPATCH", "block placement: " + ", ".join(DISPATCHERS) + " (default round_robin)",
+            "dispatch", "round_robin", "str", keep_empty=True, always=True, scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_DISPATCH={v!r}: expected one of {DISPATCHERS}" if v not in DISPATCHERS
+            else None,
+            flags=(flag("launch", "--dispatch", "how blocks go to servers", choices=DISPATCHERS,
+                        default="round_robin"),)),
+    Setting("PARAMSHARD_MIN_BLOCK_SIZE", f"smallest dense block in elements (default {DEFAULT_MIN_BLOCK_SIZE})",
+            "min_block_size", DEFAULT_MIN_BLOCK_SIZE, "int", int, always=True, scopes=_LAUNCHED,
+            check=_int_at_least("PARAMSHARD_MIN_BLOCK_SIZE", 1, ""),
+            flags=(flag("launch", "--min-block-size", f"smallest dense block, in elements (default "
+                        f"{DEFAULT_MIN_BLOCK_SIZE})", type=argtypes.positive("--min-block-size", int, "a whole number"),
+                        default=DEFAULT_MIN_BLOCK_SIZE),)),
+    Setting("PARAMSHARD_TIMEOUT", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})", "timeout",
+            DEFAULT_TIMEOUT, "float", float, " is not a number", text=repr, always=True,
+            check=lambda v: f"PARAMSHARD_TIMEOUT={v}: must be > 0 seconds" if v <= 0 else None,
+            scopes=frozenset({JOB, LAUNCH, K8S}),
+            flags=(flag("launch", "--timeout", f"seconds any single wait may take (default {DEFAULT_TIMEOUT:g})",
+                        type=argtypes.positive("--timeout", float, "a number of seconds"), default=DEFAULT_TIMEOUT),
+                   flag("k8s", "--timeout", f"seconds any single wait may take, PARAMSHARD_TIMEOUT (default "
+                        f"{DEFAULT_TIMEOUT:g}); trainers wait this long for servers still being scheduled",
+                        type=argtypes.seconds("--timeout"), default=DEFAULT_TIMEOUT),
+                   flag("run", "--timeout", "deadline of any single wait, the rendezvous included (default: "
+                        "PARAMSHARD_TIMEOUT, else 120)", type=float, metavar="SECONDS"))),
+    Setting("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry in "
+            "PARAMSHARD_SERVERS)", "bind"),
+    Setting("PARAMSHARD_SECRET", "shared secret: every connection is encrypted and authenticated with CurveZMQ, "
+            "keys derived from it and the job id. Unset, `paramshard launch` and `paramshard run` make a random one "
+            "per job (README \"Security\"); the launcher passes it on", "secret", scopes=_LAUNCHED, inherit=True,
+            hidden=True),
+    Setting("PARAMSHARD_INSECURE", "`1`: no secret is made, connections are plain TCP (`launch --insecure`, "
+            "`run --insecure`); refused together with PARAMSHARD_SECRET or PARAMSHARD_KEYS_DIR", "insecure", False,
+            "bool", _yes_no, ": expected 1 (yes) or 0 (no)", text=lambda v: "1",
+            scopes=frozenset({JOB, LAUNCH, K8S}), inherit=True,
+            flags=(flag("launch", "--insecure", "plain TCP between the processes (also PARAMSHARD_INSECURE=1); by "
+                        "default the job gets a random secret and every connection is CurveZMQ (README "
+                        "\"Security\")", action="store_true"),
+                   flag("run", "--insecure", "plain TCP between the ranks (also PARAMSHARD_INSECURE=1); by default "
+                        "they share a random secret and every connection is CurveZMQ (README \"Security\")",
+                        action="store_true"),
+                   flag("k8s", "--insecure", "no secret at all: connections to the servers are plain, "
+                        "unauthenticated TCP and the pods get PARAMSHARD_INSECURE=1; only for a network no one "
+                        "else reaches", SECRET_SOURCE, action="store_true"))),
+    Setting("PARAMSHARD_JOB_ID", "name of this job, the same on every process; mixed into the keys so two jobs "
+            "with one secret never accept each other's traffic (the launcher makes one)", "job_id", "", "str",
+            keep_empty=True, scopes=_LAUNCHED, inherit=True, launch_factory=new_job_id),
+    Setting("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (see the README's security section)",
+            "keys_dir", scopes=_LAUNCHED, inherit=True),
+    Setting("PARAMSHARD_WHERE", "where this process runs, for its log lines (`paramshard run` sets e.g. "
+            "`rank 3 on node7`)", "where", "", "str", keep_empty=True),
+    Setting("PARAMSHARD_HOST", "the address other hosts reach this host at; a server started by `paramshard run` "
+            "advertises it (default: the address on the route towards the engine's rendezvous host), a trainer "
+            "serves its /metrics there (`launch --hosts` and `paramshard run` set it)", "host",
+            parse=lambda text: text.strip() or None),
+    Setting("PARAMSHARD_CHECKPOINT_DIR", "where checkpoints go (`launch --checkpoint-dir`); trainers save there "
+            "every PARAMSHARD_CHECKPOINT_EVERY steps and when they finish", "checkpoint_dir", scopes=_LAUNCHED,
+            flags=(flag("launch", "--checkpoint-dir", "save checkpoints here: every --checkpoint-every steps and "
+                        "when the job ends", CHECKPOINTS, metavar="DIR"),)),
+    Setting("PARAMSHARD_CHECKPOINT_EVERY", "steps between checkpoints (0: only the final one)", "checkpoint_every",
+            0, "int", int, written_when=lambda env: bool(env.checkpoint_dir), scopes=_LAUNCHED,
+            check=_int_at_least("PARAMSHARD_CHECKPOINT_EVERY", 0, " steps"),
+            flags=(flag("launch", "--checkpoint-every", "steps between checkpoints (without it: only the final "
+                        "checkpoint)", CHECKPOINTS, metavar="STEPS",
+                        type=argtypes.positive("--checkpoint-every", int, "a whole number")),)),
+    Setting("PARAMSHARD_CHECKPOINT_KEEP", "how many checkpoints to keep (default 3)", "checkpoint_keep", 3, "int",
+            int, written_when=lambda env: bool(env.checkpoint_dir), scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_CHECKPOINT_KEEP={v}: keep at least 1" if v < 1 else None,
+            flags=(flag("launch", "--keep", "checkpoints to keep, the newest (default 3)", CHECKPOINTS, metavar="N",
+                        type=argtypes.positive("--keep", int, "a whole number"), default=3),)),
+    Setting("PARAMSHARD_RESUME", "a checkpoint (a step-N directory, or a checkpoint directory for its latest) "
+            "the job starts from (`launch --resume`)", "resume", scopes=_LAUNCHED,
+            flags=(flag("launch", "--resume", "start from a checkpoint: DIR (a step-N directory, or a checkpoint "
+                        "directory's latest); alone: the latest in --checkpoint-dir", CHECKPOINTS, metavar="DIR",
+                        nargs="?", const=""),)),
+    Setting("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
+            "many left normally (`launch --min-trainers`); the others may have died", "min_trainers", None,
+            "int | None", int, scopes=_LAUNCHED,
+            flags=(flag("launch", "--min-trainers", "async mode: a trainer that dies does not stop the job while N "
+                        "trainers are alive (default: any failure stops the job)", metavar="N",
+                        type=argtypes.positive("--min-trainers", int, "a whole number")),)),
+    Setting("PARAMSHARD_MAX_IN_FLIGHT", "async: pushes a trainer may have on their way before it waits for the "
+            "oldest reply (default 1; 0 waits for every push; sync mode always waits)", "max_in_flight", None,
+            "int | None", int, check=_int_at_least("PARAMSHARD_MAX_IN_FLIGHT", 0, " pushes")),
+    Setting("PARAMSHARD_MAX_RESTARTS", "how many times the launcher may restart a dead server in place "
+            "(`launch --max-restarts`); trainers then wait for it and roll back to the latest checkpoint",
+            "max_restarts", 0, "int", int, scopes=_LAUNCHED,
+            flags=(flag("launch", "--max-restarts", "when a process dies, restart the job up to N times from the "
+                        "latest checkpoint in --checkpoint-dir (every server and trainer rolls back to it; default "
+                        "0: fail)", CHECKPOINTS, metavar="N", type=int, default=0),)),
+    Setting("PARAMSHARD_RECOVERING", "set by the launcher on a server it restarted: serve nothing until the chief "
+            "restores the checkpoint", "recovering", False, "bool", lambda text: text != "0", text=lambda v: "1"),
+    Setting("PARAMSHARD_METRICS_PORT", "base port of the Prometheus `/metrics` endpoints: server i listens on "
+            "PORT+i, trainer j on PORT+servers+j (0 or unset: none)", "metrics_port", 0, "int", int, scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_METRICS_PORT={v}: must be a port, 1..65535 (0: off)"
+            if not 0 <= v <= 65535 else None,
+            flags=(flag("launch", "--metrics-port", "serve Prometheus /metrics: server i on PORT+i, trainer j on "
+                        "PORT+servers+j", WATCH, metavar="PORT", type=int, default=0),)),
+    Setting("PARAMSHARD_MAX_STALENESS", "async mode: a trainer may start step j only when every trainer finished "
+            "step j-K-1 (bounded staleness, SSP); unset: no bound", "max_staleness", None, "int | None", int,
+            scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
+            flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
+                        "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),
+    Setting("PARAMSHARD_RECORDS", "`stdout`: trainers print progress records for the launcher's run directory "
+            "(set by `paramshard launch`); `dir:PATH`: every rank writes its own into PATH (`paramshard run "
+            "--run-dir`)", "records", scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_RECORDS={v!r}: 'stdout' or 'dir:PATH'"
+            if v is not None and v != "stdout" and not v.startswith("dir:") else None),
+    Setting("PARAMSHARD_MAX_MESSAGE_BYTES", "the server's resource limits, one variable each (limits.py)",
+            "limits", Limits(), "Limits", reader=_limits, writer=lambda limits: limits.to_environ(),
+            scopes=_LAUNCHED, inherit=True, doc_rows=_limit_rows),
+)

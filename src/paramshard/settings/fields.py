@@ -1,0 +1,71 @@
+"""Dataclass fields generated from the table: ``ClusterEnv``'s (scope JOB), ``LaunchConfig``'s
+and ``K8sJobSpec``'s (scopes LAUNCH, K8S), and the launcher's copy into a rank's contract.
+
+``with_fields`` runs before ``dataclasses.dataclass`` sees the class: it appends one
+annotation and default per setting to the class body, as if written there by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import table
+from .setting import JOB, LAUNCH, Setting
+
+
+def _name(setting: Setting, scope: str) -> str:
+    return setting.launch_name if scope == LAUNCH else setting.field
+
+
+def _default(setting: Setting, scope: str):
+    if scope == LAUNCH and setting.launch_factory is not None:
+        return dataclasses.field(default_factory=setting.launch_factory)
+    if setting.hidden:
+        return dataclasses.field(default=setting.default, repr=False)
+    if setting.required and scope == JOB:
+        return dataclasses.MISSING
+    return setting.default
+
+
+def with_fields(scope: str, skip: tuple[str, ...] = ()):
+    """Class decorator: the fields of every setting in ``scope`` not already in the class body
+    (nor in ``skip``), after the class's own, in the table's order."""
+    def decorate(cls):
+        annotations = cls.__dict__.get("__annotations__", {})
+        cls.__annotations__ = annotations
+        for setting in table.in_scope(scope):
+            name = _name(setting, scope)
+            if name in annotations or name in skip:
+                continue
+            annotations[name] = setting.annotation
+            default = _default(setting, scope)
+            if default is not dataclasses.MISSING:
+                setattr(cls, name, default)
+        return cls
+    return decorate
+
+
+def validate(env: Any) -> None:
+    """Each contract field checked (and normalized, e.g. the mode) by its own setting."""
+    for setting in table.contract():
+        value = getattr(env, setting.field)
+        checked = setting.validate(value)
+        if checked is not value:
+            object.__setattr__(env, setting.field, checked)
+
+
+def read(environ) -> dict[str, Any]:
+    """ClusterEnv's fields from an environment, each by its own setting."""
+    return {s.field: s.read(environ) for s in table.contract()}
+
+
+def to_environ(env: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for setting in table.contract():
+        out.update(setting.environ(getattr(env, setting.field), env))
+    return out
+
+
+def launched(config: Any) -> dict[str, Any]:
+    """The ClusterEnv fields a LaunchConfig carries (base_env's copy, generated)."""
+    return {s.field: getattr(config, s.launch_name) for s in table.in_scope(LAUNCH) if JOB in s.scopes}
