@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError, ParamshardError
+from . import checkpointing
 
 
 def epochs(trainer, count: int):
@@ -16,7 +17,7 @@ def epochs(trainer, count: int):
     while epoch <= count:
         if not resumed:
             loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)
-            if trainer.env.checkpoint_dir and trainer._saved_step != trainer.step_count:
+            if checkpointing.unsaved(trainer):
                 try:
                     trainer.save()      # a rollback never goes back past the start of the epoch
                 except ParamshardError as exc:

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from .. import runtime
-from ..checkpoint.format import write_trainer_position
 from ..client import checkpoint as checkpoint_io
 from ..client.recovery import RecoveryPolicy
 from ..env import ClusterEnv
@@ -29,12 +28,11 @@ from ..errors import ConfigError, ParamshardError
 from ..events import TrainerListeners
 from ..log import get_logger
 from ..optim import OptimizerConfig
-from . import rollback, trainer_config
+from . import checkpointing, rollback, table_io, trainer_config
 from .backends import open_backend
 from .epochs import epochs
 from .loop import LoopPosition
 from .optimizer_config import optimizer_config
-from .position import capture
 from .prefetch import prefetching
 from .sparse_embedding import SparseEmbedding
 from .open_trainers import EXIT_CLOSE_TIMEOUT, _close_at_exit, current_trainer, remember  # noqa: F401
@@ -45,6 +43,7 @@ log = get_logger("trainer")
 class Trainer:
     listeners = metrics = None    # who watches the steps (paramshard/events.py); its /metrics, if one has it
     links = plan = steps = sparse = None    # the backend's servers and clients (None without servers)
+    _dense_parameters = staticmethod(trainer_config.dense_parameters)     # `paramshard plan` sizes a model with it
 
     def __init__(self, model: torch.nn.Module, optimizer: OptimizerConfig | None = None,
                  env: ClusterEnv | None = None, resume=None, max_in_flight: int | None = None,
@@ -214,29 +213,14 @@ class Trainer:
         self.step_count += 1
         for _, p in self._params:
             p.grad = None
-        every = self.env.checkpoint_every
-        if every and self.env.checkpoint_dir and self.step_count % every == 0:
+        if checkpointing.due(self):
             self.save()
 
     def save(self, directory=None, state: dict | None = None) -> None:
         """A checkpoint of the whole job at this step: every trainer calls it at the same step
         (sync mode); the chief saves what the servers hold, each trainer its own position
         (``state``: anything JSON the script needs to find its place in the data again)."""
-        directory = directory or self.env.checkpoint_dir
-        trainer_config.check_save(self.env, directory)
-        self.backend.flush()       # every step up to this one is on the servers
-        if self.is_chief:
-            settings = {"mode": self.env.mode, "trainers": self.env.num_trainers, "job_id": self.env.job_id}
-            path, nbytes, seconds = self.backend.save(self.table_specs(), directory, self.step_count, settings,
-                                                      self.env.checkpoint_keep)
-            log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
-                     nbytes / 1e6 / max(seconds, 1e-9))
-        position = capture(self.step_count, state)
-        loop = self.loop.as_json(self.step_count, self._barrier_counts)
-        if loop is not None:
-            position["loop"] = loop
-        write_trainer_position(directory, self.step_count, self.trainer_id, position)
-        self._saved_step = self.step_count
+        checkpointing.save(self, directory, state)
 
     def pull(self) -> None:
         """Fetch the current parameter values (e.g. before evaluating in async mode)."""
@@ -245,27 +229,11 @@ class Trainer:
 
     def export_table(self, name: str, path) -> int:
         """Write every server's rows of table ``name`` into one file (see paramshard.export)."""
-        from ..export import save_table
-        self._table(name)
-        self.backend.flush()      # a table exists only with servers
-        ids, values, meta = self.backend.export_table(name)
-        save_table(path, meta, ids, values)
-        return len(ids)
+        return table_io.export_table(self, name, path)
 
     def import_table(self, name: str, path) -> int:
         """Load rows exported by an earlier job into table ``name`` (chief only, before training)."""
-        from ..export import load_table
-        table = self._table(name)
-        exported = load_table(path)
-        if exported.dim != table.dim:
-            raise ConfigError(f"{path}: rows of dim {exported.dim}, table {name!r} has dim {table.dim}")
-        self.backend.import_table(name, exported.ids, exported.values)
-        return len(exported.ids)
-
-    def _table(self, name: str) -> SparseEmbedding:
-        if name not in self.tables:
-            raise ConfigError(f"no SparseEmbedding named {name!r} in this model; tables: {sorted(self.tables)}")
-        return self.tables[name]
+        return table_io.import_table(self, name, path)
 
     def barrier(self, name: str = "default", timeout: float | None = None) -> None:
         """Return once every trainer that has not left called ``barrier(name)`` as often as this
@@ -302,7 +270,7 @@ class Trainer:
         try:
             if leave:
                 self.backend.flush()    # the last pushes count: they reach the servers before the leave
-            if leave and self.env.checkpoint_dir and self._saved_step != self.step_count:
+            if leave and checkpointing.unsaved(self):
                 self.save()      # the final checkpoint: the last one always holds the trained model
             if leave:
                 self.backend.leave(timeout)
