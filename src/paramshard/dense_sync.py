@@ -1,12 +1,12 @@
 """``DenseSync``: how a trainer keeps its dense parameters in step with the job's.
 
-Two implementations, picked by the Trainer from the mode:
+Two implementations, each held by the trainer backend of its modes (torch/backends/):
 
 - ``client.dense.DenseClient`` (sync and async modes): the parameters live on the
   servers, split into blocks; gradients are pushed there, the servers apply the
   update rule and send the new values back. (The Trainer sends that push together
   with its sparse tables' pushes, in one round: ``client/step.py``.)
-- ``collective.dense_sync.AllreduceDenseSync`` (collective and hybrid modes): no
+- ``collective.allreduce_sync.AllreduceDenseSync`` (collective and hybrid modes): no
   server holds them; the gradients were averaged over the trainers by allreduce
   (DistributedDataParallel, in the backward) and every trainer applies the same
   update rule to its own replica.

@@ -16,6 +16,7 @@ import time
 
 from .env import ClusterEnv
 from .log import configure, get_logger
+from .mode import Mode
 from .server.parameter_server import ParameterServer
 from .transport.client import ServerLinks
 from .server.in_process import LocalLinks
@@ -36,7 +37,7 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         configure(env.log_tag)
         if env.role == "server":
             sys.exit(serve(env))
-        if env.role is None and env.mode == "collective":
+        if env.role is None and not env.mode.has_servers:
             # No servers in this mode: one trainer, a process group of one.
             env = dataclasses.replace(env, role="trainer", num_trainers=1, trainer_id=0)
             log.info("no cluster in the environment: collective mode with this process as the only trainer")
@@ -51,7 +52,15 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
 
 
 def current() -> ClusterEnv:
+    """This process's environment; the first call takes its role (``init``: a server rank
+    serves and exits, a standalone run starts its in-process server)."""
     return _env if _env is not None else init()
+
+
+def environment() -> ClusterEnv:
+    """This process's environment without taking any role: the one ``init`` settled on, else
+    the environment contract as it reads (``ps.shard`` needs no more: pure, no side effect)."""
+    return _env if _env is not None else ClusterEnv.from_environ()
 
 
 def links_for(env: ClusterEnv, who: str | None = None):
@@ -74,7 +83,7 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
-                             limits=env.limits, min_trainers=env.min_trainers if env.mode == "async" else None,
+                             limits=env.limits, min_trainers=env.min_trainers if env.mode is Mode.ASYNC else None,
                              recovering=env.recovering, max_staleness=env.max_staleness)
     _attach_optional_services(server, env)
     return server

@@ -14,6 +14,7 @@ import paramshard as ps
 from paramshard import runtime
 from paramshard.errors import ConfigError, ServerUnavailable
 from paramshard.torch import trainer as trainer_module
+from paramshard.torch.backends.servers import ServerBackend
 from paramshard.torch.trainer import Trainer
 
 
@@ -102,6 +103,7 @@ def bare_trainer(links, trainer_id=1):
     t.env = ClusterEnv(role=None)          # no checkpoint directory: close() only leaves
     t.step_count, t._saved_step = 0, None
     t.steps = StepClient(links, dense=None, sparse=None)    # nothing in flight
+    t.backend = ServerBackend(t.env, links, None, None, None, t.steps)
     return t
 
 

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     schema = load_schema(args.schema, args.train, args.skip_bad_lines, say)
     torch.manual_seed(args.seed)
     tables = dict(table_optimizer=ps.optim.Adagrad(lr=args.table_lr), capacity=capacity_hint(schema))
-    if env.mode == "collective":       # no servers: every trainer holds hashed tables whole
+    if not env.mode.has_servers:       # collective: no servers, every trainer holds hashed tables whole
         tables = dict(embedding=hashed_embedding(args.buckets))
         say(f"collective mode: tables of {args.buckets} hashed rows on every trainer, trained with Adam "
             f"(lr {args.lr}) like the other dense parameters")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
 from ..errors import ConfigError
+from ..mode import Mode
 from ..optim import OptimizerConfig, from_wire
 from ..sharding import ShardPlan
 from ..tables import policy_from_wire, policy_to_wire
@@ -109,13 +110,13 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
     writer = CheckpointWriter(root, step)
     cut = None
     try:
-        if settings.get("mode") == "async":
+        if settings.get("mode") == Mode.ASYNC:
             cut = _pause_at_a_cut(links)
         try:
             values, slots, versions, optimizer = _gather_dense(links, plan)
             # Sync: the chief's dense reply means every dense block finished this step, but sparse
             # pushes are answered at once: the tables' snapshots wait for the same step.
-            min_version = step if settings.get("mode") == "sync" else 0
+            min_version = step if settings.get("mode") == Mode.SYNC else 0
             tables_state = {name: _gather_table(links, name, min_version) for name in tables}
         finally:
             if cut is not None:

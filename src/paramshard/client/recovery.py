@@ -18,6 +18,7 @@ refused, so nothing from before the rollback is applied after it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..checkpoint.format import Checkpoint
@@ -36,6 +37,30 @@ def recoverable(exc: BaseException) -> bool:
     if isinstance(exc, ServerUnavailable):
         return True
     return isinstance(exc, RemoteError) and exc.code in RECOVERABLE_CODES
+
+
+@dataclasses.dataclass
+class RecoveryPolicy:
+    """Whether a failed request is rolled back from or raised: recovery is on with
+    ``--max-restarts`` and a checkpoint directory, in a mode whose state a checkpoint
+    holds, for errors a restarted server explains, at most ``max_restarts`` times."""
+    max_restarts: int = 0
+    checkpoint_dir: str | None = None
+    used: int = 0                   # rollbacks so far
+
+    @classmethod
+    def for_env(cls, env) -> "RecoveryPolicy":
+        return cls(env.max_restarts if env.mode.checkpoints else 0, env.checkpoint_dir)
+
+    def admits(self, exc: BaseException) -> bool:
+        return bool(self.max_restarts and self.checkpoint_dir and recoverable(exc)) and self.used < self.max_restarts
+
+    def take(self, exc: BaseException) -> int:
+        """Count one rollback for ``exc`` (its number), or re-raise ``exc`` when it is not admitted."""
+        if not self.admits(exc):
+            raise exc
+        self.used += 1
+        return self.used
 
 
 def _generations(links: ServerLinks, deadline: float) -> list[int]:

@@ -4,7 +4,7 @@
   store at PARAMSHARD_COLLECTIVE_ADDR; gloo on the interface of that address).
 - ``data_parallel.py``: the user's model forwards through PyTorch's own
   DistributedDataParallel, so the script keeps calling ``model(x)``.
-- ``dense_sync.py``: ``AllreduceDenseSync``, the ``DenseSync`` (paramshard/dense_sync.py)
+- ``allreduce_sync.py``: ``AllreduceDenseSync``, the ``DenseSync`` (paramshard/dense_sync.py)
   of these modes: the averaged gradients are applied on every trainer by the same
   update rules the servers use, so every replica holds the same values.
 

@@ -36,10 +36,14 @@ def shard(data, batch_size: int = 1, trainer_id: int | None = None, num_trainers
     a DataLoader over it reads only them; give the per-trainer ``batch_size``
     to keep batches contiguous. Any other iterable (a DataLoader, a generator)
     is dealt item by item (batch by batch for a DataLoader).
+
+    Without ``trainer_id``/``num_trainers``: this process's, as ``ps.init()`` settled them
+    or as the environment says (a plain run: trainer 0 of 1). A pure function: it starts
+    no server and takes no role (that is ``ps.init()``'s).
     """
     if trainer_id is None or num_trainers is None:
-        from ..runtime import current
-        env = current()
+        from ..runtime import environment
+        env = environment()
         trainer_id = env.trainer_id if trainer_id is None else trainer_id
         num_trainers = env.num_trainers if num_trainers is None else num_trainers
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):

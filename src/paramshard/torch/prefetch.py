@@ -133,14 +133,13 @@ def _open(trainer, iterable, convert):
 def _forget_prefetched(trainer) -> None:
     for table in trainer.tables.values():
         table.clear_prepared()
-    if trainer.steps is not None:
-        trainer.steps.forget_fetches()
+    trainer.backend.forget_fetches()
 
 
 def _give_up_on_unused(trainer, finder: InputFinder) -> None:
     """A table whose prefetched rows no forward takes, batch after batch, is not prefetched any more."""
     for name in finder.tables:
-        unused = trainer.steps.unused_in_a_row(name)
+        unused = trainer.backend.unused_in_a_row(name)
         if unused >= MISSES_BEFORE_GIVING_UP and name not in finder.given_up:
             finder.given_up.add(name)
             log.warning("prefetching: the rows fetched ahead for table %r went unused %d batches in a row "

@@ -1,0 +1,149 @@
+"""Sync and async modes: dense blocks and sparse tables on the parameter servers.
+
+One backend for both: how the servers apply a push (at a barrier, or as it comes)
+is theirs; on this side the two differ only in what a version means (sync: a pull
+at step k waits for every update of the steps before it) and in pushes left in
+flight (async, ``max_in_flight``), which the StepClient handles.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import runtime
+from ...client import checkpoint as checkpoint_io
+from ...client import control, recovery
+from ...client.dense import DenseClient
+from ...client.sparse import SparseClient
+from ...client.step import StepClient
+from ...env import ClusterEnv
+from ...log import get_logger
+from ...mode import Mode
+from ...sharding import ParamSpec, make_plan
+
+log = get_logger("trainer")
+
+
+def plan_for(env: ClusterEnv, on_servers: list[tuple[str, torch.nn.Parameter]]):
+    """The placement of ``on_servers`` (name, parameter) in blocks over the job's servers."""
+    return make_plan([ParamSpec(n, tuple(p.shape)) for n, p in on_servers], len(env.servers), env.dispatch,
+                     env.min_block_size)
+
+
+class ServerBackend:
+    def __init__(self, env: ClusterEnv, links, plan, dense: DenseClient | None, sparse: SparseClient | None,
+                 steps: StepClient):
+        self.env, self.mode, self.trainer_id = env, env.mode, env.trainer_id
+        self.links, self.plan = links, plan
+        self.dense, self.sparse, self.steps = dense, sparse, steps
+        self.stats = steps.stats
+
+    @classmethod
+    def connect(cls, env: ClusterEnv, params, max_in_flight: int, on_servers=None, **_) -> "ServerBackend":
+        """Links to the job's servers and the clients over them. ``on_servers``: the dense
+        parameters the servers hold (default ``params``: all of them)."""
+        plan = plan_for(env, params if on_servers is None else on_servers)
+        links = runtime.links_for(env)
+        dense = DenseClient(links, plan, env.trainer_id)
+        sparse = SparseClient(links, env.trainer_id)
+        steps = StepClient(links, dense, sparse, max_in_flight)
+        steps.bounded = env.mode is Mode.ASYNC and env.max_staleness is not None
+        return cls(env, links, plan, dense, sparse, steps)
+
+    # -- start ----------------------------------------------------------------
+    @property
+    def dense_sync(self):
+        """How the dense parameters follow the job's (paramshard/dense_sync.py)."""
+        return self.dense
+
+    def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        if is_chief and ckpt is not None:
+            checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt)
+            log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)
+        elif is_chief:
+            self.dense_sync.register_dense(values, optimizer)
+            for spec in tables.values():
+                self.sparse.register_sparse(spec)
+            self._log_registered(values, tables)
+        return self.dense_sync.pull_dense(values, min_version=0)
+
+    def _log_registered(self, values, tables) -> None:
+        log.info("registered %d parameters (%d blocks) and %d sparse tables with %d servers, "
+                 "dense load ratio %.3f", len(values), len(self.plan.blocks), len(tables),
+                 self.plan.num_servers, self.plan.load_ratio())
+
+    # -- versions ---------------------------------------------------------------
+    @property
+    def _versions_are_steps(self) -> bool:
+        return self.mode.server_mode is Mode.SYNC
+
+    def row_version(self, step: int) -> int:
+        return step if self._versions_are_steps else 0
+
+    def step_of_version(self, version: int) -> int | None:
+        return version if self._versions_are_steps else None
+
+    def fresh_after(self, current_ids, fresh_rows: bool):
+        # Async, fresh_rows: rows the current step will push are asked for after that push (never
+        # staler than without prefetching); its ids are those of the batch prepared before this
+        # one. Sync: the version already makes the server wait for the step to be complete.
+        if self._versions_are_steps or not fresh_rows:
+            return None
+        return True if current_ids is None else current_ids
+
+    # -- steps ------------------------------------------------------------------
+    def pull_dense(self, values, min_version: int) -> int:
+        return self.dense_sync.pull_dense(values, min_version=min_version)
+
+    def rows(self, table, ids, dim, step, create):
+        return self.steps.rows(table, ids, dim, self.row_version(step), create)
+
+    def prefetch(self, table, ids, step, fresh_after) -> None:
+        self.steps.prefetch(table, ids, self.row_version(step), fresh_after)
+
+    def forget_fetches(self) -> None:
+        self.steps.forget_fetches()
+
+    def unused_in_a_row(self, table: str) -> int:
+        return self.steps.unused_in_a_row(table)
+
+    def push(self, grads, sparse_grads, step, values) -> None:
+        self.steps.push(grads, sparse_grads, step, values)
+
+    def staleness(self) -> int | None:
+        return self.steps.last_staleness
+
+    def flush(self) -> None:
+        self.steps.flush()
+
+    # -- coordination, checkpoints --------------------------------------------------
+    def barrier(self, name, count, timeout, resumed) -> None:
+        self.steps.flush()
+        control.barrier(self.links, self.trainer_id, name, count, timeout, self.links.epoch, resumed=resumed)
+
+    def save(self, tables, directory, step, settings, keep):
+        return checkpoint_io.save_checkpoint(self.links, self.plan, tables, directory, step, settings, keep=keep)
+
+    def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
+        self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
+        ckpt = recovery.roll_back(self.links, self.plan, optimizer, tables, checkpoint_dir, is_chief,
+                                  self.trainer_id, timeout)
+        return ckpt, self.dense.pull_dense(values, min_version=0)
+
+    def explain_failure(self, exc, step):
+        return None
+
+    def server_stats(self) -> list[dict]:
+        return control.server_stats(self.links)
+
+    def export_table(self, name):
+        return self.sparse.export_sparse(name, with_meta=True)
+
+    def import_table(self, name, ids, values) -> None:
+        self.sparse.import_sparse(name, ids, values)
+
+    # -- end --------------------------------------------------------------------------
+    def leave(self, timeout: float) -> None:
+        control.leave(self.links, self.trainer_id, timeout)
+
+    def hang_up(self) -> None:
+        self.links.close()

@@ -1,0 +1,32 @@
+"""``Trainer.epochs(count)``: the epochs to train, from where the job is."""
+from __future__ import annotations
+
+from ..errors import ConfigError, ParamshardError
+from . import checkpointing
+
+
+def epochs(trainer, count: int):
+    """1 to ``count``, from the epoch this job is in (torch/loop.py). With checkpoints on,
+    each epoch starts with one, so a rollback never goes back past the epoch's start; a
+    rollback after the epoch's batch loop runs that epoch again from the checkpoint's batch."""
+    if type(count) is not int or count < 0:
+        raise ConfigError(f"epochs({count!r}): expected a whole number of epochs >= 0")
+    loop = trainer.loop
+    epoch = loop.epoch if loop.epoch is not None else 1
+    resumed = loop.epoch is not None
+    while epoch <= count:
+        if not resumed:
+            loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)
+            if checkpointing.unsaved(trainer):
+                try:
+                    trainer.save()      # a rollback never goes back past the start of the epoch
+                except ParamshardError as exc:
+                    trainer._recover(exc)           # back into the epoch before: go on there
+                    epoch, resumed = loop.epoch or epoch, True
+                    continue
+        yield epoch
+        # Rolled back after the batch loop: this epoch again, from the checkpoint's batch.
+        resumed = trainer.replay_pending
+        if not resumed:
+            epoch += 1
+    loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)   # a resume goes on from here
