@@ -103,8 +103,8 @@ def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    # Who watches the server (observe/: /metrics, the run directory's records) registers in
-    # events.py: the runtime does not import observe/.
+    # Whoever watches the server (/metrics, the run directory's records) is registered in
+    # events.py, so this core module names none of them.
     listeners = ServerListeners(env, server)
     code = 1
     try:
