@@ -106,3 +106,8 @@ def test_unknown_keys_from_a_newer_server_are_kept_if_counters_and_dropped_other
 
 def test_the_load_table_reads_the_wire_form_and_the_typed_form_alike():
     assert server_load_table([WIRE]) == server_load_table([ServerStats.from_wire(WIRE)])
+
+
+def test_a_services_part_reads_as_its_wire_fragment_too():
+    assert BarrierStats(0, {})["barriers"] == {"names": 0, "waiting": {}}
+    assert DenseStats(1, 2)["dense_elements"] == 2

@@ -67,6 +67,14 @@ def _str(value: Any, where: str) -> str:
 
 
 # -- the parts services contribute ---------------------------------------------------------------
+class _Part:
+    """A service's part also reads as its wire fragment (``part["barriers"]``), as the dict
+    a service's ``stats()`` returned before the parts had types."""
+
+    def __getitem__(self, key: str):
+        return self.to_wire()[key]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerStates:
     """Trainer ids by state, as the server's membership sees them."""
@@ -84,7 +92,7 @@ class TrainerStates:
 
 
 @dataclasses.dataclass(frozen=True)
-class Connections:
+class Connections(_Part):
     """The outbox (server/outbox.py): replies clients have not read, requests held behind them."""
     FIELD: ClassVar[str] = "connections"
     KEYS: ClassVar[tuple] = ("connections_tracked", "queued_reply_bytes", "held_requests")
@@ -103,7 +111,7 @@ class Connections:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseStats:
+class DenseStats(_Part):
     """Dense blocks held; ``staleness`` (async only): pushes by staleness, {staleness: count}."""
     FIELD: ClassVar[str] = "dense"
     blocks: int = 0
@@ -141,7 +149,7 @@ class BarrierWait:
 
 
 @dataclasses.dataclass(frozen=True)
-class BarrierStats:
+class BarrierStats(_Part):
     """Named trainer barriers (server/trainer_barrier.py): how many, and which are waiting."""
     FIELD: ClassVar[str] = "barriers"
     names: int = 0
@@ -191,7 +199,7 @@ class TableStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseStats:
+class SparseStats(_Part):
     """Sparse tables held (server/sparse_service.py): totals and each table."""
     FIELD: ClassVar[str] = "sparse"
     rows: int = 0
