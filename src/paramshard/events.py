@@ -1,10 +1,10 @@
-"""What a Trainer tells whoever watches it, without knowing who that is.
+"""What a Trainer or a server process tells whoever watches it, without knowing who that is.
 
 The core (torch/, server/, runtime) does not import observe/: it calls the
 listeners registered here. ``observe/`` registers its own (the run directory's
-records, the /metrics endpoint) by name, so nothing heavy is imported until a
-Trainer starts, and a test or a user can register another (a step hook, a
-logger) with ``register_trainer_listener``.
+records, the /metrics endpoints) by name, so nothing heavy is imported until a
+Trainer or a server starts, and a test or a user can register another (a step
+hook, a logger) with ``register_trainer_listener`` / ``register_server_listener``.
 """
 from __future__ import annotations
 
@@ -74,4 +74,49 @@ class TrainerListeners:
     def close(self) -> None:
         for listener in reversed(self.listeners):
             listener.close()
+        self.listeners = []
+
+
+# -- server processes ---------------------------------------------------------------------------
+class ServerListener(Protocol):
+    """Watches one server process (``runtime.serve``). The server's loop is single-threaded
+    and owns its counters: a listener reads ``server.cached_stats()`` while it serves and
+    ``server.snapshot_stats()`` only in ``close`` (the loop has stopped by then)."""
+
+    def close(self, exit_code: int | None) -> None:
+        """The server stopped with ``exit_code``; None: it never served (a later listener
+        failed to start), so release what is held and record nothing."""
+
+
+# A factory: (env, server) -> listener or None; or "module:attribute" naming one.
+ServerListenerFactory = Callable[[Any, Any], "ServerListener | None"]
+_server_factories: list[ServerListenerFactory | str] = ["paramshard.observe.server_watch:ServerWatch"]
+
+
+def register_server_listener(factory: ServerListenerFactory | str) -> None:
+    """Every server process started from now on gets ``factory(env, server)`` as a listener."""
+    _server_factories.append(factory)
+
+
+def unregister_server_listener(factory: ServerListenerFactory | str) -> None:
+    _server_factories.remove(factory)
+
+
+class ServerListeners:
+    """Every registered listener of one server process, started in registration order."""
+
+    def __init__(self, env, server):
+        self.listeners: list[ServerListener] = []
+        try:
+            for factory in _server_factories:
+                listener = _resolve(factory)(env, server)
+                if listener is not None:
+                    self.listeners.append(listener)
+        except BaseException:
+            self.close(None)
+            raise
+
+    def close(self, exit_code: int | None) -> None:
+        for listener in reversed(self.listeners):      # the last started stops first
+            listener.close(exit_code)
         self.listeners = []

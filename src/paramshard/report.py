@@ -1,32 +1,36 @@
 """Human-readable summaries of server statistics (returned as text; callers print)."""
 from __future__ import annotations
 
+from .transport.server_stats import ServerStats
+
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
-def server_load_table(stats: list[dict], title: str = "server load") -> str:
-    """One line a server; addresses are listed below the table so it stays narrow."""
+def server_load_table(stats: list, title: str = "server load") -> str:
+    """One line a server; addresses are listed below the table so it stays narrow. ``stats``:
+    ``Trainer.server_stats()`` (the wire form) or ServerStats (transport/server_stats.py)."""
+    stats = [s if isinstance(s, ServerStats) else ServerStats.from_wire(s) for s in stats]
     # Under the launcher each line gets a "trainer 0 | " prefix: 67 columns + that fit in 80.
     cols = [("server", 6), ("dense", 11), ("share", 5), ("sparse rows", 11), ("MiB in", 8), ("MiB out", 8),
             ("reqs", 7), ("errs", 4)]
-    total = sum(s.get("dense_elements", 0) for s in stats) or 1
+    total = sum(s.dense_elements for s in stats) or 1
     lines = [title, " ".join(f"{name:>{w}}" for name, w in cols), " ".join("-" * w for _, w in cols)]
     for s in stats:
-        cells = [s["server"], f"{s.get('dense_elements', 0):,}", f"{s.get('dense_elements', 0) / total:.0%}",
-                 f"{s.get('sparse_rows', 0):,}", _mib(s.get("bytes_in", 0)), _mib(s.get("bytes_out", 0)),
-                 s.get("requests", 0), s.get("errors", 0)]
+        cells = [s.server, f"{s.dense_elements:,}", f"{s.dense_elements / total:.0%}",
+                 f"{s.sparse_rows:,}", _mib(s.counter("bytes_in")), _mib(s.counter("bytes_out")),
+                 s.requests, s.counter("errors")]
         lines.append(" ".join(f"{str(c):>{w}}" for c, (_, w) in zip(cells, cols)))
-    loads = [s.get("dense_elements", 0) for s in stats]
+    loads = [s.dense_elements for s in stats]
     mean = sum(loads) / len(loads) if loads else 0
     notes = [f"dense load max/mean = {max(loads) / mean:.3f}"] if mean else []
-    sparse = sum(s.get("sparse_bytes", 0) for s in stats)
+    sparse = sum(s.sparse_bytes for s in stats)
     if sparse:
         notes.append(f"sparse tables {_mib(sparse)} MiB")
     if notes:
         lines.append("; ".join(notes))
-    lines.append("addresses: " + ", ".join(f"{s['server']}={s.get('address', '?')}" for s in stats))
+    lines.append("addresses: " + ", ".join(f"{s.server}={'?' if s.address is None else s.address}" for s in stats))
     return "\n".join(lines) + "\n"
 
 

@@ -12,9 +12,9 @@ import dataclasses
 import signal
 import sys
 import threading
-import time
 
 from .env import ClusterEnv
+from .events import ServerListeners
 from .log import configure, get_logger
 from .mode import Mode
 from .server.parameter_server import ParameterServer
@@ -112,33 +112,12 @@ def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    from .observe.prometheus import server_metrics
-    from .observe.rank_records import ServerRecorder, run_dir_of, write_rank
-    metrics = server_metrics(env, server)     # None unless PARAMSHARD_METRICS_PORT is set
-    run_dir = run_dir_of(env)                 # `paramshard run --run-dir`: this rank writes its own records
-    recorder = None
-    if run_dir is not None:
-        write_rank(run_dir, env.rank_name, env)
-        recorder = ServerRecorder(run_dir, server)
+    # Whoever watches the server (/metrics, the run directory's records) is registered in
+    # events.py, so this core module names none of them.
+    listeners = ServerListeners(env, server)
     code = 1
     try:
         code = server.serve_forever()
         return code
     finally:
-        if metrics is not None:
-            metrics.close()
-        if recorder is not None:
-            recorder.close(code)
-        if env.records == "stdout":
-            _print_final_record(server)
-
-
-def _print_final_record(server: ParameterServer) -> None:
-    """Under `paramshard launch`: this server's last counters, for the run directory (the
-    launcher asks every few seconds, but a job may end between two asks)."""
-    import json
-    from .observe.monitor import server_record
-    from .observe.records import MARK
-    record = dict(server_record(server.snapshot_stats(), None, time.time(), None), final=True)
-    sys.stdout.write(MARK + json.dumps(record, separators=(",", ":"), default=float) + "\n")
-    sys.stdout.flush()
+        listeners.close(code)

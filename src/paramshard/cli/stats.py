@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+from ..client import control
 from ..env import ClusterEnv
 from ..errors import ConfigError, ParamshardError
 from ..observe.monitor import server_record
@@ -66,12 +67,11 @@ def _table(links, before: dict) -> tuple[list[str], list[dict]]:
     records = {}
     for s in range(len(links)):
         try:
-            header, _ = links.request(s, {"op": "stats"}, timeout=5.0)
+            stats = control.read_stats(links, s, timeout=5.0)
         except ParamshardError as exc:
             lines.append(f"server {s}: no answer ({exc})")
             continue
-        stats = header["stats"]
-        raw.append(stats)
+        raw.append(stats.to_wire())
         old, then = before.get(s, (None, None))
         records[s] = server_record(stats, old, now, then)
         before[s] = (stats, now)
@@ -80,9 +80,8 @@ def _table(links, before: dict) -> tuple[list[str], list[dict]]:
 
 
 def run(args) -> int:
-    from ..transport.client import ServerLinks
     env = _target(args)
-    with ServerLinks.for_job(env, who="paramshard stats", timeout=10.0) as links:
+    with control.connect(env, who="paramshard stats", timeout=10.0) as links:
         before: dict = {}
         if args.json:
             _, raw = _table(links, before)

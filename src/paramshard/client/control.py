@@ -1,11 +1,16 @@
-"""Trainer side of the control requests (server side: ParameterServer.handle_stats/leave,
-server/trainer_barrier.py)."""
+"""Client side of the control requests (server side: server/control_handlers.py,
+server/trainer_barrier.py): for trainers, and for whoever else asks the servers
+(the launcher's watcher, `paramshard stats`), which call these instead of
+building requests themselves.
+"""
 from __future__ import annotations
 
+import threading
 import time
 
-from ..errors import ConfigError, DeadlineExceeded, ParamshardError, RemoteError
+from ..errors import ConfigError, DeadlineExceeded, ParamshardError, ProtocolError, RemoteError
 from ..transport.client import ServerLinks
+from ..transport.server_stats import ServerStats
 
 # A barrier waits for the slowest trainer (its epoch, the chief's evaluation), which may take
 # far longer than one request: by default it waits this many PARAMSHARD_TIMEOUTs. A dead
@@ -14,10 +19,38 @@ from ..transport.client import ServerLinks
 BARRIER_TIMEOUT_FACTOR = 10
 
 
+def connect(env, who: str, timeout: float | None = None) -> ServerLinks:
+    """Links to the servers of ``env`` (its addresses and security), for a watcher or a tool."""
+    return ServerLinks.for_job(env, who=who, timeout=timeout)
+
+
+def wait_for_servers(env, who: str, timeout: float = 30.0) -> None:
+    """Block until every server of ``env`` answers ``hello``; raise naming those that do not."""
+    with connect(env, who, timeout=timeout) as links:
+        links.wait_ready(timeout)
+
+
+def read_stats(links: ServerLinks, server: int, timeout: float | None = None,
+               cancel: threading.Event | None = None) -> ServerStats:
+    """Server ``server``'s counters and tables, parsed (ProtocolError if malformed). ``cancel``
+    set: stop waiting at once (errors.Cancelled), e.g. a watcher told to stop."""
+    ticket = links.submit([(server, {"op": "stats"}, ())], timeout=timeout)
+    # In-process links (server/in_process.py) answer before collect: they take no cancel.
+    [(header, _)] = links.collect(ticket, cancel=cancel) if cancel is not None else links.collect(ticket)
+    return _parse(header)
+
+
 def server_stats(links: ServerLinks) -> list[dict]:
-    """Every server's counters and tables (ParameterServer.snapshot_stats), by server index."""
+    """Every server's ``stats`` reply by server index, checked (ServerStats.from_wire), in its
+    wire form: what ``Trainer.server_stats()`` gives a script (plain dicts, JSON-ready)."""
     replies = links.request_many({s: ({"op": "stats"}, ()) for s in range(len(links))})
-    return [replies[s][0]["stats"] for s in sorted(replies)]
+    return [_parse(replies[s][0]).to_wire() for s in sorted(replies)]
+
+
+def _parse(header: dict) -> ServerStats:
+    if "stats" not in header:
+        raise ProtocolError("stats reply without a 'stats' field")
+    return ServerStats.from_wire(header["stats"])
 
 
 def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> None:
@@ -69,9 +102,12 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
 
 def _missing(links: ServerLinks, name: str) -> str:
     try:
-        waiting = links.request(0, {"op": "stats"}, timeout=min(5.0, links.timeout))[0]["stats"]["barriers"]["waiting"]
-    except (ParamshardError, KeyError, TypeError) as exc:
+        barriers = read_stats(links, 0, timeout=min(5.0, links.timeout)).barriers
+    except ParamshardError as exc:
         return f"server 0 could not say who is missing ({exc})"
-    if name not in waiting:
+    if barriers is None:
+        return "server 0 could not say who is missing (its stats have no barriers)"
+    wait = barriers.waiting.get(name)
+    if wait is None:
         return "server 0 has no trainer waiting in it any more (it completed just now, or the job rolled back)"
-    return f"trainers {waiting[name]['missing']} have not entered it yet (server 0 waits in #{waiting[name]['count']})"
+    return f"trainers {list(wait.missing)} have not entered it yet (server 0 waits in #{wait.count})"

@@ -66,9 +66,8 @@ class LocalLauncher(Launcher):
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Block until every server answers; raise naming the ones that do not."""
-        from ..transport.client import ServerLinks
-        with ServerLinks.for_job(self.config.base_env(self.addresses), who="launcher", timeout=timeout) as links:
-            links.wait_ready(timeout)
+        from ..client.control import wait_for_servers
+        wait_for_servers(self.config.base_env(self.addresses), who="launcher", timeout=timeout)
 
     @staticmethod
     def _child_environ(env: ClusterEnv, extra: Iterable[tuple[str, str]] = ()) -> dict:

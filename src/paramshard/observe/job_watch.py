@@ -30,13 +30,13 @@ class JobWatch:
 
     def started(self, launcher) -> None:
         """The processes are up: write the configuration, start watching the servers."""
-        from ..transport.client import ServerLinks
+        from ..client import control
         spec = launcher.spec
         self.run.write_config(launcher.config, [*spec.servers, *spec.trainers])
         self.run.event("start", f"{len(spec.servers)} servers, {len(spec.trainers)} trainers")
         self._stop_monitor()            # a restarted job has new servers
         env = launcher.config.base_env(launcher.addresses)
-        self._links = ServerLinks.for_job(env, who="launcher (run directory)", timeout=10.0)
+        self._links = control.connect(env, who="launcher (run directory)", timeout=10.0)
         self.monitor = Monitor(self.run, self._links, self.progress).start()
 
     def _stop_monitor(self) -> None:

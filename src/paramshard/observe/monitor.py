@@ -2,42 +2,46 @@
 turns them into server records (rates since the last ask), writes the plan once
 the chief registered, and drives the live progress.
 
-It is a client like the trainers (same keys), asking only ``stats``, which
-every server answers at once; a server that does not answer is skipped this
-time (the launcher's own supervision reports dead processes).
+It is a client like the trainers (same keys), asking only ``stats``
+(client/control.py), which every server answers at once; a server that does
+not answer is skipped this time (the launcher's own supervision reports dead
+processes).
 """
 from __future__ import annotations
 
 import threading
 import time
 
+from ..client import control
 from ..errors import ParamshardError
 from ..log import get_logger
+from ..transport.server_stats import ServerStats
 from .records import SERVER_EVERY
 
 log = get_logger("launch")
 PUSH_OPS = ("push_dense", "push_sparse")
 
 
-def server_record(stats: dict, before: dict | None, now: float, then: float | None) -> dict:
-    """One server's record from its ``stats`` reply, with rates against the previous one."""
-    phases, old_phases = stats.get("phase_seconds", {}), (before or {}).get("phase_seconds", {})
+def server_record(stats: ServerStats, before: ServerStats | None, now: float, then: float | None) -> dict:
+    """One server's record (observe/records.py) from its ``stats`` reply, with rates against the
+    previous one."""
+    before = before or ServerStats(server=stats.server)       # no previous ask: every figure from 0
     dt = (now - then) if then else None
-    requests = stats.get("requests", 0)
-    pushes = sum(stats.get(f"op_{op}", 0) for op in PUSH_OPS)
-    old_pushes = sum((before or {}).get(f"op_{op}", 0) for op in PUSH_OPS)
-    update = sum(phases.get(op, 0.0) for op in PUSH_OPS) - sum(old_phases.get(op, 0.0) for op in PUSH_OPS)
-    waited = stats.get("deferred_wait_s", 0.0) - (before or {}).get("deferred_wait_s", 0.0)
-    answered = stats.get("deferred_answered", 0) - (before or {}).get("deferred_answered", 0)
+    pushes = sum(stats.counter(f"op_{op}") for op in PUSH_OPS)
+    old_pushes = sum(before.counter(f"op_{op}") for op in PUSH_OPS)
+    update = (sum(stats.phase_seconds.get(op, 0.0) for op in PUSH_OPS)
+              - sum(before.phase_seconds.get(op, 0.0) for op in PUSH_OPS))
+    waited = stats.counter("deferred_wait_s") - before.counter("deferred_wait_s")
+    answered = stats.counter("deferred_answered") - before.counter("deferred_answered")
     return {
-        "kind": "server", "t": now, "server": stats["server"],
-        "rows": stats.get("sparse_rows", 0), "elements": stats.get("dense_elements", 0),
-        "bytes_in": stats.get("bytes_in", 0), "bytes_out": stats.get("bytes_out", 0), "requests": requests,
-        "requests_per_s": round((requests - (before or {}).get("requests", 0)) / dt, 2) if dt else None,
+        "kind": "server", "t": now, "server": stats.server,
+        "rows": stats.sparse_rows, "elements": stats.dense_elements,
+        "bytes_in": stats.counter("bytes_in"), "bytes_out": stats.counter("bytes_out"), "requests": stats.requests,
+        "requests_per_s": round((stats.requests - before.requests) / dt, 2) if dt else None,
         "queue_s": round(waited / answered, 6) if answered > 0 else 0.0,
         "update_s": round(update / (pushes - old_pushes), 6) if pushes > old_pushes else None,
-        "staleness": stats.get("staleness") or {},
-        "live_trainers": len(stats.get("trainers", {}).get("live", [])),
+        "staleness": {str(k): n for k, n in stats.staleness.items()},     # JSON keys, as on the wire
+        "live_trainers": len(stats.trainers.live),
     }
 
 
@@ -45,7 +49,7 @@ class Monitor:
     def __init__(self, run_dir, links, progress=None, every: float = SERVER_EVERY):
         self.run_dir, self.links, self.progress, self.every = run_dir, links, progress, every
         self._stop = threading.Event()
-        self._before: dict[int, tuple[dict, float]] = {}
+        self._before: dict[int, tuple[ServerStats, float]] = {}
         self._plan_written = False
         self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
 
@@ -67,19 +71,17 @@ class Monitor:
     def poll(self) -> None:
         for server in range(len(self.links)):
             try:
-                ticket = self.links.submit([(server, {"op": "stats"}, ())], timeout=min(5.0, self.every * 2))
                 # A stop (the job ended or was stopped) ends the wait at once: a server stopped
                 # before it ever answered would otherwise hold the launcher's exit for the deadline.
-                [(header, _)] = self.links.collect(ticket, cancel=self._stop)
+                stats = control.read_stats(self.links, server, timeout=min(5.0, self.every * 2), cancel=self._stop)
             except ParamshardError:
-                continue                  # down, busy or stopping: the supervision loop reports dead servers
-            stats = header["stats"]
+                continue                  # down, busy, stopping or garbled: the supervision loop reports dead servers
             now = time.time()
             before, then = self._before.get(server, (None, None))
             self.run_dir.server_record(server_record(stats, before, now, then))
             self._before[server] = (stats, now)
         stats = [s for s, _ in (self._before.get(i, (None, None)) for i in range(len(self.links))) if s]
-        if not self._plan_written and len(stats) == len(self.links) and any(s.get("dense_blocks") or s.get("tables")
+        if not self._plan_written and len(stats) == len(self.links) and any(s.dense_blocks or s.tables
                                                                             for s in stats):
             self.run_dir.write_plan(stats)
             self._plan_written = True

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..errors import ConfigError
+from ..transport.server_stats import ServerStats
 from .batch_size import watch_batch_size
 
 SERVER = "paramshard_server_"
@@ -77,42 +78,43 @@ class ServerCollector(Collector):
         self.label = str(server.server_id)
 
     def collect(self):
-        stats, age = self.server.cached_stats()
+        wire, age = self.server.cached_stats()
         yield self._family(GaugeMetricFamily, "stats_age_seconds", "seconds since the server loop took "
                            "the snapshot these figures come from", [([], age)])
-        if stats is None:
+        if wire is None:
             return
+        stats = ServerStats.from_wire(wire)
         for name, key, doc in (("requests_total", "requests", "requests received"),
                                ("errors_total", "errors", "requests answered with an error"),
                                ("timeouts_total", "timeouts", "waiting requests that reached the deadline"),
                                ("bytes_in_total", "bytes_in", "request bytes received"),
                                ("bytes_out_total", "bytes_out", "array bytes sent in replies")):
-            yield self._family(CounterMetricFamily, name, doc, [([], stats.get(key, 0))])
-        for name, doc in (("dense_elements", "dense parameter elements held"),
-                          ("dense_blocks", "dense blocks held"),
-                          ("sparse_rows", "sparse rows held, all tables"),
-                          ("sparse_bytes", "bytes of sparse rows held, all tables")):
-            if name in stats:
-                yield self._family(GaugeMetricFamily, name, doc, [([], stats[name])])
+            yield self._family(CounterMetricFamily, name, doc, [([], stats.counter(key))])
+        # Gauges of the parts this server has (a server without sparse tables has no sparse gauges).
+        for name, part, doc in (("dense_elements", stats.dense, "dense parameter elements held"),
+                                ("dense_blocks", stats.dense, "dense blocks held"),
+                                ("sparse_rows", stats.sparse, "sparse rows held, all tables"),
+                                ("sparse_bytes", stats.sparse, "bytes of sparse rows held, all tables")):
+            if part is not None:
+                yield self._family(GaugeMetricFamily, name, doc, [([], getattr(stats, name))])
         yield self._family(CounterMetricFamily, "requests_by_op_total", "requests received, by op",
-                           [([key[3:]], n) for key, n in stats.items() if key.startswith("op_")], ["op"])
-        phases = stats.get("phase_seconds", {})
+                           [([op], n) for op, n in stats.ops.items()], ["op"])
+        phases = stats.phase_seconds
         yield self._family(CounterMetricFamily, "handler_seconds_total", "seconds in each op's handler",
                            [([op], s) for op, s in phases.items() if op not in WIRE_PHASES], ["op"])
         yield self._family(CounterMetricFamily, "wire_seconds_total", "seconds decoding requests and "
                            "sending replies", [([p], phases[p]) for p in WIRE_PHASES if p in phases], ["phase"])
-        tables = stats.get("tables", {})
+        tables = stats.tables
         for name, key, doc in (("table_rows", "rows", "rows held, by table"),
                                ("table_bytes", "bytes", "bytes of rows held, by table"),
                                ("table_version", "version", "updates applied to the table")):
             yield self._family(GaugeMetricFamily, name, doc,
-                               [([table], t[key]) for table, t in tables.items() if key in t], ["table"])
-        trainers = stats.get("trainers", {})
+                               [([table], getattr(t, key)) for table, t in tables.items()], ["table"])
         yield self._family(GaugeMetricFamily, "trainers", "trainers by state: live, left (done), lost",
-                           [([state], len(trainers.get(state, ()))) for state in ("live", "left", "lost")],
+                           [([state], len(getattr(stats.trainers, state))) for state in ("live", "left", "lost")],
                            ["state"])
-        # Async push staleness histogram ({"0": n, "1": n, ...}), once the server counts it.
-        staleness = stats.get("staleness")
+        # Async push staleness histogram ({0: n, 1: n, ...}), once the server counts it.
+        staleness = stats.staleness
         if staleness:
             yield self._family(CounterMetricFamily, "push_staleness_total", "async pushes by staleness "
                                "(updates applied between the trainer's read and its push)",

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..transport.server_stats import ServerStats
 from .monitor import server_record
 from .records import SERVER_EVERY, RecordWriter, write_json
 
@@ -52,7 +53,7 @@ class ServerRecorder:
         self.run_dir, self.server, self.every = run_dir, server, every
         self.writer = RecordWriter(run_dir / "metrics" / f"server-{server.server_id}.jsonl")
         self.started = time.time()
-        self._before: tuple[dict | None, float | None] = (None, None)
+        self._before: tuple[ServerStats | None, float | None] = (None, None)
         self._last: dict | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-records", daemon=True)
@@ -62,10 +63,12 @@ class ServerRecorder:
         while not self._stop.wait(self.every):
             self.record()
 
-    def record(self, stats: dict | None = None) -> None:
-        stats = stats or self.server.cached_stats()[0]
-        if not stats:
+    def record(self, wire: dict | None = None) -> None:
+        """A record from ``wire`` (a ``stats`` reply), else from the loop's cached snapshot."""
+        wire = wire or self.server.cached_stats()[0]
+        if not wire:
             return
+        stats = ServerStats.from_wire(wire)
         now = time.time()
         self._last = server_record(stats, self._before[0], now, self._before[1])
         self.writer.write(self._last)

@@ -125,10 +125,11 @@ class RunDir:
         to a new file that replaces any old one, never through an existing file's mode."""
         write_private(self.path / SECRET_FILE, secret + "\n")
 
-    def write_plan(self, stats: list[dict]) -> None:
-        servers = [{"server": s["server"], "address": s.get("address"), "dense_blocks": s.get("dense_blocks", 0),
-                    "dense_elements": s.get("dense_elements", 0),
-                    "tables": {n: {"rows": t.get("rows", 0), "dim": t.get("dim")} for n, t in s.get("tables", {}).items()}}
+    def write_plan(self, stats: list) -> None:
+        """plan.json from every server's ServerStats (transport/server_stats.py)."""
+        servers = [{"server": s.server, "address": s.address, "dense_blocks": s.dense_blocks,
+                    "dense_elements": s.dense_elements,
+                    "tables": {n: {"rows": t.rows, "dim": t.dim} for n, t in s.tables.items()}}
                    for s in stats]
         loads = [s["dense_elements"] for s in servers]
         mean = sum(loads) / len(loads) if loads else 0

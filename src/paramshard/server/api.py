@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from ..transport.server_stats import StatsPart
 from .replies import Deferred, Reply
 
 Handler = Callable[[dict, list], "Reply | Deferred"]
@@ -17,8 +18,8 @@ class Service(Protocol):
     def ops(self) -> dict[str, Handler]:
         """op name -> handler(header, arrays)."""
 
-    def stats(self) -> dict:
-        """Figures merged into the server's ``stats`` reply."""
+    def stats(self) -> "StatsPart | None":
+        """This service's part of the server's ``stats`` reply (transport/server_stats.py), or None."""
 
     def on_leave(self, trainer: int) -> None:
         """``trainer`` left the job: finish steps that only waited for it."""

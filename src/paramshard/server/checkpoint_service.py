@@ -65,8 +65,8 @@ class CheckpointService:
         self.server.release(held)
         return Reply({"released": len(held)})
 
-    def stats(self) -> dict:
-        return {}
+    def stats(self) -> None:
+        return None
 
     def on_leave(self, trainer: int) -> None:
         pass

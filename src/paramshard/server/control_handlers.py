@@ -28,8 +28,8 @@ class ControlHandlers:
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in ("hello", "stats", "leave", "reset", "shutdown")}
 
-    def stats(self) -> dict:
-        return {}
+    def stats(self) -> None:
+        return None
 
     def on_leave(self, trainer: int) -> None:
         pass

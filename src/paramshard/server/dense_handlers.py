@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..optim import from_wire
+from ..transport.server_stats import DenseStats
 from .dense import DenseStore, check_distinct
 from .replies import Deferred, Reply
 
@@ -16,11 +17,10 @@ class DenseHandlers:
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in ("register_dense", "pull_dense", "push_dense")}
 
-    def stats(self) -> dict:
-        out = {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
-        if self.store.mode == "async":
-            out["staleness"] = self.store.clocks.stats()
-        return out
+    def stats(self) -> DenseStats:
+        # Staleness is counted in async mode only: a sync server's reply has no histogram at all.
+        return DenseStats(len(self.store.blocks), self.store.elements,
+                          self.store.clocks.stats() if self.store.mode == "async" else None)
 
     def on_leave(self, trainer: int) -> None:
         self.store.on_leave(trainer)

@@ -45,6 +45,8 @@ import time
 
 import zmq
 
+from ..transport.server_stats import Connections
+
 # Requests one connection may have held back. A trainer has a handful outstanding per
 # server (pushes in flight, prefetches); more is a client that does not read.
 MAX_HELD = 1024
@@ -191,7 +193,6 @@ class Outbox:
                 f"{len(conn.held) if conn else 0} requests waiting behind them; read the replies before "
                 f"sending more requests, or raise PARAMSHARD_MAX_QUEUED_BYTES on the servers")
 
-    def stats(self) -> dict:
+    def stats(self) -> Connections:
         conns = list(self._conns.values())     # a snapshot: a test thread may ask while the loop runs
-        return {"connections_tracked": len(conns), "queued_reply_bytes": sum(c.queued for c in conns),
-                "held_requests": sum(len(c.held) for c in conns)}
+        return Connections(len(conns), sum(c.queued for c in conns), sum(len(c.held) for c in conns))

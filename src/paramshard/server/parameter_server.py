@@ -27,6 +27,7 @@ from ..log import get_logger
 from ..transport import protocol
 from ..transport.security import Security
 from ..transport.server_socket import bind_router
+from ..transport.server_stats import ServerStats, TrainerStates
 from .api import Service
 from .barrier import Membership
 from .control_handlers import ControlHandlers
@@ -494,13 +495,11 @@ class ParameterServer:
         return snapshot, time.monotonic() - taken
 
     def snapshot_stats(self) -> dict:
-        out = {"server": self.server_id, "address": self.address,
-               "uptime_s": round(time.time() - self.started_at, 3),
-               "trainers": {"live": sorted(self.membership.live), "left": sorted(self.membership.left),
-                            "lost": sorted(self.membership.failed)},
-               "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()}}
-        out.update(self.stats)
-        out.update(self._outbox.stats())
-        for service in self._services:
-            out.update(service.stats())
-        return out
+        """The ``stats`` reply (transport/server_stats.py): the loop's counters and each service's part."""
+        m = self.membership
+        return ServerStats.assemble(
+            [self._outbox.stats(), *(service.stats() for service in self._services)],
+            server=self.server_id, address=self.address, uptime_s=round(time.time() - self.started_at, 3),
+            trainers=TrainerStates(tuple(sorted(m.live)), tuple(sorted(m.left)), tuple(sorted(m.failed))),
+            phase_seconds={k: round(v, 6) for k, v in self.phase_seconds.items()}, counters=dict(self.stats),
+        ).to_wire()

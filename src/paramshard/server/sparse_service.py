@@ -8,6 +8,7 @@ from ..errors import ConfigError
 from ..limits import Limits
 from ..optim import from_wire
 from ..tables import policy_from_wire
+from ..transport.server_stats import SparseStats, TableStats
 from .barrier import Membership
 from .replies import Deferred, Reply
 from .sparse_table import SparseTable
@@ -117,14 +118,13 @@ class SparseService:
             for table in self.tables.values():
                 table.maybe_finish_step()
 
-    def stats(self) -> dict:
-        return {
-            "sparse_rows": sum(t.num_rows for t in self.tables.values()),
-            "sparse_bytes": sum(t.nbytes for t in self.tables.values()),
-            "tables": {n: {"rows": t.num_rows, "bytes": t.nbytes, "version": t.version, "evicted": t.evicted,
-                           "dim": t.dim, "rows_updated": t.rows_updated, "phase_seconds": {k: round(v, 6) for k, v in t.timings.items()}}
-                       for n, t in self.tables.items()},
-        }
+    def stats(self) -> SparseStats:
+        return SparseStats(
+            rows=sum(t.num_rows for t in self.tables.values()), bytes=sum(t.nbytes for t in self.tables.values()),
+            tables={n: TableStats(rows=t.num_rows, bytes=t.nbytes, version=t.version, evicted=t.evicted, dim=t.dim,
+                                  rows_updated=t.rows_updated,
+                                  phase_seconds={k: round(v, 6) for k, v in t.timings.items()})
+                    for n, t in self.tables.items()})
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:

@@ -48,8 +48,9 @@ class Clocks:
             return []
         return sorted(t for t in self.membership.required if self.clock.get(t, 0) < step - self.bound)
 
-    def stats(self) -> dict:
-        return {str(k): n for k, n in sorted(self.histogram.items())}
+    def stats(self) -> dict[int, int]:
+        """Pushes by staleness, in increasing staleness."""
+        return dict(sorted(self.histogram.items()))
 
     def reset(self) -> None:
         self.clock.clear()

@@ -24,6 +24,7 @@ the checkpoint's.
 from __future__ import annotations
 
 from ..errors import ConfigError, LimitExceeded
+from ..transport.server_stats import BarrierStats, BarrierWait
 from .barrier import Membership
 from .replies import Deferred, Reply
 
@@ -50,12 +51,12 @@ class TrainerBarriers:
     def ops(self) -> dict:
         return {"barrier": self.handle_barrier}
 
-    def stats(self) -> dict:
+    def stats(self) -> BarrierStats:
         waiting = {}
         for name, b in self.barriers.items():
             if self._settle(b) < max(b.entered.values(), default=0):
-                waiting[name] = {"count": b.completed + 1, "missing": self._missing(b, b.completed + 1)}
-        return {"barriers": {"names": len(self.barriers), "waiting": waiting}}
+                waiting[name] = BarrierWait(b.completed + 1, tuple(self._missing(b, b.completed + 1)))
+        return BarrierStats(len(self.barriers), waiting)
 
     def on_leave(self, trainer: int) -> None:
         # It no longer counts (Membership.required); waits it held up complete at the next check.

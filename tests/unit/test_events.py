@@ -1,0 +1,71 @@
+"""events.py: the listener registries the core calls instead of importing observe/."""
+import pytest
+
+from paramshard import events
+
+
+class _Spy:
+    def __init__(self, name, log, fail=False):
+        if fail:
+            raise RuntimeError(f"{name} cannot start")
+        self.name, self.log = name, log
+
+    def after_step(self, step, loss, pipeline, staleness):
+        self.log.append((self.name, "step", step))
+
+    def close(self, *code):
+        self.log.append((self.name, "close", *code))
+
+
+@pytest.fixture
+def no_defaults(monkeypatch):
+    """Only the listeners a test registers (not observe's, which would read the environment)."""
+    monkeypatch.setattr(events, "_trainer_factories", [])
+    monkeypatch.setattr(events, "_server_factories", [])
+
+
+def test_trainer_listeners_are_called_in_order_and_closed_in_reverse(no_defaults):
+    log = []
+    events.register_trainer_listener(lambda env, model: _Spy("a", log))
+    events.register_trainer_listener(lambda env, model: None)         # a factory may decline
+    events.register_trainer_listener(lambda env, model: _Spy("b", log))
+    listeners = events.TrainerListeners(env=None, model=None)
+    assert [x.name for x in listeners.listeners] == ["a", "b"]
+    listeners.after_step(3, None, {}, None)
+    listeners.close()
+    assert log == [("a", "step", 3), ("b", "step", 3), ("b", "close"), ("a", "close")]
+    assert listeners.find(_Spy) is None                                # closed: none left
+
+
+def test_a_listener_that_fails_to_start_closes_those_started_before_it(no_defaults):
+    log = []
+    events.register_server_listener(lambda env, server: _Spy("a", log))
+    events.register_server_listener(lambda env, server: _Spy("b", log, fail=True))
+    with pytest.raises(RuntimeError, match="b cannot start"):
+        events.ServerListeners(env=None, server=None)
+    assert log == [("a", "close", None)]             # None: the server never served, record nothing
+
+
+def test_server_listeners_hear_the_exit_code(no_defaults):
+    log = []
+    factory = lambda env, server: _Spy("s", log)    # noqa: E731
+    events.register_server_listener(factory)
+    events.ServerListeners(env=None, server=None).close(3)
+    events.unregister_server_listener(factory)
+    events.ServerListeners(env=None, server=None).close(0)
+    assert log == [("s", "close", 3)]
+
+
+def test_listeners_named_by_module_and_attribute_are_imported_when_used(no_defaults):
+    events.register_trainer_listener("collections:OrderedDict")     # any callable(env, model)
+    with pytest.raises(TypeError):
+        events.TrainerListeners(env=None, model=None)               # OrderedDict(None, None): imported, called
+
+
+def test_observe_is_what_the_registries_name_by_default():
+    assert "paramshard.observe.trainer_watch:TrainerWatch" in events._trainer_factories
+    assert "paramshard.observe.server_watch:ServerWatch" in events._server_factories
+    from paramshard.observe.server_watch import ServerWatch
+    from paramshard.observe.trainer_watch import TrainerWatch
+    assert events._resolve(events._server_factories[0]) is ServerWatch
+    assert events._resolve(events._trainer_factories[0]) is TrainerWatch
