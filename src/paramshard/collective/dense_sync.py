@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..optim import OptimizerConfig
-from ..server.optimizers import make_rule
+from ..update_rules import make_rule
 
 
 class AllreduceDenseSync:

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..optim import OptimizerConfig
 from .barrier import Membership, StepBarrier
-from .optimizers import Rule, make_rule
+from ..update_rules import Rule, make_rule
 from .staleness import Clocks
 
 

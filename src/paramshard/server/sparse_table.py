@@ -22,7 +22,7 @@ from ..sparse_hash import admitted_by_probability, initial_rows
 from ..tables import Admission, Eviction, check_table_settings
 from .barrier import Membership, StepBarrier
 from .id_index import IdIndex
-from .optimizers import make_rule
+from ..update_rules import make_rule
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
 
