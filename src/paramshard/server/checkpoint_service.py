@@ -11,6 +11,9 @@ the message says what it carries.
   counts and last-seen versions), and on the first page the admission counters.
 - ``restore_dense`` / ``restore_sparse``: the chief only, onto servers that hold
   nothing of it yet; all or nothing like registration.
+- ``pause_pushes`` / ``cut_pushes`` / ``resume_pushes``: the consistent cut of an
+  async checkpoint (server/push_gate.py), whose gate this service owns and declares
+  as a request hook.
 """
 from __future__ import annotations
 
@@ -19,17 +22,23 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..optim import from_wire
+from .context import ServerContext
 from .dense import DenseStore
+from .push_gate import PushGate, PushGateHook
 from .replies import Deferred, Reply
 from .sparse_service import SparseService
 from .sparse_table import SparseTable
 
 
 class CheckpointService:
-    def __init__(self, dense: DenseStore, sparse: SparseService | None, server=None):
+    def __init__(self, dense: DenseStore, sparse: SparseService | None, context: ServerContext):
         self.dense = dense
         self.sparse = sparse
-        self.server = server        # its push gate (async cut) and release of held pushes
+        self.gate = PushGate(context.timeout)       # async checkpoints: holds pushes for a consistent cut
+        self._gate_hook = PushGateHook(self.gate, context)
+
+    def hooks(self) -> list:
+        return [self._gate_hook]
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -42,16 +51,16 @@ class CheckpointService:
         return streams + [f"sparse:{name}" for name in (self.sparse.tables if self.sparse else ())]
 
     def handle_pause_pushes(self, header: dict, arrays: list) -> Reply:
-        return Reply({"applied": self.server.gate.pause()})
+        return Reply({"applied": self.gate.pause()})
 
     def handle_cut_pushes(self, header: dict, arrays: list) -> Deferred:
         cut = header["cut"]
         if not all(isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c) for c in cut):
             raise ConfigError("cut_pushes: 'cut' must be a list of [trainer, step] pairs")
-        gate = self.server.gate
+        gate = self.gate
         if not gate.paused:
             raise ConfigError("cut_pushes before pause_pushes")
-        self.server.release(gate.set_cut({t: k for t, k in cut}))
+        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}))
 
         def describe():
             late = gate.missing(self._streams())
@@ -61,8 +70,8 @@ class CheckpointService:
                         describe=describe, waits_on=lambda: sorted({t for _, t, _ in gate.missing(self._streams())}))
 
     def handle_resume_pushes(self, header: dict, arrays: list) -> Reply:
-        held = self.server.gate.resume()
-        self.server.release(held)
+        held = self.gate.resume()
+        self._gate_hook.release(held)
         return Reply({"released": len(held)})
 
     def stats(self) -> dict:
@@ -72,7 +81,7 @@ class CheckpointService:
         pass
 
     def reset(self) -> None:
-        self.server.release(self.server.gate.resume())
+        self._gate_hook.release(self.gate.resume())
 
     # -- dense --------------------------------------------------------------
     def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
@@ -216,7 +225,6 @@ class CheckpointService:
 
 
 def attach_checkpoints(server) -> CheckpointService:
-    sparse = next((s for s in server._services if isinstance(s, SparseService)), None)
-    service = CheckpointService(server.dense, sparse, server)
+    service = CheckpointService(server.dense, server.service(SparseService), server.context)
     server.add_service(service)
     return service

@@ -105,8 +105,7 @@ class DenseStore:
             if grad.shape != block.values.shape or grad.dtype != np.float32:
                 raise ConfigError(f"block {block.name}: gradient is {grad.dtype}{list(grad.shape)}, "
                                   f"the block is float32{list(block.values.shape)}")
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
+        self.membership.check_not_left(trainer, "push again")
         if self.mode == "async":
             for block, grad in zip(blocks, grads):
                 self._apply(block, grad)

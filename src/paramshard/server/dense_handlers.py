@@ -16,6 +16,9 @@ class DenseHandlers:
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in ("register_dense", "pull_dense", "push_dense")}
 
+    def hooks(self) -> list:
+        return []
+
     def stats(self) -> dict:
         out = {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
         if self.store.mode == "async":

@@ -117,6 +117,9 @@ class SparseService:
             for table in self.tables.values():
                 table.maybe_finish_step()
 
+    def hooks(self) -> list:
+        return []
+
     def stats(self) -> dict:
         return {
             "sparse_rows": sum(t.num_rows for t in self.tables.values()),
@@ -128,6 +131,6 @@ class SparseService:
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:
-    service = SparseService(server.mode, server.membership, env.limits)
+    service = SparseService(server.context.mode, server.context.membership, env.limits)
     server.add_service(service)
     return service

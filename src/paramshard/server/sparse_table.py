@@ -195,8 +195,7 @@ class SparseTable:
             raise ConfigError(f"table {self.name}: gradients are {list(grads.shape)}, expected "
                               f"[{len(ids)}, {self.dim}] for {len(ids)} ids")
         self.membership.check_trainer(trainer)
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
+        self.membership.check_not_left(trainer, "push again")
         if self.mode == "sync":
             self.barrier.check_arrival(trainer, step, self.version)
         started = time.perf_counter()
