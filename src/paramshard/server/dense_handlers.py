@@ -21,7 +21,7 @@ class DenseHandlers:
 
     def stats(self) -> dict:
         out = {"dense_blocks": len(self.store.blocks), "dense_elements": self.store.elements}
-        if self.store.mode == "async":
+        if not self.store.mode.waits_every_step:      # async: staleness is measured
             out["staleness"] = self.store.clocks.stats()
         return out
 
@@ -54,7 +54,7 @@ class DenseHandlers:
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, step = header["names"], header["step"]
         self.store.push(header["trainer"], step, names, arrays)
-        if self.store.mode == "async":
+        if not self.store.mode.waits_every_step:      # async: applied on arrival
             staleness, clocks = self.store.last_staleness, self.store.clocks
             resume = header.get("resume_step")
             if resume is not None and not clocks.may_start(resume):
@@ -94,7 +94,7 @@ class DenseHandlers:
         # Sync mode may send the live buffers without a copy: no block can change
         # before every trainer has received this step's values and pushed again.
         # Async pushes land at any time, so they get a snapshot.
-        copy = self.store.mode == "async"
+        copy = not self.store.mode.waits_every_step
         arrays = [b.values.copy() if copy else b.values for b in blocks]
         return Reply({"versions": [b.version for b in blocks]}, arrays)
 

@@ -6,6 +6,7 @@ import numpy as np
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..limits import Limits
+from ..mode import Mode
 from ..optim import from_wire
 from ..tables import policy_from_wire
 from .barrier import Membership
@@ -16,8 +17,8 @@ from .sparse_table import SparseTable
 class SparseService:
     """The sparse-table Service (server/api.py)."""
 
-    def __init__(self, mode: str, membership: Membership, limits: Limits = Limits()):
-        self.mode = mode
+    def __init__(self, mode: str | Mode, membership: Membership, limits: Limits = Limits()):
+        self.mode = Mode.parse(mode)
         self.membership = membership
         self.limits = limits
         self.tables: dict[str, SparseTable] = {}
@@ -73,7 +74,7 @@ class SparseService:
 
         def ready():
             table = self.tables.get(name)
-            return table is not None and (self.mode == "async" or table.version >= version)
+            return table is not None and (not self.mode.waits_every_step or table.version >= version)
 
         def describe():
             if name not in self.tables:
@@ -113,7 +114,7 @@ class SparseService:
         self.tables = {}
 
     def on_leave(self, trainer: int) -> None:
-        if self.mode == "sync":
+        if self.mode.waits_every_step:      # sync: a step may have waited only for this trainer
             for table in self.tables.values():
                 table.maybe_finish_step()
 
