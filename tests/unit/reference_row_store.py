@@ -20,6 +20,11 @@ class DictRowStore:
     def num_rows(self):
         return len(self.rows)
 
+    @property
+    def nbytes(self):
+        per_row = self.dim * 4 * (1 + self.slot_count) + 4 * (self.keeps_steps + self.keeps_last_seen) + 8
+        return len(self.rows) * per_row + 12 * len(self.seen)
+
     def reserve(self, rows):
         pass
 

@@ -97,3 +97,12 @@ def test_reserve_creates_nothing_and_clear_drops_everything():
     fast.count(np.array([9], np.uint64))
     fast.clear()
     assert fast.num_rows == 0 and fast.counters()[0].size == 0 and fast.lookup(np.array([7], np.uint64))[0] == -1
+
+
+def test_both_stores_offer_every_member_of_the_contract():
+    from paramshard.server.row_store import RowStore
+    members = {name for name in vars(RowStore) if not name.startswith("_")} | set(RowStore.__annotations__)
+    assert {"create", "lookup", "gather", "update", "evict_unseen", "page", "clear"} <= members
+    for store in stores(SGD()):
+        missing = [name for name in members if not hasattr(store, name)]
+        assert missing == [], f"{type(store).__name__} lacks {missing}"
