@@ -6,7 +6,7 @@ import numpy as np
 
 
 class DictRowStore:
-    def __init__(self, dim, rule, keep_last_seen, count_admissions):
+    def __init__(self, dim, rule, keep_last_seen, count_admissions, **ignored):   # max_rows, capacity
         self.dim, self.rule = dim, rule
         self.slot_count = len(rule.init_slots((1, dim)))
         self.keeps_steps, self.keeps_last_seen = rule.uses_step, keep_last_seen

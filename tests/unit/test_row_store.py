@@ -5,8 +5,11 @@ import numpy as np
 import pytest
 
 from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
+from paramshard.server.barrier import Membership
 from paramshard.server.numpy_row_store import NumpyRowStore
+from paramshard.server.sparse_table import SparseTable
 from paramshard.sparse_hash import initial_rows
+from paramshard.tables import Admission, Eviction
 from paramshard.update_rules import make_rule
 
 from .reference_row_store import DictRowStore
@@ -106,3 +109,32 @@ def test_both_stores_offer_every_member_of_the_contract():
     for store in stores(SGD()):
         missing = [name for name in members if not hasattr(store, name)]
         assert missing == [], f"{type(store).__name__} lacks {missing}"
+
+
+@pytest.mark.parametrize("mode, trainers, admission, eviction", [
+    ("async", 1, Admission(min_count=2), Eviction(unseen_steps=6)),
+    ("sync", 2, Admission(probability=0.7), Eviction()),
+    ("sync", 2, Admission(min_count=3, probability=0.8), Eviction(unseen_steps=4)),
+])
+def test_a_table_gives_the_same_rows_on_either_store(mode, trainers, admission, eviction):
+    """The table reaches its rows only through the contract: over the oracle store it pulls
+    exactly what it pulls over the numpy store, through admission, eviction and sync steps."""
+    def table(store):
+        return SparseTable("t", DIM, 11, Adam(lr=0.01), admission, eviction, 0.1, mode,
+                           Membership(trainers, grace=5.0), store=store)
+    fast, oracle = table(NumpyRowStore), table(DictRowStore)
+    rng = np.random.default_rng(1)
+    for step in range(25):
+        for trainer in range(trainers):
+            ids = rng.integers(0, 150, 30).astype(np.uint64)
+            pulled = [t.pull(ids, trainer=trainer) for t in (fast, oracle)]
+            np.testing.assert_array_equal(*pulled)
+            distinct = np.unique(ids)
+            grads = rng.standard_normal((len(distinct), DIM)).astype(np.float32)
+            for t in (fast, oracle):
+                t.push(trainer, step, distinct, grads, distinct=True)
+    assert (fast.num_rows, fast.version, fast.evicted) == (oracle.num_rows, oracle.version, oracle.evicted)
+    for got, expected in zip(fast.export(), oracle.export()):
+        np.testing.assert_array_equal(got, expected)
+    probe = np.arange(200, dtype=np.uint64)
+    np.testing.assert_array_equal(fast.pull(probe, create=False), oracle.pull(probe, create=False))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,9 @@ from .row_store import RowStore
 class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
                  eviction: Eviction, init_scale: float, mode: str, membership: Membership,
-                 limits: Limits = Limits(), capacity: int = 1024):
+                 limits: Limits = Limits(), capacity: int = 1024, store: Callable[..., RowStore] = NumpyRowStore):
+        """``store``: makes the RowStore (row_store.py) that holds the rows, called as
+        ``store(dim, rule, keep_last_seen=, count_admissions=, max_rows=, capacity=)``."""
         check_table_settings(name, dim, seed, init_scale)
         limits.check("max_dim", dim, f"table {name!r}: dim")
         self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, Mode.parse(mode), limits
@@ -42,9 +45,9 @@ class SparseTable:
         self.rule = make_rule(optimizer)
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
-        self.store: RowStore = NumpyRowStore(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
-                                             count_admissions=admission.min_count > 1,
-                                             max_rows=limits.max_rows, capacity=capacity)
+        self.store: RowStore = store(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
+                                     count_admissions=admission.min_count > 1,
+                                     max_rows=limits.max_rows, capacity=capacity)
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
