@@ -129,7 +129,7 @@ class CheckpointService:
     def _table(self, name: str) -> SparseTable:
         if self.sparse is None:
             raise ConfigError("this server serves no sparse tables")
-        return self.sparse._table(name)
+        return self.sparse.table(name)
 
     def handle_snapshot_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
         table = self._table(header["table"])

@@ -27,7 +27,7 @@ class SparseService:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("register_sparse", "pull_sparse", "push_sparse", "export_sparse", "import_sparse")}
 
-    def _table(self, name: str) -> SparseTable:
+    def table(self, name: str) -> SparseTable:
         table = self.tables.get(name)
         if table is None:
             raise ConfigError(f"unknown sparse table {name!r}; registered: {sorted(self.tables) or 'none'}")
@@ -86,11 +86,11 @@ class SparseService:
             return self.tables[name].waiting_for() if name in self.tables else [0]
 
         trainer, create = header["trainer"], header.get("create", True)
-        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer, create)]),
+        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self.table(name).pull(ids, trainer, create)]),
                         describe=describe, waits_on=waits_on)
 
     def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids = self._ids(arrays, 2, "push_sparse")
         grads = arrays[1]
         if grads.dtype != np.float32:
@@ -99,13 +99,13 @@ class SparseService:
         return Reply()
 
     def handle_export_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids, values = table.export()
         return Reply({"dim": table.dim, "seed": table.seed, "init_scale": table.init_scale,
                       "optimizer": table.optimizer.to_wire()}, [ids, values])
 
     def handle_import_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids = self._ids(arrays, 2, "import_sparse")
         table.load(ids, np.asarray(arrays[1], np.float32))
         return Reply({"rows": table.num_rows})
