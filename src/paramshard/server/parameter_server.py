@@ -42,6 +42,7 @@ from .outbox import GO, HELD, Outbox, describe_identity
 from .peers import PEER_LOST_EXIT_CODE, PeerWatch
 from .replies import Deferred, Reply
 from .trainer_barrier import TrainerBarriers
+from .trainer_connections import TrainerConnections, peer_address
 from .waiting import WaitingList
 
 log = get_logger("server")
@@ -64,14 +65,6 @@ class _SocketAnswer:
 
     def failure(self, op: str, exc: Exception) -> None:
         self.server._send_failure(self.identity, self.request_id, op, exc)
-
-
-def _peer_address(frame) -> str | None:
-    """The IP address a message came from (libzmq's Peer-Address property)."""
-    try:
-        return frame.get("Peer-Address")
-    except (zmq.ZMQError, AttributeError):
-        return None
 
 
 class ParameterServer:
@@ -118,15 +111,10 @@ class ParameterServer:
         # what one client can make this server hold is bounded (server/outbox.py).
         self._outbox = Outbox(limits.max_queued_bytes, hold_seconds=timeout)
         self._releasing = False     # the outbox let a held request through: more may follow at once
-        # Which connection each trainer talks over, to notice a trainer that dies:
-        # its TCP connection drops and the monitor reports that socket's fd.
+        # Which connection each trainer talks over, to notice a trainer that dies (trainer_connections.py).
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED) if self._sock is not None else None
-        self._trainer_by_fd: dict[int, int] = {}
-        # Connections reported closed whose descriptor was not reused since: a message
-        # still queued from one of them is not a trainer coming back (the disconnect
-        # event can overtake the last messages the connection delivered).
-        self._closed_fds: set[int] = set()
+        self._connections = TrainerConnections()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -294,7 +282,7 @@ class ParameterServer:
         if not conn.warned_refuse:
             conn.warned_refuse = True
             log.warning("%s: client %s at %s does not read its replies: %s", self.name,
-                        describe_identity(identity), _peer_address(frames[1]) if len(frames) > 1 else "?", message)
+                        describe_identity(identity), peer_address(frames[1]) if len(frames) > 1 else "?", message)
         request_id = protocol.request_id_of(frames[1].buffer) if len(frames) > 1 else -1
         self._send(frames[0], protocol.error_header(request_id, "overloaded", message))
 
@@ -323,12 +311,10 @@ class ParameterServer:
         except Exception as exc:   # noqa: BLE001 - no request may take the server down
             self._send_failure(identity, request_id, op, exc)
             return
-        fd = rest[0].get(zmq.SRCFD)
-        if trainer is not None and fd not in self._closed_fds:
-            # Only an accepted request ties its connection to a trainer: a stranger's
-            # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
-            self.membership.note_request(trainer, _peer_address(rest[0]))
-            self._trainer_by_fd[fd] = trainer
+        # Only an accepted request ties its connection to a trainer: a stranger's
+        # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
+        if trainer is not None and self._connections.tie(rest[0].get(zmq.SRCFD), trainer):
+            self.membership.note_request(trainer, peer_address(rest[0]))
         if isinstance(outcome, Deferred):
             self.waiting.add(_SocketAnswer(self, identity, request_id), op, outcome)
         else:
@@ -399,12 +385,7 @@ class ParameterServer:
     def _note_disconnects(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self._closed_fds.discard(fd)     # the descriptor now belongs to a new connection
-                continue
-            self._closed_fds.add(fd)
-            trainer = self._trainer_by_fd.pop(fd, None)
+            trainer = self._connections.event(event["event"], int(event["value"]))
             if trainer is not None and self.membership.connection_lost(trainer):
                 log.error("%s: trainer %d lost its connection without leaving (died?)%s; it has %g s "
                           "to come back", self.name, trainer, self.membership.where([trainer]), self.timeout)
