@@ -1,7 +1,7 @@
 """Optimizer configs a user hands to the Trainer; the servers run the update.
 
 Frozen, validated on creation, and sent to servers as a plain map (never
-pickled). The update rules live in paramshard.server.optimizers and follow
+pickled). The update rules live in paramshard.update_rules and follow
 torch.optim's formulas, so a server-side Adam matches torch.optim.Adam.
 """
 from __future__ import annotations

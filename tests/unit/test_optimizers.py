@@ -5,7 +5,7 @@ import torch
 
 import paramshard.optim as po
 from paramshard.errors import ConfigError
-from paramshard.server.optimizers import make_rule
+from paramshard.update_rules import make_rule
 
 CASES = [
     (po.SGD(lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),

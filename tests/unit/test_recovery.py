@@ -4,7 +4,11 @@ import pytest
 
 from paramshard.client.recovery import next_epoch
 from paramshard.errors import ConfigError
+from paramshard.mode import Mode
+from paramshard.server.barrier import Membership
+from paramshard.server.context import ServerContext
 from paramshard.server.control_handlers import MAX_EPOCH_JUMP, ControlHandlers
+from paramshard.server.waiting import WaitingList
 
 
 @pytest.mark.parametrize("generations, seen, expected", [
@@ -17,9 +21,16 @@ def test_the_new_epoch_is_past_every_server_and_this_trainer(generations, seen, 
     assert next_epoch(generations, seen) == expected
 
 
-class FakeServer:
+class FakeServer(ServerContext):
+    """A real ServerContext (the handlers see nothing else of a server) that records what a reset voids."""
     def __init__(self, generation):
-        self.generation, self.name, self.services, self.voided = generation, "server 0", [], []
+        super().__init__(0, Mode.SYNC, Membership(1, grace=5.0), 5.0, WaitingList("server 0", Membership(1, 5.0), 5.0),
+                         epoch=generation)
+        self.voided = []
+
+    @property
+    def generation(self):
+        return self.epoch
 
     def fail_waiting(self, code, message):
         self.voided.append(code)

@@ -2,7 +2,7 @@
 
 The gradients it is given were already averaged over the trainers by allreduce
 (DDP, during the backward: ``data_parallel.py``), so every trainer holds the same
-ones; each applies the update rule the servers would apply (server/optimizers.py,
+ones; each applies the update rule the servers would apply (update_rules/rules.py,
 the same code: the same maths as sync mode, step for step) to its replica, and the
 replicas stay equal without sending any value. The chief's starting values reach
 the others when DDP is built (a broadcast from trainer 0).
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..optim import OptimizerConfig
-from ..server.optimizers import make_rule
+from ..update_rules import make_rule
 
 
 class AllreduceDenseSync:

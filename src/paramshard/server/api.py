@@ -1,8 +1,10 @@
 """The contract between the server loop and what it serves.
 
-A ``Service`` (dense blocks, sparse tables; checkpointing later) names the ops
-it handles, adds to the server's statistics and hears when a trainer leaves.
-The server owns the socket, the membership and the waiting; services own state.
+A ``Service`` (dense blocks, sparse tables, checkpoints, control, barriers)
+names the ops it handles and the request hooks it declares (server/hooks.py),
+adds to the server's statistics and hears when a trainer leaves or the job
+rolls back. The server owns the socket, the loop and the statistics; services
+own state and see the server only through a ServerContext (server/context.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ Handler = Callable[[dict, list], "Reply | Deferred"]
 class Service(Protocol):
     def ops(self) -> dict[str, Handler]:
         """op name -> handler(header, arrays)."""
+
+    def hooks(self) -> list:
+        """RequestHooks run on every request before its handler (server/hooks.py); usually none."""
 
     def stats(self) -> "StatsPart | None":
         """This service's part of the server's ``stats`` reply (transport/server_stats.py), or None."""

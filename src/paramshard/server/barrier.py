@@ -39,6 +39,12 @@ class Membership:
             raise ConfigError(f"trainer {trainer} is not part of this job (trainers 0..{self.num_trainers - 1}); "
                               f"is PARAMSHARD_TRAINERS the same on every process?")
 
+    def check_not_left(self, trainer: int, doing: str) -> None:
+        """The one "trainer already left" rule: a trainer that said ``leave`` cannot ``doing``
+        (push again, enter a barrier) any more."""
+        if trainer in self.left:
+            raise ConfigError(f"trainer {trainer} already left this job and cannot {doing}")
+
     def note_request(self, trainer: int, address: str | None = None) -> None:
         """A request from ``trainer`` (connected from ``address``): it is connected (again)."""
         self.seen.add(trainer)
@@ -136,8 +142,7 @@ class StepBarrier:
     def check_arrival(self, trainer: int, step: int, current: int) -> None:
         """Raise unless ``trainer`` may push ``step`` now (``current``: the step in progress)."""
         self.membership.check_trainer(trainer)
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
+        self.membership.check_not_left(trainer, "push again")
         if step != current:
             raise ConfigError(f"trainer {trainer} pushed step {step} for {self.what}, which is at step "
                               f"{current}; every trainer must push every step once")

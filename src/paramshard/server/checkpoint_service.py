@@ -11,6 +11,9 @@ the message says what it carries.
   counts and last-seen versions), and on the first page the admission counters.
 - ``restore_dense`` / ``restore_sparse``: the chief only, onto servers that hold
   nothing of it yet; all or nothing like registration.
+- ``pause_pushes`` / ``cut_pushes`` / ``resume_pushes``: the consistent cut of an
+  async checkpoint (server/push_gate.py), whose gate this service owns and declares
+  as a request hook.
 """
 from __future__ import annotations
 
@@ -19,17 +22,23 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..optim import from_wire
+from .context import ServerContext
 from .dense import DenseStore
+from .push_gate import PushGate, PushGateHook
 from .replies import Deferred, Reply
 from .sparse_service import SparseService
 from .sparse_table import SparseTable
 
 
 class CheckpointService:
-    def __init__(self, dense: DenseStore, sparse: SparseService | None, server=None):
+    def __init__(self, dense: DenseStore, sparse: SparseService | None, context: ServerContext):
         self.dense = dense
         self.sparse = sparse
-        self.server = server        # its push gate (async cut) and release of held pushes
+        self.gate = PushGate(context.timeout)       # async checkpoints: holds pushes for a consistent cut
+        self._gate_hook = PushGateHook(self.gate, context)
+
+    def hooks(self) -> list:
+        return [self._gate_hook]
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -42,16 +51,16 @@ class CheckpointService:
         return streams + [f"sparse:{name}" for name in (self.sparse.tables if self.sparse else ())]
 
     def handle_pause_pushes(self, header: dict, arrays: list) -> Reply:
-        return Reply({"applied": self.server.gate.pause()})
+        return Reply({"applied": self.gate.pause()})
 
     def handle_cut_pushes(self, header: dict, arrays: list) -> Deferred:
         cut = header["cut"]
         if not all(isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c) for c in cut):
             raise ConfigError("cut_pushes: 'cut' must be a list of [trainer, step] pairs")
-        gate = self.server.gate
+        gate = self.gate
         if not gate.paused:
             raise ConfigError("cut_pushes before pause_pushes")
-        self.server.release(gate.set_cut({t: k for t, k in cut}))
+        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}))
 
         def describe():
             late = gate.missing(self._streams())
@@ -61,8 +70,8 @@ class CheckpointService:
                         describe=describe, waits_on=lambda: sorted({t for _, t, _ in gate.missing(self._streams())}))
 
     def handle_resume_pushes(self, header: dict, arrays: list) -> Reply:
-        held = self.server.gate.resume()
-        self.server.release(held)
+        held = self.gate.resume()
+        self._gate_hook.release(held)
         return Reply({"released": len(held)})
 
     def stats(self) -> None:
@@ -72,7 +81,7 @@ class CheckpointService:
         pass
 
     def reset(self) -> None:
-        self.server.release(self.server.gate.resume())
+        self._gate_hook.release(self.gate.resume())
 
     # -- dense --------------------------------------------------------------
     def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
@@ -120,7 +129,7 @@ class CheckpointService:
     def _table(self, name: str) -> SparseTable:
         if self.sparse is None:
             raise ConfigError("this server serves no sparse tables")
-        return self.sparse._table(name)
+        return self.sparse.table(name)
 
     def handle_snapshot_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
         table = self._table(header["table"])
@@ -139,21 +148,9 @@ class CheckpointService:
         return self._page(table, start, count)
 
     def _page(self, table: SparseTable, start: int, count: int) -> Reply:
-        end = min(table.num_rows, start + count)
-        rows = slice(start, max(start, end))
-        parts = ["ids", "values"] + [f"slot{i}" for i in range(len(table.slots))]
-        out = [table.index.ids_by_row()[rows].copy(), table.values[rows].copy(), *(s[rows].copy() for s in table.slots)]
-        if table.steps is not None:
-            parts.append("steps")
-            out.append(table.steps[rows].astype(np.int64))
-        if table.last_seen is not None:
-            parts.append("last_seen")
-            out.append(table.last_seen[rows].astype(np.int64))
-        if start == 0 and table.counts is not None:
-            parts += ["counted_ids", "counts"]
-            out += [table.counts.ids_by_row().copy(), table.count_values[:table.counts.size].astype(np.int64)]
+        page = table.snapshot_page(start, count)
         return Reply({"rows": table.num_rows, "version": table.version, "evicted": table.evicted,
-                      "parts": parts}, out)
+                      "parts": list(page)}, list(page.values()))
 
     def handle_restore_sparse(self, header: dict, arrays: list) -> Reply:
         table = self._table(header["table"])
@@ -167,7 +164,7 @@ class CheckpointService:
         if ids is None or values is None:
             raise ConfigError("restore_sparse needs ids and values")
         n = len(ids)
-        slots = [got.get(f"slot{i}") for i in range(len(table.slots))]
+        slots = [got.get(f"slot{i}") for i in range(table.store.slot_count)]
         for name, arr, shape in [("values", values, (n, table.dim))] + [
                 (f"slot{i}", s, (n, table.dim)) for i, s in enumerate(slots)]:
             if arr is None or arr.shape != shape or arr.dtype != np.float32:
@@ -179,44 +176,19 @@ class CheckpointService:
             raise ConfigError("restore_sparse: ids must be uint64")
         if n > 1 and pd.Index(ids).has_duplicates:       # a hash table: far faster than a sort
             raise ConfigError(f"restore_sparse: table {table.name!r}: some ids appear twice")
-        if n and (table.index.lookup(ids) >= 0).any():
+        if n and (table.store.lookup(ids) >= 0).any():
             raise ConfigError(f"restore_sparse: table {table.name!r} already has rows for some of these ids")
-        first = table.num_rows
-        table.limits.check("max_rows", first + n, f"table {table.name!r}: rows on this server")
-        # The first page says how many rows follow: one allocation instead of one per page. The
-        # hint is checked like register_sparse's, before anything is allocated.
-        reserve = header.get("reserve", 0)
-        if reserve < 0:
-            raise ConfigError(f"restore_sparse: table {table.name!r}: reserve must be >= 0 rows, got {reserve}")
-        table.limits.check("max_rows", reserve, f"restore_sparse: table {table.name!r}: rows reserved on this server")
-        table._ensure_capacity(max(first + n, reserve))
-        table.index.insert(ids)                  # the new ids get rows first..first+n-1, in order
-        new = slice(first, first + n)
-        table.values[new] = values
-        for dst, src in zip(table.slots, slots):
-            dst[new] = src
-        if table.steps is not None:
-            table.steps[new] = got["steps"].astype(np.uint32) if "steps" in got else 0
-        if table.last_seen is not None:
-            table.last_seen[new] = got["last_seen"].astype(np.uint32) if "last_seen" in got else header["version"]
-        table.num_rows = first + n
-        table._last_pull.clear()
-        if "counted_ids" in got and table.counts is not None:
-            counted = table.counts.lookup(got["counted_ids"])
-            new = counted < 0
-            if new.any():
-                table.counts.insert(got["counted_ids"][new])
-                if table.counts.size > len(table.count_values):
-                    table.count_values = np.resize(table.count_values, table.counts.size + 16)
-                counted = table.counts.lookup(got["counted_ids"])
-            table.count_values[counted] = got["counts"].astype(np.uint32)
-        table.version = max(table.version, header["version"])
-        table.evicted = max(table.evicted, header["evicted"])
+        # The first page says how many rows follow (``reserve``): one allocation instead of one
+        # per page. The hint is checked like register_sparse's, before anything is allocated.
+        state = {name: got[name] for name in (*(f"slot{i}" for i in range(len(slots))), "steps", "last_seen")
+                 if name in got}
+        counters = (got["counted_ids"], got["counts"]) if "counted_ids" in got else None
+        table.restore_rows(ids, values, state, header["version"], header["evicted"],
+                           header.get("reserve", 0), counters)
         return Reply({"rows": table.num_rows})
 
 
 def attach_checkpoints(server) -> CheckpointService:
-    sparse = next((s for s in server._services if isinstance(s, SparseService)), None)
-    service = CheckpointService(server.dense, sparse, server)
+    service = CheckpointService(server.dense, server.service(SparseService), server.context)
     server.add_service(service)
     return service

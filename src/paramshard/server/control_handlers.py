@@ -1,13 +1,17 @@
 """Server side of the control requests: hello, stats, leave, reset, shutdown
 (client side: paramshard.client.control, client.recovery and the launcher).
 
-They act on the server as a whole (its membership, epoch, every service), so
-the handlers hold the server; the data ops live in the other services.
+They act on the server as a whole (its membership, epoch, every service),
+through the ServerContext (server/context.py), never the server object; the data
+ops live in the other services. The epoch check on every request is this
+service's hook (server/epoch_check.py).
 """
 from __future__ import annotations
 
 from ..errors import ConfigError
 from ..log import get_logger
+from .context import ServerContext
+from .epoch_check import EpochCheck
 from .replies import Reply
 
 log = get_logger("server")
@@ -22,11 +26,14 @@ MAX_EPOCH_JUMP = 1 << 20
 class ControlHandlers:
     """The control ops as a Service (server/api.py)."""
 
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, context: ServerContext):
+        self.context = context
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in ("hello", "stats", "leave", "reset", "shutdown")}
+
+    def hooks(self) -> list:
+        return [EpochCheck(self.context)]
 
     def stats(self) -> None:
         return None
@@ -38,40 +45,40 @@ class ControlHandlers:
         pass
 
     def handle_hello(self, header, arrays) -> Reply:
-        srv = self.server
-        return Reply({"server": srv.server_id, "mode": srv.mode, "trainers": srv.num_trainers,
-                      "generation": srv.generation})
+        ctx = self.context
+        return Reply({"server": ctx.server_id, "mode": ctx.mode, "trainers": ctx.num_trainers,
+                      "generation": ctx.epoch})
 
     def handle_stats(self, header, arrays) -> Reply:
-        return Reply({"stats": self.server.snapshot_stats()})
+        return Reply({"stats": self.context.snapshot_stats()})
 
     def handle_leave(self, header, arrays) -> Reply:
-        srv, trainer = self.server, header["trainer"]
-        srv.membership.leave(trainer)
-        for service in srv.services:
+        ctx, trainer = self.context, header["trainer"]
+        ctx.membership.leave(trainer)
+        for service in ctx.services:
             service.on_leave(trainer)
-        log.info("%s: trainer %d left (%d still training)", srv.name, trainer, len(srv.membership.live))
+        log.info("%s: trainer %d left (%d still training)", ctx.name, trainer, len(ctx.membership.live))
         return Reply()
 
     def handle_reset(self, header, arrays) -> Reply:
         """The chief rolls the job back: drop every service's state, fail what waits, new epoch."""
-        srv = self.server
+        ctx = self.context
         if header["trainer"] != 0:
             raise ConfigError(f"trainer {header['trainer']} asked for a reset: only the chief (trainer 0) does")
-        epoch, highest = header["epoch"], max(srv.generation, 0) + MAX_EPOCH_JUMP
-        if epoch <= srv.generation:
-            raise ConfigError(f"reset to epoch {epoch}: {srv.name} is already in epoch {srv.generation}")
+        epoch, highest = header["epoch"], max(ctx.epoch, 0) + MAX_EPOCH_JUMP
+        if epoch <= ctx.epoch:
+            raise ConfigError(f"reset to epoch {epoch}: {ctx.name} is already in epoch {ctx.epoch}")
         if epoch > highest:
-            raise ConfigError(f"reset to epoch {epoch}: {srv.name} is in epoch {srv.generation} and moves at most "
+            raise ConfigError(f"reset to epoch {epoch}: {ctx.name} is in epoch {ctx.epoch} and moves at most "
                               f"to epoch {highest} (a rollback moves one epoch past the newest)")
-        srv.fail_waiting("reset", f"{srv.name}: the job rolls back to a checkpoint")
-        for service in srv.services:
+        ctx.fail_waiting("reset", f"{ctx.name}: the job rolls back to a checkpoint")
+        for service in ctx.services:
             service.reset()
-        srv.generation = epoch
+        ctx.epoch = epoch
         log.warning("%s: reset to epoch %d: state dropped, the chief restores the latest checkpoint",
-                    srv.name, srv.generation)
-        return Reply({"generation": srv.generation})
+                    ctx.name, ctx.epoch)
+        return Reply({"generation": ctx.epoch})
 
     def handle_shutdown(self, header, arrays) -> Reply:
-        self.server.stop_after_replies()
+        self.context.stop_after_replies()
         return Reply()

@@ -13,9 +13,10 @@ from collections import Counter
 import numpy as np
 
 from ..errors import ConfigError
+from ..mode import Mode
 from ..optim import OptimizerConfig
 from .barrier import Membership, StepBarrier
-from .optimizers import Rule, make_rule
+from ..update_rules import Rule, make_rule
 from .staleness import Clocks
 
 
@@ -39,8 +40,8 @@ def check_distinct(names: list, what: str) -> None:
 
 
 class DenseStore:
-    def __init__(self, mode: str, membership: Membership, max_staleness: int | None = None):
-        self.mode = mode
+    def __init__(self, mode: str | Mode, membership: Membership, max_staleness: int | None = None):
+        self.mode = Mode.parse(mode)
         self.membership = membership
         self.clocks = Clocks(membership, max_staleness)    # async only
         self.last_staleness: int | None = None
@@ -105,9 +106,8 @@ class DenseStore:
             if grad.shape != block.values.shape or grad.dtype != np.float32:
                 raise ConfigError(f"block {block.name}: gradient is {grad.dtype}{list(grad.shape)}, "
                                   f"the block is float32{list(block.values.shape)}")
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
-        if self.mode == "async":
+        self.membership.check_not_left(trainer, "push again")
+        if not self.mode.waits_every_step:      # async: applied on arrival
             for block, grad in zip(blocks, grads):
                 self._apply(block, grad)
             self.last_staleness = self.clocks.pushed(trainer, step)
@@ -131,7 +131,7 @@ class DenseStore:
 
     def on_leave(self, trainer: int) -> None:
         """A trainer left: steps that only waited for it are complete now."""
-        if self.mode == "sync":
+        if self.mode.waits_every_step:
             for block in self.blocks.values():
                 self._maybe_finish_step(block)
 

@@ -17,10 +17,13 @@ class DenseHandlers:
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in ("register_dense", "pull_dense", "push_dense")}
 
+    def hooks(self) -> list:
+        return []
+
     def stats(self) -> DenseStats:
         # Staleness is counted in async mode only: a sync server's reply has no histogram at all.
         return DenseStats(len(self.store.blocks), self.store.elements,
-                          self.store.clocks.stats() if self.store.mode == "async" else None)
+                          self.store.clocks.stats() if not self.store.mode.waits_every_step else None)
 
     def on_leave(self, trainer: int) -> None:
         self.store.on_leave(trainer)
@@ -51,7 +54,7 @@ class DenseHandlers:
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, step = header["names"], header["step"]
         self.store.push(header["trainer"], step, names, arrays)
-        if self.store.mode == "async":
+        if not self.store.mode.waits_every_step:      # async: applied on arrival
             staleness, clocks = self.store.last_staleness, self.store.clocks
             resume = header.get("resume_step")
             if resume is not None and not clocks.may_start(resume):
@@ -91,7 +94,7 @@ class DenseHandlers:
         # Sync mode may send the live buffers without a copy: no block can change
         # before every trainer has received this step's values and pushed again.
         # Async pushes land at any time, so they get a snapshot.
-        copy = self.store.mode == "async"
+        copy = not self.store.mode.waits_every_step
         arrays = [b.values.copy() if copy else b.values for b in blocks]
         return Reply({"versions": [b.version for b in blocks]}, arrays)
 

@@ -6,14 +6,16 @@ row and gradient twice and hand each request to another thread; here a request
 is a direct call of the server's checks and handlers (``handle_local``), in the
 caller's thread, when it is submitted.
 
-A reply that must wait (a sync pull for a step that is not complete yet) is
-answered when a later request completes that step, as the socket server's loop
-would. Nothing else drives this server, so a ticket still waiting when it is
-collected can never be answered: that is an error naming what it waits for.
+A reply that must wait (a sync pull for a step that is not complete yet) waits
+on the server's one waiting list (server/waiting.py), as on the socket path, and
+is answered when a later request completes that step. Nothing else drives this
+server, so a ticket still waiting when it is collected can never be answered:
+that is an error naming what it waits for (no deadline of its own meanwhile).
 """
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Sequence
 
@@ -22,7 +24,7 @@ import numpy as np
 from ..errors import DeadlineExceeded, RemoteError
 from ..transport.client import Requests, Ticket
 from .parameter_server import ParameterServer
-from .replies import Deferred, Reply
+from .replies import Reply
 
 _ids = itertools.count(1)
 
@@ -40,7 +42,6 @@ class LocalLinks(Requests):
         self.server, self.timeout, self.who = server, timeout, who
         self.epoch = 0
         self.security = None
-        self._waiting: list[tuple[Ticket, int, int, str, Deferred]] = []
 
     def __len__(self) -> int:
         return 1
@@ -57,16 +58,15 @@ class LocalLinks(Requests):
             request_id = next(_ids)
             ticket.pending[request_id] = (slot, 0, header.get("op"))
             self._handle(ticket, request_id, header, list(arrays))
-        self._answer_waiting()
+        self.server.waiting.answer_ready()
         return ticket
 
     def collect(self, ticket: Ticket) -> list:
         if ticket.error is None and ticket.pending:
-            waits = [w for w in self._waiting if w[0] is ticket]
-            self.discard(ticket)
-            reason = "; ".join(w[4].describe() for w in waits) or "its reply was discarded"
+            waits = self._forget(ticket)
+            reason = "; ".join(w.deferred.describe() for w in waits) or "its reply was discarded"
             raise DeadlineExceeded(f"{self.who}: {self.server.name} (in this process) cannot answer "
-                                   f"{[w[3] for w in waits]}: {reason}; nothing else in this process can "
+                                   f"{[w.op for w in waits]}: {reason}; nothing else in this process can "
                                    f"complete it (a sync step needs every trainer of the job)")
         self.discard(ticket)
         if ticket.error is not None:
@@ -77,11 +77,16 @@ class LocalLinks(Requests):
         """Every reply is in as soon as its request is handled: nothing to take."""
 
     def discard(self, ticket: Ticket) -> None:
-        self._waiting = [w for w in self._waiting if w[0] is not ticket]
+        self._forget(ticket)
+
+    def _forget(self, ticket: Ticket) -> list:
+        """Stop waiting for ``ticket``'s replies; the waits dropped."""
         ticket.pending.clear()
+        return self.server.waiting.remove_where(lambda w: isinstance(w.answer, _TicketAnswer) and
+                                                w.answer.ticket is ticket)
 
     def close(self) -> None:
-        self._waiting = []
+        self.server.waiting.remove_where(lambda w: isinstance(w.answer, _TicketAnswer) and w.answer.links is self)
 
     def __enter__(self):
         return self
@@ -97,10 +102,10 @@ class LocalLinks(Requests):
         except Exception as exc:   # noqa: BLE001 - the same error reply a remote server would send
             self._fail(ticket, request_id, op, exc)
             return
-        if isinstance(outcome, Deferred):
-            self._waiting.append((ticket, request_id, ticket.pending[request_id][0], op, outcome))
-        else:
+        if isinstance(outcome, Reply):
             self._answer(ticket, request_id, outcome)
+        else:
+            self.server.waiting.add(_TicketAnswer(self, ticket, request_id), op, outcome, timeout=math.inf)
 
     def _answer(self, ticket: Ticket, request_id: int, reply: Reply) -> None:
         slot, _, _ = ticket.pending.pop(request_id)
@@ -112,16 +117,21 @@ class LocalLinks(Requests):
         if ticket.error is None:
             ticket.error = RemoteError(self.server.name, code, message)
 
-    def _answer_waiting(self) -> None:
-        """Answer the waiting requests whose condition now holds, oldest first."""
-        still = []
-        for entry in self._waiting:
-            ticket, request_id, _, op, deferred = entry
-            try:
-                if not deferred.ready():
-                    still.append(entry)
-                    continue
-                self._answer(ticket, request_id, deferred.make_reply())
-            except Exception as exc:   # noqa: BLE001 - a deferred reply may fail like any other
-                self._fail(ticket, request_id, op, exc)
-        self._waiting = still
+
+class _TicketAnswer:
+    """The answer to a waiting in-process request fills its ticket (an Answer: server/waiting.py)."""
+    __slots__ = ("links", "ticket", "request_id")
+
+    def __init__(self, links: LocalLinks, ticket: Ticket, request_id: int):
+        self.links, self.ticket, self.request_id = links, ticket, request_id
+
+    def reply(self, reply: Reply) -> None:
+        self.links._answer(self.ticket, self.request_id, reply)
+
+    def error(self, code: str, message: str) -> None:
+        self.ticket.pending.pop(self.request_id, None)
+        if self.ticket.error is None:
+            self.ticket.error = RemoteError(self.links.server.name, code, message)
+
+    def failure(self, op: str, exc: Exception) -> None:
+        self.links._fail(self.ticket, self.request_id, op, exc)

@@ -1,7 +1,10 @@
 """One parameter server: a ZeroMQ ROUTER socket and a single-threaded loop.
 
-Requests are validated, dispatched to the services' handlers, and answered
-now or deferred (sync barrier, waiting for registration). A deferred request
+Requests are validated, passed through the services' request hooks (accept,
+hold, refuse: server/hooks.py), dispatched to the services' handlers, and
+answered now or deferred (sync barrier, waiting for registration) on the one
+waiting list (server/waiting.py). Services see this server only through a
+ServerContext (server/context.py). A deferred request
 that outlives the deadline gets an error reply naming what it waited for, so a
 stuck peer never becomes a silent hang. Any failure while handling a request,
 now or deferred, becomes an error reply and the loop goes on serving.
@@ -21,53 +24,52 @@ from collections import Counter
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import ConfigError, ParamshardError, ProtocolError, StaleEpoch
+from ..errors import ParamshardError, ProtocolError, StaleEpoch
 from ..limits import Limits
 from ..log import get_logger
+from ..mode import Mode
 from ..transport import protocol
 from ..transport.security import Security
 from ..transport.server_socket import bind_router
 from ..transport.server_stats import ServerStats, TrainerStates
 from .api import Service
 from .barrier import Membership
+from .context import ServerContext
 from .control_handlers import ControlHandlers
 from .dense import DenseStore
 from .dense_handlers import DenseHandlers
+from .hooks import Incoming, RequestHook, Verdict
 from .outbox import GO, HELD, Outbox, describe_identity
 from .peers import PEER_LOST_EXIT_CODE, PeerWatch
-from .push_gate import PushGate
 from .replies import Deferred, Reply
 from .trainer_barrier import TrainerBarriers
+from .trainer_connections import TrainerConnections, peer_address
+from .waiting import WaitingList
 
 log = get_logger("server")
 
-
-class _Waiting:
-    __slots__ = ("identity", "request_id", "op", "deferred", "deadline")
-
-    def __init__(self, identity, request_id, op, deferred, deadline):
-        self.identity, self.request_id, self.op = identity, request_id, op
-        self.deferred, self.deadline = deferred, deadline
-
-
-PUSH_OPS = ("push_dense", "push_sparse")
 IN_PROCESS = "in-process:0"     # the address of a server without a socket (host:port, as any other)
-DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
-# Requests that belong to an epoch: refused in another (a barrier entered before a rollback
-# must not count after it).
-EPOCH_OPS = DATA_OPS + ("barrier",)
 
 
-def _peer_address(frame) -> str | None:
-    """The IP address a message came from (libzmq's Peer-Address property)."""
-    try:
-        return frame.get("Peer-Address")
-    except (zmq.ZMQError, AttributeError):
-        return None
+class _SocketAnswer:
+    """The answer to a waiting request goes back over the socket (an Answer: server/waiting.py)."""
+    __slots__ = ("server", "identity", "request_id")
+
+    def __init__(self, server: "ParameterServer", identity, request_id: int):
+        self.server, self.identity, self.request_id = server, identity, request_id
+
+    def reply(self, reply: Reply) -> None:
+        self.server._reply(self.identity, self.request_id, reply)
+
+    def error(self, code: str, message: str) -> None:
+        self.server._send(self.identity, protocol.error_header(self.request_id, code, message))
+
+    def failure(self, op: str, exc: Exception) -> None:
+        self.server._send_failure(self.identity, self.request_id, op, exc)
 
 
 class ParameterServer:
-    def __init__(self, server_id: int, bind: str | None, num_trainers: int, mode: str = "sync",
+    def __init__(self, server_id: int, bind: str | None, num_trainers: int, mode: str | Mode = Mode.SYNC,
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
                  peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None,
                  recovering: bool = False, max_staleness: int | None = None):
@@ -78,18 +80,25 @@ class ParameterServer:
         does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
         self.server_id = server_id
         self.name = f"server {server_id}"
-        self.mode = mode
+        self.mode = mode = Mode.parse(mode)
         self.num_trainers = num_trainers
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
         self.membership = Membership(num_trainers, grace=timeout, min_trainers=min_trainers)
-        self.dense = DenseStore(mode, self.membership, max_staleness if mode == "async" else None)
+        self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
+        # Requests answered later, from the socket and from a trainer in this process alike.
+        self.waiting = WaitingList(self.name, self.membership, timeout, self.stats)
+        self.context = ServerContext(server_id, mode, self.membership, timeout, self.waiting,
+                                     epoch=-1 if recovering else 0, resubmit=self._handle,
+                                     snapshot_stats=self.snapshot_stats)
+        applies_on_arrival = not mode.waits_every_step      # async: the staleness bound applies
+        self.dense = DenseStore(mode, self.membership, max_staleness if applies_on_arrival else None)
         self._handlers: dict = {}
         self._services: list[Service] = []
+        self._hooks: list[RequestHook] = []
         self.add_service(DenseHandlers(self.dense))
-        self.add_service(ControlHandlers(self))
+        self.add_service(ControlHandlers(self.context))
         self.add_service(TrainerBarriers(server_id, self.membership))
-        self._stop_after_replies = False   # set by leave/shutdown: finish answering, then stop
         self.exit_code = 0
         self._ctx = zmq.Context.instance()
         if bind is None:
@@ -99,28 +108,17 @@ class ParameterServer:
                                                    security=security)
         self._secure_peer = security.configure_client if security is not None else None
         self._peers = PeerWatch(self._ctx, peers or {}, grace=timeout, secure=self._secure_peer, me=server_id)
-        self._waiting: list[_Waiting] = []
         # Replies each connection has not read yet, and its requests held back meanwhile:
         # what one client can make this server hold is bounded (server/outbox.py).
         self._outbox = Outbox(limits.max_queued_bytes, hold_seconds=timeout)
         self._releasing = False     # the outbox let a held request through: more may follow at once
-        self.gate = PushGate(timeout)       # async checkpoints: holds pushes for a consistent cut
-        # The job's epoch (client/recovery.py): data requests of another epoch are refused. A
-        # server restarted in place starts at -1: it serves nothing until the chief resets it.
-        self.generation = -1 if recovering else 0
-        # Which connection each trainer talks over, to notice a trainer that dies:
-        # its TCP connection drops and the monitor reports that socket's fd.
+        # Which connection each trainer talks over, to notice a trainer that dies (trainer_connections.py).
         self._monitor = self._sock.get_monitor_socket(
             zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED) if self._sock is not None else None
-        self._trainer_by_fd: dict[int, int] = {}
-        # Connections reported closed whose descriptor was not reused since: a message
-        # still queued from one of them is not a trainer coming back (the disconnect
-        # event can overtake the last messages the connection delivered).
-        self._closed_fds: set[int] = set()
+        self._connections = TrainerConnections()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
         # Where a request's time goes: decoding, each op's handler, encoding and sending the reply.
         self.phase_seconds: Counter = Counter()
         self.started_at = time.time()
@@ -133,6 +131,17 @@ class ParameterServer:
             raise ValueError(f"ops {sorted(clash)} are served twice")
         self._handlers.update(service.ops())
         self._services.append(service)
+        self.context.services.append(service)
+        self._hooks.extend(service.hooks())
+
+    def service(self, kind: type):
+        """The service of this class, None if none was added (e.g. the sparse tables)."""
+        return next((s for s in self._services if isinstance(s, kind)), None)
+
+    @property
+    def generation(self) -> int:
+        """The job's epoch on this server (client/recovery.py)."""
+        return self.context.epoch
 
     def watch_peers(self, peers: dict[int, str]) -> None:
         """Watch the other servers of the job, once their addresses are known (under
@@ -193,8 +202,8 @@ class ParameterServer:
                         self._handle(frames)
                 if self._outbox.has_held():
                     self._releasing = self._outbox.release(self._process, self._refuse, self._drop_held)
-                self._answer_waiting()
-                if self._stop_after_replies and not self._waiting:
+                self.waiting.answer_ready()
+                if self.context.stopping and not len(self.waiting):
                     break
                 # Membership and peers change on a scale of seconds: checking them
                 # ten times a second keeps them off the per-request path.
@@ -215,10 +224,8 @@ class ParameterServer:
 
     def _job_ended(self) -> bool:
         """True (with ``exit_code`` set) when nothing is left to serve."""
-        if self.gate.expired():
-            log.warning("%s: paused for a checkpoint for more than %g s without a resume (the chief died "
-                        "mid-save?): applying the %d held pushes", self.name, self.timeout, len(self.gate.held))
-            self.release(self.gate.resume())
+        for hook in self._hooks:
+            hook.tick()        # e.g. a checkpoint pause that outlived the timeout ends
         for trainer in self.membership.expire():
             log.error("%s: trainer %d did not come back within %g s: counted as lost", self.name,
                       trainer, self.timeout)
@@ -247,9 +254,9 @@ class ParameterServer:
         if self._releasing and self._outbox.has_held():
             return 0
         longest = 20 if self._outbox.has_held() else 200
-        if not self._waiting:
+        soonest = self.waiting.soonest_deadline()
+        if soonest is None:
             return longest
-        soonest = min(w.deadline for w in self._waiting)
         return max(0, min(longest, int((soonest - time.monotonic()) * 1000) + 1))
 
     def _handle(self, frames: list) -> None:
@@ -276,7 +283,7 @@ class ParameterServer:
         if not conn.warned_refuse:
             conn.warned_refuse = True
             log.warning("%s: client %s at %s does not read its replies: %s", self.name,
-                        describe_identity(identity), _peer_address(frames[1]) if len(frames) > 1 else "?", message)
+                        describe_identity(identity), peer_address(frames[1]) if len(frames) > 1 else "?", message)
         request_id = protocol.request_id_of(frames[1].buffer) if len(frames) > 1 else -1
         self._send(frames[0], protocol.error_header(request_id, "overloaded", message))
 
@@ -294,50 +301,45 @@ class ParameterServer:
             protocol.validate_request(header)
             op = header["op"]
             self.stats[f"op_{op}"] += 1
-            trainer = self._admit(op, header)
-            if op in PUSH_OPS and self.mode == "async" and self.gate.should_hold(trainer, header["step"]):
-                self.gate.held.append((trainer, header["step"], frames))
-                return
+            request = Incoming(op, header, header.get("trainer"), held=frames)
+            if self._admit(request) is Verdict.HOLD:
+                return          # a hook keeps it and hands it back through context.resubmit
+            trainer = request.trainer
             started = time.perf_counter()
             arrays = protocol.decode_arrays(header, rest[1:])
             self.phase_seconds["decode"] += time.perf_counter() - started
-            outcome = self._run(op, header, arrays, trainer)
+            outcome = self._run(request, arrays)
         except Exception as exc:   # noqa: BLE001 - no request may take the server down
             self._send_failure(identity, request_id, op, exc)
             return
-        fd = rest[0].get(zmq.SRCFD)
-        if trainer is not None and fd not in self._closed_fds:
-            # Only an accepted request ties its connection to a trainer: a stranger's
-            # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
-            self.membership.note_request(trainer, _peer_address(rest[0]))
-            self._trainer_by_fd[fd] = trainer
+        # Only an accepted request ties its connection to a trainer: a stranger's
+        # rejected message naming trainer 1 must not make trainer 1 "lost" when it hangs up.
+        if trainer is not None and self._connections.tie(rest[0].get(zmq.SRCFD), trainer):
+            self.membership.note_request(trainer, peer_address(rest[0]))
         if isinstance(outcome, Deferred):
-            self._waiting.append(_Waiting(identity, request_id, op, outcome,
-                                          time.monotonic() + self.timeout))
+            self.waiting.add(_SocketAnswer(self, identity, request_id), op, outcome)
         else:
             self._reply(identity, request_id, outcome)
 
-    def _admit(self, op: str, header: dict) -> int | None:
-        """Checks every request passes before its handler runs; the trainer it names."""
-        trainer = header.get("trainer")
+    def _admit(self, request: Incoming) -> Verdict:
+        """Checks every request passes before its handler runs: the trainer it names belongs to
+        the job, then each service's hooks in turn (a refusal raises)."""
+        trainer = request.trainer
         if trainer is not None:
             if type(trainer) is not int:
-                raise ProtocolError(f"{op}: field 'trainer' must be int, got {type(trainer).__name__}")
+                raise ProtocolError(f"{request.op}: field 'trainer' must be int, got {type(trainer).__name__}")
             self.membership.check_trainer(trainer)
-        if op in EPOCH_OPS and header.get("epoch", self.generation) != self.generation:
-            raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {self.name} is in epoch "
-                             f"{self.generation}" + (" (restarted, waiting for the chief to restore the "
-                                                     "checkpoint)" if self.generation < 0 else
-                                                     " (the job rolled back to a checkpoint)"))
-        return trainer
+        for hook in self._hooks:
+            if hook.admit(request) is Verdict.HOLD:
+                return Verdict.HOLD
+        return Verdict.ACCEPT
 
-    def _run(self, op: str, header: dict, arrays: list, trainer: int | None) -> Reply | Deferred:
+    def _run(self, request: Incoming, arrays: list) -> Reply | Deferred:
         started = time.perf_counter()
-        outcome = self._dispatch(op)(header, arrays)
-        self.phase_seconds[op] += time.perf_counter() - started
-        if op in PUSH_OPS:
-            self.gate.note_applied("dense" if op == "push_dense" else f"sparse:{header['table']}",
-                                   trainer, header["step"])
+        outcome = self._dispatch(request.op)(request.header, arrays)
+        self.phase_seconds[request.op] += time.perf_counter() - started
+        for hook in self._hooks:
+            hook.applied(request)
         return outcome
 
     def handle_local(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -348,10 +350,12 @@ class ParameterServer:
         protocol.validate_request(header)
         op = header["op"]
         self.stats[f"op_{op}"] += 1
-        trainer = self._admit(op, header)
-        # A push is never held for an async checkpoint here: the one in-process trainer
-        # saves between its own steps, so none can arrive during the cut.
-        outcome = self._run(op, header, arrays, trainer)
+        # held=None: nothing is held here (hooks.Incoming): the one in-process trainer saves
+        # between its own steps, so no push can arrive during a checkpoint's cut.
+        request = Incoming(op, header, header.get("trainer"))
+        self._admit(request)
+        trainer = request.trainer
+        outcome = self._run(request, arrays)
         if trainer is not None:
             self.membership.note_request(trainer, IN_PROCESS)
         return outcome
@@ -366,11 +370,6 @@ class ParameterServer:
             return code, str(exc)
         log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())
         return "internal", f"internal: {op} failed on {self.name}: {type(exc).__name__}: {exc}"
-
-    def release(self, held: list) -> None:
-        """Handle pushes the gate held back, in their arrival order."""
-        for _, _, frames in held:
-            self._handle(frames)
 
     def _send_failure(self, identity, request_id: int, op: str, exc: Exception) -> None:
         """Turn any exception into an error reply: ours say what is wrong, anything
@@ -387,51 +386,10 @@ class ParameterServer:
     def _note_disconnects(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
-            fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self._closed_fds.discard(fd)     # the descriptor now belongs to a new connection
-                continue
-            self._closed_fds.add(fd)
-            trainer = self._trainer_by_fd.pop(fd, None)
+            trainer = self._connections.event(event["event"], int(event["value"]))
             if trainer is not None and self.membership.connection_lost(trainer):
                 log.error("%s: trainer %d lost its connection without leaving (died?)%s; it has %g s "
                           "to come back", self.name, trainer, self.membership.where([trainer]), self.timeout)
-
-    def _answer_waiting(self) -> None:
-        if not self._waiting:
-            return
-        now = time.monotonic()
-        still = []
-        for w in self._waiting:
-            try:
-                if w.deferred.ready():
-                    self._reply(w.identity, w.request_id, w.deferred.make_reply())
-                    # How long requests queue behind a barrier or a bound (the run directory's queue_s).
-                    self.stats["deferred_answered"] += 1
-                    self.stats["deferred_wait_s"] += now - (w.deadline - self.timeout)
-                    continue
-                lost = self._lost_peers(w.deferred)
-                if lost:
-                    msg = (f"{self.name} cannot finish {w.op}: trainers {lost} lost their connection "
-                           f"without leaving (died?){self.membership.where(lost)}; {w.deferred.describe()}")
-                    self._send(w.identity, protocol.error_header(w.request_id, "peer_lost", msg))
-                elif now >= w.deadline:
-                    self.stats["timeouts"] += 1
-                    msg = (f"{self.name} gave up on {w.op} after {self.timeout:g} s: "
-                           f"{w.deferred.describe()}")
-                    log.warning(msg)
-                    self._send(w.identity, protocol.error_header(w.request_id, "timeout", msg))
-                else:
-                    still.append(w)
-            except Exception as exc:   # noqa: BLE001 - a deferred reply may fail like any other
-                self._send_failure(w.identity, w.request_id, w.op, exc)
-        self._waiting = still
-
-    def _lost_peers(self, deferred: Deferred) -> list[int]:
-        failed = self.membership.failed
-        if not failed or deferred.waits_on is None:
-            return []
-        return sorted(set(deferred.waits_on()) & failed)
 
     def _reply(self, identity, request_id: int, reply: Reply) -> None:
         started = time.perf_counter()
@@ -468,15 +426,6 @@ class ParameterServer:
                             "stats replies_dropped)", self.name, describe_identity(key), why)
             return
         self._outbox.sent(key, tracker if track else None, nbytes)
-
-    def fail_waiting(self, code: str, message: str) -> None:
-        """Answer every waiting request with an error (a reset voids them)."""
-        for w in self._waiting:
-            self._send(w.identity, protocol.error_header(w.request_id, code, f"{message}; this {w.op} is void"))
-        self._waiting = []
-
-    def stop_after_replies(self) -> None:
-        self._stop_after_replies = True
 
     @property
     def services(self) -> list[Service]:

@@ -15,10 +15,21 @@ on every server. The chief asks every server to:
 
 A server left paused for longer than its timeout (a chief that died mid-save)
 resumes by itself.
+
+``PushGateHook`` puts the gate on the request path (server/hooks.py): it holds
+the pushes the gate says to hold and notes the steps applied. The checkpoint
+service (checkpoint_service.py) declares it.
 """
 from __future__ import annotations
 
 import time
+
+from ..log import get_logger
+from .context import ServerContext
+from .hooks import Incoming, Verdict
+
+log = get_logger("server")
+PUSH_OPS = ("push_dense", "push_sparse")
 
 
 class PushGate:
@@ -75,3 +86,34 @@ class PushGate:
 
     def expired(self) -> bool:
         return self.paused and self._clock() - self.paused_at > self.timeout
+
+
+class PushGateHook:
+    """A RequestHook: in async mode, a push the gate holds waits in ``gate.held``."""
+
+    def __init__(self, gate: PushGate, context: ServerContext):
+        self.gate, self.context = gate, context
+
+    def admit(self, request: Incoming) -> Verdict:
+        if (request.op in PUSH_OPS and request.held is not None and not self.context.mode.waits_every_step
+                and self.gate.should_hold(request.trainer, request.header["step"])):
+            self.gate.held.append((request.trainer, request.header["step"], request.held))
+            return Verdict.HOLD
+        return Verdict.ACCEPT
+
+    def applied(self, request: Incoming) -> None:
+        if request.op in PUSH_OPS:
+            header = request.header
+            self.gate.note_applied("dense" if request.op == "push_dense" else f"sparse:{header['table']}",
+                                   request.trainer, header["step"])
+
+    def tick(self) -> None:
+        if self.gate.expired():
+            log.warning("%s: paused for a checkpoint for more than %g s without a resume (the chief died "
+                        "mid-save?): applying the %d held pushes", self.context.name, self.gate.timeout,
+                        len(self.gate.held))
+            self.release(self.gate.resume())
+
+    def release(self, held: list) -> None:
+        """Hand pushes the gate held back to the core, in their arrival order."""
+        self.context.resubmit([frames for _, _, frames in held])

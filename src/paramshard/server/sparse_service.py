@@ -6,6 +6,7 @@ import numpy as np
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..limits import Limits
+from ..mode import Mode
 from ..optim import from_wire
 from ..tables import policy_from_wire
 from ..transport.server_stats import SparseStats, TableStats
@@ -17,8 +18,8 @@ from .sparse_table import SparseTable
 class SparseService:
     """The sparse-table Service (server/api.py)."""
 
-    def __init__(self, mode: str, membership: Membership, limits: Limits = Limits()):
-        self.mode = mode
+    def __init__(self, mode: str | Mode, membership: Membership, limits: Limits = Limits()):
+        self.mode = Mode.parse(mode)
         self.membership = membership
         self.limits = limits
         self.tables: dict[str, SparseTable] = {}
@@ -27,7 +28,7 @@ class SparseService:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("register_sparse", "pull_sparse", "push_sparse", "export_sparse", "import_sparse")}
 
-    def _table(self, name: str) -> SparseTable:
+    def table(self, name: str) -> SparseTable:
         table = self.tables.get(name)
         if table is None:
             raise ConfigError(f"unknown sparse table {name!r}; registered: {sorted(self.tables) or 'none'}")
@@ -74,7 +75,7 @@ class SparseService:
 
         def ready():
             table = self.tables.get(name)
-            return table is not None and (self.mode == "async" or table.version >= version)
+            return table is not None and (not self.mode.waits_every_step or table.version >= version)
 
         def describe():
             if name not in self.tables:
@@ -86,11 +87,11 @@ class SparseService:
             return self.tables[name].waiting_for() if name in self.tables else [0]
 
         trainer, create = header["trainer"], header.get("create", True)
-        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self._table(name).pull(ids, trainer, create)]),
+        return Deferred(ready=ready, make_reply=lambda: Reply({}, [self.table(name).pull(ids, trainer, create)]),
                         describe=describe, waits_on=waits_on)
 
     def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids = self._ids(arrays, 2, "push_sparse")
         grads = arrays[1]
         if grads.dtype != np.float32:
@@ -99,13 +100,13 @@ class SparseService:
         return Reply()
 
     def handle_export_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids, values = table.export()
         return Reply({"dim": table.dim, "seed": table.seed, "init_scale": table.init_scale,
                       "optimizer": table.optimizer.to_wire()}, [ids, values])
 
     def handle_import_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self._table(header["table"])
+        table = self.table(header["table"])
         ids = self._ids(arrays, 2, "import_sparse")
         table.load(ids, np.asarray(arrays[1], np.float32))
         return Reply({"rows": table.num_rows})
@@ -114,9 +115,12 @@ class SparseService:
         self.tables = {}
 
     def on_leave(self, trainer: int) -> None:
-        if self.mode == "sync":
+        if self.mode.waits_every_step:      # sync: a step may have waited only for this trainer
             for table in self.tables.values():
                 table.maybe_finish_step()
+
+    def hooks(self) -> list:
+        return []
 
     def stats(self) -> SparseStats:
         return SparseStats(
@@ -128,6 +132,6 @@ class SparseService:
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:
-    service = SparseService(server.mode, server.membership, env.limits)
+    service = SparseService(server.context.mode, server.context.membership, env.limits)
     server.add_service(service)
     return service

@@ -4,57 +4,50 @@ updated row by row with per-row optimizer state.
 Sync mode: step k's pushes from every live trainer are gathered, duplicate ids
 merged and averaged over trainers, and applied once; pulls for step k+1 wait
 for that. Async mode: each push is applied on arrival.
+
+The table decides what happens to rows (steps, admission and eviction policies,
+which pull a push belongs to); its RowStore (row_store.py) holds them. Nothing
+here indexes a row array.
 """
 from __future__ import annotations
 
 import collections
 import itertools
 import time
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
 from ..limits import Limits
+from ..mode import Mode
 from ..optim import OptimizerConfig
 from ..rows import merge_duplicates
 from ..sparse_hash import admitted_by_probability, initial_rows
 from ..tables import Admission, Eviction, check_table_settings
+from ..update_rules import make_rule
 from .barrier import Membership, StepBarrier
-from .id_index import IdIndex
-from .optimizers import make_rule
-
-GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
-
-
-def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-    """table[rows] = values, with each row moved as one item (faster than fancy assignment)."""
-    row_type = np.dtype((np.void, table.shape[1] * table.itemsize))
-    np.put(table.view(row_type).reshape(-1), rows, np.ascontiguousarray(values).view(row_type).reshape(-1),
-           mode="clip")
+from .numpy_row_store import NumpyRowStore
+from .row_store import RowStore
 
 
 class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
                  eviction: Eviction, init_scale: float, mode: str, membership: Membership,
-                 limits: Limits = Limits(), capacity: int = 1024):
+                 limits: Limits = Limits(), capacity: int = 1024, store: Callable[..., RowStore] = NumpyRowStore):
+        """``store``: makes the RowStore (row_store.py) that holds the rows, called as
+        ``store(dim, rule, keep_last_seen=, count_admissions=, max_rows=, capacity=)``."""
         check_table_settings(name, dim, seed, init_scale)
         limits.check("max_dim", dim, f"table {name!r}: dim")
-        self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, mode, limits
+        self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, Mode.parse(mode), limits
         self.optimizer, self.admission, self.eviction, self.init_scale = optimizer, admission, eviction, init_scale
         self.rule = make_rule(optimizer)
-        self._slot_initials = self.rule.init_slots((1, dim))     # a new row's optimizer state
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
-        self.index = IdIndex(capacity)
-        self.num_rows = 0
-        self.values = np.empty((capacity, dim), np.float32)
-        self.slots = self.rule.init_slots((capacity, dim))
-        # Per-row update counts, kept only for rules that read them (Adam's bias correction).
-        self.steps = np.zeros(capacity, np.uint32) if self.rule.uses_step else None
-        self.last_seen = np.zeros(capacity, np.uint32) if eviction.unseen_steps else None
-        self.counts = IdIndex(16) if admission.min_count > 1 else None   # ids seen but not admitted
-        self.count_values = np.zeros(16, np.uint32)
+        self.store: RowStore = store(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
+                                     count_admissions=admission.min_count > 1,
+                                     max_rows=limits.max_rows, capacity=capacity)
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
@@ -66,76 +59,45 @@ class SparseTable:
         self.rows_updated = 0
 
     # -- rows -------------------------------------------------------------
-    def _ensure_capacity(self, rows: int) -> None:
-        cap = len(self.values)
-        if rows <= cap:
-            return
-        new_cap = min(max(rows, int(cap * GROWTH) + 1), max(rows, self.limits.max_rows))
+    @property
+    def num_rows(self) -> int:
+        return self.store.num_rows
 
-        def grow(a):
-            b = np.empty((new_cap,) + a.shape[1:], a.dtype)
-            b[:self.num_rows] = a[:self.num_rows]
-            return b
-        # Allocate everything before replacing anything: a MemoryError half way
-        # must leave the table as it was, not with arrays of different lengths.
-        values = grow(self.values)
-        # Rows past num_rows stay untouched (their pages unmapped) until a row is created there
-        # (_init_rows): reserving room costs address space, not memory.
-        slots = [grow(s) for s in self.slots]
-        steps = grow(self.steps) if self.steps is not None else None
-        last_seen = grow(self.last_seen) if self.last_seen is not None else None
-        self.values, self.slots, self.steps, self.last_seen = values, slots, steps, last_seen
-
-    def _init_rows(self, start: int, stop: int) -> None:
-        """Optimizer state, update counts and last-seen step of new rows start..stop-1."""
-        for slot, initial in zip(self.slots, self._slot_initials):
-            slot[start:stop] = initial
-        if self.steps is not None:
-            self.steps[start:stop] = 0
-        if self.last_seen is not None:
-            self.last_seen[start:stop] = self.version
+    @property
+    def nbytes(self) -> int:
+        return self.store.nbytes
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` rows now, so filling the table never copies it to grow."""
-        self._ensure_capacity(rows)
-        self.index.reserve(rows)
+        self.store.reserve(rows)
 
     def _admit(self, ids: np.ndarray) -> np.ndarray:
         """Which of these new, distinct ids get a row now."""
         ok = admitted_by_probability(self.seed, ids, self.admission.probability)
-        if self.counts is None:
+        if self.admission.min_count == 1:
             return ok
-        rows = self.counts.lookup(ids)
-        new = rows < 0
-        if new.any():
-            first = self.counts.size
-            rows[new] = self.counts.insert(ids[new])
-            if self.counts.size > len(self.count_values):
-                self.count_values = np.resize(self.count_values, int(self.counts.size * GROWTH) + 16)
-                self.count_values[first:] = 0
-        self.count_values[rows] += 1
-        return ok & (self.count_values[rows] >= self.admission.min_count)
+        return ok & (self.store.count(ids) >= self.admission.min_count)
+
+    def _create(self, ids: np.ndarray, values: np.ndarray, version: int, state=None) -> np.ndarray:
+        """Rows for new distinct ``ids`` (first touch, import, restore: the one way rows are
+        made), within PARAMSHARD_MAX_ROWS."""
+        self.limits.check("max_rows", self.num_rows + len(ids), f"table {self.name!r}: rows on this server")
+        return self.store.create(ids, values, version, state)
 
     def rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
         """Row of each id (-1: not admitted). ``ids`` may repeat."""
-        rows = self.index.lookup(ids)
+        rows = self.store.lookup(ids)
         missing = np.flatnonzero(rows < 0)
         if create and len(missing):
             new_ids, inverse = np.unique(ids[missing], return_inverse=True)
             admitted = self._admit(new_ids)
             row_of_new = np.full(len(new_ids), -1, np.int64)
-            count = int(admitted.sum())
-            if count:
-                first = self.num_rows
-                self.limits.check("max_rows", first + count, f"table {self.name!r}: rows on this server")
-                # Rows exist before their ids enter the index: if anything fails
-                # here, the index still maps only ids that have rows.
+            if admitted.any():
+                self.limits.check("max_rows", self.num_rows + int(admitted.sum()),
+                                  f"table {self.name!r}: rows on this server")
+                # The initial rows first: if making them fails, no row and no index entry exists.
                 fresh = initial_rows(self.seed, new_ids[admitted], self.dim, self.init_scale)
-                self._ensure_capacity(first + count)
-                row_of_new[admitted] = self.index.insert(new_ids[admitted])   # rows first..first+count-1
-                self.values[first:first + count] = fresh
-                self._init_rows(first, first + count)
-                self.num_rows += count
+                row_of_new[admitted] = self._create(new_ids[admitted], fresh, self.version)
             rows[missing] = row_of_new[inverse]
         return rows
 
@@ -147,16 +109,16 @@ class SparseTable:
         looked_up = time.perf_counter()
         have = rows >= 0
         if have.all():
-            out = np.take(self.values, rows, axis=0, mode="clip")   # clip: skips a bounds pass
+            out = self.store.gather(rows)
         else:
             out = np.zeros((len(ids), self.dim), np.float32)
-            out[have] = np.take(self.values, rows[have], axis=0, mode="clip")
+            out[have] = self.store.gather(rows[have])
             if not create and self.admission.min_count == 1:
                 absent = np.flatnonzero(~have)
                 fresh = absent[admitted_by_probability(self.seed, ids[absent], self.admission.probability)]
                 out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
-        if self.last_seen is not None:
-            self.last_seen[rows[have]] = self.version
+        if self.eviction.unseen_steps:
+            self.store.touch(rows[have], self.version)
         if trainer is not None and create and have.all():
             # The push that follows usually carries exactly these ids: keep their rows. (Not
             # when some are not admitted yet: a later pull may admit them, and then -1 is stale.)
@@ -168,7 +130,7 @@ class SparseTable:
     def _rows_of_push(self, trainer: int, ids: np.ndarray) -> np.ndarray:
         recent = self._last_pull.get(trainer)
         if not recent:
-            return self.index.lookup(ids)
+            return self.store.lookup(ids)
         for i, (pulled, rows) in enumerate(recent):
             if np.array_equal(pulled, ids):
                 del recent[i]
@@ -185,7 +147,7 @@ class SparseTable:
                 rows = np.concatenate([rows_i, rows_j])[where]
                 del recent[j], recent[i]
                 return rows
-        return self.index.lookup(ids)
+        return self.store.lookup(ids)
 
     # -- updates ----------------------------------------------------------
     def push(self, trainer: int, step: int, ids: np.ndarray, grads: np.ndarray, distinct: bool = False) -> None:
@@ -195,9 +157,8 @@ class SparseTable:
             raise ConfigError(f"table {self.name}: gradients are {list(grads.shape)}, expected "
                               f"[{len(ids)}, {self.dim}] for {len(ids)} ids")
         self.membership.check_trainer(trainer)
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot push again")
-        if self.mode == "sync":
+        self.membership.check_not_left(trainer, "push again")
+        if self.mode.waits_every_step:
             self.barrier.check_arrival(trainer, step, self.version)
         started = time.perf_counter()
         if not distinct:
@@ -208,7 +169,7 @@ class SparseTable:
         rows = self._rows_of_push(trainer, ids)
         self._check_known(ids, rows)
         self.timings["push_lookup"] += time.perf_counter() - started
-        if self.mode == "async":
+        if not self.mode.waits_every_step:      # async: applied on arrival
             self._apply(rows, grads, contributors=1)
             self.version += 1
             self._maybe_evict()
@@ -225,8 +186,8 @@ class SparseTable:
             return
         unknown = ids[missing]
         unknown = unknown[admitted_by_probability(self.seed, unknown, self.admission.probability)]
-        if self.counts is not None and len(unknown):
-            unknown = unknown[self.counts.lookup(unknown) < 0]
+        if self.admission.min_count > 1 and len(unknown):
+            unknown = unknown[~self.store.counted(unknown)]
         if len(unknown):
             raise ConfigError(f"table {self.name}: gradients for {len(unknown)} ids that were never pulled "
                               f"(e.g. {unknown[:3].tolist()}); pull rows before pushing their gradients")
@@ -256,18 +217,7 @@ class SparseTable:
         if not len(rows):
             return
         started = time.perf_counter()
-        values = np.take(self.values, rows, axis=0, mode="clip")
-        slots = [np.take(s, rows, axis=0, mode="clip") for s in self.slots]
-        if self.steps is not None:
-            steps = self.steps[rows] + 1
-            self.steps[rows] = steps
-            step = steps[:, None]
-        else:
-            step = 1
-        self.rule.apply(values, grads, slots, step, scale=1.0 / contributors)
-        put_rows(self.values, rows, values)
-        for s, new in zip(self.slots, slots):
-            put_rows(s, rows, new)
+        self.store.update(rows, grads, scale=1.0 / contributors)
         self.timings["push_optimizer"] += time.perf_counter() - started
         self.rows_updated += len(rows)
 
@@ -276,29 +226,17 @@ class SparseTable:
         n = self.eviction.unseen_steps
         if not n or self.version % max(1, n // 2):
             return
-        stale = self.last_seen[:self.num_rows].astype(np.int64) < self.version - n
-        if stale.any():
-            self.evict(~stale)
-
-    def evict(self, keep: np.ndarray) -> None:
-        ids_by_row = self.ids_by_row()
-        kept = np.flatnonzero(keep)
-        self.evicted += self.num_rows - len(kept)
-        self.num_rows = len(kept)
-        self.values[:len(kept)] = self.values[kept]
-        for s in self.slots:
-            s[:len(kept)] = s[kept]
-        if self.steps is not None:
-            self.steps[:len(kept)] = self.steps[kept]
-        self.last_seen[:len(kept)] = self.last_seen[kept]
-        self.index.rebuild(ids_by_row[kept])
-        self._last_pull.clear()                 # row numbers changed
+        evicted = self.store.evict_unseen(self.version - n)
+        if evicted:
+            self.evicted += evicted
+            self._last_pull.clear()                 # row numbers changed
 
     def ids_by_row(self) -> np.ndarray:
-        return self.index.ids_by_row().copy()
+        return self.store.ids()
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.ids_by_row(), self.values[:self.num_rows].copy()
+        ids = self.store.ids()
+        return ids, self.store.gather(np.arange(len(ids)))
 
     def load(self, ids: np.ndarray, values: np.ndarray) -> None:
         """Set rows from an exported table (creating them, admission bypassed)."""
@@ -306,22 +244,52 @@ class SparseTable:
             raise ConfigError(f"table {self.name}: import of {list(values.shape)} rows, dim is {self.dim}")
         if len(np.unique(ids)) != len(ids):
             raise ConfigError(f"table {self.name}: an import names some ids twice; each id may appear once")
-        rows = self.index.lookup(ids)
+        rows = self.store.lookup(ids)
         new = rows < 0
         if new.any():
-            first = self.num_rows
-            self.limits.check("max_rows", first + int(new.sum()), f"table {self.name!r}: rows on this server")
-            self._ensure_capacity(first + int(new.sum()))
-            self.index.insert(ids[new])
-            self._init_rows(first, first + int(new.sum()))
-            self.num_rows += int(new.sum())
-            rows = self.index.lookup(ids)
-            if self.last_seen is not None:
-                self.last_seen[rows] = self.version
-        self.values[rows] = values
+            rows[new] = self._create(ids[new], values[new], self.version)
+            self.store.touch(rows, self.version)
+        self.store.set_values(rows, values)
+
+    # -- checkpoints (checkpoint_service.py) ------------------------------
+    def snapshot_page(self, start: int, count: int) -> dict[str, np.ndarray]:
+        """Rows start..start+count-1 and their state by part name; the first page also
+        carries the admission counters (``counted_ids``, ``counts``)."""
+        page = self.store.page(start, count)
+        counters = self.store.counters() if start == 0 else None
+        if counters is not None:
+            page["counted_ids"], page["counts"] = counters
+        return page
+
+    def restore_rows(self, ids: np.ndarray, values: np.ndarray, state: dict, version: int, evicted: int,
+                     reserve: int = 0, counters: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Rows of a checkpoint page (new distinct ids, checked by the caller); ``reserve``:
+        room for the rows of every page (the first page's hint), checked before anything."""
+        self.limits.check("max_rows", self.num_rows + len(ids), f"table {self.name!r}: rows on this server")
+        if reserve < 0:
+            raise ConfigError(f"restore_sparse: table {self.name!r}: reserve must be >= 0 rows, got {reserve}")
+        self.limits.check("max_rows", reserve, f"restore_sparse: table {self.name!r}: rows reserved on this server")
+        self.store.reserve(max(self.num_rows + len(ids), reserve))
+        self._create(ids, values, version, state)
+        self._last_pull.clear()
+        if counters is not None:
+            self.store.restore_counts(*counters)
+        self.version = max(self.version, version)
+        self.evicted = max(self.evicted, evicted)
+
+    # -- the reference store's arrays, for tests and benchmarks that look inside --
+    @property
+    def index(self):
+        return self.store.index
 
     @property
-    def nbytes(self) -> int:
-        per_row = [a for a in (self.values, *self.slots, self.steps, self.last_seen) if a is not None]
-        counts = self.counts.nbytes + self.count_values.nbytes if self.counts is not None else 0
-        return sum(a.nbytes for a in per_row) + self.index.nbytes + counts
+    def values(self) -> np.ndarray:
+        return self.store.values
+
+    @property
+    def slots(self) -> list:
+        return self.store.slots
+
+    @property
+    def steps(self):
+        return self.store.steps

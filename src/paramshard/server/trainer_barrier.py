@@ -51,6 +51,9 @@ class TrainerBarriers:
     def ops(self) -> dict:
         return {"barrier": self.handle_barrier}
 
+    def hooks(self) -> list:
+        return []
+
     def stats(self) -> BarrierStats:
         waiting = {}
         for name, b in self.barriers.items():
@@ -80,8 +83,7 @@ class TrainerBarriers:
             raise ConfigError(f"trainer {trainer} entered {what}: counts start at 1")
         if arrays:
             raise ConfigError(f"trainer {trainer}: {what} carries no arrays, got {len(arrays)}")
-        if trainer in self.membership.left:
-            raise ConfigError(f"trainer {trainer} already left this job and cannot enter {what}")
+        self.membership.check_not_left(trainer, f"enter {what}")
         b = self.barriers.get(name)
         if b is None:
             if len(self.barriers) >= MAX_BARRIERS:

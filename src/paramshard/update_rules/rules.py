@@ -1,4 +1,4 @@
-"""Server-side update rules, in place on numpy arrays.
+"""The update rules, in place on numpy arrays (servers and collective mode alike).
 
 The formulas are torch.optim's (SGD, SGD with momentum, Adagrad, Adam) plus
 FTRL-Proximal, so a model trained through the servers matches one trained with

@@ -1,0 +1,102 @@
+"""The storage contract of one sparse table partition: what a row store must do.
+
+A ``SparseTable`` (sparse_table.py) decides *what* happens to rows (sync steps,
+admission and eviction policies, which pull a push belongs to); a ``RowStore``
+holds them: the id -> row index, the row values, the update rule's per-row
+state, per-row update counts and last-seen steps, and the admission counters.
+Services never touch a store's arrays: the sparse and checkpoint services go
+through the table, the table through this contract.
+
+Everything is batched: ids come in as a uint64 array, rows are int64 handles
+(-1: no row), values come out as float32 [n, dim] arrays; no call is per row.
+A handle stays valid until the next ``evict_unseen`` or ``clear``. There is
+exactly one way to create rows, ``create``: first touch, import and checkpoint
+restore all use it, with their own initial values and state.
+
+``numpy_row_store.NumpyRowStore`` is the reference implementation (vectorised
+numpy). A compiled or tiered store (issue 22) implements the same contract and
+must give bit-identical tables for the same calls.
+
+State travels as named arrays, the names of a checkpoint page
+(checkpoint_service.py): ``slot0``.. (the rule's state, float32 [n, dim]),
+``steps`` (update counts, for rules that read them) and ``last_seen`` (the table
+version that last touched a row, kept when eviction is on).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+import numpy as np
+
+
+class RowStore(Protocol):
+    dim: int
+    slot_count: int          # state arrays of the update rule, per row
+
+    @property
+    def num_rows(self) -> int:
+        """Rows held."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: rows, state, index and admission counters (the ``stats`` figure)."""
+
+    @property
+    def keeps_steps(self) -> bool:
+        """Per-row update counts are kept (the rule reads them)."""
+
+    @property
+    def keeps_last_seen(self) -> bool:
+        """Per-row last-seen versions are kept (eviction is on)."""
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows now, so filling never copies or rehashes; nothing created."""
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Row handle of each id (ids may repeat), -1 where the id has no row."""
+
+    def create(self, ids: np.ndarray, values: np.ndarray, version: int,
+               state: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """The one row-creation path. ``ids``: distinct, none with a row yet; ``values``: their
+        float32 [n, dim] rows. ``state`` (by part name) sets the rule's state, update counts and
+        last-seen versions; what it leaves out starts fresh (the rule's initial state, 0 updates,
+        last seen at ``version``). All or nothing: a failure leaves the store as it was.
+        Returns the new rows' handles, in the order of ``ids``."""
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The values of rows ``rows`` (all >= 0), float32 [len(rows), dim], a new array."""
+
+    def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite the values of rows ``rows`` (an import); their state is kept."""
+
+    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
+        """Apply the update rule to distinct rows ``rows`` (all >= 0) with gradients
+        ``scale * grads``, counting one update of each."""
+
+    def touch(self, rows: np.ndarray, version: int) -> None:
+        """Rows ``rows`` (all >= 0) were pulled at table version ``version`` (eviction's clock)."""
+
+    def count(self, ids: np.ndarray) -> np.ndarray:
+        """Admission counters: count one sighting of each of the distinct ``ids``; their counts now."""
+
+    def counted(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id has an admission counter (bool)."""
+
+    def restore_counts(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        """Set the admission counters of ``ids`` (a checkpoint's)."""
+
+    def evict_unseen(self, before: int) -> int:
+        """Drop the rows last seen before version ``before``; how many. Handles change."""
+
+    def ids(self) -> np.ndarray:
+        """Every id with a row, in row order (a copy)."""
+
+    def page(self, start: int, count: int) -> dict[str, np.ndarray]:
+        """Rows start..start+count-1 as named arrays: ``ids``, ``values``, then the state parts
+        kept (``slot0``.., ``steps``, ``last_seen``); copies."""
+
+    def counters(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, counts) of the admission counters, None when the table counts nothing."""
+
+    def clear(self) -> None:
+        """Drop every row and counter (capacity may be kept)."""

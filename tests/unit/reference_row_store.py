@@ -1,0 +1,106 @@
+"""A RowStore (server/row_store.py) written the slow, obvious way: a dict and one Python call per
+row. The oracle for the contract: any store must give the same tables for the same calls."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class DictRowStore:
+    def __init__(self, dim, rule, keep_last_seen, count_admissions, **ignored):   # max_rows, capacity
+        self.dim, self.rule = dim, rule
+        self.slot_count = len(rule.init_slots((1, dim)))
+        self.keeps_steps, self.keeps_last_seen = rule.uses_step, keep_last_seen
+        self.counting = count_admissions
+        self.clear()
+
+    def clear(self):
+        self.row_of, self.rows, self.seen = {}, [], {}    # rows: [id, values, slots, steps, last_seen]
+
+    @property
+    def num_rows(self):
+        return len(self.rows)
+
+    @property
+    def nbytes(self):
+        per_row = self.dim * 4 * (1 + self.slot_count) + 4 * (self.keeps_steps + self.keeps_last_seen) + 8
+        return len(self.rows) * per_row + 12 * len(self.seen)
+
+    def reserve(self, rows):
+        pass
+
+    def lookup(self, ids):
+        return np.array([self.row_of.get(int(i), -1) for i in ids], np.int64)
+
+    def create(self, ids, values, version, state=None):
+        state = state or {}
+        out = []
+        for k, i in enumerate(ids):
+            slots = [s[0].copy() for s in self.rule.init_slots((1, self.dim))]
+            for j in range(self.slot_count):
+                if f"slot{j}" in state:
+                    slots[j] = state[f"slot{j}"][k].copy()
+            steps = int(state["steps"][k]) if "steps" in state else 0
+            last = int(state["last_seen"][k]) if "last_seen" in state else version
+            self.row_of[int(i)] = len(self.rows)
+            out.append(len(self.rows))
+            self.rows.append([int(i), np.array(values[k], np.float32), slots, steps, last])
+        return np.array(out, np.int64)
+
+    def gather(self, rows):
+        return np.array([self.rows[r][1] for r in rows], np.float32).reshape(len(rows), self.dim)
+
+    def set_values(self, rows, values):
+        for r, v in zip(rows, values):
+            self.rows[r][1] = np.array(v, np.float32)
+
+    def update(self, rows, grads, scale):
+        for r, g in zip(rows, grads):
+            row = self.rows[r]
+            row[3] += 1
+            param, slots = row[1][None, :].copy(), [s[None, :].copy() for s in row[2]]
+            step = np.array([[row[3]]], np.uint32) if self.keeps_steps else 1
+            self.rule.apply(param, g[None, :], slots, step, scale=scale)
+            row[1], row[2] = param[0], [s[0] for s in slots]
+
+    def touch(self, rows, version):
+        for r in rows:
+            self.rows[r][4] = version
+
+    def count(self, ids):
+        for i in ids:
+            self.seen[int(i)] = self.seen.get(int(i), 0) + 1
+        return np.array([self.seen[int(i)] for i in ids], np.uint32)
+
+    def counted(self, ids):
+        return np.array([int(i) in self.seen for i in ids], bool)
+
+    def restore_counts(self, ids, counts):
+        if self.counting:
+            self.seen.update((int(i), int(c)) for i, c in zip(ids, counts))
+
+    def counters(self):
+        if not self.counting:
+            return None
+        return np.array(list(self.seen), np.uint64), np.array(list(self.seen.values()), np.int64)
+
+    def evict_unseen(self, before):
+        kept = [row for row in self.rows if row[4] >= before]
+        evicted = len(self.rows) - len(kept)
+        self.rows = kept
+        self.row_of = {row[0]: r for r, row in enumerate(kept)}
+        return evicted
+
+    def ids(self):
+        return np.array([row[0] for row in self.rows], np.uint64)
+
+    def page(self, start, count):
+        rows = self.rows[start:start + count]
+        out = {"ids": np.array([r[0] for r in rows], np.uint64),
+               "values": np.array([r[1] for r in rows], np.float32).reshape(len(rows), self.dim)}
+        for j in range(self.slot_count):
+            out[f"slot{j}"] = np.array([r[2][j] for r in rows], np.float32).reshape(len(rows), self.dim)
+        if self.keeps_steps:
+            out["steps"] = np.array([r[3] for r in rows], np.int64)
+        if self.keeps_last_seen:
+            out["last_seen"] = np.array([r[4] for r in rows], np.int64)
+        return out

@@ -1,0 +1,110 @@
+"""server/checkpoint_service.py on a ServerContext, no sockets: sparse pages out and back in
+(bit-identical, admission counters included), what a restore refuses, and the async cut."""
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.errors import ConfigError
+from paramshard.mode import Mode
+from paramshard.server.checkpoint_service import CheckpointService
+from paramshard.server.dense import DenseStore
+from paramshard.server.hooks import Incoming, Verdict
+from paramshard.server.replies import Deferred
+from paramshard.server.sparse_service import SparseService
+from paramshard.tables import Admission, Eviction, policy_to_wire
+
+from .server_fakes import context
+
+
+def service_with_table(mode=Mode.ASYNC, admission=Admission(min_count=2), optimizer=ps.optim.Adam(lr=0.01)):
+    ctx = context(mode, trainers=1)
+    sparse = SparseService(mode, ctx.membership)
+    sparse.handle_register_sparse({"table": "t", "trainer": 0, "dim": 3, "seed": 9, "optimizer": optimizer.to_wire(),
+                                   "policy": policy_to_wire(admission, Eviction(unseen_steps=50), 0.1)}, [])
+    return ctx, sparse, CheckpointService(DenseStore(mode, ctx.membership), sparse, ctx)
+
+
+def train(sparse, steps=6):
+    rng = np.random.default_rng(3)
+    for step in range(steps):
+        ids = np.unique(rng.integers(0, 40, 15).astype(np.uint64))
+        sparse.handle_pull_sparse({"table": "t", "trainer": 0, "min_version": 0}, [ids]).make_reply()
+        sparse.handle_push_sparse({"table": "t", "trainer": 0, "step": step, "distinct": True},
+                                  [ids, rng.standard_normal((len(ids), 3)).astype(np.float32)])
+
+
+def snapshot(checkpoints, page=7):
+    pages, start = [], 0
+    while True:
+        reply = checkpoints.handle_snapshot_sparse({"table": "t", "start": start, "count": page}, [])
+        pages.append(reply)
+        start += page
+        if start >= reply.fields["rows"]:
+            return pages
+
+
+def test_pages_restore_into_an_equal_table():
+    _, sparse, checkpoints = service_with_table()
+    train(sparse)
+    pages = snapshot(checkpoints)
+    assert pages[0].fields["parts"] == ["ids", "values", "slot0", "slot1", "steps", "last_seen", "counted_ids", "counts"]
+    assert "counted_ids" not in pages[1].fields["parts"]            # counters travel on the first page only
+    _, copy_sparse, copy = service_with_table()
+    total = pages[0].fields["rows"]
+    for i, page in enumerate(pages):
+        header = {"table": "t", "trainer": 0, "parts": page.fields["parts"], "version": page.fields["version"],
+                  "evicted": page.fields["evicted"], **({"reserve": total} if i == 0 else {})}
+        copy.handle_restore_sparse(header, list(page.arrays))
+    again = snapshot(copy)
+    for before, after in zip(pages, again):
+        assert before.fields == after.fields
+        for a, b in zip(before.arrays, after.arrays):
+            np.testing.assert_array_equal(a, b)
+    original, restored = sparse.tables["t"], copy_sparse.tables["t"]
+    assert restored.version == original.version == 6 and restored.num_rows == original.num_rows
+
+
+def test_a_restore_is_checked_before_it_changes_anything():
+    _, sparse, checkpoints = service_with_table(admission=Admission())
+    table = sparse.tables["t"]
+    ids, values = np.array([1, 2], np.uint64), np.zeros((2, 3), np.float32)
+    slots = [np.zeros((2, 3), np.float32)] * 2
+    header = {"table": "t", "trainer": 0, "parts": ["ids", "values", "slot0", "slot1"], "version": 0, "evicted": 0}
+    with pytest.raises(ConfigError, match="only the chief"):
+        checkpoints.handle_restore_sparse(dict(header, trainer=1), [ids, values, *slots])
+    with pytest.raises(ConfigError, match="some ids appear twice"):
+        checkpoints.handle_restore_sparse(header, [np.array([1, 1], np.uint64), values, *slots])
+    with pytest.raises(ConfigError, match="slot1 must be float32"):
+        checkpoints.handle_restore_sparse(header, [ids, values, slots[0], np.zeros((2, 2), np.float32)])
+    with pytest.raises(ConfigError, match="reserve must be >= 0"):
+        checkpoints.handle_restore_sparse(dict(header, reserve=-1), [ids, values, *slots])
+    assert table.num_rows == 0
+    checkpoints.handle_restore_sparse(header, [ids, values, *slots])
+    with pytest.raises(ConfigError, match="already has rows"):
+        checkpoints.handle_restore_sparse(header, [ids, values, *slots])
+    assert table.num_rows == 2
+
+
+def test_a_sync_snapshot_waits_for_the_step_it_asks_for():
+    _, sparse, checkpoints = service_with_table(Mode.SYNC)
+    waits = checkpoints.handle_snapshot_sparse({"table": "t", "start": 0, "count": 10, "min_version": 1}, [])
+    assert isinstance(waits, Deferred) and not waits.ready() and waits.waits_on() == [0]
+    train(sparse, steps=1)
+    assert waits.ready() and waits.make_reply().fields["version"] == 1
+
+
+def test_the_async_cut_holds_pushes_and_releases_them_through_the_context():
+    ctx, _, checkpoints = service_with_table()
+    hook, = checkpoints.hooks()
+    push = Incoming("push_sparse", {"step": 4, "table": "t"}, 0, held="frames of step 4")
+    hook.applied(Incoming("push_sparse", {"step": 3, "table": "t"}, 0))
+    assert checkpoints.handle_pause_pushes({}, []).fields == {"applied": [["sparse:t", 0, 3]]}
+    assert hook.admit(push) is Verdict.HOLD
+    with pytest.raises(ConfigError, match="list of \\[trainer, step\\] pairs"):
+        checkpoints.handle_cut_pushes({"cut": [[0]]}, [])
+    waits = checkpoints.handle_cut_pushes({"cut": [[0, 3]]}, [])
+    assert waits.ready() and ctx.resubmitted == []                     # step 4 is past the cut: still held
+    assert checkpoints.handle_resume_pushes({}, []).fields == {"released": 1}
+    assert ctx.resubmitted == ["frames of step 4"]
+    with pytest.raises(ConfigError, match="cut_pushes before pause_pushes"):
+        checkpoints.handle_cut_pushes({"cut": [[0, 3]]}, [])

@@ -1,0 +1,56 @@
+"""server/dense_handlers.py on a DenseStore, no sockets: the sync step's mean, a pull that waits
+for it, async replies with staleness and the bounded-staleness wait."""
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.errors import ConfigError
+from paramshard.server.barrier import Membership
+from paramshard.server.dense import DenseStore
+from paramshard.server.dense_handlers import DenseHandlers
+from paramshard.server.replies import Deferred, Reply
+
+
+def handlers(mode, trainers=2, max_staleness=None):
+    h = DenseHandlers(DenseStore(mode, Membership(trainers, grace=5.0), max_staleness))
+    h.handle_register_dense({"trainer": 0, "names": ["w"], "optimizer": ps.optim.SGD(lr=1.0).to_wire(),
+                             "plan_fingerprint": 1}, [np.zeros(2, np.float32)])
+    return h
+
+
+def push(h, trainer, step, grad, **extra):
+    header = {"trainer": trainer, "step": step, "names": ["w"], "reply_values": True, **extra}
+    return h.handle_push_dense(header, [np.full(2, grad, np.float32)])
+
+
+def test_sync_applies_the_mean_once_every_trainer_pushed():
+    h = handlers("sync")
+    pull = h.handle_pull_dense({"names": ["w"], "min_version": 1, "plan_fingerprint": 1}, [])
+    first = push(h, 0, 0, 1.0)
+    assert isinstance(first, Deferred) and not first.ready() and first.waits_on() == [1]
+    assert "trainers [1] have not pushed" in pull.describe()
+    push(h, 1, 0, 3.0)
+    assert first.ready() and pull.ready()
+    np.testing.assert_array_equal(pull.make_reply().arrays[0], [-2.0, -2.0])
+    with pytest.raises(ConfigError, match="shard plan"):
+        h.handle_pull_dense({"names": ["w"], "min_version": 0, "plan_fingerprint": 2}, [])
+
+
+def test_async_replies_at_once_with_staleness_and_a_copy():
+    h = handlers("async")
+    reply = push(h, 0, 0, 1.0)
+    assert isinstance(reply, Reply) and reply.fields["staleness"] == 0
+    push(h, 0, 1, 1.0)
+    assert push(h, 1, 0, 1.0).fields["staleness"] == 1
+    assert reply.arrays[0].tolist() == [-1.0, -1.0]             # a snapshot, not the live block
+    assert h.stats()["staleness"] == {"0": 2, "1": 1}
+
+
+def test_the_staleness_bound_holds_the_fast_trainer_until_the_slow_one_catches_up():
+    h = handlers("async", max_staleness=0)
+    assert isinstance(push(h, 0, 0, 1.0, resume_step=1), Deferred)
+    waiting = push(h, 0, 1, 1.0, resume_step=2)
+    assert not waiting.ready() and waiting.waits_on() == [1] and "--max-staleness 0" in waiting.describe()
+    push(h, 1, 0, 1.0)
+    push(h, 1, 1, 1.0)
+    assert waiting.ready()

@@ -1,0 +1,140 @@
+"""The RowStore contract (server/row_store.py): the numpy store against a dict-and-loop oracle,
+call for call, for every update rule; the one creation path's all-or-nothing; snapshot pages
+that restore into an equal store."""
+import numpy as np
+import pytest
+
+from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
+from paramshard.server.barrier import Membership
+from paramshard.server.numpy_row_store import NumpyRowStore
+from paramshard.server.sparse_table import SparseTable
+from paramshard.sparse_hash import initial_rows
+from paramshard.tables import Admission, Eviction
+from paramshard.update_rules import make_rule
+
+from .reference_row_store import DictRowStore
+
+DIM = 3
+RULES = [SGD(lr=0.5), Momentum(lr=0.1, momentum=0.9), Adagrad(lr=0.1, lr_decay=0.01), Adam(lr=0.01),
+         FTRL(lr=0.1, l1=0.01)]
+
+
+def stores(optimizer, keep_last_seen=True, count=True, capacity=4):
+    rule = make_rule(optimizer)
+    return (NumpyRowStore(DIM, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
+            DictRowStore(DIM, rule, keep_last_seen, count))
+
+
+def same(a, b):
+    assert a.num_rows == b.num_rows
+    pa, pb = a.page(0, a.num_rows + 1), b.page(0, b.num_rows + 1)
+    assert list(pa) == list(pb)
+    for name in pa:
+        np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
+def test_the_numpy_store_matches_the_oracle_call_for_call(optimizer):
+    rng = np.random.default_rng(7)
+    fast, oracle = stores(optimizer)
+    for version in range(40):
+        ids = np.unique(rng.integers(0, 60, 12).astype(np.uint64))
+        grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        for store in (fast, oracle):
+            new = ids[store.lookup(ids) < 0]
+            if len(new):
+                store.create(new, initial_rows(5, new, DIM, 0.1), version)
+            rows = store.lookup(ids)
+            store.touch(rows[::2], version)
+            store.update(rows, grads, scale=0.5)
+        np.testing.assert_array_equal(fast.lookup(ids), oracle.lookup(ids))
+        np.testing.assert_array_equal(fast.gather(fast.lookup(ids)), oracle.gather(oracle.lookup(ids)))
+        np.testing.assert_array_equal(fast.count(ids[:3]), oracle.count(ids[:3]))
+        np.testing.assert_array_equal(fast.counted(ids), oracle.counted(ids))
+        if version % 7 == 6:                 # handles change: compare through lookups and pages
+            assert fast.evict_unseen(version - 5) == oracle.evict_unseen(version - 5)
+        same(fast, oracle)
+        np.testing.assert_array_equal(fast.ids(), oracle.ids())
+    assert 0 < fast.num_rows < 60            # some rows were evicted, some kept
+    fast_ids, fast_counts = fast.counters()
+    oracle_ids, oracle_counts = oracle.counters()
+    assert fast_ids.tolist() == oracle_ids.tolist()
+    np.testing.assert_array_equal(fast_counts, oracle_counts)
+
+
+def test_a_page_restores_into_an_equal_store_and_imports_keep_state():
+    fast, _ = stores(Adam(lr=0.01))
+    ids = np.arange(10, 20, dtype=np.uint64)
+    fast.create(ids, initial_rows(1, ids, DIM, 0.1), version=3)
+    fast.update(fast.lookup(ids[:4]), np.ones((4, DIM), np.float32), scale=1.0)
+    fast.count(ids[:2])
+    page = fast.page(0, 100)
+    copy, _ = stores(Adam(lr=0.01))
+    copy.create(page.pop("ids"), page.pop("values"), version=0, state=page)
+    copy.restore_counts(*fast.counters())
+    same(fast, copy)
+    np.testing.assert_array_equal(copy.counters()[1], fast.counters()[1])
+    rows = copy.lookup(ids[:2])
+    copy.set_values(rows, np.zeros((2, DIM), np.float32))
+    assert (copy.gather(rows) == 0).all() and (copy.page(0, 2)["steps"] == 1).all()   # state kept
+
+
+def test_a_failed_create_leaves_the_store_as_it_was(monkeypatch):
+    fast, _ = stores(SGD(), capacity=2)
+    fast.create(np.array([1, 2], np.uint64), np.ones((2, DIM), np.float32), 0)
+
+    def fail(*args):
+        raise MemoryError("simulated")
+    monkeypatch.setattr(fast.index, "insert", fail)
+    with pytest.raises(MemoryError):
+        fast.create(np.array([3, 4, 5], np.uint64), np.ones((3, DIM), np.float32), 0)
+    assert fast.num_rows == 2 and (fast.lookup(np.array([3, 4, 5], np.uint64)) == -1).all()
+    same(fast, fast)
+
+
+def test_reserve_creates_nothing_and_clear_drops_everything():
+    fast, _ = stores(Adagrad(lr=0.1))
+    fast.reserve(5000)
+    assert fast.num_rows == 0 and len(fast.values) >= 5000
+    fast.create(np.array([7], np.uint64), np.ones((1, DIM), np.float32), 0)
+    fast.count(np.array([9], np.uint64))
+    fast.clear()
+    assert fast.num_rows == 0 and fast.counters()[0].size == 0 and fast.lookup(np.array([7], np.uint64))[0] == -1
+
+
+def test_both_stores_offer_every_member_of_the_contract():
+    from paramshard.server.row_store import RowStore
+    members = {name for name in vars(RowStore) if not name.startswith("_")} | set(RowStore.__annotations__)
+    assert {"create", "lookup", "gather", "update", "evict_unseen", "page", "clear"} <= members
+    for store in stores(SGD()):
+        missing = [name for name in members if not hasattr(store, name)]
+        assert missing == [], f"{type(store).__name__} lacks {missing}"
+
+
+@pytest.mark.parametrize("mode, trainers, admission, eviction", [
+    ("async", 1, Admission(min_count=2), Eviction(unseen_steps=6)),
+    ("sync", 2, Admission(probability=0.7), Eviction()),
+    ("sync", 2, Admission(min_count=3, probability=0.8), Eviction(unseen_steps=4)),
+])
+def test_a_table_gives_the_same_rows_on_either_store(mode, trainers, admission, eviction):
+    """The table reaches its rows only through the contract: over the oracle store it pulls
+    exactly what it pulls over the numpy store, through admission, eviction and sync steps."""
+    def table(store):
+        return SparseTable("t", DIM, 11, Adam(lr=0.01), admission, eviction, 0.1, mode,
+                           Membership(trainers, grace=5.0), store=store)
+    fast, oracle = table(NumpyRowStore), table(DictRowStore)
+    rng = np.random.default_rng(1)
+    for step in range(25):
+        for trainer in range(trainers):
+            ids = rng.integers(0, 150, 30).astype(np.uint64)
+            pulled = [t.pull(ids, trainer=trainer) for t in (fast, oracle)]
+            np.testing.assert_array_equal(*pulled)
+            distinct = np.unique(ids)
+            grads = rng.standard_normal((len(distinct), DIM)).astype(np.float32)
+            for t in (fast, oracle):
+                t.push(trainer, step, distinct, grads, distinct=True)
+    assert (fast.num_rows, fast.version, fast.evicted) == (oracle.num_rows, oracle.version, oracle.evicted)
+    for got, expected in zip(fast.export(), oracle.export()):
+        np.testing.assert_array_equal(got, expected)
+    probe = np.arange(200, dtype=np.uint64)
+    np.testing.assert_array_equal(fast.pull(probe, create=False), oracle.pull(probe, create=False))
