@@ -7,7 +7,7 @@ def test_staleness_is_how_far_the_fastest_trainer_is_ahead():
     clocks = Clocks(Membership(3, grace=5.0))
     assert [clocks.pushed(0, 0), clocks.pushed(0, 1), clocks.pushed(1, 0), clocks.pushed(2, 0)] == [0, 0, 1, 1]
     assert clocks.pushed(1, 1) == 0
-    assert clocks.stats() == {"0": 3, "1": 2}
+    assert clocks.stats() == {0: 3, 1: 2}      # staleness -> steps (the wire writes the keys as text)
 
 
 def test_the_bound_waits_for_the_slowest_required_trainer():
