@@ -1,4 +1,4 @@
-"""The environment contract (DESIGN section 5): every variable, in one place.
+"""The environment contract (DESIGN appendix A.3, docs/environment.md): declared in settings/.
 
 Processes read it once, at entry, into a frozen ``ClusterEnv``. The launcher
 writes it with ``ClusterEnv.to_environ``; SSH, OpenMPI or Kubernetes set the

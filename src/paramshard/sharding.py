@@ -1,4 +1,4 @@
-"""Splitting dense parameters into blocks and placing blocks on servers (DESIGN section 2).
+"""Splitting dense parameters into blocks and placing blocks on servers (DESIGN appendix A.1).
 
 Pure functions, no I/O: every trainer and server calls ``make_plan`` with the same
 inputs and must get the same ``ShardPlan``; ``ShardPlan.fingerprint`` lets them check.

@@ -7,7 +7,7 @@ leaves the allocation's SLURM_* variables, and torchrun under srun sees both
 RANK and SLURM_PROCID; the innermost launcher is the one that counts.
 
 Every variable read here is declared in ``paramshard.env.ENGINE_VARIABLES``
-(the README's engine table is generated from it).
+(docs/engines.md's engine table is generated from it).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A trainer's progress records: steps, samples/s, loss, the user's own metrics and
 where a step's time goes (pull / compute / push), about once a second.
 
-The Trainer calls ``on_step`` from ``step()``; users add values with
+The Trainer's listener (trainer_watch.TrainerWatch.after_step) calls ``on_step`` after each step; users add values with
 ``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``. Under
 ``paramshard launch`` (PARAMSHARD_RECORDS=stdout) each record is one stdout
 line behind ``records.MARK``, which the launcher takes out of the output and

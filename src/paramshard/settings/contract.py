@@ -133,7 +133,7 @@ CONTRACT: tuple[Setting, ...] = (
             "sparse tables on the servers, sync steps)", "mode", Mode.SYNC, "Mode", Mode.parse, keep_empty=True,
             coerce=Mode.parse, always=True, scopes=frozenset({JOB, LAUNCH, K8S}),
             flags=(flag("launch", "--mode", _MODE_HELP + " (DDP); hybrid: dense by allreduce, sparse tables on the "
-                        "servers (README \"Choosing a mode\")", choices=MODES, default="sync"),
+                        "servers (docs/modes.md)", choices=MODES, default="sync"),
                    flag("k8s", "--mode", _MODE_HELP + " among the trainers; hybrid: dense by allreduce, sparse "
                         "tables on the servers", choices=MODES, default="sync"),
                    flag("run", "--mode", "sync or async (default: PARAMSHARD_MODE, else sync)", choices=MODES))),
@@ -173,17 +173,16 @@ CONTRACT: tuple[Setting, ...] = (
             "PARAMSHARD_SERVERS)", "bind"),
     Setting("PARAMSHARD_SECRET", "shared secret: every connection is encrypted and authenticated with CurveZMQ, "
             "keys derived from it and the job id. Unset, `paramshard launch` and `paramshard run` make a random one "
-            "per job (README \"Security\"); the launcher passes it on", "secret", scopes=_LAUNCHED, inherit=True,
+            "per job (docs/security.md); the launcher passes it on", "secret", scopes=_LAUNCHED, inherit=True,
             hidden=True),
     Setting("PARAMSHARD_INSECURE", "`1`: no secret is made, connections are plain TCP (`launch --insecure`, "
             "`run --insecure`); refused together with PARAMSHARD_SECRET or PARAMSHARD_KEYS_DIR", "insecure", False,
             "bool", _yes_no, ": expected 1 (yes) or 0 (no)", text=lambda v: "1",
             scopes=frozenset({JOB, LAUNCH, K8S}), inherit=True,
             flags=(flag("launch", "--insecure", "plain TCP between the processes (also PARAMSHARD_INSECURE=1); by "
-                        "default the job gets a random secret and every connection is CurveZMQ (README "
-                        "\"Security\")", action="store_true"),
+                        "default the job gets a random secret and every connection is CurveZMQ (docs/security.md)", action="store_true"),
                    flag("run", "--insecure", "plain TCP between the ranks (also PARAMSHARD_INSECURE=1); by default "
-                        "they share a random secret and every connection is CurveZMQ (README \"Security\")",
+                        "they share a random secret and every connection is CurveZMQ (docs/security.md)",
                         action="store_true"),
                    flag("k8s", "--insecure", "no secret at all: connections to the servers are plain, "
                         "unauthenticated TCP and the pods get PARAMSHARD_INSECURE=1; only for a network no one "
@@ -191,7 +190,7 @@ CONTRACT: tuple[Setting, ...] = (
     Setting("PARAMSHARD_JOB_ID", "name of this job, the same on every process; mixed into the keys so two jobs "
             "with one secret never accept each other's traffic (the launcher makes one)", "job_id", "", "str",
             keep_empty=True, scopes=_LAUNCHED, inherit=True, launch_factory=new_job_id),
-    Setting("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (see the README's security section)",
+    Setting("PARAMSHARD_KEYS_DIR", "CurveZMQ key files instead of a secret (docs/security.md)",
             "keys_dir", scopes=_LAUNCHED, inherit=True),
     Setting("PARAMSHARD_WHERE", "where this process runs, for its log lines (`paramshard run` sets e.g. "
             "`rank 3 on node7`)", "where", "", "str", keep_empty=True),

@@ -1,1 +1,1 @@
-"""Wire protocol (DESIGN section 4): msgpack headers, raw array frames, ZeroMQ sockets."""
+"""Wire protocol (DESIGN section 3, appendix A.2): msgpack headers, raw array frames, ZeroMQ sockets."""
