@@ -123,11 +123,13 @@ def test_launch_config_takes_a_script_or_a_module():
 def test_missing_module_fails_the_job_naming_the_trainer(tmp_path):
     start = time.monotonic()
     code, output = launch("--servers", 1, "--trainers", 2, "-m", "psmod_no_such.train", "--epochs", "1",
-                          cwd=tmp_path, timeout=45)
+                          cwd=tmp_path, timeout=90)
     assert code == 1, output
     assert "No module named 'psmod_no_such'" in output
     assert "first failure: trainer " in output and "exit code 1" in output
-    assert time.monotonic() - start < 30, output
+    # Had the launcher not stopped the job, the server would wait its 120 s timeout for the trainers:
+    # 60 s tells the two apart with a busy machine's start of the 3 processes in it.
+    assert time.monotonic() - start < 60, output
 
 
 def test_thread_share_of_the_host():
