@@ -37,8 +37,16 @@ def assert_failure_named(result, trainer=1, rank=3):
     assert result.seconds < 60, result
 
 
-def test_torchrun_trains_with_two_servers_and_two_trainers():
-    result = run_job(torchrun(4, "--servers", "2", ORACLE), malloc_tuned=False)
+@pytest.fixture(scope="module")
+def torchrun_2_2(tmp_path_factory):
+    """torchrun of 2 servers + 2 trainers with a run directory, as a user types it (without the
+    malloc settings, which `paramshard run` then restarts each rank with): (result, run dir)."""
+    run = tmp_path_factory.mktemp("torchrun") / "run"
+    return run_job(torchrun(4, "--servers", "2", "--run-dir", str(run), ORACLE), malloc_tuned=False), run
+
+
+def test_torchrun_trains_with_two_servers_and_two_trainers(torchrun_2_2):
+    result, _ = torchrun_2_2
     assert_trained(result)
     assert "2 servers, 2 trainers under torchrun" in result.output, result
 
@@ -150,12 +158,11 @@ def test_mpirun_over_two_hosts_servers_advertise_their_own_host(ssh_hosts):
 
 
 
-def test_torchrun_with_a_run_directory_every_rank_writes_its_records(tmp_path):
+def test_torchrun_with_a_run_directory_every_rank_writes_its_records(torchrun_2_2):
     import json
     import subprocess
     import sys
-    run = tmp_path / "run"
-    result = run_job(torchrun(4, "--servers", "2", "--run-dir", str(run), ORACLE))
+    result, run = torchrun_2_2
     assert_trained(result)
     ranks = sorted(p.name for p in (run / "ranks").iterdir())
     assert ranks == ["server-0.json", "server-1.json", "trainer-0.json", "trainer-1.json"]
