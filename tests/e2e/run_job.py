@@ -69,8 +69,9 @@ def run_job(argv: list[str], env: dict | None = None, timeout: float = 120.0, cw
     exits, wait up to ``settle`` s for its processes to end, then kill (and report) the rest.
 
     ``malloc_tuned``: the job starts with the malloc settings (GLIBC_TUNABLES) that `paramshard run`
-    would otherwise restart each rank with (cli/run.py), which costs a second start of Python and
-    torch per rank. The first job of each engine passes False and takes that path."""
+    would otherwise restart each rank with (cli/run.py), which costs each rank a second start of
+    Python and of `import paramshard` (about 1 s of CPU, most of it pandas). The first job of each
+    engine passes False and takes that path."""
     mark = uuid.uuid4().hex
     tuned = {"GLIBC_TUNABLES": MALLOC_TUNABLES} if malloc_tuned else {}
     full_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **tuned, **(env or {}), MARK: mark}
