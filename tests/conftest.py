@@ -8,7 +8,7 @@ import pytest
 from paramshard.env import ClusterEnv
 from paramshard.launch.ports import free_ports
 from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child
+from paramshard.launch.processes import Child, stop_all
 
 
 def pytest_configure(config):
@@ -39,8 +39,7 @@ class Cluster:
         return dataclasses.replace(self.base, role="trainer", trainer_id=trainer_id, **overrides)
 
     def close(self):
-        for child in self.children:
-            child.stop(grace=3)
+        stop_all(self.children, grace=3)       # together: one grace period, not one per server
 
 
 @pytest.fixture

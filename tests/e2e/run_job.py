@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+from paramshard.launch.api import MALLOC_TUNABLES
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 PARAMSHARD = str(VENV_BIN / "paramshard")
@@ -62,11 +64,19 @@ def rank_pids(mark: str, role: str, index: int) -> list[int]:
 
 
 def run_job(argv: list[str], env: dict | None = None, timeout: float = 120.0, cwd: str | Path = REPO,
-            settle: float = 5.0) -> JobResult:
+            settle: float = 5.0, malloc_tuned: bool = True) -> JobResult:
     """Run ``argv`` in its own process group; kill the group at the deadline. After it
-    exits, wait up to ``settle`` s for its processes to end, then kill (and report) the rest."""
+    exits, wait up to ``settle`` s for its processes to end, then kill (and report) the rest.
+
+    ``malloc_tuned``: the job starts with the malloc settings (GLIBC_TUNABLES) that `paramshard run`
+    would otherwise restart each rank with (cli/run.py), which costs each rank a second start of
+    Python and of `import paramshard` (about 1 s of CPU, most of it pandas). The first job of each
+    engine passes False and takes that path."""
     mark = uuid.uuid4().hex
-    full_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **(env or {}), MARK: mark}
+    tuned = {"GLIBC_TUNABLES": MALLOC_TUNABLES} if malloc_tuned else {}
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **tuned, **(env or {}), MARK: mark}
+    if not malloc_tuned:
+        full_env.pop("GLIBC_TUNABLES", None)
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

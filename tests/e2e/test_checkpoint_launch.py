@@ -6,6 +6,9 @@ import signal
 import subprocess
 import time
 
+import pytest
+
+from tests.e2e.in_process import cli_in_process
 from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "resumable.py")
@@ -24,6 +27,14 @@ def final_hash(output):
     return found[0]
 
 
+@pytest.fixture(scope="module")
+def whole_16():
+    """The final model of the undisturbed 16-step run: the oracle of every disturbed run below."""
+    code, whole = launch(SCRIPT, "--steps", "16")
+    assert code == 0, whole[-4000:]
+    return final_hash(whole)
+
+
 def test_stop_then_resume_equals_one_run(tmp_path):
     code, whole = launch(SCRIPT, "--steps", "12")
     assert code == 0, whole[-4000:]
@@ -38,9 +49,10 @@ def test_stop_then_resume_equals_one_run(tmp_path):
     assert (ckpt / "step-00000012").is_dir()
 
 
-def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path):
-    code, out = launch("--checkpoint-dir", str(tmp_path / "none"), "--resume", SCRIPT)
-    assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in out, out
+def test_resume_from_nothing_is_an_error_naming_the_directory(tmp_path, capsys):
+    code, out, err = cli_in_process(capsys, "launch", "--servers", "2", "--trainers", "2", "--checkpoint-dir",
+                                    tmp_path / "none", "--resume", SCRIPT)
+    assert code == 2 and f"checkpoint {tmp_path / 'none'} does not exist" in err, out + err
 
 
 def _launch_with_restarts(ckpt, mark: str, every: int, steps: int, delay: float, *flags: str) -> subprocess.Popen:
@@ -83,9 +95,7 @@ def _kill_mid_run(tmp_path, role, rank, sig=signal.SIGKILL, *flags):
     return proc.returncode, out
 
 
-def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_path):
-    code, whole = launch(SCRIPT, "--steps", "16")
-    assert code == 0, whole[-4000:]
+def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_path, whole_16):
     code, out = _kill_mid_run(tmp_path, "server", 1)
     assert code == 0, out[-6000:]
     assert "restarting it in place on 127.0.0.1:" in out, out[-6000:]
@@ -94,17 +104,15 @@ def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_pat
     assert all(int(back_to) == 5 and int(n) >= 1 for _, _, back_to, n in replayed), replayed   # steps replayed
     # The trainers were not restarted: each script started once.
     assert out.count("trainer 0 starts at step") == 1 and out.count("trainer 1 starts at step") == 1, out[-6000:]
-    assert final_hash(out) == final_hash(whole)
+    assert final_hash(out) == whole_16
 
 
-def test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart(tmp_path):
+def test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart(tmp_path, whole_16):
     """SIGSTOP server 1 for good (longer than the timeout): server 0 names it in its status
     lines, the launcher SIGKILLs it and restarts it alone, one restart spent, and the job ends
     as an undisturbed run does. The timeout, 20 s, is the trainers' deadline for the servers to
     come back (a busy machine takes seconds to start one); under the 5 s heartbeat it would fail
     their requests with DeadlineExceeded before they see the server gone."""
-    code, whole = launch(SCRIPT, "--steps", "16")
-    assert code == 0, whole[-4000:]
     code, out = _kill_mid_run(tmp_path, "server", 1, signal.SIGSTOP, "--timeout", "20")
     assert code == 0, out[-6000:]
     assert re.search(r"server 1 \(pid \d+ on this machine\) is hung: server 0 lost its heartbeat, and it has said "
@@ -119,16 +127,14 @@ def test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart(tmp_path
     replayed = re.findall(r"trainer (\d): rolled back from step (\d+) to checkpoint step (\d+)", out)
     assert {t for t, *_ in replayed} == {"0", "1"}, out[-6000:]
     assert out.count("trainer 0 starts at step") == 1 and out.count("trainer 1 starts at step") == 1, out[-6000:]
-    assert final_hash(out) == final_hash(whole)
+    assert final_hash(out) == whole_16
 
 
-def test_a_killed_trainer_restarts_the_job_from_the_latest_checkpoint(tmp_path):
-    code, whole = launch(SCRIPT, "--steps", "16")
-    assert code == 0, whole[-4000:]
+def test_a_killed_trainer_restarts_the_job_from_the_latest_checkpoint(tmp_path, whole_16):
     code, out = _kill_mid_run(tmp_path, "trainer", 1)
     assert code == 0, out[-6000:]
     assert re.search(r"restart 1 of 1: every server and trainer starts again from checkpoint step \d+", out), out
-    assert final_hash(out) == final_hash(whole)
+    assert final_hash(out) == whole_16
 
 
 SURVIVOR = str(REPO / "tests" / "e2e" / "scripts" / "async_survivor.py")
@@ -148,9 +154,10 @@ def test_without_min_trainers_a_dead_trainer_stops_the_job():
     assert "first failure: trainer 1" in out, out[-4000:]
 
 
-def test_min_trainers_needs_async():
-    code, out = launch("--min-trainers", "1", SURVIVOR)
-    assert code == 2 and "--min-trainers 1: needs --mode async" in out, out
+def test_min_trainers_needs_async(capsys):
+    code, out, err = cli_in_process(capsys, "launch", "--servers", "2", "--trainers", "2", "--min-trainers", "1",
+                                    SURVIVOR)
+    assert code == 2 and "--min-trainers 1: needs --mode async" in err, out + err
 
 
 def test_a_server_dead_before_the_first_checkpoint_fails_the_job_fast(tmp_path):

@@ -16,7 +16,9 @@ import pytest
 
 import paramshard
 from paramshard.cli.main import build_parser
+from paramshard.log import level_from_environ
 from paramshard.sharding import ParamSpec, make_plan
+from tests.e2e.in_process import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "export-model", "run", "k8s",
@@ -52,15 +54,16 @@ def test_help_shows_defaults_and_an_example(name):
             assert "default" in shown, (name, action.option_strings, shown)
 
 
-def test_gen_data_creates_missing_directories_and_leaves_no_temporary(tmp_path):
+def test_gen_data_creates_missing_directories_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
     r = cli("gen-data", "a/b/c.tsv", "--rows", 50, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "wrote 50 rows to a/b/c.tsv" in r.stdout
     assert len((tmp_path / "a/b/c.tsv").read_text().splitlines()) == 50
     assert [p.name for p in (tmp_path / "a/b").iterdir()] == ["c.tsv"]
     (tmp_path / "file").write_text("")
-    r = cli("gen-data", "file/x.tsv", "--rows", 5, cwd=tmp_path)
-    assert r.returncode == 2 and "a file is in the way" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(capsys, "gen-data", "file/x.tsv", "--rows", 5)
+    assert code == 2 and "a file is in the way" in err and "Traceback" not in err
 
 
 MODEL = textwrap.dedent("""
@@ -95,26 +98,46 @@ NET = [ParamSpec("fc1.weight", (512, 784)), ParamSpec("fc1.bias", (512,)), Param
        ParamSpec("fc2.bias", (10,))]
 
 
-def test_plan_reads_shapes_from_a_model_or_a_script(tmp_path):
+def test_plan_reads_shapes_from_a_model_or_a_script(tmp_path, capsys, monkeypatch):
     (tmp_path / "netmod.py").write_text(MODEL)
     (tmp_path / "train.py").write_text(SCRIPT)
     want = make_plan(NET, 3).to_json()
-    r = cli("plan", "--servers", 3, "--model", "netmod:Net", "--json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == want
+    # In this process (netmod, imported from the working directory, is forgotten at the end), and
+    # --script, which runs a user's script with a stand-in Trainer, once as the real command.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        code, out, err = cli_in_process(capsys, "plan", "--servers", 3, "--model", "netmod:Net", "--json")
+        assert code == 0, err
+        assert json.loads(out) == want
+        code, _, err = cli_in_process(capsys, "plan", "--servers", 3, "--model", "netmod:Nope")
+        assert code == 2 and "netmod has no Nope" in err
+        code, _, err = cli_in_process(capsys, "plan", "--servers", 3, "--model", "netmod:Net", "--param", "a=3")
+        assert code == 2 and "not allowed with" in err
+        code, _, err = cli_in_process(capsys, "plan", "--servers", 3, "--script", "train.py")   # no --tag
+        assert code == 2 and "exited (2) before constructing ps.Trainer" in err
+    finally:
+        sys.modules.pop("netmod", None)
     r = cli("plan", "--servers", 3, "--script", "train.py", "--script-args=--tag x", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == want                  # the script's print went to stderr
     assert "script output x 3" in r.stderr
-    r = cli("plan", "--servers", 3, "--script", "train.py", cwd=tmp_path)
-    assert r.returncode == 2 and "exited (2) before constructing ps.Trainer" in r.stderr
-    r = cli("plan", "--servers", 3, "--model", "netmod:Nope", cwd=tmp_path)
-    assert r.returncode == 2 and "netmod has no Nope" in r.stderr
-    r = cli("plan", "--servers", 3, "--model", "netmod:Net", "--param", "a=3", cwd=tmp_path)
-    assert r.returncode == 2 and "not allowed with" in r.stderr
 
 
-def test_plan_suggests_balanced_when_load_is_uneven():
+@pytest.fixture
+def plan_here(capsys, monkeypatch):
+    """`paramshard plan ARGS` run by this process's own ``main``, in the environment cli() gives it."""
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("NO_COLOR", "1")
+
+    def run(*args) -> subprocess.CompletedProcess:
+        code, out, err = cli_in_process(capsys, "plan", *args)
+        return subprocess.CompletedProcess(["paramshard", "plan", *args], code, out, err)
+    return run
+
+
+def test_plan_suggests_balanced_when_load_is_uneven(plan_here):
+    cli = lambda command, *args: plan_here(*args)      # noqa: E731  (every call below is `plan`)
     uneven = ["--servers", 2, "--param", "a=5000", "--param", "b=5000", "--param", "c=10000"]
     assert make_plan([ParamSpec("a", (5000,)), ParamSpec("b", (5000,)), ParamSpec("c", (10000,))],
                      2).load_ratio() == 1.5
@@ -137,9 +160,22 @@ LEVEL_PROBE = ("import logging, paramshard.log as l; l.configure('probe'); "
                "print(logging.getLevelName(logging.getLogger('paramshard').level))")
 
 
-@pytest.mark.parametrize("value, level", [(None, "INFO"), ("debug", "DEBUG"), ("WARNING", "WARNING"),
-                                          ("ERROR", "ERROR"), ("loud", "INFO")])
+LEVELS = [(None, "INFO"), ("debug", "DEBUG"), ("WARNING", "WARNING"), ("ERROR", "ERROR"), ("loud", "INFO")]
+
+
+@pytest.mark.parametrize("value, level", LEVELS)
+def test_log_level_from_the_variable(value, level):
+    level_got, problem = level_from_environ({} if value is None else {"PARAMSHARD_LOG_LEVEL": value})
+    assert level_got == level
+    if value == "loud":
+        assert "PARAMSHARD_LOG_LEVEL='loud' is not a log level" in problem
+    else:
+        assert problem is None
+
+
+@pytest.mark.parametrize("value, level", [LEVELS[1], LEVELS[4]])
 def test_log_level_variable(value, level):
+    """A process configured by the variable (a level, and a bad value warned about on stderr)."""
     environ = {k: v for k, v in os.environ.items() if k != "PARAMSHARD_LOG_LEVEL"}
     if value is not None:
         environ["PARAMSHARD_LOG_LEVEL"] = value
@@ -153,9 +189,9 @@ def test_log_level_variable(value, level):
         assert r.stderr == ""
 
 
-def test_env_lists_the_log_level_variable():
-    r = cli("env")
-    assert r.returncode == 0 and "| `PARAMSHARD_LOG_LEVEL` |" in r.stdout
+def test_env_lists_the_log_level_variable(capsys):
+    code, out, _ = cli_in_process(capsys, "env")
+    assert code == 0 and "| `PARAMSHARD_LOG_LEVEL` |" in out
 
 
 PREPARE = textwrap.dedent("""

@@ -3,6 +3,8 @@ import re
 import subprocess
 import sys
 
+from tests.e2e.in_process import cli_in_process
+
 
 def ps(*args, cwd):
     return subprocess.run([sys.executable, "-m", "paramshard", *map(str, args)], cwd=cwd,
@@ -28,7 +30,14 @@ def test_gen_then_split(tmp_path):
         assert (tmp_path / "parts" / f"part-{k:05d}").read_bytes().splitlines(keepends=True) == lines[k::3]
 
 
-def test_bad_input_exits_2_with_a_clear_message(tmp_path):
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys, monkeypatch):
+    """The checks, run by this process's own ``main`` (the next test runs the real command)."""
+    monkeypatch.chdir(tmp_path)
+
+    def ps(*args, cwd):
+        code, out, err = cli_in_process(capsys, *args)
+        return subprocess.CompletedProcess(args, code, out, err)
+
     (tmp_path / "in.txt").write_text("a\nb\n")
     cases = [
         (["split-data", "missing.txt", "--shards", 2, "--out", "o"], "paramshard split-data: error: missing.txt: no such file"),
@@ -45,3 +54,9 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
     assert ps("split-data", "in.txt", "--shards", 1, "--out", "o", cwd=tmp_path).returncode == 0
     again = ps("split-data", "in.txt", "--shards", 1, "--out", "o", cwd=tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_bad_input_reaches_the_user_of_the_command(tmp_path):
+    got = ps("split-data", "missing.txt", "--shards", 2, "--out", "o", cwd=tmp_path)
+    assert got.returncode == 2, got.stderr
+    assert "paramshard split-data: error: missing.txt: no such file" in got.stderr and "Traceback" not in got.stderr

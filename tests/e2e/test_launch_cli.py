@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.in_process import cli_in_process
+
 SCRIPT = textwrap.dedent("""
     import os, sys
     import torch, torch.nn as nn
@@ -59,11 +61,13 @@ def test_failed_trainer_stops_the_job_and_is_named(tmp_path):
     (["--dispatch", "random"], "invalid choice: 'random'"),
     (["--timeout", "-1"], "must be > 0"),
 ])
-def test_bad_flags_get_a_clear_message(tmp_path, flags, message):
-    r = launch(tmp_path, *flags, timeout=30)
-    assert r.returncode == 2
-    assert message in r.stderr
-    assert "Traceback" not in r.stderr
+def test_bad_flags_get_a_clear_message(tmp_path, capsys, flags, message):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    code, _, err = cli_in_process(capsys, "launch", *flags, script)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
 
 
 def test_missing_script_is_reported(tmp_path):
@@ -200,7 +204,9 @@ def test_insecure_launch_runs_plain_tcp(tmp_path, how):
     assert not (tmp_path / "run" / "secret").exists()
 
 
-def test_insecure_with_a_secret_is_refused_naming_both(tmp_path):
-    r = _probe_job(tmp_path, "--insecure", env_extra={"PARAMSHARD_SECRET": "mine"})
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "PARAMSHARD_INSECURE=1 (--insecure) asks for plain TCP, but PARAMSHARD_SECRET is set too" in r.stderr
+def test_insecure_with_a_secret_is_refused_naming_both(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PARAMSHARD_SECRET", "mine")
+    code, _, err = cli_in_process(capsys, "launch", "--run-dir", tmp_path / "run", "--insecure", PROBE)
+    assert code == 2 and "Traceback" not in err
+    assert "PARAMSHARD_INSECURE=1 (--insecure) asks for plain TCP, but PARAMSHARD_SECRET is set too" in err
+    assert not (tmp_path / "run").exists()          # refused before any effect

@@ -207,13 +207,17 @@ def test_parent_death_signal_kills_a_child_whose_parent_is_sigkilled(tmp_path):
 
 
 def test_stopping_many_children_takes_one_grace_period_not_one_each(tmp_path):
+    # Each child says (with a file) when it ignores SIGTERM: a child SIGTERMed before that dies of
+    # it, where the test wants it to wait out the grace period and be SIGKILLed.
     stubborn = [sys.executable, "-c",
-                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up'); time.sleep(60)"]
+                "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(sys.argv[1], 'w').close(); time.sleep(60)"]
     devnull = open(os.devnull, "w")
-    children = [processes.Child(f"stubborn {i}", stubborn, dict(os.environ), out=devnull) for i in range(4)]
+    children = [processes.Child(f"stubborn {i}", [*stubborn, str(tmp_path / f"up-{i}")], dict(os.environ), out=devnull)
+                for i in range(4)]
     try:
-        _wait_for(lambda: all(_stat(c.pid) is not None for c in children), 10, "the children to start")
-        time.sleep(0.5)                   # let them install their SIGTERM handler
+        _wait_for(lambda: all((tmp_path / f"up-{i}").exists() for i in range(4)), 60,
+                  "the children to ignore SIGTERM")
         start = time.monotonic()
         processes.stop_all(children, grace=1.0)
         elapsed = time.monotonic() - start

@@ -1,4 +1,6 @@
-"""`paramshard plan` as a user types it: a real subprocess, stdout, stderr and exit code."""
+"""`paramshard plan` as a user types it: stdout, stderr and exit code. The literal table and one
+refusal run the real command in a subprocess; the other cases run the same ``main`` in this
+process (the same parser and output, without starting Python and torch for each case)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +12,7 @@ import sys
 import pytest
 
 from paramshard.sharding import ParamSpec, make_plan
+from tests.e2e.in_process import cli_in_process
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess:
@@ -18,6 +21,20 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess:
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "paramshard", "plan", *args],
                           capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.fixture
+def plan_here(capsys, monkeypatch):
+    """`paramshard plan ARGS` run by this process, in the environment plan_cli gives the command."""
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("NO_COLOR", "1")
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        code, out, err = cli_in_process(capsys, "plan", *args)
+        return subprocess.CompletedProcess(["paramshard", "plan", *args], code, out, err)
+    return run
 
 
 MLP = [ParamSpec("fc1.w", (784, 512)), ParamSpec("fc1.b", (512,)), ParamSpec("fc2.w", (512, 10)),
@@ -33,8 +50,8 @@ MLP_ARGS = ["--param", "fc1.w=784x512", "--param", "fc1.b=512", "--param", "fc2.
     # for legacy_v1 an explicit --min-block-size is the block size
     (["--dispatch", "legacy_v1", "--min-block-size", "5000"], dict(dispatch="legacy_v1", legacy_block_size=5000)),
 ])
-def test_json_equals_make_plan(extra, kwargs):
-    proc = plan_cli("--servers", "3", *MLP_ARGS, *extra, "--json")
+def test_json_equals_make_plan(plan_here, extra, kwargs):
+    proc = plan_here("--servers", "3", *MLP_ARGS, *extra, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == make_plan(MLP, 3, **kwargs).to_json()
 
@@ -62,15 +79,17 @@ load max/mean: 1.001 (1.000 is perfectly even)
 """
 
 
-def test_table_literal():
-    proc = plan_cli("--servers", "2", "--param", "fc.w=1000x10", "--param", "fc.b=10", "--min-block-size", "1000")
+@pytest.mark.parametrize("where", ["subprocess", "in process"])
+def test_table_literal(plan_here, where):
+    args = ("--servers", "2", "--param", "fc.w=1000x10", "--param", "fc.b=10", "--min-block-size", "1000")
+    proc = plan_cli(*args) if where == "subprocess" else plan_here(*args)
     assert proc.returncode == 0, proc.stderr
     assert "\n".join(line.rstrip() for line in proc.stdout.splitlines()) + "\n" == EXPECTED_TABLE
 
 
 @pytest.mark.parametrize("dispatch", ["round_robin", "balanced"])
-def test_table_mentions_every_server_and_the_ratio(dispatch):
-    proc = plan_cli("--servers", "5", "--dispatch", dispatch, *MLP_ARGS)
+def test_table_mentions_every_server_and_the_ratio(plan_here, dispatch):
+    proc = plan_here("--servers", "5", "--dispatch", dispatch, *MLP_ARGS)
     assert proc.returncode == 0, proc.stderr
     plan = make_plan(MLP, 5, dispatch)
     load_table = proc.stdout.split("server load")[1]
@@ -91,7 +110,18 @@ def test_table_mentions_every_server_and_the_ratio(dispatch):
     (["--param", "w=10"], "the following arguments are required: --servers"),
     (["--servers", "two", "--param", "w=10"], "invalid int value: 'two'"),
 ])
-def test_bad_input_exits_2_with_a_clear_message(args, message):
+def test_bad_input_exits_2_with_a_clear_message(plan_here, args, message):
+    proc = plan_here(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "paramshard plan: error:" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--servers", "2", "--param", "w=10x"], "shape '10x' is not dimensions joined by 'x'"),    # plan's own check
+    (["--servers", "two", "--param", "w=10"], "invalid int value: 'two'"),                     # argparse's
+])
+def test_bad_input_reaches_the_user_of_the_command(args, message):
     proc = plan_cli(*args)
     assert proc.returncode == 2
     assert message in proc.stderr and "paramshard plan: error:" in proc.stderr

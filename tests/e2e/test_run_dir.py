@@ -8,6 +8,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.in_process import cli_in_process
+
 import random
 import socket
 from contextlib import ExitStack
@@ -139,12 +141,13 @@ def test_stats_prints_the_servers_of_a_running_job(tmp_path):
         job.wait(timeout=60)
 
 
-def test_max_staleness_through_the_launcher(tmp_path):
+def test_max_staleness_through_the_launcher(tmp_path, capsys):
     run = tmp_path / "run"
     r = launch("--servers", "2", "--trainers", "2", "--mode", "async", "--max-staleness", "0", "--run-dir", str(run),
                str(SCRIPT), "--out", str(tmp_path / "out"), "--steps", "20")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["staleness"]["max"] == 0 and sum(summary["staleness"]["histogram"].values()) > 0
-    bad = launch("--servers", "1", "--trainers", "1", "--max-staleness", "1", str(SCRIPT), "--out", str(tmp_path))
-    assert bad.returncode != 0 and "--max-staleness 1: bounds async staleness" in bad.stderr + bad.stdout
+    code, out, err = cli_in_process(capsys, "launch", "--servers", "1", "--trainers", "1", "--max-staleness", "1",
+                                    SCRIPT, "--out", tmp_path)
+    assert code != 0 and "--max-staleness 1: bounds async staleness" in err + out

@@ -13,12 +13,13 @@ def slurm():
         yield cluster
 
 
-def srun(cluster, n, *args, extra=("--kill-on-bad-exit=1",)):
-    return run_job(cluster.srun_argv(n, PARAMSHARD, "run", *args, extra=extra), env=cluster.environ(), timeout=120)
+def srun(cluster, n, *args, extra=("--kill-on-bad-exit=1",), malloc_tuned=True):
+    return run_job(cluster.srun_argv(n, PARAMSHARD, "run", *args, extra=extra), env=cluster.environ(), timeout=120,
+                   malloc_tuned=malloc_tuned)
 
 
 def test_srun_trains_with_two_servers_and_two_trainers(slurm):
-    result = srun(slurm, 4, "--servers", "2", ORACLE)
+    result = srun(slurm, 4, "--servers", "2", ORACLE, malloc_tuned=False)     # each rank restarts itself tuned
     assert_trained(result)
     assert "2 servers, 2 trainers under slurm" in result.output, result
     assert f"rank 3 on {slurm.node_name}" in result.output, result

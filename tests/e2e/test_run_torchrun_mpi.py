@@ -7,6 +7,9 @@ import shutil
 
 import pytest
 
+from paramshard.env import check_server_count
+from paramshard.errors import ConfigError
+from tests.e2e.in_process import cli_in_process
 from tests.e2e.run_job import ORACLE, PARAMSHARD, VENV_BIN, run_job
 from tests.engines.sshd import ssh_hosts  # noqa: F401  (the fixture)
 
@@ -34,8 +37,16 @@ def assert_failure_named(result, trainer=1, rank=3):
     assert result.seconds < 60, result
 
 
-def test_torchrun_trains_with_two_servers_and_two_trainers():
-    result = run_job(torchrun(4, "--servers", "2", ORACLE))
+@pytest.fixture(scope="module")
+def torchrun_2_2(tmp_path_factory):
+    """torchrun of 2 servers + 2 trainers with a run directory, as a user types it (without the
+    malloc settings, which `paramshard run` then restarts each rank with): (result, run dir)."""
+    run = tmp_path_factory.mktemp("torchrun") / "run"
+    return run_job(torchrun(4, "--servers", "2", "--run-dir", str(run), ORACLE), malloc_tuned=False), run
+
+
+def test_torchrun_trains_with_two_servers_and_two_trainers(torchrun_2_2):
+    result, _ = torchrun_2_2
     assert_trained(result)
     assert "2 servers, 2 trainers under torchrun" in result.output, result
 
@@ -47,15 +58,28 @@ def test_torchrun_a_dead_trainer_ends_the_job_naming_its_rank():
 
 
 def test_servers_must_leave_a_trainer():
+    """The end-to-end test of `paramshard run`'s refusals: each rank refuses, and the message
+    reaches the user through torchrun. The other refusals are checked in process below."""
     result = run_job(torchrun(2, "--servers", "2", ORACLE), timeout=60)
     assert result.code != 0
     assert "--servers 2 leaves no trainer among 2 ranks (torchrun)" in result.output, result
 
 
-def test_no_engine_says_how_to_start_one():
-    result = run_job([PARAMSHARD, "run", "--servers", "1", ORACLE], timeout=30)
-    assert result.code == 2, result
-    assert "no engine found" in result.output and "mpirun" in result.output, result
+@pytest.fixture
+def no_engine(monkeypatch):
+    """This process's environment as a rank's without an engine, already malloc-tuned (so
+    `paramshard run` does not start itself again)."""
+    for name in list(__import__("os").environ):
+        if name.startswith(("PARAMSHARD_", "OMPI_", "PMI_", "SLURM_", "TORCHELASTIC_")) or \
+                name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+
+
+def test_no_engine_says_how_to_start_one(capsys, no_engine):
+    code, out, err = cli_in_process(capsys, "run", "--servers", "1", ORACLE)
+    assert code == 2, out + err
+    assert "no engine found" in err and "mpirun" in err, out + err
 
 
 def test_explicit_contract_runs_each_role(tmp_path):
@@ -95,7 +119,7 @@ def mpirun(n, *args):
 
 def test_mpirun_trains_with_two_servers_and_two_trainers():
     mpirun_or_skip()
-    result = run_job(mpirun(4, "--servers", "2", ORACLE))
+    result = run_job(mpirun(4, "--servers", "2", ORACLE), malloc_tuned=False)
     assert_trained(result)
     assert "2 servers, 2 trainers under openmpi" in result.output, result
 
@@ -134,12 +158,11 @@ def test_mpirun_over_two_hosts_servers_advertise_their_own_host(ssh_hosts):
 
 
 
-def test_torchrun_with_a_run_directory_every_rank_writes_its_records(tmp_path):
+def test_torchrun_with_a_run_directory_every_rank_writes_its_records(torchrun_2_2):
     import json
     import subprocess
     import sys
-    run = tmp_path / "run"
-    result = run_job(torchrun(4, "--servers", "2", "--run-dir", str(run), ORACLE))
+    result, run = torchrun_2_2
     assert_trained(result)
     ranks = sorted(p.name for p in (run / "ranks").iterdir())
     assert ranks == ["server-0.json", "server-1.json", "trainer-0.json", "trainer-1.json"]
@@ -204,11 +227,17 @@ def test_mpirun_collective_and_hybrid_modes():
     assert "averaged by allreduce over 2 trainers (hybrid mode)" in result.output, result
 
 
-def test_collective_mode_refuses_servers_and_other_modes_need_one():
-    result = run_job(torchrun(2, "--servers", "1", "--mode", "collective", ORACLE), timeout=60)
-    assert result.code != 0 and "--mode collective has no parameter servers" in result.output, result
-    result = run_job(torchrun(2, "--servers", "0", ORACLE), timeout=60)
-    assert result.code != 0 and "sync mode needs at least one server" in result.output, result
+def test_collective_mode_refuses_servers_and_other_modes_need_one(capsys, no_engine):
+    with pytest.raises(ConfigError, match="--mode collective has no parameter servers"):
+        check_server_count("collective", 1)
+    with pytest.raises(ConfigError, match="sync mode needs at least one server"):
+        check_server_count("sync", 0)
+    check_server_count("collective", 0), check_server_count("hybrid", 1)
+    # `paramshard run` refuses them before it looks for an engine (as every rank under torchrun would).
+    code, out, err = cli_in_process(capsys, "run", "--servers", "1", "--mode", "collective", ORACLE)
+    assert code == 2 and "--mode collective has no parameter servers" in err, out + err
+    code, out, err = cli_in_process(capsys, "run", "--servers", "0", ORACLE)
+    assert code == 2 and "sync mode needs at least one server" in err, out + err
 
 
 def test_collective_a_dead_trainer_ends_the_job_within_seconds():

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.e2e.in_process import cli_in_process
 from tests.engines import alive, process_tree
 from tests.engines.netns import NetnsLab, require_netns
 from tests.engines.sshd import SshHosts, require_engines
@@ -142,9 +143,9 @@ def test_a_host_that_refuses_ssh_is_named_within_seconds(hosts, package):
     assert time.monotonic() - start < 10
 
 
-def test_ssh_flags_need_hosts(package):
-    r = run([PYTHON, "-m", "paramshard", "launch", "--dispatch-package", str(package), str(package / "train.py")])
-    assert r.returncode == 2 and "--dispatch-package needs --hosts" in r.stderr
+def test_ssh_flags_need_hosts(package, capsys):
+    code, _, err = cli_in_process(capsys, "launch", "--dispatch-package", package, package / "train.py")
+    assert code == 2 and "--dispatch-package needs --hosts" in err
 
 
 def test_many_hosts_in_network_namespaces_and_a_cut_host_fails_the_job(package, tmp_path):
