@@ -10,19 +10,33 @@ synthetic data, sharding, metrics.
     for batch in CriteoReader(shard_files("data/train", trainer_id, num_trainers), 4096):
         ...  # batch.labels, batch.dense, batch.sparse_ids
 """
-from .batch import TabularBatch
-from .criteo import CriteoBatch, CriteoReader
-from .errors import DataFormatError
-from .fit import fit_schema
-from .hashing import feature_ids
-from .infer import infer_schema
-from .libsvm import LibsvmReader, SparseBatch
-from .metrics import BinaryMetrics, ExactAUC, StreamingAUC, auc, logloss
-from .presets import criteo_schema, libsvm_schema
-from .schema import Column, Format, Label, Schema
-from .split import shard_files, split_lines
-from .synthetic import generate_criteo
-from .tabular import TabularReader, count_records
+import importlib
+
+# Each public name's submodule, imported on first use (PEP 562): `import paramshard` (every
+# server, launcher and rank) reaches paramshard.data for ps.shard, and importing every reader
+# here would load pandas and pyarrow (~0.6 s of CPU) into processes that never read a file.
+_WHERE = {
+    "TabularBatch": "batch", "CriteoBatch": "criteo", "CriteoReader": "criteo", "DataFormatError": "errors",
+    "fit_schema": "fit", "feature_ids": "hashing", "infer_schema": "infer", "LibsvmReader": "libsvm",
+    "SparseBatch": "libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
+    "auc": "metrics", "logloss": "metrics", "criteo_schema": "presets", "libsvm_schema": "presets",
+    "Column": "schema", "Format": "schema", "Label": "schema", "Schema": "schema", "shard_files": "split",
+    "split_lines": "split", "generate_criteo": "synthetic", "TabularReader": "tabular", "count_records": "tabular",
+}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paramshard.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = ["Schema", "Column", "Label", "Format", "TabularReader", "TabularBatch", "infer_schema", "fit_schema",
            "criteo_schema", "libsvm_schema", "feature_ids", "count_records",

@@ -14,6 +14,8 @@ from ..mode import MODES, Mode
 from . import argtypes
 from .setting import JOB, K8S, LAUNCH, Setting, flag
 
+MODE_NAMES = tuple(m.value for m in MODES)      # argparse shows its choices with repr(): plain strings
+
 ROLES = ("server", "trainer")
 COLLECTIVE_BACKENDS = ("gloo", "nccl")
 DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
@@ -133,10 +135,10 @@ CONTRACT: tuple[Setting, ...] = (
             "sparse tables on the servers, sync steps)", "mode", Mode.SYNC, "Mode", Mode.parse, keep_empty=True,
             coerce=Mode.parse, always=True, scopes=frozenset({JOB, LAUNCH, K8S}),
             flags=(flag("launch", "--mode", _MODE_HELP + " (DDP); hybrid: dense by allreduce, sparse tables on the "
-                        "servers (docs/modes.md)", choices=MODES, default="sync"),
+                        "servers (docs/modes.md)", choices=MODE_NAMES, default="sync"),
                    flag("k8s", "--mode", _MODE_HELP + " among the trainers; hybrid: dense by allreduce, sparse "
-                        "tables on the servers", choices=MODES, default="sync"),
-                   flag("run", "--mode", "sync or async (default: PARAMSHARD_MODE, else sync)", choices=MODES))),
+                        "tables on the servers", choices=MODE_NAMES, default="sync"),
+                   flag("run", "--mode", "sync or async (default: PARAMSHARD_MODE, else sync)", choices=MODE_NAMES))),
     Setting("PARAMSHARD_COLLECTIVE_ADDR", "collective and hybrid modes: `host:port` where trainer 0 hosts the "
             "torch.distributed store the trainers meet at (the launcher picks it)", "collective_addr",
             check=lambda v: v is not None and check_address("PARAMSHARD_COLLECTIVE_ADDR", v) or None),

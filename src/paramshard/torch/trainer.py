@@ -273,6 +273,10 @@ class Trainer:
             if leave and checkpointing.unsaved(self):
                 self.save()      # the final checkpoint: the last one always holds the trained model
             if leave:
+                # The last records are written before the leave: server 0 sums up the run
+                # directory once the last trainer left, and must find them.
+                if self.listeners is not None:
+                    self.listeners.close()
                 self.backend.leave(timeout)
         finally:
             self._hang_up()
