@@ -9,6 +9,7 @@ is the supervisor's question (launch/supervisor.py), under the same budget.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 import time
 from pathlib import Path
@@ -229,7 +230,6 @@ class Launcher:
 
     def stop_on_signal(self, signum: int) -> int:
         """Stop every process of the job after ``signum``; return the exit status, 128 + signum."""
-        import signal
         self.stopped_by_signal = True
         log.warning("%s received: stopping every process of the job", signal.Signals(signum).name)
         everyone = self.servers + self.trainers
