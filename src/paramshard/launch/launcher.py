@@ -118,7 +118,7 @@ class Launcher:
         """SIGKILL the hung servers (a hung process runs no SIGTERM handler); process -> why."""
         hung = {self.servers[i]: why for i, why in verdict.hung.items()}
         for p, why in hung.items():
-            log.error("%s (%s) is %s: killing it (SIGKILL)", p.tag, RankExit.of(p).where(), why)
+            log.error("%s (%s) is %s: killing it (SIGKILL)", p.tag, RankExit.brief(p).where(), why)
             p.kill()
         return hung
 
@@ -151,7 +151,7 @@ class Launcher:
             elif i in verdict.casualties:
                 what = f"{p.describe_exit()}: it lost a peer server, so no restart is spent on it"
             else:
-                what, causes = p.describe_exit(), causes + [f"{rank.name} ({RankExit.of(p).reason()})"]
+                what, causes = p.describe_exit(), causes + [f"{rank.name} ({RankExit.brief(p).reason()})"]
             log.warning("%s; restarting it in place on %s (restart %d); the trainers roll back to the "
                         "latest checkpoint (%s)", what, rank.env.servers[i], first if i in verdict.casualties
                         else self.restarts_used, decision.checkpoint.name)
@@ -193,7 +193,8 @@ class Launcher:
         # A hung server some peer exited for is the root cause, not the ones that gave up on it.
         hung = self._kill_hung(verdict)
         failed = [*hung, *failed]
-        first = next(iter(hung)) if hung else first_failure(failed)
+        read = [RankExit.of(p) for p in failed]
+        first = next(iter(hung)) if hung else failed[read.index(first_failure(read))]
         log.error("stopping the job: %s failed", first.tag)
         stopping_at = time.monotonic()
         # What the others print as they are stopped is not news.

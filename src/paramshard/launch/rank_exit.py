@@ -9,8 +9,8 @@ A trainer has no such channel yet, so for trainers the exception it ended with i
 still read from its excerpt (``PEER_LOST_MARKERS``, the errors the client raises
 for a lost server); that fallback lives here only.
 
-``first_failure`` and ``failure_summary`` also take processes (what the loop and
-the tests hold) and read each one's exit here.
+``first_failure`` and ``failure_summary`` also take processes, even partial
+ones (``RankExit.of_partial``: the summary's callers outside the loop).
 """
 from __future__ import annotations
 
@@ -56,11 +56,27 @@ class RankExit:
 
     @classmethod
     def of(cls, p: Process) -> "RankExit":
+        """Read from a process that implements the whole Process protocol (the loop's)."""
+        return cls._read(p, p.error_excerpt, p.pid, p.failed_at, p.ended_at)
+
+    @classmethod
+    def brief(cls, p: Process) -> "RankExit":
+        """Its code and where it ran only, for a log line (nothing of its output is read)."""
+        return cls(p.tag, p.poll(), p.pid)
+
+    @classmethod
+    def of_partial(cls, p) -> "RankExit":
+        """Read from an object with only part of the protocol (an engine outside this
+        package, a test's fake): what it lacks, the summary does without."""
+        return cls._read(p, getattr(p, "error_excerpt", list), getattr(p, "pid", None),
+                         getattr(p, "failed_at", lambda: None), getattr(p, "ended_at", None))
+
+    @classmethod
+    def _read(cls, p, excerpt_of, pid, failed_at, ended_at) -> "RankExit":
         name = p.tag.rpartition(" | ")[2]
-        excerpt = tuple(_optional(p, "error_excerpt", list)())
+        excerpt = tuple(excerpt_of())
         code = p.poll()
-        return cls(p.tag, code, _optional(p, "pid", None), _reported_peer_loss(name, code, excerpt),
-                   _optional(p, "failed_at", lambda: None)(), _optional(p, "ended_at", None), excerpt)
+        return cls(p.tag, code, pid, _reported_peer_loss(name, code, excerpt), failed_at(), ended_at, excerpt)
 
     @property
     def name(self) -> str:
@@ -105,18 +121,11 @@ class RankExit:
         return f"pid {self.pid} on this machine" if self.pid is not None else "on this machine"
 
 
-def _optional(p: Process, member: str, default):
-    """A member of the Process protocol that a partial process (an engine outside this
-    package, a test's fake) may lack: the summary does without it. The loop itself
-    calls the protocol directly."""
-    return getattr(p, member, default)
-
-
 P = TypeVar("P")
 
 
 def _exit(p) -> RankExit:
-    return p if isinstance(p, RankExit) else RankExit.of(p)
+    return p if isinstance(p, RankExit) else RankExit.of_partial(p)
 
 
 def lost_a_peer(p: Process | RankExit) -> bool:
