@@ -5,15 +5,16 @@ import os
 import re
 import sys
 
-from ..checkpoint.format import Checkpoint, checkpoints
+from ..checkpoint.format import Checkpoint
 from ..env import ClusterEnv
 from ..launch.hosts import parse_hosts
 from ..launch.local import LaunchConfig, LocalLauncher
-from ..launch.signals import StopSignal, signal_number, stop_signals
 from ..launch.ssh import SshLauncher, SshOptions
+from ..launch.supervisor import Supervisor
 from ..launch import target
 from ..errors import ConfigError
 from ..log import configure, get_logger
+from ..mode import Mode
 from ..observe.job_watch import JobWatch
 from ..observe.records import default_run_dir
 from ..settings.argtypes import flag_error
@@ -145,13 +146,12 @@ def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
-    servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
+    servers = args.servers if args.servers is not None else (1 if Mode.parse(args.mode).has_servers else 0)
     # The flags' settings, and the ones the launcher's own environment passes on (security, limits).
     fields = dict(launch_fields(args, "launch", outer), script=script, module=module, script_args=script_args,
                   servers=servers, **_checkpoint_fields(args), records="stdout")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
-    launcher, code = None, 1
     first = _launcher(args, dict(fields, max_restarts=args.max_restarts))
     fields.setdefault("job_id", first.config.job_id)      # restarts: one job, one run directory
     fields["secret"] = first.config.secret                # and one secret (made by LaunchConfig if none was given)
@@ -163,36 +163,14 @@ def run(args) -> int:
     elif first.config.insecure:
         log.warning("--insecure: connections are plain TCP; any process that reaches the servers' ports can read "
                     "and change the model")
+
+    def relaunch(restarts_left: int, resume: str):
+        # The next run of the same job: one job id, one run directory, one secret.
+        fields["resume"] = resume
+        return _launcher(args, dict(fields, max_restarts=restarts_left))
+
+    supervisor = Supervisor(first, relaunch, args.max_restarts, fields.get("checkpoint_dir"), watch)
     try:
-        used = 0
-        while True:
-            launcher = first if launcher is None else _launcher(args, dict(fields, max_restarts=args.max_restarts - used))
-            watch.attach(launcher)
-            code, stopped = _run_once(launcher, watch)
-            used += launcher.restarts_used            # servers restarted in place
-            if code == 0 or stopped or used >= args.max_restarts:
-                return code
-            used += 1
-            latest = checkpoints(fields["checkpoint_dir"])
-            if not latest:
-                log.error("no checkpoint in %s yet: nothing to restart from", fields["checkpoint_dir"])
-                return code
-            step = Checkpoint(latest[-1]).step
-            log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
-                        "(%s); the steps after it are trained again", used, args.max_restarts, step, latest[-1])
-            fields["resume"] = str(latest[-1].resolve())
+        return supervisor.run()
     finally:
-        watch.finished(code, launcher)
-
-
-def _run_once(launcher, watch) -> tuple[int, bool]:
-    """(exit status, stopped by a signal)."""
-    # SIGTERM (timeout, Slurm, Kubernetes, systemd) and SIGHUP stop the job as Ctrl-C does.
-    with stop_signals():
-        try:
-            launcher.start()
-            watch.started(launcher)
-            code = launcher.wait()
-            return code, launcher.stopped_by_signal
-        except (KeyboardInterrupt, StopSignal) as exc:     # before wait() took over, or after it
-            return launcher.stop_on_signal(signal_number(exc)), True
+        watch.finished(supervisor.code, supervisor.launcher)

@@ -15,7 +15,9 @@ from typing import Iterable, Sequence
 
 from ..env import ClusterEnv
 from ..log import get_logger
-from .api import MALLOC_TUNABLES, JobSpec, LaunchConfig, Launcher, RankSpec
+from .api import MALLOC_TUNABLES, JobSpec, LaunchConfig, RankSpec
+from .launcher import Launcher
+from .restart_policy import RestartPolicy
 from .ports import free_ports
 from .processes import Child, stop_all
 from .signals import StopSignal, signal_number, stop_signals
@@ -27,7 +29,7 @@ log = get_logger("launch")
 
 
 class LocalEngine:
-    """Ranks as child processes of this one (Engine contract, launch/api.py)."""
+    """Ranks as child processes of this one (Engine contract, launch/process.py)."""
 
     def __init__(self, out=None):
         self.out = out or sys.stdout
@@ -46,7 +48,8 @@ class LocalLauncher(Launcher):
         super().__init__(LocalEngine(out))
         self.config = config
         self.min_trainers = config.min_trainers
-        self.checkpoint_dir, self.restarts_left = config.checkpoint_dir, config.max_restarts
+        self.checkpoint_dir = config.checkpoint_dir
+        self.policy = RestartPolicy(config.max_restarts)
         self.out = self.engine.out
         self.addresses: list[str] = []
 

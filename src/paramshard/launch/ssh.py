@@ -31,7 +31,9 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..log import get_logger
-from .api import JobSpec, LaunchConfig, Launcher, RankSpec, thread_environ
+from .api import JobSpec, LaunchConfig, RankSpec, thread_environ
+from .launcher import Launcher
+from .restart_policy import RestartPolicy
 from .hosts import Host, placement
 from .processes import Child, stop_all
 
@@ -109,7 +111,7 @@ class RemoteChild(Child):
 
 
 class SshEngine:
-    """Ranks on other hosts over ssh (Engine contract, launch/api.py)."""
+    """Ranks on other hosts over ssh (Engine contract, launch/process.py)."""
 
     def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None):
         self.hosts, self.options, self.workdir, self.secret = hosts, options, workdir, secret
@@ -221,7 +223,8 @@ class SshLauncher(Launcher):
         self.script = self._remote_script()
         super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
         self.min_trainers = config.min_trainers
-        self.checkpoint_dir, self.restarts_left = config.checkpoint_dir, config.max_restarts
+        self.checkpoint_dir = config.checkpoint_dir
+        self.policy = RestartPolicy(config.max_restarts)
         self.addresses: list[str] = []
 
     def _remote_script(self) -> str | None:

@@ -143,13 +143,14 @@ class ParameterServer:
         """The job's epoch on this server (client/recovery.py)."""
         return self.context.epoch
 
-    def watch_peers(self, peers: dict[int, str]) -> None:
+    def watch_peers(self, peers: dict[int, str], places: dict[int, str] | None = None) -> None:
         """Watch the other servers of the job, once their addresses are known (under
         ``paramshard run`` a server binds a free port before it learns the others')."""
         if self._ready.is_set():
             raise RuntimeError(f"{self.name}: watch_peers() after serving started")
         self._peers.close()
         self._peers = PeerWatch(self._ctx, peers, grace=self.timeout, secure=self._secure_peer, me=self.server_id)
+        self.membership.places = dict(places or {})     # trainer -> the engine's name for it ("rank 3 on node7")
 
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":

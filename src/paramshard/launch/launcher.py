@@ -1,0 +1,260 @@
+"""One run of a job: start a JobSpec through an Engine and watch it to its end.
+
+The loop reports every failed rank with its host, stops the job within seconds
+of the first failure, and exits with that failure's code (128 + signal for a
+signal). Servers that die or hang are restarted in place when the restart
+policy (launch/restart_policy.py) says so; whether the whole job runs again
+is the supervisor's question (launch/supervisor.py), under the same budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from pathlib import Path
+
+from ..log import get_logger
+from .api import JobSpec, RankSpec
+from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
+from .process import Engine, Process
+from .rank_exit import RankExit, failure_summary, first_failure
+from .restart_policy import Choice, RestartPolicy
+from .signals import StopSignal, _signals_hurry, signal_number
+
+log = get_logger("launch")
+
+
+class Launcher:
+    """Starts a JobSpec through an Engine and supervises it to the end."""
+
+    def __init__(self, engine: Engine, policy: RestartPolicy | None = None):
+        self.engine = engine
+        self.servers: list[Process] = []
+        self.trainers: list[Process] = []
+        self.stopped_by_signal = False
+        self.min_trainers: int | None = None     # async: keep going while this many trainers are alive
+        self._tolerated_seen: list[Process] = []
+        self.checkpoint_dir: str | None = None
+        # The job's one restart budget; the supervisor hands the same one to every run.
+        self.policy = policy or RestartPolicy()
+        self.restarts_used = 0                   # in-place restarts of this run (they are numbered per run)
+        self.server_ranks: list[RankSpec] = []
+        self.spec: JobSpec | None = None
+        self.incidents: list[str] = []           # what each in-place restart was for, for the end of the job
+        self._restarted_at: dict[int, float] = {}   # server index -> when it was last restarted in place
+        self._spared_seen: set[tuple[int, int]] = set()   # (server, pid) named but not killed, logged once
+
+    @property
+    def restarts_left(self) -> int:
+        return self.policy.left
+
+    @restarts_left.setter
+    def restarts_left(self, value: int) -> None:
+        self.policy.max_restarts = self.policy.used + value
+
+    def start_job(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.server_ranks = list(spec.servers)
+        try:
+            for rank in spec.servers:
+                self.servers.append(self.engine.start(rank))
+            for rank in spec.trainers:
+                self.trainers.append(self.engine.start(rank))
+        except BaseException:
+            self.close()
+            raise
+
+    def _tolerated(self, failed: list[Process]) -> list[Process]:
+        """Failed trainers an async job can do without (``min_trainers``); logged once each."""
+        if not self.min_trainers:
+            return []
+        dead_trainers = [p for p in self.trainers if p.poll() not in (None, 0)]
+        if any(p not in self.trainers for p in failed) or len(self.trainers) - len(dead_trainers) < self.min_trainers:
+            return []
+        for p in dead_trainers:
+            if p not in self._tolerated_seen:
+                self._tolerated_seen.append(p)
+                log.warning("%s; async training continues with %d trainers (--min-trainers %d)", p.describe_exit(),
+                            len(self.trainers) - len(dead_trainers), self.min_trainers)
+        return dead_trainers
+
+    def _server_states(self, now: float) -> list[ServerState]:
+        """Each server as launch/peer_loss.py sees it: exit code, the peers its last status
+        line names, and how long ago that line came."""
+        states = []
+        for i, p in enumerate(self.servers):
+            status, at = p.last_status()
+            states.append(ServerState(i, p.poll(), dict(status.unreachable) if status else {},
+                                      status.gone if status else (), None if at is None else now - at))
+        return states
+
+    def _peer_verdict(self) -> Verdict:
+        """Which servers are hung, which died and which died only of a lost peer. A peer may
+        still exit for a server restarted less than a timeout (plus its heartbeat) ago."""
+        now = time.monotonic()
+        window = (self.server_ranks[0].env.timeout if self.server_ranks else 120.0) + 10.0
+        recent = [i for i, t in self._restarted_at.items() if now - t < window]
+        verdict = decide(self._server_states(now), recent)
+        for i, why in verdict.spared.items():
+            key = (i, self.servers[i].pid)
+            if i not in recent and key not in self._spared_seen:
+                self._spared_seen.add(key)
+                log.warning("%s: %s", self.servers[i].tag, why)
+        return verdict
+
+    def _await_hung(self, seconds: float = SILENT_AFTER) -> Verdict:
+        """Every failure so far only lost a peer (e.g. a trainer gave up on a server that
+        stopped answering): give the servers' status lines a few seconds to name a hung
+        server, so the summary blames it rather than the first to give up."""
+        deadline = time.monotonic() + seconds
+        while True:
+            verdict = self._peer_verdict()
+            if verdict.hung or time.monotonic() >= deadline or len(self.servers) < 2:
+                return verdict
+            time.sleep(0.1)
+
+    def _kill_hung(self, verdict: Verdict) -> dict[Process, str]:
+        """SIGKILL the hung servers (a hung process runs no SIGTERM handler); process -> why."""
+        hung = {self.servers[i]: why for i, why in verdict.hung.items()}
+        for p, why in hung.items():
+            log.error("%s (%s) is %s: killing it (SIGKILL)", p.tag, RankExit.brief(p).where(), why)
+            p.kill()
+        return hung
+
+    def _latest_checkpoint(self) -> Path | None:
+        from ..checkpoint.format import checkpoints
+        done = checkpoints(self.checkpoint_dir) if self.checkpoint_dir else []
+        return done[-1] if done else None
+
+    def _restart_in_place(self, failed: list[Process], verdict: Verdict) -> bool:
+        """Dead or hung servers only, restarts left, a checkpoint to roll back to: kill the hung
+        ones, start each again on its own address; the trainers wait for them and roll back
+        (client/recovery.py). One restart per root cause: a server that exited only because a
+        hung or dead peer did comes back with it for free (launch/peer_loss.py)."""
+        decision = self.policy.in_place(len(failed), all(p in self.servers for p in failed), len(verdict.hung),
+                                        verdict.cost, self._latest_checkpoint)
+        if decision.choice is Choice.NO_CHECKPOINT:
+            log.error("no checkpoint in %s yet: a dead server cannot be restarted in place", self.checkpoint_dir)
+        if not decision.restart:
+            return False
+        old = list(self.servers)
+        hung = self._kill_hung(verdict)
+        first = self.restarts_used + 1
+        self.policy.spend(decision)
+        self.restarts_used += decision.cost
+        causes = []
+        for i in verdict.restart:
+            p, rank = old[i], self.server_ranks[i]
+            if p in hung:
+                what, causes = f"{p.tag} was hung and is killed", causes + [f"{rank.name} ({hung[p]})"]
+            elif i in verdict.casualties:
+                what = f"{p.describe_exit()}: it lost a peer server, so no restart is spent on it"
+            else:
+                what, causes = p.describe_exit(), causes + [f"{rank.name} ({RankExit.brief(p).reason()})"]
+            log.warning("%s; restarting it in place on %s (restart %d); the trainers roll back to the "
+                        "latest checkpoint (%s)", what, rank.env.servers[i], first if i in verdict.casualties
+                        else self.restarts_used, decision.checkpoint.name)
+            self.servers[i] = self.engine.start(dataclasses.replace(
+                rank, env=dataclasses.replace(rank.env, recovering=True)))
+            self._restarted_at[i] = time.monotonic()
+        spent = (f"restart {first}" if decision.cost == 1 else f"restarts {first}-{self.restarts_used}"
+                 if decision.cost else "no restart spent")
+        self.incidents.append(f"{spent}: " + ", ".join(causes or ["servers that lost a just restarted peer"]))
+        return True
+
+    def wait(self, poll_interval: float = 0.1) -> int:
+        """Block until the job ends; 0 when every trainer succeeded (or, with ``min_trainers``,
+        enough of them), else the first failure's code."""
+        try:
+            while True:
+                everyone = self.servers + self.trainers
+                failed = [p for p in everyone if p.poll() not in (None, 0)]
+                tolerated = self._tolerated(failed)
+                failed = [p for p in failed if p not in tolerated]
+                verdict = self._peer_verdict()
+                if (failed or verdict.hung) and self._restart_in_place(failed, verdict):
+                    continue
+                if failed:
+                    return self._fail(failed, verdict)
+                if all(t.poll() == 0 or t in tolerated for t in self.trainers):
+                    return self._finish(len(self.trainers) - len(tolerated), poll_interval)
+                time.sleep(poll_interval)
+        except (KeyboardInterrupt, StopSignal) as exc:
+            return self.stop_on_signal(signal_number(exc))
+
+    def _fail(self, failed: list[Process], verdict: Verdict) -> int:
+        """Some rank failed for good: stop the job and end with the summary; the exit status."""
+        everyone = self.servers + self.trainers
+        for p in failed:
+            log.error("%s", p.describe_exit())
+        if not verdict.hung and all(RankExit.of(p).peer_lost for p in failed):
+            verdict = self._await_hung()
+        # A hung server some peer exited for is the root cause, not the ones that gave up on it.
+        hung = self._kill_hung(verdict)
+        failed = [*hung, *failed]
+        read = [RankExit.of(p) for p in failed]
+        first = next(iter(hung)) if hung else failed[read.index(first_failure(read))]
+        log.error("stopping the job: %s failed", first.tag)
+        stopping_at = time.monotonic()
+        # What the others print as they are stopped is not news.
+        for p in everyone:
+            if p not in failed:
+                p.hold_tracebacks()
+        self.close()
+        late = [p for p in everyone if p not in failed and p.poll() not in (None, 0)]
+        for p in late:
+            log.info("then: %s", p.describe_exit())
+        exits = {p: RankExit.of(p) for p in [*failed, *late]}
+
+        def before_stop(at: float | None) -> bool:
+            return at is not None and at < stopping_at
+        # Failed on their own: exited, or reported an error, before the launcher stopped them.
+        late = [p for p in late if before_stop(exits[p].ended_at) or before_stop(exits[p].failed_at)]
+        for p in everyone:
+            p.mute()                     # nothing after the summary
+        stopped = [exits[p] for p in late if not before_stop(exits[p].ended_at) and exits[p].stopped]
+        others = [exits[p] for p in failed if p is not first] + [exits[p] for p in late]
+        log.error("%s", failure_summary(exits[first], others, stopped=stopped, why=hung.get(first)))
+        return exits[first].status or 1
+
+    def _finish(self, succeeded: int, poll_interval: float) -> int:
+        # Servers exit on their own once every trainer has left.
+        deadline = time.monotonic() + 10
+        while any(s.poll() is None for s in self.servers) and time.monotonic() < deadline:
+            time.sleep(poll_interval)
+        self.close()
+        log.info("job finished: %d trainers succeeded", succeeded)
+        for incident in self.incidents:
+            log.info("restarted in place: %s", incident)
+        return 0
+
+    def stop_on_signal(self, signum: int) -> int:
+        """Stop every process of the job after ``signum``; return the exit status, 128 + signum."""
+        self.stopped_by_signal = True
+        log.warning("%s received: stopping every process of the job", signal.Signals(signum).name)
+        everyone = self.servers + self.trainers
+        # Tracebacks of processes dying of the stop (KeyboardInterrupt, peers lost) are noise.
+        for p in everyone:
+            p.hold_tracebacks()
+        hurry = threading.Event()
+        with _signals_hurry(hurry):
+            self.close(hurry=hurry)
+        for p in everyone:
+            p.mute()
+        for p in everyone:
+            if p.withheld:
+                log.info("%s: stopped; its traceback is not shown (%s)", p.tag, p.withheld[-1])
+        return 128 + signum
+
+    def close(self, grace: float = 5.0, hurry: threading.Event | None = None) -> None:
+        # Trainers first, so servers do not log lost clients needlessly; each
+        # group is stopped together, so this takes two grace periods at most.
+        self.engine.stop(self.trainers, grace, hurry)
+        self.engine.stop(self.servers, grace, hurry)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""One run's supervision loop (launch/launcher.py) over processes that implement the
+Process protocol (launch/process.py) and nothing more: no real process, no sleep."""
+import dataclasses
+import logging
+import signal
+
+from paramshard.env import ClusterEnv
+from paramshard.launch.api import JobSpec, RankSpec
+from paramshard.launch.launcher import Launcher
+from paramshard.launch.status import PEER_LOST_EXIT_CODE
+
+
+class Rank:
+    def __init__(self, tag, code=None, lines=()):
+        self.tag, self.code, self.lines, self.pid = tag, code, list(lines), 7
+        self.withheld: list[str] = []
+        self.held = self.muted = False
+        self.ended_at = None
+
+    def poll(self):
+        return self.code
+
+    def describe_exit(self):
+        return f"{self.tag} exited with code {self.code}"
+
+    def last_status(self):
+        return None, None
+
+    def error_excerpt(self):
+        return self.lines
+
+    def failed_at(self):
+        return None
+
+    def hold_tracebacks(self):
+        self.held = True
+
+    def mute(self):
+        self.muted = True
+
+    def kill(self):
+        self.code = -signal.SIGKILL
+
+
+class Engine:
+    def __init__(self, plan):
+        self.plan = plan            # rank name -> (code, lines) it has ended with by the first look
+
+    def start(self, rank):
+        return Rank(rank.name, *self.plan.get(rank.name, (None, ())))
+
+    def stop(self, processes, grace, hurry):
+        for p in processes:
+            if p.code is None:
+                p.code = -signal.SIGTERM
+
+
+def _spec(servers=2, trainers=2):
+    base = ClusterEnv(role=None, servers=("127.0.0.1:1",) * servers, num_trainers=trainers, timeout=3.0)
+    return JobSpec(tuple(RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i), ("x",))
+                         for i in range(servers)),
+                   tuple(RankSpec(f"trainer {i}", dataclasses.replace(base, role="trainer", trainer_id=i), ("x",))
+                         for i in range(trainers)))
+
+
+def test_a_failed_trainer_stops_the_job_with_its_code_and_the_summary_names_it(caplog):
+    launcher = Launcher(Engine({"trainer 1": (3, ["ValueError: boom"])}))
+    launcher.start_job(_spec())
+    with caplog.at_level(logging.INFO, logger="paramshard.launch"):
+        assert launcher.wait(poll_interval=0) == 3
+    assert all(p.muted for p in launcher.servers + launcher.trainers)
+    assert all(p.held for p in launcher.servers + launcher.trainers if p.tag != "trainer 1")
+    assert "first failure: trainer 1 (exit code 3; pid 7 on this machine)\n    ValueError: boom" in caplog.text
+
+
+def test_the_root_cause_is_not_the_server_that_only_lost_a_peer():
+    launcher = Launcher(Engine({"server 0": (PEER_LOST_EXIT_CODE, ()), "server 1": (-signal.SIGKILL, ())}))
+    launcher.start_job(_spec())
+    assert launcher.wait(poll_interval=0) == 128 + signal.SIGKILL
+
+
+def test_every_trainer_done_the_job_succeeds():
+    plan = {"trainer 0": (0, ()), "trainer 1": (0, ()), "server 0": (0, ()), "server 1": (0, ())}
+    launcher = Launcher(Engine(plan))
+    launcher.start_job(_spec())
+    assert launcher.wait(poll_interval=0) == 0
