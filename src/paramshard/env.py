@@ -101,13 +101,14 @@ class ClusterEnv:
         return _fields.to_environ(self)
 
 
-def check_server_count(mode: str, servers: int) -> None:
+def check_server_count(mode: "str | Mode", servers: int) -> None:
     """How many servers a mode takes (--servers of launch, run and k8s): none in collective
     mode, at least one in every other."""
-    if mode == "collective" and servers != 0:
+    mode = Mode.parse(mode)
+    if not mode.has_servers and servers != 0:
         raise ConfigError(f"--servers {servers}: --mode collective has no parameter servers (dense gradients are "
                           f"averaged by allreduce among the trainers): use --servers 0, or --mode hybrid to keep "
                           f"sparse tables on servers")
-    if mode != "collective" and servers < 1:
+    if mode.has_servers and servers < 1:
         raise ConfigError(f"--servers {servers}: {mode} mode needs at least one server (--servers 0 is for "
                           f"--mode collective)")

@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..launch import target
 from ..settings.contract import SECRET_SOURCE
 from ..settings.flags import add_flags, spec_fields
+from ..mode import Mode
 from ..launch.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8sJobSpec,
                            render_manifests, to_yaml)
 
@@ -95,7 +96,7 @@ def preprocess(argv: list[str]) -> list[str]:
 
 def run(args) -> int:
     script, module, script_args = target.from_args(args.script, args.module, args.script_args)
-    servers = args.servers if args.servers is not None else (0 if args.mode == "collective" else 1)
+    servers = args.servers if args.servers is not None else (1 if Mode.parse(args.mode).has_servers else 0)
     spec = K8sJobSpec(
         **spec_fields(args), script=script, module=module, script_args=script_args, image=args.image,
         servers=servers, name=args.name, namespace=args.namespace,

@@ -11,6 +11,7 @@ from ..errors import ConfigError, ParamshardError
 from ..observe.monitor import server_record
 from ..observe.progress import server_line
 from ..observe.run_dir import read_secret
+from ..mode import Mode
 
 HELP = "a live table of a running job's servers (from its run directory or their addresses)"
 EXAMPLE = ("paramshard stats runs/20261123-181500-job-ab12cd34ef56",
@@ -42,7 +43,7 @@ def _target(args) -> ClusterEnv:
     data = json.loads(config.read_text())
     ranks = data.get("ranks", {})
     servers = ranks.get("server 0", {}).get("environ", {}).get("PARAMSHARD_SERVERS", "")
-    if not servers and data.get("launch", {}).get("mode") == "collective":
+    if not servers and not Mode.parse(data.get("launch", {}).get("mode") or "sync").has_servers:
         raise ConfigError(f"{args.run_dir}: a collective-mode job has no servers to ask; its trainers' progress "
                           f"is in metrics.jsonl (`paramshard report {args.run_dir}` draws it)")
     if not servers:

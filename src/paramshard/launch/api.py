@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
+from ..mode import Mode
 from ..settings.fields import launched, with_fields
 from ..settings.process import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
 from ..settings.setting import LAUNCH
@@ -72,19 +73,20 @@ class LaunchConfig:
     module: str | None = None      # a module, run as python -m (script_args are then its arguments)
 
     def __post_init__(self):
+        object.__setattr__(self, "mode", Mode.parse(self.mode))
         check_server_count(self.mode, self.servers)
         if not (self.secret or self.keys_dir or self.insecure):
             # The launcher owns every rank's environment: encrypt unless told otherwise.
             object.__setattr__(self, "secret", new_secret())
-        if self.mode in ("collective", "hybrid") and (self.checkpoint_dir or self.resume or self.max_restarts):
+        if not self.mode.checkpoints and (self.checkpoint_dir or self.resume or self.max_restarts):
             raise ConfigError(f"--mode {self.mode}: checkpoints are not available in this mode yet "
                               f"(drop --checkpoint-dir, --resume and --max-restarts, or use sync mode)")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
-        if self.max_staleness is not None and self.mode != "async":
+        if self.max_staleness is not None and self.mode.waits_every_step:
             raise ConfigError(f"--max-staleness {self.max_staleness}: bounds async staleness; sync mode "
                               f"already waits for every trainer each step (use --mode async)")
-        if self.min_trainers is not None and (self.mode != "async" or not 1 <= self.min_trainers <= self.trainers):
+        if self.min_trainers is not None and (self.mode.waits_every_step or not 1 <= self.min_trainers <= self.trainers):
             raise ConfigError(f"--min-trainers {self.min_trainers}: needs --mode async (a sync step needs every "
                               f"trainer) and a value in 1..{self.trainers}")
         check_target(self.script, self.module)
@@ -97,7 +99,7 @@ class LaunchConfig:
     @property
     def collective(self) -> bool:
         """The trainers form a process group (collective, hybrid): trainer 0 hosts its store."""
-        return self.mode in ("collective", "hybrid")
+        return self.mode.allreduce
 
     def base_env(self, servers: Sequence[str], collective_addr: str | None = None) -> ClusterEnv:
         """Every rank's contract but its role: the settings this config carries (generated)."""

@@ -43,11 +43,11 @@ from ..settings.setting import K8S
 from ..settings.table import in_scope
 from .api import MALLOC_TUNABLES
 from .target import check as check_target, command_words
+from ..mode import Mode
 
 DEFAULT_PORT = 6174
 # Where trainer 0 hosts the trainers' store in collective and hybrid modes (torch's usual port).
 DEFAULT_COLLECTIVE_PORT = 29500
-COLLECTIVE_MODES = ("collective", "hybrid")
 SECRET_KEY = "secret"
 INSECURE_VARIABLE = "PARAMSHARD_INSECURE"
 # The pods' user and group: the Dockerfile's `paramshard` user (uid and gid 10001). Pod Security
@@ -154,7 +154,7 @@ class K8sJobSpec:
     @property
     def collective(self) -> bool:
         """The trainers form a torch.distributed group that trainer 0's store brings together."""
-        return self.mode in COLLECTIVE_MODES
+        return Mode.parse(self.mode).allreduce
 
     @property
     def trainer_service_name(self) -> str:
