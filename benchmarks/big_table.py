@@ -38,7 +38,7 @@ LR = 0.01
 
 def ids_of(table: str, index: np.ndarray) -> np.ndarray:
     """Distinct pseudo-random ids (mix64 is a bijection on uint64)."""
-    from paramshard.sparse_hash import mix64
+    from paramshard.placement.sparse_hash import mix64
     return mix64(index.astype(np.uint64) ^ SALT[table])
 
 

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from paramshard.client.checkpoint import _restore_table, save_checkpoint
     from paramshard.client.sparse import SparseClient, TableSpec
     from paramshard.optim import Adagrad
-    from paramshard.sharding import make_plan
+    from paramshard.placement.sharding import make_plan
     from paramshard.transport.client import ServerLinks
     spec = TableSpec("big", args.dim, Adagrad(lr=0.05))
     plan = make_plan([], args.servers)

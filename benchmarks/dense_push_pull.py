@@ -80,7 +80,7 @@ class ParamshardCandidate:
     def __init__(self, children: C.Children, num_servers: int, sizes: list[int]):
         from paramshard.client.dense import DenseClient
         from paramshard.optim import SGD
-        from paramshard.sharding import ParamSpec, make_plan
+        from paramshard.placement.sharding import ParamSpec, make_plan
         from paramshard.transport.client import ServerLinks
         self.addresses = C.start_paramshard_cluster(children, num_servers)
         self.links = ServerLinks(self.addresses, timeout=60.0, who="bench")

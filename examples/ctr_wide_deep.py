@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import paramshard as ps
 from paramshard.data import CriteoReader, criteo_schema, generate_criteo, shard_files, split_lines
 from paramshard.models import WideDeep
-from paramshard.report import StepProgress, server_load_table
+from paramshard.observe.server_table import StepProgress, server_load_table
 
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,

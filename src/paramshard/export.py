@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ConfigError
-from .sparse_hash import initial_rows
+from .placement.sparse_hash import initial_rows
 
 
 @dataclasses.dataclass

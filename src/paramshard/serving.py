@@ -28,7 +28,7 @@ import torch
 from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
-from .sparse_hash import admitted_by_probability, initial_rows
+from .placement.sparse_hash import admitted_by_probability, initial_rows
 from .tables import policy_from_wire
 
 FORMAT = "paramshard-model"

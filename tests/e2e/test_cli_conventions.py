@@ -17,7 +17,7 @@ import pytest
 import paramshard
 from paramshard.cli.main import build_parser
 from paramshard.log import level_from_environ
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 from tests.e2e.in_process import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 from tests.e2e.in_process import cli_in_process
 
 

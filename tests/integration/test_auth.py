@@ -24,7 +24,7 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.errors import ConfigError, ServerUnavailable
 from paramshard.server.parameter_server import ParameterServer
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.torch.trainer import Trainer
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks

@@ -27,7 +27,7 @@ import pytest
 import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 

@@ -13,7 +13,7 @@ import paramshard as ps
 from paramshard.cli.main import main as cli_main
 from paramshard.errors import ConfigError
 from paramshard.serving import ModelFileError, read_model
-from paramshard.sparse_hash import admitted_by_probability, initial_rows
+from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows
 from paramshard.torch.trainer import Trainer
 from tests.conftest import Cluster
 

@@ -142,7 +142,7 @@ def test_malformed_message_gets_an_error_reply_and_server_keeps_serving(server, 
 
 def test_wrong_gradient_shape_is_rejected_without_touching_the_block(server):
     from paramshard.client.dense import DenseClient
-    from paramshard.sharding import ParamSpec, make_plan
+    from paramshard.placement.sharding import ParamSpec, make_plan
     from paramshard.transport.client import ServerLinks
     plan = make_plan([ParamSpec("w", (100,))], 1)
     with ServerLinks([server.address], timeout=5) as links:

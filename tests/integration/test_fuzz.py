@@ -43,7 +43,7 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.errors import ParamshardError
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.tables import policy_to_wire
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import paramshard as ps
 from paramshard.errors import ConfigError
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sparse_hash import initial_rows
 from paramshard.torch.trainer import Trainer
 from tests.conftest import run_in_threads
 

@@ -15,8 +15,8 @@ from paramshard.errors import ConfigError, RemoteError
 from paramshard.limits import Limits
 from paramshard.runtime import build_server
 from paramshard.server.replies import Deferred, Reply
-from paramshard.sharding import ParamSpec, make_plan
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sharding import ParamSpec, make_plan
+from paramshard.placement.sparse_hash import initial_rows
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks
 

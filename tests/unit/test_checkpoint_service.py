@@ -7,7 +7,7 @@ import paramshard as ps
 from paramshard.errors import ConfigError
 from paramshard.mode import Mode
 from paramshard.server.checkpoint_service import CheckpointService
-from paramshard.server.dense import DenseStore
+from paramshard.server.dense_store import DenseStore
 from paramshard.server.hooks import Incoming, Verdict
 from paramshard.server.replies import Deferred
 from paramshard.server.sparse_service import SparseService

@@ -6,7 +6,7 @@ import pytest
 import paramshard as ps
 from paramshard.errors import ConfigError
 from paramshard.server.barrier import Membership
-from paramshard.server.dense import DenseStore
+from paramshard.server.dense_store import DenseStore
 from paramshard.server.dense_handlers import DenseHandlers
 from paramshard.server.replies import Deferred, Reply
 

@@ -5,7 +5,7 @@ import torch
 
 from paramshard.errors import ConfigError
 from paramshard.export import ExportedTable, load_table, replaced_into_place, save_table
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sparse_hash import initial_rows
 
 DIM = 4
 BIG = np.uint64(2**64 - 1)          # the int64 id -1 as the model sees it

@@ -6,7 +6,7 @@ import torch
 from paramshard.errors import ConfigError
 from paramshard.models import WideDeep, hashed_embedding
 from paramshard.models.hashed import HashedEmbeddingBag
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sparse_hash import initial_rows
 
 
 class Schema:

@@ -1,4 +1,4 @@
-from paramshard.report import server_load_table
+from paramshard.observe.server_table import server_load_table
 
 STATS = [{"server": 0, "address": "127.0.0.1:45123", "dense_elements": 123456, "sparse_rows": 12345678,
           "sparse_bytes": 2**30, "bytes_in": 2**33, "bytes_out": 2**33, "requests": 1234567, "errors": 0},

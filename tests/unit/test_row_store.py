@@ -8,7 +8,7 @@ from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
 from paramshard.server.barrier import Membership
 from paramshard.server.numpy_row_store import NumpyRowStore
 from paramshard.server.sparse_table import SparseTable
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sparse_hash import initial_rows
 from paramshard.tables import Admission, Eviction
 from paramshard.update_rules import make_rule
 

@@ -9,7 +9,7 @@ from paramshard.limits import Limits
 from paramshard.optim import SGD, Adam
 from paramshard.server import sparse_table as sparse_table_module
 from paramshard.server.barrier import Membership, StepBarrier
-from paramshard.server.dense import DenseStore
+from paramshard.server.dense_store import DenseStore
 from paramshard.server.id_index import IdIndex
 from paramshard.server.sparse_table import SparseTable
 from paramshard.tables import Admission, Eviction

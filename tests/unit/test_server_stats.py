@@ -4,7 +4,7 @@ import json
 import pytest
 
 from paramshard.errors import ProtocolError
-from paramshard.report import server_load_table
+from paramshard.observe.server_table import server_load_table
 from paramshard.transport.server_stats import (BarrierStats, BarrierWait, Connections, DenseStats, ServerStats,
                                                SparseStats, TableStats, TrainerStates)
 

@@ -1,4 +1,4 @@
-"""Oracles for paramshard.sharding: an independent reference of the seed algorithm,
+"""Oracles for paramshard.placement.sharding: an independent reference of the seed algorithm,
 hand-computed tables, invariants for every dispatcher, and cross-process stability."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from paramshard.env import DISPATCHERS
 from paramshard.errors import ConfigError
-from paramshard.sharding import (Block, ParamSpec, legacy_block_size_for, make_plan, parse_shape,
+from paramshard.placement.sharding import (Block, ParamSpec, legacy_block_size_for, make_plan, parse_shape,
                                  slice_variable, stable_hash)
 
 
@@ -209,7 +209,7 @@ def test_fingerprint_sees_every_input():
 
 STABILITY_SCRIPT = """
 import json
-from paramshard.sharding import ParamSpec, make_plan
+from paramshard.placement.sharding import ParamSpec, make_plan
 params = [ParamSpec(f"p{i}.w", (1000 + 37 * i, 3 + i)) for i in range(12)] + [ParamSpec("bias", (4097,))]
 out = {d: [make_plan(params, 5, d, 1000).to_json(), make_plan(params, 5, d, 1000).fingerprint()]
        for d in ("round_robin", "hash", "legacy_v1", "balanced")}

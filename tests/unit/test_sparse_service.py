@@ -9,7 +9,7 @@ from paramshard.limits import Limits
 from paramshard.server.barrier import Membership
 from paramshard.server.replies import Deferred
 from paramshard.server.sparse_service import SparseService
-from paramshard.sparse_hash import initial_rows
+from paramshard.placement.sparse_hash import initial_rows
 from paramshard.tables import Admission, Eviction, policy_to_wire
 
 

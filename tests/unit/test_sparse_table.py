@@ -4,12 +4,12 @@ import pytest
 
 from paramshard.errors import ConfigError
 from paramshard.optim import SGD, Adagrad
-from paramshard.rows import merge_duplicates
+from paramshard.placement.rows import merge_duplicates
 from paramshard.limits import Limits
 from paramshard.server.barrier import Membership
 from paramshard.server.id_index import IdIndex
 from paramshard.server.sparse_table import SparseTable
-from paramshard.sparse_hash import admitted_by_probability, initial_rows, server_of
+from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows, server_of
 from paramshard.tables import Admission, Eviction
 
 

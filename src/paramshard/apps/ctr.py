@@ -38,7 +38,7 @@ from ..data.tabular import TabularReader
 from ..errors import ConfigError, ParamshardError
 from ..evaluation import evaluate
 from ..models import MODELS, build_model, hashed_embedding
-from ..report import StepProgress
+from ..observe.server_table import StepProgress
 
 
 def parser() -> argparse.ArgumentParser:

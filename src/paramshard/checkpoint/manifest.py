@@ -19,7 +19,7 @@ import re
 from ..errors import ConfigError
 from .errors import CheckpointError
 from .paths import relpath_problem
-from .schema import Invalid, array, integer, obj, show, text
+from .manifest_schema import Invalid, array, integer, obj, show, text
 
 FORMAT = "paramshard-checkpoint"
 FORMAT_VERSION = 1

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from .errors import CheckpointError
-from .schema import show
+from .manifest_schema import show
 
 # One path component: what the writer produces (dense/p0.values.npy, sparse/t3/slot0.npy),
 # never "." / ".." / hidden names, never a separator or NUL.

@@ -12,7 +12,7 @@ import base64
 import binascii
 
 from .errors import CheckpointError
-from .schema import Invalid, array, integer, obj, show
+from .manifest_schema import Invalid, array, integer, obj, show
 
 MT_WORDS = 624                      # Mersenne Twister state: numpy's and Python's generators
 MAX_TORCH_STATE = 1 << 20           # base64 characters of torch's CPU generator state (5056 bytes today)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..env import DISPATCHERS, ClusterEnv
 from ..errors import ConfigError
-from ..sharding import ParamSpec, ShardPlan, make_plan, parse_shape
+from ..placement.sharding import ParamSpec, ShardPlan, make_plan, parse_shape
 
 HELP = "show how dense parameters are split into blocks and placed on servers"
 EXAMPLE = ("paramshard plan --servers 2 --param fc1.weight=784x512 --param fc1.bias=512",

@@ -25,7 +25,7 @@ from ..checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
 from ..errors import ConfigError
 from ..mode import Mode
 from ..optim import OptimizerConfig, from_wire
-from ..sharding import ShardPlan
+from ..placement.sharding import ShardPlan
 from ..tables import policy_from_wire, policy_to_wire
 from ..transport.client import ServerLinks
 from .sparse import Partition, SparseClient, TableSpec

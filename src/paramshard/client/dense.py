@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..optim import OptimizerConfig
-from ..sharding import Block, ShardPlan
+from ..placement.sharding import Block, ShardPlan
 from ..transport.client import ServerLinks, check_reply_arrays
 
 

@@ -1,6 +1,6 @@
 """Trainer side of the sparse-table requests (server side: paramshard.server.sparse_service).
 
-Ids are owned by servers through a stable hash (paramshard.sparse_hash), so
+Ids are owned by servers through a stable hash (paramshard.placement.sparse_hash), so
 every trainer sends each id to the same server whatever the table.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError, ProtocolError
 from ..optim import OptimizerConfig
-from ..sparse_hash import server_of
+from ..placement.sparse_hash import server_of
 from ..tables import Admission, Eviction, check_table_settings, policy_to_wire
 from ..transport.client import ServerLinks
 

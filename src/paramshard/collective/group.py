@@ -23,7 +23,7 @@ import time
 import torch.distributed as dist
 
 from ..env import ClusterEnv
-from ..settings.process import GLOO_IFNAME
+from ..settings.process_variables import GLOO_IFNAME
 from ..errors import ConfigError, ParamshardError
 from ..log import get_logger
 

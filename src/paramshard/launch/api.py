@@ -20,7 +20,7 @@ from ..env import ClusterEnv, check_server_count
 from ..errors import ConfigError
 from ..mode import Mode
 from ..settings.fields import launched, with_fields
-from ..settings.process import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
+from ..settings.process_variables import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
 from ..settings.setting import LAUNCH
 from ..transport.security import new_secret
 from .target import check as check_target, command_words

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
-from ..settings.process import SECRET_DIR
+from ..settings.process_variables import SECRET_DIR
 from ..transport.security import new_secret
 
 SECRET_DIR_VARIABLE = SECRET_DIR.env

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..log import get_logger
-from ..settings.process import K8S_API_URL, K8S_DELETE, K8S_NAMESPACE
+from ..settings.process_variables import K8S_API_URL, K8S_DELETE, K8S_NAMESPACE
 
 log = get_logger("k8s")
 

@@ -28,7 +28,7 @@ import time
 from typing import Mapping, Protocol
 
 from ..errors import ConfigError, ParamshardError
-from ..settings.process import STORE_PORT
+from ..settings.process_variables import STORE_PORT
 from ..settings.table import by_field
 from .world import World
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from ..sparse_hash import initial_rows, mix64
+from ..placement.sparse_hash import initial_rows, mix64
 
 DEFAULT_INIT_SCALE = 0.01      # SparseEmbedding's default: rows start in [-0.01, 0.01)
 

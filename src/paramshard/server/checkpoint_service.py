@@ -23,7 +23,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..optim import from_wire
 from .context import ServerContext
-from .dense import DenseStore
+from .dense_store import DenseStore
 from .push_gate import PushGate, PushGateHook
 from .replies import Deferred, Reply
 from .sparse_service import SparseService

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..optim import from_wire
 from ..transport.server_stats import DenseStats
-from .dense import DenseStore, check_distinct
+from .dense_store import DenseStore, check_distinct
 from .replies import Deferred, Reply
 
 

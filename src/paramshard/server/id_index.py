@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sparse_hash import mix64
+from ..placement.sparse_hash import mix64
 
 MAX_LOAD = 0.75
 GROWTH = 1.25      # the ids array grows by a quarter, like a table's rows

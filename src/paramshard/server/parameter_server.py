@@ -36,7 +36,7 @@ from .api import Service
 from .barrier import Membership
 from .context import ServerContext
 from .control_handlers import ControlHandlers
-from .dense import DenseStore
+from .dense_store import DenseStore
 from .dense_handlers import DenseHandlers
 from .hooks import Incoming, RequestHook, Verdict
 from .outbox import GO, HELD, Outbox, describe_identity

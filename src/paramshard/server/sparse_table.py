@@ -23,8 +23,8 @@ from ..errors import ConfigError
 from ..limits import Limits
 from ..mode import Mode
 from ..optim import OptimizerConfig
-from ..rows import merge_duplicates
-from ..sparse_hash import admitted_by_probability, initial_rows
+from ..placement.rows import merge_duplicates
+from ..placement.sparse_hash import admitted_by_probability, initial_rows
 from ..tables import Admission, Eviction, check_table_settings
 from ..update_rules import make_rule
 from .barrier import Membership, StepBarrier

@@ -8,7 +8,7 @@ launcher passes it on with LAUNCH, a flag with ``flags=``) or in process.py, the
 from __future__ import annotations
 
 from .contract import CONTRACT
-from .process import PROCESS
+from .process_variables import PROCESS
 from .setting import JOB, Setting
 
 SETTINGS: tuple[Setting, ...] = CONTRACT + PROCESS

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..optim import Adagrad, OptimizerConfig
 from ..tables import Admission, Eviction
 from ..client.sparse import TableSpec
-from ..rows import merge_duplicates
+from ..placement.rows import merge_duplicates
 
 
 def as_uint64(ids) -> np.ndarray:

@@ -27,7 +27,7 @@ from ...client.sparse import SparseClient, TableSpec
 from ...client.step import PipelineStats, StepClient
 from ...mode import Mode
 from ...optim import OptimizerConfig
-from ...sharding import ShardPlan
+from ...placement.sharding import ShardPlan
 
 Values = Mapping[str, np.ndarray]
 SparseGrads = list[tuple[str, np.ndarray, np.ndarray]]

@@ -18,7 +18,7 @@ from ...client.step import StepClient
 from ...env import ClusterEnv
 from ...log import get_logger
 from ...mode import Mode
-from ...sharding import ParamSpec, make_plan
+from ...placement.sharding import ParamSpec, make_plan
 
 log = get_logger("trainer")
 

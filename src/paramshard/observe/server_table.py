@@ -1,7 +1,7 @@
 """Human-readable summaries of server statistics (returned as text; callers print)."""
 from __future__ import annotations
 
-from .transport.server_stats import ServerStats
+from ..transport.server_stats import ServerStats
 
 
 def _mib(n: float) -> str:
