@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..launch import target
+from ..settings import argtypes
 from ..settings.contract import SECRET_SOURCE
 from ..settings.flags import add_flags, spec_fields
 from ..mode import Mode
@@ -24,41 +25,16 @@ EXAMPLE = ("paramshard k8s --servers 2 --trainers 4 --image registry.example.com
            "examples/digits_mlp.py > job.yaml")
 
 
-def _flag_error(message: str) -> argparse.ArgumentError:
-    # Without an action, argparse reports the message alone: "paramshard k8s: error: MESSAGE", exit 2.
-    return argparse.ArgumentError(None, message)
-
-
-def _count(flag: str, minimum: int = 1):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise _flag_error(f"{flag} {text}: not a whole number") from None
-        if value < minimum:
-            raise _flag_error(f"{flag} {text}: must be >= {minimum}")
-        return value
-    return parse
-
-
-def _port(flag: str):
-    def parse(text: str) -> int:
-        if not text.isdigit() or not 1 <= int(text) <= 65535:
-            raise _flag_error(f"{flag} {text}: expected a port number 1..65535")
-        return int(text)
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--servers", type=_count("--servers", minimum=0), default=None, metavar="N",
+    p.add_argument("--servers", type=argtypes.count("--servers", minimum=0), default=None, metavar="N",
                    help="number of parameter servers, a StatefulSet (default 1; 0, and only 0, with "
                         "--mode collective)")
     p.add_argument("--image", required=True, help="container image with paramshard and the script (see Dockerfile)")
     p.add_argument("--name", default="paramshard", help="job name: prefixes every object and is PARAMSHARD_JOB_ID")
     p.add_argument("--namespace", default="default", help="namespace of every object")
-    p.add_argument("--port", type=_port("--port"), default=None,
+    p.add_argument("--port", type=argtypes.port("--port"), default=None,
                    help=f"port every server listens on (default {DEFAULT_PORT})")
-    p.add_argument("--collective-port", type=_port("--collective-port"), default=None, metavar="PORT",
+    p.add_argument("--collective-port", type=argtypes.port("--collective-port"), default=None, metavar="PORT",
                    help=f"collective and hybrid modes: port of the store trainer 0 hosts for the trainers' "
                         f"torch.distributed group (default {DEFAULT_COLLECTIVE_PORT})")
     p.add_argument("--cpu", default="1", help="CPU request and limit of every pod, e.g. 500m or 4")
