@@ -109,10 +109,16 @@ def _start_job(tmp_path, **env):
 def _wait_running(launcher, tmp_path, out) -> dict[int, int]:
     """Once every trainer runs the script and has started its own child: the launcher's process tree."""
     pid_dir = tmp_path / "pids"
-    _wait_for(lambda: len(os.listdir(pid_dir)) >= TRAINERS or launcher.poll() is not None, 30,
+
+    def written() -> list:
+        # Only the renamed files: a ".PID" file is a trainer's half-written temp
+        # file that may be renamed between listing and reading it.
+        return [f for f in pid_dir.iterdir() if not f.name.startswith(".")]
+
+    _wait_for(lambda: len(written()) >= TRAINERS or launcher.poll() is not None, 30,
               "the trainers to start")
     assert launcher.poll() is None, out.read_text()
-    workers = [int(p) for f in pid_dir.iterdir() for p in f.read_text().split()]
+    workers = [int(p) for f in written() for p in f.read_text().split()]
     tree = _descendants(launcher.pid)
     assert set(workers) <= set(tree), (workers, tree)
     assert len(tree) >= SERVERS + 2 * TRAINERS, tree      # servers, trainers, the trainers' children
