@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from paramshard.placement.sparse_hash import initial_rows
+
 
 class DictRowStore:
     def __init__(self, dim, rule, keep_last_seen, count_admissions, **ignored):   # max_rows, capacity
@@ -44,6 +46,15 @@ class DictRowStore:
             self.row_of[int(i)] = len(self.rows)
             out.append(len(self.rows))
             self.rows.append([int(i), np.array(values[k], np.float32), slots, steps, last])
+        return np.array(out, np.int64)
+
+    def lookup_or_create(self, ids, version, seed, init_scale):
+        out = []
+        for i in ids:                      # one id at a time: a new id's row exists for its repeats
+            if int(i) not in self.row_of:
+                key = np.array([i], np.uint64)
+                self.create(key, initial_rows(seed, key, self.dim, init_scale), version)
+            out.append(self.row_of[int(i)])
         return np.array(out, np.int64)
 
     def gather(self, rows):

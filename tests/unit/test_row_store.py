@@ -1,11 +1,12 @@
-"""The RowStore contract (server/row_store.py): the numpy store against a dict-and-loop oracle,
-call for call, for every update rule; the one creation path's all-or-nothing; snapshot pages
+"""The RowStore contract (server/row_store.py): the numpy and the compiled store, each against a
+dict-and-loop oracle, call for call, for every update rule; the one creation path's all-or-nothing; snapshot pages
 that restore into an equal store."""
 import numpy as np
 import pytest
 
 from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
 from paramshard.server.barrier import Membership
+from paramshard.server.compiled_row_store import CompiledRowStore
 from paramshard.server.numpy_row_store import NumpyRowStore
 from paramshard.server.sparse_table import SparseTable
 from paramshard.placement.sparse_hash import initial_rows
@@ -19,9 +20,13 @@ RULES = [SGD(lr=0.5), Momentum(lr=0.1, momentum=0.9), Adagrad(lr=0.1, lr_decay=0
          FTRL(lr=0.1, l1=0.01)]
 
 
-def stores(optimizer, keep_last_seen=True, count=True, capacity=4):
+STORES = [NumpyRowStore, CompiledRowStore]
+each_store = pytest.mark.parametrize("kind", STORES, ids=lambda k: k.__name__)
+
+
+def stores(optimizer, keep_last_seen=True, count=True, capacity=4, kind=NumpyRowStore):
     rule = make_rule(optimizer)
-    return (NumpyRowStore(DIM, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
+    return (kind(DIM, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
             DictRowStore(DIM, rule, keep_last_seen, count))
 
 
@@ -33,17 +38,22 @@ def same(a, b):
         np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
 
 
+@each_store
 @pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
-def test_the_numpy_store_matches_the_oracle_call_for_call(optimizer):
+def test_each_store_matches_the_oracle_call_for_call(optimizer, kind):
     rng = np.random.default_rng(7)
-    fast, oracle = stores(optimizer)
+    fast, oracle = stores(optimizer, kind=kind)
     for version in range(40):
         ids = np.unique(rng.integers(0, 60, 12).astype(np.uint64))
         grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        pulled = rng.permutation(np.repeat(ids, 2))       # repeats, in no order
         for store in (fast, oracle):
-            new = ids[store.lookup(ids) < 0]
-            if len(new):
-                store.create(new, initial_rows(5, new, DIM, 0.1), version)
+            if version % 2:               # the two ways a row is made
+                new = ids[store.lookup(ids) < 0]
+                if len(new):
+                    store.create(new, initial_rows(5, new, DIM, 0.1), version)
+            else:
+                store.lookup_or_create(pulled, version, 5, 0.1)
             rows = store.lookup(ids)
             store.touch(rows[::2], version)
             store.update(rows, grads, scale=0.5)
@@ -62,14 +72,15 @@ def test_the_numpy_store_matches_the_oracle_call_for_call(optimizer):
     np.testing.assert_array_equal(fast_counts, oracle_counts)
 
 
-def test_a_page_restores_into_an_equal_store_and_imports_keep_state():
-    fast, _ = stores(Adam(lr=0.01))
+@each_store
+def test_a_page_restores_into_an_equal_store_and_imports_keep_state(kind):
+    fast, _ = stores(Adam(lr=0.01), kind=kind)
     ids = np.arange(10, 20, dtype=np.uint64)
     fast.create(ids, initial_rows(1, ids, DIM, 0.1), version=3)
     fast.update(fast.lookup(ids[:4]), np.ones((4, DIM), np.float32), scale=1.0)
     fast.count(ids[:2])
     page = fast.page(0, 100)
-    copy, _ = stores(Adam(lr=0.01))
+    copy, _ = stores(Adam(lr=0.01), kind=kind)
     copy.create(page.pop("ids"), page.pop("values"), version=0, state=page)
     copy.restore_counts(*fast.counters())
     same(fast, copy)
@@ -79,8 +90,9 @@ def test_a_page_restores_into_an_equal_store_and_imports_keep_state():
     assert (copy.gather(rows) == 0).all() and (copy.page(0, 2)["steps"] == 1).all()   # state kept
 
 
-def test_a_failed_create_leaves_the_store_as_it_was(monkeypatch):
-    fast, _ = stores(SGD(), capacity=2)
+@each_store
+def test_a_failed_create_leaves_the_store_as_it_was(monkeypatch, kind):
+    fast, _ = stores(SGD(), capacity=2, kind=kind)
     fast.create(np.array([1, 2], np.uint64), np.ones((2, DIM), np.float32), 0)
 
     def fail(*args):
@@ -92,8 +104,9 @@ def test_a_failed_create_leaves_the_store_as_it_was(monkeypatch):
     same(fast, fast)
 
 
-def test_reserve_creates_nothing_and_clear_drops_everything():
-    fast, _ = stores(Adagrad(lr=0.1))
+@each_store
+def test_reserve_creates_nothing_and_clear_drops_everything(kind):
+    fast, _ = stores(Adagrad(lr=0.1), kind=kind)
     fast.reserve(5000)
     assert fast.num_rows == 0 and len(fast.values) >= 5000
     fast.create(np.array([7], np.uint64), np.ones((1, DIM), np.float32), 0)
@@ -106,7 +119,7 @@ def test_both_stores_offer_every_member_of_the_contract():
     from paramshard.server.row_store import RowStore
     members = {name for name in vars(RowStore) if not name.startswith("_")} | set(RowStore.__annotations__)
     assert {"create", "lookup", "gather", "update", "evict_unseen", "page", "clear"} <= members
-    for store in stores(SGD()):
+    for store in (*stores(SGD()), *stores(SGD(), kind=CompiledRowStore)):
         missing = [name for name in members if not hasattr(store, name)]
         assert missing == [], f"{type(store).__name__} lacks {missing}"
 
@@ -116,13 +129,14 @@ def test_both_stores_offer_every_member_of_the_contract():
     ("sync", 2, Admission(probability=0.7), Eviction()),
     ("sync", 2, Admission(min_count=3, probability=0.8), Eviction(unseen_steps=4)),
 ])
-def test_a_table_gives_the_same_rows_on_either_store(mode, trainers, admission, eviction):
+@each_store
+def test_a_table_gives_the_same_rows_on_either_store(mode, trainers, admission, eviction, kind):
     """The table reaches its rows only through the contract: over the oracle store it pulls
     exactly what it pulls over the numpy store, through admission, eviction and sync steps."""
     def table(store):
         return SparseTable("t", DIM, 11, Adam(lr=0.01), admission, eviction, 0.1, mode,
                            Membership(trainers, grace=5.0), store=store)
-    fast, oracle = table(NumpyRowStore), table(DictRowStore)
+    fast, oracle = table(kind), table(DictRowStore)
     rng = np.random.default_rng(1)
     for step in range(25):
         for trainer in range(trainers):

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..update_rules import Rule
 from .id_index import IdIndex
+from .row_store import lookup_or_create_in_parts
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
 
@@ -107,6 +108,9 @@ class NumpyRowStore:
             self.last_seen[new] = version if given is None else given.astype(np.uint32)
         self._rows = first + n
         return rows
+
+    def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
+        return lookup_or_create_in_parts(self, ids, version, seed, init_scale)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         return np.take(self.values, rows, axis=0, mode="clip")     # clip: skips a bounds pass

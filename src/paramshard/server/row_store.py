@@ -11,7 +11,11 @@ Everything is batched: ids come in as a uint64 array, rows are int64 handles
 (-1: no row), values come out as float32 [n, dim] arrays; no call is per row.
 A handle stays valid until the next ``evict_unseen`` or ``clear``. There is
 exactly one way to create rows, ``create``: first touch, import and checkpoint
-restore all use it, with their own initial values and state.
+restore all use it, with their own initial values and state. ``lookup_or_create``
+is a pull's first touch as one call, which a compiled store does in one pass;
+it must make the same rows, in the same order, as ``lookup`` followed by
+``create`` of the missing ids in the order they first appear
+(``lookup_or_create_in_parts`` below, which the numpy store uses).
 
 ``numpy_row_store.NumpyRowStore`` is the reference implementation (vectorised
 numpy). A compiled or tiered store (issue 22) implements the same contract and
@@ -27,6 +31,9 @@ from __future__ import annotations
 from typing import Mapping, Protocol
 
 import numpy as np
+import pandas as pd
+
+from ..placement.sparse_hash import initial_rows
 
 
 class RowStore(Protocol):
@@ -62,6 +69,11 @@ class RowStore(Protocol):
         last-seen versions; what it leaves out starts fresh (the rule's initial state, 0 updates,
         last seen at ``version``). All or nothing: a failure leaves the store as it was.
         Returns the new rows' handles, in the order of ``ids``."""
+
+    def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
+        """Row of each id (ids may repeat); an id without one gets a new row holding its
+        initial values (placement.sparse_hash.initial_rows(seed, id, dim, init_scale)), fresh
+        state and last seen at ``version``. New rows follow the order ids first appear."""
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """The values of rows ``rows`` (all >= 0), float32 [len(rows), dim], a new array."""
@@ -100,3 +112,16 @@ class RowStore(Protocol):
 
     def clear(self) -> None:
         """Drop every row and counter (capacity may be kept)."""
+
+
+def lookup_or_create_in_parts(store: RowStore, ids: np.ndarray, version: int, seed: int,
+                              init_scale: float) -> np.ndarray:
+    """``lookup_or_create`` as ``lookup`` then ``create``: the contract's definition of it."""
+    rows = store.lookup(ids)
+    missing = np.flatnonzero(rows < 0)
+    if len(missing):
+        codes, new_ids = pd.factorize(ids[missing])        # distinct, in the order they first appear
+        new_ids = np.asarray(new_ids, np.uint64)
+        made = store.create(new_ids, initial_rows(seed, new_ids, store.dim, init_scale), version)
+        rows[missing] = made[codes]
+    return rows

@@ -1,6 +1,8 @@
 """Server side of the sparse-table requests (client side: paramshard.client.sparse)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..env import ClusterEnv
@@ -12,16 +14,21 @@ from ..tables import policy_from_wire
 from ..transport.server_stats import SparseStats, TableStats
 from .barrier import Membership
 from .replies import Deferred, Reply
+from .row_store import RowStore
+from .row_stores import configured_store
 from .sparse_table import SparseTable
 
 
 class SparseService:
     """The sparse-table Service (server/api.py)."""
 
-    def __init__(self, mode: str | Mode, membership: Membership, limits: Limits = Limits()):
+    def __init__(self, mode: str | Mode, membership: Membership, limits: Limits = Limits(),
+                 store: Callable[..., RowStore] | None = None):
+        """``store``: what holds the tables' rows (row_stores.py; default: PARAMSHARD_ROW_STORE)."""
         self.mode = Mode.parse(mode)
         self.membership = membership
         self.limits = limits
+        self.store = store or configured_store()
         self.tables: dict[str, SparseTable] = {}
 
     def ops(self) -> dict:
@@ -64,7 +71,8 @@ class SparseService:
         if reserve < 0:
             raise ConfigError(f"table {name!r}: reserve must be >= 0 rows, got {reserve}")
         self.limits.check("max_rows", reserve, f"table {name!r}: rows reserved on this server")
-        table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits)
+        table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits,
+                            store=self.store)
         table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
         self.tables[name] = table
         return Reply({"rows": 0})

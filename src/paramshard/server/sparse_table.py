@@ -85,11 +85,17 @@ class SparseTable:
         return self.store.create(ids, values, version, state)
 
     def rows_for(self, ids: np.ndarray, create: bool) -> np.ndarray:
-        """Row of each id (-1: not admitted). ``ids`` may repeat."""
+        """Row of each id (-1: not admitted). ``ids`` may repeat. New rows follow the order
+        their ids first appear in ``ids``."""
+        if create and self._admits_every_id and self.num_rows + len(ids) <= self.limits.max_rows:
+            # A pull's first touch in one call (one pass in a compiled store); within the row
+            # limit whatever it makes, so it never has to stop half way.
+            return self.store.lookup_or_create(ids, self.version, self.seed, self.init_scale)
         rows = self.store.lookup(ids)
         missing = np.flatnonzero(rows < 0)
         if create and len(missing):
-            new_ids, inverse = np.unique(ids[missing], return_inverse=True)
+            inverse, new_ids = pd.factorize(ids[missing])     # distinct, in the order they first appear
+            new_ids = np.asarray(new_ids, np.uint64)
             admitted = self._admit(new_ids)
             row_of_new = np.full(len(new_ids), -1, np.int64)
             if admitted.any():
@@ -100,6 +106,10 @@ class SparseTable:
                 row_of_new[admitted] = self._create(new_ids[admitted], fresh, self.version)
             rows[missing] = row_of_new[inverse]
         return rows
+
+    @property
+    def _admits_every_id(self) -> bool:
+        return self.admission.probability >= 1.0 and self.admission.min_count == 1
 
     def pull(self, ids: np.ndarray, trainer: int | None = None, create: bool = True) -> np.ndarray:
         """Rows of ``ids``. ``create=False`` (evaluation) stores nothing: an id

@@ -1,0 +1,227 @@
+"""The compiled RowStore (row_store.py): numba kernels over rows reserved as address space.
+
+What the numpy store does with batch-sized temporaries, this one does in one
+pass of compiled code (server/kernels/): a first touch finds or makes every row
+of a pull in one loop (initial values written in place), a push updates each
+row where it lives, and the id index grows a slice at a time instead of
+rehashing the table. The row arrays are reserved for the table's whole row
+limit up front (kernels/arena.py), so growing never copies them.
+
+It is the numpy store's twin, not its rival: the same calls give
+bit-identical rows, state and handles (tests/unit/test_row_store.py runs both
+against the dict reference store; tests/unit/test_compiled_row_store.py
+against each other).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..update_rules import Rule
+from .kernels import arena
+from .kernels.hash_index import HashIndex
+from .kernels.initial_rows import seed_salt
+from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kernel, kept_rows_kernel
+from .kernels.update_kernels import rule_kernel
+
+COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
+
+
+class CompiledRowStore:
+    def __init__(self, dim: int, rule: Rule, keep_last_seen: bool, count_admissions: bool,
+                 max_rows: int, capacity: int = 1024):
+        self.dim, self.rule, self.max_rows = dim, rule, max_rows
+        self._keep_last_seen, self._count_admissions, self._capacity = keep_last_seen, count_admissions, capacity
+        self._slot_initials = rule.init_slots((1, dim))      # a new row's optimizer state
+        self.slot_count = len(self._slot_initials)
+        self._update = rule_kernel(rule)
+        self._rows = 0
+        self.keys = arena.reserve(max_rows, (), np.uint64)
+        self.values = arena.reserve(max_rows, (dim,), np.float32)
+        self.slots = [arena.reserve(max_rows, s.shape[1:], np.float32) for s in self._slot_initials]
+        self.steps = arena.reserve(max_rows, (), np.uint32) if rule.uses_step else None
+        self.last_seen = arena.reserve(max_rows, (), np.uint32) if keep_last_seen else None
+        self.index = HashIndex(capacity)
+        if count_admissions:
+            self.count_keys = arena.reserve(COUNTER_ROWS, (), np.uint64)
+            self.count_values = arena.reserve(COUNTER_ROWS, (), np.uint32)
+            self.count_index: HashIndex | None = HashIndex(16)
+            self._counted = 0
+        else:
+            self.count_index = None
+
+    # -- size -------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return self._rows
+
+    @property
+    def keeps_steps(self) -> bool:
+        return self.steps is not None
+
+    @property
+    def keeps_last_seen(self) -> bool:
+        return self.last_seen is not None
+
+    def _per_row_arrays(self) -> list[np.ndarray]:
+        return [a for a in (self.keys, self.values, *self.slots, self.steps, self.last_seen) if a is not None]
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes a row occupies in the arrays (the index comes on top: 8-16 bytes a row)."""
+        return sum(a.strides[0] for a in self._per_row_arrays())
+
+    @property
+    def nbytes(self) -> int:
+        counters = 0
+        if self.count_index is not None:
+            counters = self._counted * 12 + self.count_index.nbytes
+        return self._rows * self.bytes_per_row + self.index.nbytes + counters
+
+    def _ensure_capacity(self, rows: int) -> None:
+        """Only where the reservation was refused (arena.py) do the arrays ever move."""
+        if rows <= len(self.values):
+            return
+        if rows > self.max_rows:
+            raise MemoryError(f"{rows} rows: past the {self.max_rows} this store holds")
+        grow = lambda a: None if a is None else arena.grown(a, rows, self._rows)   # noqa: E731
+        # Every copy is made before any array is replaced: a MemoryError leaves the store whole.
+        keys, values, slots = grow(self.keys), grow(self.values), [grow(s) for s in self.slots]
+        steps, last_seen = grow(self.steps), grow(self.last_seen)
+        self.keys, self.values, self.slots, self.steps, self.last_seen = keys, values, slots, steps, last_seen
+
+    def reserve(self, rows: int) -> None:
+        self._ensure_capacity(rows)
+        self.index.reserve(self.keys, rows, self._rows)
+
+    # -- rows -------------------------------------------------------------
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        return self.index.lookup(self.keys, np.ascontiguousarray(ids, np.uint64))
+
+    def _init_state(self, first: int, n: int, version: int, state: Mapping[str, np.ndarray]) -> None:
+        new = slice(first, first + n)
+        for i, (slot, initial) in enumerate(zip(self.slots, self._slot_initials)):
+            given = state.get(f"slot{i}")
+            slot[new] = initial if given is None else given
+        if self.steps is not None:
+            given = state.get("steps")
+            self.steps[new] = 0 if given is None else given.astype(np.uint32)
+        if self.last_seen is not None:
+            given = state.get("last_seen")
+            self.last_seen[new] = version if given is None else given.astype(np.uint32)
+
+    def create(self, ids: np.ndarray, values: np.ndarray, version: int,
+               state: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        first, n = self._rows, len(ids)
+        self._ensure_capacity(first + n)
+        self.index.make_room(self.keys, first, n)       # allocates, if at all, before any change
+        # Rows past num_rows are invisible: written first, then indexed, then counted.
+        self.keys[first:first + n] = ids
+        self.values[first:first + n] = values
+        self._init_state(first, n, version, state or {})
+        self.index.insert(self.keys, first, n)
+        self._rows = first + n
+        return np.arange(first, first + n)
+
+    def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.uint64)
+        first = self._rows
+        self._ensure_capacity(first + len(ids))
+        self.index.make_room(self.keys, first, len(ids))
+        rows = np.empty(len(ids), np.int64)
+        made = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, first,
+                                  seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows)
+        if made:
+            self._init_state(first, made, version, {})
+            self._rows = first + made
+        return rows
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), self.dim), np.float32)
+        gather_kernel(self.values, np.ascontiguousarray(rows, np.int64), out)
+        return out
+
+    def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self.values[rows] = values
+
+    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
+        self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),
+                     np.ascontiguousarray(grads, np.float32), scale)
+
+    def touch(self, rows: np.ndarray, version: int) -> None:
+        if self.last_seen is not None:
+            self.last_seen[rows] = version
+
+    # -- admission counters -----------------------------------------------
+    def count(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, np.uint64)
+        rows = self.count_index.lookup(self.count_keys, ids)
+        new = np.flatnonzero(rows < 0)
+        if len(new):
+            rows[new] = self._add_counters(ids[new])
+        self.count_values[rows] += 1
+        return self.count_values[rows]
+
+    def _add_counters(self, ids: np.ndarray) -> np.ndarray:
+        first, n = self._counted, len(ids)
+        if first + n > len(self.count_keys):
+            raise MemoryError(f"admission counters: {first + n} ids seen and not admitted, "
+                              f"past the {len(self.count_keys)} this store holds")
+        self.count_index.make_room(self.count_keys, first, n)
+        self.count_keys[first:first + n] = ids
+        self.count_values[first:first + n] = 0
+        self.count_index.insert(self.count_keys, first, n)
+        self._counted = first + n
+        return np.arange(first, first + n)
+
+    def counted(self, ids: np.ndarray) -> np.ndarray:
+        if self.count_index is None:
+            return np.zeros(len(ids), bool)
+        return self.count_index.lookup(self.count_keys, np.ascontiguousarray(ids, np.uint64)) >= 0
+
+    def restore_counts(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        if self.count_index is None:
+            return
+        ids = np.ascontiguousarray(ids, np.uint64)
+        rows = self.count_index.lookup(self.count_keys, ids)
+        new = np.flatnonzero(rows < 0)
+        if len(new):
+            rows[new] = self._add_counters(ids[new])
+        self.count_values[rows] = counts.astype(np.uint32)
+
+    def counters(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.count_index is None:
+            return None
+        return self.count_keys[:self._counted].copy(), self.count_values[:self._counted].astype(np.int64)
+
+    # -- eviction, export, snapshot ---------------------------------------
+    def evict_unseen(self, before: int) -> int:
+        kept = kept_rows_kernel(self.last_seen, self._rows, before)
+        evicted = self._rows - len(kept)
+        if not evicted:
+            return 0
+        for a in self._per_row_arrays():
+            compact_kernel(a, kept)
+            arena.release(a, len(kept))
+        self._rows = len(kept)
+        self.index.rebuild(self.keys, self._rows)
+        return evicted
+
+    def ids(self) -> np.ndarray:
+        return self.keys[:self._rows].copy()
+
+    def page(self, start: int, count: int) -> dict[str, np.ndarray]:
+        end = min(self._rows, start + count)
+        rows = slice(start, max(start, end))
+        out = {"ids": self.keys[rows].copy(), "values": self.values[rows].copy()}
+        out.update((f"slot{i}", s[rows].copy()) for i, s in enumerate(self.slots))
+        if self.steps is not None:
+            out["steps"] = self.steps[rows].astype(np.int64)
+        if self.last_seen is not None:
+            out["last_seen"] = self.last_seen[rows].astype(np.int64)
+        return out
+
+    def clear(self) -> None:
+        self.__init__(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
+                      capacity=self._capacity)

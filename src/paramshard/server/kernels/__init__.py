@@ -1,0 +1,13 @@
+"""Compiled kernels of the compiled row store (compiled_row_store.py), written with numba.
+
+Each module has one job: ``hash_index`` (uint64 id -> row, grown without a
+stall), ``arena`` (row arrays reserved as address space, filled on demand),
+``initial_rows`` (a new row's values, bit for bit those of
+placement.sparse_hash.initial_rows) and ``update_kernels`` (the update rules,
+bit for bit those of update_rules.rules, fused with the gather and scatter).
+
+Every kernel is compiled once per machine and cached next to its source
+(``cache=True``), with no fast-math: float32 operations happen in the order
+numpy does them, which is what makes the tables bit-identical to the numpy
+reference store's.
+"""

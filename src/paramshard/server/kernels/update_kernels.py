@@ -1,0 +1,177 @@
+"""The update rules of update_rules.rules as compiled kernels, fused with the gather and scatter.
+
+The numpy store gathers the rows a push updates into temporaries, runs the
+rule over them (a temporary per arithmetic step) and scatters them back; here
+each row is updated where it lives, one element at a time, with nothing of
+the batch's size allocated. Every float32 operation is the one numpy does, in
+the same order, with the same float64 per-row factors (Adagrad's decayed rate,
+Adam's bias corrections), and no fast-math: the results are bit-identical to
+the numpy rules (tests/unit/test_kernels.py). Rows are taken in groups, each
+group's rows first read into cache together (row_kernels.py says why). ``rule_kernel`` picks the kernel
+of a rule and binds its settings.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numba
+import numpy as np
+
+from ...update_rules import Rule
+from .row_kernels import GROUP, prefetch
+
+U1 = np.uint32(1)
+
+
+@numba.njit(cache=True, inline="always")
+def _grad(g, p, scale, scaled, wd, decays):
+    """Rule._grad: scale * grad (+ weight decay), element by element."""
+    if scaled:
+        g = g * scale
+    if decays:
+        g = g + wd * p
+    return g
+
+
+@numba.njit(cache=True)
+def sgd_kernel(values, rows, grads, lr, lr_scaled, scale, scaled, wd, decays):
+    touched = 0.0
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            touched += prefetch(values, rows, i, min(len(rows), i + GROUP))
+        r = rows[i]
+        for j in range(values.shape[1]):
+            if not decays:
+                values[r, j] = values[r, j] - grads[i, j] * lr_scaled
+            else:
+                g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+                values[r, j] = values[r, j] - lr * g
+    return touched
+
+
+@numba.njit(cache=True)
+def momentum_kernel(values, buf, rows, grads, lr, momentum, nesterov, scale, scaled, wd, decays):
+    touched = 0.0
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            end = min(len(rows), i + GROUP)
+            touched += prefetch(values, rows, i, end) + prefetch(buf, rows, i, end)
+        r = rows[i]
+        for j in range(values.shape[1]):
+            g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+            b = buf[r, j] * momentum
+            b = b + g
+            buf[r, j] = b
+            step = g + momentum * b if nesterov else b
+            values[r, j] = values[r, j] - lr * step
+    return touched
+
+
+@numba.njit(cache=True)
+def adagrad_kernel(values, acc, steps, rows, grads, lr, lr_decay, fixed_rate, counts, eps,
+                   scale, scaled, wd, decays):
+    touched = 0.0
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            end = min(len(rows), i + GROUP)
+            touched += prefetch(values, rows, i, end) + prefetch(acc, rows, i, end)
+        r = rows[i]
+        rate = fixed_rate
+        if counts:
+            steps[r] = steps[r] + U1
+            rate = np.float32(lr / (1.0 + (np.float64(steps[r]) - 1.0) * lr_decay))
+        for j in range(values.shape[1]):
+            g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+            a = acc[r, j] + g * g
+            acc[r, j] = a
+            values[r, j] = values[r, j] - rate * g / (np.sqrt(a) + eps)
+    return touched
+
+
+@numba.njit(cache=True)
+def adam_kernel(values, m, v, steps, rows, grads, lr, beta1, beta2, b1, b2, c1, c2, eps,
+                scale, scaled, wd, decays):
+    touched = 0.0
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            end = min(len(rows), i + GROUP)
+            touched += prefetch(values, rows, i, end) + prefetch(m, rows, i, end) + prefetch(v, rows, i, end)
+        r = rows[i]
+        steps[r] = steps[r] + U1
+        step = np.float64(steps[r])
+        bias1 = 1.0 - beta1 ** step
+        bias2_sqrt = np.float32(np.sqrt(1.0 - beta2 ** step))
+        rate = np.float32(lr / bias1)
+        for j in range(values.shape[1]):
+            g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+            mm = m[r, j] * b1
+            mm = mm + c1 * g
+            m[r, j] = mm
+            vv = v[r, j] * b2
+            vv = vv + c2 * (g * g)
+            v[r, j] = vv
+            denom = np.sqrt(vv) / bias2_sqrt + eps
+            values[r, j] = values[r, j] - rate * mm / denom
+    return touched
+
+
+@numba.njit(cache=True)
+def ftrl_kernel(values, z, n, rows, grads, lr, beta, l1, l2, scale, scaled, wd, decays):
+    touched = 0.0
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            end = min(len(rows), i + GROUP)
+            touched += prefetch(values, rows, i, end) + prefetch(z, rows, i, end) + prefetch(n, rows, i, end)
+        r = rows[i]
+        for j in range(values.shape[1]):
+            p = values[r, j]
+            # As FTRLRule: the weight decay applies only with a scale (a sync step's average).
+            g = _grad(grads[i, j], p, scale, scaled, wd, decays) if scaled else grads[i, j]
+            old_n = n[r, j]
+            new_n = old_n + g * g
+            sigma = (np.sqrt(new_n) - np.sqrt(old_n)) / lr
+            zz = z[r, j] + (g - sigma * p)
+            z[r, j] = zz
+            n[r, j] = new_n
+            denom = (beta + np.sqrt(new_n)) / lr + l2
+            shrunk = -(zz - np.sign(zz) * l1) / denom
+            values[r, j] = np.float32(0.0) if np.abs(zz) <= l1 else shrunk
+    return touched
+
+
+def rule_kernel(rule: Rule) -> Callable[[np.ndarray, list, np.ndarray | None, np.ndarray, np.ndarray, float], None]:
+    """``update(values, slots, steps, rows, grads, scale)`` applying ``rule`` in place."""
+    c, f32 = rule.config, np.float32
+    kind, wd = c.kind, f32(c.weight_decay)
+    decays = bool(c.weight_decay)
+
+    def common(scale: float):
+        return f32(scale), scale != 1.0, wd, decays
+
+    if kind == "sgd":
+        def update(values, slots, steps, rows, grads, scale):
+            sgd_kernel(values, rows, grads, f32(c.lr), f32(c.lr * scale), *common(scale))
+    elif kind == "momentum":
+        def update(values, slots, steps, rows, grads, scale):
+            momentum_kernel(values, slots[0], rows, grads, f32(c.lr), f32(c.momentum), c.nesterov, *common(scale))
+    elif kind == "adagrad":
+        # Without lr_decay the rule's rate is lr / (1 + 0 * lr_decay), cast once.
+        fixed = f32(np.float64(c.lr) / (1 + (np.float64(1) - 1) * c.lr_decay))
+        no_steps = np.zeros(0, np.uint32)
+
+        def update(values, slots, steps, rows, grads, scale):
+            adagrad_kernel(values, slots[0], steps if steps is not None else no_steps, rows, grads,
+                           float(c.lr), float(c.lr_decay), fixed, steps is not None, f32(c.eps), *common(scale))
+    elif kind == "adam":
+        b1, b2 = c.betas
+
+        def update(values, slots, steps, rows, grads, scale):
+            adam_kernel(values, slots[0], slots[1], steps, rows, grads, float(c.lr), float(b1), float(b2),
+                        f32(b1), f32(b2), f32(1 - b1), f32(1 - b2), f32(c.eps), *common(scale))
+    elif kind == "ftrl":
+        def update(values, slots, steps, rows, grads, scale):
+            ftrl_kernel(values, slots[0], slots[1], rows, grads, f32(c.lr), f32(c.beta), f32(c.l1), f32(c.l2),
+                        *common(scale))
+    else:
+        raise NotImplementedError(f"no compiled kernel for the {kind!r} rule")
+    return update
