@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 from .errors import ConfigError
 
@@ -18,6 +19,10 @@ class OptimizerConfig:
     weight_decay: float = 0.0
 
     kind = "base"
+    # Set for rules that keep state per table row rather than per element: only a
+    # SparseEmbedding table takes them, never the Trainer's dense optimizer. Names the
+    # optimizer dense parameters should use instead.
+    dense_alternative: typing.ClassVar[str | None] = None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -87,7 +92,31 @@ class FTRL(OptimizerConfig):
     kind = "ftrl"
 
 
-KINDS = {cls.kind: cls for cls in (SGD, Momentum, Adagrad, Adam, FTRL)}
+@dataclasses.dataclass(frozen=True)
+class RowWiseAdagrad(OptimizerConfig):
+    """Adagrad with one accumulator per table row (FBGEMM's EXACT_ROWWISE_ADAGRAD): the
+    accumulator grows by the mean of the row gradient's squares, and the whole row takes
+    one step size. Its state is one float32 per row instead of one per element (4 bytes
+    instead of 64 for a dim-16 row). For SparseEmbedding tables only: dense parameters
+    use ``Adagrad``. The exact float32 arithmetic: update_rules.rules.RowWiseAdagradRule."""
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+    kind = "rowwise_adagrad"
+    dense_alternative = "Adagrad"
+
+
+KINDS = {cls.kind: cls for cls in (SGD, Momentum, Adagrad, Adam, FTRL, RowWiseAdagrad)}
+DENSE_KINDS = {kind: cls for kind, cls in KINDS.items() if cls.dense_alternative is None}
+
+
+def check_dense(config: OptimizerConfig | type[OptimizerConfig], where: str) -> None:
+    """A ConfigError when ``config`` (or its class) cannot update dense parameters: a rule
+    with per-row state (RowWiseAdagrad), for SparseEmbedding tables only."""
+    if config.dense_alternative is not None:
+        name = config.__name__ if isinstance(config, type) else type(config).__name__
+        raise ConfigError(f"{where}: {name} is for SparseEmbedding tables; dense parameters: use "
+                          f"{config.dense_alternative} (ps.optim.{config.dense_alternative}; {name} keeps one "
+                          f"accumulator per table row, there are no rows in a dense parameter)")
 
 
 def from_wire(data: dict) -> OptimizerConfig:

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard import runtime
+from paramshard.checkpoint.format import Checkpoint
 from paramshard.env import ClusterEnv
 from paramshard.errors import DeadlineExceeded, RemoteError
 from paramshard.server.in_process import LocalLinks
+from paramshard.server.sparse_service import SparseService
 from paramshard.torch.trainer import Trainer
 
 
@@ -90,3 +92,55 @@ def test_a_reply_nothing_in_the_process_can_complete_is_an_error_not_a_hang(in_p
                                             "plan_fingerprint": trainer.plan.fingerprint()}, ())])
         with pytest.raises(DeadlineExceeded, match="cannot answer.*pull_dense"):
             trainer.links.collect(ticket)
+
+
+class RowWiseCtr(Ctr):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = ps.SparseEmbedding("emb", 4, optimizer=ps.optim.RowWiseAdagrad(lr=0.1), init_scale=0.1)
+
+
+def test_a_row_wise_adagrad_table_trains_saves_and_resumes_bit_identical(monkeypatch, tmp_path):
+    """RowWiseAdagrad through the whole stack: the Trainer takes it for a table, the table keeps
+    one accumulator per row, and a checkpoint resumed on a fresh server ends where an
+    uninterrupted run does."""
+    data, cut = batches(), 5
+
+    def run(stop, save_at=None, resume=None):
+        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                                      in_process=True)
+        monkeypatch.setattr(runtime, "_local_server", server)
+        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+        model = RowWiseCtr()
+        try:
+            with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:
+                assert trainer.step_count == (cut if resume else 0)
+                while trainer.step_count < stop:
+                    dense, ids, y = data[trainer.step_count]
+                    trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+                    if trainer.step_count == save_at:
+                        trainer.save(tmp_path)
+                rows = trainer.sparse.export_sparse("emb")
+                table = server.service(SparseService).tables["emb"]
+                page = table.store.page(0, table.num_rows)
+                order = np.argsort(page["ids"])
+                state = {part: arr[order] for part, arr in page.items()}
+        finally:
+            server.close()
+        return model.head.weight.detach().clone(), rows, state
+
+    whole_w, whole_rows, whole_state = run(len(data))
+    assert whole_state["slot0"].shape == (len(whole_rows[0]), 1) and (whole_state["slot0"] > 0).all()
+    run(cut, save_at=cut)
+    ckpt = Checkpoint(tmp_path)
+    (entry,) = ckpt.manifest["sparse"]
+    assert ckpt.step == cut and entry["optimizer"]["kind"] == "rowwise_adagrad" and "steps" not in entry["files"]
+    assert ckpt.array(entry["files"]["slot0"]).shape == (entry["rows"], 1)
+    resumed_w, resumed_rows, resumed_state = run(len(data), resume=tmp_path)
+    torch.testing.assert_close(resumed_w, whole_w, rtol=0, atol=0)
+    for a, b in zip(resumed_rows, whole_rows):
+        np.testing.assert_array_equal(a, b)
+    assert list(resumed_state) == list(whole_state)
+    for part in whole_state:
+        np.testing.assert_array_equal(resumed_state[part], whole_state[part], err_msg=part)

@@ -6,11 +6,30 @@ import numpy as np
 
 from paramshard.placement.sparse_hash import initial_rows
 
+F32 = np.float32
+
+
+def rowwise_adagrad(config, param, grad, acc, scale):
+    """One row of row-wise Adagrad, one float32 scalar at a time in the order
+    RowWiseAdagradRule documents: (new param, new accumulator)."""
+    g = [F32(x) for x in grad]
+    if scale != 1.0:
+        g = [x * F32(scale) for x in g]
+    if config.weight_decay:
+        g = [x + F32(config.weight_decay) * F32(p) for x, p in zip(g, param)]
+    total = g[0] * g[0]
+    for x in g[1:]:
+        total = total + x * x
+    acc = F32(acc) + total / F32(len(g))
+    multiplier = F32(config.lr) / (F32(np.sqrt(acc)) + F32(config.eps))
+    return np.array([F32(p) - multiplier * x for p, x in zip(param, g)], F32), np.array([acc], F32)
+
 
 class DictRowStore:
     def __init__(self, dim, rule, keep_last_seen, count_admissions, **ignored):   # max_rows, capacity
         self.dim, self.rule = dim, rule
         self.slot_count = len(rule.init_slots((1, dim)))
+        self.slot_widths = [s.shape[1] for s in rule.init_slots((1, dim))]     # dim, or 1 (per row)
         self.keeps_steps, self.keeps_last_seen = rule.uses_step, keep_last_seen
         self.counting = count_admissions
         self.clear()
@@ -24,7 +43,7 @@ class DictRowStore:
 
     @property
     def nbytes(self):
-        per_row = self.dim * 4 * (1 + self.slot_count) + 4 * (self.keeps_steps + self.keeps_last_seen) + 8
+        per_row = 4 * (self.dim + sum(self.slot_widths)) + 4 * (self.keeps_steps + self.keeps_last_seen) + 8
         return len(self.rows) * per_row + 12 * len(self.seen)
 
     def reserve(self, rows):
@@ -68,6 +87,10 @@ class DictRowStore:
         for r, g in zip(rows, grads):
             row = self.rows[r]
             row[3] += 1
+            if self.rule.config.kind == "rowwise_adagrad":     # the maths again, not the rule's code
+                row[1], acc = rowwise_adagrad(self.rule.config, row[1], g, row[2][0][0], scale)
+                row[2] = [acc]
+                continue
             param, slots = row[1][None, :].copy(), [s[None, :].copy() for s in row[2]]
             step = np.array([[row[3]]], np.uint32) if self.keeps_steps else 1
             self.rule.apply(param, g[None, :], slots, step, scale=scale)
@@ -109,7 +132,7 @@ class DictRowStore:
         out = {"ids": np.array([r[0] for r in rows], np.uint64),
                "values": np.array([r[1] for r in rows], np.float32).reshape(len(rows), self.dim)}
         for j in range(self.slot_count):
-            out[f"slot{j}"] = np.array([r[2][j] for r in rows], np.float32).reshape(len(rows), self.dim)
+            out[f"slot{j}"] = np.array([r[2][j] for r in rows], np.float32).reshape(len(rows), self.slot_widths[j])
         if self.keeps_steps:
             out["steps"] = np.array([r[3] for r in rows], np.int64)
         if self.keeps_last_seen:

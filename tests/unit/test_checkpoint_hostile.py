@@ -18,7 +18,7 @@ from paramshard.checkpoint import format as ckfmt
 from paramshard.checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter, write_trainer_position
 from paramshard.checkpoint.npy import load_npy
 from paramshard.client.checkpoint import open_for_resume
-from paramshard.optim import Adagrad, Momentum
+from paramshard.optim import Adagrad, Momentum, RowWiseAdagrad
 from paramshard.tables import Admission, Eviction, policy_to_wire
 
 STEP = 7
@@ -257,6 +257,34 @@ def test_a_manifest_off_its_schema_is_one_line_naming_the_field(tmp_path, case):
     mutate(m)
     rewrite(step, m)
     refused(lambda: Checkpoint(tmp_path), str(step / "manifest.json"), needle)
+
+
+def make_row_wise(root, slots):
+    """The checkpoint of make() with its table's optimizer RowWiseAdagrad and ``slots`` (part name ->
+    array) as the table's state files."""
+    step = make(root)
+    m = manifest_of(step)
+    w = CheckpointWriter(root, STEP + 1)
+    for relpath in m["files"]:
+        w.put(relpath, Checkpoint(step).array(relpath))
+    table = m["sparse"][0]
+    table["optimizer"] = RowWiseAdagrad(lr=0.1).to_wire()
+    del table["files"]["slot0"]
+    for part, arr in slots.items():
+        table["files"][part] = f"sparse/t0/{part}.npy"
+        w.put(table["files"][part], arr)
+    return w.commit({k: v for k, v in m.items() if k not in ("format", "version", "step", "files", "created")})
+
+
+def test_a_row_wise_table_has_one_accumulator_column_per_row(tmp_path):
+    make_row_wise(tmp_path / "good", {"slot0": np.full((3, 1), 0.5, np.float32)})
+    ckpt = Checkpoint(tmp_path / "good")
+    np.testing.assert_array_equal(ckpt.array("sparse/t0/slot0.npy"), np.full((3, 1), 0.5, np.float32))
+    make_row_wise(tmp_path / "wide", {"slot0": np.zeros((3, 4), np.float32)})    # a per-element slot
+    refused(lambda: Checkpoint(tmp_path / "wide"), "sparse table 'emb': slot0: 'sparse/t0/slot0.npy' is <f4[3, 4], "
+                                                   "expected <f4[3, 1]")
+    make_row_wise(tmp_path / "extra", {"slot0": np.zeros((3, 1), np.float32), "slot1": np.zeros((3, 1), np.float32)})
+    refused(lambda: Checkpoint(tmp_path / "extra"), "files has 'slot1', but rowwise_adagrad keeps 1 state array per row")
 
 
 @pytest.mark.parametrize("text, needle", [

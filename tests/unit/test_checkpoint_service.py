@@ -108,3 +108,41 @@ def test_the_async_cut_holds_pushes_and_releases_them_through_the_context():
     assert ctx.resubmitted == ["frames of step 4"]
     with pytest.raises(ConfigError, match="cut_pushes before pause_pushes"):
         checkpoints.handle_cut_pushes({"cut": [[0, 3]]}, [])
+
+
+def test_row_wise_adagrad_pages_carry_one_accumulator_per_row_and_restore_bit_identical():
+    optimizer = ps.optim.RowWiseAdagrad(lr=0.1, initial_accumulator_value=0.01)
+    _, sparse, checkpoints = service_with_table(optimizer=optimizer)
+    train(sparse)
+    pages = snapshot(checkpoints)
+    rows = pages[0].fields["rows"]
+    assert pages[0].fields["parts"] == ["ids", "values", "slot0", "last_seen", "counted_ids", "counts"]    # no steps
+    got = dict(zip(pages[0].fields["parts"], pages[0].arrays))
+    assert got["slot0"].shape == (min(rows, 7), 1) and (got["slot0"] > 0.01).all()     # every row was pushed
+    _, copy_sparse, copy = service_with_table(optimizer=optimizer)
+    for i, page in enumerate(pages):
+        header = {"table": "t", "trainer": 0, "parts": page.fields["parts"], "version": page.fields["version"],
+                  "evicted": page.fields["evicted"], **({"reserve": rows} if i == 0 else {})}
+        copy.handle_restore_sparse(header, list(page.arrays))
+    for before, after in zip(pages, snapshot(copy)):
+        assert before.fields == after.fields
+        for a, b in zip(before.arrays, after.arrays):
+            np.testing.assert_array_equal(a, b)
+    # The restored table trains on exactly as the original does.
+    train(sparse, steps=3)
+    train(copy_sparse, steps=3)
+    for before, after in zip(snapshot(checkpoints), snapshot(copy)):
+        for a, b in zip(before.arrays, after.arrays):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_wise_restore_wants_one_accumulator_per_row():
+    _, sparse, checkpoints = service_with_table(admission=Admission(), optimizer=ps.optim.RowWiseAdagrad())
+    ids, values = np.array([1, 2], np.uint64), np.zeros((2, 3), np.float32)
+    header = {"table": "t", "trainer": 0, "parts": ["ids", "values", "slot0"], "version": 0, "evicted": 0}
+    with pytest.raises(ConfigError, match=r"slot0 must be float32\[2, 1\]"):
+        checkpoints.handle_restore_sparse(header, [ids, values, np.zeros((2, 3), np.float32)])
+    assert sparse.tables["t"].num_rows == 0
+    checkpoints.handle_restore_sparse(header, [ids, values, np.full((2, 1), 0.5, np.float32)])
+    page = checkpoints.handle_snapshot_sparse({"table": "t", "start": 0, "count": 10}, [])
+    assert dict(zip(page.fields["parts"], page.arrays))["slot0"].tolist() == [[0.5], [0.5]]

@@ -7,7 +7,7 @@ import pytest
 from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
 from paramshard.placement.sparse_hash import initial_rows as numpy_initial_rows
 from paramshard.server.kernels import arena
-from paramshard.server.kernels.hash_index import MIN_DRAIN, HashIndex
+from paramshard.server.kernels.hash_index import MAX_LOAD, MIN_DRAIN, HashIndex
 from paramshard.server.kernels.initial_rows import initial_rows
 from paramshard.server.kernels.update_kernels import rule_kernel
 from paramshard.update_rules import make_rule
@@ -80,7 +80,7 @@ def test_the_index_finds_every_id_through_growth_and_draining():
         assert index.drained <= len(index.old)
     assert saw_draining, "the batches never caught the index while it drained"
     np.testing.assert_array_equal(index.lookup(keys, all_ids), np.arange(len(all_ids)))
-    assert len(index.buckets) * 0.5 >= rows and MIN_DRAIN > 0
+    assert len(index.buckets) * MAX_LOAD >= rows and MIN_DRAIN > 0
 
 
 def test_reserved_rows_read_zero_and_released_pages_read_zero_again():

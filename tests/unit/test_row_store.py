@@ -4,7 +4,7 @@ that restore into an equal store."""
 import numpy as np
 import pytest
 
-from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum
+from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad
 from paramshard.server.barrier import Membership
 from paramshard.server.compiled_row_store import CompiledRowStore
 from paramshard.server.numpy_row_store import NumpyRowStore
@@ -17,17 +17,17 @@ from .reference_row_store import DictRowStore
 
 DIM = 3
 RULES = [SGD(lr=0.5), Momentum(lr=0.1, momentum=0.9), Adagrad(lr=0.1, lr_decay=0.01), Adam(lr=0.01),
-         FTRL(lr=0.1, l1=0.01)]
+         FTRL(lr=0.1, l1=0.01), RowWiseAdagrad(lr=0.1, initial_accumulator_value=0.1, weight_decay=0.01)]
 
 
 STORES = [NumpyRowStore, CompiledRowStore]
 each_store = pytest.mark.parametrize("kind", STORES, ids=lambda k: k.__name__)
 
 
-def stores(optimizer, keep_last_seen=True, count=True, capacity=4, kind=NumpyRowStore):
+def stores(optimizer, keep_last_seen=True, count=True, capacity=4, kind=NumpyRowStore, dim=DIM):
     rule = make_rule(optimizer)
-    return (kind(DIM, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
-            DictRowStore(DIM, rule, keep_last_seen, count))
+    return (kind(dim, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
+            DictRowStore(dim, rule, keep_last_seen, count))
 
 
 def same(a, b):
@@ -152,3 +152,51 @@ def test_a_table_gives_the_same_rows_on_either_store(mode, trainers, admission, 
         np.testing.assert_array_equal(got, expected)
     probe = np.arange(200, dtype=np.uint64)
     np.testing.assert_array_equal(fast.pull(probe, create=False), oracle.pull(probe, create=False))
+
+
+@each_store
+@pytest.mark.parametrize("dim", [1, 8, 9, 16, 37])
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_rowwise_adagrad_rows_are_bit_identical_to_the_scalar_oracle(dim, scale, kind):
+    """The numpy rule against the oracle's one-float32-at-a-time loop in the documented order, at
+    widths where numpy's pairwise sum would add in another order (> 8 columns), through growth,
+    eviction and a page restored into a new store."""
+    optimizer = RowWiseAdagrad(lr=0.05, eps=1e-8, initial_accumulator_value=0.01, weight_decay=0.001)
+    fast, oracle = stores(optimizer, capacity=2, dim=dim, kind=kind)
+    rng = np.random.default_rng(dim)
+    for version in range(12):
+        ids = np.unique(rng.integers(0, 40, 15).astype(np.uint64))
+        grads = (rng.standard_normal((len(ids), dim)) * 10.0 ** rng.integers(-3, 3, (len(ids), 1))).astype(np.float32)
+        for store in (fast, oracle):
+            new = ids[store.lookup(ids) < 0]
+            if len(new):
+                store.create(new, initial_rows(3, new, dim, 0.1), version)
+            rows = store.lookup(ids)
+            store.touch(rows, version)
+            store.update(rows, grads, scale=scale)
+        if version == 8:
+            assert fast.evict_unseen(version - 2) == oracle.evict_unseen(version - 2)
+        same(fast, oracle)
+    page = fast.page(0, fast.num_rows)
+    assert page["slot0"].shape == (fast.num_rows, 1) and "steps" not in page     # one float per row, no counts
+    copy, _ = stores(optimizer, dim=dim, kind=kind)
+    copy.create(page.pop("ids"), page.pop("values"), version=0, state=page)
+    same(fast, copy)
+
+
+def test_rowwise_adagrad_keeps_one_float_of_state_per_row():
+    dim, capacity = 16, 1000
+    per_element, _ = stores(Adagrad(lr=0.1), keep_last_seen=False, count=False, capacity=capacity, dim=dim)
+    per_row, _ = stores(RowWiseAdagrad(lr=0.1), keep_last_seen=False, count=False, capacity=capacity, dim=dim)
+    assert [s.shape for s in per_row.slots] == [(capacity, 1)]
+    assert per_element.nbytes - per_row.nbytes == capacity * (dim - 1) * 4      # 64 bytes of state a row -> 4
+    per_row.reserve(5000)                                                        # grows like the values
+    assert [s.shape for s in per_row.slots] == [(len(per_row.values), 1)]
+
+
+def test_the_compiled_store_keeps_a_dim_16_rowwise_row_in_76_bytes_plus_its_index():
+    store, _ = stores(RowWiseAdagrad(lr=0.1), keep_last_seen=False, count=False, kind=CompiledRowStore, dim=16)
+    assert store.bytes_per_row == 8 + 64 + 4               # id, values, one accumulator
+    for batch in np.array_split(np.arange(1, 200_001, dtype=np.uint64), 20):   # filled by pulls
+        store.lookup_or_create(batch, 0, 1, 0.1)
+    assert store.nbytes / store.num_rows <= 76 + 4 / 0.3 + 0.5       # the index: at most 13.3 bytes a row

@@ -3,15 +3,19 @@
 Every refusal here runs with the network and the trainers' group forbidden: a
 refused configuration must leave nothing behind (issue 21: in collective mode a
 model with a SparseEmbedding used to be refused after the gloo group was joined)."""
+import numpy as np
 import pytest
 import torch
 
 import paramshard as ps
 from paramshard import runtime
 from paramshard.collective import group
+from paramshard.collective.allreduce_sync import AllreduceDenseSync
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.mode import Mode
+from paramshard.server.barrier import Membership
+from paramshard.server.dense_store import DenseStore
 from paramshard.torch import trainer_config
 from paramshard.torch.trainer import Trainer
 
@@ -102,3 +106,32 @@ def test_save_needs_a_directory_in_the_modes_that_have_checkpoints():
         trainer_config.check_save(trainer_env(mode), "/tmp/ckpt")        # allowed
         with pytest.raises(ConfigError, match="Trainer.save\\(\\) needs a directory"):
             trainer_config.check_save(trainer_env(mode), None)
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC, Mode.COLLECTIVE, Mode.HYBRID])
+@pytest.mark.parametrize("optimizer", [ps.optim.RowWiseAdagrad(lr=0.1), ps.optim.RowWiseAdagrad],
+                         ids=["instance", "class"])
+def test_the_dense_optimizer_cannot_be_row_wise(nothing_joined, mode, optimizer):
+    with pytest.raises(ConfigError, match=r"Trainer\(optimizer=ps\.optim\.RowWiseAdagrad.*: RowWiseAdagrad is for "
+                                          r"SparseEmbedding tables; dense parameters: use Adagrad"):
+        Trainer(torch.nn.Linear(3, 1), optimizer, env=trainer_env(mode))
+
+
+def test_a_table_takes_row_wise_adagrad(nothing_joined):
+    class RowWiseTable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = ps.SparseEmbedding("feat", 4, optimizer=ps.optim.RowWiseAdagrad(lr=0.1))
+            self.out = torch.nn.Linear(4, 1)
+    with pytest.raises(AssertionError, match="joined or connected"):     # accepted: gets as far as the servers
+        Trainer(RowWiseTable(), ps.optim.Adagrad(lr=0.1), env=trainer_env(Mode.SYNC))
+
+
+def test_neither_the_dense_store_nor_allreduce_take_a_row_wise_optimizer():
+    """Behind the Trainer's refusal: a server (a hand-made request) and collective mode refuse too."""
+    store = DenseStore(Mode.SYNC, Membership(1, grace=5.0))
+    with pytest.raises(ConfigError, match="register_dense: RowWiseAdagrad is for SparseEmbedding tables"):
+        store.register(0, ["w"], [np.zeros(4, np.float32)], ps.optim.RowWiseAdagrad(), 1)
+    assert not store.registered
+    with pytest.raises(ConfigError, match="RowWiseAdagrad is for SparseEmbedding tables"):
+        AllreduceDenseSync(ps.optim.RowWiseAdagrad(), {"w": np.zeros(4, np.float32)})

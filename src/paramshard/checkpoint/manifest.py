@@ -90,6 +90,7 @@ def check_dense(entry, i: int, files: dict) -> str:
 def check_sparse(entry, i: int, files: dict) -> str:
     from ..optim import from_wire                  # the readers' own checks, not a copy of them
     from ..tables import check_table_settings, policy_from_wire
+    from ..update_rules import make_rule
 
     what = f"sparse[{i}]"
     obj(entry, what, ("name", "dim", "seed", "init_scale", "optimizer", "policy", "rows", "version",
@@ -98,11 +99,12 @@ def check_sparse(entry, i: int, files: dict) -> str:
     what = f"sparse table {name!r}"
     try:
         check_table_settings(name, entry["dim"], entry["seed"], entry["init_scale"])
-        from_wire(entry["optimizer"])
+        optimizer = from_wire(entry["optimizer"])
         policy_from_wire(entry["policy"])
     except ConfigError as exc:
         raise Invalid(f"{what}: {exc}") from None
     rows, dim = integer(entry["rows"], f"{what}: rows"), entry["dim"]
+    widths = make_rule(optimizer).slot_widths(dim)     # per row: dim, or 1 for a per-row accumulator
     integer(entry["version"], f"{what}: version")
     integer(entry["evicted"], f"{what}: evicted")
     parts = obj(entry["files"], f"{what}: files", ("ids", "values"))
@@ -111,7 +113,11 @@ def check_sparse(entry, i: int, files: dict) -> str:
         if part in _ROW_PARTS:
             _file_of(files, relpath, where, _ROW_PARTS[part], [rows, dim] if part == "values" else [rows])
         elif _SLOT.fullmatch(part):
-            _file_of(files, relpath, where, ("<f4",), [rows, dim])
+            j = int(part[4:])
+            if j >= len(widths):
+                raise Invalid(f"{what}: files has {part!r}, but {optimizer.kind} keeps {len(widths)} state "
+                              f"array{'s' if len(widths) != 1 else ''} per row")
+            _file_of(files, relpath, where, ("<f4",), [rows, widths[j]])
         elif part not in _COUNT_PARTS:
             raise Invalid(f"{what}: files has {show(part)}, not a part of a table "
                           f"(ids, values, slotN, steps, last_seen, counted_ids, counts)")

@@ -14,12 +14,13 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from ..optim import OptimizerConfig
+from ..optim import OptimizerConfig, check_dense
 from ..update_rules import make_rule
 
 
 class AllreduceDenseSync:
     def __init__(self, optimizer: OptimizerConfig, values: Mapping[str, np.ndarray]):
+        check_dense(optimizer, "the dense optimizer")
         self.rule = make_rule(optimizer)
         self.slots = {name: self.rule.init_slots(v.shape) for name, v in values.items()}
         self.updates = 0

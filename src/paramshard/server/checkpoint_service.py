@@ -165,8 +165,9 @@ class CheckpointService:
             raise ConfigError("restore_sparse needs ids and values")
         n = len(ids)
         slots = [got.get(f"slot{i}") for i in range(table.store.slot_count)]
+        widths = table.rule.slot_widths(table.dim)       # dim, or 1 for a per-row accumulator
         for name, arr, shape in [("values", values, (n, table.dim))] + [
-                (f"slot{i}", s, (n, table.dim)) for i, s in enumerate(slots)]:
+                (f"slot{i}", s, (n, width)) for i, (s, width) in enumerate(zip(slots, widths))]:
             if arr is None or arr.shape != shape or arr.dtype != np.float32:
                 raise ConfigError(f"restore_sparse: table {table.name!r}: {name} must be float32{list(shape)}")
         for name in ("steps", "last_seen"):

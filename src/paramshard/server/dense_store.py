@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..mode import Mode
-from ..optim import OptimizerConfig
+from ..optim import OptimizerConfig, check_dense
 from .barrier import Membership, StepBarrier
 from ..update_rules import Rule, make_rule
 from .staleness import Clocks
@@ -76,6 +76,7 @@ class DenseStore:
         for name, arr in zip(names, arrays):
             if arr.dtype != np.float32 or arr.ndim != 1:
                 raise ConfigError(f"block {name}: expected a flat float32 array, got {arr.dtype}{list(arr.shape)}")
+        check_dense(optimizer, "register_dense")
         rule = make_rule(optimizer)
         self.blocks = {name: DenseBlock(name, arr.copy(), rule, StepBarrier(self.membership, f"block {name}"))
                        for name, arr in zip(names, arrays)}

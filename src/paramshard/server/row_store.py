@@ -22,7 +22,8 @@ numpy). A compiled or tiered store (issue 22) implements the same contract and
 must give bit-identical tables for the same calls.
 
 State travels as named arrays, the names of a checkpoint page
-(checkpoint_service.py): ``slot0``.. (the rule's state, float32 [n, dim]),
+(checkpoint_service.py): ``slot0``.. (the rule's state, float32 [n, width] with the
+widths of ``rule.slot_widths(dim)``: dim, or 1 for a per-row accumulator),
 ``steps`` (update counts, for rules that read them) and ``last_seen`` (the table
 version that last touched a row, kept when eviction is on).
 """

@@ -3,14 +3,15 @@
 Optimizers run on the servers, so the Trainer takes a ``ps.optim`` config. A
 torch.optim optimizer, a config class instead of an instance, or anything else
 gets an error that shows the ``ps.optim`` call to use (the common torch
-optimizers' hyper-parameters mapped over).
+optimizers' hyper-parameters mapped over). A table-only optimizer (RowWiseAdagrad:
+one accumulator per row) is refused, naming the dense one to use.
 """
 from __future__ import annotations
 
 import torch
 
 from ..errors import ConfigError
-from ..optim import KINDS, SGD, OptimizerConfig
+from ..optim import DENSE_KINDS, SGD, OptimizerConfig, check_dense
 
 
 def _fmt(value) -> str:
@@ -49,9 +50,12 @@ def optimizer_config(optimizer) -> OptimizerConfig:
     if optimizer is None:
         return SGD(lr=0.01)
     if isinstance(optimizer, OptimizerConfig):
+        # A per-row rule (RowWiseAdagrad) belongs to SparseEmbedding(optimizer=...), not here.
+        check_dense(optimizer, f"Trainer(optimizer=ps.optim.{type(optimizer).__name__}(...))")
         return optimizer
-    available = ", ".join(f"ps.optim.{cls.__name__}" for cls in KINDS.values())
+    available = ", ".join(f"ps.optim.{cls.__name__}" for cls in DENSE_KINDS.values())
     if isinstance(optimizer, type) and issubclass(optimizer, OptimizerConfig):
+        check_dense(optimizer, f"Trainer(optimizer=ps.optim.{optimizer.__name__})")
         raise ConfigError(f"Trainer(optimizer=ps.optim.{optimizer.__name__}): pass an instance with its "
                           f"settings, e.g. optimizer=ps.optim.{optimizer.__name__}(lr=0.01)")
     if isinstance(optimizer, torch.optim.Optimizer):

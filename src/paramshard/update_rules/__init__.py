@@ -1,4 +1,4 @@
-"""The update rules (SGD, momentum, Adagrad, Adam, FTRL) as numpy maths, owned by no side.
+"""The update rules (SGD, momentum, Adagrad, Adam, FTRL, row-wise Adagrad) as numpy maths, owned by no side.
 
 The parameter servers apply them to dense blocks and sparse rows; collective
 mode applies the same code to each trainer's replica after allreduce. Keeping

@@ -2,16 +2,17 @@
 
 The ids themselves live in the store's ``keys`` array, in row order (export,
 checkpoints and eviction need them anyway); a bucket holds only an int32 row
-number, so the index costs 8-16 bytes a row (load kept between 1/4 and 1/2,
+number, so the index costs 7-13 bytes a row (load kept between 0.3 and 0.6,
 where linear probing rarely reads a second key). A bucket holds row + 1, so 0 means empty and a
 new bucket array is np.zeros: pages the kernel hands out zeroed on first
 touch, where filling gigabytes with -1 would itself stall for seconds.
 
 Growth is incremental (as Redis rehashes a dict): when the next insert would
-pass half full, a bucket array four times as large is allocated and becomes
-the one inserts go to, and the old one is drained into it a slice per call,
-four old buckets for every id inserted and at least ``MIN_DRAIN`` per call, so
-the old array is empty long before the new one fills. A lookup meanwhile
+pass MAX_LOAD, a bucket array twice as large is allocated and becomes the one
+inserts go to, and the old one is drained into it a slice per call, eight old
+buckets for every id inserted and at least ``MIN_DRAIN`` per call, so the old
+array is empty long before the new one fills (after len(old) / 8 inserts,
+while the new one has room for at least 0.15 * len(new) = 0.3 * len(old) more). A lookup meanwhile
 looks in the new array, then in the old. A drained bucket is marked MOVED, not
 emptied, so probe chains that pass through it stay intact. No call ever
 rehashes the whole table: at 100M rows a full rehash takes seconds, a slice
@@ -25,9 +26,11 @@ import numpy as np
 from .hashing import mix64
 
 EMPTY, MOVED = 0, -1      # otherwise a bucket holds its row + 1
-MAX_LOAD = 0.5           # a bucket array holds at most this share of ids
-GROW_TO_LOAD = 0.25      # ...and a new one starts at most this full
-DRAIN_PER_INSERT = 4     # old buckets drained for every id inserted (>= 2 finishes in time)
+MAX_LOAD = 0.6           # a bucket array holds at most this share of ids
+GROW_TO_LOAD = 0.3       # ...and a new one starts at most this full
+GROWN_LOAD = 0.45        # growth doubles the buckets (more if a batch needs it) to at most this
+DRAIN_PER_INSERT = 8     # old buckets drained for every id inserted: done within len(old) / 8
+                         # inserts, while the new array has room for (0.6 - 0.45) * 2 * len(old)
 MIN_DRAIN = 1 << 16      # old buckets drained by every call, lookups included
 U1 = np.uint64(1)
 
@@ -154,7 +157,10 @@ class HashIndex:
         total = rows + adding
         if total <= MAX_LOAD * len(self.buckets):
             return
-        bigger = np.zeros(max(buckets_for(total), 2 * len(self.buckets)), np.int32)
+        size = 2 * len(self.buckets)
+        while total > GROWN_LOAD * size:   # doubling is not enough for a batch this large
+            size *= 2
+        bigger = np.zeros(size, np.int32)
         if self.draining or adding >= rows:
             # Still draining the last growth (only a batch larger than the whole table gets
             # here that fast), or a batch as large as the table: rebuilding costs no more

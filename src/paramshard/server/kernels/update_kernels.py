@@ -139,6 +139,30 @@ def ftrl_kernel(values, z, n, rows, grads, lr, beta, l1, l2, scale, scaled, wd, 
     return touched
 
 
+@numba.njit(cache=True)
+def rowwise_adagrad_kernel(values, acc, rows, grads, lr, eps, width, scale, scaled, wd, decays):
+    touched = 0.0
+    dim = values.shape[1]
+    for i in range(len(rows)):
+        if i % GROUP == 0:
+            end = min(len(rows), i + GROUP)
+            touched += prefetch(values, rows, i, end) + prefetch(acc, rows, i, end)
+        r = rows[i]
+        # The order RowWiseAdagradRule documents: squares summed left to right in float32.
+        g0 = _grad(grads[i, 0], values[r, 0], scale, scaled, wd, decays)
+        total = g0 * g0
+        for j in range(1, dim):
+            g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+            total = total + g * g
+        a = acc[r, 0] + total / width
+        acc[r, 0] = a
+        multiplier = lr / (np.sqrt(a) + eps)
+        for j in range(dim):
+            g = _grad(grads[i, j], values[r, j], scale, scaled, wd, decays)
+            values[r, j] = values[r, j] - multiplier * g
+    return touched
+
+
 def rule_kernel(rule: Rule) -> Callable[[np.ndarray, list, np.ndarray | None, np.ndarray, np.ndarray, float], None]:
     """``update(values, slots, steps, rows, grads, scale)`` applying ``rule`` in place."""
     c, f32 = rule.config, np.float32
@@ -172,6 +196,10 @@ def rule_kernel(rule: Rule) -> Callable[[np.ndarray, list, np.ndarray | None, np
         def update(values, slots, steps, rows, grads, scale):
             ftrl_kernel(values, slots[0], slots[1], rows, grads, f32(c.lr), f32(c.beta), f32(c.l1), f32(c.l2),
                         *common(scale))
+    elif kind == "rowwise_adagrad":
+        def update(values, slots, steps, rows, grads, scale):
+            rowwise_adagrad_kernel(values, slots[0], rows, grads, f32(c.lr), f32(c.eps), f32(values.shape[1]),
+                                   *common(scale))
     else:
         raise NotImplementedError(f"no compiled kernel for the {kind!r} rule")
     return update
