@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ps_vs_pytorch.py --markdown
 	$(PY) benchmarks/sparse_memory.py --markdown
 	$(PY) benchmarks/big_table.py --markdown
+	$(PY) benchmarks/row_store.py --quick --markdown
 	$(PY) benchmarks/checkpoint_speed.py --markdown
 	$(PY) benchmarks/engine_startup.py --markdown
 	$(PY) benchmarks/tabular_reader.py --markdown
