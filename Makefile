@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv warm bench clean
 
 venv: $(STAMP)
 
@@ -15,18 +15,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[examples,test]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The row store's kernels compile once into numba's cache (seconds; milliseconds when cached), so
+# no server compiles them while trainers wait on its first pull.
+warm: $(STAMP)
+	$(PY) -m paramshard.server.kernels.warm
+
+demo: warm
 	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 --report examples/ctr_wide_deep.py
 
 # The engine tests need sshd, rsync, iproute2, OpenMPI, Slurm and munge (Debian packages, installed as root;
 # elsewhere those tests skip and say why).
-test: $(STAMP)
+test: warm
 	bash scripts/install-test-engines.sh || echo "make: engine install failed; the engine tests (SSH, MPI, Slurm) will skip" >&2
 	$(PY) -m pytest -q
 
 # Every peer runs under the malloc settings the launcher gives paramshard's processes.
 TUNABLES := glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483648
-bench: $(STAMP)
+bench: warm
 	GLIBC_TUNABLES=$(TUNABLES) $(PY) benchmarks/dense_push_pull.py --markdown
 	$(PY) benchmarks/sparse_rows.py --markdown
 	$(PY) benchmarks/ctr_end_to_end.py --markdown
