@@ -7,7 +7,6 @@ import paramshard as ps
 from paramshard.errors import ConfigError, LimitExceeded
 from paramshard.limits import Limits
 from paramshard.optim import SGD, Adam
-from paramshard.server import sparse_table as sparse_table_module
 from paramshard.server.barrier import Membership, StepBarrier
 from paramshard.server.dense_store import DenseStore
 from paramshard.server.id_index import IdIndex
@@ -140,7 +139,8 @@ def test_sync_average_over_two_trainers():
 def table(mode="async", trainers=1, limits=Limits(), **kw):
     return SparseTable("t", 4, seed=3, optimizer=kw.pop("optimizer", SGD(lr=1.0)),
                        admission=kw.pop("admission", Admission()), eviction=kw.pop("eviction", Eviction()),
-                       init_scale=0.1, mode=mode, membership=Membership(trainers, grace=5.0), limits=limits)
+                       init_scale=0.1, mode=mode, membership=Membership(trainers, grace=5.0), limits=limits,
+                       **kw)
 
 
 def test_distinct_push_with_repeated_ids_is_refused():
@@ -177,17 +177,30 @@ def test_limits_are_errors_that_name_the_variable():
     assert t.num_rows == 8 and (t.index.lookup(np.arange(8, 16, dtype=np.uint64)) == -1).all()
 
 
-def test_a_failed_row_creation_leaves_the_index_unchanged(monkeypatch):
-    t = table()
-    t.pull(np.arange(3, dtype=np.uint64))
+def _fail_numpy_initial_rows(monkeypatch, table):
+    from paramshard.server import row_store
+    monkeypatch.setattr(row_store, "initial_rows", out_of_memory)
 
-    def out_of_memory(*args, **kwargs):
-        raise MemoryError("simulated")
-    monkeypatch.setattr(sparse_table_module, "initial_rows", out_of_memory)
+
+def _fail_compiled_index_growth(monkeypatch, table):
+    monkeypatch.setattr(table.store.index, "make_room", out_of_memory)
+
+
+def out_of_memory(*args, **kwargs):
+    raise MemoryError("simulated")
+
+
+@pytest.mark.parametrize("store, fail", [("numpy", _fail_numpy_initial_rows),
+                                         ("compiled", _fail_compiled_index_growth)])
+def test_a_failed_row_creation_leaves_the_index_unchanged(monkeypatch, store, fail):
+    from paramshard.server.row_stores import store_named
+    t = table(store=store_named(store))
+    t.pull(np.arange(3, dtype=np.uint64))
+    fail(monkeypatch, t)
     with pytest.raises(MemoryError):
         t.pull(np.arange(100, 200, dtype=np.uint64))
-    assert t.num_rows == 3 and t.index.size == 3
-    assert (t.index.lookup(np.arange(100, 200, dtype=np.uint64)) == -1).all()
+    assert t.num_rows == 3 and (t.store.lookup(np.arange(3, dtype=np.uint64)) == np.arange(3)).all()
+    assert (t.store.lookup(np.arange(100, 200, dtype=np.uint64)) == -1).all()
     monkeypatch.undo()
     rows = t.pull(np.arange(100, 200, dtype=np.uint64))
     assert t.num_rows == 103 and rows.shape == (100, 4)
