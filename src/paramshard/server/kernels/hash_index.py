@@ -35,7 +35,7 @@ MIN_DRAIN = 1 << 16      # old buckets drained by every call, lookups included
 U1 = np.uint64(1)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def _find(buckets, keys, key, h):
     mask = np.uint64(len(buckets) - 1)
     p = h & mask
@@ -48,7 +48,7 @@ def _find(buckets, keys, key, h):
         p = (p + U1) & mask
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def find(buckets, old, keys, key):
     """Row of ``key``, -1 if it has none."""
     h = mix64(key)
@@ -58,7 +58,7 @@ def find(buckets, old, keys, key):
     return r
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def place(buckets, entry, h):
     """Put ``entry`` (row + 1; its id hashes to ``h`` and is in no bucket) in the first free bucket."""
     mask = np.uint64(len(buckets) - 1)
@@ -71,7 +71,7 @@ def place(buckets, entry, h):
 GROUP = 16
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def prefetch_buckets(buckets, keys, ids, start, end):
     """Read the home bucket of ids[start:end] and the key it points to: independent loads
     the CPU overlaps, so the probes that follow find them in cache instead of waiting for
@@ -85,7 +85,7 @@ def prefetch_buckets(buckets, keys, ids, start, end):
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def lookup_kernel(buckets, old, keys, ids, out):
     touched = np.uint64(0)
     for start in range(0, len(ids), GROUP):
@@ -96,14 +96,14 @@ def lookup_kernel(buckets, old, keys, ids, out):
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def place_kernel(buckets, keys, first, count):
     """Index rows first..first+count-1 (their ids already in ``keys``)."""
     for r in range(first, first + count):
         place(buckets, np.int32(r + 1), mix64(keys[r]))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def drain_kernel(buckets, old, keys, start, budget):
     """Move old buckets start..start+budget-1 into ``buckets``; where draining stopped."""
     end = min(len(old), start + budget)

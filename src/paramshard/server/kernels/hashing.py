@@ -15,7 +15,7 @@ S8, S24, S27, S30, S31, S40 = (np.uint64(s) for s in (8, 24, 27, 30, 31, 40))
 LOW24 = np.uint64(0xFFFFFF)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def mix64(z):
     z = (z ^ (z >> S30)) * C1
     z = (z ^ (z >> S27)) * C2

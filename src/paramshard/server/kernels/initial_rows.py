@@ -20,7 +20,7 @@ def seed_salt(seed: int) -> np.uint64:
         return np.uint64(mix64_array(np.uint64(seed) * GOLDEN + GOLDEN))
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def write_initial_row(out, key, salt, two_scale, scale):
     """out[:] = the initial row of ``key``; two_scale, scale: float32(2 * scale), float32(scale)."""
     dim = len(out)
@@ -33,7 +33,7 @@ def write_initial_row(out, key, salt, two_scale, scale):
             out[col + 1] = np.float32((h >> S8) & LOW24) * UNIT * two_scale - scale
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def initial_rows_kernel(ids, salt, two_scale, scale, out):
     for i in range(len(ids)):
         write_initial_row(out[i], ids[i], salt, two_scale, scale)

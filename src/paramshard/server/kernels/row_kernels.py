@@ -19,7 +19,7 @@ from .initial_rows import write_initial_row
 GROUP = 16
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def prefetch(array, rows, start, end):
     """Read the first element of rows[start:end] of ``array`` (its sum keeps the reads alive)."""
     total = 0.0
@@ -28,7 +28,7 @@ def prefetch(array, rows, start, end):
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def first_touch_kernel(buckets, old, keys, values, ids, first, salt, two_scale, scale, out):
     """out[i] = the row of ids[i]; an id without one gets the next row (first, first + 1, ...,
     in the order ids first appear) with its initial values, indexed at once, so a repeat
@@ -49,7 +49,7 @@ def first_touch_kernel(buckets, old, keys, values, ids, first, salt, two_scale, 
     return made
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def gather_kernel(values, rows, out):
     touched = 0.0
     for start in range(0, len(rows), GROUP):
@@ -62,7 +62,7 @@ def gather_kernel(values, rows, out):
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def compact_kernel(array, kept):
     """array[i] = array[kept[i]] for increasing ``kept`` (each row moves down or stays)."""
     for i in range(len(kept)):
@@ -71,7 +71,7 @@ def compact_kernel(array, kept):
             array[i] = array[k]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def kept_rows_kernel(last_seen, rows, before):
     """Rows 0..rows-1 last seen at ``before`` or later, in order."""
     out = np.empty(rows, np.int64)

@@ -23,7 +23,7 @@ from .row_kernels import GROUP, prefetch
 U1 = np.uint32(1)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def _grad(g, p, scale, scaled, wd, decays):
     """Rule._grad: scale * grad (+ weight decay), element by element."""
     if scaled:
@@ -33,7 +33,7 @@ def _grad(g, p, scale, scaled, wd, decays):
     return g
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def sgd_kernel(values, rows, grads, lr, lr_scaled, scale, scaled, wd, decays):
     touched = 0.0
     for i in range(len(rows)):
@@ -49,7 +49,7 @@ def sgd_kernel(values, rows, grads, lr, lr_scaled, scale, scaled, wd, decays):
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def momentum_kernel(values, buf, rows, grads, lr, momentum, nesterov, scale, scaled, wd, decays):
     touched = 0.0
     for i in range(len(rows)):
@@ -67,7 +67,7 @@ def momentum_kernel(values, buf, rows, grads, lr, momentum, nesterov, scale, sca
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def adagrad_kernel(values, acc, steps, rows, grads, lr, lr_decay, fixed_rate, counts, eps,
                    scale, scaled, wd, decays):
     touched = 0.0
@@ -88,7 +88,7 @@ def adagrad_kernel(values, acc, steps, rows, grads, lr, lr_decay, fixed_rate, co
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def adam_kernel(values, m, v, steps, rows, grads, lr, beta1, beta2, b1, b2, c1, c2, eps,
                 scale, scaled, wd, decays):
     touched = 0.0
@@ -115,7 +115,7 @@ def adam_kernel(values, m, v, steps, rows, grads, lr, beta1, beta2, b1, b2, c1, 
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def ftrl_kernel(values, z, n, rows, grads, lr, beta, l1, l2, scale, scaled, wd, decays):
     touched = 0.0
     for i in range(len(rows)):
@@ -139,7 +139,7 @@ def ftrl_kernel(values, z, n, rows, grads, lr, beta, l1, l2, scale, scaled, wd, 
     return touched
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def rowwise_adagrad_kernel(values, acc, rows, grads, lr, eps, width, scale, scaled, wd, decays):
     touched = 0.0
     dim = values.shape[1]
