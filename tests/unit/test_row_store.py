@@ -199,4 +199,6 @@ def test_the_compiled_store_keeps_a_dim_16_rowwise_row_in_76_bytes_plus_its_inde
     assert store.bytes_per_row == 8 + 64 + 4               # id, values, one accumulator
     for batch in np.array_split(np.arange(1, 200_001, dtype=np.uint64), 20):   # filled by pulls
         store.lookup_or_create(batch, 0, 1, 0.1)
-    assert store.nbytes / store.num_rows <= 76 + 4 / 0.3 + 0.5       # the index: at most 13.3 bytes a row
+    while store.index.draining:                   # growth's old buckets go as later calls drain them
+        store.lookup(batch[:10])
+    assert store.nbytes / store.num_rows <= 76 + 8 / 0.375 + 0.5     # the index: at most 21.3 bytes a row

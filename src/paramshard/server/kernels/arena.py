@@ -43,6 +43,16 @@ def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16) -> 
         (want,) + row_shape)
 
 
+def zeros(count: int, dtype) -> np.ndarray:
+    """np.zeros(count, dtype) on huge pages: a large array written at random (a hash index's
+    buckets) otherwise takes a page fault per 4 KiB (measured: 0.9 s of a 1M-row first touch
+    into 256 MB of fresh buckets)."""
+    if count * np.dtype(dtype).itemsize < (4 << 20):
+        return np.zeros(count, dtype)
+    out = reserve(count, (), dtype, minimum=count)
+    return out if len(out) == count else np.zeros(count, dtype)
+
+
 def release(array: np.ndarray, start_row: int) -> None:
     """Give the pages past row ``start_row`` back to the system (after rows were compacted
     or dropped); they read as zeros again."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .hash_index import find, place, prefetch_buckets
+from .hash_index import entry_of, find, place, prefetch_buckets
 from .hashing import mix64
 from .initial_rows import write_initial_row
 
@@ -44,7 +44,8 @@ def first_touch_kernel(buckets, old, keys, values, ids, first, salt, two_scale, 
             made += 1
             keys[r] = key
             write_initial_row(values[r], key, salt, two_scale, scale)
-            place(buckets, np.int32(r + 1), mix64(key))
+            h = mix64(key)
+            place(buckets, entry_of(r, h), h)
         out[i] = r
     return made
 
