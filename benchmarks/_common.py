@@ -162,15 +162,16 @@ def recv_with_timeout(conn, timeout: float, what: str):
 
 # -- paramshard servers ---------------------------------------------------------
 def start_paramshard_cluster(children: Children, num_servers: int, num_trainers: int = 1,
-                             mode: str = "sync", timeout: float = 60.0) -> list[str]:
+                             mode: str = "sync", timeout: float = 60.0, extra_env: dict | None = None) -> list[str]:
     """``python -m paramshard server`` per server, configured by the environment
-    contract only. Returns the server addresses (readiness: see ``wait_servers``)."""
+    contract only (``extra_env``: more variables for every server, e.g. PARAMSHARD_ROW_STORE).
+    Returns the server addresses (readiness: see ``wait_servers``)."""
     from paramshard.launch.ports import free_ports
     addresses = [f"{HOST}:{p}" for p in free_ports(num_servers, HOST)]
     for sid in range(num_servers):
         env = dict(os.environ, PARAMSHARD_ROLE="server", PARAMSHARD_SERVERS=",".join(addresses),
                    PARAMSHARD_SERVER_ID=str(sid), PARAMSHARD_TRAINERS=str(num_trainers),
-                   PARAMSHARD_MODE=mode, PARAMSHARD_TIMEOUT=str(timeout))
+                   PARAMSHARD_MODE=mode, PARAMSHARD_TIMEOUT=str(timeout), **(extra_env or {}))
         children.spawn(f"paramshard server {sid}/{num_servers}",
                        [sys.executable, "-m", "paramshard", "server"], env)
     return addresses
