@@ -20,7 +20,7 @@ import numpy as np
 
 from ..update_rules import Rule
 from .kernels import arena
-from .kernels.hash_index import HashIndex
+from .kernels.hash_index import DRAIN_PER_INSERT, HashIndex
 from .kernels.initial_rows import seed_salt
 from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kernel, kept_rows_kernel
 from .kernels.update_kernels import rule_kernel
@@ -127,14 +127,22 @@ class CompiledRowStore:
     def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.uint64)
         first = self._rows
-        self._ensure_capacity(first + len(ids))
-        self.index.make_room(self.keys, first, len(ids))
+        if min(self.index.room(first), len(self.values) - first) < len(ids):
+            # Room for every id to be new, made before any row is: a MemoryError leaves the store
+            # as it was. (Only within a batch of the next growth: then it comes a little early.)
+            self._ensure_capacity(first + len(ids))
+            self.index.make_room(self.keys, first, len(ids))
+        else:
+            self.index.drain(self.keys, 0)
         rows = np.empty(len(ids), np.int64)
-        made = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, first,
-                                  seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows)
+        room = min(self.index.room(first), len(self.values) - first)
+        made, done = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, 0, first,
+                                        room, seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows)
         if made:
             self._init_state(first, made, version, {})
             self._rows = first + made
+            self.index.drain(self.keys, DRAIN_PER_INSERT * made)
+        assert done == len(ids), "first touch ran out of the room it was given"
         return rows
 
     def gather(self, rows: np.ndarray) -> np.ndarray:

@@ -135,16 +135,16 @@ def drain_kernel(buckets, old, keys, start, budget):
     return end
 
 
-def buckets_for(rows: int) -> int:
-    """A power of two holding ``rows`` ids at most GROW_TO_LOAD full."""
-    return 1 << max(4, int(np.ceil(np.log2(max(rows, 1) / GROW_TO_LOAD))))
+def buckets_for(rows: int, load: float = GROW_TO_LOAD) -> int:
+    """A power of two holding ``rows`` ids at most ``load`` full."""
+    return 1 << max(4, int(np.ceil(np.log2(max(rows, 1) / load))))
 
 
 class HashIndex:
     """The index of one store. It never owns the ids: every call takes ``keys``."""
 
     def __init__(self, capacity: int = 0):
-        self.buckets = arena.zeros(buckets_for(capacity), np.uint64)
+        self.buckets = arena.zeros(buckets_for(capacity, MAX_LOAD), np.uint64)
         self.old = np.empty(0, np.uint64)       # the array being drained, empty when none is
         self.drained = 0
 
@@ -168,6 +168,10 @@ class HashIndex:
         out = np.empty(len(ids), np.int64)
         lookup_kernel(self.buckets, self.old, keys, ids, out)
         return out
+
+    def room(self, rows: int) -> int:
+        """Ids that can join the ``rows`` indexed before the buckets must grow."""
+        return max(0, int(MAX_LOAD * len(self.buckets)) - rows)
 
     def make_room(self, keys: np.ndarray, rows: int, adding: int) -> None:
         """Before ``adding`` ids join the ``rows`` indexed: drain a slice, and start a larger
@@ -199,7 +203,9 @@ class HashIndex:
         """Buckets for ``rows`` ids now (a capacity hint): built aside, swapped in."""
         if rows <= MAX_LOAD * len(self.buckets) and not self.draining:
             return
-        bigger = arena.zeros(max(buckets_for(rows), len(self.buckets)), np.uint64)
+        # Room for ``rows`` ids before the next growth: a capacity hint is the expected table
+        # size, so sizing it at GROW_TO_LOAD would keep up to 4x the buckets it needs.
+        bigger = arena.zeros(max(buckets_for(rows, MAX_LOAD), len(self.buckets)), np.uint64)
         place_kernel(bigger, keys, 0, indexed)
         self.buckets, self.old, self.drained = bigger, np.empty(0, np.uint64), 0
 

@@ -29,17 +29,20 @@ def prefetch(array, rows, start, end):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def first_touch_kernel(buckets, old, keys, values, ids, first, salt, two_scale, scale, out):
-    """out[i] = the row of ids[i]; an id without one gets the next row (first, first + 1, ...,
-    in the order ids first appear) with its initial values, indexed at once, so a repeat
-    later in the batch finds it. Returns how many rows were made."""
+def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt, two_scale, scale, out):
+    """out[i] = the row of ids[i], for i from ``start`` on; an id without one gets the next row
+    (first, first + 1, ..., in the order ids first appear) with its initial values, indexed at
+    once, so a repeat later in the batch finds it. Stops before making row number ``room``
+    + 1 (the index or the arrays would be full). Returns (rows made, where it stopped)."""
     made = 0
-    for i in range(len(ids)):
-        if i % GROUP == 0:
+    for i in range(start, len(ids)):
+        if (i - start) % GROUP == 0:
             prefetch_buckets(buckets, keys, ids, i, min(len(ids), i + GROUP))
         key = ids[i]
         r = find(buckets, old, keys, key)
         if r < 0:
+            if made == room:
+                return made, i
             r = first + made
             made += 1
             keys[r] = key
@@ -47,7 +50,7 @@ def first_touch_kernel(buckets, old, keys, values, ids, first, salt, two_scale, 
             h = mix64(key)
             place(buckets, entry_of(r, h), h)
         out[i] = r
-    return made
+    return made, len(ids)
 
 
 @numba.njit(cache=True, error_model="numpy")

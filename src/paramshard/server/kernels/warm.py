@@ -8,6 +8,8 @@ so no server compiles while a trainer waits on its first pull:
 """
 from __future__ import annotations
 
+import hashlib
+import pathlib
 import time
 
 import numpy as np
@@ -16,8 +18,30 @@ from ...optim import KINDS
 from ...update_rules import make_rule
 
 
+HERE = pathlib.Path(__file__).parent
+
+
+def drop_stale_cache() -> bool:
+    """Numba checks only a kernel's own file for changes, not the files of the helpers it
+    inlines (hash_index.find in row_kernels, say): after any kernel source changed, drop the
+    whole cache so nothing compiled from an old helper survives. True if it was dropped."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(HERE.glob("*.py")))).hexdigest()
+    cache, stamp = HERE / "__pycache__", HERE / "__pycache__" / "kernels.sources"
+    if stamp.exists() and stamp.read_text() == digest:
+        return False
+    for entry in cache.glob("*.nb[ic]"):
+        entry.unlink(missing_ok=True)
+    try:
+        cache.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:                      # a read-only install: numba caches elsewhere, by its own rules
+        pass
+    return True
+
+
 def warm() -> float:
     """Run a tiny store through every operation with every update rule; seconds taken."""
+    drop_stale_cache()
     from ..compiled_row_store import CompiledRowStore
     started = time.perf_counter()
     ids = np.arange(1, 40, dtype=np.uint64)
