@@ -40,6 +40,9 @@ GROWN_LOAD = 0.5         # growth doubles the buckets (more if a batch needs it)
 DRAIN_PER_INSERT = 4     # old buckets drained for every id inserted: done within len(old) / 4
                          # inserts, while the new array has room for (0.75 - 0.5) * 2 * len(old) = len(old) / 2
 MIN_DRAIN = 1 << 16      # old buckets drained by every call, lookups included
+SPARE_LOAD = 0.5         # past this load the next growth's buckets are paged in ahead (prepare)
+SPARE_BYTES_PER_INSERT = 128     # 2 * 8 bytes a bucket / (0.75 - 0.5) of them to go = 64: twice that
+SPARE_MIN_BYTES = 1 << 20
 U1 = np.uint64(1)
 
 
@@ -147,10 +150,12 @@ class HashIndex:
         self.buckets = arena.zeros(buckets_for(capacity, MAX_LOAD), np.uint64)
         self.old = np.empty(0, np.uint64)       # the array being drained, empty when none is
         self.drained = 0
+        self.spare: np.ndarray | None = None     # the next growth's buckets, paged in ahead
+        self.spare_ready = 0                      # ... up to this bucket
 
     @property
     def nbytes(self) -> int:
-        return self.buckets.nbytes + self.old.nbytes
+        return self.buckets.nbytes + self.old.nbytes + self.spare_ready * 8
 
     @property
     def draining(self) -> bool:
@@ -173,6 +178,27 @@ class HashIndex:
         """Ids that can join the ``rows`` indexed before the buckets must grow."""
         return max(0, int(MAX_LOAD * len(self.buckets)) - rows)
 
+    def prepare(self, rows: int, added: int) -> None:
+        """After ``added`` ids joined (``rows`` now indexed): once the buckets are past
+        SPARE_LOAD, page in the next growth's array a slice at a time (SPARE_BYTES_PER_INSERT
+        for each id added, at least SPARE_MIN_BYTES a call), so it is all in memory by the
+        time it is needed. Its page faults (and the kernel's compaction for huge pages: 0.1-0.2
+        s for 128 MB, measured) would otherwise all land on the one request that grows."""
+        if rows < SPARE_LOAD * len(self.buckets) or self.draining:
+            return
+        if self.spare is None or len(self.spare) != 2 * len(self.buckets):
+            self.spare, self.spare_ready = arena.zeros(2 * len(self.buckets), np.uint64), 0
+        end = min(len(self.spare), self.spare_ready + max(SPARE_MIN_BYTES, SPARE_BYTES_PER_INSERT * added) // 8)
+        self.spare[self.spare_ready:end] = 0      # writing is what pages it in
+        self.spare_ready = end
+
+    def _new_buckets(self, size: int) -> np.ndarray:
+        if self.spare is not None and len(self.spare) == size:
+            bigger, self.spare, self.spare_ready = self.spare, None, 0
+            return bigger
+        self.spare, self.spare_ready = None, 0
+        return arena.zeros(size, np.uint64)
+
     def make_room(self, keys: np.ndarray, rows: int, adding: int) -> None:
         """Before ``adding`` ids join the ``rows`` indexed: drain a slice, and start a larger
         bucket array if they would pass MAX_LOAD. Allocates before anything changes, so a
@@ -184,7 +210,7 @@ class HashIndex:
         size = 2 * len(self.buckets)
         while total > GROWN_LOAD * size:   # doubling is not enough for a batch this large
             size *= 2
-        bigger = arena.zeros(size, np.uint64)
+        bigger = self._new_buckets(size)
         if self.draining or adding >= rows:
             # Still draining the last growth (only a batch larger than the whole table gets
             # here that fast), or a batch as large as the table: rebuilding costs no more

@@ -39,22 +39,31 @@ def drop_stale_cache() -> bool:
     return True
 
 
+def exercise(store) -> None:
+    """Every operation of a (new, empty) compiled store once, on a few rows: compiles or loads
+    each kernel it uses, growth and draining included."""
+    ids = np.arange(1, 400, dtype=np.uint64)
+    rows = store.lookup_or_create(ids, 0, 1, 0.01)
+    store.create(ids + np.uint64(1000), np.zeros((len(ids), store.dim), np.float32), 0)
+    store.lookup_or_create(ids + np.uint64(5000), 0, 1, 0.01)
+    store.update(rows, np.ones((len(rows), store.dim), np.float32), 0.5)
+    store.gather(store.lookup(ids))
+    if store.count_index is not None:
+        store.count(ids[:3])
+    store.touch(rows[:5], 3)
+    if store.last_seen is not None:
+        store.evict_unseen(2)
+    store.clear()
+
+
 def warm() -> float:
     """Run a tiny store through every operation with every update rule; seconds taken."""
     drop_stale_cache()
     from ..compiled_row_store import CompiledRowStore
     started = time.perf_counter()
-    ids = np.arange(1, 40, dtype=np.uint64)
-    for kind, config in KINDS.items():
-        store = CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
-                                 max_rows=1 << 16, capacity=16)
-        rows = store.lookup_or_create(ids, 0, 1, 0.01)
-        store.create(ids + np.uint64(100), np.zeros((len(ids), 4), np.float32), 0)
-        store.update(rows, np.ones((len(rows), 4), np.float32), 0.5)
-        store.gather(store.lookup(ids))
-        store.count(ids[:3])
-        store.touch(rows[:5], 3)
-        store.evict_unseen(2)
+    for config in KINDS.values():
+        exercise(CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
+                                  max_rows=1 << 16, capacity=16))
     return time.perf_counter() - started
 
 
