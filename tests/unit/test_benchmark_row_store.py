@@ -9,19 +9,26 @@ import pytest
 from paramshard.server.numpy_row_store import NumpyRowStore
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-sys.path.insert(0, os.path.abspath(BENCH))   # the spawned child finds row_store and _common the same way
+BENCH = os.path.abspath(BENCH)
+_held = sys.path.count(BENCH)
+sys.path.insert(0, BENCH)
 import row_store as R  # noqa: E402
+
+while sys.path.count(BENCH) > _held:   # this import's entries (the script adds its own), not others'
+    sys.path.remove(BENCH)
 
 STORES = {"numpy": NumpyRowStore}
 ROWS, GROWTH_BATCH = 20_000, 3_000
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _benchmarks_off_the_path_afterwards():
-    """row_store.py puts benchmarks/ first on sys.path (for _common); the rest of the suite
-    should not import from there."""
+def _benchmarks_on_the_path_meanwhile():
+    """benchmarks/ on sys.path while this module's tests run (a spawned child imports the script
+    and _common from there), then exactly that entry removed: removing every copy took away
+    another module's (its spawned child then died on import: EOFError, in the suite only)."""
+    sys.path.insert(0, BENCH)
     yield
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p) != os.path.abspath(BENCH)]
+    sys.path.remove(BENCH)
 
 
 @pytest.fixture(scope="module")
