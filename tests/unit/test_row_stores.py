@@ -1,0 +1,31 @@
+"""PARAMSHARD_ROW_STORE (server/row_stores.py): which store a server's tables use."""
+import pytest
+
+from paramshard.errors import ConfigError
+from paramshard.optim import SGD
+from paramshard.server.barrier import Membership
+from paramshard.server.compiled_row_store import CompiledRowStore
+from paramshard.server.numpy_row_store import NumpyRowStore
+from paramshard.server.row_stores import configured_store
+from paramshard.server.sparse_service import SparseService
+from paramshard.update_rules import make_rule
+
+
+@pytest.mark.parametrize("value, kind", [(None, CompiledRowStore), ("compiled", CompiledRowStore),
+                                         ("numpy", NumpyRowStore), (" NumPy ", NumpyRowStore)])
+def test_the_variable_names_the_store(value, kind):
+    environ = {} if value is None else {"PARAMSHARD_ROW_STORE": value}
+    store = configured_store(environ)(4, make_rule(SGD()), keep_last_seen=False, count_admissions=False,
+                                      max_rows=1000, capacity=16)
+    assert type(store) is kind
+
+
+def test_an_unknown_store_is_refused_naming_the_variable_and_the_choices():
+    with pytest.raises(ConfigError, match="PARAMSHARD_ROW_STORE='fast'.*compiled, numpy"):
+        configured_store({"PARAMSHARD_ROW_STORE": "fast"})
+
+
+def test_a_server_refuses_it_when_it_starts_not_at_the_first_table(monkeypatch):
+    monkeypatch.setenv("PARAMSHARD_ROW_STORE", "fast")
+    with pytest.raises(ConfigError, match="PARAMSHARD_ROW_STORE"):
+        SparseService("async", Membership(1, grace=5.0))
