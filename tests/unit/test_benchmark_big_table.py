@@ -1,30 +1,19 @@
 """benchmarks/big_table.py's pure parts: the memory bounds, the refusal line, the arguments (no servers)."""
-import os
-import sys
 
 import numpy as np
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-BENCH = os.path.abspath(BENCH)
-_held = sys.path.count(BENCH)
-sys.path.insert(0, BENCH)
-import big_table as B  # noqa: E402
+from .benchmark_scripts import import_script, on_the_path
 
-while sys.path.count(BENCH) > _held:   # this import's entries (the script adds its own), not others'
-    sys.path.remove(BENCH)
+B = import_script("big_table")
 
 GiB = 1 << 30
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _benchmarks_on_the_path_meanwhile():
-    """benchmarks/ on sys.path while this module's tests run (a spawned child imports the script
-    and _common from there), then exactly that entry removed: removing every copy took away
-    another module's (its spawned child then died on import: EOFError, in the suite only)."""
-    sys.path.insert(0, BENCH)
-    yield
-    sys.path.remove(BENCH)
+    with on_the_path():        # a spawned child imports the script from there
+        yield
 
 
 def test_state_bytes_come_from_the_update_rules():

@@ -1,21 +1,14 @@
 """Smoke test of benchmarks/row_store.py: every measure on tiny sizes, numpy store, in-process
 (bytes_per_row in its one spawned child)."""
 import math
-import os
-import sys
 
 import pytest
 
 from paramshard.server.numpy_row_store import NumpyRowStore
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-BENCH = os.path.abspath(BENCH)
-_held = sys.path.count(BENCH)
-sys.path.insert(0, BENCH)
-import row_store as R  # noqa: E402
+from .benchmark_scripts import import_script, on_the_path
 
-while sys.path.count(BENCH) > _held:   # this import's entries (the script adds its own), not others'
-    sys.path.remove(BENCH)
+R = import_script("row_store")
 
 STORES = {"numpy": NumpyRowStore}
 ROWS, GROWTH_BATCH = 20_000, 3_000
@@ -23,12 +16,8 @@ ROWS, GROWTH_BATCH = 20_000, 3_000
 
 @pytest.fixture(scope="module", autouse=True)
 def _benchmarks_on_the_path_meanwhile():
-    """benchmarks/ on sys.path while this module's tests run (a spawned child imports the script
-    and _common from there), then exactly that entry removed: removing every copy took away
-    another module's (its spawned child then died on import: EOFError, in the suite only)."""
-    sys.path.insert(0, BENCH)
-    yield
-    sys.path.remove(BENCH)
+    with on_the_path():        # a spawned child imports the script from there
+        yield
 
 
 @pytest.fixture(scope="module")
