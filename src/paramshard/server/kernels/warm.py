@@ -21,16 +21,20 @@ def warm() -> float:
     from ..compiled_row_store import CompiledRowStore
     started = time.perf_counter()
     ids = np.arange(1, 40, dtype=np.uint64)
-    for kind, config in KINDS.items():
-        store = CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
-                                 max_rows=1 << 16, capacity=16)
-        rows = store.lookup_or_create(ids, 0, 1, 0.01)
-        store.create(ids + np.uint64(100), np.zeros((len(ids), 4), np.float32), 0)
-        store.update(rows, np.ones((len(rows), 4), np.float32), 0.5)
-        store.gather(store.lookup(ids))
-        store.count(ids[:3])
-        store.touch(rows[:5], 3)
-        store.evict_unseen(2)
+    # float32 rows, and half rows (uint16 bits: one more compilation of each kernel, the same
+    # for every half format and rounding, which are arguments).
+    for value_dtype, rounding in (("float32", "nearest"), ("float16", "stochastic")):
+        for kind, config in KINDS.items():
+            store = CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
+                                     max_rows=1 << 16, capacity=16, value_dtype=value_dtype, rounding=rounding)
+            rows = store.lookup_or_create(ids, 0, 1, 0.01)
+            store.create(ids + np.uint64(100), np.zeros((len(ids), 4), np.float32), 0)
+            store.update(rows, np.ones((len(rows), 4), np.float32), 0.5, version=1)
+            store.gather(store.lookup(ids))
+            store.page(0, 10)
+            store.count(ids[:3])
+            store.touch(rows[:5], 3)
+            store.evict_unseen(2)
     return time.perf_counter() - started
 
 
