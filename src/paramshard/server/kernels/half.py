@@ -2,9 +2,12 @@
 
 numba has no float16 type, so a half table's row array is uint16 and every value
 is converted here, in registers: a float32 is reinterpreted as its 32 bits (an
-LLVM bitcast, ``f32_bits``), rounded to 16 bits with integer operations, and
-back. The maths of an update stays float32; only loading a row value and storing
-the new one convert. The conversions, exactly:
+LLVM bitcast), rounded to 16 bits with integer operations and selects, and back.
+The conversions are numba intrinsics that emit these few LLVM instructions where
+they are called: no call, no branch, so a kernel's loop over a row's columns stays
+a straight run of arithmetic (as numba functions they were calls, 2.5x slower).
+The maths of an update stays float32; only loading a row value and storing the new
+one convert. The conversions, exactly:
 
 - float16, round to nearest even: IEEE binary16, subnormals kept, a value of
   magnitude >= 65520 becomes inf, NaN stays NaN with its top 10 payload bits
@@ -45,152 +48,144 @@ from .initial_rows import write_initial_row
 F32, F16, BF16 = 0, 1, 2        # storage formats (the low two bits of ``fmt``)
 STOCHASTIC = 4                  # rounding flag
 S32 = np.uint64(32)
-TWO_24 = np.float32(16777216.0)
-INV_TWO_24 = np.float32(1.0 / 16777216.0)
+
+I16, I32, I64, FLOAT = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 
-# -- float32 <-> its bits, in registers ---------------------------------------
+def _c(value: int) -> ir.Constant:
+    return ir.Constant(I32, value)
+
+
+def _as_i32(builder, value, ty):
+    """An integer of any width as i32 (its low 32 bits, or zero-extended)."""
+    if ty.bitwidth > 32:
+        return builder.trunc(value, I32)
+    if ty.bitwidth < 32:
+        return builder.zext(value, I32)
+    return value
+
+
+# -- the conversions, as LLVM IR (i32 holds the 16 bits of a half) -------------------
+def _f16_nearest(b, x):
+    """float32 -> float16 bits, round to nearest even; NaN keeps its top 10 payload bits (1 when
+    they are all zero), as numpy does."""
+    f = b.bitcast(x, I32)
+    sign = b.and_(b.lshr(f, _c(16)), _c(0x8000))
+    a = b.and_(f, _c(0x7FFFFFFF))
+    # a normal half (|x| >= 2**-14): 13 bits go, ties to even, the exponent rebiased
+    odd = b.and_(b.lshr(a, _c(13)), _c(1))
+    normal = b.sub(b.lshr(b.add(b.add(a, _c(0xFFF)), odd), _c(13)), _c(0x1C000))
+    # a subnormal half: |x| + 0.5 rounds |x| to a multiple of 2**-24, ties to even (the
+    # float32 addition does it); the bits past 0.5's are the half's
+    tiny = b.icmp_unsigned("<", a, _c(0x38800000))
+    magnitude = b.bitcast(b.select(tiny, a, _c(0)), FLOAT)
+    subnormal = b.sub(b.bitcast(b.fadd(magnitude, ir.Constant(FLOAT, 0.5)), I32), _c(0x3F000000))
+    payload = b.lshr(b.and_(a, _c(0x7FFFFF)), _c(13))
+    nan = b.or_(_c(0x7C00), b.select(b.icmp_unsigned("==", payload, _c(0)), _c(1), payload))
+    out = b.select(tiny, subnormal, normal)
+    out = b.select(b.icmp_unsigned(">=", a, _c(0x477FF000)), _c(0x7C00), out)      # >= 65520: inf
+    out = b.select(b.icmp_unsigned(">", a, _c(0x7F800000)), nan, out)
+    return b.or_(out, sign)
+
+
+def _f16_stochastic(b, x, w):
+    """float32 -> float16 bits, away from zero iff (w >> 8) < p * 2**24."""
+    f = b.bitcast(x, I32)
+    sign = b.and_(b.lshr(f, _c(16)), _c(0x8000))
+    a = b.and_(f, _c(0x7FFFFFFF))
+    # a normal half: p = (a & 0x1FFF) / 2**13, so hi iff (w >> 19) < (a & 0x1FFF); past 65504: inf
+    up = b.zext(b.icmp_unsigned("<", b.lshr(w, _c(19)), b.and_(a, _c(0x1FFF))), I32)
+    normal = b.add(b.sub(b.lshr(a, _c(13)), _c(0x1C000)), up)
+    normal = b.select(b.icmp_unsigned(">", normal, _c(0x7C00)), _c(0x7C00), normal)
+    # a subnormal half: y = |x| * 2**24 (exact), lo = floor(y), p * 2**24 = (y - lo) * 2**24 (exact)
+    tiny = b.icmp_unsigned("<", a, _c(0x38800000))
+    y = b.fmul(b.bitcast(b.select(tiny, a, _c(0)), FLOAT), ir.Constant(FLOAT, 16777216.0))
+    lo = b.fptoui(y, I32)
+    p24 = b.fmul(b.fsub(y, b.uitofp(lo, FLOAT)), ir.Constant(FLOAT, 16777216.0))
+    up = b.zext(b.fcmp_ordered("<", b.uitofp(b.lshr(w, _c(8)), FLOAT), p24), I32)
+    out = b.select(tiny, b.add(lo, up), normal)
+    out = b.select(b.icmp_unsigned(">=", a, _c(0x7F800000)), _f16_nearest(b, x), b.or_(out, sign))   # inf, NaN
+    return out
+
+
+def _bf16_nearest(b, x):
+    """float32 -> bfloat16 bits: (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16; NaN -> (bits >> 16) | 0x40."""
+    f = b.bitcast(x, I32)
+    rounded = b.lshr(b.add(b.add(f, _c(0x7FFF)), b.and_(b.lshr(f, _c(16)), _c(1))), _c(16))
+    nan = b.icmp_unsigned(">", b.and_(f, _c(0x7FFFFFFF)), _c(0x7F800000))
+    return b.select(nan, b.or_(b.lshr(f, _c(16)), _c(0x40)), rounded)
+
+
+def _bf16_stochastic(b, x, w):
+    """float32 -> bfloat16 bits, away from zero iff (w >> 16) < (bits & 0xFFFF)."""
+    f = b.bitcast(x, I32)
+    up = b.zext(b.icmp_unsigned("<", b.lshr(w, _c(16)), b.and_(f, _c(0xFFFF))), I32)
+    nan = b.icmp_unsigned(">", b.and_(f, _c(0x7FFFFFFF)), _c(0x7F800000))
+    return b.select(nan, b.or_(b.lshr(f, _c(16)), _c(0x40)), b.add(b.lshr(f, _c(16)), up))
+
+
+def _f16_to_f32(b, h):
+    """float16 bits -> float32 (exact): the exponent rebiased; inf/NaN and subnormals fixed up."""
+    o = b.shl(b.and_(h, _c(0x7FFF)), _c(13))
+    exponent = b.and_(o, _c(0x0F800000))
+    o = b.add(o, _c(112 << 23))
+    special = b.add(o, _c(112 << 23))                                   # inf, NaN: exponent 255
+    # a subnormal half m * 2**-24: (2**-14 * (1 + m / 1024)) - 2**-14, exact in float32
+    subnormal = b.bitcast(b.fsub(b.bitcast(b.add(o, _c(1 << 23)), FLOAT), ir.Constant(FLOAT, 2.0 ** -14)), I32)
+    out = b.select(b.icmp_unsigned("==", exponent, _c(0x0F800000)), special, o)
+    out = b.select(b.icmp_unsigned("==", exponent, _c(0)), subnormal, out)
+    return b.bitcast(b.or_(out, b.shl(b.and_(h, _c(0x8000)), _c(16))), FLOAT)
+
+
+def _is_f16(b, fmt, ty):
+    return b.icmp_unsigned("==", b.and_(_as_i32(b, fmt, ty), _c(3)), _c(F16))
+
+
 @intrinsic
-def f32_bits(typingctx, x):
-    """The 32 bits of a float32, as a uint32 (no conversion, no memory)."""
-    if not isinstance(x, types.Float) or x.bitwidth != 32:
+def encode_nearest(typingctx, x, fmt):
+    """float32 ``x`` -> the uint16 bits of format ``fmt`` (F16 or BF16), rounded to nearest even."""
+    if x != types.float32 or not isinstance(fmt, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.uint32(x), codegen
+    def codegen(context, b, signature, args):
+        value, code = args
+        bits = b.select(_is_f16(b, code, fmt), _f16_nearest(b, value), _bf16_nearest(b, value))
+        return b.trunc(bits, I16)
+    return types.uint16(x, fmt), codegen
 
 
 @intrinsic
-def bits_f32(typingctx, u):
-    """The float32 whose bits are the low 32 bits of integer ``u``."""
-    if not isinstance(u, types.Integer):
+def encode_stochastic(typingctx, x, fmt, w):
+    """float32 ``x`` -> the uint16 bits of format ``fmt``, rounded at random by word ``w`` (uint32)."""
+    if x != types.float32 or not isinstance(fmt, types.Integer) or not isinstance(w, types.Integer):
         return None
 
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        if u.bitwidth > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        elif u.bitwidth < 32:
-            v = builder.zext(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-    return types.float32(u), codegen
+    def codegen(context, b, signature, args):
+        value, code, word = args
+        word = _as_i32(b, word, w)
+        bits = b.select(_is_f16(b, code, fmt), _f16_stochastic(b, value, word), _bf16_stochastic(b, value, word))
+        return b.trunc(bits, I16)
+    return types.uint16(x, fmt, w), codegen
 
 
-# -- the conversions ------------------------------------------------------------
-@numba.njit(cache=True, error_model="numpy")
-def f32_to_f16(x):
-    """float32 -> float16 bits, round to nearest even."""
-    f = np.int64(f32_bits(x))
-    sign = (f >> 16) & 0x8000
-    a = f & 0x7FFFFFFF
-    if a >= 0x7F800000:                          # inf, NaN
-        if a == 0x7F800000:
-            return np.uint16(sign | 0x7C00)
-        payload = (a & 0x7FFFFF) >> 13
-        return np.uint16(sign | 0x7C00 | (payload if payload != 0 else 1))
-    if a >= 0x477FF000:                          # >= 65520: past the largest finite half
-        return np.uint16(sign | 0x7C00)
-    if a >= 0x38800000:                          # >= 2**-14: a normal half; 13 bits go
-        return np.uint16(sign | (((a + 0xFFF + ((a >> 13) & 1)) >> 13) - 0x1C000))
-    if a < 0x33000000:                           # < 2**-25: rounds to zero (2**-25 ties to 0)
-        return np.uint16(sign)
-    shift = 126 - (a >> 23)                      # a subnormal half: units of 2**-24; 14..24 bits go
-    m = (a & 0x7FFFFF) | 0x800000
-    q = m >> shift
-    rest = m & ((1 << shift) - 1)
-    half = 1 << (shift - 1)
-    if rest > half or (rest == half and (q & 1) == 1):
-        q += 1
-    return np.uint16(sign | q)
+@intrinsic
+def decode(typingctx, h, fmt):
+    """The uint16 bits ``h`` of format ``fmt`` as a float32 (exact)."""
+    if not isinstance(h, types.Integer) or not isinstance(fmt, types.Integer):
+        return None
+
+    def codegen(context, b, signature, args):
+        bits, code = args
+        bits = b.and_(_as_i32(b, bits, h), _c(0xFFFF))
+        bf16 = b.bitcast(b.shl(bits, _c(16)), FLOAT)
+        return b.select(_is_f16(b, code, fmt), _f16_to_f32(b, bits), bf16)
+    return types.float32(h, fmt), codegen
 
 
-@numba.njit(cache=True, error_model="numpy")
-def f16_to_f32(h):
-    """float16 bits -> float32 (exact)."""
-    h = np.int64(h)
-    sign = (h & 0x8000) << 16
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e == 0x1F:
-        return bits_f32(sign | 0x7F800000 | (m << 13))
-    if e != 0:
-        return bits_f32(sign | ((e + 112) << 23) | (m << 13))
-    v = np.float32(m) * INV_TWO_24                 # a subnormal half: exact in float32
-    return -v if sign != 0 else v
-
-
-@numba.njit(cache=True, error_model="numpy")
-def f32_to_bf16(x):
-    """float32 -> bfloat16 bits, round to nearest even."""
-    f = np.int64(f32_bits(x))
-    if (f & 0x7FFFFFFF) > 0x7F800000:
-        return np.uint16((f >> 16) | 0x40)
-    return np.uint16((f + 0x7FFF + ((f >> 16) & 1)) >> 16)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def bf16_to_f32(h):
-    """bfloat16 bits -> float32 (exact)."""
-    return bits_f32(np.int64(h) << 16)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def f32_to_f16_stochastic(x, w):
-    """float32 -> float16 bits, rounded away from zero with probability p (above) by the
-    random word ``w`` (0 <= w < 2**32)."""
-    f = np.int64(f32_bits(x))
-    a = f & 0x7FFFFFFF
-    if a >= 0x7F800000:
-        return f32_to_f16(x)
-    sign = (f >> 16) & 0x8000
-    word = np.int64(w)
-    if a >= 0x38800000:                          # a normal half (or past it): p = (a & 0x1FFF) / 2**13
-        t = (a >> 13) - 0x1C000
-        if (word >> 19) < (a & 0x1FFF):
-            t += 1
-        return np.uint16(sign | min(t, 0x7C00))
-    y = np.abs(x) * TWO_24                       # in units of the subnormal spacing: exact
-    lo = np.int64(y)
-    p24 = (y - np.float32(lo)) * TWO_24          # p * 2**24, exact
-    if np.float32(word >> 8) < p24:
-        lo += 1
-    return np.uint16(sign | lo)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def f32_to_bf16_stochastic(x, w):
-    """float32 -> bfloat16 bits, rounded away from zero with probability (bits & 0xFFFF) / 2**16."""
-    f = np.int64(f32_bits(x))
-    if (f & 0x7FFFFFFF) > 0x7F800000:
-        return np.uint16((f >> 16) | 0x40)
-    up = 1 if (np.int64(w) >> 16) < (f & 0xFFFF) else 0
-    return np.uint16((f >> 16) + up)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def decode(h, fmt):
-    if (fmt & 3) == F16:
-        return f16_to_f32(h)
-    return bf16_to_f32(h)
-
-
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def column_word(noise, j):
     """The 32 random bits of column ``j`` of a row whose noise is ``noise`` (row_noise)."""
-    return np.int64(mix64(noise + np.uint64(j + 1) * GOLDEN) >> S32)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def encode(x, fmt, noise, j):
-    if (fmt & STOCHASTIC) != 0:
-        w = column_word(noise, j)
-        if (fmt & 3) == F16:
-            return f32_to_f16_stochastic(x, w)
-        return f32_to_bf16_stochastic(x, w)
-    if (fmt & 3) == F16:
-        return f32_to_f16(x)
-    return f32_to_bf16(x)
+    return mix64(noise + np.uint64(j + 1) * GOLDEN) >> S32
 
 
 # -- what the kernels call: plain indexing for float32 rows, conversions for uint16 ------
@@ -244,7 +239,10 @@ def _store_value(values, r, j, x, fmt, noise):
         return f32
     if _is_half(values):
         def half(values, r, j, x, fmt, noise):
-            values[r, j] = encode(x, fmt, noise, j)
+            if fmt & STOCHASTIC:
+                values[r, j] = encode_stochastic(x, fmt, column_word(noise, j))
+            else:
+                values[r, j] = encode_nearest(x, fmt)
         return half
     return None
 
@@ -255,9 +253,10 @@ def _row_noise(values, keys, r, fmt, salt, version_key):
         return lambda values, keys, r, fmt, salt, version_key: np.uint64(0)
     if _is_half(values):
         def half(values, keys, r, fmt, salt, version_key):
-            if (fmt & STOCHASTIC) != 0:
-                return mix64(mix64(keys[r] ^ salt) + version_key)
-            return np.uint64(0)
+            noise = np.uint64(0)
+            if fmt & STOCHASTIC:
+                noise = mix64(mix64(keys[r] ^ salt) + version_key)
+            return noise
         return half
     return None
 
@@ -273,12 +272,8 @@ def _copy_row_out(values, r, out, fmt):
     if _is_half(values):
         def half(values, r, out, fmt):
             src = values[r]
-            if (fmt & 3) == F16:
-                for j in range(len(src)):
-                    out[j] = f16_to_f32(src[j])
-            else:
-                for j in range(len(src)):
-                    out[j] = bf16_to_f32(src[j])
+            for j in range(len(src)):
+                out[j] = decode(src[j], fmt)
         return half
     return None
 
@@ -293,40 +288,21 @@ def _write_initial_values(values, r, scratch, key, salt, two_scale, scale, fmt):
         def half(values, r, scratch, key, salt, two_scale, scale, fmt):
             write_initial_row(scratch, key, salt, two_scale, scale)
             for j in range(len(scratch)):
-                values[r, j] = encode(scratch[j], fmt & 3, np.uint64(0), j)      # creation: nearest
+                values[r, j] = encode_nearest(scratch[j], fmt)       # creation: always to nearest
         return half
     return None
 
 
-# -- whole arrays (creation, imports, pages) --------------------------------------
-@numba.njit(cache=True, error_model="numpy")
-def encode_rows_kernel(src, out, fmt):
-    """out[i, j] = src[i, j] rounded to the format (nearest: creation never rounds at random)."""
-    for i in range(src.shape[0]):
-        for j in range(src.shape[1]):
-            out[i, j] = encode(src[i, j], fmt & 3, np.uint64(0), j)
-
-
-@numba.njit(cache=True, error_model="numpy")
-def decode_rows_kernel(src, out, fmt):
-    for i in range(src.shape[0]):
-        for j in range(src.shape[1]):
-            out[i, j] = decode(src[i, j], fmt)
-
-
+# -- whole arrays (creation, imports, pages, tests) -------------------------------
 @numba.njit(cache=True, error_model="numpy")
 def encode_kernel(src, words, out, fmt):
     """Flat float32 ``src`` -> bits ``out``; ``words``: each value's random word (stochastic)."""
-    for i in range(len(src)):
-        if (fmt & STOCHASTIC) != 0:
-            if (fmt & 3) == F16:
-                out[i] = f32_to_f16_stochastic(src[i], words[i])
-            else:
-                out[i] = f32_to_bf16_stochastic(src[i], words[i])
-        elif (fmt & 3) == F16:
-            out[i] = f32_to_f16(src[i])
-        else:
-            out[i] = f32_to_bf16(src[i])
+    if fmt & STOCHASTIC:
+        for i in range(len(src)):
+            out[i] = encode_stochastic(src[i], fmt, words[i])
+    else:
+        for i in range(len(src)):
+            out[i] = encode_nearest(src[i], fmt)
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -336,12 +312,12 @@ def decode_kernel(src, out, fmt):
 
 
 def to_bits(values: np.ndarray, fmt: int, words: np.ndarray | None = None) -> np.ndarray:
-    """Flat or [n, dim] float32 -> uint16 bits of the same shape (the kernels' conversion)."""
+    """Flat or [n, dim] float32 -> uint16 bits of the same shape (the kernels' conversion):
+    to nearest, or with ``words`` (uint32, one a value) and STOCHASTIC in ``fmt`` at random."""
     src = np.ascontiguousarray(values, np.float32)
     out = np.empty(src.shape, np.uint16)
     if words is None:
-        words = np.zeros(0, np.uint32)
-        fmt &= 3
+        words, fmt = np.zeros(0, np.uint32), fmt & 3
     encode_kernel(src.reshape(-1), np.ascontiguousarray(words, np.uint32).reshape(-1), out.reshape(-1), fmt)
     return out
 
