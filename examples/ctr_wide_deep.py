@@ -2,6 +2,7 @@
 
     paramshard launch --servers 2 --trainers 2 examples/ctr_wide_deep.py
     python examples/ctr_wide_deep.py --train-rows 100000      # one process
+    python examples/ctr_wide_deep.py --table-dtype float16    # half-precision rows on the servers
     paramshard launch --servers 2 --trainers 2 --checkpoint-dir runs/ckpt examples/ctr_wide_deep.py
                                         # keeps the trained model: see examples/evaluate.py
 
@@ -79,6 +80,9 @@ def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, flo
     return metrics["auc"], metrics["logloss"]
 
 
+TABLE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def parser() -> argparse.ArgumentParser:
     """The options, shared with examples/evaluate.py (same data options, same test set)."""
     p = argparse.ArgumentParser()
@@ -91,6 +95,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1024, help="per trainer")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--table-dtype", choices=sorted(TABLE_DTYPES), default="float32",
+                   help="how the servers store the embedding rows (half: 2 bytes a value; the maths stays float32)")
+    p.add_argument("--stochastic-rounding", action="store_true",
+                   help="round updated half-precision rows at random instead of to nearest")
     return p
 
 
@@ -110,8 +118,9 @@ def main():
 
     torch.manual_seed(0)
     table_opt = ps.optim.Adagrad(lr=args.lr)
+    rows = {"dtype": TABLE_DTYPES[args.table_dtype], "stochastic_rounding": args.stochastic_rounding}
     model = WideDeep(criteo_schema(), dim=args.dim,      # 13 dense features, 26 id fields
-                     embedding=lambda name, dim: ps.SparseEmbedding(name, dim, optimizer=table_opt))
+                     embedding=lambda name, dim: ps.SparseEmbedding(name, dim, optimizer=table_opt, **rows))
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=1e-3))
     if chief:
         print(f"{env.num_trainers} trainers, {len(env.servers)} servers, {env.mode} mode; "

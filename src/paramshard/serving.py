@@ -6,8 +6,12 @@ checkpoint into one ``torch.save``d dict:
     {"format": "paramshard-model", "version": 1, "step": 1200, "checkpoint": "runs/ckpt/step-00001200",
      "dense":  {"mlp.0.weight": tensor [400, 429], ...},          # parameter name -> float32 tensor
      "sparse": {"deep": {"ids": int64 tensor [n] (uint64 bit patterns), "rows": float32 tensor [n, dim],
-                         "dim": 16, "seed": 0, "init_scale": 0.01,
+                         "dim": 16, "seed": 0, "init_scale": 0.01, "dtype": "float32",
                          "admission": {"min_count": 1, "probability": 1.0}}, ...}}
+
+``dtype``: how the servers stored the table's rows (the rows here are those values as
+float32, exactly); an id without a row reads its initial row rounded the same way. A
+file without it (written before half rows existed) means float32.
 
 Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=True)``
 reads it without running any pickled code. ``load_model(module, file)`` copies the
@@ -29,7 +33,8 @@ from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
 from .placement.sparse_hash import admitted_by_probability, initial_rows
-from .tables import policy_from_wire
+from .server.row_formats import rounded
+from .tables import ROW_DTYPES, policy_from_wire
 
 FORMAT = "paramshard-model"
 FORMAT_VERSION = 1
@@ -71,6 +76,7 @@ def export_model(checkpoint, out) -> dict:
         model["sparse"][entry["name"]] = {
             "ids": torch.from_numpy(ids[order].view(np.int64)), "rows": torch.from_numpy(rows[order]),
             "dim": int(entry["dim"]), "seed": int(entry["seed"]), "init_scale": float(init_scale),
+            "dtype": str(entry.get("dtype", "float32")),
             "admission": {"min_count": admission.min_count, "probability": admission.probability}}
     out = Path(out)
     if not out.parent.is_dir():
@@ -95,6 +101,7 @@ class LocalTable:
     init_scale: float
     min_count: int = 1
     probability: float = 1.0
+    dtype: str = "float32"          # how the servers stored the rows (server/row_formats.py)
 
     @property
     def dim(self) -> int:
@@ -115,7 +122,7 @@ class LocalTable:
         if unknown == "initial" and self.min_count == 1 and not found.all():
             absent = np.flatnonzero(~found)
             fresh = absent[admitted_by_probability(self.seed, ids[absent], self.probability)]
-            out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
+            out[fresh] = rounded(initial_rows(self.seed, ids[fresh], self.dim, self.init_scale), self.dtype)
         return out
 
     def row_source(self, unknown: str):
@@ -169,8 +176,11 @@ def _table(name: str, t: dict) -> LocalTable:
     if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
         raise ValueError(f"table {name!r}: ids are not sorted and distinct")
     admission = t["admission"]
+    dtype = t.get("dtype", "float32")
+    if dtype not in ROW_DTYPES:
+        raise ValueError(f"table {name!r}: rows stored as {dtype!r}, not one of {', '.join(ROW_DTYPES)}")
     return LocalTable(name, ids, rows, int(t["seed"]), float(t["init_scale"]), int(admission["min_count"]),
-                      float(admission["probability"]))
+                      float(admission["probability"]), dtype)
 
 
 def load_model(module: torch.nn.Module, path, unknown: str = "initial") -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""Per-table settings of sparse tables: admission and eviction policies.
+"""Per-table settings of sparse tables: admission and eviction policies, row storage format.
 
 Frozen and validated on creation; they travel to the servers as plain maps.
 """
@@ -11,6 +11,11 @@ from .errors import ConfigError
 
 MAX_SEED = (1 << 64) - 1   # seeds are mixed as uint64
 
+# How a table's rows are stored on the servers (server/row_formats.py): the maths is float32
+# whatever the format; half rows are rounded to nearest, or stochastically, after each update.
+ROW_DTYPES = ("float32", "float16", "bfloat16")
+ROUNDINGS = ("nearest", "stochastic")
+
 
 def check_table_settings(name: str, dim, seed, init_scale) -> None:
     """Checked where a table is declared (and again on the server): a bad value
@@ -22,6 +27,17 @@ def check_table_settings(name: str, dim, seed, init_scale) -> None:
     if not isinstance(init_scale, (int, float)) or isinstance(init_scale, bool) \
             or not math.isfinite(init_scale) or init_scale < 0:
         raise ConfigError(f"table {name!r}: init_scale must be a finite number >= 0, got {init_scale!r}")
+
+
+def check_row_format(name: str, dtype, rounding) -> None:
+    """The storage format of a table's rows: a dtype of ROW_DTYPES, a rounding of ROUNDINGS."""
+    if dtype not in ROW_DTYPES or not isinstance(dtype, str):
+        raise ConfigError(f"table {name!r}: rows are stored as one of {', '.join(ROW_DTYPES)}, got {dtype!r}")
+    if rounding not in ROUNDINGS or not isinstance(rounding, str):
+        raise ConfigError(f"table {name!r}: rounding is one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+    if dtype == "float32" and rounding != "nearest":
+        raise ConfigError(f"table {name!r}: stochastic rounding is for half-precision rows (float16, bfloat16); "
+                          f"float32 rows are never rounded")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -438,9 +438,13 @@ class Gen:
         field, kind = r.choice(list(protocol.REQUEST_FIELDS[op].items()))
         if isinstance(kind, OPTIONAL):   # may be left out, but when present it is checked
             kind = kind.kind
-        value = r.choice(self.WRONG[kind])
+        if isinstance(kind, protocol.OneOf):     # a string of a few names: another type, or another name
+            value = r.choice(self.WRONG[str] + ["", "float64", "Float16", "nearest ", "bf16", "half"])
+            tname = "one_of"
+        else:
+            value = r.choice(self.WRONG[kind])
+            tname = kind if isinstance(kind, str) else kind.__name__
         h[field] = value
-        tname = kind if isinstance(kind, str) else kind.__name__
         return self.msg(f"field/wrong_type/{tname}<-{type(value).__name__}", REJECT, h, arrays)
 
     def g_array_count(self, r):

@@ -144,3 +144,78 @@ def test_a_row_wise_adagrad_table_trains_saves_and_resumes_bit_identical(monkeyp
     assert list(resumed_state) == list(whole_state)
     for part in whole_state:
         np.testing.assert_array_equal(resumed_state[part], whole_state[part], err_msg=part)
+
+
+class HalfCtr(Ctr):
+    def __init__(self, dtype=torch.float16, stochastic=False):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = ps.SparseEmbedding("emb", 4, optimizer=ps.optim.Adagrad(lr=0.1), init_scale=0.1, dtype=dtype,
+                                      stochastic_rounding=stochastic)
+
+
+def learnable_batches(n=60, b=64):
+    """Labels from a hidden weight per id: a table that learns lowers the loss."""
+    rng = np.random.default_rng(4)
+    hidden = rng.standard_normal(200) * 1.5
+    out = []
+    for _ in range(n):
+        ids = rng.integers(0, 200, (b, 3))
+        y = (rng.random(b) < 1 / (1 + np.exp(-hidden[ids].sum(1)))).astype(np.float32)
+        out.append((torch.from_numpy(rng.standard_normal((b, 2)).astype(np.float32)), torch.from_numpy(ids),
+                    torch.from_numpy(y)))
+    return out
+
+
+def representable(rows: np.ndarray, dtype) -> bool:
+    return np.array_equal(torch.from_numpy(rows).to(dtype).to(torch.float32).numpy(), rows)
+
+
+@pytest.mark.parametrize("dtype, stochastic", [(torch.float16, False), (torch.bfloat16, True)])
+def test_a_half_precision_table_trains_and_its_rows_arrive_as_float32_of_that_precision(in_process, dtype,
+                                                                                          stochastic):
+    model = HalfCtr(dtype, stochastic)
+    losses = []
+    with Trainer(model, ps.optim.Adam(lr=0.01), env=in_process) as trainer:
+        for dense, ids, y in learnable_batches():
+            loss = F.binary_cross_entropy_with_logits(model(dense, ids), y)
+            _, pulled = model.emb._touched[-1]               # the rows this forward pulled
+            assert pulled.dtype == torch.float32 and representable(pulled.detach().numpy(), dtype)
+            trainer.step(loss)
+            losses.append(loss.item())
+        ids, rows = trainer.sparse.export_sparse("emb")
+    assert rows.dtype == np.float32 and representable(rows, dtype) and len(ids) == 200
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.05
+
+
+def test_a_stochastically_rounded_half_table_resumes_bit_identical(monkeypatch, tmp_path):
+    """Stochastic rounding draws its bits from (seed, id, table version, column): a run resumed from
+    a checkpoint (which records the row format) rounds as the uninterrupted run did."""
+    data, cut = learnable_batches(n=12), 5
+
+    def run(stop, save_at=None, resume=None):
+        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                                      in_process=True)
+        monkeypatch.setattr(runtime, "_local_server", server)
+        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+        model = HalfCtr(torch.float16, stochastic=True)
+        try:
+            with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:
+                while trainer.step_count < stop:
+                    dense, ids, y = data[trainer.step_count]
+                    trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+                    if trainer.step_count == save_at:
+                        trainer.save(tmp_path)
+                rows = trainer.sparse.export_sparse("emb")
+        finally:
+            server.close()
+        return model.head.weight.detach().clone(), rows
+
+    whole_w, whole_rows = run(len(data))
+    run(cut, save_at=cut)
+    (entry,) = Checkpoint(tmp_path).manifest["sparse"]
+    assert (entry["dtype"], entry["rounding"]) == ("float16", "stochastic")
+    resumed_w, resumed_rows = run(len(data), resume=tmp_path)
+    torch.testing.assert_close(resumed_w, whole_w, rtol=0, atol=0)
+    for a, b in zip(resumed_rows, whole_rows):
+        np.testing.assert_array_equal(a, b)

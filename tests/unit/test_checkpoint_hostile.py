@@ -244,6 +244,10 @@ MUTATIONS = {
                      "files has 'counts' without 'counted_ids'"),
     "bad optimizer": (_set(["sparse", 0, "optimizer"], {"kind": "magic"}), "sparse table 'emb': optimizer"),
     "bad policy": (_set(["sparse", 0, "policy"], {}), "sparse table 'emb': bad table policy"),
+    "bad row dtype": (_set(["sparse", 0, "dtype"], "float64"), "sparse table 'emb': table 'emb': rows are stored as "
+                                                               "one of float32, float16, bfloat16, got 'float64'"),
+    "row dtype a list": (_set(["sparse", 0, "dtype"], ["float16"]), "rows are stored as one of"),
+    "bad rounding": (_set(["sparse", 0, "rounding"], "up"), "sparse table 'emb': table 'emb': rounding is one of"),
     "table twice": (lambda m: m["sparse"].append(copy.deepcopy(m["sparse"][0])), "sparse lists 'emb' twice"),
     "cut not a number": (_set(["cut"], {"x": 1}), "cut: 'x' is not a trainer number"),
 }
@@ -375,3 +379,29 @@ def test_export_model_on_a_hostile_checkpoint_is_one_line_and_no_traceback(tmp_p
     assert proc.stderr.startswith("paramshard export-model: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "'../../x.npy' climbs out of the checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_table_entry_records_its_row_format_and_one_without_is_float32(tmp_path):
+    """Checkpoints written before half-precision rows name no dtype: they load as float32 rows
+    rounded to nearest, and resume only into such a table."""
+    from paramshard.client.checkpoint import check_fits, table_spec_from_manifest
+    from paramshard.client.sparse import TableSpec
+    from paramshard.placement.sharding import ParamSpec, make_plan
+
+    step = make(tmp_path / "old")
+    entry = Checkpoint(tmp_path / "old").manifest["sparse"][0]
+    assert "dtype" not in entry and "rounding" not in entry
+    spec = table_spec_from_manifest(entry)
+    assert (spec.dtype, spec.rounding) == ("float32", "nearest")
+    plan = make_plan([ParamSpec("w", (2, 3))], 1, "balanced", 1)
+    check_fits(Checkpoint(tmp_path / "old"), plan, Momentum(lr=0.1), {"emb": spec})
+    half = TableSpec("emb", 4, Adagrad(lr=0.1), dtype="float16")
+    with pytest.raises(CheckpointError, match="sparse table 'emb' keeps float16 rows \\(nearest rounding\\) here, "
+                                              "float32 \\(nearest\\) in the checkpoint"):
+        check_fits(Checkpoint(tmp_path / "old"), plan, Momentum(lr=0.1), {"emb": half})
+    m = manifest_of(step)
+    m["sparse"][0].update(dtype="bfloat16", rounding="stochastic")
+    rewrite(step, m)
+    spec = table_spec_from_manifest(Checkpoint(tmp_path / "old").manifest["sparse"][0])
+    assert (spec.dtype, spec.rounding) == ("bfloat16", "stochastic")
+    check_fits(Checkpoint(tmp_path / "old"), plan, Momentum(lr=0.1), {"emb": spec})

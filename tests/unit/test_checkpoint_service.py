@@ -146,3 +146,40 @@ def test_a_row_wise_restore_wants_one_accumulator_per_row():
     checkpoints.handle_restore_sparse(header, [ids, values, np.full((2, 1), 0.5, np.float32)])
     page = checkpoints.handle_snapshot_sparse({"table": "t", "start": 0, "count": 10}, [])
     assert dict(zip(page.fields["parts"], page.arrays))["slot0"].tolist() == [[0.5], [0.5]]
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_half_row_pages_carry_float32_and_restore_bit_identical(rounding):
+    """A float16 table's pages hold float32 values, each exactly a float16; restored into a new
+    float16 table they give the same pages, and both tables train on alike, bit for bit (stochastic
+    rounding's bits depend on the table version, which the restore carries)."""
+    def half_service():
+        ctx = context(Mode.ASYNC, trainers=1)
+        sparse = SparseService(Mode.ASYNC, ctx.membership)
+        sparse.handle_register_sparse({"table": "t", "trainer": 0, "dim": 3, "seed": 9,
+                                       "optimizer": ps.optim.RowWiseAdagrad(lr=0.1).to_wire(),
+                                       "policy": policy_to_wire(Admission(), Eviction(), 0.1),
+                                       "dtype": "float16", "rounding": rounding}, [])
+        return sparse, CheckpointService(DenseStore(Mode.ASYNC, ctx.membership), sparse, ctx)
+
+    sparse, checkpoints = half_service()
+    train(sparse)
+    pages = snapshot(checkpoints)
+    values = dict(zip(pages[0].fields["parts"], pages[0].arrays))["values"]
+    assert values.dtype == np.float32
+    np.testing.assert_array_equal(values.astype(np.float16).astype(np.float32), values)
+    copy_sparse, copy = half_service()
+    rows = pages[0].fields["rows"]
+    for i, page in enumerate(pages):
+        header = {"table": "t", "trainer": 0, "parts": page.fields["parts"], "version": page.fields["version"],
+                  "evicted": page.fields["evicted"], **({"reserve": rows} if i == 0 else {})}
+        copy.handle_restore_sparse(header, list(page.arrays))
+    for before, after in zip(pages, snapshot(copy)):
+        assert before.fields == after.fields
+        for a, b in zip(before.arrays, after.arrays):
+            assert a.tobytes() == b.tobytes()
+    train(sparse, steps=4)
+    train(copy_sparse, steps=4)
+    for before, after in zip(snapshot(checkpoints), snapshot(copy)):
+        for a, b in zip(before.arrays, after.arrays):
+            assert a.tobytes() == b.tobytes()

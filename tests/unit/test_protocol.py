@@ -146,3 +146,13 @@ def test_barrier_fields_are_checked(fields, expected):
     _request("barrier", **BARRIER)
     with pytest.raises(ProtocolError, match=expected):
         _request("barrier", **fields)
+
+
+def test_a_table_registration_may_name_its_row_format():
+    register = {"table": "t", "dim": 4, "seed": 0, "optimizer": {}, "policy": {}, "trainer": 0}
+    _request("register_sparse", **register)
+    _request("register_sparse", **register, dtype="bfloat16", rounding="stochastic")
+    with pytest.raises(ProtocolError, match="field 'dtype' must be one of float32, float16, bfloat16, got 'half'"):
+        _request("register_sparse", **register, dtype="half")
+    with pytest.raises(ProtocolError, match="field 'rounding' must be one of nearest, stochastic, got 1"):
+        _request("register_sparse", **register, rounding=1)

@@ -1,6 +1,7 @@
 """The RowStore contract (server/row_store.py): the numpy and the compiled store, each against a
-dict-and-loop oracle, call for call, for every update rule; the one creation path's all-or-nothing; snapshot pages
-that restore into an equal store."""
+dict-and-loop oracle, call for call, for every update rule and row format (float32; float16 and bfloat16
+rounded to nearest or stochastically); the one creation path's all-or-nothing; snapshot pages
+that restore into an equal store; what stochastic rounding keeps of updates smaller than a gap."""
 import numpy as np
 import pytest
 
@@ -8,6 +9,7 @@ from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad
 from paramshard.server.barrier import Membership
 from paramshard.server.compiled_row_store import CompiledRowStore
 from paramshard.server.numpy_row_store import NumpyRowStore
+from paramshard.server.row_formats import rounded
 from paramshard.server.sparse_table import SparseTable
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.tables import Admission, Eviction
@@ -22,12 +24,17 @@ RULES = [SGD(lr=0.5), Momentum(lr=0.1, momentum=0.9), Adagrad(lr=0.1, lr_decay=0
 
 STORES = [NumpyRowStore, CompiledRowStore]
 each_store = pytest.mark.parametrize("kind", STORES, ids=lambda k: k.__name__)
+FORMATS = [("float32", "nearest"), ("float16", "nearest"), ("bfloat16", "nearest"), ("float16", "stochastic"),
+           ("bfloat16", "stochastic")]
+each_format = pytest.mark.parametrize("row_format", FORMATS, ids=lambda f: f"{f[0]}-{f[1]}")
 
 
-def stores(optimizer, keep_last_seen=True, count=True, capacity=4, kind=NumpyRowStore, dim=DIM):
+def stores(optimizer, keep_last_seen=True, count=True, capacity=4, kind=NumpyRowStore, dim=DIM,
+           row_format=("float32", "nearest"), seed=0):
     rule = make_rule(optimizer)
-    return (kind(dim, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity),
-            DictRowStore(dim, rule, keep_last_seen, count))
+    fmt = {"value_dtype": row_format[0], "rounding": row_format[1], "seed": seed}
+    return (kind(dim, rule, keep_last_seen, count, max_rows=10**6, capacity=capacity, **fmt),
+            DictRowStore(dim, rule, keep_last_seen, count, **fmt))
 
 
 def same(a, b):
@@ -39,10 +46,11 @@ def same(a, b):
 
 
 @each_store
+@each_format
 @pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
-def test_each_store_matches_the_oracle_call_for_call(optimizer, kind):
+def test_each_store_matches_the_oracle_call_for_call(optimizer, row_format, kind):
     rng = np.random.default_rng(7)
-    fast, oracle = stores(optimizer, kind=kind)
+    fast, oracle = stores(optimizer, kind=kind, row_format=row_format, seed=21)
     for version in range(40):
         ids = np.unique(rng.integers(0, 60, 12).astype(np.uint64))
         grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
@@ -56,7 +64,7 @@ def test_each_store_matches_the_oracle_call_for_call(optimizer, kind):
                 store.lookup_or_create(pulled, version, 5, 0.1)
             rows = store.lookup(ids)
             store.touch(rows[::2], version)
-            store.update(rows, grads, scale=0.5)
+            store.update(rows, grads, scale=0.5, version=version)
         np.testing.assert_array_equal(fast.lookup(ids), oracle.lookup(ids))
         np.testing.assert_array_equal(fast.gather(fast.lookup(ids)), oracle.gather(oracle.lookup(ids)))
         np.testing.assert_array_equal(fast.count(ids[:3]), oracle.count(ids[:3]))
@@ -202,3 +210,76 @@ def test_the_compiled_store_keeps_a_dim_16_rowwise_row_in_76_bytes_plus_its_inde
     while store.index.draining:                   # growth's old buckets go as later calls drain them
         store.lookup(batch[:10])
     assert store.nbytes / store.num_rows <= 76 + 8 / 0.375 + 0.5     # the index: at most 21.3 bytes a row
+
+
+@each_store
+@pytest.mark.parametrize("row_format", FORMATS[1:], ids=lambda f: f"{f[0]}-{f[1]}")
+def test_half_rows_go_in_rounded_and_come_out_as_stored(row_format, kind):
+    """create, set_values and restored pages round float32 values to the format (to nearest, whatever
+    the update rounding); gather and pages give the stored values exactly, as float32."""
+    dtype = row_format[0]
+    fast, oracle = stores(Adam(lr=0.01), kind=kind, row_format=row_format)
+    ids = np.arange(1, 9, dtype=np.uint64)
+    given = np.random.default_rng(2).standard_normal((8, DIM)).astype(np.float32) * np.float32(1e-3)
+    given[0] = [65519.0, -1e-7, 3e-8]           # float16: the largest value rounding down, subnormals
+    for store in (fast, oracle):
+        store.create(ids, given, version=0)
+    expected = rounded(given, dtype)
+    assert not np.array_equal(expected, given)
+    rows = fast.lookup(ids)
+    np.testing.assert_array_equal(fast.gather(rows), expected)
+    np.testing.assert_array_equal(fast.page(0, 8)["values"], expected)
+    assert fast.gather(rows).dtype == np.float32 and fast.page(0, 8)["values"].dtype == np.float32
+    fast.set_values(rows[:2], given[2:4])
+    oracle.set_values(oracle.lookup(ids[:2]), given[2:4])
+    np.testing.assert_array_equal(fast.gather(rows[:2]), expected[2:4])
+    same(fast, oracle)
+    page = fast.page(0, 8)
+    copy, _ = stores(Adam(lr=0.01), kind=kind, row_format=row_format)
+    copy.create(page.pop("ids"), page.pop("values"), version=0, state=page)      # exact: no second rounding
+    same(fast, copy)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_stochastic_rounding_keeps_updates_smaller_than_a_gap_on_average(dtype):
+    """100 SGD steps of an eighth of the format's gap from 1.5: rounded to nearest, every step is lost;
+    rounded stochastically, each value moves by whole gaps at random and their mean follows the
+    float32 table; both stores give the same rows, and another seed other rows."""
+    gap = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype]       # between 1 and 2
+    n, dim = 2000, 4
+    ids = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    grads = np.full((n, dim), gap / 8, np.float32)
+
+    def train(kind, value_dtype, rounding, seed=5):
+        store = kind(dim, make_rule(SGD(lr=1.0)), False, False, max_rows=10**6, capacity=n,
+                     value_dtype=value_dtype, rounding=rounding, seed=seed)
+        rows = store.create(ids, np.full((n, dim), 1.5, np.float32), version=0)
+        for version in range(100):
+            store.update(rows, grads, scale=1.0, version=version)
+        return store.gather(rows)
+
+    exact = train(NumpyRowStore, "float32", "nearest")
+    assert (exact == 1.5 - 12.5 * gap).all()                       # float32 holds every step exactly
+    nearest = train(CompiledRowStore, dtype, "nearest")
+    assert (nearest == 1.5).all()                                   # every update was lost
+    numpy_sr, compiled_sr = train(NumpyRowStore, dtype, "stochastic"), train(CompiledRowStore, dtype, "stochastic")
+    np.testing.assert_array_equal(numpy_sr, compiled_sr)            # deterministic: the same bits everywhere
+    np.testing.assert_array_equal(rounded(numpy_sr, dtype), numpy_sr)     # on the format's grid
+    steps = (1.5 - numpy_sr.astype(np.float64)) / gap               # whole gaps moved: Binomial(100, 1/8)
+    np.testing.assert_array_equal(steps, np.round(steps))
+    assert steps.std() > 2                                          # at random, not all alike
+    assert abs(steps.mean() - 12.5) < 0.15                          # unbiased: the sd of the mean is 0.037
+    assert not np.array_equal(train(CompiledRowStore, dtype, "stochastic", seed=6), compiled_sr)
+
+
+def test_a_float16_rowwise_row_takes_44_bytes_plus_its_index():
+    """dim 16, row-wise Adagrad: id 8 + values 2 * 16 + accumulator 4 (float32 rows: 76); the index
+    comes on top, 10.7-21.3 bytes a row by its load."""
+    store, _ = stores(RowWiseAdagrad(lr=0.1), keep_last_seen=False, count=False, kind=CompiledRowStore, dim=16,
+                      row_format=("float16", "nearest"))
+    assert store.bytes_per_row == 8 + 32 + 4
+    for batch in np.array_split(np.arange(1, 200_001, dtype=np.uint64), 20):   # filled by pulls
+        store.lookup_or_create(batch, 0, 1, 0.1)
+    while store.index.draining:
+        store.lookup(batch[:10])
+    assert store.nbytes / store.num_rows <= 44 + 8 / 0.375 + 0.5

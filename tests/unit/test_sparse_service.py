@@ -89,3 +89,35 @@ def test_export_then_import_into_a_fresh_service_gives_the_same_rows():
         fresh.handle_export_sparse({"table": "nope"}, [])
     stats = fresh.stats()
     assert stats["sparse_rows"] == 3 and stats["tables"]["t"]["rows"] == 3
+
+
+def test_a_table_of_half_rows_is_registered_once_with_its_format():
+    """dtype and rounding travel with the registration (absent: float32); a repeat must ask for the
+    same; rows come out as float32 holding values of the format, the first pull's included."""
+    service = SparseService("sync", Membership(2, grace=5.0))
+    register(service, dtype="float16", rounding="stochastic")
+    table = service.tables["t"]
+    assert (table.dtype, table.rounding, table.store.value_dtype) == ("float16", "stochastic", "float16")
+    assert register(service, trainer=1, dtype="float16", rounding="stochastic").fields == {"rows": 0}
+    with pytest.raises(ConfigError, match="its rows are float16 \\(stochastic rounding\\), this registration asks "
+                                          "for float32 \\(nearest\\)"):
+        register(service, trainer=1)
+    with pytest.raises(ConfigError, match="rows are stored as one of float32, float16, bfloat16"):
+        register(service, name="u", dtype="float64")
+    ids = np.array([1, 2, 3], np.uint64)
+    rows = pull(service, ids).make_reply().arrays[0]
+    assert rows.dtype == np.float32
+    np.testing.assert_array_equal(rows, initial_rows(4, ids, 2, 0.1).astype(np.float16).astype(np.float32))
+    evaluation = service.handle_pull_sparse({"table": "t", "trainer": 0, "min_version": 0, "create": False},
+                                            [np.array([3, 9], np.uint64)]).make_reply().arrays[0]
+    unseen = initial_rows(4, np.array([9], np.uint64), 2, 0.1).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(evaluation, np.stack([rows[2], unseen[0]]))       # unseen: as its first pull
+    pull(service, ids, trainer=1).make_reply()
+    push(service, ids, np.full((3, 2), 1e-3, np.float32), trainer=0)
+    push(service, ids, np.full((3, 2), 3e-3, np.float32), trainer=1)
+    after = pull(service, ids, version=1).make_reply().arrays[0]
+    np.testing.assert_array_equal(after.astype(np.float16).astype(np.float32), after)      # representable
+    assert not np.array_equal(after, rows)
+    exported = service.handle_export_sparse({"table": "t"}, [])
+    assert exported.arrays[1].dtype == np.float32
+    np.testing.assert_array_equal(exported.arrays[1][np.argsort(exported.arrays[0])], after)

@@ -89,7 +89,7 @@ def check_dense(entry, i: int, files: dict) -> str:
 
 def check_sparse(entry, i: int, files: dict) -> str:
     from ..optim import from_wire                  # the readers' own checks, not a copy of them
-    from ..tables import check_table_settings, policy_from_wire
+    from ..tables import check_row_format, check_table_settings, policy_from_wire
     from ..update_rules import make_rule
 
     what = f"sparse[{i}]"
@@ -101,6 +101,9 @@ def check_sparse(entry, i: int, files: dict) -> str:
         check_table_settings(name, entry["dim"], entry["seed"], entry["init_scale"])
         optimizer = from_wire(entry["optimizer"])
         policy_from_wire(entry["policy"])
+        # How the servers stored the rows (the files hold float32 either way); a checkpoint
+        # written before half rows existed has neither: float32, nearest.
+        check_row_format(name, entry.get("dtype", "float32"), entry.get("rounding", "nearest"))
     except ConfigError as exc:
         raise Invalid(f"{what}: {exc}") from None
     rows, dim = integer(entry["rows"], f"{what}: rows"), entry["dim"]

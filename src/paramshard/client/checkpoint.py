@@ -139,6 +139,7 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             sparse.append({"name": name, "dim": spec.dim, "seed": spec.seed, "init_scale": spec.init_scale,
                            "optimizer": spec.optimizer.to_wire(),
                            "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale),
+                           "dtype": spec.dtype, "rounding": spec.rounding,     # the files hold float32 either way
                            "rows": int(len(parts["ids"])), "version": version, "evicted": evicted, "files": files})
         if cut is not None:
             settings = {**settings, "cut": {str(t): k for t, k in sorted(cut.items())}}
@@ -171,6 +172,11 @@ def check_fits(ckpt: Checkpoint, plan: ShardPlan, optimizer: OptimizerConfig, ta
         elif t["dim"] != spec.dim or from_wire(t["optimizer"]).kind != spec.optimizer.kind:
             problems.append(f"sparse table {name!r} is dim {spec.dim}/{spec.optimizer.kind} here, "
                             f"dim {t['dim']}/{from_wire(t['optimizer']).kind} in the checkpoint")
+        elif row_format_of(t) != (spec.dtype, spec.rounding):
+            # A resume continues the run: rows stored (and rounded) as they were.
+            saved_dtype, saved_rounding = row_format_of(t)
+            problems.append(f"sparse table {name!r} keeps {spec.dtype} rows ({spec.rounding} rounding) here, "
+                            f"{saved_dtype} ({saved_rounding}) in the checkpoint")
     if problems:
         raise CheckpointError(f"{ckpt.path} does not fit this model: " + "; ".join(problems))
 
@@ -245,11 +251,18 @@ def _restore_dense(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConf
     links.request_list(requests)
 
 
+def row_format_of(entry: dict) -> tuple[str, str]:
+    """(dtype, rounding) of a manifest's table entry; a checkpoint from before half rows
+    records neither: float32, nearest."""
+    return entry.get("dtype", "float32"), entry.get("rounding", "nearest")
+
+
 def table_spec_from_manifest(entry: dict) -> TableSpec:
     """A table's settings as the checkpoint recorded them."""
     admission, eviction, init_scale = policy_from_wire(entry["policy"])
+    dtype, rounding = row_format_of(entry)
     return TableSpec(entry["name"], entry["dim"], from_wire(entry["optimizer"]), entry["seed"], init_scale,
-                     admission, eviction)
+                     admission, eviction, dtype=dtype, rounding=rounding)
 
 
 def open_for_resume(path, required: bool) -> Checkpoint | None:

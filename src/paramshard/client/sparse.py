@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ConfigError, ProtocolError
 from ..optim import OptimizerConfig
 from ..placement.sparse_hash import server_of
-from ..tables import Admission, Eviction, check_table_settings, policy_to_wire
+from ..tables import Admission, Eviction, check_row_format, check_table_settings, policy_to_wire
 from ..transport.client import ServerLinks
 
 
@@ -26,9 +26,12 @@ class TableSpec:
     admission: Admission = Admission()
     eviction: Eviction = Eviction()
     capacity: int = 0           # rows to make room for up front, over all servers (0: grow as ids come)
+    dtype: str = "float32"      # how the servers store rows: float32, float16, bfloat16 (server/row_formats.py)
+    rounding: str = "nearest"   # how updated half rows are rounded: nearest, stochastic
 
     def __post_init__(self):
         check_table_settings(self.name, self.dim, self.seed, self.init_scale)
+        check_row_format(self.name, self.dtype, self.rounding)
         if not isinstance(self.capacity, int) or self.capacity < 0:
             raise ConfigError(f"table {self.name!r}: capacity must be a whole number of rows >= 0, "
                               f"got {self.capacity!r}")
@@ -78,7 +81,8 @@ class SparseClient:
     def register_sparse(self, spec: TableSpec) -> None:
         header = {"op": "register_sparse", "trainer": self.trainer_id, "table": spec.name, "dim": spec.dim, "seed": spec.seed,
                   "optimizer": spec.optimizer.to_wire(),
-                  "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale)}
+                  "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale),
+                  "dtype": spec.dtype, "rounding": spec.rounding}
         if spec.capacity:
             # The hash spreads ids evenly: each server's share, plus a little for the spread.
             header["reserve"] = -(-spec.capacity * 102 // (100 * self.num_servers)) + 1024

@@ -7,6 +7,9 @@ row where it lives, and the id index grows a slice at a time instead of
 rehashing the table. The row arrays are reserved for the table's whole row
 limit up front (kernels/arena.py), so growing never copies them.
 
+Half-precision rows (row_formats.py) are uint16 bits converted in the kernels
+(kernels/half.py): 2 bytes a value.
+
 It is the numpy store's twin, not its rival: the same calls give
 bit-identical rows, state and handles (tests/unit/test_row_store.py runs both
 against the dict reference store; tests/unit/test_compiled_row_store.py
@@ -20,26 +23,36 @@ import numpy as np
 
 from ..update_rules import Rule
 from .kernels import arena
+from .kernels.half import from_bits, to_bits
 from .kernels.hash_index import DRAIN_PER_INSERT, HashIndex
 from .kernels.initial_rows import seed_salt
 from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kernel, kept_rows_kernel
 from .kernels.update_kernels import rule_kernel
+from .row_formats import STOCHASTIC, check_row_format, code_of, round_salt, version_key
 
 COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
-_loaded: set[tuple] = set()    # (rule, eviction, admission counting) whose kernels are loaded here
+_loaded: set[tuple] = set()    # (rule, eviction, admission counting, half rows) whose kernels are loaded here
 
 
 class CompiledRowStore:
     def __init__(self, dim: int, rule: Rule, keep_last_seen: bool, count_admissions: bool,
-                 max_rows: int, capacity: int = 1024, _probe: bool = False):
+                 max_rows: int, capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest",
+                 seed: int = 0, _probe: bool = False):
+        check_row_format("row store", value_dtype, rounding)
         self.dim, self.rule, self.max_rows = dim, rule, max_rows
+        self.value_dtype, self.rounding, self.seed = value_dtype, rounding, seed
+        # Half rows are uint16 bits (kernels/half.py); the kernels convert by this code.
+        self._fmt = code_of(value_dtype, rounding)
+        self._half = value_dtype != "float32"
+        self._salt = round_salt(seed)
+        self._scratch = np.empty(dim, np.float32)          # a float32 row, for half first touches
         self._keep_last_seen, self._count_admissions, self._capacity = keep_last_seen, count_admissions, capacity
         self._slot_initials = rule.init_slots((1, dim))      # a new row's optimizer state
         self.slot_count = len(self._slot_initials)
         self._update = rule_kernel(rule)
         self._rows = 0
         self.keys = arena.reserve(max_rows, (), np.uint64)
-        self.values = arena.reserve(max_rows, (dim,), np.float32)
+        self.values = arena.reserve(max_rows, (dim,), np.uint16 if self._half else np.float32)
         self.slots = [arena.reserve(max_rows, s.shape[1:], np.float32) for s in self._slot_initials]
         self.steps = arena.reserve(max_rows, (), np.uint32) if rule.uses_step else None
         self.last_seen = arena.reserve(max_rows, (), np.uint32) if keep_last_seen else None
@@ -58,12 +71,13 @@ class CompiledRowStore:
         """Load every kernel this store will use now, from numba's cache (compiled by `make
         warm`): about 0.5 s a process, paid when a table is registered instead of by the
         first pulls, and by the first growth (measured: 0.7 s and 0.5 s)."""
-        key = (type(self.rule), self._keep_last_seen, self._count_admissions)
+        key = (type(self.rule), self._keep_last_seen, self._count_admissions, self._half)
         if key in _loaded:
             return
         from .kernels.warm import exercise
         exercise(CompiledRowStore(self.dim, self.rule, self._keep_last_seen, self._count_admissions,
-                                  max_rows=1 << 16, capacity=16, _probe=True))
+                                  max_rows=1 << 16, capacity=16, value_dtype=self.value_dtype,
+                                  rounding=self.rounding, _probe=True))
         _loaded.add(key)
 
     # -- size -------------------------------------------------------------
@@ -84,7 +98,9 @@ class CompiledRowStore:
 
     @property
     def bytes_per_row(self) -> int:
-        """Bytes a row occupies in the arrays (the index comes on top: 8-16 bytes a row)."""
+        """Bytes a row occupies in the arrays (the index comes on top: 10.7-21.3 bytes a row): the id
+        (8), the values (4 or, half rows, 2 a column), the rule's state, update counts and last-seen
+        versions (4 each, when kept)."""
         return sum(a.strides[0] for a in self._per_row_arrays())
 
     @property
@@ -133,7 +149,7 @@ class CompiledRowStore:
         self.index.make_room(self.keys, first, n)       # allocates, if at all, before any change
         # Rows past num_rows are invisible: written first, then indexed, then counted.
         self.keys[first:first + n] = ids
-        self.values[first:first + n] = values
+        self.values[first:first + n] = self._stored(values)
         self._init_state(first, n, version, state or {})
         self.index.insert(self.keys, first, n)
         self._rows = first + n
@@ -153,7 +169,8 @@ class CompiledRowStore:
         rows = np.empty(len(ids), np.int64)
         room = min(self.index.room(first), len(self.values) - first)
         made, done = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, 0, first,
-                                        room, seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows)
+                                        room, seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows,
+                                        self._scratch, self._fmt)
         if made:
             self._init_state(first, made, version, {})
             self._rows = first + made
@@ -164,15 +181,27 @@ class CompiledRowStore:
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         out = np.empty((len(rows), self.dim), np.float32)
-        gather_kernel(self.values, np.ascontiguousarray(rows, np.int64), out)
+        gather_kernel(self.values, np.ascontiguousarray(rows, np.int64), out, self._fmt)
         return out
 
-    def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
-        self.values[rows] = values
+    def _stored(self, values: np.ndarray) -> np.ndarray:
+        """float32 values as the rows hold them (half: rounded to nearest)."""
+        return to_bits(values, self._fmt) if self._half else values
 
-    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
-        self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),
-                     np.ascontiguousarray(grads, np.float32), scale)
+    def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self.values[rows] = self._stored(values)
+
+    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float, version: int = 0) -> None:
+        if self._fmt & STOCHASTIC:
+            self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),
+                         np.ascontiguousarray(grads, np.float32), scale, self.keys, self._fmt, self._salt,
+                         version_key(version))
+        elif self._half:
+            self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),
+                         np.ascontiguousarray(grads, np.float32), scale, fmt=self._fmt)
+        else:
+            self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),
+                         np.ascontiguousarray(grads, np.float32), scale)
 
     def touch(self, rows: np.ndarray, version: int) -> None:
         if self.last_seen is not None:
@@ -239,7 +268,8 @@ class CompiledRowStore:
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)
         rows = slice(start, max(start, end))
-        out = {"ids": self.keys[rows].copy(), "values": self.values[rows].copy()}
+        out = {"ids": self.keys[rows].copy(),
+               "values": from_bits(self.values[rows], self._fmt) if self._half else self.values[rows].copy()}
         out.update((f"slot{i}", s[rows].copy()) for i, s in enumerate(self.slots))
         if self.steps is not None:
             out["steps"] = self.steps[rows].astype(np.int64)
@@ -249,4 +279,5 @@ class CompiledRowStore:
 
     def clear(self) -> None:
         self.__init__(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
-                      capacity=self._capacity, _probe=True)
+                      capacity=self._capacity, value_dtype=self.value_dtype, rounding=self.rounding, seed=self.seed,
+                      _probe=True)

@@ -3,6 +3,8 @@
 Rows live in row order in ``values`` (and the rule's ``slots``, ``steps``,
 ``last_seen`` alongside), grown by a quarter when full; ``index`` maps ids to
 row numbers. Every operation is a few array operations over the batch.
+Half-precision rows (row_formats.py) are numpy float16, or bfloat16 bits as
+uint16, converted by row_formats' reference functions on the way in and out.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from ..update_rules import Rule
 from .id_index import IdIndex
+from .row_formats import check_row_format, from_storage, rounding_words, storage_dtype, to_storage
 from .row_store import lookup_or_create_in_parts
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
@@ -26,13 +29,17 @@ def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
 
 class NumpyRowStore:
     def __init__(self, dim: int, rule: Rule, keep_last_seen: bool, count_admissions: bool,
-                 max_rows: int, capacity: int = 1024):
+                 max_rows: int, capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest",
+                 seed: int = 0):
+        check_row_format("row store", value_dtype, rounding)
         self.dim, self.rule, self.max_rows = dim, rule, max_rows
+        self.value_dtype, self.rounding, self.seed = value_dtype, rounding, seed
+        self._half = value_dtype != "float32"        # values held in numpy's float16, or bfloat16 bits
         self._slot_initials = rule.init_slots((1, dim))     # a new row's optimizer state
         self.slot_count = len(self._slot_initials)
         self.index = IdIndex(capacity)
         self._rows = 0
-        self.values = np.empty((capacity, dim), np.float32)
+        self.values = np.empty((capacity, dim), storage_dtype(value_dtype))
         self.slots = rule.init_slots((capacity, dim))
         # Per-row update counts, kept only for rules that read them (Adam's bias correction).
         self.steps = np.zeros(capacity, np.uint32) if rule.uses_step else None
@@ -96,7 +103,7 @@ class NumpyRowStore:
         # maps only ids that have rows (and num_rows did not move).
         rows = self.index.insert(ids)                  # rows first..first+n-1, in order
         new = slice(first, first + n)
-        self.values[new] = values
+        self.values[new] = to_storage(values, self.value_dtype)
         for i, (slot, initial) in enumerate(zip(self.slots, self._slot_initials)):
             given = state.get(f"slot{i}")
             slot[new] = initial if given is None else given
@@ -113,13 +120,16 @@ class NumpyRowStore:
         return lookup_or_create_in_parts(self, ids, version, seed, init_scale)
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        return np.take(self.values, rows, axis=0, mode="clip")     # clip: skips a bounds pass
+        values = np.take(self.values, rows, axis=0, mode="clip")     # clip: skips a bounds pass
+        return from_storage(values, self.value_dtype) if self._half else values
 
     def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
-        self.values[rows] = values
+        self.values[rows] = to_storage(values, self.value_dtype)
 
-    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
+    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float, version: int = 0) -> None:
         values = np.take(self.values, rows, axis=0, mode="clip")
+        if self._half:
+            values = from_storage(values, self.value_dtype)        # the maths is float32
         slots = [np.take(s, rows, axis=0, mode="clip") for s in self.slots]
         if self.steps is not None:
             steps = self.steps[rows] + 1
@@ -128,6 +138,11 @@ class NumpyRowStore:
         else:
             step = 1
         self.rule.apply(values, grads, slots, step, scale=scale)
+        if self._half:
+            words = None
+            if self.rounding == "stochastic":
+                words = rounding_words(self.seed, self.index.ids_by_row()[rows], version, self.dim)
+            values = to_storage(values, self.value_dtype, words)
         put_rows(self.values, rows, values)
         for s, new in zip(self.slots, slots):
             put_rows(s, rows, new)
@@ -195,7 +210,8 @@ class NumpyRowStore:
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)
         rows = slice(start, max(start, end))
-        out = {"ids": self.index.ids_by_row()[rows].copy(), "values": self.values[rows].copy()}
+        out = {"ids": self.index.ids_by_row()[rows].copy(),
+               "values": from_storage(self.values[rows], self.value_dtype) if self._half else self.values[rows].copy()}
         out.update((f"slot{i}", s[rows].copy()) for i, s in enumerate(self.slots))
         if self.steps is not None:
             out["steps"] = self.steps[rows].astype(np.int64)
@@ -205,4 +221,5 @@ class NumpyRowStore:
 
     def clear(self) -> None:
         self.__init__(self.dim, self.rule, self.last_seen is not None, self.counts is not None,
-                      self.max_rows, capacity=len(self.values))
+                      self.max_rows, capacity=len(self.values), value_dtype=self.value_dtype,
+                      rounding=self.rounding, seed=self.seed)

@@ -26,6 +26,18 @@ State travels as named arrays, the names of a checkpoint page
 widths of ``rule.slot_widths(dim)``: dim, or 1 for a per-row accumulator),
 ``steps`` (update counts, for rules that read them) and ``last_seen`` (the table
 version that last touched a row, kept when eviction is on).
+
+Row format (row_formats.py): a store is made as ``store(dim, rule, keep_last_seen=,
+count_admissions=, max_rows=, capacity=, value_dtype=, rounding=, seed=)``. Rows are
+*stored* as ``value_dtype``: "float32" (the default), "float16" or "bfloat16" (2 bytes
+a value). Values still come in and go out as float32, always: ``gather`` and ``page``
+give each stored value exactly, as a float32; ``create`` and ``set_values`` round the
+given float32 values to the format (to nearest, ties to even). ``update`` loads each
+row as float32, applies the rule exactly as for float32 rows, and rounds the new
+values: to nearest, or with ``rounding="stochastic"`` at random, from bits that are a
+pure function of (``seed``, the row's id, the ``version`` passed to ``update``, the
+column): the same calls give the same rows on every store and in every run. The rule's
+state, update counts and last-seen versions are not affected: they stay float32/uint32.
 """
 from __future__ import annotations
 
@@ -40,6 +52,8 @@ from ..placement.sparse_hash import initial_rows
 class RowStore(Protocol):
     dim: int
     slot_count: int          # state arrays of the update rule, per row
+    value_dtype: str         # how rows are stored: "float32", "float16" or "bfloat16"
+    rounding: str            # how updated half rows are rounded: "nearest" or "stochastic"
 
     @property
     def num_rows(self) -> int:
@@ -77,14 +91,18 @@ class RowStore(Protocol):
         state and last seen at ``version``. New rows follow the order ids first appear."""
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        """The values of rows ``rows`` (all >= 0), float32 [len(rows), dim], a new array."""
+        """The values of rows ``rows`` (all >= 0), float32 [len(rows), dim], a new array (half
+        rows: each stored value exactly)."""
 
     def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Overwrite the values of rows ``rows`` (an import); their state is kept."""
+        """Overwrite the values of rows ``rows`` (an import; half rows: rounded to nearest);
+        their state is kept."""
 
-    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float) -> None:
+    def update(self, rows: np.ndarray, grads: np.ndarray, scale: float, version: int = 0) -> None:
         """Apply the update rule to distinct rows ``rows`` (all >= 0) with gradients
-        ``scale * grads``, counting one update of each."""
+        ``scale * grads``, counting one update of each. ``version``: the table version this
+        update completes (SparseTable.version before it); only stochastic rounding reads it,
+        so no row is ever rounded with the same random bits twice."""
 
     def touch(self, rows: np.ndarray, version: int) -> None:
         """Rows ``rows`` (all >= 0) were pulled at table version ``version`` (eviction's clock)."""

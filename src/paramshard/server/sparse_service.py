@@ -10,7 +10,7 @@ from ..errors import ConfigError
 from ..limits import Limits
 from ..mode import Mode
 from ..optim import from_wire
-from ..tables import policy_from_wire
+from ..tables import check_row_format, policy_from_wire
 from ..transport.server_stats import SparseStats, TableStats
 from .barrier import Membership
 from .replies import Deferred, Reply
@@ -56,6 +56,9 @@ class SparseService:
         self.limits.check("max_dim", header["dim"], f"table {name!r}: dim")
         admission, eviction, init_scale = policy_from_wire(header["policy"])
         config = (header["dim"], header["seed"], from_wire(header["optimizer"]), admission, eviction, init_scale)
+        # How rows are stored (row_formats.py); absent: float32, as before half rows existed.
+        row_format = {"dtype": header.get("dtype", "float32"), "rounding": header.get("rounding", "nearest")}
+        check_row_format(name, row_format["dtype"], row_format["rounding"])
         existing = self.tables.get(name)
         if existing is not None:
             same = (existing.dim, existing.seed, existing.optimizer, existing.admission,
@@ -63,6 +66,12 @@ class SparseService:
             if not same:
                 raise ConfigError(f"table {name!r} is already registered with other settings; every trainer "
                                   f"must declare the same tables")
+            held = {"dtype": existing.dtype, "rounding": existing.rounding}
+            if held != row_format:
+                raise ConfigError(f"table {name!r} is already registered with other settings: its rows are "
+                                  f"{held['dtype']} ({held['rounding']} rounding), this registration asks for "
+                                  f"{row_format['dtype']} ({row_format['rounding']}); every trainer must declare "
+                                  f"the same tables")
             return Reply({"rows": existing.num_rows})
         if trainer != 0:
             raise ConfigError(f"trainer {trainer} tried to create table {name!r}: only the chief (trainer 0) "
@@ -72,7 +81,7 @@ class SparseService:
             raise ConfigError(f"table {name!r}: reserve must be >= 0 rows, got {reserve}")
         self.limits.check("max_rows", reserve, f"table {name!r}: rows reserved on this server")
         table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits,
-                            store=self.store)
+                            store=self.store, **row_format)
         table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
         self.tables[name] = table
         return Reply({"rows": 0})

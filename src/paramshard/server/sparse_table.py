@@ -29,25 +29,31 @@ from ..tables import Admission, Eviction, check_table_settings
 from ..update_rules import make_rule
 from .barrier import Membership, StepBarrier
 from .numpy_row_store import NumpyRowStore
+from .row_formats import check_row_format, rounded
 from .row_store import RowStore
 
 
 class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
                  eviction: Eviction, init_scale: float, mode: str, membership: Membership,
-                 limits: Limits = Limits(), capacity: int = 1024, store: Callable[..., RowStore] = NumpyRowStore):
+                 limits: Limits = Limits(), capacity: int = 1024, store: Callable[..., RowStore] = NumpyRowStore,
+                 dtype: str = "float32", rounding: str = "nearest"):
         """``store``: makes the RowStore (row_store.py) that holds the rows, called as
-        ``store(dim, rule, keep_last_seen=, count_admissions=, max_rows=, capacity=)``."""
+        ``store(dim, rule, keep_last_seen=, count_admissions=, max_rows=, capacity=, value_dtype=,
+        rounding=, seed=)``. ``dtype``, ``rounding``: how rows are stored (row_formats.py)."""
         check_table_settings(name, dim, seed, init_scale)
+        check_row_format(name, dtype, rounding)
         limits.check("max_dim", dim, f"table {name!r}: dim")
         self.name, self.dim, self.seed, self.mode, self.limits = name, dim, seed, Mode.parse(mode), limits
         self.optimizer, self.admission, self.eviction, self.init_scale = optimizer, admission, eviction, init_scale
+        self.dtype, self.rounding = dtype, rounding
         self.rule = make_rule(optimizer)
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
         self.store: RowStore = store(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
                                      count_admissions=admission.min_count > 1,
-                                     max_rows=limits.max_rows, capacity=capacity)
+                                     max_rows=limits.max_rows, capacity=capacity, value_dtype=dtype,
+                                     rounding=rounding, seed=seed)
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
@@ -126,7 +132,8 @@ class SparseTable:
             if not create and self.admission.min_count == 1:
                 absent = np.flatnonzero(~have)
                 fresh = absent[admitted_by_probability(self.seed, ids[absent], self.admission.probability)]
-                out[fresh] = initial_rows(self.seed, ids[fresh], self.dim, self.init_scale)
+                # As its first training pull would make it: rounded to the table's row format.
+                out[fresh] = rounded(initial_rows(self.seed, ids[fresh], self.dim, self.init_scale), self.dtype)
         if self.eviction.unseen_steps:
             self.store.touch(rows[have], self.version)
         if trainer is not None and create and have.all():
@@ -227,7 +234,7 @@ class SparseTable:
         if not len(rows):
             return
         started = time.perf_counter()
-        self.store.update(rows, grads, scale=1.0 / contributors)
+        self.store.update(rows, grads, scale=1.0 / contributors, version=self.version)
         self.timings["push_optimizer"] += time.perf_counter() - started
         self.rows_updated += len(rows)
 

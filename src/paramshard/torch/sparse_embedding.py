@@ -67,21 +67,42 @@ class _RowSource:
         return self.source(ids, training)
 
 
+ROW_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
 class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, mode: str = "sum", optimizer: OptimizerConfig | None = None,
                  seed: int = 0, init_scale: float = 0.01, admission: Admission | None = None,
-                 eviction: Eviction | None = None, capacity: int = 0):
+                 eviction: Eviction | None = None, capacity: int = 0, dtype: torch.dtype = torch.float32,
+                 stochastic_rounding: bool = False):
         """``capacity``: rows the servers make room for when the table is registered (like
         nn.EmbeddingBag's num_embeddings, but only a hint: the table still grows past it).
         Set it to the expected number of distinct ids to spare the servers the copies of
-        growing while the first epoch fills the table."""
+        growing while the first epoch fills the table.
+
+        ``dtype``: how the servers store the rows: torch.float32, or torch.float16 /
+        torch.bfloat16 (half the bytes a value). The maths stays float32: the servers apply
+        the optimizer in float32 and round the new values to ``dtype`` (to nearest; at
+        random with ``stochastic_rounding``, which keeps updates smaller than the format's
+        resolution on average); the optimizer state stays float32; rows arrive here as
+        float32. See docs/training.md (half-precision rows)."""
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ConfigError(f"SparseEmbedding {name!r}: mode must be 'sum' or 'mean', got {mode!r}")
         if not isinstance(dim, int) or dim < 1:
             raise ConfigError(f"SparseEmbedding {name!r}: dim must be a whole number >= 1")
+        if not isinstance(dtype, torch.dtype) or dtype not in ROW_DTYPES:
+            raise ConfigError(f"SparseEmbedding {name!r}: dtype must be torch.float32, torch.float16 or "
+                              f"torch.bfloat16 (how the servers store the rows), got {dtype!r}")
+        if not isinstance(stochastic_rounding, bool):
+            raise ConfigError(f"SparseEmbedding {name!r}: stochastic_rounding must be True or False, "
+                              f"got {stochastic_rounding!r}")
+        if stochastic_rounding and dtype == torch.float32:
+            raise ConfigError(f"SparseEmbedding {name!r}: stochastic_rounding is for half-precision rows "
+                              f"(dtype=torch.float16 or torch.bfloat16); float32 rows are never rounded")
         self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
-                              admission or Admission(), eviction or Eviction(), capacity)
+                              admission or Admission(), eviction or Eviction(), capacity, ROW_DTYPES[dtype],
+                              "stochastic" if stochastic_rounding else "nearest")
         self.mode = mode
         self._puller = None                  # set by the Trainer that owns this module, or attach()
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
@@ -167,7 +188,9 @@ class SparseEmbedding(torch.nn.Module):
                                 np.concatenate([p[1] for p in parts]))
 
     def extra_repr(self) -> str:
-        return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}, optimizer={self.spec.optimizer.kind}"
+        rows = "" if self.spec.dtype == "float32" else (
+            f", dtype={self.spec.dtype}" + (", stochastic_rounding=True" if self.spec.rounding == "stochastic" else ""))
+        return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}, optimizer={self.spec.optimizer.kind}{rows}"
 
 
 def tables_of(model: torch.nn.Module) -> dict[str, "SparseEmbedding"]:

@@ -14,6 +14,7 @@ import msgpack
 import numpy as np
 
 from ..errors import ProtocolError
+from ..tables import ROUNDINGS, ROW_DTYPES
 
 PROTOCOL_VERSION = 1
 
@@ -45,6 +46,17 @@ class Optional:
         return f"Optional({self.kind!r})"
 
 
+class OneOf:
+    """A string field that must be one of a few names."""
+    __slots__ = ("names",)
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def __repr__(self) -> str:
+        return f"OneOf{self.names!r}"
+
+
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "hello": {},
     "stats": {},
@@ -53,7 +65,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool, "epoch": Optional(int),
                    "resume_step": Optional(int)},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
-                        "trainer": int, "reserve": Optional(int)},
+                        "trainer": int, "reserve": Optional(int), "dtype": Optional(OneOf(*ROW_DTYPES)),
+                        "rounding": Optional(OneOf(*ROUNDINGS))},
     "pull_sparse": {"table": str, "trainer": int, "min_version": int, "create": Optional(bool),
                     "epoch": Optional(int)},
     "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool), "epoch": Optional(int)},
@@ -81,6 +94,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _check_field(op: str, name: str, value: Any, kind: Any) -> None:
+    if isinstance(kind, OneOf):
+        if not isinstance(value, str) or value not in kind.names:
+            raise ProtocolError(f"{op}: field {name!r} must be one of {', '.join(kind.names)}, got {value!r}"[:300])
+        return
     if kind == _STR_LIST:
         ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
     elif kind == _INT_LIST:

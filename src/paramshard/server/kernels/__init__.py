@@ -3,8 +3,10 @@
 Each module has one job: ``hash_index`` (uint64 id -> row, grown without a
 stall), ``arena`` (row arrays reserved as address space, filled on demand),
 ``initial_rows`` (a new row's values, bit for bit those of
-placement.sparse_hash.initial_rows) and ``update_kernels`` (the update rules,
-bit for bit those of update_rules.rules, fused with the gather and scatter).
+placement.sparse_hash.initial_rows), ``update_kernels`` (the update rules,
+bit for bit those of update_rules.rules, fused with the gather and scatter) and
+``half`` (float16 / bfloat16 rows as uint16 bits: the conversions, and the
+load/store helpers through which every kernel reads and writes a row value).
 
 Every kernel is compiled once per machine and cached next to its source
 (``cache=True``, warm.py), with numpy's error model (a division by zero gives

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .half import copy_row_out, write_initial_values
 from .hash_index import entry_of, find, place, prefetch_buckets
 from .hashing import mix64
-from .initial_rows import write_initial_row
 
 
 GROUP = 16
@@ -29,11 +29,13 @@ def prefetch(array, rows, start, end):
 
 
 @numba.njit(cache=True, error_model="numpy")
-def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt, two_scale, scale, out):
+def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt, two_scale, scale, out,
+                       scratch, fmt):
     """out[i] = the row of ids[i], for i from ``start`` on; an id without one gets the next row
     (first, first + 1, ..., in the order ids first appear) with its initial values, indexed at
     once, so a repeat later in the batch finds it. Stops before making row number ``room``
-    + 1 (the index or the arrays would be full). Returns (rows made, where it stopped)."""
+    + 1 (the index or the arrays would be full). Returns (rows made, where it stopped).
+    Half rows (kernels/half.py, ``fmt``) are written through ``scratch``, a float32 row."""
     made = 0
     for i in range(start, len(ids)):
         if (i - start) % GROUP == 0:
@@ -46,7 +48,7 @@ def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt
             r = first + made
             made += 1
             keys[r] = key
-            write_initial_row(values[r], key, salt, two_scale, scale)
+            write_initial_values(values, r, scratch, key, salt, two_scale, scale, fmt)
             h = mix64(key)
             place(buckets, entry_of(r, h), h)
         out[i] = r
@@ -54,15 +56,13 @@ def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt
 
 
 @numba.njit(cache=True, error_model="numpy")
-def gather_kernel(values, rows, out):
+def gather_kernel(values, rows, out, fmt):
     touched = 0.0
     for start in range(0, len(rows), GROUP):
         end = min(len(rows), start + GROUP)
         touched += prefetch(values, rows, start, end)
         for i in range(start, end):
-            src, dst = values[rows[i]], out[i]
-            for j in range(len(src)):
-                dst[j] = src[j]
+            copy_row_out(values, rows[i], out[i], fmt)
     return touched
 
 

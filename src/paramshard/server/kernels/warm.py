@@ -46,8 +46,9 @@ def exercise(store) -> None:
     rows = store.lookup_or_create(ids, 0, 1, 0.01)
     store.create(ids + np.uint64(1000), np.zeros((len(ids), store.dim), np.float32), 0)
     store.lookup_or_create(ids + np.uint64(5000), 0, 1, 0.01)
-    store.update(rows, np.ones((len(rows), store.dim), np.float32), 0.5)
+    store.update(rows, np.ones((len(rows), store.dim), np.float32), 0.5, version=1)
     store.gather(store.lookup(ids))
+    store.page(0, 10)
     if store.count_index is not None:
         store.count(ids[:3])
     store.touch(rows[:5], 3)
@@ -61,9 +62,12 @@ def warm() -> float:
     drop_stale_cache()
     from ..compiled_row_store import CompiledRowStore
     started = time.perf_counter()
-    for config in KINDS.values():
-        exercise(CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
-                                  max_rows=1 << 16, capacity=16))
+    # float32 rows, and half rows (uint16 bits: one more compilation of each kernel, the same
+    # for every half format and rounding, which are arguments).
+    for value_dtype, rounding in (("float32", "nearest"), ("float16", "stochastic")):
+        for config in KINDS.values():
+            exercise(CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
+                                      max_rows=1 << 16, capacity=16, value_dtype=value_dtype, rounding=rounding))
     return time.perf_counter() - started
 
 
