@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import os
+
+from ..budgets import parse_budget
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..log import configure
 from ..runtime import serve
+from ..settings.process_variables import MEMORY_BUDGET
 
 HELP = "run one parameter server, configured by the environment contract (see `paramshard env`)"
 EXAMPLE = ("PARAMSHARD_ROLE=server PARAMSHARD_SERVERS=10.0.0.1:6174,10.0.0.2:6174 PARAMSHARD_SERVER_ID=0 \\\n"
@@ -11,10 +15,16 @@ EXAMPLE = ("PARAMSHARD_ROLE=server PARAMSHARD_SERVERS=10.0.0.1:6174,10.0.0.2:617
 
 
 def add_arguments(p) -> None:
-    pass
+    p.add_argument("--memory-budget", metavar="SIZE", default=None,
+                   help="RAM this server may hold, like 4GB, 512MiB or bytes: sparse rows past it live in a file "
+                        "tier under the run or checkpoint directory (default: PARAMSHARD_MEMORY_BUDGET, else "
+                        "every row in RAM)")
 
 
 def run(args) -> int:
+    if getattr(args, "memory_budget", None) is not None:
+        parse_budget(args.memory_budget, "--memory-budget")           # a bad size fails here, named as typed
+        os.environ[MEMORY_BUDGET.env] = args.memory_budget
     env = ClusterEnv.from_environ()
     if env.role != "server":
         raise ConfigError("PARAMSHARD_ROLE must be 'server' (with PARAMSHARD_SERVERS and "

@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 
+from ..budgets import parse_budget
 from ..errors import ConfigError, ProtocolError
 from ..optim import OptimizerConfig
 from ..placement.sparse_hash import server_of
@@ -28,6 +29,7 @@ class TableSpec:
     capacity: int = 0           # rows to make room for up front, over all servers (0: grow as ids come)
     dtype: str = "float32"      # how the servers store rows: float32, float16, bfloat16 (server/row_formats.py)
     rounding: str = "nearest"   # how updated half rows are rounded: nearest, stochastic
+    memory_budget: int | None = None    # bytes of RAM for the table on each server (None: every row in RAM)
 
     def __post_init__(self):
         check_table_settings(self.name, self.dim, self.seed, self.init_scale)
@@ -35,6 +37,8 @@ class TableSpec:
         if not isinstance(self.capacity, int) or self.capacity < 0:
             raise ConfigError(f"table {self.name!r}: capacity must be a whole number of rows >= 0, "
                               f"got {self.capacity!r}")
+        object.__setattr__(self, "memory_budget", parse_budget(self.memory_budget,
+                                                               f"table {self.name!r}: memory_budget"))
 
 
 @dataclasses.dataclass
@@ -86,6 +90,8 @@ class SparseClient:
         if spec.capacity:
             # The hash spreads ids evenly: each server's share, plus a little for the spread.
             header["reserve"] = -(-spec.capacity * 102 // (100 * self.num_servers)) + 1024
+        if spec.memory_budget is not None:
+            header["memory_budget"] = spec.memory_budget      # each server's share: the table's rows there
         self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
 
     def pull_requests(self, table: str, ids: np.ndarray, min_version: int,

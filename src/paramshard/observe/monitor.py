@@ -42,7 +42,20 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
         "update_s": round(update / (pushes - old_pushes), 6) if pushes > old_pushes else None,
         "staleness": {str(k): n for k, n in stats.staleness.items()},     # JSON keys, as on the wire
         "live_trainers": len(stats.trainers.live),
+        **_tier_record(stats),
     }
+
+
+def _tier_record(stats: ServerStats) -> dict:
+    """The disk tier of tables with a memory budget, by table (absent when none has one)."""
+    tiers = {name: {"budget": t.tier.budget, "resident_bytes": t.tier.resident_bytes, "hit_rate": t.tier.hit_rate,
+                    "spills": t.tier.spills, "promotions": t.tier.promotions}
+             for name, t in stats.tables.items() if t.tier is not None}
+    out: dict = {"tier": tiers} if tiers else {}
+    if stats.sparse is not None and stats.sparse.memory_budget is not None:
+        out["memory_budget"] = stats.sparse.memory_budget
+        out["rss_bytes"] = stats.sparse.rss_bytes
+    return out
 
 
 class Monitor:

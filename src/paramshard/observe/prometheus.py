@@ -110,6 +110,30 @@ class ServerCollector(Collector):
                                ("table_version", "version", "updates applied to the table")):
             yield self._family(GaugeMetricFamily, name, doc,
                                [([table], getattr(t, key)) for table, t in tables.items()], ["table"])
+        # The disk tier of tables with a memory budget (server/tiered_row_store.py).
+        tiered = {table: t.tier for table, t in tables.items() if t.tier is not None}
+        if tiered:
+            for name, key, doc, cls in (
+                    ("table_memory_budget_bytes", "budget", "the table's memory budget (0: only the server's)",
+                     GaugeMetricFamily),
+                    ("table_resident_bytes", "resident_bytes", "bytes of the table estimated in RAM (ids, index, "
+                     "regions not spilled)", GaugeMetricFamily),
+                    ("table_tier_hit_rate", "hit_rate", "share of row accesses whose rows were in RAM",
+                     GaugeMetricFamily),
+                    ("table_tier_hits_total", "hits", "row accesses whose rows were in RAM", CounterMetricFamily),
+                    ("table_tier_misses_total", "misses", "row accesses whose rows had been spilled",
+                     CounterMetricFamily),
+                    ("table_tier_spills_total", "spills", "regions of rows dropped from RAM to the file tier",
+                     CounterMetricFamily),
+                    ("table_tier_promotions_total", "promotions", "spilled regions brought back by an access",
+                     CounterMetricFamily)):
+                yield self._family(cls, name, doc, [([table], getattr(t, key)) for table, t in tiered.items()],
+                                   ["table"])
+        if stats.sparse is not None and stats.sparse.memory_budget is not None:
+            yield self._family(GaugeMetricFamily, "memory_budget_bytes", "the server's memory budget "
+                               "(PARAMSHARD_MEMORY_BUDGET)", [([], stats.sparse.memory_budget)])
+            yield self._family(GaugeMetricFamily, "rss_bytes", "the process's resident bytes when the budget was "
+                               "last checked", [([], stats.sparse.rss_bytes or 0)])
         yield self._family(GaugeMetricFamily, "trainers", "trainers by state: live, left (done), lost",
                            [([state], len(getattr(stats.trainers, state))) for state in ("live", "left", "lost")],
                            ["state"])

@@ -29,8 +29,10 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "bytes_out": n, "requests": n (all cumulative), "requests_per_s": x,
   "queue_s": mean seconds a request waited before its handler ran (since the
   previous record), "update_s": handler seconds per push since the previous record,
-  "staleness": {"0": n, "1": n, ...} (cumulative histogram of async push staleness)}``:
-  a server's counters, every ``SERVER_EVERY`` seconds;
+  "staleness": {"0": n, "1": n, ...} (cumulative histogram of async push staleness),
+  and with memory budgets "tier": {table: {"budget": bytes, "resident_bytes": n,
+  "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
+  (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure", "text": ...}``.
 
 Staleness of an async push: how many updates the server applied to what the

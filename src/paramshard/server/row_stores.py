@@ -4,6 +4,8 @@
 ``numpy`` is the reference store, numpy_row_store.NumpyRowStore. Both give the same
 tables bit for bit, so the choice changes speed and memory, never results. Each is
 imported on first use: a server without sparse tables never loads numba.
+A memory budget (``memory_budget=``, a server's ``server_budget=``) makes the
+compiled store tiered (tiered_row_store.py); the numpy store refuses one.
 """
 from __future__ import annotations
 
@@ -15,12 +17,22 @@ from ..settings.process_variables import ROW_STORE
 from .row_store import RowStore
 
 
-def _numpy(*args, **kwargs) -> RowStore:
+def _numpy(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwargs) -> RowStore:
+    if memory_budget is not None or tier_dir is not None or server_budget is not None:
+        raise ConfigError(f"{ROW_STORE.env}=numpy keeps every row in RAM: a memory budget (memory_budget=, "
+                          f"PARAMSHARD_MEMORY_BUDGET) needs the compiled row store, which has the disk tier; "
+                          f"unset {ROW_STORE.env} or set it to 'compiled'")
     from .numpy_row_store import NumpyRowStore
     return NumpyRowStore(*args, **kwargs)
 
 
-def _compiled(*args, **kwargs) -> RowStore:
+def _compiled(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwargs) -> RowStore:
+    """The compiled store; with a budget (the table's or the server's), its tiered form
+    (tiered_row_store.py): rows in files under ``tier_dir``, RAM within the budget."""
+    if memory_budget is not None or server_budget is not None:
+        from .tiered_row_store import TieredRowStore
+        return TieredRowStore(*args, memory_budget=memory_budget, tier_dir=tier_dir, server_budget=server_budget,
+                              **kwargs)
     from .compiled_row_store import CompiledRowStore
     return CompiledRowStore(*args, **kwargs)
 
@@ -33,6 +45,11 @@ def store_named(name: str) -> Callable[..., RowStore]:
     if name not in STORES:
         raise ConfigError(f"{ROW_STORE.env}={name!r}: the row store is one of {', '.join(STORES)}")
     return STORES[name]
+
+
+def takes_budgets(store: Callable[..., RowStore]) -> bool:
+    """Whether ``store`` (a factory of STORES) can keep rows within a memory budget."""
+    return store is _compiled or getattr(store, "takes_budgets", False)
 
 
 def configured_store(environ: Mapping[str, str] = os.environ) -> Callable[..., RowStore]:

@@ -1,6 +1,7 @@
 """Server side of the sparse-table requests (client side: paramshard.client.sparse)."""
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -11,25 +12,39 @@ from ..limits import Limits
 from ..mode import Mode
 from ..optim import from_wire
 from ..tables import check_row_format, policy_from_wire
-from ..transport.server_stats import SparseStats, TableStats
+from ..settings.process_variables import MEMORY_BUDGET
+from ..transport.server_stats import SparseStats, TableStats, TierStats
 from .barrier import Membership
 from .replies import Deferred, Reply
 from .row_store import RowStore
-from .row_stores import configured_store
+from .row_stores import configured_store, takes_budgets
 from .sparse_table import SparseTable
+from .tier_dirs import TierRoot
 
 
 class SparseService:
     """The sparse-table Service (server/api.py)."""
 
     def __init__(self, mode: str | Mode, membership: Membership, limits: Limits = Limits(),
-                 store: Callable[..., RowStore] | None = None):
-        """``store``: what holds the tables' rows (row_stores.py; default: PARAMSHARD_ROW_STORE)."""
+                 store: Callable[..., RowStore] | None = None, memory_budget: int | None = None,
+                 tiers: TierRoot | None = None):
+        """``store``: what holds the tables' rows (row_stores.py; default: PARAMSHARD_ROW_STORE).
+        ``memory_budget``: the server's (PARAMSHARD_MEMORY_BUDGET), bytes of RSS: every table is
+        tiered and the coldest rows of all of them spill past it. ``tiers``: where tiered tables
+        keep their files (tier_dirs.py; default: a private temporary directory)."""
         self.mode = Mode.parse(mode)
         self.membership = membership
         self.limits = limits
         self.store = store or configured_store()
         self.tables: dict[str, SparseTable] = {}
+        self.tiers = tiers or TierRoot(None, 0)
+        self.server_budget = None
+        if memory_budget is not None:
+            if not takes_budgets(self.store):
+                raise ConfigError(f"{MEMORY_BUDGET.env}: this server's row store keeps every row in RAM; a "
+                                  f"memory budget needs the compiled row store (unset PARAMSHARD_ROW_STORE)")
+            from .tiered_row_store import ServerBudget
+            self.server_budget = ServerBudget(memory_budget)
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -80,9 +95,21 @@ class SparseService:
         if reserve < 0:
             raise ConfigError(f"table {name!r}: reserve must be >= 0 rows, got {reserve}")
         self.limits.check("max_rows", reserve, f"table {name!r}: rows reserved on this server")
+        budget = header.get("memory_budget")
+        tier = {}
+        if budget is not None or self.server_budget is not None:
+            if not takes_budgets(self.store):
+                raise ConfigError(f"table {name!r}: memory_budget needs the compiled row store; this server "
+                                  f"keeps every row in RAM (PARAMSHARD_ROW_STORE=numpy)")
+            tier = {"memory_budget": budget, "tier_dir": self.tiers.table_dir(name),
+                    "server_budget": self.server_budget}
         table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits,
-                            store=self.store, **row_format)
-        table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
+                            store=self.store, **row_format, **tier)
+        try:
+            table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
+        except BaseException:
+            table.close()
+            raise
         self.tables[name] = table
         return Reply({"rows": 0})
 
@@ -129,6 +156,8 @@ class SparseService:
         return Reply({"rows": table.num_rows})
 
     def reset(self) -> None:
+        for table in self.tables.values():
+            table.close()          # a tier's files now, not when the tables are collected
         self.tables = {}
 
     def on_leave(self, trainer: int) -> None:
@@ -144,11 +173,22 @@ class SparseService:
             rows=sum(t.num_rows for t in self.tables.values()), bytes=sum(t.nbytes for t in self.tables.values()),
             tables={n: TableStats(rows=t.num_rows, bytes=t.nbytes, version=t.version, evicted=t.evicted, dim=t.dim,
                                   rows_updated=t.rows_updated,
-                                  phase_seconds={k: round(v, 6) for k, v in t.timings.items()})
-                    for n, t in self.tables.items()})
+                                  phase_seconds={k: round(v, 6) for k, v in t.timings.items()},
+                                  tier=_tier_stats(t))
+                    for n, t in self.tables.items()},
+            memory_budget=None if self.server_budget is None else self.server_budget.budget,
+            rss_bytes=None if self.server_budget is None else self.server_budget.last_rss)
+
+
+def _tier_stats(table: SparseTable) -> TierStats | None:
+    figures = table.tier_stats()
+    return None if figures is None else TierStats(**figures)
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:
-    service = SparseService(server.context.mode, server.context.membership, env.limits)
+    """The sparse service of a server; PARAMSHARD_MEMORY_BUDGET gives it a server budget."""
+    budget = MEMORY_BUDGET.read(os.environ)
+    service = SparseService(server.context.mode, server.context.membership, env.limits,
+                            memory_budget=budget, tiers=TierRoot.for_server(env))
     server.add_service(service)
     return service

@@ -37,10 +37,13 @@ class SparseTable:
     def __init__(self, name: str, dim: int, seed: int, optimizer: OptimizerConfig, admission: Admission,
                  eviction: Eviction, init_scale: float, mode: str, membership: Membership,
                  limits: Limits = Limits(), capacity: int = 1024, store: Callable[..., RowStore] = NumpyRowStore,
-                 dtype: str = "float32", rounding: str = "nearest"):
+                 dtype: str = "float32", rounding: str = "nearest", memory_budget: int | None = None,
+                 tier_dir=None, server_budget=None):
         """``store``: makes the RowStore (row_store.py) that holds the rows, called as
         ``store(dim, rule, keep_last_seen=, count_admissions=, max_rows=, capacity=, value_dtype=,
-        rounding=, seed=)``. ``dtype``, ``rounding``: how rows are stored (row_formats.py)."""
+        rounding=, seed=)``. ``dtype``, ``rounding``: how rows are stored (row_formats.py). With a
+        budget, also ``memory_budget=`` (bytes), ``tier_dir=`` and ``server_budget=`` (the compiled
+        store's disk tier, tiered_row_store.py)."""
         check_table_settings(name, dim, seed, init_scale)
         check_row_format(name, dtype, rounding)
         limits.check("max_dim", dim, f"table {name!r}: dim")
@@ -50,10 +53,16 @@ class SparseTable:
         self.rule = make_rule(optimizer)
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
+        tier = {k: v for k, v in (("memory_budget", memory_budget), ("tier_dir", tier_dir),
+                                  ("server_budget", server_budget)) if v is not None}
+        if tier and store is NumpyRowStore:
+            raise ConfigError(f"table {name!r}: a memory budget needs the compiled row store (the numpy "
+                              f"store keeps every row in RAM)")
         self.store: RowStore = store(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
                                      count_admissions=admission.min_count > 1,
                                      max_rows=limits.max_rows, capacity=capacity, value_dtype=dtype,
-                                     rounding=rounding, seed=seed)
+                                     rounding=rounding, seed=seed, **tier)
+        self.memory_budget = memory_budget
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
@@ -72,6 +81,17 @@ class SparseTable:
     @property
     def nbytes(self) -> int:
         return self.store.nbytes
+
+    def tier_stats(self) -> dict | None:
+        """The disk tier's figures (tiered_row_store.py), None when the rows are all in RAM."""
+        stats = getattr(self.store, "tier_stats", None)
+        return stats() if stats is not None else None
+
+    def close(self) -> None:
+        """Give back what the store holds outside the process (a tier's files) now."""
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` rows now, so filling the table never copies it to grow."""

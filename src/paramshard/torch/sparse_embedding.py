@@ -74,7 +74,7 @@ class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, mode: str = "sum", optimizer: OptimizerConfig | None = None,
                  seed: int = 0, init_scale: float = 0.01, admission: Admission | None = None,
                  eviction: Eviction | None = None, capacity: int = 0, dtype: torch.dtype = torch.float32,
-                 stochastic_rounding: bool = False):
+                 stochastic_rounding: bool = False, memory_budget: int | str | None = None):
         """``capacity``: rows the servers make room for when the table is registered (like
         nn.EmbeddingBag's num_embeddings, but only a hint: the table still grows past it).
         Set it to the expected number of distinct ids to spare the servers the copies of
@@ -85,7 +85,12 @@ class SparseEmbedding(torch.nn.Module):
         the optimizer in float32 and round the new values to ``dtype`` (to nearest; at
         random with ``stochastic_rounding``, which keeps updates smaller than the format's
         resolution on average); the optimizer state stays float32; rows arrive here as
-        float32. See docs/training.md (half-precision rows)."""
+        float32. See docs/training.md (half-precision rows).
+
+        ``memory_budget``: RAM the table may hold on each server, like ``"4GB"``, ``"512MiB"``
+        or a number of bytes (None: every row in RAM). Its rows then live in files under the
+        run or checkpoint directory, the most recently used ones in RAM; the table trains
+        exactly as without it (docs/training.md)."""
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ConfigError(f"SparseEmbedding {name!r}: mode must be 'sum' or 'mean', got {mode!r}")
@@ -102,7 +107,7 @@ class SparseEmbedding(torch.nn.Module):
                               f"(dtype=torch.float16 or torch.bfloat16); float32 rows are never rounded")
         self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
                               admission or Admission(), eviction or Eviction(), capacity, ROW_DTYPES[dtype],
-                              "stochastic" if stochastic_rounding else "nearest")
+                              "stochastic" if stochastic_rounding else "nearest", memory_budget)
         self.mode = mode
         self._puller = None                  # set by the Trainer that owns this module, or attach()
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []

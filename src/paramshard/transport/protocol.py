@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
+from ..budgets import MAX_BUDGET, MIN_BUDGET
 from ..errors import ProtocolError
 from ..tables import ROUNDINGS, ROW_DTYPES
 
@@ -33,6 +34,7 @@ MAX_ARRAY_BYTES = 1 << 62     # any frame is far smaller; a shape past this is n
 # op -> {field: type}; fields every request has (v, op, id, arrays) are implied.
 # A type wrapped in Optional may be left out; when present it is checked the same way.
 _STR_LIST, _INT_LIST = "str_list", "int_list"
+_BUDGET = "a memory budget in bytes (budgets.py: at least MIN_BUDGET)"
 
 
 class Optional:
@@ -66,7 +68,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
                    "resume_step": Optional(int)},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
                         "trainer": int, "reserve": Optional(int), "dtype": Optional(OneOf(*ROW_DTYPES)),
-                        "rounding": Optional(OneOf(*ROUNDINGS))},
+                        "rounding": Optional(OneOf(*ROUNDINGS)), "memory_budget": Optional(_BUDGET)},
     "pull_sparse": {"table": str, "trainer": int, "min_version": int, "create": Optional(bool),
                     "epoch": Optional(int)},
     "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool), "epoch": Optional(int)},
@@ -102,6 +104,8 @@ def _check_field(op: str, name: str, value: Any, kind: Any) -> None:
         ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
     elif kind == _INT_LIST:
         ok = isinstance(value, list) and all(_is_int(x) for x in value)
+    elif kind == _BUDGET:
+        ok = _is_int(value) and MIN_BUDGET <= value <= MAX_BUDGET
     elif kind is int:
         ok = _is_int(value)
     else:

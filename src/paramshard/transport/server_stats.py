@@ -174,6 +174,35 @@ class BarrierStats(_Part):
 
 
 @dataclasses.dataclass(frozen=True)
+class TierStats:
+    """A table's disk tier (server/tiered_row_store.py), present only when it has one.
+    ``hits``/``misses``: row accesses whose rows were in RAM / had been spilled; ``spills``,
+    ``promotions``: regions of rows dropped from RAM / brought back by an access."""
+    KEYS: ClassVar[tuple] = ("budget", "resident_bytes", "hits", "misses", "spills", "promotions")
+    budget: int = 0                  # the table's budget in bytes (0: only the server's)
+    resident_bytes: int = 0          # the resident estimate: ids, index, regions in RAM
+    hits: int = 0
+    misses: int = 0
+    spills: int = 0
+    promotions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        accesses = self.hits + self.misses
+        return round(self.hits / accesses, 6) if accesses else 1.0
+
+    def to_wire(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.KEYS}, "hit_rate": self.hit_rate}
+
+    @classmethod
+    def from_wire(cls, t: Any, where: str) -> "TierStats":
+        t = _map(t, where)
+        if "hit_rate" in t:
+            _num(t["hit_rate"], f"{where}.hit_rate")      # derived: checked, then recomputed
+        return cls(**{k: _int(t.get(k, 0), f"{where}.{k}") for k in cls.KEYS})
+
+
+@dataclasses.dataclass(frozen=True)
 class TableStats:
     """One sparse table."""
     rows: int = 0
@@ -183,19 +212,25 @@ class TableStats:
     dim: int | None = None
     rows_updated: int = 0
     phase_seconds: dict[str, int | float] = dataclasses.field(default_factory=dict)
+    tier: TierStats | None = None    # a table with a memory budget: its disk tier
 
     def to_wire(self) -> dict:
-        return {"rows": self.rows, "bytes": self.bytes, "version": self.version, "evicted": self.evicted,
-                "dim": self.dim, "rows_updated": self.rows_updated, "phase_seconds": dict(self.phase_seconds)}
+        out = {"rows": self.rows, "bytes": self.bytes, "version": self.version, "evicted": self.evicted,
+               "dim": self.dim, "rows_updated": self.rows_updated, "phase_seconds": dict(self.phase_seconds)}
+        if self.tier is not None:
+            out["tier"] = self.tier.to_wire()
+        return out
 
     @classmethod
     def from_wire(cls, t: Any, where: str) -> "TableStats":
         t = _map(t, where)
         dim = t.get("dim")
+        tier = t.get("tier")
         return cls(**{k: _int(t.get(k, 0), f"{where}.{k}") for k in ("rows", "bytes", "version", "evicted",
                                                                       "rows_updated")},
                    dim=None if dim is None else _int(dim, f"{where}.dim"),
-                   phase_seconds=_numbers(t.get("phase_seconds", {}), f"{where}.phase_seconds"))
+                   phase_seconds=_numbers(t.get("phase_seconds", {}), f"{where}.phase_seconds"),
+                   tier=None if tier is None else TierStats.from_wire(tier, f"{where}.tier"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +240,17 @@ class SparseStats(_Part):
     rows: int = 0
     bytes: int = 0
     tables: dict[str, TableStats] = dataclasses.field(default_factory=dict)
+    memory_budget: int | None = None     # the server's (PARAMSHARD_MEMORY_BUDGET), bytes
+    rss_bytes: int | None = None         # the process's RSS when the budget was last checked
 
     def to_wire(self) -> dict:
-        return {"sparse_rows": self.rows, "sparse_bytes": self.bytes,
-                "tables": {n: t.to_wire() for n, t in self.tables.items()}}
+        out = {"sparse_rows": self.rows, "sparse_bytes": self.bytes,
+               "tables": {n: t.to_wire() for n, t in self.tables.items()}}
+        if self.memory_budget is not None:
+            out["memory_budget"] = self.memory_budget
+        if self.rss_bytes is not None:
+            out["rss_bytes"] = self.rss_bytes
+        return out
 
     @classmethod
     def from_wire(cls, d: dict) -> "SparseStats | None":
@@ -216,14 +258,18 @@ class SparseStats(_Part):
             return None
         tables = {_str(n, "table name"): TableStats.from_wire(t, f"tables[{n!r}]")
                   for n, t in _map(d.get("tables", {}), "tables").items()}
-        return cls(_int(d.get("sparse_rows", 0), "sparse_rows"), _int(d.get("sparse_bytes", 0), "sparse_bytes"), tables)
+        budget, rss = d.get("memory_budget"), d.get("rss_bytes")
+        return cls(_int(d.get("sparse_rows", 0), "sparse_rows"), _int(d.get("sparse_bytes", 0), "sparse_bytes"), tables,
+                   None if budget is None else _int(budget, "memory_budget"),
+                   None if rss is None else _int(rss, "rss_bytes"))
 
 
 StatsPart = Connections | DenseStats | BarrierStats | SparseStats
 # In wire order: the outbox first, then the services as a server adds them (server/parameter_server.py).
 PARTS: tuple[type, ...] = (Connections, DenseStats, BarrierStats, SparseStats)
 _OWN_KEYS = {"server", "address", "uptime_s", "trainers", "phase_seconds", *Connections.KEYS,
-             "dense_blocks", "dense_elements", "staleness", "barriers", "sparse_rows", "sparse_bytes", "tables"}
+             "dense_blocks", "dense_elements", "staleness", "barriers", "sparse_rows", "sparse_bytes", "tables",
+             "memory_budget", "rss_bytes"}
 
 
 # -- the whole reply ---------------------------------------------------------------------------------

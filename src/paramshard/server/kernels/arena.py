@@ -13,6 +13,7 @@ grows by copying, like the numpy store.
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
@@ -43,6 +44,46 @@ def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16) -> 
         (want,) + row_shape)
 
 
+def reserve_file(path, rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16) -> np.ndarray:
+    """``reserve`` backed by the file ``path`` (made, or emptied, with mode 0600): a sparse file of
+    the whole reservation mapped MAP_SHARED, so it takes disk only where rows are written. A
+    page dropped from the mapping (``drop``) stays in the page cache or the file and reads
+    back exactly on the next access: the disk tier of server/tiered_row_store.py. The file is
+    scratch; whoever made it removes it."""
+    dtype = np.dtype(dtype)
+    row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
+    want = max(rows, minimum)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        while True:
+            size = max(want * row_bytes, PAGE)
+            try:
+                os.ftruncate(fd, size)
+                area = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                break
+            except (OSError, OverflowError, ValueError):
+                if want <= minimum:
+                    raise
+                want = max(minimum, want // 2)
+    finally:
+        os.close(fd)           # the mapping keeps its own reference to the file
+    return np.frombuffer(area, dtype, count=want * int(np.prod(row_shape, dtype=np.int64))).reshape(
+        (want,) + row_shape)
+
+
+def drop(array: np.ndarray, start_row: int, end_row: int) -> None:
+    """Unmap the pages of rows start_row..end_row-1 (both page-aligned in bytes) from the
+    process. In a file-backed array (``reserve_file``) they stay in the page cache or the
+    file and come back unchanged on the next access; in an anonymous one they are lost."""
+    area = _mapping_of(array)
+    if area is None:
+        return
+    row_bytes = array.strides[0]
+    start, end = start_row * row_bytes, min(len(area), end_row * row_bytes)
+    if end > start:
+        area.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 def zeros(count: int, dtype) -> np.ndarray:
     """np.zeros(count, dtype) on huge pages: a large array written at random (a hash index's
     buckets) otherwise takes a page fault per 4 KiB (measured: 0.9 s of a 1M-row first touch
@@ -62,6 +103,12 @@ def release(array: np.ndarray, start_row: int) -> None:
     row_bytes = array.strides[0]
     start = -(-start_row * row_bytes // PAGE) * PAGE
     if start < len(area):
+        if hasattr(mmap, "MADV_REMOVE"):
+            try:        # a file-backed array (reserve_file): punch the pages out of the file too
+                area.madvise(mmap.MADV_REMOVE, start, len(area) - start)
+                return
+            except OSError:          # an anonymous mapping (EINVAL): the pages are its own
+                pass
         area.madvise(mmap.MADV_DONTNEED, start, len(area) - start)
 
 

@@ -61,6 +61,7 @@ def warm() -> float:
     """Run a tiny store through every operation with every update rule; seconds taken."""
     drop_stale_cache()
     from ..compiled_row_store import CompiledRowStore
+    from ..tiered_row_store import TieredRowStore
     started = time.perf_counter()
     # float32 rows, and half rows (uint16 bits: one more compilation of each kernel, the same
     # for every half format and rounding, which are arguments).
@@ -68,6 +69,12 @@ def warm() -> float:
         for config in KINDS.values():
             exercise(CompiledRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
                                       max_rows=1 << 16, capacity=16, value_dtype=value_dtype, rounding=rounding))
+            # The disk tier's kernels, over the file-backed arrays of a tiered store (its own temp dir).
+            tiered = TieredRowStore(4, make_rule(config()), keep_last_seen=True, count_admissions=True,
+                                    max_rows=1 << 16, capacity=16, value_dtype=value_dtype, rounding=rounding,
+                                    memory_budget=8 << 20)
+            exercise(tiered)
+            tiered.close()
     return time.perf_counter() - started
 
 

@@ -1,0 +1,150 @@
+"""Where a server's disk tier keeps its files (server/tiered_row_store.py).
+
+``<run dir>/tier/server-<id>/<table>/`` when the server writes a run directory
+(``paramshard run --run-dir``: PARAMSHARD_RECORDS=dir:PATH), else the same under
+the checkpoint directory (a local one), else a private temporary directory
+(mode 0700). The files are scratch: they are removed with their table, and the
+whole directory when the server exits; one left by a killed server is removed
+when a server with the same id starts in the same place (temporary ones: when
+any server of the same user starts and their process is gone).
+
+Table names come from trainers: a name that is not a plain file name component
+(checkpoint/paths.py's rule) is replaced by a hash of it, so no name reaches
+outside the directory.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..log import get_logger
+
+log = get_logger("tier")
+TEMP_PREFIX = "paramshard-tier-"
+_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")     # checkpoint/paths.py's, and short
+
+
+def table_component(name: str) -> str:
+    """A directory name for table ``name``: itself when it is a plain name, else a hash."""
+    if isinstance(name, str) and _COMPONENT.fullmatch(name):
+        return name
+    return "_table-" + hashlib.sha256(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def run_dir_of(env) -> Path | None:
+    """The run directory a server writes its records to (observe/rank_records.py reads it the
+    same way; the server core does not import observe/)."""
+    records = getattr(env, "records", None) or ""
+    return Path(records[4:]) if records.startswith("dir:") else None
+
+
+def base_of(env) -> Path | None:
+    """The run directory, else a local checkpoint directory, else None (a temporary one)."""
+    run_dir = run_dir_of(env)
+    if run_dir is not None:
+        return run_dir
+    checkpoints = getattr(env, "checkpoint_dir", None)
+    if checkpoints and "://" not in str(checkpoints):
+        return Path(checkpoints)
+    return None
+
+
+class TierRoot:
+    """One server's tier directory, made when its first tiered table is."""
+
+    def __init__(self, base: str | os.PathLike | None, server_id: int):
+        self.base = None if base is None else Path(base)
+        self.server_id = server_id
+        self.path: Path | None = None
+
+    @classmethod
+    def for_server(cls, env) -> "TierRoot":
+        """Server ``env.server_id``'s; one a killed server left in the same place is removed now."""
+        root = cls(base_of(env), env.server_id or 0)
+        root.remove_stale()
+        return root
+
+    def remove_stale(self) -> None:
+        if self.base is None:
+            return
+        stale = self.base / "tier" / f"server-{self.server_id}"
+        if stale.is_dir() and not stale.is_symlink():
+            log.info("removing %s: the disk tier of an earlier server %d here, which did not exit",
+                     stale, self.server_id)
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def table_dir(self, table: str) -> Path:
+        root = self._root()
+        path = root / table_component(table)
+        if path.exists():                 # a table dropped (reset) and registered again: its old files go
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700)
+        return path
+
+    def _root(self) -> Path:
+        if self.path is not None and self.path.is_dir():
+            return self.path
+        if self.base is not None:
+            path = self.base / "tier" / f"server-{self.server_id}"
+            if path.exists():
+                log.info("removing %s: the disk tier of an earlier server %d here, which did not exit",
+                         path, self.server_id)
+                shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True, mode=0o700)
+        else:
+            remove_stale_temp_dirs()
+            path = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
+        self.path = path
+        atexit.register(self.remove)
+        return path
+
+    def remove(self) -> None:
+        """Remove the directory and every file in it (at exit; the tables are gone by then)."""
+        path, self.path = self.path, None
+        if path is None:
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        if self.base is not None:
+            try:
+                (self.base / "tier").rmdir()     # only when no other server's is left in it
+            except OSError:
+                pass
+
+
+def remove_stale_temp_dirs(temp: str | None = None) -> int:
+    """Remove temporary tier directories of this user whose process is gone; how many."""
+    temp = temp or tempfile.gettempdir()
+    removed = 0
+    try:
+        entries = list(os.scandir(temp))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(TEMP_PREFIX):
+            continue
+        pid = entry.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

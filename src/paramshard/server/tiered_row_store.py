@@ -1,0 +1,459 @@
+"""The compiled row store with a memory budget: hot rows in RAM, cold ones in a file tier.
+
+``SparseEmbedding(..., memory_budget="4GB")`` (or a server's
+PARAMSHARD_MEMORY_BUDGET) makes a table's store a ``TieredRowStore``: the
+CompiledRowStore (compiled_row_store.py) whose per-row arrays of values,
+optimizer slots, update counts and last-seen versions are MAP_SHARED mappings
+of sparse scratch files in a tier directory (kernels/arena.py
+``reserve_file``) instead of anonymous memory. Everything above the row
+handles is unchanged: the same calls give the same rows, state and handles,
+bit for bit (tests/unit/test_tiered_row_store.py runs it against an unbounded
+store). The ids and their index stay in RAM: the index reads ids on every
+lookup and while it grows, so tiering them would fault pages back behind the
+budget's back; they are counted against the budget as a fixed part.
+
+Residency is kept per region: the rows on a fixed number of pages (at least
+64 KiB of values, 2048 rows, page-aligned in every array). Every call that
+touches rows stamps their regions with a clock (kernels/tier_kernels.py) and
+counts hits (region resident) and misses; a spilled region touched is promoted
+(its pages come back by page fault, from the page cache or the file). When the
+resident estimate (the fixed part plus resident regions x region bytes) passes
+the budget, the coldest regions (oldest stamps) are spilled, MADV_DONTNEED on
+each array's range of them, until it is under TARGET of the budget. For a
+MAP_SHARED file mapping that drops the pages from the process, not the data:
+it stays in the page cache (reclaimable once written back) and the file. Large
+calls are done in chunks, enforcing between them, so no call faults in much
+more than the budget's slack. A server budget (``ServerBudget``) watches the
+process's RSS instead and spills the coldest regions across all its tables.
+
+The files are scratch, never the durable copy (checkpoints are): they are
+removed when the store is cleared, closed or collected, and at exit.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from ..budgets import show_bytes
+from ..log import get_logger
+from .compiled_row_store import CompiledRowStore
+from .kernels import arena
+from .kernels.row_kernels import compact_kernel, kept_rows_kernel
+from .kernels.tier_kernels import compact_range_kernel, stamp_kernel, stamp_range_kernel
+
+log = get_logger("tier")
+
+REGION_VALUE_BYTES = 64 << 10    # a region holds at least this much of the values array...
+MIN_REGION_ROWS = 2048           # ...and at least this many rows (page-aligned in arrays of 2-byte rows)
+TARGET = 0.95                    # a budget passed is enforced down to this share of it
+MIN_CHUNK, MAX_CHUNK = 1024, 65536   # rows per piece of a large call (RSS grows within a piece)
+CLOCK_LIMIT = (1 << 32) - 2      # stamps are uint32: past this the clock starts again
+_PAGE = arena.PAGE
+
+
+# -- the clock: one tick per piece of a call, shared by every tiered store of the process ---------------
+class _Clock:
+    def __init__(self):
+        self.now = 0
+        self.stores: weakref.WeakSet = weakref.WeakSet()
+
+    def tick(self) -> int:
+        self.now += 1
+        if self.now >= CLOCK_LIMIT:         # once in 4 billion calls: every stamp starts over, equal
+            for store in list(self.stores):
+                store._stamps[:] = 0
+                store._promoted_at[:] = 0
+            self.now = 1
+        return self.now
+
+
+CLOCK = _Clock()
+
+
+def process_rss() -> int:
+    """Resident bytes of this process (/proc/self/statm: a few microseconds); 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ServerBudget:
+    """A whole server's budget: after each piece of a call to one of its tiered stores, the
+    process's RSS is read; past the budget, the coldest regions of all its stores are spilled
+    until it is under TARGET of it (or nothing is left to spill)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.stores: weakref.WeakSet = weakref.WeakSet()
+        self.spills = 0
+        self.max_rss = 0
+        self.last_rss = 0
+        self._warned = False
+
+    def add(self, store: "TieredRowStore") -> None:
+        self.stores.add(store)
+
+    def enforce(self) -> None:
+        rss = self.last_rss = process_rss()
+        self.max_rss = max(self.max_rss, rss)
+        if rss <= self.budget:
+            return
+        target = int(TARGET * self.budget)
+        for _ in range(16):
+            stores = [s for s in self.stores if not s.closed]
+            parts = [(s, *s.resident_regions()) for s in stores]
+            parts = [p for p in parts if len(p[1])]
+            if not parts:
+                break
+            stamps = np.concatenate([p[2] for p in parts])
+            owner = np.concatenate([np.full(len(p[1]), i, np.int64) for i, p in enumerate(parts)])
+            region = np.concatenate([p[1] for p in parts])
+            size = np.array([p[0].region_bytes for p in parts], np.int64)[owner]
+            order = np.argsort(stamps, kind="stable")
+            freed = np.cumsum(size[order])
+            take = order[:int(np.searchsorted(freed, rss - target)) + 1]
+            for i, (store, _, _) in enumerate(parts):
+                mine = np.sort(region[take[owner[take] == i]])
+                if len(mine):
+                    self.spills += store.spill(mine)
+            rss = self.last_rss = process_rss()
+            if rss <= target:
+                return
+        if not self._warned and rss > self.budget:
+            self._warned = True
+            log.warning("memory budget %s: the process holds %s with every tiered row spilled (ids, "
+                        "indexes, other state and the program itself); the budget cannot be kept",
+                        show_bytes(self.budget), show_bytes(rss))
+
+
+def _remove_files(paths: list[str], directory: str | None) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class TieredRowStore(CompiledRowStore):
+    """A CompiledRowStore whose rows live in files, kept in RAM within ``memory_budget`` bytes
+    (the table's; None: only the server's, ``server_budget``)."""
+    takes_budgets = True
+
+    def __init__(self, dim, rule, keep_last_seen: bool, count_admissions: bool, max_rows: int,
+                 capacity: int = 1024, _probe: bool = False, *, memory_budget: int | None = None,
+                 tier_dir: str | os.PathLike | None = None, server_budget: ServerBudget | None = None):
+        self.memory_budget, self.server_budget = memory_budget, server_budget
+        self.closed = False
+        self._own_dir = tier_dir is None
+        self.tier_dir = Path(tempfile.mkdtemp(prefix=f"paramshard-tier-{os.getpid()}-")) if tier_dir is None else Path(tier_dir)
+        self.tier_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._files: list[str] = []
+        self._finalizer = weakref.finalize(self, _remove_files, self._files,
+                                           str(self.tier_dir) if self._own_dir else None)
+        self.hits = self.misses = self.promotions = self.spills = 0
+        self._build(dim, rule, keep_last_seen, count_admissions, max_rows, capacity, _probe)
+        CLOCK.stores.add(self)
+        if server_budget is not None:
+            server_budget.add(self)
+        if not _probe:
+            _load_tier_kernels()
+
+    def _build(self, dim, rule, keep_last_seen, count_admissions, max_rows, capacity, probe) -> None:
+        """The compiled store's arrays, then each per-row array but the ids moved into a file."""
+        CompiledRowStore.__init__(self, dim, rule, keep_last_seen, count_admissions, max_rows, capacity,
+                                  _probe=probe)
+        _remove_files(self._files, None)       # a clear: the old files go (a mapping keeps its own)
+        self._files.clear()
+        moved = {}
+        for name, array in self._named_tier_arrays():
+            path = str(self.tier_dir / f"{name}.rows")
+            self._files.append(path)
+            moved[name] = arena.reserve_file(path, len(array), array.shape[1:], array.dtype, minimum=16)
+        self.values = moved["values"]
+        self.slots = [moved[f"slot{i}"] for i in range(len(self.slots))]
+        if self.steps is not None:
+            self.steps = moved["steps"]
+        if self.last_seen is not None:
+            self.last_seen = moved["last_seen"]
+        strides = [a.strides[0] for a in self._tier_arrays()]
+        rows = max(MIN_REGION_ROWS, 1 << math.ceil(math.log2(max(1, -(-REGION_VALUE_BYTES // self.values.strides[0])))))
+        while any((rows * s) % _PAGE for s in strides):
+            rows *= 2
+        self._shift = rows.bit_length() - 1
+        self.region_rows = rows
+        self.region_bytes = rows * sum(strides)
+        regions = -(-len(self.values) // rows)
+        self._stamps = np.zeros(regions, np.uint32)
+        self._promoted_at = np.zeros(regions, np.uint32)
+        self._spilled = np.zeros(regions, np.uint8)
+        self._spilled_count = 0
+        budget = self.memory_budget or (self.server_budget.budget if self.server_budget else 1 << 30)
+        self._chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, 0.02 * budget / (len(strides) * _PAGE))))
+
+    def _named_tier_arrays(self):
+        yield "values", self.values
+        yield from ((f"slot{i}", s) for i, s in enumerate(self.slots))
+        if self.steps is not None:
+            yield "steps", self.steps
+        if self.last_seen is not None:
+            yield "last_seen", self.last_seen
+
+    def _tier_arrays(self) -> list[np.ndarray]:
+        return [a for _, a in self._named_tier_arrays()]
+
+    # -- residency --------------------------------------------------------------------------------
+    @property
+    def regions_in_use(self) -> int:
+        return -(-self._rows // self.region_rows)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What stays in RAM whatever the budget: the ids, their index, the admission counters."""
+        counters = 0 if self.count_index is None else self._counted * 12 + self.count_index.nbytes
+        return self._rows * self.keys.strides[0] + self.index.nbytes + counters
+
+    @property
+    def resident_bytes(self) -> int:
+        """The resident estimate: the fixed part and every region not spilled, whole (a region
+        promoted by one row counts all its pages: an estimate from above)."""
+        return self.fixed_bytes + (self.regions_in_use - self._spilled_count) * self.region_bytes
+
+    def resident_regions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(regions resident, their stamps): what a spill may take."""
+        regions = np.flatnonzero(self._spilled[:self.regions_in_use] == 0)
+        return regions, self._stamps[regions]
+
+    def spill(self, regions: np.ndarray) -> int:
+        """Drop the pages of ``regions`` (sorted, resident) from the process; how many."""
+        if not len(regions):
+            return 0
+        cuts = np.flatnonzero(np.diff(regions) != 1) + 1
+        firsts, lasts = regions[np.r_[0, cuts]], regions[np.r_[cuts - 1, len(regions) - 1]]
+        arrays = self._tier_arrays()
+        for first, last in zip(firsts.tolist(), lasts.tolist()):
+            for array in arrays:
+                arena.drop(array, first << self._shift, (last + 1) << self._shift)
+        self._spilled[regions] = 1
+        self._spilled_count += len(regions)
+        self.spills += len(regions)
+        return len(regions)
+
+    def spill_coldest(self, count: int) -> int:
+        regions, stamps = self.resident_regions()
+        if count < len(regions):
+            regions = np.sort(regions[np.argpartition(stamps, count - 1)[:count]])
+        return self.spill(regions)
+
+    def _enforce(self) -> None:
+        if self.memory_budget is not None:
+            over = self.resident_bytes - TARGET * self.memory_budget
+            if self.resident_bytes > self.memory_budget and over > 0:
+                self.spill_coldest(int(math.ceil(over / self.region_bytes)))
+        if self.server_budget is not None:
+            self.server_budget.enforce()
+
+    def _stamp(self, rows: np.ndarray) -> None:
+        hits, misses, promotions = stamp_kernel(rows, self._shift, self._stamps, self._spilled, self._promoted_at,
+                                                CLOCK.tick())
+        self.hits += hits
+        self.misses += misses
+        self.promotions += promotions
+        self._spilled_count -= promotions
+
+    def _stamp_new(self, first: int, end: int) -> None:
+        back = stamp_range_kernel(first, end, self._shift, self._stamps, self._spilled, CLOCK.tick())
+        self.promotions += back
+        self._spilled_count -= back
+
+    def _pieces(self, n: int):
+        return ((s, min(n, s + self._chunk)) for s in range(0, n, self._chunk))
+
+    def tier_stats(self) -> dict:
+        return {"budget": self.memory_budget or 0, "resident_bytes": self.resident_bytes, "hits": self.hits,
+                "misses": self.misses, "spills": self.spills, "promotions": self.promotions}
+
+    # -- capacity -----------------------------------------------------------------------------------
+    def _ensure_capacity(self, rows: int) -> None:
+        """The files are reserved once; only the ids (in RAM) may grow by copying."""
+        if rows <= min(len(self.keys), len(self.values)):
+            return
+        if rows > self.max_rows:
+            raise MemoryError(f"{rows} rows: past the {self.max_rows} this store holds")
+        room = min(len(a) for a in self._tier_arrays())
+        if rows > room:
+            raise MemoryError(f"{rows} rows: past the {room} the tier files in {self.tier_dir} were made for")
+        self.keys = arena.grown(self.keys, rows, self._rows)
+
+    # -- rows: the compiled store's calls, a piece at a time, stamped and enforced -------------------------
+    def create(self, ids, values, version, state=None):
+        n = len(ids)
+        if n <= self._chunk:
+            first = self._rows
+            made = super().create(ids, values, version, state)
+            self._stamp_new(first, self._rows)
+            self._enforce()
+            return made
+        self.reserve(self._rows + n)        # every allocation before the first row: all or nothing stays
+        state = state or {}
+        out = np.empty(n, np.int64)
+        for s, e in self._pieces(n):
+            first = self._rows
+            out[s:e] = super().create(ids[s:e], values[s:e], version, {k: v[s:e] for k, v in state.items()})
+            self._stamp_new(first, self._rows)
+            self._enforce()
+        return out
+
+    def lookup_or_create(self, ids, version, seed, init_scale):
+        # In pieces, the same rows: new ids get rows in the order they first appear either way.
+        ids = np.ascontiguousarray(ids, np.uint64)
+        out = np.empty(len(ids), np.int64)
+        for s, e in self._pieces(len(ids)):
+            first = self._rows
+            out[s:e] = super().lookup_or_create(ids[s:e], version, seed, init_scale)
+            self._stamp_new(first, self._rows)
+            self._enforce()
+        return out
+
+    def gather(self, rows):
+        rows = np.ascontiguousarray(rows, np.int64)
+        if len(rows) <= self._chunk:
+            self._stamp(rows)
+            out = super().gather(rows)
+            self._enforce()
+            return out
+        out = None
+        for s, e in self._pieces(len(rows)):
+            self._stamp(rows[s:e])
+            part = super().gather(rows[s:e])
+            if out is None:
+                out = np.empty((len(rows),) + part.shape[1:], part.dtype)
+            out[s:e] = part
+            self._enforce()
+        return out
+
+    def set_values(self, rows, values):
+        rows = np.asarray(rows, np.int64)
+        for s, e in self._pieces(len(rows)):
+            self._stamp(rows[s:e])
+            super().set_values(rows[s:e], values[s:e])
+            self._enforce()
+
+    def update(self, rows, grads, scale):
+        rows = np.ascontiguousarray(rows, np.int64)
+        for s, e in self._pieces(len(rows)):
+            self._stamp(rows[s:e])
+            super().update(rows[s:e], grads[s:e], scale)
+            self._enforce()
+
+    def touch(self, rows, version):
+        if self.last_seen is None:
+            return
+        rows = np.asarray(rows, np.int64)
+        for s, e in self._pieces(len(rows)):
+            self._stamp(rows[s:e])
+            super().touch(rows[s:e], version)
+            self._enforce()
+
+    # -- scans: they read cold rows without making them hot -----------------------------------------
+    def _respill(self, first_row: int, end_row: int) -> None:
+        """Drop again the pages of the spilled regions among rows first_row..end_row-1 (a scan
+        read them: a checkpoint's pages must not push the training's rows out)."""
+        if end_row <= first_row:
+            return
+        lo, hi = first_row >> self._shift, ((end_row - 1) >> self._shift) + 1
+        regions = lo + np.flatnonzero(self._spilled[lo:hi])
+        cuts = np.flatnonzero(np.diff(regions) != 1) + 1
+        if not len(regions):
+            return
+        firsts, lasts = regions[np.r_[0, cuts]], regions[np.r_[cuts - 1, len(regions) - 1]]
+        for first, last in zip(firsts.tolist(), lasts.tolist()):
+            for array in self._tier_arrays():
+                arena.drop(array, first << self._shift, (last + 1) << self._shift)
+
+    def page(self, start, count):
+        out: dict = {}
+        end = min(self._rows, start + count)
+        for s in range(start, max(start, end), self._chunk):
+            e = min(end, s + self._chunk)
+            part = super().page(s, e - s)
+            for name, array in part.items():
+                out.setdefault(name, []).append(array)
+            self._respill(s, e)
+        if not out:
+            return super().page(start, count)
+        return {name: np.concatenate(parts) for name, parts in out.items()}
+
+    def evict_unseen(self, before):
+        rows = self._rows
+        kept = kept_rows_kernel(self.last_seen, rows, before)
+        evicted = rows - len(kept)
+        if not evicted:
+            self._respill(0, rows)
+            return 0
+        compact_kernel(self.keys, kept)
+        arena.release(self.keys, len(kept))
+        # Compacted a piece at a time; behind each piece, every page of the rows it read and wrote
+        # is dropped (the file keeps them), so the move never holds more than a piece in RAM.
+        budget = self.memory_budget or (self.server_budget.budget if self.server_budget else 1 << 30)
+        step = max(self.region_rows, int(budget // 4 // max(1, self.bytes_per_row)))
+        dropped = 0
+        arrays = self._tier_arrays()
+        for s in range(0, len(kept), step):
+            e = min(len(kept), s + step)
+            for array in arrays:
+                compact_range_kernel(array, kept, s, e)
+            below = ((int(kept[e - 1]) + 1) >> self._shift) << self._shift
+            if below > dropped:
+                for array in arrays:
+                    arena.drop(array, dropped, below)
+                dropped = below
+        for array in arrays:
+            arena.release(array, len(kept))
+        self._rows = len(kept)
+        self.index.rebuild(self.keys, self._rows)
+        # Rows moved: the stamps meant other rows. What was dropped is spilled; the rest is new.
+        spilled = min(self.regions_in_use, dropped >> self._shift)
+        self._stamps[:] = 0
+        self._promoted_at[:] = 0
+        self._spilled[:] = 0
+        self._spilled[:spilled] = 1
+        self._spilled_count = spilled
+        self.spills += spilled
+        self._stamp_new(spilled << self._shift, self._rows)
+        self._enforce()
+        return evicted
+
+    # -- life -----------------------------------------------------------------------------------------
+    def clear(self) -> None:
+        self._build(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
+                    self._capacity, True)
+
+    def close(self) -> None:
+        """Remove the files now (the mappings stay valid until the store is dropped)."""
+        self.closed = True
+        self._finalizer()
+
+
+def _load_tier_kernels() -> None:
+    """Load the tier kernels from numba's cache now (compiled by `make warm`), not on a first pull."""
+    if _load_tier_kernels.done:
+        return
+    regions = np.zeros(4, np.uint32)
+    stamp_kernel(np.zeros(2, np.int64), 11, regions, np.zeros(4, np.uint8), np.zeros(4, np.uint32), 1)
+    stamp_range_kernel(0, 10, 11, regions, np.zeros(4, np.uint8), 1)
+    compact_range_kernel(np.zeros((4, 2), np.float32), np.arange(2), 0, 2)
+    compact_range_kernel(np.zeros(4, np.uint32), np.arange(2), 0, 2)
+    _load_tier_kernels.done = True
+
+
+_load_tier_kernels.done = False
