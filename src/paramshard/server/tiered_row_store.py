@@ -49,8 +49,7 @@ from .kernels.tier_kernels import compact_range_kernel, stamp_kernel, stamp_rang
 
 log = get_logger("tier")
 
-REGION_VALUE_BYTES = 64 << 10    # a region holds at least this much of the values array...
-MIN_REGION_ROWS = 2048           # ...and at least this many rows (page-aligned in arrays of 2-byte rows)
+REGION_VALUE_BYTES = 64 << 10    # a region holds at least this much of the values array, whole pages
 TARGET = 0.95                    # a budget passed is enforced down to this share of it
 MIN_CHUNK, MAX_CHUNK = 1024, 65536   # rows per piece of a large call (RSS grows within a piece)
 CLOCK_LIMIT = (1 << 32) - 2      # stamps are uint32: past this the clock starts again
@@ -134,14 +133,21 @@ class ServerBudget:
                         show_bytes(self.budget), show_bytes(rss))
 
 
-def _remove_files(paths: list[str], directory: str | None) -> None:
+def _remove_files(paths: list[str], directory: str | None, own: bool = False) -> None:
+    """Remove the files, then ``directory``: all of it when the store made it (``own``), else
+    only if nothing else is left in it."""
     for path in paths:
         try:
             os.unlink(path)
         except OSError:
             pass
-    if directory is not None:
+    if directory is not None and own:
         shutil.rmtree(directory, ignore_errors=True)
+    elif directory is not None:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
 
 
 class TieredRowStore(CompiledRowStore):
@@ -158,8 +164,7 @@ class TieredRowStore(CompiledRowStore):
         self.tier_dir = Path(tempfile.mkdtemp(prefix=f"paramshard-tier-{os.getpid()}-")) if tier_dir is None else Path(tier_dir)
         self.tier_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._files: list[str] = []
-        self._finalizer = weakref.finalize(self, _remove_files, self._files,
-                                           str(self.tier_dir) if self._own_dir else None)
+        self._finalizer = weakref.finalize(self, _remove_files, self._files, str(self.tier_dir), self._own_dir)
         self.hits = self.misses = self.promotions = self.spills = 0
         self._build(dim, rule, keep_last_seen, count_admissions, max_rows, capacity, _probe)
         CLOCK.stores.add(self)
@@ -185,13 +190,21 @@ class TieredRowStore(CompiledRowStore):
             self.steps = moved["steps"]
         if self.last_seen is not None:
             self.last_seen = moved["last_seen"]
-        strides = [a.strides[0] for a in self._tier_arrays()]
-        rows = max(MIN_REGION_ROWS, 1 << math.ceil(math.log2(max(1, -(-REGION_VALUE_BYTES // self.values.strides[0])))))
-        while any((rows * s) % _PAGE for s in strides):
+        # A region is whole FILE_ALIGN blocks of the values array (reserve_file aligns row 0), so
+        # the kernel's fault-around never maps pages of another region than the one read.
+        stride = self.values.strides[0]
+        rows = 1 << math.ceil(math.log2(max(1, -(-REGION_VALUE_BYTES // stride))))
+        while (rows * stride) % max(_PAGE, min(arena.FILE_ALIGN, REGION_VALUE_BYTES)):
             rows *= 2
         self._shift = rows.bit_length() - 1
         self.region_rows = rows
-        self.region_bytes = rows * sum(strides)
+        # Arrays whose region is whole pages spill with it; the thin ones (update counts, last-seen
+        # versions, a row-wise accumulator: 4 bytes a row) spill only the pages a run of spilled
+        # regions covers, so they are counted as staying in RAM, with the ids.
+        strides = [a.strides[0] for a in self._tier_arrays()]
+        whole = max(_PAGE, min(arena.FILE_ALIGN, REGION_VALUE_BYTES))
+        self.region_bytes = rows * sum(s for s in strides if (rows * s) % whole == 0)
+        self._thin_bytes = sum(s for s in strides if (rows * s) % whole)
         regions = -(-len(self.values) // rows)
         self._stamps = np.zeros(regions, np.uint32)
         self._promoted_at = np.zeros(regions, np.uint32)
@@ -218,9 +231,10 @@ class TieredRowStore(CompiledRowStore):
 
     @property
     def fixed_bytes(self) -> int:
-        """What stays in RAM whatever the budget: the ids, their index, the admission counters."""
+        """What stays in RAM whatever the budget: the ids, their index, the admission counters (and,
+        counted as staying, the thin per-row arrays)."""
         counters = 0 if self.count_index is None else self._counted * 12 + self.count_index.nbytes
-        return self._rows * self.keys.strides[0] + self.index.nbytes + counters
+        return self._rows * (self.keys.strides[0] + self._thin_bytes) + self.index.nbytes + counters
 
     @property
     def resident_bytes(self) -> int:

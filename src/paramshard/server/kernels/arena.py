@@ -12,6 +12,7 @@ grows by copying, like the numpy store.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 
@@ -44,19 +45,29 @@ def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16) -> 
         (want,) + row_shape)
 
 
+FILE_ALIGN = 64 << 10      # the kernel's fault-around window (fault_around_bytes): see reserve_file
+
+
 def reserve_file(path, rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16) -> np.ndarray:
     """``reserve`` backed by the file ``path`` (made, or emptied, with mode 0600): a sparse file of
     the whole reservation mapped MAP_SHARED, so it takes disk only where rows are written. A
     page dropped from the mapping (``drop``) stays in the page cache or the file and reads
     back exactly on the next access: the disk tier of server/tiered_row_store.py. The file is
-    scratch; whoever made it removes it."""
+    scratch; whoever made it removes it.
+
+    A read fault on a file mapping maps the pages around it that are in the page cache too
+    (fault-around: a FILE_ALIGN window aligned in the address space; whole large folios where
+    readahead made them). So that a fault never maps pages of rows far from the one read,
+    the mapping is MADV_RANDOM (no readahead: single-page folios; measured 60 pages mapped
+    per read fault without it, 16 with) and row 0 starts on a FILE_ALIGN boundary of the
+    address space: a window then never straddles two FILE_ALIGN-sized groups of rows."""
     dtype = np.dtype(dtype)
     row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
     want = max(rows, minimum)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         while True:
-            size = max(want * row_bytes, PAGE)
+            size = max(want * row_bytes, PAGE) + FILE_ALIGN
             try:
                 os.ftruncate(fd, size)
                 area = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -67,19 +78,33 @@ def reserve_file(path, rows: int, row_shape: tuple[int, ...], dtype, minimum: in
                 want = max(minimum, want // 2)
     finally:
         os.close(fd)           # the mapping keeps its own reference to the file
-    return np.frombuffer(area, dtype, count=want * int(np.prod(row_shape, dtype=np.int64))).reshape(
-        (want,) + row_shape)
+    if hasattr(mmap, "MADV_RANDOM"):
+        area.madvise(mmap.MADV_RANDOM)
+    offset = -_address(area) % FILE_ALIGN
+    return np.frombuffer(area, dtype, count=want * int(np.prod(row_shape, dtype=np.int64)),
+                         offset=offset).reshape((want,) + row_shape)
+
+
+def _address(area: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(area))
+
+
+def _byte_range(array: np.ndarray, area: mmap.mmap, start_row: int, end_row: int) -> tuple[int, int]:
+    """Offsets in ``area`` of rows start_row..end_row-1 of ``array`` (a view of it, maybe not at its start)."""
+    base = array.ctypes.data - _address(area)
+    return base + start_row * array.strides[0], min(len(area), base + end_row * array.strides[0])
 
 
 def drop(array: np.ndarray, start_row: int, end_row: int) -> None:
-    """Unmap the pages of rows start_row..end_row-1 (both page-aligned in bytes) from the
-    process. In a file-backed array (``reserve_file``) they stay in the page cache or the
-    file and come back unchanged on the next access; in an anonymous one they are lost."""
+    """Unmap the whole pages within rows start_row..end_row-1 from the process (a page that
+    also holds rows outside them stays). In a file-backed array (``reserve_file``) they stay
+    in the page cache or the file and come back unchanged on the next access; in an anonymous
+    one they are lost."""
     area = _mapping_of(array)
     if area is None:
         return
-    row_bytes = array.strides[0]
-    start, end = start_row * row_bytes, min(len(area), end_row * row_bytes)
+    start, end = _byte_range(array, area, start_row, end_row)
+    start, end = -(-start // PAGE) * PAGE, end // PAGE * PAGE
     if end > start:
         area.madvise(mmap.MADV_DONTNEED, start, end - start)
 
@@ -100,8 +125,7 @@ def release(array: np.ndarray, start_row: int) -> None:
     area = _mapping_of(array)
     if area is None:
         return
-    row_bytes = array.strides[0]
-    start = -(-start_row * row_bytes // PAGE) * PAGE
+    start = -(-_byte_range(array, area, start_row, start_row)[0] // PAGE) * PAGE
     if start < len(area):
         if hasattr(mmap, "MADV_REMOVE"):
             try:        # a file-backed array (reserve_file): punch the pages out of the file too
