@@ -1,0 +1,124 @@
+"""Training with a memory budget (server/tiered_row_store.py) through an in-process server:
+the table's rows spill to the file tier and come back, and the job trains exactly as it does
+with every row in RAM (bit-identical weights, rows and optimizer state)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import paramshard as ps
+from paramshard import runtime
+from paramshard.budgets import MIN_BUDGET
+from paramshard.env import ClusterEnv
+from paramshard.observe.prometheus import ServerCollector
+from paramshard.server.sparse_service import SparseService
+from paramshard.settings.process_variables import MEMORY_BUDGET
+from paramshard.torch.trainer import Trainer
+from paramshard.transport.server_stats import ServerStats
+
+DIM = 64
+
+
+class Ctr(nn.Module):
+    def __init__(self, budget):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = ps.SparseEmbedding("emb", DIM, optimizer=ps.optim.Adagrad(lr=0.1), init_scale=0.1,
+                                      eviction=ps.Eviction(unseen_steps=6), memory_budget=budget)
+        self.head = nn.Linear(DIM * 3 + 2, 1)
+
+    def forward(self, dense, ids):
+        e = self.emb(ids.reshape(-1, 1)).view(ids.shape[0], -1)
+        return self.head(torch.cat([e, dense], 1)).squeeze(1)
+
+
+def batches(n=14, b=3000):
+    rng = np.random.default_rng(0)
+    return [(torch.from_numpy(rng.standard_normal((b, 2)).astype(np.float32)),
+             torch.from_numpy((rng.zipf(1.05, (b, 3)) % 400_000).astype(np.int64)),
+             torch.from_numpy((rng.random(b) < 0.4).astype(np.float32))) for _ in range(n)]
+
+
+def train(monkeypatch, tmp_path, budget=None, server_budget=None):
+    if server_budget is None:
+        monkeypatch.delenv(MEMORY_BUDGET.env, raising=False)
+    else:
+        monkeypatch.setenv(MEMORY_BUDGET.env, server_budget)
+    run_dir = tmp_path / ("run-" + str(budget) + str(server_budget))
+    server = runtime.build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}"), num_trainers=1,
+                                  watch_peers=False, in_process=True)
+    monkeypatch.setattr(runtime, "_local_server", server)
+    env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
+    model = Ctr(budget)
+    try:
+        with Trainer(model, ps.optim.Adam(lr=0.01), env=env) as trainer:
+            for dense, ids, y in trainer.prefetching(batches()):
+                trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+            table = server.service(SparseService).tables["emb"]
+            page = table.store.page(0, table.num_rows)
+            wire = server.snapshot_stats()
+            tier_files = sorted(p.name for p in (run_dir / "tier" / "server-0" / "emb").glob("*")) \
+                if (run_dir / "tier").exists() else []
+    finally:
+        server.close()
+        service = server.service(SparseService)
+        service.reset()                                       # a table's files go with it...
+        assert not (run_dir / "tier" / "server-0" / "emb").exists()
+        service.tiers.remove()                                # ...the server's directory at exit
+    return model.head.weight.detach().clone(), page, wire, tier_files, run_dir
+
+
+@pytest.mark.parametrize("budget,server_budget", [(MIN_BUDGET, None), (None, "64MiB")],
+                         ids=["table budget", "server budget"])
+def test_training_with_a_memory_budget_equals_training_without(monkeypatch, tmp_path, budget, server_budget):
+    plain_w, plain_page, _, plain_files, _ = train(monkeypatch, tmp_path)
+    tier_w, tier_page, wire, tier_files, run_dir = train(monkeypatch, tmp_path, budget, server_budget)
+    torch.testing.assert_close(tier_w, plain_w, rtol=0, atol=0)
+    assert list(tier_page) == list(plain_page) and len(plain_page["ids"]) > 20_000
+    for part in plain_page:
+        np.testing.assert_array_equal(tier_page[part], plain_page[part], err_msg=part)
+    assert plain_files == [] and tier_files == ["last_seen.rows", "slot0.rows", "values.rows"]
+    assert not (run_dir / "tier").exists()
+
+    stats = ServerStats.from_wire(wire)
+    assert ServerStats.from_wire(stats.to_wire()) == stats and stats.to_wire() == wire
+    tier = stats.tables["emb"].tier
+    assert tier is not None and tier.spills > 0 and 0 < tier.promotions <= tier.spills
+    assert 0 <= tier.hit_rate < 1 and tier.budget == (budget or 0)     # 64 MiB < RSS: every row spills
+    if server_budget:
+        assert stats.sparse.memory_budget == 64 << 20 and stats.sparse.rss_bytes > 0
+    else:
+        assert tier.resident_bytes <= budget
+
+
+def test_tier_figures_reach_metrics_and_records():
+    from paramshard.observe.monitor import server_record
+    wire = {"server": 0, "uptime_s": 0.0, "trainers": {"live": [], "left": [], "lost": []}, "phase_seconds": {},
+            "sparse_rows": 10, "sparse_bytes": 100, "memory_budget": 1 << 30, "rss_bytes": 5 << 20,
+            "tables": {"emb": {"rows": 10, "bytes": 100, "version": 3, "evicted": 0, "dim": 4, "rows_updated": 3,
+                               "phase_seconds": {}, "tier": {"budget": 8 << 20, "resident_bytes": 4096, "hits": 3,
+                                                             "misses": 1, "spills": 2, "promotions": 1,
+                                                             "hit_rate": 0.75}},
+                       "plain": {"rows": 1, "bytes": 1, "version": 0, "evicted": 0, "dim": 4, "rows_updated": 0,
+                                 "phase_seconds": {}}}}
+    stats = ServerStats.from_wire(wire)
+    assert stats.to_wire() == wire and stats.tables["plain"].tier is None
+
+    class Server:
+        server_id = 0
+
+        def cached_stats(self):
+            return wire, 0.5
+
+    samples = {(s.name, s.labels.get("table")): s.value for family in ServerCollector(Server()).collect()
+               for s in family.samples}
+    assert samples[("paramshard_server_table_tier_hit_rate", "emb")] == 0.75
+    assert samples[("paramshard_server_table_tier_spills_total", "emb")] == 2
+    assert samples[("paramshard_server_table_resident_bytes", "emb")] == 4096
+    assert samples[("paramshard_server_memory_budget_bytes", None)] == 1 << 30
+    assert ("paramshard_server_table_tier_hits_total", "plain") not in samples
+    record = server_record(stats, None, 1.0, None)
+    assert record["tier"] == {"emb": {"budget": 8 << 20, "resident_bytes": 4096, "hit_rate": 0.75, "spills": 2,
+                                      "promotions": 1}}
+    assert record["memory_budget"] == 1 << 30 and record["rss_bytes"] == 5 << 20
