@@ -79,15 +79,26 @@ def test_a_dropped_range_gives_its_pages_back_to_the_process(tmp_path):
 
 # -- the tier kernels ------------------------------------------------------------------------------------
 def test_the_stamp_kernel_counts_hits_misses_and_promotions():
-    stamps, spilled, promoted = np.zeros(4, np.uint32), np.array([0, 1, 1, 0], np.uint8), np.zeros(4, np.uint32)
+    stamps, heat, promoted = np.zeros(4, np.uint32), np.zeros(4, np.uint32), np.zeros(4, np.uint32)
+    spilled = np.array([0, 1, 1, 0], np.uint8)
     rows = np.array([0, 1, 5, 4, -1, 3], np.int64)       # regions of 2 rows (shift 1): 0 0 2 2 - 1
-    hits, misses, promotions = stamp_kernel(rows, 1, stamps, spilled, promoted, 7)
+    assert stamp_kernel(rows, 0, len(rows), 1, stamps, heat, spilled, promoted, 7, 10) == (6, 2, 3, 2)
     # rows 0, 1 in region 0 (resident): hits; 5, 4 in region 2 and 3 in region 1 (spilled): misses
-    assert (hits, misses, promotions) == (2, 3, 2)
-    assert spilled.tolist() == [0, 0, 0, 0] and stamps.tolist() == [7, 7, 7, 0]
-    assert stamp_kernel(rows, 1, stamps, spilled, promoted, 8) == (len(rows) - 1, 0, 0)    # -1 is no row
+    assert spilled.tolist() == [0, 0, 0, 0] and stamps.tolist() == [7, 7, 7, 0] and heat.tolist() == [1, 1, 1, 0]
+    assert stamp_kernel(rows, 0, len(rows), 1, stamps, heat, spilled, promoted, 8, 10) == (6, 5, 0, 0)   # -1: no row
+    assert heat.tolist() == [2, 2, 2, 0]
     spilled[3] = 1
-    assert stamp_range_kernel(5, 8, 1, stamps, spilled, 9) == 1 and stamps.tolist() == [8, 8, 9, 9]
+    assert stamp_range_kernel(5, 8, 1, stamps, heat, spilled, 9) == 1 and stamps.tolist() == [8, 8, 9, 9]
+    assert heat.tolist() == [2, 2, 2, 1]                 # a new region starts warm enough to be read
+
+
+def test_the_stamp_kernel_stops_where_the_budget_has_no_room():
+    stamps, heat, promoted = np.zeros(8, np.uint32), np.zeros(8, np.uint32), np.zeros(8, np.uint32)
+    spilled = np.ones(8, np.uint8)
+    rows = np.array([0, 2, 2, 4, 6, 6], np.int64)        # regions 0 1 1 2 3 3 (shift 1)
+    assert stamp_kernel(rows, 0, 6, 1, stamps, heat, spilled, promoted, 1, 2) == (3, 0, 3, 2)
+    assert spilled.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert stamp_kernel(rows, 3, 6, 1, stamps, heat, spilled, promoted, 2, 0) == (4, 0, 1, 1)   # one at least
 
 
 def test_the_range_compaction_moves_rows_down_in_pieces():

@@ -31,7 +31,9 @@ removed when the store is cleared, closed or collected, and at exit.
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import os
 import shutil
 import tempfile
@@ -51,9 +53,20 @@ log = get_logger("tier")
 
 REGION_VALUE_BYTES = 64 << 10    # a region holds at least this much of the values array, whole pages
 TARGET = 0.95                    # a budget passed is enforced down to this share of it
-MIN_CHUNK, MAX_CHUNK = 1024, 65536   # rows per piece of a large call (RSS grows within a piece)
+MIN_CHUNK, MAX_CHUNK = 1024, 65536   # rows per piece of a large call
+AGE_PIECES = 256                 # every this many pieces stamped, every region's heat is halved
 CLOCK_LIMIT = (1 << 32) - 2      # stamps are uint32: past this the clock starts again
 _PAGE = arena.PAGE
+_DONTNEED = mmap.MADV_DONTNEED
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_libc.madvise.restype = ctypes.c_int
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    if _libc.madvise(address, length, advice) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise: {os.strerror(err)}")
 
 
 # -- the clock: one tick per piece of a call, shared by every tiered store of the process ---------------
@@ -207,11 +220,16 @@ class TieredRowStore(CompiledRowStore):
         self._thin_bytes = sum(s for s in strides if (rows * s) % whole)
         regions = -(-len(self.values) // rows)
         self._stamps = np.zeros(regions, np.uint32)
+        self._heat = np.zeros(regions, np.uint32)
         self._promoted_at = np.zeros(regions, np.uint32)
         self._spilled = np.zeros(regions, np.uint8)
         self._spilled_count = 0
+        self._pieces_stamped = 0
+        # Where each array's row 0 is, for madvise by address (spills are many: no per-call lookups).
+        self._spans = [(a.ctypes.data, a.strides[0]) for a in self._tier_arrays()]
+        # New rows come in pieces of at most ~1% of the budget (a piece is enforced after it is made).
         budget = self.memory_budget or (self.server_budget.budget if self.server_budget else 1 << 30)
-        self._chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, 0.02 * budget / (len(strides) * _PAGE))))
+        self._chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, budget // 100 // self.bytes_per_row)))
 
     def _named_tier_arrays(self):
         yield "values", self.values
@@ -243,29 +261,37 @@ class TieredRowStore(CompiledRowStore):
         return self.fixed_bytes + (self.regions_in_use - self._spilled_count) * self.region_bytes
 
     def resident_regions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(regions resident, their stamps): what a spill may take."""
+        """(regions resident, their coldness keys: the lowest spills first). The key is the
+        region's heat, then its stamp: rarely used regions go first, and of those the least
+        recently used. (Plain LRU would keep the regions of ids just seen once, the Zipf tail,
+        and spill the ones whose rows come back every few batches.)"""
         regions = np.flatnonzero(self._spilled[:self.regions_in_use] == 0)
-        return regions, self._stamps[regions]
+        keys = (self._heat[regions].astype(np.int64) << 32) | self._stamps[regions].astype(np.int64)
+        return regions, keys
 
     def spill(self, regions: np.ndarray) -> int:
         """Drop the pages of ``regions`` (sorted, resident) from the process; how many."""
         if not len(regions):
             return 0
         cuts = np.flatnonzero(np.diff(regions) != 1) + 1
-        firsts, lasts = regions[np.r_[0, cuts]], regions[np.r_[cuts - 1, len(regions) - 1]]
-        arrays = self._tier_arrays()
-        for first, last in zip(firsts.tolist(), lasts.tolist()):
-            for array in arrays:
-                arena.drop(array, first << self._shift, (last + 1) << self._shift)
+        firsts = regions[np.concatenate(([0], cuts))].tolist()
+        lasts = regions[np.concatenate((cuts - 1, [len(regions) - 1]))].tolist()
+        shift = self._shift
+        for address, stride in self._spans:
+            for first, last in zip(firsts, lasts):
+                start = -(-(address + (first << shift) * stride) // _PAGE) * _PAGE
+                end = (address + ((last + 1) << shift) * stride) // _PAGE * _PAGE
+                if end > start:
+                    _madvise(start, end - start, _DONTNEED)
         self._spilled[regions] = 1
         self._spilled_count += len(regions)
         self.spills += len(regions)
         return len(regions)
 
     def spill_coldest(self, count: int) -> int:
-        regions, stamps = self.resident_regions()
+        regions, keys = self.resident_regions()
         if count < len(regions):
-            regions = np.sort(regions[np.argpartition(stamps, count - 1)[:count]])
+            regions = np.sort(regions[np.argpartition(keys, count - 1)[:count]])
         return self.spill(regions)
 
     def _enforce(self) -> None:
@@ -276,16 +302,39 @@ class TieredRowStore(CompiledRowStore):
         if self.server_budget is not None:
             self.server_budget.enforce()
 
-    def _stamp(self, rows: np.ndarray) -> None:
-        hits, misses, promotions = stamp_kernel(rows, self._shift, self._stamps, self._spilled, self._promoted_at,
-                                                CLOCK.tick())
-        self.hits += hits
-        self.misses += misses
-        self.promotions += promotions
-        self._spilled_count -= promotions
+    def _promotion_room(self) -> int:
+        """Regions a piece may bring back and stay within the budget(s) (at least one)."""
+        room = MAX_CHUNK
+        if self.memory_budget is not None:
+            room = (self.memory_budget - self.resident_bytes) // self.region_bytes
+        if self.server_budget is not None:
+            room = min(room, (self.server_budget.budget - self.server_budget.last_rss) // self.region_bytes)
+        return max(1, int(room))
+
+    def _stamped(self, rows: np.ndarray):
+        """Pieces (start, end) of ``rows``, each stamped before it is yielded and enforced after it
+        is done: a piece ends where its promotions would pass what the budget has room for."""
+        n, start = len(rows), 0
+        while start < n:
+            end, hits, misses, promotions = stamp_kernel(
+                rows, start, min(n, start + MAX_CHUNK), self._shift, self._stamps, self._heat, self._spilled,
+                self._promoted_at, CLOCK.tick(), self._promotion_room())
+            self.hits += hits
+            self.misses += misses
+            self.promotions += promotions
+            self._spilled_count -= promotions
+            self._age()
+            yield start, end
+            self._enforce()
+            start = end
+
+    def _age(self) -> None:
+        self._pieces_stamped += 1
+        if self._pieces_stamped % AGE_PIECES == 0:
+            self._heat[:self.regions_in_use] >>= 1
 
     def _stamp_new(self, first: int, end: int) -> None:
-        back = stamp_range_kernel(first, end, self._shift, self._stamps, self._spilled, CLOCK.tick())
+        back = stamp_range_kernel(first, end, self._shift, self._stamps, self._heat, self._spilled, CLOCK.tick())
         self.promotions += back
         self._spilled_count -= back
 
@@ -340,43 +389,32 @@ class TieredRowStore(CompiledRowStore):
 
     def gather(self, rows):
         rows = np.ascontiguousarray(rows, np.int64)
-        if len(rows) <= self._chunk:
-            self._stamp(rows)
-            out = super().gather(rows)
-            self._enforce()
-            return out
         out = None
-        for s, e in self._pieces(len(rows)):
-            self._stamp(rows[s:e])
+        for s, e in self._stamped(rows):
             part = super().gather(rows[s:e])
+            if s == 0 and e == len(rows):
+                return part
             if out is None:
                 out = np.empty((len(rows),) + part.shape[1:], part.dtype)
             out[s:e] = part
-            self._enforce()
-        return out
+        return out if out is not None else super().gather(rows)
 
     def set_values(self, rows, values):
-        rows = np.asarray(rows, np.int64)
-        for s, e in self._pieces(len(rows)):
-            self._stamp(rows[s:e])
+        rows = np.ascontiguousarray(rows, np.int64)
+        for s, e in self._stamped(rows):
             super().set_values(rows[s:e], values[s:e])
-            self._enforce()
 
     def update(self, rows, grads, scale):
         rows = np.ascontiguousarray(rows, np.int64)
-        for s, e in self._pieces(len(rows)):
-            self._stamp(rows[s:e])
+        for s, e in self._stamped(rows):
             super().update(rows[s:e], grads[s:e], scale)
-            self._enforce()
 
     def touch(self, rows, version):
         if self.last_seen is None:
             return
-        rows = np.asarray(rows, np.int64)
-        for s, e in self._pieces(len(rows)):
-            self._stamp(rows[s:e])
+        rows = np.ascontiguousarray(rows, np.int64)
+        for s, e in self._stamped(rows):
             super().touch(rows[s:e], version)
-            self._enforce()
 
     # -- scans: they read cold rows without making them hot -----------------------------------------
     def _respill(self, first_row: int, end_row: int) -> None:
@@ -438,6 +476,7 @@ class TieredRowStore(CompiledRowStore):
         # Rows moved: the stamps meant other rows. What was dropped is spilled; the rest is new.
         spilled = min(self.regions_in_use, dropped >> self._shift)
         self._stamps[:] = 0
+        self._heat[:] = 0
         self._promoted_at[:] = 0
         self._spilled[:] = 0
         self._spilled[:spilled] = 1
@@ -463,8 +502,9 @@ def _load_tier_kernels() -> None:
     if _load_tier_kernels.done:
         return
     regions = np.zeros(4, np.uint32)
-    stamp_kernel(np.zeros(2, np.int64), 11, regions, np.zeros(4, np.uint8), np.zeros(4, np.uint32), 1)
-    stamp_range_kernel(0, 10, 11, regions, np.zeros(4, np.uint8), 1)
+    stamp_kernel(np.zeros(2, np.int64), 0, 2, 11, regions, np.zeros(4, np.uint32), np.zeros(4, np.uint8),
+                 np.zeros(4, np.uint32), 1, 1)
+    stamp_range_kernel(0, 10, 11, regions, np.zeros(4, np.uint32), np.zeros(4, np.uint8), 1)
     compact_range_kernel(np.zeros((4, 2), np.float32), np.arange(2), 0, 2)
     compact_range_kernel(np.zeros(4, np.uint32), np.arange(2), 0, 2)
     _load_tier_kernels.done = True

@@ -1,9 +1,10 @@
 """Residency bookkeeping of the disk tier (server/tiered_row_store.py), compiled.
 
 Rows are grouped in regions of 2**shift consecutive rows; each region has a
-last-touched stamp (a uint32 clock, one tick per store call), a spilled flag
-(its pages were dropped from the process: they come back by page fault), and
-the clock of its last promotion. A store call stamps the regions of the rows it
+last-touched stamp (a uint32 clock, one tick per piece of a store call), a heat
+(pieces that touched it, halved now and then: how often, where the stamp says
+how lately), a spilled flag (its pages were dropped from the process: they come
+back by page fault), and the clock of its last promotion. A store call stamps the regions of the rows it
 touched here, in one pass: no per-row Python, nothing of the batch's size
 allocated.
 """
@@ -13,41 +14,54 @@ import numba
 import numpy as np
 
 
+HEAT_MAX = np.uint32(0xFFFFFFFF)
+
+
 @numba.njit(cache=True, error_model="numpy")
-def stamp_kernel(rows, shift, stamps, spilled, promoted_at, clock):
-    """Stamp the region of each row (-1: none) with ``clock``. A spilled region touched comes
-    back (a promotion: its flag is cleared). Returns (hits, misses, promotions): a row access
-    is a hit when its region was resident as the call began, a miss when it was spilled."""
+def stamp_kernel(rows, start, end, shift, stamps, heat, spilled, promoted_at, clock, limit):
+    """Stamp the region of each of rows[start:end] (-1: none) with ``clock`` and warm it (heat + 1,
+    once per clock). A spilled region touched comes back (a promotion: its flag is cleared).
+    Stops before the row that would make more than ``limit`` promotions (never before the
+    first row): what the budget has room for. Returns (where it stopped, hits, misses,
+    promotions): a row access is a hit when its region was resident as the piece began."""
     hits = 0
     misses = 0
     promotions = 0
-    for i in range(len(rows)):
+    i = start
+    while i < end:
         r = rows[i]
-        if r < 0:
-            continue
-        g = r >> shift
-        if stamps[g] != clock:
-            stamps[g] = clock
-            if spilled[g]:
-                spilled[g] = 0
-                promoted_at[g] = clock
-                promotions += 1
-        if promoted_at[g] == clock:
-            misses += 1
-        else:
-            hits += 1
-    return hits, misses, promotions
+        if r >= 0:
+            g = r >> shift
+            if stamps[g] != clock:
+                if spilled[g]:
+                    if promotions >= limit and i > start:
+                        break
+                    spilled[g] = 0
+                    promoted_at[g] = clock
+                    promotions += 1
+                stamps[g] = clock
+                if heat[g] < HEAT_MAX:
+                    heat[g] += 1
+            if promoted_at[g] == clock:
+                misses += 1
+            else:
+                hits += 1
+        i += 1
+    return i, hits, misses, promotions
 
 
 @numba.njit(cache=True, error_model="numpy")
-def stamp_range_kernel(first, end, shift, stamps, spilled, clock):
-    """Stamp the regions of rows first..end-1 (new rows: written, so resident); how many of
-    them were flagged spilled (a region whose old rows were spilled gets new ones)."""
+def stamp_range_kernel(first, end, shift, stamps, heat, spilled, clock):
+    """Stamp the regions of rows first..end-1 (new rows: written, so resident; warm enough not to
+    be the first to go before they are read); how many of them were flagged spilled (a
+    region whose old rows were spilled gets new ones)."""
     back = 0
     if end <= first:
         return back
     for g in range(first >> shift, ((end - 1) >> shift) + 1):
         stamps[g] = clock
+        if heat[g] == 0:
+            heat[g] = 1
         if spilled[g]:
             spilled[g] = 0
             back += 1
