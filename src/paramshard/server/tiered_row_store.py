@@ -12,19 +12,24 @@ store). The ids and their index stay in RAM: the index reads ids on every
 lookup and while it grows, so tiering them would fault pages back behind the
 budget's back; they are counted against the budget as a fixed part.
 
-Residency is kept per region: the rows on a fixed number of pages (at least
-64 KiB of values, 2048 rows, page-aligned in every array). Every call that
-touches rows stamps their regions with a clock (kernels/tier_kernels.py) and
-counts hits (region resident) and misses; a spilled region touched is promoted
-(its pages come back by page fault, from the page cache or the file). When the
-resident estimate (the fixed part plus resident regions x region bytes) passes
-the budget, the coldest regions (oldest stamps) are spilled, MADV_DONTNEED on
-each array's range of them, until it is under TARGET of the budget. For a
-MAP_SHARED file mapping that drops the pages from the process, not the data:
-it stays in the page cache (reclaimable once written back) and the file. Large
-calls are done in chunks, enforcing between them, so no call faults in much
-more than the budget's slack. A server budget (``ServerBudget``) watches the
-process's RSS instead and spills the coldest regions across all its tables.
+Residency is kept per region: the rows on whole 64 KiB blocks of the values
+array (the kernel's fault-around window: a read fault maps the 16 pages around
+it, and arena.reserve_file aligns row 0 so a window never reaches into another
+region). Every call that touches rows stamps their regions (kernels/tier_kernels.py)
+with a clock and warms them (heat: pieces of calls that touched them, halved
+every AGE_PIECES), and counts hits (region resident) and misses; a spilled region
+touched is promoted (its pages come back by page fault, from the page cache or
+the file). When the resident estimate (the fixed part plus resident regions x
+region bytes) passes the budget, the coldest regions (least heat, then oldest
+stamp: the Zipf tail's one-off rows go before the rows that keep coming back)
+are spilled, MADV_DONTNEED on each array's range of them, until it is under
+TARGET of the budget. For a MAP_SHARED file mapping that drops the pages from
+the process, not the data: it stays in the page cache (reclaimable once written
+back) and the file. Calls run in pieces: a piece ends where its promotions would
+take more than the budget has room for, new rows come at most ~1% of the budget
+at a time, and the budget is enforced after each piece, so RSS stays within it
+during a call too. A server budget (``ServerBudget``) reads the process's RSS
+after each piece instead and spills the coldest regions across all its tables.
 
 The files are scratch, never the durable copy (checkpoints are): they are
 removed when the store is cleared, closed or collected, and at exit.
@@ -173,6 +178,7 @@ class TieredRowStore(CompiledRowStore):
                  tier_dir: str | os.PathLike | None = None, server_budget: ServerBudget | None = None):
         self.memory_budget, self.server_budget = memory_budget, server_budget
         self.closed = False
+        self._warned = False
         self._own_dir = tier_dir is None
         self.tier_dir = Path(tempfile.mkdtemp(prefix=f"paramshard-tier-{os.getpid()}-")) if tier_dir is None else Path(tier_dir)
         self.tier_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -295,6 +301,12 @@ class TieredRowStore(CompiledRowStore):
         return self.spill(regions)
 
     def _enforce(self) -> None:
+        if self.memory_budget is not None and not self._warned and self.fixed_bytes > self.memory_budget:
+            self._warned = True
+            log.warning("memory budget %s of a table: its ids and their index alone take %s (%.0f bytes a row); "
+                        "every row is spilled and read back from the file tier on each access",
+                        show_bytes(self.memory_budget), show_bytes(self.fixed_bytes),
+                        self.fixed_bytes / max(1, self._rows))
         if self.memory_budget is not None:
             over = self.resident_bytes - TARGET * self.memory_budget
             if self.resident_bytes > self.memory_budget and over > 0:

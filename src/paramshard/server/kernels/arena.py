@@ -9,6 +9,10 @@ stalled the numpy store (a 20M-row table copying 1.6 GB) never happens.
 Where the reservation is refused (a ulimit -v, overcommit_memory=2), the
 largest power-of-two share of it that maps is taken; past that the store
 grows by copying, like the numpy store.
+
+``reserve_file`` is the same reservation over a sparse file, shared: the disk
+tier's (server/tiered_row_store.py), whose pages ``drop`` takes out of the
+process without losing them.
 """
 from __future__ import annotations
 
