@@ -13,7 +13,6 @@ from paramshard.budgets import MIN_BUDGET
 from paramshard.env import ClusterEnv
 from paramshard.observe.prometheus import ServerCollector
 from paramshard.server.sparse_service import SparseService
-from paramshard.settings.process_variables import MEMORY_BUDGET
 from paramshard.torch.trainer import Trainer
 from paramshard.transport.server_stats import ServerStats
 
@@ -41,12 +40,9 @@ def batches(n=14, b=3000):
 
 
 def train(monkeypatch, tmp_path, budget=None, server_budget=None):
-    if server_budget is None:
-        monkeypatch.delenv(MEMORY_BUDGET.env, raising=False)
-    else:
-        monkeypatch.setenv(MEMORY_BUDGET.env, server_budget)
     run_dir = tmp_path / ("run-" + str(budget) + str(server_budget))
-    server = runtime.build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}"), num_trainers=1,
+    server = runtime.build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}",
+                                             memory_budget=server_budget), num_trainers=1,
                                   watch_peers=False, in_process=True)
     monkeypatch.setattr(runtime, "_local_server", server)
     env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
@@ -122,3 +118,41 @@ def test_tier_figures_reach_metrics_and_records():
     assert record["tier"] == {"emb": {"budget": 8 << 20, "resident_bytes": 4096, "hit_rate": 0.75, "spills": 2,
                                       "promotions": 1}}
     assert record["memory_budget"] == 1 << 30 and record["rss_bytes"] == 5 << 20
+
+
+def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and_remove_it(tmp_path):
+    """`paramshard server` processes with PARAMSHARD_MEMORY_BUDGET under `paramshard run --run-dir`:
+    each keeps its tables' files in <run dir>/tier/server-<id>/, reports the tier in `stats`
+    and in its records, and removes the files when it exits."""
+    import dataclasses
+    import json
+    import sys
+
+    from paramshard.launch.local import LocalLauncher
+    from paramshard.launch.ports import free_ports
+    from paramshard.launch.processes import Child, stop_all
+
+    run_dir = tmp_path / "run"
+    base = ClusterEnv(role=None, servers=tuple(f"127.0.0.1:{p}" for p in free_ports(2)), num_trainers=1, mode="sync",
+                      timeout=30.0, records=f"dir:{run_dir}")
+    children = [Child(f"server {i}", [sys.executable, "-m", "paramshard", "server", "--memory-budget", "2GB"],
+                      LocalLauncher._child_environ(dataclasses.replace(base, role="server", server_id=i)))
+                for i in range(2)]
+    try:
+        model = Ctr(MIN_BUDGET)
+        env = dataclasses.replace(base, role="trainer", trainer_id=0)
+        with Trainer(model, ps.optim.Adam(lr=0.01), env=env) as trainer:
+            for dense, ids, y in batches(n=4, b=500):
+                trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+            stats = [ServerStats.from_wire(s) for s in trainer.server_stats()]
+            for i in range(2):
+                assert sorted(p.name for p in (run_dir / "tier" / f"server-{i}" / "emb").iterdir()) == \
+                    ["last_seen.rows", "slot0.rows", "values.rows"]
+    finally:
+        stop_all(children, grace=10)
+    for s in stats:
+        assert s.sparse.memory_budget == 2 * 10**9 and s.sparse.rss_bytes > 0
+        assert s.tables["emb"].tier.budget == MIN_BUDGET and s.tables["emb"].tier.hits > 0
+    assert not (run_dir / "tier").exists()
+    last = json.loads((run_dir / "metrics" / "server-0.jsonl").read_text().splitlines()[-1])
+    assert last["tier"]["emb"]["budget"] == MIN_BUDGET and last["memory_budget"] == 2 * 10**9

@@ -303,3 +303,15 @@ def test_the_numpy_store_refuses_a_budget():
         store_named("numpy")(4, make_rule(SGD(lr=0.1)), False, False, max_rows=16, memory_budget=MIN_BUDGET)
     with pytest.raises(ConfigError, match="compiled"):
         SparseService("sync", Membership(1, 5.0), store=store_named("numpy"), memory_budget=MIN_BUDGET)
+
+
+def test_a_server_budget_travels_from_launch_and_the_environment_to_the_server():
+    from paramshard.cli.main import build_parser
+    from paramshard.env import ClusterEnv
+    from paramshard.launch.api import LaunchConfig
+    env = LaunchConfig(module="m", memory_budget="64MiB").base_env(["127.0.0.1:1"])
+    assert env.memory_budget == 64 << 20 and env.to_environ()["PARAMSHARD_MEMORY_BUDGET"] == str(64 << 20)
+    assert ClusterEnv.from_environ({"PARAMSHARD_MEMORY_BUDGET": "1.5G"}).memory_budget == 3 << 29
+    with pytest.raises(ConfigError, match="PARAMSHARD_MEMORY_BUDGET='lots'"):
+        ClusterEnv.from_environ({"PARAMSHARD_MEMORY_BUDGET": "lots"})
+    assert build_parser().parse_args(["launch", "--memory-budget", "4GB", "train.py"]).memory_budget == 4 * 10**9

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import os
+import dataclasses
 
 from ..budgets import parse_budget
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..log import configure
 from ..runtime import serve
-from ..settings.process_variables import MEMORY_BUDGET
 
 HELP = "run one parameter server, configured by the environment contract (see `paramshard env`)"
 EXAMPLE = ("PARAMSHARD_ROLE=server PARAMSHARD_SERVERS=10.0.0.1:6174,10.0.0.2:6174 PARAMSHARD_SERVER_ID=0 \\\n"
@@ -22,10 +21,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    budget = None
     if getattr(args, "memory_budget", None) is not None:
-        parse_budget(args.memory_budget, "--memory-budget")           # a bad size fails here, named as typed
-        os.environ[MEMORY_BUDGET.env] = args.memory_budget
+        budget = parse_budget(args.memory_budget, "--memory-budget")      # a bad size fails here, named as typed
     env = ClusterEnv.from_environ()
+    if budget is not None:
+        env = dataclasses.replace(env, memory_budget=budget)
     if env.role != "server":
         raise ConfigError("PARAMSHARD_ROLE must be 'server' (with PARAMSHARD_SERVERS and "
                           "PARAMSHARD_SERVER_ID); `paramshard env` lists the variables")

@@ -1,7 +1,6 @@
 """Server side of the sparse-table requests (client side: paramshard.client.sparse)."""
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import numpy as np
@@ -12,7 +11,6 @@ from ..limits import Limits
 from ..mode import Mode
 from ..optim import from_wire
 from ..tables import check_row_format, policy_from_wire
-from ..settings.process_variables import MEMORY_BUDGET
 from ..transport.server_stats import SparseStats, TableStats, TierStats
 from .barrier import Membership
 from .replies import Deferred, Reply
@@ -41,7 +39,7 @@ class SparseService:
         self.server_budget = None
         if memory_budget is not None:
             if not takes_budgets(self.store):
-                raise ConfigError(f"{MEMORY_BUDGET.env}: this server's row store keeps every row in RAM; a "
+                raise ConfigError(f"PARAMSHARD_MEMORY_BUDGET: this server's row store keeps every row in RAM; a "
                                   f"memory budget needs the compiled row store (unset PARAMSHARD_ROW_STORE)")
             from .tiered_row_store import ServerBudget
             self.server_budget = ServerBudget(memory_budget)
@@ -186,8 +184,9 @@ def _tier_stats(table: SparseTable) -> TierStats | None:
 
 
 def attach_sparse(server, env: ClusterEnv) -> SparseService:
-    """The sparse service of a server; PARAMSHARD_MEMORY_BUDGET gives it a server budget."""
-    budget = MEMORY_BUDGET.read(os.environ)
+    """The sparse service of a server; PARAMSHARD_MEMORY_BUDGET (``env.memory_budget``) gives it a
+    server budget."""
+    budget = env.memory_budget
     service = SparseService(server.context.mode, server.context.membership, env.limits,
                             memory_budget=budget, tiers=TierRoot.for_server(env))
     server.add_service(service)

@@ -92,6 +92,18 @@ def _yes_no(text: str) -> bool:
     raise ValueError(text)
 
 
+def _budget(value, what: str):
+    from ..budgets import parse_budget
+    if isinstance(value, str):
+        value = value.strip() or None
+    return parse_budget(value, what)
+
+
+def size(text: str) -> int:
+    """argparse's type for a memory size ("4GB", "512MiB"); its name is argparse's word for a bad one."""
+    return _budget(text, "--memory-budget")
+
+
 def _int_at_least(variable: str, minimum: int, unit: str):
     return lambda v: f"{variable}={v}: must be >= {minimum}{unit}" if v is not None and v < minimum else None
 
@@ -248,6 +260,15 @@ CONTRACT: tuple[Setting, ...] = (
             scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
             flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
                         "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),
+    Setting("PARAMSHARD_MEMORY_BUDGET", "servers: RAM each server process may hold, like `4GB`, `512MiB` or bytes "
+            "(`launch --memory-budget`, `paramshard server --memory-budget`): every sparse table of the server keeps "
+            "its rows in a file tier (under the `paramshard run --run-dir` directory, else the checkpoint directory, "
+            "else a temporary one) and only the most used in RAM; unset: every row in RAM. A table's own budget: SparseEmbedding(memory_budget=)",
+            "memory_budget", None, "int | None", lambda text: _budget(text, "PARAMSHARD_MEMORY_BUDGET"),
+            invalid=" is not a size", scopes=_LAUNCHED, coerce=lambda v: _budget(v, "memory_budget"),
+            flags=(flag("launch", "--memory-budget", "RAM each server may hold, like 4GB or 512MiB: sparse rows live "
+                        "in a file tier (under --checkpoint-dir, else a temporary directory), the most used in RAM "
+                        "(default: every row in RAM)", metavar="SIZE", type=size),)),
     Setting("PARAMSHARD_RECORDS", "`stdout`: trainers print progress records for the launcher's run directory "
             "(set by `paramshard launch`); `dir:PATH`: every rank writes its own into PATH (`paramshard run "
             "--run-dir`)", "records", scopes=_LAUNCHED,

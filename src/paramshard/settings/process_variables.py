@@ -9,11 +9,6 @@ from __future__ import annotations
 
 from .setting import Setting, flag
 
-
-def _budget(text: str):
-    from ..budgets import parse_budget
-    return parse_budget(text.strip(), "PARAMSHARD_MEMORY_BUDGET") if text.strip() else None
-
 SECRET_DIR = Setting(
     "PARAMSHARD_SECRET_DIR", "`paramshard run` under srun or torchrun without PARAMSHARD_SECRET: the directory, "
     "shared by every rank's host and private to this user, where the first rank writes the job's secret for the "
@@ -40,12 +35,6 @@ ROW_STORE = Setting(
     "PARAMSHARD_ROW_STORE", "servers: what holds sparse table rows, `compiled` (numba kernels, the default) or "
     "`numpy` (the reference implementation; same tables bit for bit, slower)", scopes=frozenset(),
     parse=lambda text: text.strip().lower())
-MEMORY_BUDGET = Setting(
-    "PARAMSHARD_MEMORY_BUDGET", "servers: RAM the process may hold, like `4GB`, `512MiB` or bytes (`paramshard "
-    "server --memory-budget`): every sparse table of the server keeps its rows in a file tier under the run "
-    "or checkpoint directory (else a temporary one) and only the most recently used in RAM; unset: every row "
-    "in RAM. A table's own budget: SparseEmbedding(memory_budget=)", scopes=frozenset(),
-    parse=lambda text: _budget(text))
 OMPI_RANK = Setting(
     "OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers (with "
     "OMPI_COMM_WORLD_SIZE)", scopes=frozenset())
@@ -66,4 +55,4 @@ GLOO_IFNAME = Setting(
 
 # In docs/environment.md's order, after the contract.
 PROCESS: tuple[Setting, ...] = (SECRET_DIR, STORE_PORT, K8S_DELETE, K8S_NAMESPACE, K8S_API_URL, LOG_LEVEL, CACHE,
-                                ROW_STORE, MEMORY_BUDGET, OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME)
+                                ROW_STORE, OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME)
