@@ -156,3 +156,41 @@ def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and
     assert not (run_dir / "tier").exists()
     last = json.loads((run_dir / "metrics" / "server-0.jsonl").read_text().splitlines()[-1])
     assert last["tier"]["emb"]["budget"] == MIN_BUDGET and last["memory_budget"] == 2 * 10**9
+
+
+def test_a_checkpoint_of_a_tiered_table_resumes_where_training_in_ram_ends(monkeypatch, tmp_path):
+    """Saved from a table under a budget (its pages read without warming them), restored into
+    one (made a piece at a time): the job ends exactly where one with every row in RAM does."""
+    data, cut = batches(n=8, b=2000), 4
+
+    def run(stop, budget, save_at=None, resume=None):
+        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                                      in_process=True)
+        monkeypatch.setattr(runtime, "_local_server", server)
+        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
+        model = Ctr(budget)
+        try:
+            with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:
+                while trainer.step_count < stop:
+                    dense, ids, y = data[trainer.step_count]
+                    trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), y))
+                    if trainer.step_count == save_at:
+                        trainer.save(tmp_path / "ckpt")
+                table = server.service(SparseService).tables["emb"]
+                page = table.store.page(0, table.num_rows)
+                order = np.argsort(page["ids"])
+                state = {part: arr[order] for part, arr in page.items()}
+                tier = table.tier_stats()
+        finally:
+            server.close()
+            server.service(SparseService).reset()
+        return model.head.weight.detach().clone(), state, tier
+
+    whole_w, whole_state, _ = run(len(data), None)
+    run(cut, MIN_BUDGET, save_at=cut)
+    resumed_w, resumed_state, tier = run(len(data), MIN_BUDGET, resume=tmp_path / "ckpt")
+    torch.testing.assert_close(resumed_w, whole_w, rtol=0, atol=0)
+    assert list(resumed_state) == list(whole_state)
+    for part in whole_state:
+        np.testing.assert_array_equal(resumed_state[part], whole_state[part], err_msg=part)
+    assert tier["spills"] > 0
