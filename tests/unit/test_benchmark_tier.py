@@ -25,7 +25,14 @@ def test_the_stream_is_the_same_in_every_process_and_zipf_shaped():
 def test_quick_and_full_defaults():
     quick, full = T.parse_args(["--quick"]), T.parse_args([])
     assert (quick.budget, quick.logical_ids, quick.batches, quick.dim) == (160 << 20, 10**8, 40, 32)
-    assert (full.budget, full.logical_ids, full.batches, full.rounds, full.dim) == (4 * 10**9, 10**9, 700, 7, 64)
+    assert (full.budget, full.logical_ids, full.batches, full.rounds, full.dim) == (4 * 10**9, 10**9, 600, 6, 64)
     assert T.table_bytes_per_row(64, "adagrad") == pytest.approx(8 + 256 + 256 + 8 / 0.375)
     with pytest.raises(Exception, match="--budget"):
         T.parse_args(["--budget", "lots"])
+
+
+def test_the_table_estimate_is_from_above():
+    args = T.parse_args(["--quick", "--batches", "40", "--batch", "20000"])
+    seen = np.unique(np.concatenate([T.zipf_batch(args.seed, b, args.batch, args.logical_ids, args.exponent)
+                                     for b in range(40)]))
+    assert len(seen) <= T.estimate_rows(args) <= 1.3 * len(seen)

@@ -3,6 +3,7 @@ coldest spilled out of RAM. Oracle: the same calls on an unbounded compiled stor
 same rows, state and handles at every step, however much the tier spills."""
 import gc
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -168,6 +169,14 @@ def test_filling_fifty_budgets_keeps_the_estimate_and_the_rss_within_the_budget(
     worst = 0
     filled = 0
     rng = np.random.default_rng(0)
+    sampled, done = [0], threading.Event()
+
+    def sample():                 # between pieces of a call too (a kernel holds the GIL: not inside one)
+        while not done.wait(0.001):
+            sampled[0] = max(sampled[0], process_rss() - base)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     while filled < 50 * budget:
         start = store.num_rows
         rows = store.lookup_or_create(np.arange(start, start + 1000, dtype=np.uint64) + 1, 0, 1, 0.1)
@@ -178,7 +187,11 @@ def test_filling_fifty_budgets_keeps_the_estimate_and_the_rss_within_the_budget(
         filled = store.num_rows * store.bytes_per_row
         assert store.resident_bytes <= budget
         worst = max(worst, process_rss() - base)
-    assert worst <= budget * 1.02 + (24 << 20), f"RSS grew {worst >> 20} MiB over a {budget >> 20} MiB budget"
+    done.set()
+    sampler.join()
+    # The margin: the test's own arrays (1000 x 2048 floats of gradients: 8 MB) and the allocator's.
+    for grown in (worst, sampled[0]):
+        assert grown <= budget * 1.02 + (8 << 20), f"RSS grew {grown >> 20} MiB over a {budget >> 20} MiB budget"
     stats = store.tier_stats()
     assert stats["spills"] > 0 and stats["promotions"] <= stats["spills"]
 

@@ -58,7 +58,7 @@ log = get_logger("tier")
 
 REGION_VALUE_BYTES = 64 << 10    # a region holds at least this much of the values array, whole pages
 TARGET = 0.95                    # a budget passed is enforced down to this share of it
-MIN_CHUNK, MAX_CHUNK = 1024, 65536   # rows per piece of a large call
+MIN_CHUNK, MAX_CHUNK = 64, 65536     # rows per piece of a large call
 AGE_PIECES = 256                 # every this many pieces stamped, every region's heat is halved
 CLOCK_LIMIT = (1 << 32) - 2      # stamps are uint32: past this the clock starts again
 _PAGE = arena.PAGE
