@@ -1,17 +1,10 @@
 """benchmarks/tier.py's pure parts: the stream, the sizes, the arguments (no processes)."""
-import os
-import sys
-
 import numpy as np
 import pytest
 
-BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-_held = sys.path.count(BENCH)
-sys.path.insert(0, BENCH)
-import tier as T  # noqa: E402
+from .benchmark_scripts import import_script
 
-while sys.path.count(BENCH) > _held:   # this import's entries (the script adds its own), not others'
-    sys.path.remove(BENCH)
+T = import_script("tier")
 
 
 def test_the_stream_is_the_same_in_every_process_and_zipf_shaped():
