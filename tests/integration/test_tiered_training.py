@@ -118,6 +118,9 @@ def test_tier_figures_reach_metrics_and_records():
     assert record["tier"] == {"emb": {"budget": 8 << 20, "resident_bytes": 4096, "hit_rate": 0.75, "spills": 2,
                                       "promotions": 1}}
     assert record["memory_budget"] == 1 << 30 and record["rss_bytes"] == 5 << 20
+    from paramshard.observe.server_table import server_load_table
+    assert "tier 'emb' on server 0: hit rate 0.750, 0.0 of 8.0 MiB in RAM, 2 spills, 1 promotions" in \
+        server_load_table([wire])
 
 
 def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and_remove_it(tmp_path):

@@ -30,6 +30,13 @@ def server_load_table(stats: list, title: str = "server load") -> str:
         notes.append(f"sparse tables {_mib(sparse)} MiB")
     if notes:
         lines.append("; ".join(notes))
+    for s in stats:              # tables with a memory budget: their disk tier
+        for name, t in s.tables.items():
+            if t.tier is not None:
+                budget = f" of {_mib(t.tier.budget)}" if t.tier.budget else ""
+                lines.append(f"tier {name!r} on server {s.server}: hit rate {t.tier.hit_rate:.3f}, "
+                             f"{_mib(t.tier.resident_bytes)}{budget} MiB in RAM, {t.tier.spills:,} spills, "
+                             f"{t.tier.promotions:,} promotions")
     lines.append("addresses: " + ", ".join(f"{s.server}={'?' if s.address is None else s.address}" for s in stats))
     return "\n".join(lines) + "\n"
 
