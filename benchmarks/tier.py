@@ -47,7 +47,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-GiB = 1 << 30
+GiB, MiB = 1 << 30, 1 << 20
 PLAIN, TIERED = "in RAM", "budget"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -256,8 +256,9 @@ def main(argv=None) -> int:
     notes = [
         f"distinct ids seen (table rows): {last[PLAIN]['table_rows']:,}; the unbounded table holds "
         f"{last[PLAIN]['nbytes'] / GiB:.2f} GiB",
-        f"budget {args.budget / GiB:.2f} GiB ({args.budget_kind}): max sampled RSS {sampler.max[TIERED] / GiB:.2f} GiB, "
-        f"{grown / GiB:.2f} GiB over the process's {baseline[TIERED] / GiB:.2f} GiB before the first batch "
+        f"budget {args.budget / MiB:,.0f} MiB ({args.budget_kind}): max sampled RSS {sampler.max[TIERED] / MiB:,.0f} MiB, "
+        f"{grown / MiB:,.0f} MiB ({grown / args.budget:.1%} of the budget) over the process's "
+        f"{baseline[TIERED] / MiB:,.0f} MiB before the first batch "
         f"({sampler.samples} samples every {args.sample_ms:g} ms): budget {'held' if held else 'NOT held'} "
         f"(within budget + 2% + a batch's own arrays, {batch_bytes / (1 << 20):.0f} MiB)",
         f"tier: hit rate {t['hits'] / max(1, accesses):.3f} ({t['hits']:,} of {accesses:,} row accesses), "
