@@ -20,11 +20,12 @@ DIM = 64
 
 
 class Ctr(nn.Module):
-    def __init__(self, budget):
+    def __init__(self, budget, dtype=torch.float32):
         super().__init__()
         torch.manual_seed(1)
         self.emb = ps.SparseEmbedding("emb", DIM, optimizer=ps.optim.Adagrad(lr=0.1), init_scale=0.1,
-                                      eviction=ps.Eviction(unseen_steps=6), memory_budget=budget)
+                                      eviction=ps.Eviction(unseen_steps=6), memory_budget=budget, dtype=dtype,
+                                      stochastic_rounding=dtype != torch.float32)
         self.head = nn.Linear(DIM * 3 + 2, 1)
 
     def forward(self, dense, ids):
@@ -39,14 +40,14 @@ def batches(n=14, b=3000):
              torch.from_numpy((rng.random(b) < 0.4).astype(np.float32))) for _ in range(n)]
 
 
-def train(monkeypatch, tmp_path, budget=None, server_budget=None):
+def train(monkeypatch, tmp_path, budget=None, server_budget=None, dtype=torch.float32):
     run_dir = tmp_path / ("run-" + str(budget) + str(server_budget))
     server = runtime.build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}",
                                              memory_budget=server_budget), num_trainers=1,
                                   watch_peers=False, in_process=True)
     monkeypatch.setattr(runtime, "_local_server", server)
     env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
-    model = Ctr(budget)
+    model = Ctr(budget, dtype)
     try:
         with Trainer(model, ps.optim.Adam(lr=0.01), env=env) as trainer:
             for dense, ids, y in trainer.prefetching(batches()):
@@ -65,11 +66,13 @@ def train(monkeypatch, tmp_path, budget=None, server_budget=None):
     return model.head.weight.detach().clone(), page, wire, tier_files, run_dir
 
 
-@pytest.mark.parametrize("budget,server_budget", [(MIN_BUDGET, None), (None, "64MiB")],
-                         ids=["table budget", "server budget"])
-def test_training_with_a_memory_budget_equals_training_without(monkeypatch, tmp_path, budget, server_budget):
-    plain_w, plain_page, _, plain_files, _ = train(monkeypatch, tmp_path)
-    tier_w, tier_page, wire, tier_files, run_dir = train(monkeypatch, tmp_path, budget, server_budget)
+@pytest.mark.parametrize("budget,server_budget,dtype", [(MIN_BUDGET, None, torch.float32),
+                                                        (None, "64MiB", torch.float32),
+                                                        (MIN_BUDGET, None, torch.bfloat16)],
+                         ids=["table budget", "server budget", "half rows"])
+def test_training_with_a_memory_budget_equals_training_without(monkeypatch, tmp_path, budget, server_budget, dtype):
+    plain_w, plain_page, _, plain_files, _ = train(monkeypatch, tmp_path, dtype=dtype)
+    tier_w, tier_page, wire, tier_files, run_dir = train(monkeypatch, tmp_path, budget, server_budget, dtype)
     torch.testing.assert_close(tier_w, plain_w, rtol=0, atol=0)
     assert list(tier_page) == list(plain_page) and len(plain_page["ids"]) > 20_000
     for part in plain_page:

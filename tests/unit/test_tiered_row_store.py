@@ -43,10 +43,12 @@ def small_regions(monkeypatch):
     monkeypatch.setattr(tiered_row_store, "REGION_VALUE_BYTES", 4096)
 
 
-def pair(optimizer, dim, budget, tmp_path, keep_last_seen=True, count=True, **kwargs):
+def pair(optimizer, dim, budget, tmp_path, keep_last_seen=True, count=True, row_format=("float32", "nearest"),
+         **kwargs):
     rule = make_rule(optimizer)
-    plain = CompiledRowStore(dim, rule, keep_last_seen, count, max_rows=1 << 20, capacity=4)
-    tiered = TieredRowStore(dim, rule, keep_last_seen, count, max_rows=1 << 20, capacity=4,
+    fmt = dict(value_dtype=row_format[0], rounding=row_format[1], seed=5)
+    plain = CompiledRowStore(dim, rule, keep_last_seen, count, max_rows=1 << 20, capacity=4, **fmt)
+    tiered = TieredRowStore(dim, rule, keep_last_seen, count, max_rows=1 << 20, capacity=4, **fmt,
                             memory_budget=budget, tier_dir=tmp_path / "t", **kwargs)
     return plain, tiered
 
@@ -111,10 +113,11 @@ def test_the_range_compaction_moves_rows_down_in_pieces():
 
 
 # -- the oracle ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("row_format", [("float32", "nearest"), ("bfloat16", "stochastic")], ids=lambda f: f[0])
 @pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
-def test_a_tiny_budget_spills_constantly_and_changes_nothing(optimizer, tmp_path, small_regions):
+def test_a_tiny_budget_spills_constantly_and_changes_nothing(optimizer, row_format, tmp_path, small_regions):
     dim = 5
-    plain, tiered = pair(optimizer, dim, budget=1 << 20, tmp_path=tmp_path)
+    plain, tiered = pair(optimizer, dim, budget=1 << 20, tmp_path=tmp_path, row_format=row_format)
     tiered._chunk = 333                                    # large calls in many pieces
     rng = np.random.default_rng(3)
     for version in range(24):
@@ -129,7 +132,7 @@ def test_a_tiny_budget_spills_constantly_and_changes_nothing(optimizer, tmp_path
                 rows = store.lookup_or_create(ids, version, 5, 0.1)
             np.testing.assert_array_equal(store.gather(rows[:50]), store.gather(rows[:50]))
             distinct = np.unique(rows)
-            store.update(distinct, np.cos(distinct[:, None] + np.arange(dim)).astype(np.float32), 0.5)
+            store.update(distinct, np.cos(distinct[:, None] + np.arange(dim)).astype(np.float32), 0.5, version)
             store.touch(distinct[::2], version)
             if version % 5 == 4:
                 store.set_values(distinct[:7], np.full((7, dim), version, np.float32))
@@ -140,7 +143,7 @@ def test_a_tiny_budget_spills_constantly_and_changes_nothing(optimizer, tmp_path
             assert tiered.evict_unseen(version - 4) == plain.evict_unseen(version - 4)
         same(tiered, plain)
     stats = tiered.tier_stats()
-    assert tiered.num_rows > 10 * tiered.region_rows            # many regions, most of them spilled...
+    assert tiered.num_rows > 5 * tiered.region_rows             # many regions, most of them spilled...
     assert stats["spills"] > 100 and 0 < stats["promotions"] <= stats["spills"] and stats["misses"] > 0
     assert np.array_equal(tiered.counters()[0], plain.counters()[0])
 

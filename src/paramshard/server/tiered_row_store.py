@@ -174,7 +174,8 @@ class TieredRowStore(CompiledRowStore):
     takes_budgets = True
 
     def __init__(self, dim, rule, keep_last_seen: bool, count_admissions: bool, max_rows: int,
-                 capacity: int = 1024, _probe: bool = False, *, memory_budget: int | None = None,
+                 capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest", seed: int = 0,
+                 _probe: bool = False, *, memory_budget: int | None = None,
                  tier_dir: str | os.PathLike | None = None, server_budget: ServerBudget | None = None):
         self.memory_budget, self.server_budget = memory_budget, server_budget
         self.closed = False
@@ -185,17 +186,20 @@ class TieredRowStore(CompiledRowStore):
         self._files: list[str] = []
         self._finalizer = weakref.finalize(self, _remove_files, self._files, str(self.tier_dir), self._own_dir)
         self.hits = self.misses = self.promotions = self.spills = 0
-        self._build(dim, rule, keep_last_seen, count_admissions, max_rows, capacity, _probe)
+        self._build(dim, rule, keep_last_seen, count_admissions, max_rows, capacity,
+                    dict(value_dtype=value_dtype, rounding=rounding, seed=seed), _probe)
         CLOCK.stores.add(self)
         if server_budget is not None:
             server_budget.add(self)
         if not _probe:
             _load_tier_kernels()
 
-    def _build(self, dim, rule, keep_last_seen, count_admissions, max_rows, capacity, probe) -> None:
-        """The compiled store's arrays, then each per-row array but the ids moved into a file."""
+    def _build(self, dim, rule, keep_last_seen, count_admissions, max_rows, capacity, row_format: dict,
+               probe: bool) -> None:
+        """The compiled store's arrays, then each per-row array but the ids moved into a file (same
+        shapes and types: float32 or half rows alike)."""
         CompiledRowStore.__init__(self, dim, rule, keep_last_seen, count_admissions, max_rows, capacity,
-                                  _probe=probe)
+                                  **row_format, _probe=probe)
         _remove_files(self._files, None)       # a clear: the old files go (a mapping keeps its own)
         self._files.clear()
         moved = {}
@@ -416,10 +420,10 @@ class TieredRowStore(CompiledRowStore):
         for s, e in self._stamped(rows):
             super().set_values(rows[s:e], values[s:e])
 
-    def update(self, rows, grads, scale):
+    def update(self, rows, grads, scale, version=0):
         rows = np.ascontiguousarray(rows, np.int64)
         for s, e in self._stamped(rows):
-            super().update(rows[s:e], grads[s:e], scale)
+            super().update(rows[s:e], grads[s:e], scale, version)
 
     def touch(self, rows, version):
         if self.last_seen is None:
@@ -501,7 +505,7 @@ class TieredRowStore(CompiledRowStore):
     # -- life -----------------------------------------------------------------------------------------
     def clear(self) -> None:
         self._build(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
-                    self._capacity, True)
+                    self._capacity, dict(value_dtype=self.value_dtype, rounding=self.rounding, seed=self.seed), True)
 
     def close(self) -> None:
         """Remove the files now (the mappings stay valid until the store is dropped)."""
