@@ -29,3 +29,19 @@ def test_a_server_refuses_it_when_it_starts_not_at_the_first_table(monkeypatch):
     monkeypatch.setenv("PARAMSHARD_ROW_STORE", "fast")
     with pytest.raises(ConfigError, match="PARAMSHARD_ROW_STORE"):
         SparseService("async", Membership(1, grace=5.0))
+
+
+def test_the_launcher_passes_its_own_value_on_and_has_a_flag(monkeypatch):
+    """A contract setting: `PARAMSHARD_ROW_STORE=numpy paramshard launch ...` and `launch
+    --row-store numpy` both reach the servers (a process variable would be dropped by the
+    launcher, which passes no PARAMSHARD_* of its own environment but the contract's)."""
+    from paramshard.env import ClusterEnv
+    from paramshard.settings.contract import CONTRACT
+    setting = next(s for s in CONTRACT if s.env == "PARAMSHARD_ROW_STORE")
+    assert setting.inherit and setting.flag_for("launch").name == "--row-store"
+    env = ClusterEnv.from_environ({"PARAMSHARD_ROLE": "server", "PARAMSHARD_SERVERS": "127.0.0.1:1",
+                                   "PARAMSHARD_SERVER_ID": "0", "PARAMSHARD_ROW_STORE": "numpy"})
+    assert env.row_store == "numpy" and env.to_environ()["PARAMSHARD_ROW_STORE"] == "numpy"
+    with pytest.raises(ConfigError, match="PARAMSHARD_ROW_STORE='fast'"):
+        ClusterEnv.from_environ({"PARAMSHARD_ROLE": "server", "PARAMSHARD_SERVERS": "127.0.0.1:1",
+                                 "PARAMSHARD_SERVER_ID": "0", "PARAMSHARD_ROW_STORE": "fast"})

@@ -13,15 +13,17 @@ import os
 from typing import Callable, Mapping
 
 from ..errors import ConfigError
-from ..settings.process_variables import ROW_STORE
+from ..settings.contract import ROW_STORES
 from .row_store import RowStore
+
+VARIABLE = "PARAMSHARD_ROW_STORE"
 
 
 def _numpy(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwargs) -> RowStore:
     if memory_budget is not None or tier_dir is not None or server_budget is not None:
-        raise ConfigError(f"{ROW_STORE.env}=numpy keeps every row in RAM: a memory budget (memory_budget=, "
+        raise ConfigError(f"{VARIABLE}=numpy keeps every row in RAM: a memory budget (memory_budget=, "
                           f"PARAMSHARD_MEMORY_BUDGET) needs the compiled row store, which has the disk tier; "
-                          f"unset {ROW_STORE.env} or set it to 'compiled'")
+                          f"unset {VARIABLE} or set it to 'compiled'")
     from .numpy_row_store import NumpyRowStore
     return NumpyRowStore(*args, **kwargs)
 
@@ -39,11 +41,12 @@ def _compiled(*args, memory_budget=None, tier_dir=None, server_budget=None, **kw
 
 STORES: dict[str, Callable[..., RowStore]] = {"compiled": _compiled, "numpy": _numpy}
 DEFAULT = "compiled"
+assert tuple(STORES) == ROW_STORES
 
 
 def store_named(name: str) -> Callable[..., RowStore]:
     if name not in STORES:
-        raise ConfigError(f"{ROW_STORE.env}={name!r}: the row store is one of {', '.join(STORES)}")
+        raise ConfigError(f"{VARIABLE}={name!r}: the row store is one of {', '.join(STORES)}")
     return STORES[name]
 
 
@@ -53,5 +56,6 @@ def takes_budgets(store: Callable[..., RowStore]) -> bool:
 
 
 def configured_store(environ: Mapping[str, str] = os.environ) -> Callable[..., RowStore]:
-    """The store PARAMSHARD_ROW_STORE names (``compiled`` when unset)."""
-    return store_named(ROW_STORE.read(environ) or DEFAULT)
+    """The store PARAMSHARD_ROW_STORE names (``compiled`` when unset); a server gets it from its
+    ClusterEnv (``env.row_store``, the same variable, passed on by the launcher)."""
+    return store_named((environ.get(VARIABLE) or DEFAULT).strip().lower())

@@ -15,7 +15,7 @@ from ..transport.server_stats import SparseStats, TableStats, TierStats
 from .barrier import Membership
 from .replies import Deferred, Reply
 from .row_store import RowStore
-from .row_stores import configured_store, takes_budgets
+from .row_stores import configured_store, store_named, takes_budgets
 from .sparse_table import SparseTable
 from .tier_dirs import TierRoot
 
@@ -188,6 +188,6 @@ def attach_sparse(server, env: ClusterEnv) -> SparseService:
     server budget."""
     budget = env.memory_budget
     service = SparseService(server.context.mode, server.context.membership, env.limits,
-                            memory_budget=budget, tiers=TierRoot.for_server(env))
+                            store=store_named(env.row_store), memory_budget=budget, tiers=TierRoot.for_server(env))
     server.add_service(service)
     return service

@@ -92,6 +92,9 @@ def _yes_no(text: str) -> bool:
     raise ValueError(text)
 
 
+ROW_STORES = ("compiled", "numpy")     # server/row_stores.py STORES
+
+
 def _budget(value, what: str):
     from ..budgets import parse_budget
     if isinstance(value, str):
@@ -260,6 +263,13 @@ CONTRACT: tuple[Setting, ...] = (
             scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
             flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
                         "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),
+    Setting("PARAMSHARD_ROW_STORE", "servers: what holds sparse table rows, `compiled` (numba kernels, the "
+            "default) or `numpy` (the reference implementation: the same tables bit for bit, slower); the launcher "
+            "passes its own value on", "row_store", "compiled", "str", lambda text: text.strip().lower(),
+            scopes=_LAUNCHED, inherit=True,
+            check=lambda v: f"PARAMSHARD_ROW_STORE={v!r}: expected one of {ROW_STORES}" if v not in ROW_STORES else None,
+            flags=(flag("launch", "--row-store", "what holds the servers' sparse rows: compiled (default) or numpy "
+                        "(the reference; same tables, slower)", choices=ROW_STORES),)),
     Setting("PARAMSHARD_MEMORY_BUDGET", "servers: RAM each server process may hold, like `4GB`, `512MiB` or bytes "
             "(`launch --memory-budget`, `paramshard server --memory-budget`): every sparse table of the server keeps "
             "its rows in a file tier (under the `paramshard run --run-dir` directory, else the checkpoint directory, "

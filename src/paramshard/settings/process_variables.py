@@ -31,10 +31,6 @@ LOG_LEVEL = Setting(
 CACHE = Setting(
     "PARAMSHARD_CACHE", "where downloaded data sets and wheels are kept (`paramshard dataset`; default "
     "~/.cache/paramshard)", scopes=frozenset(), keep_empty=True)
-ROW_STORE = Setting(
-    "PARAMSHARD_ROW_STORE", "servers: what holds sparse table rows, `compiled` (numba kernels, the default) or "
-    "`numpy` (the reference implementation; same tables bit for bit, slower)", scopes=frozenset(),
-    parse=lambda text: text.strip().lower())
 OMPI_RANK = Setting(
     "OMPI_COMM_WORLD_RANK", "under OpenMPI: ranks 0..S-1 are servers, the rest trainers (with "
     "OMPI_COMM_WORLD_SIZE)", scopes=frozenset())
@@ -55,4 +51,4 @@ GLOO_IFNAME = Setting(
 
 # In docs/environment.md's order, after the contract.
 PROCESS: tuple[Setting, ...] = (SECRET_DIR, STORE_PORT, K8S_DELETE, K8S_NAMESPACE, K8S_API_URL, LOG_LEVEL, CACHE,
-                                ROW_STORE, OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME)
+                                OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME)
