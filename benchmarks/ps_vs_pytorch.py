@@ -339,9 +339,11 @@ PHASES_OF = "1s+1w async"
 
 
 def child_environ() -> dict:
-    """No PARAMSHARD_* (standalone must find no cluster); the launcher's malloc settings for everyone."""
+    """No PARAMSHARD_* (standalone must find no cluster) but the row store's (benchmarks/stores_ctr.sh);
+    the launcher's malloc settings for everyone."""
     from paramshard.launch.api import MALLOC_TUNABLES
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))
+           or k == "PARAMSHARD_ROW_STORE"}
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     return env
