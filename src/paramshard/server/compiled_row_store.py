@@ -28,13 +28,14 @@ from .kernels.hash_index import DRAIN_PER_INSERT, HashIndex
 from .kernels.initial_rows import seed_salt
 from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kernel, kept_rows_kernel
 from .kernels.update_kernels import rule_kernel
+from .row_state import RowStateArrays
 from .row_formats import STOCHASTIC, check_row_format, code_of, round_salt, version_key
 
 COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
 _loaded: set[tuple] = set()    # (rule, eviction, admission counting, half rows) whose kernels are loaded here
 
 
-class CompiledRowStore:
+class CompiledRowStore(RowStateArrays):
     def __init__(self, dim: int, rule: Rule, keep_last_seen: bool, count_admissions: bool,
                  max_rows: int, capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest",
                  seed: int = 0, _probe: bool = False):
@@ -81,17 +82,6 @@ class CompiledRowStore:
         _loaded.add(key)
 
     # -- size -------------------------------------------------------------
-    @property
-    def num_rows(self) -> int:
-        return self._rows
-
-    @property
-    def keeps_steps(self) -> bool:
-        return self.steps is not None
-
-    @property
-    def keeps_last_seen(self) -> bool:
-        return self.last_seen is not None
 
     def _per_row_arrays(self) -> list[np.ndarray]:
         return [a for a in (self.keys, self.values, *self.slots, self.steps, self.last_seen) if a is not None]
@@ -131,16 +121,7 @@ class CompiledRowStore:
         return self.index.lookup(self.keys, np.ascontiguousarray(ids, np.uint64))
 
     def _init_state(self, first: int, n: int, version: int, state: Mapping[str, np.ndarray]) -> None:
-        new = slice(first, first + n)
-        for i, (slot, initial) in enumerate(zip(self.slots, self._slot_initials)):
-            given = state.get(f"slot{i}")
-            slot[new] = initial if given is None else given
-        if self.steps is not None:
-            given = state.get("steps")
-            self.steps[new] = 0 if given is None else given.astype(np.uint32)
-        if self.last_seen is not None:
-            given = state.get("last_seen")
-            self.last_seen[new] = version if given is None else given.astype(np.uint32)
+        self._write_state(slice(first, first + n), version, state)
 
     def create(self, ids: np.ndarray, values: np.ndarray, version: int,
                state: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
@@ -270,11 +251,7 @@ class CompiledRowStore:
         rows = slice(start, max(start, end))
         out = {"ids": self.keys[rows].copy(),
                "values": from_bits(self.values[rows], self._fmt) if self._half else self.values[rows].copy()}
-        out.update((f"slot{i}", s[rows].copy()) for i, s in enumerate(self.slots))
-        if self.steps is not None:
-            out["steps"] = self.steps[rows].astype(np.int64)
-        if self.last_seen is not None:
-            out["last_seen"] = self.last_seen[rows].astype(np.int64)
+        out.update(self._state_page(rows))
         return out
 
     def clear(self) -> None:

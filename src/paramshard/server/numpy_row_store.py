@@ -15,6 +15,7 @@ import numpy as np
 from ..update_rules import Rule
 from .id_index import IdIndex
 from .row_formats import check_row_format, from_storage, rounding_words, storage_dtype, to_storage
+from .row_state import RowStateArrays
 from .row_store import lookup_or_create_in_parts
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
@@ -27,7 +28,7 @@ def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
            mode="clip")
 
 
-class NumpyRowStore:
+class NumpyRowStore(RowStateArrays):
     def __init__(self, dim: int, rule: Rule, keep_last_seen: bool, count_admissions: bool,
                  max_rows: int, capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest",
                  seed: int = 0):
@@ -48,17 +49,6 @@ class NumpyRowStore:
         self.count_values = np.zeros(16, np.uint32)
 
     # -- size -------------------------------------------------------------
-    @property
-    def num_rows(self) -> int:
-        return self._rows
-
-    @property
-    def keeps_steps(self) -> bool:
-        return self.steps is not None
-
-    @property
-    def keeps_last_seen(self) -> bool:
-        return self.last_seen is not None
 
     @property
     def nbytes(self) -> int:
@@ -104,15 +94,7 @@ class NumpyRowStore:
         rows = self.index.insert(ids)                  # rows first..first+n-1, in order
         new = slice(first, first + n)
         self.values[new] = to_storage(values, self.value_dtype)
-        for i, (slot, initial) in enumerate(zip(self.slots, self._slot_initials)):
-            given = state.get(f"slot{i}")
-            slot[new] = initial if given is None else given
-        if self.steps is not None:
-            given = state.get("steps")
-            self.steps[new] = 0 if given is None else given.astype(np.uint32)
-        if self.last_seen is not None:
-            given = state.get("last_seen")
-            self.last_seen[new] = version if given is None else given.astype(np.uint32)
+        self._write_state(new, version, state)
         self._rows = first + n
         return rows
 
@@ -212,11 +194,7 @@ class NumpyRowStore:
         rows = slice(start, max(start, end))
         out = {"ids": self.index.ids_by_row()[rows].copy(),
                "values": from_storage(self.values[rows], self.value_dtype) if self._half else self.values[rows].copy()}
-        out.update((f"slot{i}", s[rows].copy()) for i, s in enumerate(self.slots))
-        if self.steps is not None:
-            out["steps"] = self.steps[rows].astype(np.int64)
-        if self.last_seen is not None:
-            out["last_seen"] = self.last_seen[rows].astype(np.int64)
+        out.update(self._state_page(rows))
         return out
 
     def clear(self) -> None:
