@@ -10,7 +10,7 @@ import pytest
 
 from paramshard.budgets import MIN_BUDGET, parse_budget
 from paramshard.errors import ConfigError, ProtocolError
-from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad
+from paramshard.optim import SGD, Adagrad, Adam
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.server.barrier import Membership
 from paramshard.server import tiered_row_store
@@ -25,16 +25,7 @@ from paramshard.tables import Admission, Eviction, policy_to_wire
 from paramshard.transport.protocol import validate_request
 from paramshard.update_rules import make_rule
 
-RULES = [SGD(lr=0.5), Momentum(lr=0.1, momentum=0.9), Adagrad(lr=0.1, lr_decay=0.01), Adam(lr=0.01),
-         FTRL(lr=0.1, l1=0.01), RowWiseAdagrad(lr=0.1, initial_accumulator_value=0.1, weight_decay=0.01)]
-
-
-def same(a, b):
-    assert a.num_rows == b.num_rows
-    pa, pb = a.page(0, a.num_rows + 1), b.page(0, b.num_rows + 1)
-    assert list(pa) == list(pb)
-    for name in pa:
-        np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
+from .test_row_store import RULES, same    # the rules and the page-by-page comparison of the contract tests
 
 
 @pytest.fixture
