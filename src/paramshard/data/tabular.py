@@ -15,10 +15,14 @@ Streaming: one chunk of a file is held at a time, plus the shuffle buffer.
   permuted before it is handed out; the permutation is seeded by (seed, pass,
   shard), so a run is reproducible and each pass differs;
 - ``drop_last``: no short final batch;
+- ``holdout``: only one part of a held-out split (data/holdout.py): the
+  training rows (``part="rest"``) or the validation rows (``part="held"``),
+  chosen per record before the shards are dealt;
 - ``equal_steps``: every shard yields the same number of batches,
   (records // n) // batch_size, counted up front from the files (line counts,
-  Parquet metadata), so sync trainers take the same number of steps; a shard
-  left short by skipped bad lines reads its first rows again to fill up.
+  Parquet metadata; with a holdout, the smallest shard's share of its part),
+  so sync trainers take the same number of steps; a shard left short by
+  skipped bad lines reads its first rows again to fill up.
 Bad lines raise ``DataFormatError`` (``path:line: reason``), or with
 ``skip_bad_lines=True`` are counted in ``bad_lines`` (examples in
 ``bad_line_examples``).
@@ -37,6 +41,7 @@ from .batch import TabularBatch
 from .encode import Encoder
 from .errors import DataFormatError
 from .frames import file_format, iter_frames
+from .holdout import Holdout
 from .schema import Schema
 
 log = get_logger("data")
@@ -48,7 +53,7 @@ class TabularReader:
     def __init__(self, paths, schema: Schema | str | Path, batch_size: int, *, shard: tuple[int, int] | None = None,
                  shuffle: bool = False, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, seed: int = 0,
                  drop_last: bool = False, equal_steps: bool = False, skip_bad_lines: bool = False,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, holdout: Holdout | None = None):
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size}: must be >= 1")
         if shuffle and shuffle_buffer < 1:
@@ -60,13 +65,20 @@ class TabularReader:
         self.shard = _check_shard(shard)
         self.shuffle, self.shuffle_buffer, self.seed = shuffle, shuffle_buffer, seed
         self.drop_last, self.skip_bad_lines, self.chunk_bytes = drop_last, skip_bad_lines, chunk_bytes
+        self.holdout = holdout
         self.steps = None
         if equal_steps:
             index, count = self.shard
-            self.steps = (count_records(self.paths, self.schema) // count) // batch_size
+            total = count_records(self.paths, self.schema)
+            if total == 0:
+                raise ConfigError(f"{', '.join(map(str, self.paths))}: no data rows (an empty file, or a header "
+                                  f"only): nothing to train on")
+            smallest = total // count if holdout is None else int(holdout.per_shard(total, count).min())
+            self.steps = smallest // batch_size
             if self.steps == 0:
-                raise ConfigError(f"equal_steps: {count_records(self.paths, self.schema)} rows over {count} "
-                                  f"trainers make no full batch of {batch_size}: use a smaller --batch-size")
+                what = f"{total} rows" if holdout is None else f"{smallest} rows in the smallest shard of {total}"
+                raise ConfigError(f"equal_steps: {what} over {count} trainers make no full batch of "
+                                  f"{batch_size}: use a smaller --batch-size")
         self.epoch = -1
         self.batches = 0
         self.bad_lines = 0
@@ -144,21 +156,21 @@ class TabularReader:
         if self.schema.format.type == "libsvm":
             yield from self._libsvm_rows()
             return
-        index, count = self.shard
         offset = 0
         for path in self.paths:
             base = 2 if file_format(path, self.schema.format)[0] == "text" and self.schema.format.header else 1
             last = offset
             for frame in iter_frames(path, self.schema.format, self.schema.used_columns, self.chunk_bytes):
                 records = frame.lines - base + offset
-                mine = records % count == index
+                mine = self._mine(records)
                 if len(frame):
                     last = max(last, int(records[-1]) + 1)
                 if frame.bad:
                     last = max(last, frame.bad[-1][0] - base + offset + 1)
                 batch, bad = self.encoder.encode({name: values[mine] for name, values in frame.columns.items()})
                 lines = frame.lines[mine]
-                problems = [(line, reason) for line, reason in frame.bad if (line - base + offset) % count == index]
+                problems = [(line, reason) for line, reason in frame.bad
+                            if self._mine(np.array([line - base + offset]))[0]]
                 problems += [(int(lines[row]), reason) for row, reason in bad]
                 for line, reason in sorted(problems):      # the first bad line of the file is the one raised
                     self._bad(path, line, reason)
@@ -171,19 +183,24 @@ class TabularReader:
         row's features become one bag weighted by their values. Shards by good row."""
         from .libsvm import LibsvmReader
         reader = LibsvmReader(self.paths, LIBSVM_ROWS, skip_bad_lines=self.skip_bad_lines, format="libsvm")
-        index, count = self.shard
         seen = 0
         try:
             for sb in reader:
                 batch = TabularBatch(sb.labels, np.zeros((len(sb), 0), np.float32), sb.ids.view(np.int64), 1,
                                      sb.offsets[:-1].copy(), sb.values)
-                mine = np.flatnonzero((seen + np.arange(len(sb))) % count == index)
+                mine = np.flatnonzero(self._mine(seen + np.arange(len(sb))))
                 seen += len(sb)
                 if len(mine):
                     yield batch if len(mine) == len(sb) else batch.select(mine)
         finally:
             self.bad_lines += reader.bad_lines
             self.bad_line_examples += reader.bad_line_examples[:MAX_EXAMPLES - len(self.bad_line_examples)]
+
+    def _mine(self, records: np.ndarray) -> np.ndarray:
+        """Which of these record numbers this reader reads: its shard's, of its holdout part."""
+        index, count = self.shard
+        mine = records % count == index
+        return mine if self.holdout is None else mine & self.holdout.mask(records)
 
     def _bad(self, path, line: int, reason: str) -> None:
         err = DataFormatError(path, line, reason)
