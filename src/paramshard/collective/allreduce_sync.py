@@ -6,6 +6,12 @@ ones; each applies the update rule the servers would apply (update_rules/rules.p
 the same code: the same maths as sync mode, step for step) to its replica, and the
 replicas stay equal without sending any value. The chief's starting values reach
 the others when DDP is built (a broadcast from trainer 0).
+
+A table every trainer holds whole (models/hashed.py) is trained as a
+SparseEmbedding is on the servers: with its own optimizer (``tables``: name ->
+(config, row width)), on the rows the step touched only (a row no trainer looked
+up this step keeps its value and its state, weight decay included), so a CTR
+model's tables learn with the same settings in every mode.
 """
 from __future__ import annotations
 
@@ -19,10 +25,18 @@ from ..update_rules import make_rule
 
 
 class AllreduceDenseSync:
-    def __init__(self, optimizer: OptimizerConfig, values: Mapping[str, np.ndarray]):
+    def __init__(self, optimizer: OptimizerConfig, values: Mapping[str, np.ndarray],
+                 tables: Mapping[str, tuple[OptimizerConfig, int]] | None = None):
         check_dense(optimizer, "the dense optimizer")
         self.rule = make_rule(optimizer)
-        self.slots = {name: self.rule.init_slots(v.shape) for name, v in values.items()}
+        self.table_rules = {name: (make_rule(config), int(width)) for name, (config, width) in (tables or {}).items()}
+        unknown = set(self.table_rules) - set(values)
+        if unknown:
+            raise ConfigError(f"tables {sorted(unknown)} are not parameters of the model")
+        self.slots = {}
+        for name, v in values.items():
+            rule, width = self.table_rules.get(name, (self.rule, None))
+            self.slots[name] = rule.init_slots(v.shape if width is None else (v.size // width, width))
         self.updates = 0
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
@@ -41,4 +55,21 @@ class AllreduceDenseSync:
             raise ConfigError("AllreduceDenseSync.push_dense needs the parameters (out=) it updates")
         self.updates += 1
         for name, grad in grads.items():
-            self.rule.apply(out[name], grad, self.slots[name], self.updates)
+            if name in self.table_rules:
+                self._apply_rows(name, out[name], grad)
+            else:
+                self.rule.apply(out[name], grad, self.slots[name], self.updates)
+
+    def _apply_rows(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
+        """The table's rule on the rows with a gradient (the ids looked up this step)."""
+        rule, width = self.table_rules[name]
+        grad = grad.reshape(-1, width)
+        rows = np.flatnonzero(np.any(grad != 0, axis=1))
+        if not len(rows):
+            return
+        table = param.reshape(-1, width)
+        values, slots = table[rows], [s[rows] for s in self.slots[name]]
+        rule.apply(values, grad[rows], slots, self.updates)
+        table[rows] = values
+        for whole, part in zip(self.slots[name], slots):
+            whole[rows] = part

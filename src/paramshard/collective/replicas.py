@@ -27,4 +27,17 @@ def join_replicas(env: ClusterEnv, model: torch.nn.Module, params: list[tuple[st
     except BaseException:
         group.leave()
         raise
-    return forward, AllreduceDenseSync(optimizer, {n: p.detach().view(-1).numpy() for n, p in params})
+    return forward, AllreduceDenseSync(optimizer, {n: p.detach().view(-1).numpy() for n, p in params},
+                                       tables=tables_with_own_optimizer(model, {n for n, _ in params}))
+
+
+def tables_with_own_optimizer(model: torch.nn.Module, trained: set[str]) -> dict:
+    """Parameter name -> (optimizer, row width) of the tables that declare their own
+    optimizer (HashedEmbeddingBag(optimizer=...)): AllreduceDenseSync trains their rows with it."""
+    tables = {}
+    for name, module in model.named_modules():
+        config = getattr(module, "row_optimizer", None)
+        weight = f"{name}.weight" if name else "weight"
+        if config is not None and weight in trained:
+            tables[weight] = (config, module.embedding_dim)
+    return tables

@@ -9,6 +9,12 @@ two fields share a row). The table is a dense parameter: every trainer keeps
 a copy and every step allreduces its whole gradient, so memory and traffic
 grow with ``buckets`` while collisions shrink with it (benchmarks/modes.py
 measures the trade against sparse tables on servers).
+
+``optimizer=`` (e.g. ``ps.optim.Adagrad(lr=0.05)``) trains the table's rows with
+their own rule, as a SparseEmbedding's are on the servers, instead of the
+Trainer's dense optimizer: only the rows a step looked up change
+(collective/allreduce_sync.py), so a CTR model learns with the same settings
+in collective mode as with servers.
 """
 from __future__ import annotations
 
@@ -27,15 +33,22 @@ DEFAULT_INIT_SCALE = 0.01      # SparseEmbedding's default: rows start in [-0.01
 class HashedEmbeddingBag(nn.EmbeddingBag):
     """``EmbeddingBag(buckets, dim, mode="sum")`` taking any int64 (uint64 bits) ids."""
 
-    def __init__(self, name: str, buckets: int, dim: int, init_scale: float = DEFAULT_INIT_SCALE):
+    def __init__(self, name: str, buckets: int, dim: int, init_scale: float = DEFAULT_INIT_SCALE,
+                 optimizer=None):
         if buckets < 1 or buckets & (buckets - 1):
             raise ConfigError(f"hashed table {name!r}: buckets={buckets} must be a power of two")
+        if optimizer is not None:
+            from ..optim import OptimizerConfig
+            if not isinstance(optimizer, OptimizerConfig):
+                raise ConfigError(f"hashed table {name!r}: optimizer must be a paramshard.optim config "
+                                  f"(e.g. paramshard.optim.Adagrad(lr=0.05)), got {type(optimizer).__name__}")
         self.salt = np.uint64(zlib.crc32(name.encode()))
         # Rows as SparseEmbedding would start them for ids 0..buckets-1: nothing drawn from
         # torch's generator, so the rest of the model initialises as it does with sparse tables.
         weight = torch.from_numpy(initial_rows(int(self.salt), np.arange(buckets, dtype=np.uint64), dim, init_scale))
         super().__init__(buckets, dim, mode="sum", _weight=weight)
         self.table_name = name
+        self.row_optimizer = optimizer
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         hashed = mix64(ids.detach().contiguous().numpy().view(np.uint64) ^ self.salt)
@@ -48,8 +61,9 @@ class HashedEmbeddingBag(nn.EmbeddingBag):
         return f"{self.table_name!r}, buckets={self.num_embeddings}, dim={self.embedding_dim}"
 
 
-def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE):
-    """An ``embedding=`` factory for the CTR models (paramshard.models): tables of ``buckets`` rows."""
+def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE, optimizer=None):
+    """An ``embedding=`` factory for the CTR models (paramshard.models): tables of ``buckets``
+    rows, trained by ``optimizer`` (None: the Trainer's dense optimizer)."""
     def make(name: str, dim: int) -> nn.Module:
-        return HashedEmbeddingBag(name, buckets, dim, init_scale)
+        return HashedEmbeddingBag(name, buckets, dim, init_scale, optimizer)
     return make
