@@ -50,7 +50,7 @@ def predict(model, batches, forward=None) -> np.ndarray:
 
 
 def evaluate(model, batches, forward=None, labels=None) -> dict:
-    """{"auc", "logloss", "accuracy", "rows"} over every batch; AUC is exact (ties count half)."""
+    """{"auc", "logloss", "accuracy", "rows", "positive_rate"} over every batch; AUC is exact (ties count half)."""
     metrics = BinaryMetrics()
     for batch, probs in _probabilities(model, batches, forward):
         metrics.update(labels(batch) if labels else batch.labels, probs)

@@ -117,7 +117,7 @@ class BinaryMetrics:
     def __init__(self, eps: float = 1e-7):
         self.auc = ExactAUC()
         self.eps = eps
-        self.rows = self.correct = 0
+        self.rows = self.correct = self.positives = 0
         self.loss_sum = 0.0
 
     def update(self, labels, probs) -> None:
@@ -127,9 +127,11 @@ class BinaryMetrics:
         q = np.clip(p, self.eps, 1.0 - self.eps)
         self.loss_sum += float(-np.where(y, np.log(q), np.log1p(-q)).sum())
         self.correct += int(((p >= 0.5) == y).sum())
+        self.positives += int(y.sum())
         self.rows += y.size
 
     def result(self) -> dict:
         rows = self.rows
         return {"auc": self.auc.value(), "logloss": self.loss_sum / rows if rows else float("nan"),
-                "accuracy": self.correct / rows if rows else float("nan"), "rows": rows}
+                "accuracy": self.correct / rows if rows else float("nan"), "rows": rows,
+                "positive_rate": self.positives / rows if rows else float("nan")}

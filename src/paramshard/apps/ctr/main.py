@@ -1,0 +1,257 @@
+"""The CTR app's run: read, train epoch by epoch, validate, keep the best, report.
+
+Every trainer reads its share of --train's training rows (rows t, t+T, ... of
+those not held out), shuffled each epoch, the same number of steps on every
+trainer. After each epoch all trainers meet at a barrier, trainer 0 scores the
+model on the validation rows and on --test (exact AUC, log loss, accuracy) and
+decides (selection.py): keep this epoch's model as the best, decay the learning
+rates, or stop. The decision reaches every trainer through Trainer.broadcast, so
+all of them take the same next step. At the end trainer 0 scores the best
+epoch's model, restored from its snapshot, on --test: those are the run's final
+figures, and --export writes that model.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import paramshard as ps
+from ...data.batch import TabularBatch
+from ...data.fit import fit_schema
+from ...data.holdout import Holdout
+from ...data.schema import Schema
+from ...data.tabular import TabularReader
+from ...evaluation import evaluate
+from ...models import build_model, hashed_embedding
+from ...observe.server_table import StepProgress
+from . import loss_check
+from .selection import Decision
+
+EVAL_BATCH = 8192
+
+
+def load_schema(path, train, skip_bad_lines: bool, log) -> Schema:
+    schema = Schema.load(path)
+    if schema.unfitted():
+        log(f"schema {path} has no statistics for {', '.join(schema.unfitted())}: fitting it on the "
+            f"training files (run `paramshard schema fit` once to skip this)")
+        schema = fit_schema(schema, train, skip_bad_lines=skip_bad_lines)
+    return schema
+
+
+def capacity_hint(schema: Schema) -> int:
+    """Distinct ids the fitted data had: the tables reserve that many rows up front."""
+    total = 0
+    for c in schema.fields:
+        stats = c.stats or {}
+        total += stats.get("distinct", 0) + 2 if c.kind != "numeric" else c.bucketize + 1
+    return total
+
+
+def make_model(args, schema: Schema, has_servers: bool, local: bool = False):
+    """The model the app trains. ``local``: the same network with tables held in this process
+    (to load a snapshot into, without servers)."""
+    rows = ps.optim.Adagrad(lr=args.table_lr, weight_decay=args.embedding_l2)
+    if not has_servers:
+        # Collective mode: hashed tables every trainer holds whole, trained with the same
+        # Adagrad as the servers' tables (collective/allreduce_sync.py).
+        tables = dict(embedding=hashed_embedding(args.buckets, optimizer=rows))
+    elif local:
+        tables = {}
+    else:
+        tables = dict(table_optimizer=rows, capacity=capacity_hint(schema))
+    return build_model(args.model, schema, **args.architecture, **tables)
+
+
+class Run:
+    """One training run of the app, on this trainer."""
+
+    def __init__(self, args, env, say):
+        self.args, self.env, self.say = args, env, say
+        self.chief = env.trainer_id == 0
+        self.history: dict[int, dict] = {}    # by epoch: an epoch run again (rollback) replaces its record
+        self.warnings: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="paramshard-ctr-")) if self.chief else None
+        self.best_file = self.workdir / "best-model.pt" if self.chief else None
+        self.best_epoch: int | None = None
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self.say(f"warning: {text}")
+
+    # -- the data ------------------------------------------------------------
+    def readers(self, schema: Schema):
+        a, env = self.args, self.env
+        holdout = Holdout(a.valid_fraction, a.seed) if a.valid is None and a.valid_fraction > 0 else None
+        train = TabularReader(a.train, schema, a.batch_size, shard=(env.trainer_id, env.num_trainers), shuffle=True,
+                              seed=a.seed, equal_steps=True, skip_bad_lines=a.skip_bad_lines, holdout=holdout)
+        valid = None
+        if self.chief and a.valid is not None:
+            valid = TabularReader(a.valid, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines)
+        elif self.chief and holdout is not None:
+            valid = TabularReader(a.train, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines, holdout=holdout.other())
+        test = TabularReader(a.test, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines) if self.chief else None
+        return train, valid, test
+
+    # -- an epoch --------------------------------------------------------------
+    def train_epoch(self, trainer, model, reader, epoch: int) -> tuple[float, int]:
+        progress = StepProgress(len(reader), f"epoch {epoch}") if self.chief else None
+        losses, rows = [], 0
+        # From where the job is in this epoch (a resume, a rollback): trainer.prefetching puts the
+        # reader back at that batch (torch/loop.py).
+        for b in trainer.prefetching(reader, convert=TabularBatch.torch):
+            loss = F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]),
+                                                      b["labels"])
+            trainer.step(loss)
+            losses.append(loss.item())
+            rows += len(b["labels"])
+            if progress:
+                progress.advance(f"loss {np.mean(losses[-50:]):.4f}")
+        if progress:
+            progress.close()
+        if epoch == 0 and self.chief:
+            trend = loss_check.loss_fell(losses)
+            if trend is not None and not trend[0]:
+                self.warn(f"the training loss did not fall over epoch 0 ({trend[1]:.4f} -> {trend[2]:.4f}): the "
+                          f"model is not learning at these rates (lr {self.args.lr:g}, table lr "
+                          f"{self.args.table_lr:g}); try ten times smaller or larger --lr and --table-lr")
+        return float(np.mean(losses)) if losses else float("nan"), rows
+
+    def after_epoch(self, trainer, model, epoch, train_loss, rows, seconds, valid, test) -> Decision:
+        """Trainer 0: score the epoch's model, decide, keep it if it is the best."""
+        a, trainers = self.args, self.env.num_trainers
+        record = {"epoch": epoch, "train_loss": train_loss, "seconds": round(seconds, 3),
+                  "samples_per_s": round(rows * trainers / seconds, 1)}
+        scores = {}
+        if valid is not None:
+            scores = evaluate(model, valid)
+            record["valid"] = scores
+            if epoch == 0 and not loss_check.beats_the_base_rate(scores["logloss"], scores["positive_rate"]):
+                self.warn(f"validation log loss {scores['logloss']:.4f} after epoch 0 is no better than always "
+                          f"predicting the positive rate ({loss_check.base_rate_logloss(scores['positive_rate']):.4f}): "
+                          f"check the learning rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
+        record.update(evaluate(model, test))
+        self.history[epoch] = record
+        trainer.log(test_auc=record["auc"], test_logloss=record["logloss"],
+                    **({"valid_auc": scores["auc"], "valid_logloss": scores["logloss"]} if scores else {}))
+        line = (f"epoch {epoch}: train loss {train_loss:.4f}  "
+                + (f"valid AUC {scores['auc']:.4f} logloss {scores['logloss']:.4f}  " if scores else "")
+                + f"test AUC {record['auc']:.4f} logloss {record['logloss']:.4f} accuracy {record['accuracy']:.4f}  "
+                  f"{rows * trainers / seconds:,.0f} samples/s")
+        if scores:
+            decision = a.selection.decide([self.history[e]["valid"][a.monitor] for e in sorted(self.history)])
+            best = sorted(self.history)[decision.best_epoch]
+            decision = Decision(best, decision.improved, decision.decay, decision.stop)
+        else:       # nothing to choose with: the last epoch is the model
+            decision = Decision(epoch, True, False, False)
+        if decision.improved:
+            line += "  (best so far)"
+            snapshot(trainer, model, self.best_file)
+            self.best_epoch = epoch
+        self.say(line)
+        if decision.decay:
+            self.say(f"  no better on validation: learning rates x {a.lr_decay:g}")
+        if decision.stop:
+            self.say(f"  no better on validation for {a.patience} epochs: stopping; the best was epoch {decision.best_epoch}")
+        return decision
+
+    def finish(self, args, schema, trainers: int, servers: int) -> dict | None:
+        """Trainer 0, after the last epoch: the best epoch's model, restored from its snapshot,
+        scored on --test (the run's final figures) and exported."""
+        if not self.chief or self.best_epoch is None:
+            return None
+        model = restore(args, schema, self.env.mode.has_servers, self.best_file)
+        final = evaluate(model, TabularReader(args.test, schema, EVAL_BATCH, skip_bad_lines=args.skip_bad_lines))
+        self.say(f"best epoch {self.best_epoch}: test AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}  "
+                 f"accuracy {final['accuracy']:.4f} (its model restored from the snapshot)")
+        if args.export:
+            Path(args.export).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.best_file, args.export)
+            self.say(f"wrote {args.export}: the best epoch's model (`paramshard predict {args.export} DATA`)")
+        return {"model": args.model, "trainers": trainers, "servers": servers, "mode": str(self.env.mode),
+                "settings": {"lr": args.lr, "table_lr": args.table_lr, "batch_size": args.batch_size,
+                             "embedding_l2": args.embedding_l2, **args.architecture},
+                "epochs": [self.history[e] for e in sorted(self.history)], "best_epoch": self.best_epoch,
+                "best": {k: final[k] for k in ("auc", "logloss", "accuracy", "rows")},
+                "final": {k: final[k] for k in ("auc", "logloss", "accuracy", "rows")},
+                "warnings": self.warnings}
+
+    def close(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def snapshot(trainer, model, path: Path) -> None:
+    """The model as it is now, in a model file (serving.py's format): the best epoch's."""
+    from ...serving import snapshot_model
+    snapshot_model(trainer, path)
+
+
+def restore(args, schema: Schema, has_servers: bool, path: Path):
+    """The snapshot in a model of the same architecture, with its tables in this process."""
+    from ...serving import load_model
+    return load_model(make_model(args, schema, has_servers, local=True), path)
+
+
+def train(args, say) -> dict | None:
+    env = ps.init()
+    schema = load_schema(args.schema, args.train, args.skip_bad_lines, say)
+    torch.manual_seed(args.seed)
+    model = make_model(args, schema, env.mode.has_servers)
+    trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
+    run = Run(args, env, say)
+    try:
+        reader, valid, test = run.readers(schema)
+        say(f"{describe_run(args, schema, env, reader)}")
+        trainer.log(total_steps=len(reader) * args.epochs)     # the launcher's progress shows an ETA
+        for epoch in trainer.epochs(args.epochs):      # exact through rollbacks, --resume and restarts
+            trainer.log(epoch=epoch)
+            start = time.perf_counter()
+            train_loss, rows = run.train_epoch(trainer, model, reader, epoch)
+            seconds = time.perf_counter() - start
+            ps.barrier("epoch-end")         # every trainer's pushes of this epoch are in
+            trainer.pull()                  # dense values as the servers hold them (async: others' pushes too)
+            decision = None
+            if run.chief:
+                decision = run.after_epoch(trainer, model, epoch, train_loss, rows, seconds, valid, test).to_json()
+                if reader.bad_lines:
+                    say(f"  skipped {reader.bad_lines} malformed lines, e.g. {reader.bad_line_examples[0]}")
+            # Every trainer takes trainer 0's decision; nobody trains on while it reads the model.
+            decision = Decision.from_json(trainer.broadcast(decision, name="selection"))
+            if decision.stop:
+                break
+            if decision.decay:
+                trainer.scale_learning_rate(args.lr_decay)
+        out = run.finish(args, schema, env.num_trainers, len(env.servers))
+    finally:
+        run.close()
+    trainer.close()
+    return out
+
+
+def describe_run(args, schema, env, reader) -> str:
+    from .options import describe
+    valid = (f"validation on {', '.join(args.valid)}" if args.valid else
+             f"{args.valid_fraction:g} of --train held out for validation" if args.valid_fraction else "no validation")
+    return (f"{describe(args)}\n{schema.num_dense} dense features and {schema.num_fields} id fields; {env.num_trainers} "
+            f"trainer(s), {len(env.servers)} server(s), {env.mode} mode; {len(reader)} steps per trainer per "
+            f"epoch; {valid}; at most {args.epochs} epochs (patience {args.patience}, monitor {args.monitor})")
+
+
+def write_json(path, out: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1, default=_jsonable) + "\n")
+
+
+def _jsonable(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)

@@ -1,0 +1,66 @@
+"""Model selection over epochs, as the CTR benchmark suites (FuxiCTR/BARS) train: after each
+epoch the validation metric says whether the model improved; an epoch without improvement
+decays the learning rates (reduce on plateau), and ``patience`` of them in a row stop training.
+The best epoch is the one whose model the app restores and exports at the end.
+
+A pure function of the validation scores so far, in epoch order: an epoch run again (a
+rollback, a resume) replaces its score and every decision follows again from the list.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ...errors import ConfigError
+
+MONITORS = {"auc": True, "logloss": False, "accuracy": True}     # name -> higher is better
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    best_epoch: int          # index into the scores: the epoch whose model is kept
+    improved: bool           # the last epoch is the best so far
+    decay: bool              # multiply the learning rates by the decay factor now
+    stop: bool               # no more epochs
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data) -> "Decision":
+        try:
+            return cls(int(data["best_epoch"]), bool(data["improved"]), bool(data["decay"]), bool(data["stop"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"a selection decision must have best_epoch, improved, decay and stop: {data!r}") \
+                from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    monitor: str = "auc"
+    patience: int = 2            # epochs without improvement before stopping (0: never stop early)
+    decay: float = 0.1           # learning-rate factor after an epoch without improvement (1: never)
+    min_delta: float = 1e-5      # a smaller gain is no improvement (noise of a finite validation set)
+
+    def __post_init__(self):
+        if self.monitor not in MONITORS:
+            raise ConfigError(f"--monitor {self.monitor!r}: one of {', '.join(MONITORS)}")
+        if self.patience < 0:
+            raise ConfigError(f"--patience {self.patience}: must be >= 0 (0: never stop early)")
+        if not 0 < self.decay <= 1:
+            raise ConfigError(f"--lr-decay {self.decay}: must be in (0, 1] (1: never decay)")
+
+    def decide(self, scores: list[float]) -> Decision:
+        if not scores:
+            raise ConfigError("Selection.decide needs the score of at least one epoch")
+        higher = MONITORS[self.monitor]
+        best, since = 0, 0
+        for epoch in range(1, len(scores)):
+            gain = (scores[epoch] - scores[best]) if higher else (scores[best] - scores[epoch])
+            if gain > self.min_delta or (math.isnan(scores[best]) and not math.isnan(scores[epoch])):
+                best, since = epoch, 0
+            else:
+                since += 1
+        improved = since == 0
+        stop = self.patience > 0 and since >= self.patience
+        return Decision(best, improved, decay=not improved and not stop and self.decay < 1, stop=stop)

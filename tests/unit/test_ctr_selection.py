@@ -1,0 +1,48 @@
+"""The CTR app's model selection: best epoch, decay on a plateau, early stop with patience."""
+import pytest
+
+from paramshard.apps.ctr.selection import Decision, Selection
+from paramshard.errors import ConfigError
+
+
+def test_an_improving_run_keeps_the_last_epoch_and_never_decays():
+    d = Selection("auc", patience=2).decide([0.70, 0.72, 0.75])
+    assert d == Decision(best_epoch=2, improved=True, decay=False, stop=False)
+
+
+def test_a_plateau_decays_once_then_stops_after_patience_epochs():
+    s = Selection("auc", patience=2, decay=0.1)
+    assert s.decide([0.70, 0.75, 0.74]) == Decision(1, improved=False, decay=True, stop=False)
+    assert s.decide([0.70, 0.75, 0.74, 0.749]) == Decision(1, improved=False, decay=False, stop=True)
+    # An improvement resets the count.
+    assert s.decide([0.70, 0.75, 0.74, 0.76]) == Decision(3, improved=True, decay=False, stop=False)
+
+
+def test_log_loss_is_better_when_lower_and_tiny_gains_are_noise():
+    s = Selection("logloss", patience=1, min_delta=1e-3)
+    assert s.decide([0.50, 0.45]).best_epoch == 1
+    assert s.decide([0.50, 0.4995]) == Decision(0, improved=False, decay=False, stop=True)
+
+
+def test_patience_zero_never_stops_and_decay_one_never_decays():
+    d = Selection("auc", patience=0, decay=1.0).decide([0.8, 0.7, 0.6, 0.5])
+    assert d == Decision(0, improved=False, decay=False, stop=False)
+
+
+def test_a_nan_score_is_never_the_best():
+    assert Selection("auc").decide([float("nan"), 0.6]).best_epoch == 1
+    assert Selection("auc").decide([0.6, float("nan")]).best_epoch == 0
+
+
+def test_decisions_cross_the_wire_as_json_and_bad_ones_are_named():
+    d = Decision(3, True, False, True)
+    assert Decision.from_json(d.to_json()) == d
+    with pytest.raises(ConfigError, match="best_epoch"):
+        Decision.from_json({"stop": True})
+
+
+@pytest.mark.parametrize("kw,message", [({"monitor": "f1"}, "--monitor"), ({"patience": -1}, "--patience"),
+                                        ({"decay": 0}, "--lr-decay"), ({"decay": 1.5}, "--lr-decay")])
+def test_bad_settings_are_refused(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        Selection(**kw)
