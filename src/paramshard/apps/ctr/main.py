@@ -117,10 +117,10 @@ class Run:
                 progress.advance(f"loss {np.mean(losses[-50:]):.4f}")
         if progress:
             progress.close()
-        if epoch == 0 and self.chief:
+        if self.chief and not self.history:         # the run's first epoch
             trend = loss_check.loss_fell(losses)
             if trend is not None and not trend[0]:
-                self.warn(f"the training loss did not fall over epoch 0 ({trend[1]:.4f} -> {trend[2]:.4f}): the "
+                self.warn(f"the training loss did not fall over epoch {epoch} ({trend[1]:.4f} -> {trend[2]:.4f}): the "
                           f"model is not learning at these rates (lr {self.args.lr:g}, table lr "
                           f"{self.args.table_lr:g}); try ten times smaller or larger --lr and --table-lr")
         return float(np.mean(losses)) if losses else float("nan"), rows
@@ -134,8 +134,8 @@ class Run:
         if valid is not None:
             scores = evaluate(model, valid)
             record["valid"] = scores
-            if epoch == 0 and not loss_check.beats_the_base_rate(scores["logloss"], scores["positive_rate"]):
-                self.warn(f"validation log loss {scores['logloss']:.4f} after epoch 0 is no better than always "
+            if not self.history and not loss_check.beats_the_base_rate(scores["logloss"], scores["positive_rate"]):
+                self.warn(f"validation log loss {scores['logloss']:.4f} after epoch {epoch} is no better than always "
                           f"predicting the positive rate ({loss_check.base_rate_logloss(scores['positive_rate']):.4f}): "
                           f"check the learning rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
         record.update(evaluate(model, test))
