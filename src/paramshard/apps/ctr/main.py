@@ -225,7 +225,10 @@ def train(args, say) -> dict | None:
                 if reader.bad_lines:
                     say(f"  skipped {reader.bad_lines} malformed lines, e.g. {reader.bad_line_examples[0]}")
             # Every trainer takes trainer 0's decision; nobody trains on while it reads the model.
-            decision = Decision.from_json(trainer.broadcast(decision, name="selection"))
+            decision = trainer.broadcast(decision, name="selection")
+            if decision is None:
+                continue        # rolled back past this point: trainer.epochs replays the epoch
+            decision = Decision.from_json(decision)
             if decision.stop:
                 break
             if decision.decay:
