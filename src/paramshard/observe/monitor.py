@@ -25,6 +25,10 @@ PUSH_OPS = ("push_dense", "push_sparse")
 def server_record(stats: ServerStats, before: ServerStats | None, now: float, then: float | None) -> dict:
     """One server's record (observe/records.py) from its ``stats`` reply, with rates against the
     previous one."""
+    if before is not None and _restarted(stats, before):
+        # A server restarted in place counts from 0 again: its rates are from its new start,
+        # never negative (RunDir adds the totals of its earlier process: observe/counter_carry.py).
+        before = None
     before = before or ServerStats(server=stats.server)       # no previous ask: every figure from 0
     dt = (now - then) if then else None
     pushes = sum(stats.counter(f"op_{op}") for op in PUSH_OPS)
@@ -44,6 +48,12 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
         "live_trainers": len(stats.trainers.live),
         **_tier_record(stats),
     }
+
+
+def _restarted(stats: ServerStats, before: ServerStats) -> bool:
+    """A counter went down since the previous ask: a new process answers for this server."""
+    return (stats.requests < before.requests
+            or any(stats.counter(k) < before.counter(k) for k in ("bytes_in", "bytes_out")))
 
 
 def _tier_record(stats: ServerStats) -> dict:
