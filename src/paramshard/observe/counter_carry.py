@@ -8,9 +8,9 @@ goes down can only mean a new process, so ``CounterCarry`` treats it as a restar
 it adds the totals the server had reached before it to every later record, and counts
 from the new start from there on.
 
-Applied where server records are made (observe/run_dir.py) and again where they are
-read (observe/run_data.py, for run directories each rank wrote itself): records already
-carried never go down, so the second pass changes nothing.
+Applied where the launcher makes server records (observe/run_dir.py) and where records
+are read (observe/run_data.py, for run directories each rank wrote itself). A carried
+record says so with its ``restarts``: a second pass leaves it as it is.
 """
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ def _histogram(value) -> dict[str, int]:
 
 
 def went_down(before: dict, now: dict) -> bool:
-    """Did any cumulative counter of ``now`` go below ``before``'s (a new process)?"""
-    return any(_count(now.get(k)) < _count(before.get(k)) for k in CARRIED)
+    """Did any cumulative counter of ``now``, or its uptime, go below ``before``'s (a new
+    process)? The uptime catches a new process that already served more than the old one
+    had when the previous record was taken."""
+    return any(_count(now.get(k)) < _count(before.get(k)) for k in (*CARRIED, "uptime_s"))
 
 
 class CounterCarry:
@@ -48,6 +50,8 @@ class CounterCarry:
     def carry(self, record: dict) -> tuple[dict, bool]:
         """(a copy of ``record`` with totals over every process of this server, whether its
         counters started again since the previous record)."""
+        if "restarts" in record:
+            return dict(record), False           # carried where it was made: totals already
         restarted = self._last is not None and went_down(self._last, record)
         if restarted:
             self.restarts += 1
@@ -65,8 +69,7 @@ class CounterCarry:
             for k, n in _histogram(record.get("staleness")).items():
                 merged[k] = merged.get(k, 0) + n
             out["staleness"] = merged
-        # A record carried once already says how many restarts it saw; add the ones seen here.
-        out["restarts"] = _count(record.get("restarts")) + self.restarts
+        out["restarts"] = self.restarts
         return out, restarted
 
 
