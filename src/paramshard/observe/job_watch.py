@@ -32,7 +32,7 @@ class JobWatch:
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
         ("job" for all of them), when (the record's time) and why."""
-        self.run.event("restart", f"{rank}: {why}", rank=rank)
+        self.run.event("restart", why, rank=rank)
 
     def started(self, launcher) -> None:
         """The processes are up: write the configuration, start watching the servers."""
