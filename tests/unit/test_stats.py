@@ -3,7 +3,6 @@ plain table every few seconds instead of redrawing a screen (no escape codes in 
 import argparse
 import contextlib
 
-
 from paramshard.cli import stats
 
 
