@@ -254,7 +254,9 @@ def emit(markdown: bool, tables: Sequence[tuple], notes: Sequence[str] = ()) -> 
             print()
         return
     from rich.console import Console
-    console = Console(width=max(Console().width, 120))
+    from paramshard.observe.terminal import is_live_terminal
+    # colours only for a terminal someone watches (not a file, nor a rank under mpirun)
+    console = Console(width=max(Console().width, 120), force_terminal=is_live_terminal(sys.stdout))
     for title, headers, rows, right in tables:
         console.print(rich_table(title, headers, rows, right))
     for note in notes:

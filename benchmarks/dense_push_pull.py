@@ -235,7 +235,9 @@ def report(times: dict, sizes: list[int], cands: list[str], markdown: bool, note
         print(f"_{note}_")
     else:
         from rich.console import Console
-        console = Console(width=max(Console().width, 100))
+        from paramshard.observe.terminal import is_live_terminal
+        # colours only for a terminal someone watches (not a file, nor a rank under mpirun)
+        console = Console(width=max(Console().width, 100), force_terminal=is_live_terminal(sys.stdout))
         console.print(C.rich_table("Dense push+pull vs raw pyzmq vs gloo", headers, rows, right))
         console.print(C.rich_table("Ratios (paramshard GB/s / peer GB/s)", ratio_headers, ratio_rows,
                                    ratio_right))

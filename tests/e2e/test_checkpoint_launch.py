@@ -1,5 +1,6 @@
 """Checkpoints through `paramshard launch`: stop and --resume, and a server killed
 with -9 under --max-restarts, both end bit-identical to an undisturbed run."""
+import json
 import os
 import re
 import signal
@@ -96,8 +97,19 @@ def _kill_mid_run(tmp_path, role, rank, sig=signal.SIGKILL, *flags):
 
 
 def test_a_killed_server_is_restarted_in_place_and_the_trainers_carry_on(tmp_path, whole_16):
-    code, out = _kill_mid_run(tmp_path, "server", 1)
+    run = tmp_path / "run"
+    code, out = _kill_mid_run(tmp_path, "server", 1, signal.SIGKILL, "--run-dir", str(run))
     assert code == 0, out[-6000:]
+    # The run directory: the restart among its events (which server, when, why), and server 1's
+    # counters as job totals across its two processes (no negative rate, no false imbalance).
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    restarts = [r for r in records if r["kind"] == "event" and r["event"] == "restart"]
+    assert [r["rank"] for r in restarts] == ["server 1"], restarts
+    assert "restarting it in place" in restarts[0]["text"] and restarts[0]["t"] > records[0]["t"]
+    mine = [r for r in records if r["kind"] == "server" and r["server"] == 1]
+    assert all(r["requests_per_s"] is None or r["requests_per_s"] >= 0 for r in mine), mine
+    totals = [r["requests"] for r in mine]
+    assert totals == sorted(totals) and mine[-1]["restarts"] == 1, mine
     assert "restarting it in place on 127.0.0.1:" in out, out[-6000:]
     replayed = re.findall(r"trainer (\d): rolled back from step (\d+) to checkpoint step (\d+): (\d+) steps", out)
     assert {t for t, *_ in replayed} == {"0", "1"}, out[-6000:]

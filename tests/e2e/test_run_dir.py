@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.in_process import cli_in_process
@@ -78,6 +79,21 @@ def test_a_2_plus_2_job_writes_its_run_directory_report_and_metrics(tmp_path):
         assert set(mine[-1]["phases"]) == {"pull", "compute", "push"} and mine[-1]["total_steps"] == STEPS
         steps = [x["step"] for x in mine]
         assert steps == sorted(steps)
+        # every value the script logged, with the step it was logged at (not one a record)
+        logged = [(c["step"], c["values"]["my_metric"]) for x in mine for c in x["logged"]
+                  if "my_metric" in c["values"]]
+        assert logged == [(step + 1, step / STEPS) for step in range(STEPS)]
+
+    # TensorBoard: the same records, read back by TensorBoard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert sorted(p.name for p in (run / "tensorboard").iterdir()) == \
+        ["server-0", "server-1", "trainer-0", "trainer-1"]
+    for t in (0, 1):
+        events = EventAccumulator(str(run / "tensorboard" / f"trainer-{t}"), size_guidance={"scalars": 0})
+        events.Reload()
+        assert [(e.step, e.value) for e in events.Scalars("my_metric")] == \
+            [(step + 1, pytest.approx(step / STEPS)) for step in range(STEPS)]
+        assert events.Scalars("trainer/samples_per_s")[-1].step == STEPS
     stats = json.loads((out / "server_stats.json").read_text())
     servers = {x["server"]: x for x in recs if x["kind"] == "server"}      # the last of each
     for s in stats:

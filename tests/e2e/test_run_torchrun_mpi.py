@@ -172,6 +172,13 @@ def test_torchrun_with_a_run_directory_every_rank_writes_its_records(torchrun_2_
     assert last["kind"] == "trainer" and last["trainer"] == 1 and last["step"] > 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_code"] == 0 and summary["totals"]["steps"]["1"] == last["step"]
+    # each rank wrote its TensorBoard files too, read back by TensorBoard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert sorted(p.name for p in (run / "tensorboard").iterdir()) == \
+        ["server-0", "server-1", "trainer-0", "trainer-1"]
+    events = EventAccumulator(str(run / "tensorboard/trainer-1"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert events.Scalars("trainer/samples_per_s")[-1].step == last["step"]
     rep = subprocess.run([sys.executable, "-m", "paramshard", "report", str(run)], capture_output=True, text=True,
                          timeout=120)
     assert rep.returncode == 0, rep.stderr

@@ -84,3 +84,29 @@ def test_every_trainer_done_the_job_succeeds():
     launcher = Launcher(Engine(plan))
     launcher.start_job(_spec())
     assert launcher.wait(poll_interval=0) == 0
+
+
+def test_an_in_place_restart_is_told_to_the_listeners_with_the_rank_and_why():
+    from pathlib import Path
+
+    from paramshard.launch.restart_policy import RestartPolicy
+
+    class Restarting(Engine):
+        """server 1 is killed the first time; its restart and everyone else end well."""
+        started = 0
+
+        def start(self, rank):
+            if rank.name == "server 1":
+                self.started += 1
+                return Rank(rank.name, -signal.SIGKILL if self.started == 1 else 0)
+            return Rank(rank.name, 0)
+
+    launcher = Launcher(Restarting({}), policy=RestartPolicy(max_restarts=1))
+    launcher._latest_checkpoint = lambda: Path("ckpt/step-00000005")
+    told = []
+    launcher.restart_listeners.append(lambda rank, why: told.append((rank, why)))
+    launcher.start_job(_spec())
+    assert launcher.wait(poll_interval=0) == 0
+    assert [rank for rank, _ in told] == ["server 1"]
+    why = told[0][1]
+    assert f"exited with code {-signal.SIGKILL}" in why and "restarting it in place" in why and "step-00000005" in why

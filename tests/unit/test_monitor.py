@@ -79,11 +79,21 @@ def test_a_server_record_has_rates_against_the_previous_reply():
     assert server_record(first, None, 100.0, None) == {
         "kind": "server", "t": 100.0, "server": 0, "rows": 0, "elements": 100, "bytes_in": 100, "bytes_out": 200,
         "requests": 10, "requests_per_s": None, "queue_s": 0.5, "update_s": 0.1, "staleness": {},
-        "live_trainers": 2}
+        "live_trainers": 2, "uptime_s": 1.0}
     record = server_record(second, first, 102.0, 100.0)
     assert record["requests_per_s"] == 10.0                   # 20 requests in 2 s
     assert record["queue_s"] == 0.5 and record["update_s"] == 0.2
     assert record["staleness"] == {"0": 3, "1": 1}            # JSON keys, as the run directory stores them
+
+
+def test_a_restarted_server_has_rates_from_its_new_start_never_negative():
+    from paramshard.observe.monitor import server_record
+    from paramshard.transport.server_stats import ServerStats
+    old = ServerStats.from_wire(dict(_wire(0, 500, 40, 2.0), uptime_s=30.0))
+    new = ServerStats.from_wire(dict(_wire(0, 20, 2, 0.1), uptime_s=0.5))   # restarted in place 0.5 s ago
+    record = server_record(new, old, 102.0, 100.0)
+    assert record["requests_per_s"] == 40.0             # 20 requests since it started, 0.5 s ago
+    assert record["update_s"] == 0.05 and record["uptime_s"] == 0.5
 
 
 class _Links:

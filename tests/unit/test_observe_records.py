@@ -78,3 +78,38 @@ def test_progress_lines_and_plain_output():
     p.update(trainers, servers)                  # within the interval: nothing more
     p.update(trainers, servers, force=True)
     assert out.getvalue().count("progress | trainer 0:") == 2
+
+
+def test_every_logged_value_is_kept_with_the_step_and_epoch_it_was_logged_at():
+    """10 epochs of 3 steps, records about once a second: each record held only the latest
+    metric, so most epoch AUCs were lost and one was filed under the next epoch."""
+    clock, out = Clock(), []
+    rec = TrainerRecords(0, emit=out.append, every=1.0, clock=clock)
+    step = 0
+    for epoch in range(1, 11):
+        rec.log(epoch=epoch)
+        for _ in range(3):
+            step += 1
+            clock.now += 0.2
+            rec.on_step(step, None, 0.0, 0.0)
+        rec.log(test_auc=0.6 + epoch / 100, epoch=epoch)
+    rec.close()
+    assert len(out) < 10                           # fewer records than epochs: sampling alone would lose some
+    calls = [c for r in out for c in r["logged"]]
+    assert [(c["step"], c["epoch"], c["values"]) for c in calls] == \
+        [(3 * e, e, {"test_auc": 0.6 + e / 100}) for e in range(1, 11)]
+    assert all(isinstance(c["t"], float) for c in calls)
+
+
+def test_run_dir_keeps_job_totals_across_a_server_restart_and_records_the_restart(tmp_path):
+    run = RunDir(tmp_path / "run", "job-x")
+    for requests, uptime in ((100, 4.0), (400, 6.0), (50, 1.0)):          # restarted before the third
+        run.server_record({"kind": "server", "server": 1, "requests": requests, "bytes_in": requests,
+                           "bytes_out": requests, "uptime_s": uptime, "staleness": {}})
+    run.event("restart", "server 1: killed; restarting it in place", rank="server 1")
+    run.close()
+    stored = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["requests"] for r in stored if r["kind"] == "server"] == [100, 400, 450]
+    assert run.latest()[1][1]["restarts"] == 1
+    event = stored[-1]
+    assert event["event"] == "restart" and event["rank"] == "server 1" and "t" in event

@@ -168,3 +168,19 @@ def test_help_shows_defaults_and_an_example():
     parser = action.choices["report"]
     text = parser.format_help()
     assert "example:\n  paramshard report runs/" in text and "(default: RUN_DIR/report)" in text
+
+
+def test_a_restart_is_in_the_events_table_and_the_servers_counters_are_job_totals(tmp_path):
+    from paramshard.observe.run_data import load_run
+    run = make_run(tmp_path / "run", steps=6)
+    last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"server": 1' in line][-1]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"t": T0 + 7, "kind": "event", "event": "restart", "rank": "server 1",
+                            "text": "killed; restarting it in place"}) + "\n")
+        # a run directory each rank wrote itself: the new process's counters start from 0
+        f.write(json.dumps(dict(last, t=T0 + 8, requests=7, bytes_in=70, bytes_out=70)) + "\n")
+    servers = load_run(run).servers
+    assert servers[1][-1]["requests"] == last["requests"] + 7 and servers[1][-1]["restarts"] == 1
+    page = write_report(run).read_text()
+    assert "<td>restart</td><td>server 1</td><td>killed; restarting it in place</td>" in page

@@ -27,6 +27,9 @@ class Listener:
     def started(self, launcher):
         self.seen.append(("started", launcher))
 
+    def restarted(self, rank, why):
+        self.seen.append(("restarted", (rank, why)))
+
 
 class _Checkpoint:
     """Only the step the restart's log line names (a real one needs a whole manifest)."""
@@ -57,7 +60,9 @@ def test_a_failed_run_runs_again_from_the_latest_checkpoint_with_what_is_left(tm
     s, code, made = _supervise(tmp_path, [Run(1), Run(0)], max_restarts=2)
     assert code == 0 and made == [(1, str((tmp_path / "step-00000005").resolve()))]
     assert s.launcher is not None and s.policy.used == 1
-    assert [what for what, _ in s.listener.seen] == ["attach", "started"] * 2
+    assert [what for what, _ in s.listener.seen] == ["attach", "started", "restarted", "attach", "started"]
+    rank, why = s.listener.seen[2][1]       # the run directory's event: which, and why
+    assert rank == "job" and "exit code 1" in why and "checkpoint step 5" in why
 
 
 def test_in_place_restarts_of_a_run_use_up_the_budget_of_the_whole_job(tmp_path, monkeypatch):

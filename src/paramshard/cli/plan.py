@@ -226,7 +226,9 @@ def _print_tables(plan: ShardPlan) -> None:
         share = n / total if total else 0.0
         servers.add_row(str(s), str(len(plan.for_server(s))), str(n), f"{n * 4 / 2**20:.3f}", f"{share:.1%}")
 
-    console = Console()
+    from ..observe.terminal import is_live_terminal
+    # Styles only for a terminal someone watches: a rank under mpirun sees a pseudo-terminal.
+    console = Console(force_terminal=is_live_terminal(sys.stdout))
     console.print(blocks)
     console.print(servers)
     console.print(f"load max/mean: {plan.load_ratio():.3f} (1.000 is perfectly even)")

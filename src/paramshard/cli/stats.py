@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from ..errors import ConfigError, ParamshardError
 from ..observe.monitor import server_record
 from ..observe.progress import server_line
 from ..observe.run_dir import read_secret
+from ..observe.terminal import is_live_terminal
 from ..mode import Mode
 
 HELP = "a live table of a running job's servers (from its run directory or their addresses)"
@@ -91,6 +93,15 @@ def run(args) -> int:
         if args.once:
             print("\n".join(_table(links, before)[0]))
             return 0
+        if not is_live_terminal(sys.stdout):
+            # A file, a pipe, a rank's forwarded output: a plain table every few seconds rather
+            # than a screen redrawn in place (escape codes a file would keep).
+            try:
+                while True:
+                    print("\n".join(_table(links, before)[0]) + "\n", flush=True)
+                    time.sleep(args.every)
+            except KeyboardInterrupt:
+                return 0
         from rich.live import Live
         from rich.text import Text
         with Live(refresh_per_second=1) as live:

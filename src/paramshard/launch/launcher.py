@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..log import get_logger
 from .api import JobSpec, RankSpec
@@ -44,6 +45,9 @@ class Launcher:
         self.incidents: list[str] = []           # what each in-place restart was for, for the end of the job
         self._restarted_at: dict[int, float] = {}   # server index -> when it was last restarted in place
         self._spared_seen: set[tuple[int, int]] = set()   # (server, pid) named but not killed, logged once
+        # Told of each in-place restart as (rank name, why): observe/job_watch.py records it
+        # among the run directory's events.
+        self.restart_listeners: list[Callable[[str, str], None]] = []
 
     @property
     def restarts_left(self) -> int:
@@ -152,9 +156,12 @@ class Launcher:
                 what = f"{p.describe_exit()}: it lost a peer server, so no restart is spent on it"
             else:
                 what, causes = p.describe_exit(), causes + [f"{rank.name} ({RankExit.brief(p).reason()})"]
-            log.warning("%s; restarting it in place on %s (restart %d); the trainers roll back to the "
-                        "latest checkpoint (%s)", what, rank.env.servers[i], first if i in verdict.casualties
-                        else self.restarts_used, decision.checkpoint.name)
+            why = (f"{what}; restarting it in place on {rank.env.servers[i]} (restart "
+                   f"{first if i in verdict.casualties else self.restarts_used}); the trainers roll back to "
+                   f"the latest checkpoint ({decision.checkpoint.name})")
+            log.warning("%s", why)
+            for listener in self.restart_listeners:
+                listener(rank.name, why)
             self.servers[i] = self.engine.start(dataclasses.replace(
                 rank, env=dataclasses.replace(rank.env, recovering=True)))
             self._restarted_at[i] = time.monotonic()

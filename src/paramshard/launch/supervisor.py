@@ -28,6 +28,9 @@ class RunListener(Protocol):
     def started(self, launcher: Launcher) -> None:
         """Every rank of the run was started."""
 
+    def restarted(self, rank: str, why: str) -> None:
+        """``rank`` ("server 1"; "job": every rank) is started again, for ``why``."""
+
 
 # (restarts left, checkpoint to resume from) -> the Launcher of the job's next run.
 Relaunch = Callable[[int, str], Launcher]
@@ -59,9 +62,12 @@ class Supervisor:
                 return self.code
             self.policy.spend(decision)
             from ..checkpoint.format import Checkpoint
-            log.warning("restart %d of %d: every server and trainer starts again from checkpoint step %d "
-                        "(%s); the steps after it are trained again", self.policy.used, self.policy.max_restarts,
-                        Checkpoint(decision.checkpoint).step, decision.checkpoint)
+            why = (f"the run failed with exit code {self.code}: restart {self.policy.used} of "
+                   f"{self.policy.max_restarts}: every server and trainer starts again from checkpoint step "
+                   f"{Checkpoint(decision.checkpoint).step} ({decision.checkpoint}); the steps after it are "
+                   "trained again")
+            log.warning("%s", why)
+            self.listener.restarted("job", why)
             self.launcher = self.relaunch(self.policy.left, str(decision.checkpoint.resolve()))
 
     def _run_once(self, launcher: Launcher) -> tuple[int, bool]:

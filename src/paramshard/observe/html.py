@@ -150,9 +150,12 @@ def _events(run: RunData) -> str:
     events = run.events[-MAX_EVENTS:]
     if not events:
         return ""
-    rows = [[f"{e['t'] - run.t0:,.1f}", e.get("event", "?"), e.get("text", "")] for e in events]
+    # "rank": which process a restart was for ("server 1", "job"); the other events are the job's
+    rows = [[f"{e['t'] - run.t0:,.1f}", e.get("event", "?"), e.get("rank", "—"), e.get("text", "")]
+            for e in events]
     shown = f" (last {MAX_EVENTS} of {len(run.events)})" if len(run.events) > MAX_EVENTS else ""
-    return f"<h2>Events{_e(shown)}</h2>\n" + _table(["s since first record", "event", "text"], rows, numeric={0})
+    return f"<h2>Events{_e(shown)}</h2>\n" + _table(["s since first record", "event", "rank", "text"], rows,
+                                                      numeric={0})
 
 
 def _plots(entries: list[PlotEntry]) -> str:

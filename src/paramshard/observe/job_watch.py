@@ -27,6 +27,12 @@ class JobWatch:
         """Before the launcher starts: every process's output goes through the run directory."""
         launcher.engine.tap_for = self.run.tap_for
         launcher.engine.out = self.progress.writer()
+        launcher.restart_listeners.append(self.restarted)
+
+    def restarted(self, rank: str, why: str) -> None:
+        """A restart, in the run directory's events (and so the report's table): which rank
+        ("job" for all of them), when (the record's time) and why."""
+        self.run.event("restart", why, rank=rank)
 
     def started(self, launcher) -> None:
         """The processes are up: write the configuration, start watching the servers."""

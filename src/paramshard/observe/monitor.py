@@ -25,8 +25,15 @@ PUSH_OPS = ("push_dense", "push_sparse")
 def server_record(stats: ServerStats, before: ServerStats | None, now: float, then: float | None) -> dict:
     """One server's record (observe/records.py) from its ``stats`` reply, with rates against the
     previous one."""
+    if before is not None and _restarted(stats, before):
+        # A server restarted in place counts from 0 again: its rates are from its new start,
+        # never negative (RunDir adds the totals of its earlier process: observe/counter_carry.py).
+        before = None
+    restarted = before is None
     before = before or ServerStats(server=stats.server)       # no previous ask: every figure from 0
     dt = (now - then) if then else None
+    if dt and restarted and stats.uptime_s:
+        dt = min(dt, stats.uptime_s)          # a restarted server counted only since it started
     pushes = sum(stats.counter(f"op_{op}") for op in PUSH_OPS)
     old_pushes = sum(before.counter(f"op_{op}") for op in PUSH_OPS)
     update = (sum(stats.phase_seconds.get(op, 0.0) for op in PUSH_OPS)
@@ -42,8 +49,15 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
         "update_s": round(update / (pushes - old_pushes), 6) if pushes > old_pushes else None,
         "staleness": {str(k): n for k, n in stats.staleness.items()},     # JSON keys, as on the wire
         "live_trainers": len(stats.trainers.live),
+        "uptime_s": stats.uptime_s,           # less than before: a new process (observe/counter_carry.py)
         **_tier_record(stats),
     }
+
+
+def _restarted(stats: ServerStats, before: ServerStats) -> bool:
+    """A counter went down since the previous ask: a new process answers for this server."""
+    return (stats.uptime_s < before.uptime_s or stats.requests < before.requests
+            or any(stats.counter(k) < before.counter(k) for k in ("bytes_in", "bytes_out")))
 
 
 def _tier_record(stats: ServerStats) -> dict:

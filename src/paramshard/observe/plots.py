@@ -59,33 +59,41 @@ def _legend(ax, count: int) -> None:
         ax.legend(fontsize="small")
 
 
+def _markers(count: int) -> dict:
+    """A line of a few points shows its points: one point alone draws no line at all."""
+    return {"marker": "o" if count == 1 else "."} if count < 30 else {}
+
+
 def plot_loss(trainers: dict[int, list[dict]], path: Path) -> str | None:
-    """Loss per trainer over steps, plus a panel for each of the first user metrics."""
+    """Loss per trainer over steps, plus a panel for each of the first user metrics: every
+    value logged, at the step it was logged (run_data.logged_series)."""
+    from .run_data import logged_series
+
+    logged = {trainer: logged_series(records) for trainer, records in trainers.items()}
     seen: dict[str, None] = {}   # an ordered set: the panels come in the order metrics first appear
-    for records in trainers.values():
-        for r in records:
-            metrics = r.get("metrics")
-            if isinstance(metrics, dict):
-                for k, v in metrics.items():
-                    if k not in seen and _number(v) is not None:
-                        seen[k] = None
+    for series in logged.values():
+        for name, points in series.items():
+            # the loss has its own panel, from the records (every step's, averaged)
+            if name != "loss" and name not in seen and any(_number(v) is not None for _, _, v in points):
+                seen[name] = None
     metric_names = list(seen)
     has_loss = any(_number(r.get("loss")) is not None for records in trainers.values() for r in records)
-    # (title, how to read its value from a record)
-    panels = [("loss", lambda r: r.get("loss"))] if has_loss else []
-    panels += [(name, lambda r, name=name: _metric(r, name)) for name in metric_names[:MAX_METRIC_PANELS]]
+    # (title, trainer -> its [(step, value)])
+    panels = [("loss", lambda t: [(r.get("step"), r.get("loss")) for r in trainers[t]])] if has_loss else []
+    panels += [(name, lambda t, name=name: [(s, v) for s, _, v in logged[t].get(name, ())])
+               for name in metric_names[:MAX_METRIC_PANELS]]
     if not panels:
         return ("no loss or metrics were logged (pass the loss to trainer.step(loss), "
                 "or log them with trainer.log(loss=..., name=value))")
     cols = min(len(panels), 3)
     rows = math.ceil(len(panels) / cols)
     fig, axes = _figure(rows, cols, 4.5 * cols, 3.2 * rows)
-    for ax, (name, value) in zip(axes, panels):
-        for trainer, records in trainers.items():
-            points = [(_number(r.get("step")), _number(value(r))) for r in records]
+    for ax, (name, values) in zip(axes, panels):
+        for trainer in trainers:
+            points = [(_number(s), _number(v)) for s, v in values(trainer)]
             points = [(s, v) for s, v in points if s is not None and v is not None]
             if points:
-                ax.plot(*zip(*points), label=f"trainer {trainer}", linewidth=1)
+                ax.plot(*zip(*points), label=f"trainer {trainer}", linewidth=1, **_markers(len(points)))
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -125,7 +133,8 @@ def plot_throughput(trainers: dict[int, list[dict]], t0: float, path: Path) -> s
         return "no trainer reported samples/s"
     fig, (ax,) = _figure(1, 1, 9, 4)
     for trainer, (times, rates) in series.items():
-        ax.plot([t - t0 for t in times], rates, label=f"trainer {trainer}", linewidth=1, drawstyle="steps-pre")
+        ax.plot([t - t0 for t in times], rates, label=f"trainer {trainer}", linewidth=1, drawstyle="steps-pre",
+                **_markers(len(times)))
     if len(series) > 1:
         grid = np.unique(np.concatenate([times for times, _ in series.values()]))
         ax.plot(grid - t0, _total_rate(list(series.values()), grid), label="total",
@@ -252,14 +261,16 @@ def plot_requests(servers: dict[int, list[dict]], t0: float, path: Path) -> str 
     series = {}
     for server, records in servers.items():
         points = [(r["t"] - t0, _number(r.get("requests_per_s"))) for r in records]
-        points = [(t, v) for t, v in points if v is not None]
+        # A negative rate is a counter that started again (a run directory from before restarts
+        # were handled: observe/counter_carry.py): unknown, not a drop below zero.
+        points = [(t, v) for t, v in points if v is not None and v >= 0]
         if points:
             series[server] = points
     if not series:
         return "no server reported requests/s"
     fig, (ax,) = _figure(1, 1, 9, 4)
     for server, points in series.items():
-        ax.plot(*zip(*points), label=f"server {server}", linewidth=1, marker="." if len(points) < 30 else None)
+        ax.plot(*zip(*points), label=f"server {server}", linewidth=1, **_markers(len(points)))
     ax.set_xlabel("seconds since the first record")
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)

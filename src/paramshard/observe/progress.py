@@ -3,7 +3,7 @@ samples/s, loss) and per server (requests/s, rows, share of the dense load),
 overall throughput and, when the trainers said how many steps they take, ETA.
 
 On a terminal it is a rich live table below the processes' output; anywhere
-else (a pipe, CI logs) plain lines every ``PLAIN_EVERY`` seconds, prefixed
+else (a pipe, a file, CI logs, a rank under mpirun: observe/terminal.py) plain lines every ``PLAIN_EVERY`` seconds, prefixed
 ``progress |`` like the processes' own lines.
 """
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+
+from .terminal import is_live_terminal
 
 PLAIN_EVERY = 10.0
 
@@ -61,7 +63,8 @@ class Progress:
 
     def __init__(self, out=None, tty: bool | None = None, every: float = PLAIN_EVERY):
         self.out = out or sys.stdout
-        self.tty = self.out.isatty() if tty is None else tty
+        # A rank under mpirun is "on a terminal" by isatty() even when mpirun writes to a file.
+        self.tty = is_live_terminal(self.out) if tty is None else tty
         self.every = every
         self._last = 0.0
         self._lock = threading.Lock()

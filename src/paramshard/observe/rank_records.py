@@ -25,7 +25,9 @@ from pathlib import Path
 
 from ..transport.server_stats import ServerStats
 from .monitor import server_record
+from .counter_carry import carry_series
 from .records import SERVER_EVERY, RecordWriter, write_json
+from .tensorboard_writer import TENSORBOARD_DIR, TensorBoardWriter
 
 PREFIX = "dir:"
 
@@ -42,16 +44,28 @@ def write_rank(run_dir: Path, name: str, env) -> None:
                {"name": name, "host": socket.gethostname(), "pid": os.getpid(), "environ": environ})
 
 
-def trainer_writer(run_dir: Path, trainer_id: int):
-    """An ``emit`` for TrainerRecords: append to metrics/trainer-N.jsonl."""
-    writer = RecordWriter(run_dir / "metrics" / f"trainer-{trainer_id}.jsonl")
-    return writer.write
+class TrainerSink:
+    """An ``emit`` for TrainerRecords: append to metrics/trainer-N.jsonl and the same record to
+    tensorboard/trainer-N/ (observe/tensorboard_writer.py)."""
+
+    def __init__(self, run_dir: Path, trainer_id: int):
+        self.records = RecordWriter(run_dir / "metrics" / f"trainer-{trainer_id}.jsonl")
+        self.tensorboard = TensorBoardWriter(run_dir / TENSORBOARD_DIR)
+
+    def __call__(self, record: dict) -> None:
+        self.records.write(record)
+        self.tensorboard.write(record)
+
+    def close(self) -> None:
+        self.records.close()
+        self.tensorboard.close()
 
 
 class ServerRecorder:
     def __init__(self, run_dir: Path, server, every: float = SERVER_EVERY):
         self.run_dir, self.server, self.every = run_dir, server, every
         self.writer = RecordWriter(run_dir / "metrics" / f"server-{server.server_id}.jsonl")
+        self.tensorboard = TensorBoardWriter(run_dir / TENSORBOARD_DIR)
         self.started = time.time()
         self._before: tuple[ServerStats | None, float | None] = (None, None)
         self._last: dict | None = None
@@ -72,6 +86,7 @@ class ServerRecorder:
         now = time.time()
         self._last = server_record(stats, self._before[0], now, self._before[1])
         self.writer.write(self._last)
+        self.tensorboard.write(self._last)
         self._before = (stats, now)
 
     def close(self, exit_code: int) -> None:
@@ -80,20 +95,23 @@ class ServerRecorder:
         self._thread.join(timeout=5)
         self.record(self.server.snapshot_stats())
         self.writer.close()
+        self.tensorboard.close()
         if self.server.server_id == 0:
             self._summary(exit_code)
 
     def _summary(self, exit_code: int) -> None:
-        last: dict[tuple, dict] = {}
+        series: dict[tuple, list[dict]] = {}
         for path in sorted((self.run_dir / "metrics").glob("*.jsonl")):
             for line in path.read_text().splitlines():
                 try:
                     r = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                last[(r.get("kind"), r.get("trainer", r.get("server")))] = r
-        trainers = {k[1]: r for k, r in last.items() if k[0] == "trainer"}
-        servers = {k[1]: r for k, r in last.items() if k[0] == "server"}
+                if isinstance(r, dict):
+                    series.setdefault((r.get("kind"), r.get("trainer", r.get("server"))), []).append(r)
+        trainers = {k[1]: rs[-1] for k, rs in series.items() if k[0] == "trainer"}
+        # A server restarted under the engine appended to its file with counters from 0 again.
+        servers = {k[1]: carry_series(rs)[-1] for k, rs in series.items() if k[0] == "server"}
         ended = time.time()
         write_json(self.run_dir / "summary.json", {
             "job_id": None, "started": self.started, "ended": ended, "duration_s": round(ended - self.started, 3),

@@ -21,19 +21,25 @@ Records (every one has ``t``, unix seconds, and ``kind``):
 
 - ``{"kind": "trainer", "trainer": 0, "step": 120, "samples": 30720,
   "samples_per_s": 1234.5, "loss": 0.45 | None, "epoch": 1 | None,
-  "metrics": {user's own, from trainer.log(...)},
+  "metrics": {user's own, from trainer.log(...): the latest value of each},
+  "logged": [{"t": s, "step": n, "epoch": e | None, "values": {name: x}}, ...] (every
+  trainer.log call since the previous record, with the step and epoch it was made at),
   "phases": {"pull": s, "compute": s, "push": s} (mean seconds per step since the
   trainer's previous record), "staleness_max": k | None}``: a trainer's progress,
   about once a second and at its last step;
 - ``{"kind": "server", "server": 0, "rows": n, "elements": n, "bytes_in": n,
-  "bytes_out": n, "requests": n (all cumulative), "requests_per_s": x,
+  "bytes_out": n, "requests": n (cumulative over the job: a server restarted in place
+  starts its own counters again from 0, and its records add what it counted before;
+  observe/counter_carry.py), "restarts": n (times its counters were seen to start
+  again), "uptime_s": the process's seconds up, "requests_per_s": x,
   "queue_s": mean seconds a request waited before its handler ran (since the
   previous record), "update_s": handler seconds per push since the previous record,
   "staleness": {"0": n, "1": n, ...} (cumulative histogram of async push staleness),
   and with memory budgets "tier": {table: {"budget": bytes, "resident_bytes": n,
   "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
-- ``{"kind": "event", "event": "start" | "end" | "failure", "text": ...}``.
+- ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
+  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job).
 
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing

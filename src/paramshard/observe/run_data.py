@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from .counter_carry import carry_series
 from .records import read_records
 
 
@@ -30,6 +31,29 @@ class RunData:
             if isinstance(source, dict) and source.get("job_id"):
                 return str(source["job_id"])
         return None
+
+
+def logged_series(records: list[dict]) -> dict[str, list[tuple[int, object, float]]]:
+    """Every value one trainer logged, by name: [(step, epoch, value)] in the order logged.
+
+    From each record's ``logged`` calls; a record from before they were kept (no ``logged``)
+    gives its latest ``metrics`` at its own step, which is all it has."""
+    out: dict[str, list[tuple[int, object, float]]] = {}
+    for r in records:
+        calls = r.get("logged")
+        if not isinstance(calls, list):
+            metrics = r.get("metrics")
+            calls = [{"step": r.get("step"), "epoch": r.get("epoch"), "values": metrics}] \
+                if isinstance(metrics, dict) else []
+        for call in calls:
+            values = call.get("values") if isinstance(call, dict) else None
+            step = call.get("step") if isinstance(call, dict) else None
+            if not isinstance(values, dict) or isinstance(step, bool) or not isinstance(step, (int, float)):
+                continue
+            for name, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out.setdefault(str(name), []).append((step, call.get("epoch"), float(value)))
+    return out
 
 
 def _id(record: dict, key: str) -> int | None:
@@ -90,7 +114,9 @@ def load_run(run_dir: str | Path) -> RunData:
     for group in (*run.trainers.values(), *run.servers.values()):
         group.sort(key=lambda r: r["t"])   # the file is in time order; a stable sort keeps it so if not
     run.trainers = dict(sorted(run.trainers.items()))
-    run.servers = dict(sorted(run.servers.items()))
+    # Counters of a server restarted under `paramshard run` start again from 0 in its file
+    # (the launcher's records are carried already: a second pass changes nothing).
+    run.servers = {s: carry_series(records) for s, records in sorted(run.servers.items())}
     run.summary = _read_json(run_dir / "summary.json", run.problems)
     run.plan = _read_json(run_dir / "plan.json", run.problems)
     run.config = _read_json(run_dir / "config.json", run.problems)

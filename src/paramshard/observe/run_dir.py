@@ -16,7 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+from .counter_carry import CounterCarry
 from .records import MARK, RecordWriter, write_json
+from .tensorboard_writer import TENSORBOARD_DIR, TensorBoardWriter
 
 REDACTED = "<redacted>"
 SECRET_FILE = "secret"      # the generated secret of a `paramshard launch` job (0600)
@@ -49,6 +51,8 @@ class RunDir:
         self.job_id = job_id
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
         self.records = RecordWriter(self.path / "metrics.jsonl")
+        self.tensorboard = TensorBoardWriter(self.path / TENSORBOARD_DIR)    # the same records, for TensorBoard
+        self._carries: dict[int, CounterCarry] = {}     # server -> its counters across restarts
         self.started = time.time()
         self.trainers: dict[int, dict] = {}     # latest record of each trainer
         self.servers: dict[int, dict] = {}      # latest record of each server
@@ -91,14 +95,19 @@ class RunDir:
         with self._lock:
             self.trainers[int(record.get("trainer", -1))] = record
         self.records.write(record)
+        self.tensorboard.write(record)
 
     def server_record(self, record: dict) -> None:
+        """A server's record, its counters made job totals: a server restarted in place counts
+        from 0 again, and what its earlier process counted is added (observe/counter_carry.py)."""
         with self._lock:
+            record, _ = self._carries.setdefault(record["server"], CounterCarry()).carry(record)
             self.servers[record["server"]] = record
         self.records.write(record)
+        self.tensorboard.write(record)
 
-    def event(self, event: str, text: str = "") -> None:
-        self.records.write({"kind": "event", "event": event, "text": text})
+    def event(self, event: str, text: str = "", **fields) -> None:
+        self.records.write({"kind": "event", "event": event, "text": text, **fields})
 
     def latest(self) -> tuple[dict, dict]:
         with self._lock:
@@ -162,6 +171,7 @@ class RunDir:
 
     def close(self) -> None:
         self.records.close()
+        self.tensorboard.close()
         for log in self._logs:
             try:
                 log.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..transport.server_stats import ServerStats
+from .terminal import is_live_terminal
 
 
 def _mib(n: float) -> str:
@@ -42,18 +43,21 @@ def server_load_table(stats: list, title: str = "server load") -> str:
 
 
 class StepProgress:
-    """Progress of a long loop: a live bar on a terminal; on a pipe (the
-    launcher, a log file) a plain line every tenth of the way instead."""
+    """Progress of a long loop: a live bar on a terminal; anywhere else (the launcher,
+    a log file, a rank under mpirun or srun) a plain line every tenth of the way instead."""
 
-    def __init__(self, total: int, title: str, stream=None):
+    def __init__(self, total: int, title: str, stream=None, live: bool | None = None):
         import sys
         self.total, self.title, self.done = max(total, 1), title, 0
         self.stream = stream or sys.stdout
         self._bar = None
-        if self.stream.isatty():
+        # ``live``: a bar (a terminal someone watches: observe/terminal.py), else plain lines.
+        if is_live_terminal(self.stream) if live is None else live:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False,
+                                 console=Console(file=self.stream))
             self._task = self._bar.add_task(title, total=self.total, info="")
             self._bar.start()
 

@@ -2,7 +2,10 @@
 where a step's time goes (pull / compute / push), about once a second.
 
 The Trainer's listener (trainer_watch.TrainerWatch.after_step) calls ``on_step`` after each step; users add values with
-``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``. Under
+``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``. A record holds the
+latest value of each metric (``metrics``) and, in ``logged``, every ``trainer.log`` call
+since the previous record with the step and epoch it was made at: a value logged once an
+epoch is never lost between two records, nor filed under the next epoch. Under
 ``paramshard launch`` (PARAMSHARD_RECORDS=stdout) each record is one stdout
 line behind ``records.MARK``, which the launcher takes out of the output and
 writes to the run directory; with no launcher nothing is printed.
@@ -22,6 +25,13 @@ from .batch_size import watch_batch_size
 from .records import MARK, TRAINER_EVERY
 
 RESERVED = ("loss", "epoch", "total_steps", "samples")
+# What trainer.log() takes that is about the run, not a value to plot: not kept in ``logged``.
+NOT_VALUES = ("epoch", "total_steps", "samples")
+
+
+def logged_values(values: dict) -> dict[str, float]:
+    """The plottable values of one trainer.log call (None and the run's own fields left out)."""
+    return {k: float(v) for k, v in values.items() if k not in NOT_VALUES and v is not None}
 
 
 class TrainerRecords:
@@ -38,6 +48,7 @@ class TrainerRecords:
         self._last_step = self._last_samples = 0
         self._waits = self._last_waits = (0.0, 0.0)     # cumulative (rows, push replies) waits
         self._logged = False                            # trainer.log() since the last record
+        self._log_calls: list[dict] = []                # each trainer.log() call since the last record
         self._rates = (0.0, 0.0)                        # (samples/s, steps/s) of the last record
         self.step = 0
         self.staleness_max: int | None = None
@@ -61,6 +72,10 @@ class TrainerRecords:
         for key, value in values.items():
             if key not in RESERVED:
                 self.metrics[key] = float(value)
+        kept = logged_values(values)
+        if kept:
+            # The step is the count of steps done when it was logged: the x of its point.
+            self._log_calls.append({"t": time.time(), "step": self.step, "epoch": self.epoch, "values": kept})
 
     def on_step(self, step: int, loss: torch.Tensor | None, pull_wait_s: float, push_wait_s: float,
                 staleness: int | None = None) -> None:
@@ -98,10 +113,11 @@ class TrainerRecords:
             "phases": {"pull": round(pull, 6), "compute": round(max(dt / per - pull - push, 0.0), 6) if steps else 0.0,
                        "push": round(push, 6)},
             "staleness_max": self.staleness_max,
+            "logged": self._log_calls,
         }
         self.emit(record)
         self._rates = (record["samples_per_s"], record["steps_per_s"])
-        self._losses, self.staleness_max, self._logged = [], None, False
+        self._losses, self.staleness_max, self._logged, self._log_calls = [], None, False, []
         self._last_t, self._last_step, self._last_samples = now, self.step, self.samples
         self._last_waits = self._waits
 

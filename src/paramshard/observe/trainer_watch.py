@@ -4,15 +4,17 @@ Trainer holds one of these and calls it; it holds the details."""
 from __future__ import annotations
 
 from .prometheus import trainer_metrics
-from .rank_records import run_dir_of, trainer_writer
+from .rank_records import TrainerSink, run_dir_of
 from .trainer_records import RESERVED, TrainerRecords
 
 
 class TrainerWatch:
     def __init__(self, env, model):
         run_dir = run_dir_of(env)
-        emit = trainer_writer(run_dir, env.trainer_id) if run_dir is not None else None
-        self.records = TrainerRecords(env.trainer_id, emit=emit) if env.records else None
+        # `paramshard run --run-dir`: this trainer writes its own records and TensorBoard files;
+        # under `paramshard launch` they go on stdout and the launcher writes both.
+        self.sink = TrainerSink(run_dir, env.trainer_id) if run_dir is not None else None
+        self.records = TrainerRecords(env.trainer_id, emit=self.sink) if env.records else None
         if self.records is not None:
             self.records.watch(model)
         try:
@@ -39,5 +41,8 @@ class TrainerWatch:
     def close(self) -> None:
         if self.records is not None:
             self.records.close()
+        if getattr(self, "sink", None) is not None:
+            self.sink.close()
+            self.sink = None
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
