@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from ..data.fit import fit_schema
+from ..data.id_columns import ambiguity, without_doubt
 from ..data.infer import SAMPLE_ROWS, infer_schema
 from ..data.schema import Schema
 
@@ -21,22 +22,33 @@ def add_arguments(p):
     infer.add_argument("--label", metavar="COL", help="the label column (default: one named like a label)")
     infer.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, metavar="N",
                        help=f"rows to look at (default {SAMPLE_ROWS})")
+    infer.add_argument("--categorical", action="append", default=[], metavar="COLS",
+                       help="these columns (comma-separated) are categories whatever they look like, e.g. "
+                            "integer ids the guess took for numbers")
+    infer.add_argument("--numeric", action="append", default=[], metavar="COLS",
+                       help="these columns (comma-separated) are numbers whatever they look like")
     infer.add_argument("-o", "--out", metavar="SCHEMA", help="write here (.json or .yaml); default: print it")
     fit = sub.add_parser("fit", help="compute the statistics the transforms need, in one pass over the data")
     fit.add_argument("schema", metavar="SCHEMA")
     fit.add_argument("files", metavar="FILE", nargs="+", help="the training data (not the test data)")
     fit.add_argument("-o", "--out", metavar="FITTED", required=True, help="the fitted schema to write")
     fit.add_argument("--skip-bad-lines", action="store_true", help="ignore malformed lines instead of failing")
-    show = sub.add_parser("show", help="one line per column: kind, transforms, statistics")
+    show = sub.add_parser("show", help="one line per column: kind, transforms, statistics; '?' marks a "
+                                       "doubtful guess, with the reason")
     show.add_argument("schema", metavar="SCHEMA")
 
 
 def run(args) -> int:
     if args.action == "infer":
-        schema = infer_schema(args.file, label=args.label, sample_rows=args.sample_rows)
+        schema = infer_schema(args.file, label=args.label, sample_rows=args.sample_rows,
+                              categorical=args.categorical, numeric=args.numeric)
         if args.out:
             schema.save(args.out)
             print(f"wrote {args.out}: {describe(schema)}")
+            doubtful = [c.name for c in schema.columns if ambiguity(c)]
+            if doubtful:
+                print(f"check {', '.join(doubtful)}: the guess is doubtful (`paramshard schema show "
+                      f"{args.out}` says why); settle with --categorical / --numeric")
             print(f"edit it if a guess is wrong, then: paramshard schema fit {args.out} TRAIN_FILES -o FITTED")
         else:
             import json
@@ -51,6 +63,10 @@ def run(args) -> int:
         print(describe(schema))
         for line in column_lines(schema):
             print(line)
+        doubtful = sum(bool(ambiguity(c)) for c in schema.columns)
+        if doubtful:
+            print(f"{doubtful} column(s) marked '?': the kind may be wrong (reason after 'ambiguous:'); "
+                  f"`schema infer --categorical COLS --numeric COLS` or edit their kind")
     return 0
 
 
@@ -75,5 +91,8 @@ def column_lines(schema: Schema) -> list[str]:
             s = c.stats
             what += (f"  mean {s['mean']:.4g} std {s['std']:.4g}" if "mean" in s
                      else f"  {s['distinct']:,} distinct") + f", {s['missing']:,} missing"
-        out.append(f"  {c.name:24s} {what}" + (f"   ({c.note})" if c.note else ""))
+        doubt = ambiguity(c)
+        note = without_doubt(c.note)
+        out.append(f"{'?' if doubt else ' '} {c.name:24s} {what}" + (f"   ({note})" if note else "")
+                   + (f"   ambiguous: {doubt}" if doubt else ""))
     return out

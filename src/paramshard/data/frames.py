@@ -127,12 +127,18 @@ def _is_empty(text: str, rows, i: int) -> bool:
     return (rows[i] == [] or rows[i] == [""]) if rows is not None else text.split("\n")[i] == ""
 
 
-def _parquet_frames(path, wanted):
+def open_parquet(path):
+    """A ``pyarrow.parquet.ParquetFile`` (its metadata read: names, row count), or a
+    DataFormatError naming the file when it is not Parquet (empty, cut off, mislabelled)."""
     import pyarrow.parquet as pq
     try:
-        f = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as exc:   # noqa: BLE001 - pyarrow raises several kinds for a file that is not Parquet
         raise DataFormatError(path, None, f"is not a readable Parquet file ({exc})", hint=None) from None
+
+
+def _parquet_frames(path, wanted):
+    f = open_parquet(path)
     names = f.schema_arrow.names
     _positions(path, names, wanted)
     row = 1

@@ -7,12 +7,20 @@ and edit the file:
   counts and amounts are), a missing indicator when any value is missing,
   and 10 quantile buckets as one more id field when it has more than 10
   distinct values;
+- but numbers that are ids (a name such as ``user_id``, ``movieId``,
+  ``zip_code``; or whole numbers filling a dense, evenly spread range) are
+  categorical: one embedding row per value, not a slope over arbitrary
+  labels. The rules and their reasons are in data/id_columns.py;
 - anything else is categorical, or multi-valued when most of its cells hold
   one of the usual list separators (``|``, ``;``);
+- ``categorical=`` / ``numeric=`` (``--categorical`` / ``--numeric``) overrule
+  the guess for the columns named, and the note says so;
 - a column with a single value in the sample (always empty padding fields)
   is dropped: it can only become a constant;
 - the label is --label, else a column named like one (label, click, target,
   y, ...); a text label with two values maps the rarer one to 1.
+A guess that could well be wrong ends its note with "ambiguous: why"
+(id_columns.ambiguity); ``schema show`` marks those columns.
 """
 from __future__ import annotations
 
@@ -24,7 +32,9 @@ import numpy as np
 from ..errors import ConfigError
 from ._reader import as_paths, read_blocks
 from .encode import as_text, missing_mask, parse_numbers
-from .frames import file_format, iter_frames
+from .frames import file_format, iter_frames, open_parquet
+from .id_columns import MIN_DISTINCT, id_name, id_values, skewness, with_doubt, without_doubt
+from .names import did_you_mean
 from .schema import DEFAULT_MISSING, Column, Format, Label, Schema
 
 SAMPLE_ROWS = 20000
@@ -73,33 +83,72 @@ def _is_number(v: str) -> bool:
         return False
 
 
-def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS) -> Schema:
+def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS,
+                 categorical=(), numeric=()) -> Schema:
+    """A schema for the file at ``path`` from its first ``sample_rows`` rows; the columns
+    named in ``categorical`` / ``numeric`` get that kind whatever the guess."""
     path = as_paths(path)[0]
     fmt = sniff_format(path)
     names = _names(path, fmt)
-    columns, taken = {n: [] for n in names}, 0
+    columns, taken, bad = {n: [] for n in names}, 0, []
     for frame in iter_frames(path, fmt, names):
         for n in names:
             columns[n].append(frame.columns[n])
         taken += len(frame)
+        bad += frame.bad[:1]
         if taken >= sample_rows:
             break
+    if taken == 0:
+        raise ConfigError(_no_rows(path, fmt, names, bad))
     sample = {n: np.concatenate(v)[:sample_rows] if v else np.empty(0, object) for n, v in columns.items()}
     label = label or next((n for n in names if n.lower() in LABEL_NAMES), None)
     if label is None or label not in names:
-        what = f"no column {label!r}" if label else "no column looks like the label"
+        what = f"no column {label!r}{did_you_mean(label, names)}" if label else "no column looks like the label"
         raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})")
+    forced = _overrides(names, label, categorical, numeric)
     missing = frozenset(fmt.missing)
     return Schema(label=_label(label, sample[label], missing),
-                  columns=[_column(n, sample[n], missing) for n in names if n != label], format=fmt)
+                  columns=[_forced(n, sample[n], missing, forced.get(n)) for n in names if n != label], format=fmt)
+
+
+def _no_rows(path: Path, fmt: Format, names: list[str], bad: list) -> str:
+    if bad:
+        line, reason = bad[0]
+        return (f"{path}: none of the first rows could be read (line {line}: {reason}); check format.delimiter "
+                f"({fmt.delimiter!r}) and that every line has the header's {len(names)} columns")
+    if fmt.header:
+        return (f"{path} has a header ({', '.join(names)}) but no data rows: nothing to infer a schema from; "
+                f"point infer at a file with data")
+    return f"{path}: no data rows, nothing to infer a schema from"
+
+
+def _overrides(names: list[str], label: str, categorical, numeric) -> dict[str, str]:
+    """{column: kind} from --categorical / --numeric, every name checked against the file."""
+    categorical, numeric = _listed(categorical), _listed(numeric)
+    for flag, asked in (("--categorical", categorical), ("--numeric", numeric)):
+        for n in asked:
+            if n not in names:
+                raise ConfigError(f"{flag} {n}: no such column{did_you_mean(n, names)} "
+                                  f"(columns: {', '.join(names)})")
+            if n == label:
+                raise ConfigError(f"{flag} {n}: that is the label column; it is not a feature")
+    both = sorted(set(categorical) & set(numeric))
+    if both:
+        raise ConfigError(f"column {both[0]!r} is in both --categorical and --numeric: choose one")
+    return {**{n: "categorical" for n in categorical}, **{n: "numeric" for n in numeric}}
+
+
+def _listed(value) -> list[str]:
+    """Column names from a comma list ("a,b") or a sequence of names (each may be a comma list)."""
+    items = [value] if isinstance(value, str) else list(value or ())
+    return [n.strip() for item in items for n in item.split(",") if n.strip()]
 
 
 def _names(path: Path, fmt: Format) -> list[str]:
     if fmt.names:
         return list(fmt.names)
     if fmt.type == "parquet":
-        import pyarrow.parquet as pq
-        return list(pq.ParquetFile(path).schema_arrow.names)
+        return list(open_parquet(path).schema_arrow.names)
     head = next(read_blocks(path, 1 << 16)).decode("utf-8", "replace").splitlines()[0]
     return [n.strip() for n in next(csv.reader([head], delimiter=fmt.delimiter))]
 
@@ -118,6 +167,28 @@ def _label(name: str, raw: np.ndarray, missing: frozenset) -> Label:
     return Label(column=name, positive=[str(values[rare])], negative=[str(values[1 - rare])])
 
 
+def _forced(name: str, raw: np.ndarray, missing: frozenset, kind: str | None) -> Column:
+    """The inferred column, or the kind the user asked for with the guess kept in the note."""
+    guess = _column(name, raw, missing)
+    if kind is None:
+        return guess
+    flag = f"--{kind}"
+    inferred = f"the guess was {guess.kind}: {without_doubt(guess.note)}"
+    if kind == "categorical":
+        return Column(name, "categorical", note=f"{flag} on the command line ({inferred})")
+    miss = missing_mask(raw, missing)
+    x, not_number = parse_numbers(raw, miss)
+    if not_number.any():
+        raise ConfigError(f"{flag} {name}: its values are not all numbers (e.g. {raw[not_number][0]!r}); "
+                          f"a numeric column needs numbers")
+    col = _numeric(name, x[~miss], miss)
+    why = id_name(name)
+    was = "" if guess.kind == "numeric" else f" ({inferred})"
+    col.note = with_doubt(f"{flag} on the command line{was}; {col.note}",
+                          f"{why}, yet {flag} made it numeric" if why else "")
+    return col
+
+
 def _column(name: str, raw: np.ndarray, missing: frozenset) -> Column:
     miss = missing_mask(raw, missing)
     present = raw[~miss]
@@ -125,23 +196,56 @@ def _column(name: str, raw: np.ndarray, missing: frozenset) -> Column:
         return Column(name, kind="drop", note="one value (or none) in the sample: it would be a constant")
     x, not_number = parse_numbers(raw, miss)
     if not not_number.any():
-        v = x[~miss]
-        skew = _skewness(v)
-        transforms = ["log", "standardize"] if skew > SKEWED else ["standardize"]
-        distinct = len(np.unique(v))
-        buckets = BUCKETS if distinct > BUCKETS else 0
-        return Column(name, "numeric", transforms=transforms, missing_indicator=bool(miss.any()), bucketize=buckets,
-                      note=f"numbers; skewness {skew:.1f}" + (" (heavy tail: log first)" if skew > SKEWED else "")
-                      + (f"; {distinct} distinct values: also {BUCKETS} quantile buckets as an id field"
-                         if buckets else ""))
+        return _number_column(name, x[~miss], miss)
     text = as_text(present)
     for sep in MULTI_SEPARATORS:
         if np.mean([sep in t for t in text]) > 0.5:
             return Column(name, "multi", separator=sep, note=f"most cells hold several values split by {sep!r}")
     distinct = len(np.unique(text))
-    return Column(name, "categorical", note=f"text; {distinct} distinct values in {len(raw)} sampled rows")
+    note = f"text; {distinct} distinct values in {len(raw)} sampled rows"
+    why = id_name(name)
+    note += f"; {why}: ids" if why else ""
+    return Column(name, "categorical", note=with_doubt(note, _row_id_doubt(distinct, len(present))))
 
 
-def _skewness(v: np.ndarray) -> float:
-    std = v.std()
-    return float(((v - v.mean()) ** 3).mean() / std ** 3) if std > 0 else 0.0
+def _number_column(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
+    """Numbers: ids (by name, or by values) are categorical, the rest numeric."""
+    whole = bool(np.all(v == np.round(v)))
+    distinct = len(np.unique(v))
+    why_name = id_name(name)
+    if why_name and whole:
+        note = f"whole numbers, but {why_name}: ids, one category per value ({distinct} distinct in the sample)"
+        return Column(name, "categorical", note=with_doubt(note, _row_id_doubt(distinct, len(v))))
+    is_id, why_values = id_values(v)
+    if is_id:
+        return Column(name, "categorical", note=with_doubt(
+            f"{why_values}: sequential ids, one category per value",
+            f"ids by their values alone (no id name); pass --numeric {name} if their order means something"))
+    col = _numeric(name, v, miss)
+    if why_name:
+        doubt = f"{why_name}, but it holds fractional numbers, so it stays numeric"
+    elif whole and distinct >= MIN_DISTINCT:
+        doubt = f"whole numbers with {distinct} distinct values kept numeric ({why_values}); " \
+                f"pass --categorical {name} if they are ids"
+    else:
+        doubt = ""
+    col.note = with_doubt(col.note, doubt)
+    return col
+
+
+def _numeric(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
+    skew = skewness(v)
+    transforms = ["log", "standardize"] if skew > SKEWED else ["standardize"]
+    distinct = len(np.unique(v))
+    buckets = BUCKETS if distinct > BUCKETS else 0
+    return Column(name, "numeric", transforms=transforms, missing_indicator=bool(miss.any()), bucketize=buckets,
+                  note=f"numbers; skewness {skew:.1f}" + (" (heavy tail: log first)" if skew > SKEWED else "")
+                  + (f"; {distinct} distinct values: also {BUCKETS} quantile buckets as an id field"
+                     if buckets else ""))
+
+
+def _row_id_doubt(distinct: int, present: int) -> str:
+    if present >= MIN_DISTINCT and distinct == present:
+        return ("every sampled value is different: if it names the row itself, it can teach the model nothing "
+                "about other rows (set kind: drop)")
+    return ""
