@@ -130,7 +130,8 @@ def fit_schema(schema: Schema, paths, skip_bad_lines: bool = False, seed: int = 
                 else:
                     acc.update(raw, miss, missing_tokens)
     if rows == 0:
-        raise ConfigError(f"schema fit: no rows in {', '.join(map(str, paths))}")
+        raise ConfigError(f"schema fit: no data rows in {', '.join(map(str, as_paths(paths)))} (an empty file, "
+                          f"or a header only): fit on the training files that hold the data")
     columns = [dataclasses.replace(c, stats=stats[c.name].result()) if c.name in stats else c
                for c in schema.columns]
     return dataclasses.replace(schema, columns=columns, rows_fitted=rows)

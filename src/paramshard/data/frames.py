@@ -24,6 +24,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ._reader import DEFAULT_CHUNK_BYTES, MAX_LINE_BYTES, iter_chunks
 from .errors import DataFormatError
+from .names import did_you_mean
 from .schema import Format
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -69,7 +70,7 @@ def _text_frames(path, fmt, delimiter, wanted, chunk_bytes, max_line_bytes):
     for first_line, chunk in iter_chunks(path, chunk_bytes, max_line_bytes):
         if first_line == 1 and fmt.header:
             end = chunk.index(b"\n") + 1
-            names = _header(path, chunk[:end - 1], delimiter)
+            names = header_names(chunk[:end - 1], delimiter)
             chunk, first_line = chunk[end:], 2
         if not names:
             raise ConfigError(f"{path}: the schema says the file has no header but lists no column names "
@@ -79,14 +80,16 @@ def _text_frames(path, fmt, delimiter, wanted, chunk_bytes, max_line_bytes):
             yield _split(path, chunk, first_line, delimiter, names, positions)
 
 
-def _header(path, line: bytes, delimiter: str) -> list[str]:
+def header_names(line: bytes, delimiter: str) -> list[str]:
+    """The column names in a header line (CSV quoting understood, spaces around names dropped)."""
     return [n.strip() for n in next(csv.reader([line.decode("utf-8", "replace")], delimiter=delimiter))]
 
 
 def _positions(path, names: list[str], wanted: list[str]) -> list[int]:
     missing = [w for w in wanted if w not in names]
     if missing:
-        raise DataFormatError(path, None, f"no column {missing[0]!r} (the file has: {', '.join(names)})",
+        raise DataFormatError(path, None, f"no column {missing[0]!r}{did_you_mean(missing[0], names)} "
+                                          f"(the file has: {', '.join(names)})",
                               hint="the schema and the file disagree: check the file, or the schema's "
                                    "format.header / format.names")
     return [names.index(w) for w in wanted]

@@ -48,7 +48,7 @@ ID_OWNERS = frozenset({"user", "item", "movie", "product", "ad", "campaign", "cu
                        "brand", "event", "visitor", "publisher", "request"})
 MIN_DISTINCT = 100
 MIN_FILL = 0.5
-MAX_SKEW = 1.0
+MAX_SKEW = 1.5
 MAX_MIDDLE = 0.7
 AMBIGUOUS = "ambiguous: "        # how a note says the guess is doubtful (always its last clause)
 

@@ -40,7 +40,7 @@ from ._reader import DEFAULT_CHUNK_BYTES, MAX_EXAMPLES, as_paths, read_blocks, r
 from .batch import TabularBatch
 from .encode import Encoder
 from .errors import DataFormatError
-from .frames import file_format, iter_frames
+from .frames import file_format, iter_frames, open_parquet
 from .holdout import Holdout
 from .schema import Schema
 
@@ -234,8 +234,7 @@ def count_records(paths, schema: Schema) -> int:
     total = 0
     for path in as_paths(paths):
         if file_format(path, schema.format)[0] == "parquet":
-            import pyarrow.parquet as pq
-            total += pq.ParquetFile(path).metadata.num_rows
+            total += open_parquet(path).metadata.num_rows
             continue
         lines, last = 0, b"\n"
         for block in read_blocks(path, 1 << 22):
