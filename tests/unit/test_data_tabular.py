@@ -175,3 +175,22 @@ def test_libsvm_preset_gives_each_row_one_bag_weighted_by_its_values(tmp_path):
         list(TabularReader([tmp_path / "bad.svm"], libsvm_schema(), 3))
     r = TabularReader([tmp_path / "bad.svm"], libsvm_schema(), 3, skip_bad_lines=True)
     assert len(rows(r)) == 1 and r.bad_lines == 1
+
+
+def test_files_without_rows_are_named_not_blamed_on_the_batch_size(tmp_path):
+    """Issue 23: an empty --train was told to "use a smaller --batch-size"."""
+    fitted = fit_schema(schema(), [_write(tmp_path / "d.csv", frame())])
+    for name, text in (("empty.csv", ""), ("header.csv", "id,x,cat,y\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=f"{name}: no data rows \\(an empty file, or a header only\\)") as err:
+            TabularReader([tmp_path / name], fitted, 8, equal_steps=True)
+        assert "batch-size" not in str(err.value)
+    with pytest.raises(ConfigError, match="make no full batch of 512: use a smaller --batch-size"):
+        TabularReader([tmp_path / "d.csv"], fitted, 512, equal_steps=True)
+    with pytest.raises(ConfigError, match=r"schema fit: no data rows in .*header.csv \(an empty file, or a header"):
+        fit_schema(schema(), [tmp_path / "header.csv"])
+
+
+def _write(path, df):
+    df.to_csv(path, index=False)
+    return path

@@ -30,13 +30,3 @@ def did_you_mean(name: str, known) -> str:
         return ""
     return " (did you mean " + " or ".join(repr(k) for k in near) + "?)"
 
-
-def unknown_names(asked, known, what: str) -> str | None:
-    """One message for every name of ``asked`` not in ``known`` (each with its suggestion),
-    or None when all are there."""
-    known = list(known)
-    missing = [a for a in asked if a not in known]
-    if not missing:
-        return None
-    parts = [f"{a!r}{did_you_mean(a, known)}" for a in missing]
-    return f"{what} {', '.join(parts)} not in the file (its columns: {', '.join(known)})"
