@@ -42,38 +42,40 @@ def zipf_ids(n, k, seed=0):
 
 
 def test_sequential_ids_in_an_interaction_log_are_ids_by_their_values():
-    ok, why = id_values(zipf_ids(20000, 3000))
-    assert ok and "distinct whole numbers" in why
-    ok, _ = id_values(np.random.default_rng(1).integers(1, 944, 20000).astype(float))   # users, uniform
-    assert ok
+    verdict, why = id_values(zipf_ids(20000, 3000))
+    assert verdict == "ids" and "distinct whole numbers" in why
+    assert id_values(np.random.default_rng(1).integers(1, 944, 20000).astype(float))[0] == "ids"   # users
 
 
-@pytest.mark.parametrize("values,reason", [
+@pytest.mark.parametrize("values,verdict,reason", [
     # a float measurement
-    (np.random.default_rng(0).normal(10, 2, 5000), "not all whole numbers"),
+    (np.random.default_rng(0).normal(10, 2, 5000), "no", "not all whole numbers"),
     # a signed quantity
-    (np.random.default_rng(0).integers(-500, 500, 5000).astype(float), "negative"),
+    (np.random.default_rng(0).integers(-500, 500, 5000).astype(float), "no", "negative"),
     # small-cardinality integers: a rating, hours per week (99 values, dense), an age
-    (np.random.default_rng(0).integers(1, 6, 5000).astype(float), "under"),
-    (np.random.default_rng(0).integers(1, 100, 5000).astype(float), "under"),
-    # a census sample weight: whole numbers, thousands distinct, spread thin over a wide range
-    (np.round(np.random.default_rng(0).lognormal(12, 0.5, 20000)), "spread thin"),
-    # a unix timestamp
-    (np.random.default_rng(0).integers(874_000_000, 893_000_000, 20000).astype(float), "spread thin"),
+    (np.random.default_rng(0).integers(1, 6, 5000).astype(float), "no", "under"),
+    (np.random.default_rng(0).integers(1, 100, 5000).astype(float), "no", "under"),
+    # a census sample weight: whole numbers, thousands distinct, spread thin over a wide range (but
+    # evenly enough that ids from a large space would look the same: "maybe")
+    (np.round(np.random.default_rng(0).lognormal(12, 0.3, 20000)), "maybe", "spread thin"),
+    # a unix timestamp: the same
+    (np.random.default_rng(0).integers(874_000_000, 893_000_000, 20000).astype(float), "maybe", "spread thin"),
+    # money: spread thin and heavy-tailed, plainly an amount
+    (np.round(np.random.default_rng(0).lognormal(5, 2, 20000)), "no", "spread thin"),
     # a score bunched around a typical value (dense over 300..850, but a bell curve)
-    (np.clip(np.round(np.random.default_rng(0).normal(650, 70, 20000)), 300, 850), "bunched"),
+    (np.clip(np.round(np.random.default_rng(0).normal(650, 70, 20000)), 300, 850), "no", "bunched"),
     # a count piling up at the low end (dense range, heavy tail)
-    (np.floor(np.random.default_rng(0).exponential(60, 20000)), "bunched"),
+    (np.floor(np.random.default_rng(0).exponential(60, 20000)), "no", "bunched"),
 ])
-def test_quantities_are_not_ids(values, reason):
-    ok, why = id_values(values)
-    assert not ok and reason in why
+def test_quantities_are_not_ids(values, verdict, reason):
+    got, why = id_values(values)
+    assert got == verdict and reason in why
 
 
 def test_the_distinct_count_threshold_is_exact():
     dense = np.arange(MIN_DISTINCT, dtype=float)
-    assert id_values(np.tile(dense, 3))[0]
-    assert not id_values(np.tile(dense[:-1], 3))[0]
+    assert id_values(np.tile(dense, 3))[0] == "ids"
+    assert id_values(np.tile(dense[:-1], 3))[0] == "no"
 
 
 def test_a_doubt_is_the_last_clause_of_the_note_and_reads_back():

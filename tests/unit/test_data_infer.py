@@ -27,7 +27,8 @@ def movielens(n=3000, seed=0) -> pd.DataFrame:
         "valid": rng.integers(0, 2, n),
         "width": rng.normal(10, 2, n).round(3),
         "rating": rng.integers(1, 6, n), "hours_per_week": rng.integers(1, 100, n),
-        "fnlwgt": np.round(rng.lognormal(12, 0.5, n)).astype(int),   # whole numbers spread thin
+        "fnlwgt": np.round(rng.lognormal(12, 0.3, n)).astype(int),   # whole numbers spread thin, evenly
+        "spend": np.round(rng.lognormal(8, 2, n)).astype(int),      # ... and heavy-tailed: an amount
         "store": rng.integers(0, 400, n),                             # ids with no id name
         "label": rng.integers(0, 2, n)})
 
@@ -48,7 +49,7 @@ def test_movielens_ids_are_categorical_and_quantities_numeric(ml_csv):
     assert kinds(s) == {"user_id": "categorical", "movie_id": "categorical", "age": "numeric", "gender": "categorical",
                         "occupation": "categorical", "zip_code": "categorical", "genres": "multi", "paid": "numeric",
                         "valid": "numeric", "width": "numeric", "rating": "numeric", "hours_per_week": "numeric",
-                        "fnlwgt": "numeric", "store": "categorical"}
+                        "fnlwgt": "numeric", "spend": "numeric", "store": "categorical"}
     assert "'id'" in s.column("user_id").note and "'code'" in s.column("zip_code").note
     assert "sequential ids" in s.column("store").note
     # a guess by values alone, and whole numbers with many values kept numeric, are doubtful; the rest are not

@@ -29,8 +29,11 @@ Two rules, both written into the column's note by ``schema infer``:
      there, evenly spread ids about 50%).
   Ids from a space much larger than the sample (hashes, sparse ids) fail 3
   and stay numeric; a dense, evenly spread quantity (days since sign-up)
-  passes. Both are reported as ambiguous (``ambiguity``), so ``schema show``
-  points at them and ``--categorical`` / ``--numeric`` settle them.
+  passes. Both are reported as ambiguous (``ambiguity``): every column made
+  categorical by its values alone, and every one that fails 3 only (evenly
+  spread, |skewness| <= MAX_SKEW; a heavy-tailed amount is plainly a
+  quantity), so ``schema show`` points at them and ``--categorical`` /
+  ``--numeric`` settle them.
 """
 from __future__ import annotations
 
@@ -76,27 +79,30 @@ def id_name(name: str) -> str | None:
     return None
 
 
-def id_values(x: np.ndarray) -> tuple[bool, str]:
-    """(whether these present numbers look like ids, why or why not). ``x``: float64, no NaN."""
+def id_values(x: np.ndarray) -> tuple[str, str]:
+    """(verdict, why) for present numbers ``x`` (float64, no NaN). The verdict: "ids" (all the
+    signs hold), "maybe" (ids from a space larger than the sample would look like this: many
+    whole numbers, evenly spread, but thin over their range) or "no"."""
     if not len(x) or not np.all(x == np.round(x)):
-        return False, "not all whole numbers"
+        return "no", "not all whole numbers"
     lo, hi = float(x.min()), float(x.max())
     if lo < 0:
-        return False, "negative values (a signed quantity)"
+        return "no", "negative values (a signed quantity)"
     distinct = len(np.unique(x))
     if distinct < MIN_DISTINCT:
-        return False, f"{distinct} distinct values (under {MIN_DISTINCT}: a small integer quantity)"
+        return "no", f"{distinct} distinct values (under {MIN_DISTINCT}: a small integer quantity)"
+    skew = skewness(x)
     fill = distinct / (hi - lo + 1)
     if fill < MIN_FILL:
-        return False, (f"{distinct} distinct values spread thin over {lo:.0f}..{hi:.0f} "
-                       f"({fill:.0%} of the range: a measured quantity, or ids from a larger space)")
-    skew = skewness(x)
+        return ("maybe" if abs(skew) <= MAX_SKEW else "no"), (
+            f"{distinct} distinct values spread thin over {lo:.0f}..{hi:.0f} ({fill:.0%} of the range, "
+            f"skewness {skew:.1f}: a measured quantity, or ids from a larger space)")
     middle = float(np.mean((x > lo + (hi - lo) / 4) & (x < hi - (hi - lo) / 4)))
     if abs(skew) > MAX_SKEW or middle > MAX_MIDDLE:
-        return False, (f"{distinct} distinct values bunched (skewness {skew:.1f}, {middle:.0%} of rows in the "
-                       f"middle half of {lo:.0f}..{hi:.0f}: a quantity)")
-    return True, (f"{distinct} distinct whole numbers filling {fill:.0%} of {lo:.0f}..{hi:.0f}, spread evenly "
-                  f"(skewness {skew:.1f})")
+        return "no", (f"{distinct} distinct values bunched (skewness {skew:.1f}, {middle:.0%} of rows in the "
+                      f"middle half of {lo:.0f}..{hi:.0f}: a quantity)")
+    return "ids", (f"{distinct} distinct whole numbers filling {fill:.0%} of {lo:.0f}..{hi:.0f}, spread evenly "
+                   f"(skewness {skew:.1f})")
 
 
 def skewness(v: np.ndarray) -> float:

@@ -216,17 +216,16 @@ def _number_column(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
     if why_name and whole:
         note = f"whole numbers, but {why_name}: ids, one category per value ({distinct} distinct in the sample)"
         return Column(name, "categorical", note=with_doubt(note, _row_id_doubt(distinct, len(v))))
-    is_id, why_values = id_values(v)
-    if is_id:
+    verdict, why_values = id_values(v)
+    if verdict == "ids":
         return Column(name, "categorical", note=with_doubt(
             f"{why_values}: sequential ids, one category per value",
             f"ids by their values alone (no id name); pass --numeric {name} if their order means something"))
     col = _numeric(name, v, miss)
     if why_name:
         doubt = f"{why_name}, but it holds fractional numbers, so it stays numeric"
-    elif whole and distinct >= MIN_DISTINCT:
-        doubt = f"whole numbers with {distinct} distinct values kept numeric ({why_values}); " \
-                f"pass --categorical {name} if they are ids"
+    elif verdict == "maybe":
+        doubt = f"whole numbers kept numeric: {why_values}; pass --categorical {name} if they are ids"
     else:
         doubt = ""
     col.note = with_doubt(col.note, doubt)
