@@ -9,8 +9,8 @@ Two rules, both written into the column's note by ``schema infer``:
 - **The name.** The name is split into words (``user_id``, ``movieId``,
   ``userID``, ``zip-code`` -> user/id, movie/id, user/id, zip/code) and its last
   word is one of ``ID_WORDS`` (id, code, key, zip, postcode, uuid, ...); or it is
-  one glued lowercase word made of a thing and "id" (``userid``, ``movieid``)
-  or ending in "code" (``zipcode``). Whole words only: ``paid``, ``valid``,
+  one glued lowercase word made of a thing and "id" or "code" (``userid``,
+  ``movieid``, ``zipcode``; the things are listed, so ``encode`` is not one). Whole words only: ``paid``, ``valid``,
   ``width``, ``idle`` and ``id_count`` (a count) are not ids.
 - **The values**, for an integer column whose name says nothing. A sample
   cannot prove a column is an id, so the rule asks for every sign at once:
@@ -49,6 +49,10 @@ ID_OWNERS = frozenset({"user", "item", "movie", "product", "ad", "campaign", "cu
                        "app", "site", "advertiser", "creative", "query", "doc", "order", "account", "category",
                        "shop", "store", "song", "artist", "book", "video", "page", "member", "client", "seller",
                        "brand", "event", "visitor", "publisher", "request"})
+# Likewise a glued "<thing>code" (zipcode, countrycode); not encode, decode, unicode.
+CODE_OWNERS = frozenset({"zip", "post", "postal", "area", "country", "state", "region", "city", "bar", "product",
+                         "item", "promo", "coupon", "currency", "language", "lang", "airport", "station", "naics",
+                         "sic", "icd", "hs", "status", "error", "reason"})
 MIN_DISTINCT = 100
 MIN_FILL = 0.5
 MAX_SKEW = 1.5
@@ -74,8 +78,8 @@ def id_name(name: str) -> str | None:
     if len(words) == 1:
         if last.endswith("id") and last[:-2] in ID_OWNERS:
             return f"its name is {last[:-2]!r} + 'id'"
-        if last.endswith("code") and len(last) > 4:
-            return f"its name ends in 'code'"
+        if last.endswith("code") and last[:-4] in CODE_OWNERS:
+            return f"its name is {last[:-4]!r} + 'code'"
     return None
 
 
