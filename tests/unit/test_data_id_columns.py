@@ -15,15 +15,17 @@ def test_names_split_into_words_at_separators_case_changes_and_digits(name, word
 
 
 @pytest.mark.parametrize("name", ["id", "ID", "Id", "user_id", "movieId", "userID", "item_ids", "zip_code",
-                                  "zip", "ZIP", "zipcode", "countrycode", "postcode", "postal", "country_code", "areaCode",
-                                  "session_uuid", "ad_key", "userid", "movieid", "uid", "zip5", "product_sku"])
+                                  "zip", "ZIP", "zipcode", "countrycode", "postcode", "postal", "country_code",
+                                  "areaCode", "session_uuid", "ad_key", "userid", "movieid", "uid", "zip5",
+                                  "product_sku"])
 def test_id_names(name):
     assert id_name(name)
 
 
 @pytest.mark.parametrize("name", ["paid", "valid", "width", "idle", "idle_time", "is_valid", "id_count", "grid",
-                                  "android", "humidity", "rating", "hours_per_week", "age", "code_lines", "keys_pressed", "encode", "unicode",
-                                  "amount_paid", "squid", "encoded", "C14", "label", ""])
+                                  "android", "humidity", "rating", "hours_per_week", "age", "code_lines",
+                                  "keys_pressed", "encode", "unicode", "amount_paid", "squid", "encoded", "C14",
+                                  "label", ""])
 def test_not_id_names(name):
     assert id_name(name) is None
 
