@@ -27,6 +27,7 @@ import paramshard as ps
 from ...data.batch import TabularBatch
 from ...data.fit import fit_schema
 from ...data.holdout import Holdout
+from ...data.input_check import check_inputs
 from ...data.schema import Schema
 from ...data.tabular import TabularReader
 from ...evaluation import evaluate
@@ -38,12 +39,18 @@ from .selection import Decision
 EVAL_BATCH = 8192
 
 
-def load_schema(path, train, skip_bad_lines: bool, log) -> Schema:
-    schema = Schema.load(path)
+def load_schema(args, trainers: int, log) -> Schema:
+    """The schema, every input file checked against it first (a second, not an epoch, to find an
+    empty --test or a misspelt column), fitted on --train if it has no statistics yet."""
+    schema = Schema.load(args.schema)
+    check_inputs(args.train, schema, "train", min_rows=trainers * args.batch_size)
+    if args.valid:
+        check_inputs(args.valid, schema, "valid")
+    check_inputs(args.test, schema, "test")
     if schema.unfitted():
-        log(f"schema {path} has no statistics for {', '.join(schema.unfitted())}: fitting it on the "
+        log(f"schema {args.schema} has no statistics for {', '.join(schema.unfitted())}: fitting it on the "
             f"training files (run `paramshard schema fit` once to skip this)")
-        schema = fit_schema(schema, train, skip_bad_lines=skip_bad_lines)
+        schema = fit_schema(schema, args.train, skip_bad_lines=args.skip_bad_lines)
     return schema
 
 
@@ -203,7 +210,7 @@ def restore(args, schema: Schema, has_servers: bool, path: Path):
 
 def train(args, say) -> dict | None:
     env = ps.init()
-    schema = load_schema(args.schema, args.train, args.skip_bad_lines, say)
+    schema = load_schema(args, env.num_trainers, say)
     torch.manual_seed(args.seed)
     model = make_model(args, schema, env.mode.has_servers)
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
