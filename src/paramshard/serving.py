@@ -9,13 +9,21 @@ checkpoint into one ``torch.save``d dict:
                          "dim": 16, "seed": 0, "init_scale": 0.01, "dtype": "float32",
                          "admission": {"min_count": 1, "probability": 1.0}}, ...}}
 
+``spec`` (only in a file whose model recorded one, paramshard/model_spec.py): what
+built the model (its name, architecture arguments and fitted schema), so
+``build_from_file(file)`` (or ``load_model(file)``) builds the module itself and
+`paramshard predict` encodes data with no code. A file without it loads into a
+module the caller builds.
+
 ``dtype``: how the servers stored the table's rows (the rows here are those values as
 float32, exactly); an id without a row reads its initial row rounded the same way. A
 file without it (written before half rows existed) means float32.
 
 Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=True)``
 reads it without running any pickled code. ``load_model(module, file)`` copies the
-dense parameters into the module and gives every SparseEmbedding a local table.
+dense parameters into the module and gives every SparseEmbedding a local table;
+``load_model(file)`` builds the module from the file's spec first.
+``snapshot_model`` (model_snapshot.py) writes the same file from a live job.
 An id the table does not hold reads what the servers would have given it in
 evaluation (``unknown="initial"``: its deterministic initial row, or zeros when the
 table's admission policy would not have given it a row) or zeros (``unknown="zeros"``).
@@ -32,6 +40,7 @@ import torch
 from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
+from .model_spec import SpecError, check_spec
 from .placement.sparse_hash import admitted_by_probability, initial_rows
 from .server.row_formats import rounded
 from .tables import ROW_DTYPES, policy_from_wire
@@ -63,21 +72,45 @@ def export_model(checkpoint, out) -> dict:
     missing = sorted(needed - set(arrays))
     if missing:
         raise CheckpointError(f"{ckpt.path}: the manifest lists no file {missing[0]} (incomplete checkpoint)")
-    model = {"format": FORMAT, "version": FORMAT_VERSION, "step": int(ckpt.step), "checkpoint": str(ckpt.path),
-             "dense": {}, "sparse": {}}
-    for entry in ckpt.manifest["dense"]:
-        values = arrays[entry["files"]["values"]].astype(np.float32, copy=False)
-        model["dense"][entry["name"]] = torch.from_numpy(values.reshape(entry["shape"]))
+    dense = {entry["name"]: arrays[entry["files"]["values"]].reshape(entry["shape"])
+             for entry in ckpt.manifest["dense"]}
+    sparse = {}
     for entry in ckpt.manifest["sparse"]:
-        ids = arrays[entry["files"]["ids"]].astype(np.uint64, copy=False)
-        rows = arrays[entry["files"]["values"]].astype(np.float32, copy=False)
-        order = np.argsort(ids, kind="stable")      # sorted once here: lookups search it as is
         admission, _, init_scale = policy_from_wire(entry["policy"])
-        model["sparse"][entry["name"]] = {
-            "ids": torch.from_numpy(ids[order].view(np.int64)), "rows": torch.from_numpy(rows[order]),
-            "dim": int(entry["dim"]), "seed": int(entry["seed"]), "init_scale": float(init_scale),
-            "dtype": str(entry.get("dtype", "float32")),
+        sparse[entry["name"]] = sparse_entry(arrays[entry["files"]["ids"]], arrays[entry["files"]["values"]],
+                                             entry["dim"], entry["seed"], init_scale,
+                                             entry.get("dtype", "float32"), admission)
+    model = model_dict(ckpt.step, str(ckpt.path), dense, sparse, ckpt.manifest.get("model"))
+    write_model_file(model, out)
+    return model
+
+
+def model_dict(step: int, source: str | None, dense: dict, sparse: dict, spec: dict | None) -> dict:
+    """The file's dict: ``dense`` name -> float32 array of the parameter's shape; ``sparse``
+    name -> sparse_entry(...); ``source``: the checkpoint it came from (None: a live job)."""
+    model = {"format": FORMAT, "version": FORMAT_VERSION, "step": int(step), "checkpoint": source,
+             "dense": {name: torch.from_numpy(np.ascontiguousarray(values, np.float32))
+                       for name, values in dense.items()},
+             "sparse": sparse}
+    if spec is not None:            # a file without it stays what version 1 always was
+        model["spec"] = spec
+    return model
+
+
+def sparse_entry(ids: np.ndarray, rows: np.ndarray, dim: int, seed: int, init_scale: float, dtype: str,
+                 admission) -> dict:
+    """One table of the file: ``ids`` (uint64) and their ``rows`` as float32, sorted by id once
+    here (lookups search them as they are), and the settings an unknown id's row needs."""
+    ids = ids.astype(np.uint64, copy=False)
+    rows = rows.astype(np.float32, copy=False)
+    order = np.argsort(ids, kind="stable")
+    return {"ids": torch.from_numpy(ids[order].view(np.int64)), "rows": torch.from_numpy(rows[order]),
+            "dim": int(dim), "seed": int(seed), "init_scale": float(init_scale), "dtype": str(dtype),
             "admission": {"min_count": admission.min_count, "probability": admission.probability}}
+
+
+def write_model_file(model: dict, out) -> None:
+    """``model`` into ``out``, replaced atomically (a reader never sees half a file)."""
     out = Path(out)
     if not out.parent.is_dir():
         raise ModelFileError(f"--out {out}: directory {out.parent} does not exist")
@@ -86,7 +119,6 @@ def export_model(checkpoint, out) -> dict:
             torch.save(model, tmp)
     except OSError as exc:
         raise ModelFileError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
-    return model
 
 
 # ---------------------------------------------------------------- file -> module
@@ -136,6 +168,7 @@ class ModelFile:
     step: int
     dense: dict[str, torch.Tensor]
     tables: dict[str, LocalTable]
+    spec: dict | None = None          # what built the model (model_spec.py), when the file records it
 
 
 def read_model(path) -> ModelFile:
@@ -157,9 +190,12 @@ def read_model(path) -> ModelFile:
         dense = {str(name): _tensor(t, torch.float32) for name, t in data["dense"].items()}
         tables = {str(name): _table(str(name), t) for name, t in data["sparse"].items()}
         step = int(data["step"])
+        spec = check_spec(data["spec"]) if data.get("spec") is not None else None
+    except SpecError as exc:
+        raise ModelFileError(f"{path}: damaged model file ({exc}); {MAKE_ONE}") from None
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ModelFileError(f"{path}: damaged model file ({type(exc).__name__}: {exc}); {MAKE_ONE}") from None
-    return ModelFile(path, step, dense, tables)
+    return ModelFile(path, step, dense, tables, spec)
 
 
 def _tensor(t, dtype) -> torch.Tensor:
@@ -183,18 +219,42 @@ def _table(name: str, t: dict) -> LocalTable:
                       float(admission["probability"]), dtype)
 
 
-def load_model(module: torch.nn.Module, path, unknown: str = "initial") -> torch.nn.Module:
+def load_model(module, path=None, unknown: str = "initial", classes: dict | None = None) -> torch.nn.Module:
     """Load an exported model file into ``module`` (the same nn.Module class that was
     trained), to run without any server: dense parameters are copied in by name, every
-    SparseEmbedding reads its rows from the file. ``unknown``: what an id the table does
-    not hold reads: "initial" (what the servers would give it in evaluation: its
-    deterministic initial row) or "zeros". Names and shapes are checked first; every
-    mismatch is named and nothing is changed. Returns ``module``."""
-    from .torch.sparse_embedding import tables_of
+    SparseEmbedding reads its rows from the file. ``load_model(FILE)``: the module is built
+    from the file's recorded model first (``build_from_file``). ``unknown``: what an id
+    the table does not hold reads: "initial" (what the servers would give it in
+    evaluation: its deterministic initial row) or "zeros". Names and shapes are checked
+    first; every mismatch is named and nothing is changed. Returns the module."""
+    if path is None:
+        if isinstance(module, torch.nn.Module):
+            raise ConfigError("load_model(module): pass the model file too, load_model(module, FILE)")
+        return build_from_file(module, unknown, classes)
+    if unknown not in UNKNOWN:
+        raise ConfigError(f"load_model(unknown={unknown!r}): expected one of {UNKNOWN}")
+    return _load_into(module, read_model(path), unknown)
+
+
+def build_from_file(path, unknown: str = "initial", classes: dict | None = None) -> torch.nn.Module:
+    """The module the file's spec describes (paramshard.models.build_model's, or one of
+    ``classes``: name -> your class), built and loaded, with local tables: no code of the
+    training script needed. ModelFileError when the file records no model."""
+    from .models import build_from_spec
 
     if unknown not in UNKNOWN:
         raise ConfigError(f"load_model(unknown={unknown!r}): expected one of {UNKNOWN}")
     model = read_model(path)
+    if model.spec is None:
+        raise ModelFileError(f"{model.path}: this model file has no recorded model (its model was not built by "
+                             f"paramshard.models.build_model and declares no paramshard_spec, or the file "
+                             f"predates them): pass the module, ps.load_model(module, FILE)")
+    return _load_into(build_from_spec(model.spec, classes=classes), model, unknown)
+
+
+def _load_into(module: torch.nn.Module, model: ModelFile, unknown: str) -> torch.nn.Module:
+    from .torch.sparse_embedding import tables_of
+
     params = dict(module.named_parameters())
     tables = tables_of(module)
     problems = _mismatches(params, tables, model)

@@ -150,6 +150,12 @@ def _check_optional(manifest: dict) -> None:
             raise Invalid(f"optimizer: {exc}") from None
     if "plan" in manifest:
         obj(manifest["plan"], "plan")
+    if manifest.get("model") is not None:      # what built the model (model_spec.py); older ones have none
+        from ..model_spec import SpecError, check_spec
+        try:
+            check_spec(manifest["model"])
+        except SpecError as exc:
+            raise Invalid(f"model: {exc}") from None
     for trainer, step in obj(manifest.get("cut", {}), "cut").items():
         if not re.fullmatch(r"[0-9]{1,9}", trainer):
             raise Invalid(f"cut: {show(trainer)} is not a trainer number")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..checkpoint.format import write_trainer_position
 from ..log import get_logger
+from ..model_spec import spec_of
 from . import trainer_config
 from .position import capture
 
@@ -20,6 +21,9 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
     trainer.backend.flush()       # every step up to this one is on the servers
     if trainer.is_chief:
         settings = {"mode": env.mode, "trainers": env.num_trainers, "job_id": env.job_id}
+        spec = spec_of(trainer.model)       # what built the model: export-model and predict need no code
+        if spec is not None:
+            settings["model"] = spec
         path, nbytes, seconds = trainer.backend.save(trainer.table_specs(), directory, trainer.step_count, settings,
                                                      env.checkpoint_keep)
         log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,

@@ -14,6 +14,7 @@ import torch
 from ..env import ClusterEnv
 from ..errors import ConfigError
 from ..log import get_logger
+from ..model_spec import spec_of
 from .sparse_embedding import SparseEmbedding, tables_of
 
 log = get_logger("trainer")
@@ -39,6 +40,7 @@ def validate(env: ClusterEnv, model: torch.nn.Module, max_in_flight: int | None 
     if not env.mode.checkpoints and (env.checkpoint_dir or resume_from):
         raise ConfigError(f"checkpoints are not available in {env.mode} mode yet (the dense replicas are on the "
                           f"trainers, not on servers): drop --checkpoint-dir/--resume, or use sync mode")
+    spec_of(model)          # a paramshard_spec of the user's own is refused now, not at the first checkpoint
     tables = tables_of(model)
     if tables and not env.mode.has_servers:
         raise ConfigError(f"the model has SparseEmbedding tables {sorted(tables)}, and collective mode "
