@@ -23,6 +23,7 @@ COMMANDS = {
     "stats": "stats",
     "export": "export",
     "export-model": "export_model",
+    "predict": "predict",
     "k8s": "k8s",
     "report": "report",
 }

@@ -64,9 +64,11 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict
     return values, slots, versions, optimizer
 
 
-def _gather_table(links: ServerLinks, name: str, min_version: int = 0) -> tuple[dict[str, np.ndarray], int, int]:
+def gather_table(links: ServerLinks, name: str, min_version: int = 0,
+                 only: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], int, int]:
     """Every server's rows of table ``name``, pages joined, once the table has completed
-    ``min_version`` steps (sync); its version and evicted count."""
+    ``min_version`` steps (sync); its version and evicted count. ``only``: the parts to keep
+    (e.g. ids and values for a model file: the optimizer's slots are dropped page by page)."""
     pieces: dict[str, list[np.ndarray]] = {}
     version = evicted = 0
     for server in range(len(links)):
@@ -76,7 +78,8 @@ def _gather_table(links: ServerLinks, name: str, min_version: int = 0) -> tuple[
                 [(server, {"op": "snapshot_sparse", "table": name, "start": start, "count": SPARSE_PAGE_ROWS,
                            "min_version": min_version}, ())])
             for part, arr in zip(header["parts"], arrays):
-                pieces.setdefault(part, []).append(arr)
+                if only is None or part in only:
+                    pieces.setdefault(part, []).append(arr)
             version, evicted = max(version, header["version"]), evicted + header["evicted"]
             start += SPARSE_PAGE_ROWS
             if start >= header["rows"]:
@@ -117,7 +120,7 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             # Sync: the chief's dense reply means every dense block finished this step, but sparse
             # pushes are answered at once: the tables' snapshots wait for the same step.
             min_version = step if settings.get("mode") == Mode.SYNC else 0
-            tables_state = {name: _gather_table(links, name, min_version) for name in tables}
+            tables_state = {name: gather_table(links, name, min_version) for name in tables}
         finally:
             if cut is not None:
                 links.request_many({s: ({"op": "resume_pushes"}, ()) for s in range(len(links))})

@@ -74,14 +74,16 @@ def pre_standardize(column: Column, x: np.ndarray) -> np.ndarray:
 
 
 class Encoder:
-    def __init__(self, schema: Schema):
+    def __init__(self, schema: Schema, labels: bool = True):
+        """``labels=False``: the columns hold no label column (data to score, `paramshard
+        predict`); every batch's labels are NaN. Training reads with labels, always checked."""
         unfitted = schema.unfitted()
         if unfitted:
             from ..errors import ConfigError
             raise ConfigError(f"schema columns {', '.join(unfitted)} need statistics (standardize, bucketize, "
                               f"min_count): run `paramshard schema fit SCHEMA TRAIN_FILES -o FITTED` and read "
                               f"with the fitted schema")
-        self.schema = schema
+        self.schema, self.with_labels = schema, labels
         self.missing = frozenset(schema.format.missing)
         self._rare = {c.name: c.stats.get("vocabulary") for c in schema.fields if c.kind != "numeric"
                       and c.min_count > 1}
@@ -89,7 +91,7 @@ class Encoder:
     def encode(self, columns: dict) -> tuple[TabularBatch, list[tuple[int, str]]]:
         """(batch of the good rows, [(row index, reason)] of the bad ones)."""
         s = self.schema
-        n = len(columns[s.label.column])
+        n = len(columns[s.label.column] if self.with_labels else next(iter(columns.values())))
         bad = np.zeros(n, bool)
         reasons: dict[int, str] = {}
 
@@ -98,7 +100,8 @@ class Encoder:
                 reasons[int(i)] = reason_of(int(i))
             bad[mask] = True
 
-        labels = self._labels(s.label, columns[s.label.column], flag)
+        labels = self._labels(s.label, columns[s.label.column], flag) if self.with_labels \
+            else np.full(n, np.nan, np.float32)
         dense, bags = [], []
         for c in s.columns:
             if c.kind == "drop":

@@ -1,0 +1,31 @@
+"""`paramshard predict`: a model file scores data files, with no code (paramshard/scoring.py)."""
+from __future__ import annotations
+
+import sys
+
+HELP = ("score the rows of CSV/TSV/Parquet files with a model file (its recorded model and fitted schema): "
+        "one probability per row, in order")
+EXAMPLE = ("paramshard predict model.pt test.csv --out scores.csv",
+           "paramshard predict model.pt new-*.parquet --out scores.parquet")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", metavar="MODEL", help="a model file (`paramshard export` or export-model)")
+    p.add_argument("data", nargs="+", metavar="DATA", help="CSV, TSV or Parquet files; the label column may be absent")
+    p.add_argument("--out", metavar="FILE", help="where the scores go: .csv, .tsv, .parquet or .pq "
+                                                  "(default: CSV on stdout)")
+    p.add_argument("--batch-size", type=int, default=8192, metavar="N", help="rows per forward")
+
+
+def run(args) -> int:
+    from ..scoring import predict_files       # torch and pandas: imported only when this command runs
+
+    result = predict_files(args.model, args.data, args.out, args.batch_size)
+    # With the scores on stdout, what is said about them goes to stderr.
+    say = sys.stderr if args.out is None else sys.stdout
+    where = f" to {args.out}" if args.out else ""
+    line = f"scored {result['rows']:,} rows{where}"
+    if result["labels"]:
+        line += f": AUC {result['auc']:.4f}, logloss {result['logloss']:.4f}, accuracy {result['accuracy']:.4f}"
+    print(line, file=say)
+    return 0

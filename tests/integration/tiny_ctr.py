@@ -1,0 +1,69 @@
+"""A tiny CTR job for the serving tests: a CSV with a numeric, a categorical and a
+multi-valued column, its fitted schema, and a DeepFM built by build_model trained a
+few steps against a server in this process (server/in_process.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+import paramshard as ps
+from paramshard import runtime
+from paramshard.data import Column, Label, Schema, TabularReader, fit_schema
+from paramshard.env import ClusterEnv
+from paramshard.models import build_model
+from paramshard.torch.trainer import Trainer
+
+BATCH, ARGS = 32, {"dim": 4, "hidden": [8, 4]}
+
+
+def write_rows(path, rows: int, seed: int, label: bool = True) -> pd.DataFrame:
+    """``rows`` rows (label "click" only with ``label``), as CSV or Parquet by the suffix."""
+    g = np.random.default_rng(seed)
+    frame = pd.DataFrame({
+        "price": np.round(g.lognormal(2, 1, rows), 2).astype(str),
+        "city": g.choice(["paris", "rome", "oslo", "lima", "kyiv"], rows),
+        "tags": ["|".join(g.choice(["a", "b", "c", "d"], g.integers(1, 4))) for _ in range(rows)]})
+    frame.loc[g.random(rows) < 0.1, "price"] = ""           # missing values: the fitted mean
+    if label:
+        frame.insert(0, "click", (g.random(rows) < 0.3).astype(int))
+    if str(path).endswith(".parquet"):
+        frame.to_parquet(path, index=False)
+    else:
+        frame.to_csv(path, index=False)
+    return frame
+
+
+def fitted_schema(train) -> Schema:
+    schema = Schema(Label("click"), [Column("price", transforms=["log", "standardize"], bucketize=4),
+                                      Column("city", "categorical", min_count=2),
+                                      Column("tags", "multi")])
+    return fit_schema(schema, [train])
+
+
+def in_process_env() -> tuple[ClusterEnv, object]:
+    """A trainer's env and the in-process server it trains against (close it after)."""
+    server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                                  in_process=True)
+    runtime._local_server = server
+    env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+    return env, server
+
+
+def train(env, schema: Schema, train_file, steps: int):
+    """(model, trainer) after ``steps`` steps of a DeepFM on ``train_file``; the trainer is open."""
+    torch.manual_seed(0)
+    model = build_model("deepfm", schema, table_optimizer=ps.optim.Adagrad(lr=0.1), **ARGS)
+    trainer = Trainer(model, ps.optim.Adam(lr=0.01), env=env)
+    reader = TabularReader([train_file], schema, BATCH, shuffle=True)
+    done = 0
+    while done < steps:
+        for batch in reader:
+            b = batch.torch()
+            logits = model(b["dense"], b["ids"], b["offsets"], b["weights"])
+            trainer.step(F.binary_cross_entropy_with_logits(logits, b["labels"]))
+            done += 1
+            if done == steps:
+                break
+    return model, trainer
