@@ -12,22 +12,25 @@ import paramshard as ps
 from paramshard import runtime
 from paramshard.data import Column, Label, Schema, TabularReader, fit_schema
 from paramshard.env import ClusterEnv
+from paramshard.evaluation import predict
 from paramshard.models import build_model
 from paramshard.torch.trainer import Trainer
 
-BATCH, ARGS = 32, {"dim": 4, "hidden": [8, 4]}
+BATCH, ARGS, STEPS, SCORE_BATCH = 32, {"dim": 4, "hidden": [8, 4]}, 9, 16
 
 
 def write_rows(path, rows: int, seed: int, label: bool = True) -> pd.DataFrame:
-    """``rows`` rows (label "click" only with ``label``), as CSV or Parquet by the suffix."""
+    """``rows`` rows (label "click" only with ``label``), as CSV or Parquet by the suffix;
+    the same ``seed`` gives the same features with or without the label."""
     g = np.random.default_rng(seed)
     frame = pd.DataFrame({
         "price": np.round(g.lognormal(2, 1, rows), 2).astype(str),
         "city": g.choice(["paris", "rome", "oslo", "lima", "kyiv"], rows),
         "tags": ["|".join(g.choice(["a", "b", "c", "d"], g.integers(1, 4))) for _ in range(rows)]})
     frame.loc[g.random(rows) < 0.1, "price"] = ""           # missing values: the fitted mean
+    clicks = (g.random(rows) < 0.3).astype(int)
     if label:
-        frame.insert(0, "click", (g.random(rows) < 0.3).astype(int))
+        frame.insert(0, "click", clicks)
     if str(path).endswith(".parquet"):
         frame.to_parquet(path, index=False)
     else:
@@ -67,3 +70,31 @@ def train(env, schema: Schema, train_file, steps: int):
             if done == steps:
                 break
     return model, trainer
+
+
+class Job:
+    """A trained job's files under ``root``: train.csv, test.csv (labelled) and new.csv /
+    new.parquet (the same rows without the label), the checkpoint ckpt/ at STEPS, and what
+    the trained model gave for test.csv's rows through the server (eval mode, batches of
+    SCORE_BATCH): ``expected``."""
+
+    def __init__(self, root):
+        self.root = root
+        write_rows(root / "train.csv", 300, 0)
+        self.test = write_rows(root / "test.csv", 70, 1)
+        write_rows(root / "new.csv", 70, 1, label=False)
+        write_rows(root / "new.parquet", 70, 1, label=False)
+        self.schema = fitted_schema(root / "train.csv")
+        saved = runtime._local_server
+        env, server = in_process_env()
+        try:
+            model, trainer = train(env, self.schema, root / "train.csv", STEPS)
+            trainer.pull()
+            self.expected = predict(model, TabularReader([root / "test.csv"], self.schema, SCORE_BATCH))
+            trainer.save(root / "ckpt")
+            self.table_rows = {name: trainer.sparse.export_sparse(name) for name in trainer.tables}
+            trainer.close()
+        finally:
+            server.close()
+            runtime._local_server = saved
+        self.ckpt = root / "ckpt"

@@ -250,6 +250,13 @@ MUTATIONS = {
     "bad rounding": (_set(["sparse", 0, "rounding"], "up"), "sparse table 'emb': table 'emb': rounding is one of"),
     "table twice": (lambda m: m["sparse"].append(copy.deepcopy(m["sparse"][0])), "sparse lists 'emb' twice"),
     "cut not a number": (_set(["cut"], {"x": 1}), "cut: 'x' is not a trainer number"),
+    # The recorded model (model_spec.py): checked like the rest, before export-model or predict use it.
+    "model a list": (_set(["model"], []), "model: the model spec must be an object, got list"),
+    "model without a name": (_set(["model"], {"args": {}}), "model: the model spec's 'model' must be a non-empty"),
+    "model schema broken": (_set(["model"], {"model": "lr", "args": {}, "schema": {"label": "y"}}),
+                            "model: the model spec's schema: missing 'columns'"),
+    "model key unknown": (_set(["model"], {"model": "lr", "args": {}, "code": "import os"}),
+                          "model: the model spec has an unknown key 'code'"),
 }
 
 
