@@ -21,7 +21,7 @@ from paramshard.placement.sharding import ParamSpec, make_plan
 from tests.e2e.in_process import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "export-model", "run", "k8s",
+OWN_HELP = ["plan", "server", "env", "split-data", "gen-data", "export", "export-model", "predict", "run", "k8s",
             "schema", "dataset", "report", "stats"]   # launch documents itself
 
 

@@ -244,3 +244,45 @@ def test_files_that_are_not_an_export_are_named(model_file, tmp_path):
     data["sparse"]["feat"]["rows"] = data["sparse"]["feat"]["rows"][:, :3]
     torch.save(data, tmp_path / "damaged.pt")
     refused(tmp_path / "damaged.pt", r"damaged.pt: damaged model file .*table 'feat'")
+
+
+def test_a_module_of_its_own_records_no_model_so_load_model_needs_it(model_file):
+    """Model declares no paramshard_spec: the file has none, and loading it alone says to pass
+    the module (built-in models record theirs: tests/integration/test_model_snapshot.py)."""
+    assert "spec" not in torch.load(model_file, weights_only=True) and read_model(model_file).spec is None
+    with pytest.raises(ModelFileError, match=r"m.pt: this model file has no recorded model .*"
+                                             r"pass the module, ps.load_model\(module, FILE\)"):
+        ps.load_model(model_file)
+    with pytest.raises(ConfigError, match=r"pass the model file too, load_model\(module, FILE\)"):
+        ps.load_model(Model())
+
+
+def test_a_declared_spec_travels_through_the_checkpoint_into_the_file(tmp_path):
+    """A module of the user's own that declares paramshard_spec: the chief writes it into the
+    manifest, export-model copies it, and ps.load_model(FILE, classes=...) builds and loads it."""
+    class Declared(Model):
+        def __init__(self, hidden=32):
+            super().__init__(hidden=hidden)
+            self.paramshard_spec = {"model": "declared", "args": {"hidden": hidden}}
+
+    c = Cluster(servers=1, trainers=1, mode="sync", timeout=20.0)
+    try:
+        model = Declared(hidden=16)
+        trainer = Trainer(model, ps.optim.Adam(lr=0.01), env=c.trainer_env(0))
+        ids, y = train_batch(0)
+        trainer.step(F.binary_cross_entropy_with_logits(model(ids), y))
+        trainer.pull()
+        model.eval()
+        with torch.no_grad():
+            expected = model(EVAL_IDS).numpy()
+        trainer.save(tmp_path / "ckpt")
+        trainer.close()
+    finally:
+        c.close()
+    assert export(tmp_path / "ckpt", tmp_path / "m.pt") == 0
+    assert read_model(tmp_path / "m.pt").spec == {"model": "declared", "args": {"hidden": 16}}
+    loaded = ps.load_model(tmp_path / "m.pt", classes={"declared": Declared})
+    assert isinstance(loaded, Declared) and loaded.mlp[0].out_features == 16
+    loaded.eval()
+    with torch.no_grad():
+        np.testing.assert_array_equal(loaded(EVAL_IDS).numpy(), expected)

@@ -194,3 +194,20 @@ def test_files_without_rows_are_named_not_blamed_on_the_batch_size(tmp_path):
 def _write(path, df):
     df.to_csv(path, index=False)
     return path
+
+
+def test_an_encoder_without_labels_gives_the_same_features_and_the_reader_still_needs_its_label(files):
+    """Data to score (`paramshard predict`) has no label column: Encoder(labels=False) reads the
+    features alone; the training reader keeps refusing a file without its label."""
+    from paramshard.data.encode import Encoder
+    df, d = files
+    s = fit_schema(schema(), [d / "d.csv"])
+    columns = {name: df[name].astype(str).to_numpy(object) for name in ("id", "x", "cat")}
+    with_label, _ = Encoder(s).encode({**columns, "y": df["y"].astype(str).to_numpy(object)})
+    without, bad = Encoder(s, labels=False).encode(columns)
+    assert bad == [] and np.isnan(without.labels).all() and len(without) == len(df)
+    np.testing.assert_array_equal(without.dense, with_label.dense)
+    np.testing.assert_array_equal(without.ids, with_label.ids)
+    df.drop(columns=["y"]).to_csv(d / "nolabel.csv", index=False)
+    with pytest.raises(DataFormatError, match="no column 'y'"):
+        rows(TabularReader([d / "nolabel.csv"], s, 64))
