@@ -1,6 +1,11 @@
 """snapshot_model: the model file of a live job. Oracle: export_model of a checkpoint the
 same trainer saved at the same step (the same tensors, the same recorded model), and the
 module built from the snapshot alone predicts what the trained model gave through the server."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -54,3 +59,55 @@ def test_a_snapshot_is_the_export_of_a_checkpoint_at_the_same_step(tmp_path):
     assert read_model(tmp_path / "snap.pt").spec == snap["spec"]
     rebuilt = build_from_file(tmp_path / "snap.pt")
     np.testing.assert_array_equal(predict(rebuilt, TabularReader([tmp_path / "test.csv"], schema, 64)), expected)
+
+
+# Collective mode has no servers: hashed tables are module parameters, so the snapshot's
+# dense part holds them, and the module built from the file alone predicts what the
+# trained one does. One trainer in its own process (the gloo group is process-wide).
+COLLECTIVE = """\
+import sys
+import numpy as np
+import torch
+import torch.nn.functional as F
+import paramshard as ps
+from paramshard.data import TabularReader
+from paramshard.evaluation import predict
+from paramshard.model_snapshot import snapshot_model
+from paramshard.models import build_model, hashed_embedding
+from paramshard.serving import build_from_file, read_model
+from tests.integration.tiny_ctr import ARGS, fitted_schema, write_rows
+
+d = sys.argv[1]
+ps.init()
+write_rows(f"{d}/train.csv", 100, 0)
+schema = fitted_schema(f"{d}/train.csv")
+torch.manual_seed(0)
+model = build_model("deepfm", schema, embedding=hashed_embedding(64), **ARGS)
+trainer = ps.Trainer(model, ps.optim.Adam(lr=0.05))
+for batch in TabularReader([f"{d}/train.csv"], schema, 32, drop_last=True):
+    b = batch.torch()
+    trainer.step(F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]), b["labels"]))
+trainer.pull()
+snap = snapshot_model(trainer, f"{d}/snap.pt")
+assert snap["sparse"] == {} and "deep.weight" in snap["dense"], sorted(snap["dense"])
+for name, p in model.named_parameters():
+    assert torch.equal(snap["dense"][name], p.detach()), name
+expected = predict(model, TabularReader([f"{d}/train.csv"], schema, 64))
+trainer.close()
+np.testing.assert_array_equal(predict(build_from_file(f"{d}/snap.pt"), TabularReader([f"{d}/train.csv"], schema, 64)), expected)
+print("snapshot ok", trainer.step_count, read_model(f"{d}/snap.pt").spec["embedding"])
+"""
+
+
+def test_a_collective_snapshot_holds_the_hashed_tables_and_builds_the_model_again(tmp_path):
+    from paramshard.launch.ports import free_ports
+    (tmp_path / "snap.py").write_text(COLLECTIVE)
+    root = Path(__file__).resolve().parents[2]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PARAMSHARD_")}
+    environ.update(PARAMSHARD_ROLE="trainer", PARAMSHARD_MODE="collective", PARAMSHARD_TRAINERS="1",
+                   PARAMSHARD_TRAINER_ID="0", PARAMSHARD_COLLECTIVE_ADDR=f"127.0.0.1:{free_ports(1)[0]}",
+                   PARAMSHARD_TIMEOUT="30", PYTHONPATH=os.pathsep.join([str(root / "src"), str(root)]))
+    done = subprocess.run([sys.executable, str(tmp_path / "snap.py"), str(tmp_path)], env=environ,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "snapshot ok 3 {'kind': 'hashed', 'buckets': 64" in done.stdout, \
+        done.stdout + done.stderr
