@@ -23,7 +23,7 @@ Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=
 reads it without running any pickled code. ``load_model(module, file)`` copies the
 dense parameters into the module and gives every SparseEmbedding a local table;
 ``load_model(file)`` builds the module from the file's spec first.
-``snapshot_model`` (model_snapshot.py) writes the same file from a live job.
+``snapshot_model(trainer, file)`` writes the same file from a live job.
 An id the table does not hold reads what the servers would have given it in
 evaluation (``unknown="initial"``: its deterministic initial row, or zeros when the
 table's admission policy would not have given it a row) or zeros (``unknown="zeros"``).
@@ -119,6 +119,34 @@ def write_model_file(model: dict, out) -> None:
             torch.save(model, tmp)
     except OSError as exc:
         raise ModelFileError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+
+
+# ---------------------------------------------------------------- live job -> file
+
+def snapshot_model(trainer, out) -> dict:
+    """Write the model ``trainer`` trains, at its current step, to ``out``: the file
+    export_model writes of a checkpoint saved at this step (the app's "best epoch so far").
+    Dense: the values this trainer holds (``trainer.pull()`` first); collective and hybrid
+    modes' hashed tables are among them. Tables: every SparseEmbedding's ids and rows read
+    from the servers as a checkpoint reads them, in sync mode once every table completed
+    this step (the optimizer's state stays there). Only the calling trainer takes part."""
+    from .client.checkpoint import gather_table
+    from .model_spec import spec_of
+
+    trainer.backend.flush()        # this trainer's pushes are on the servers
+    step = trainer.step_count
+    # Copies: the trainer's values are its parameters' memory, and training goes on.
+    dense = {name: trainer._values[name].reshape(p.shape).copy() for name, p in trainer._params}
+    sparse = {}
+    min_version = trainer.backend.row_version(step)     # what a pull at this step waits for
+    for name, table in trainer.tables.items():
+        parts, _, _ = gather_table(trainer.links, name, min_version, only=("ids", "values"))
+        spec = table.spec
+        sparse[name] = sparse_entry(parts["ids"], parts["values"], spec.dim, spec.seed, spec.init_scale,
+                                    spec.dtype, spec.admission)
+    model = model_dict(step, None, dense, sparse, spec_of(trainer.model))
+    write_model_file(model, out)
+    return model
 
 
 # ---------------------------------------------------------------- file -> module

@@ -248,7 +248,7 @@ def test_files_that_are_not_an_export_are_named(model_file, tmp_path):
 
 def test_a_module_of_its_own_records_no_model_so_load_model_needs_it(model_file):
     """Model declares no paramshard_spec: the file has none, and loading it alone says to pass
-    the module (built-in models record theirs: tests/integration/test_model_snapshot.py)."""
+    the module (built-in models record theirs: tests/integration/test_serving_snapshot.py)."""
     assert "spec" not in torch.load(model_file, weights_only=True) and read_model(model_file).spec is None
     with pytest.raises(ModelFileError, match=r"m.pt: this model file has no recorded model .*"
                                              r"pass the module, ps.load_model\(module, FILE\)"):

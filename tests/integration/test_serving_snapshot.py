@@ -1,4 +1,4 @@
-"""snapshot_model: the model file of a live job. Oracle: export_model of a checkpoint the
+"""serving.snapshot_model: the model file of a live job. Oracle: export_model of a checkpoint the
 same trainer saved at the same step (the same tensors, the same recorded model), and the
 module built from the snapshot alone predicts what the trained model gave through the server."""
 import os
@@ -12,8 +12,7 @@ import torch
 from paramshard import runtime
 from paramshard.data import TabularReader
 from paramshard.evaluation import predict
-from paramshard.model_snapshot import snapshot_model
-from paramshard.serving import build_from_file, export_model, read_model
+from paramshard.serving import build_from_file, export_model, read_model, snapshot_model
 from tests.integration.tiny_ctr import ARGS, in_process_env, fitted_schema, train, write_rows
 
 
@@ -72,7 +71,7 @@ import torch.nn.functional as F
 import paramshard as ps
 from paramshard.data import TabularReader
 from paramshard.evaluation import predict
-from paramshard.model_snapshot import snapshot_model
+from paramshard.serving import snapshot_model
 from paramshard.models import build_model, hashed_embedding
 from paramshard.serving import build_from_file, read_model
 from tests.integration.tiny_ctr import ARGS, fitted_schema, write_rows
