@@ -4,7 +4,7 @@ step directory, found as the checkpoint to export.
 A run directory (`paramshard launch`, `paramshard run --run-dir`) records the job's
 checkpoint directory: config.json's launch settings (``checkpoint_dir``, made
 absolute by `paramshard launch`) or a rank's environment
-(``PARAMSHARD_CHECKPOINT_DIR``, in config.json's ranks or ranks/*.json).
+(the checkpoint_dir setting's variable, in config.json's ranks or ranks/*.json).
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import numpy as np
 
 from .checkpoint.format import LATEST, MANIFEST, Checkpoint, CheckpointError, checkpoints
 from .errors import ConfigError
+from .settings.table import by_field
 
-CHECKPOINT_VARIABLE = "PARAMSHARD_CHECKPOINT_DIR"
+CHECKPOINT_VARIABLE = by_field("checkpoint_dir").env      # the rank's variable for --checkpoint-dir
 EXPECTED = ("a run directory (of `paramshard launch` or `paramshard run --run-dir`), a checkpoint directory "
             "(--checkpoint-dir) or one step-NNNNNNNN directory in it")
 MAX_CONFIG_BYTES = 64 << 20      # config.json holds every rank's environment: far below this
