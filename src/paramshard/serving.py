@@ -40,7 +40,7 @@ import torch
 from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
-from .model_spec import SpecError, check_spec
+from .model_spec import SpecError, check_spec, spec_of
 from .placement.sparse_hash import admitted_by_probability, initial_rows
 from .server.row_formats import rounded
 from .tables import ROW_DTYPES, policy_from_wire
@@ -130,8 +130,7 @@ def snapshot_model(trainer, out) -> dict:
     modes' hashed tables are among them. Tables: every SparseEmbedding's ids and rows read
     from the servers as a checkpoint reads them, in sync mode once every table completed
     this step (the optimizer's state stays there). Only the calling trainer takes part."""
-    from .client.checkpoint import gather_table
-    from .model_spec import spec_of
+    from .client.checkpoint import gather_table     # the network side: imported only for a live job
 
     trainer.backend.flush()        # this trainer's pushes are on the servers
     step = trainer.step_count
