@@ -96,3 +96,15 @@ def test_predict_writes_scores_and_says_how_good_they_are(job, tmp_path, capsys)
     np.testing.assert_array_equal(np.array(out.split()[1:], np.float64), job.expected)
     code, _, err = cli_in_process(capsys, "predict", tmp_path / "m.pt", job.root / "new.csv", "--batch-size", 0)
     assert code == 2 and "--batch-size 0: must be >= 1" in err
+
+
+def test_a_refusal_reaches_the_user_from_the_real_command(tmp_path):
+    """One child process (the rest run in this one): exit code 2 and one line naming the file."""
+    import subprocess
+    import sys
+    (tmp_path / "d.csv").write_text("price,city,tags\n1,paris,a\n")
+    done = subprocess.run([sys.executable, "-m", "paramshard", "predict", tmp_path / "nope.pt", tmp_path / "d.csv"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"paramshard predict: error: {tmp_path / 'nope.pt'}: no such file; make one with "
+                           f"`paramshard export-model CHECKPOINT --out FILE`\n")
