@@ -28,7 +28,7 @@ from ...errors import ParamshardError
 
 
 def main(argv=None) -> int:
-    from . import main as run_module
+    from . import training as run_module
     from .options import parser, resolve
     import paramshard as ps
 

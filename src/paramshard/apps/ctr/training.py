@@ -63,16 +63,12 @@ def capacity_hint(schema: Schema) -> int:
     return total
 
 
-def make_model(args, schema: Schema, has_servers: bool, local: bool = False):
-    """The model the app trains. ``local``: the same network with tables held in this process
-    (to load a snapshot into, without servers)."""
+def make_model(args, schema: Schema, has_servers: bool):
     rows = ps.optim.Adagrad(lr=args.table_lr, weight_decay=args.embedding_l2)
     if not has_servers:
         # Collective mode: hashed tables every trainer holds whole, trained with the same
         # Adagrad as the servers' tables (collective/allreduce_sync.py).
         tables = dict(embedding=hashed_embedding(args.buckets, optimizer=rows))
-    elif local:
-        tables = {}
     else:
         tables = dict(table_optimizer=rows, capacity=capacity_hint(schema))
     return build_model(args.model, schema, **args.architecture, **tables)
@@ -175,7 +171,7 @@ class Run:
         scored on --test (the run's final figures) and exported."""
         if not self.chief or self.best_epoch is None:
             return None
-        model = restore(args, schema, self.env.mode.has_servers, self.best_file)
+        model = restore(self.best_file)
         final = evaluate(model, TabularReader(args.test, schema, EVAL_BATCH, skip_bad_lines=args.skip_bad_lines))
         self.say(f"best epoch {self.best_epoch}: test AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}  "
                  f"accuracy {final['accuracy']:.4f} (its model restored from the snapshot)")
@@ -202,10 +198,11 @@ def snapshot(trainer, model, path: Path) -> None:
     snapshot_model(trainer, path)
 
 
-def restore(args, schema: Schema, has_servers: bool, path: Path):
-    """The snapshot in a model of the same architecture, with its tables in this process."""
+def restore(path: Path):
+    """The snapshot as a model of its own, built from the architecture it records, its tables
+    held in this process (what `paramshard predict` loads too)."""
     from ...serving import load_model
-    return load_model(make_model(args, schema, has_servers, local=True), path)
+    return load_model(path)
 
 
 def train(args, say) -> dict | None:
