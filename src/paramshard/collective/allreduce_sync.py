@@ -14,16 +14,24 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from ..optim import OptimizerConfig, check_dense
+from ..optim import OptimizerConfig, check_dense, check_lr_scale, scaled
 from ..update_rules import make_rule
 
 
 class AllreduceDenseSync:
     def __init__(self, optimizer: OptimizerConfig, values: Mapping[str, np.ndarray]):
         check_dense(optimizer, "the dense optimizer")
+        self.optimizer = optimizer
+        self.lr_scale = 1.0          # the rule runs at optimizer.lr x lr_scale, as a server's does
         self.rule = make_rule(optimizer)
         self.slots = {name: self.rule.init_slots(v.shape) for name, v in values.items()}
         self.updates = 0
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Every trainer, at the same step: updates from the next one on run at the base rate x
+        ``scale`` (Trainer.scale_learning_rate), so the replicas stay equal."""
+        self.rule = make_rule(scaled(self.optimizer, check_lr_scale(scale, "the dense optimizer")))
+        self.lr_scale = float(scale)
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
                        timeout: float | None = None) -> None:

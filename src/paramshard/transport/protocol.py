@@ -77,15 +77,18 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "snapshot_dense": {},
     "snapshot_sparse": {"table": str, "start": int, "count": int, "min_version": Optional(int)},
     "restore_dense": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
-                      "plan_fingerprint": int, "trainer": int},
+                      "plan_fingerprint": int, "trainer": int, "lr_scale": Optional(float)},
     "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int,
-                       "reserve": Optional(int)},
+                       "reserve": Optional(int), "lr_scale": Optional(float)},
     "pause_pushes": {},
     "cut_pushes": {"cut": list},
     "resume_pushes": {},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
-    "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool)},
+    "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool),
+                "broadcast": Optional(bool), "value": Optional(object)},    # value: json_value.py, checked by server 0
+    "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),
+                 "epoch": Optional(int)},
     "shutdown": {},
 }
 
