@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import paramshard as ps
 from paramshard import runtime
 from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.server.sparse_service import SparseService
 from paramshard.torch.trainer import Trainer
@@ -186,3 +187,21 @@ def test_a_checkpoint_keeps_the_rate_it_was_taken_with(fresh_server, tmp_path):
     # Before the change: the old rate, until the script changes it again at step 2.
     _, _, scales = run(2, resume=tmp_path / "at1")
     assert scales == (1.0, 1.0)
+
+
+def test_mistakes_are_named_before_anything_is_sent(fresh_server):
+    _, env = fresh_server()
+    model = PsModel()
+    with Trainer(model, ps.optim.SGD(lr=0.1), env=env) as trainer:
+        for factor in (0, -1.0, float("nan"), 1e7, True, "0.5"):
+            with pytest.raises(ConfigError, match="0 < factor <= 1e"):
+                trainer.scale_learning_rate(factor)
+        with pytest.raises(ConfigError, match="no SparseEmbedding named 'nope'"):
+            trainer.scale_learning_rate(0.5, tables=["feat", "nope"])
+        with pytest.raises(ConfigError, match="nothing to change"):
+            trainer.scale_learning_rate(0.5, tables=False, dense=False)
+        with pytest.raises(ConfigError, match="use a list"):
+            trainer.broadcast({"ids": (1, 2)})
+        trainer.scale_learning_rate(0.5, tables="feat", dense=False)
+        server = runtime._local_server
+        assert server.dense.lr_scale == 1.0 and server.service(SparseService).tables["feat"].lr_scale == 0.5
