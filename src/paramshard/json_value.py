@@ -63,6 +63,7 @@ def _check(value, what: str, where: str, depth: int) -> None:
                 raise ConfigError(f"{what}: {where} has the key {key!r}: JSON keys are strings")
             _check(item, what, f"{where}[{key!r}]", depth + 1)
         return
-    hint = " (use a list: every trainer gets what JSON gives back)" if isinstance(value, tuple) else ""
+    hint = (" (use a list: every trainer gets what JSON gives back)" if isinstance(value, tuple) else
+            " (a numpy scalar: use .item())" if callable(getattr(value, "item", None)) else "")
     raise ConfigError(f"{what}: {where} is a {type(value).__name__}{hint}; a broadcast value is JSON: None, "
                       f"bool, int, float, str, list or dict with str keys")
