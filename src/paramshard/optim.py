@@ -10,6 +10,8 @@ import dataclasses
 import math
 import typing
 
+import numpy as np
+
 from .errors import ConfigError
 
 
@@ -117,6 +119,39 @@ def check_dense(config: OptimizerConfig | type[OptimizerConfig], where: str) -> 
         raise ConfigError(f"{where}: {name} is for SparseEmbedding tables; dense parameters: use "
                           f"{config.dense_alternative} (ps.optim.{config.dense_alternative}; {name} keeps one "
                           f"accumulator per table row, there are no rows in a dense parameter)")
+
+
+_F32 = np.finfo(np.float32)
+MAX_LR_FACTOR = 1e6      # one learning-rate change multiplies by at most this (a typo guard, not maths)
+
+
+def check_lr_factor(factor, what: str = "scale_learning_rate") -> float:
+    """A learning-rate factor: a finite number, 0 < factor <= MAX_LR_FACTOR."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
+            or not 0 < factor <= MAX_LR_FACTOR:
+        raise ConfigError(f"{what}({factor!r}): the factor must be a finite number, 0 < factor <= "
+                          f"{MAX_LR_FACTOR:g} (e.g. 0.5 halves the learning rate)")
+    return float(factor)
+
+
+def check_lr_scale(scale, what: str) -> float:
+    """A learning-rate scale (the product of the factors so far): a finite number > 0."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError(f"{what}: a learning-rate scale must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
+def scaled(config: OptimizerConfig, scale: float) -> OptimizerConfig:
+    """``config`` with its learning rate multiplied by ``scale`` (the base rate x the product of
+    every factor so far, in float64: what torch computes for ``group["lr"] = lr * scale``).
+    ConfigError when the rate would no longer be a positive float32 (the rules compute in it)."""
+    if scale == 1.0:
+        return config
+    lr = config.lr * scale
+    if not _F32.smallest_subnormal <= lr <= _F32.max:
+        raise ConfigError(f"a learning rate of {config.lr:g} x {scale:g} = {lr:g} is not a positive float32 "
+                          f"number: scale it less")
+    return dataclasses.replace(config, lr=lr)
 
 
 def from_wire(data: dict) -> OptimizerConfig:

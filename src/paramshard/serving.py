@@ -139,7 +139,7 @@ def snapshot_model(trainer, out) -> dict:
     sparse = {}
     min_version = trainer.backend.row_version(step)     # what a pull at this step waits for
     for name, table in trainer.tables.items():
-        parts, _, _ = gather_table(trainer.links, name, min_version, only=("ids", "values"))
+        parts, _, _, _ = gather_table(trainer.links, name, min_version, only=("ids", "values"))
         spec = table.spec
         sparse[name] = sparse_entry(parts["ids"], parts["values"], spec.dim, spec.seed, spec.init_scale,
                                     spec.dtype, spec.admission)

@@ -139,3 +139,58 @@ def test_a_store_name_that_does_not_resolve_yet_is_retried_until_the_timeout(tmp
     assert "trainer 1 could not reach the trainers' store at trainer-0.not-yet.invalid:29500" in done.stderr, \
         done.stderr[-2000:]
     assert "within 3 s" in done.stderr and "did trainer 0 start?" in done.stderr
+
+
+DECIDE = ("import json, sys, torch, paramshard as ps\n"
+          "ps.init()\n"
+          "torch.manual_seed(0)\n"
+          "model = torch.nn.Linear(4, 1)\n"
+          "trainer = ps.Trainer(model, ps.optim.Momentum(lr=0.1, momentum=0.5))\n"
+          "t, got = trainer.trainer_id, []\n"
+          "g = torch.Generator().manual_seed(1)\n"
+          "x, y = torch.randn(8, 6, 4, generator=g), torch.randn(8, 6, generator=g)\n"
+          "for k in range(8):\n"
+          "    if k == 3:\n"
+          "        got.append(trainer.broadcast({'decay': 0.25, 'why': ['plateau', 3]} if t == 0 else 'mine'))\n"
+          "        trainer.scale_learning_rate(got[-1]['decay'])\n"
+          "    xb, yb = x[k, t * 3:(t + 1) * 3], y[k, t * 3:(t + 1) * 3]\n"
+          "    trainer.step(((model(xb).squeeze(1) - yb) ** 2).mean())\n"
+          "json.dump({'got': got, 'weight': model.weight.detach().tolist()}, open(sys.argv[1] + str(t), 'w'))\n"
+          "trainer.close()\n")
+
+
+def test_collective_broadcast_and_rate_change_equal_one_process_changing_its_rate(tmp_path):
+    """Trainer 0's decision reaches trainer 1 through the gloo group (JSON bytes, no pickle), and
+    both replicas change their rate at step 3: one process on the combined batch, whose torch
+    optimizer's rate changes at step 3, ends where they do (and not where it ends unchanged)."""
+    import torch
+    from paramshard.launch.ports import free_ports
+    script = tmp_path / "decide.py"
+    script.write_text(DECIDE)
+    base = _contract(f"127.0.0.1:{free_ports(1)[0]}")
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "out")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**base, "PARAMSHARD_TRAINER_ID": str(t)})
+             for t in range(2)]
+    outputs = [p.communicate(timeout=90)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    results = [json.loads((tmp_path / f"out{t}").read_text()) for t in range(2)]
+    assert [r["got"] for r in results] == [[{"decay": 0.25, "why": ["plateau", 3]}]] * 2
+
+    def one_process(change_at):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 6, 4, generator=g), torch.randn(8, 6, generator=g)
+        for k in range(8):
+            if k == change_at:
+                opt.param_groups[0]["lr"] *= 0.25
+            opt.zero_grad()
+            ((model(x[k]).squeeze(1) - y[k]) ** 2).mean().backward()
+            opt.step()
+        return model.weight.detach().numpy()
+
+    for r in results:
+        np.testing.assert_allclose(np.array(r["weight"]), one_process(3), rtol=1e-5, atol=1e-6)
+        for other in (None, 2, 4):
+            assert not np.allclose(np.array(r["weight"]), one_process(other), rtol=1e-5, atol=1e-6), other

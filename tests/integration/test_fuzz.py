@@ -26,6 +26,7 @@ one run shows everything that is wrong. ``-m fuzz`` runs the full length.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -232,6 +233,8 @@ class Gen:
             return self.head(r, op), []
         if op == "snapshot_sparse":
             return self.head(r, op, table=TABLE, start=0, count=r.randint(1, 100), min_version=0), []
+        if op == "scale_lr":    # legit, it would change the learning rate: only ever sent broken
+            return self.head(r, op, factor=0.5, dense=True, tables=[TABLE], trainer=0), []
         if op == "reset":       # legit, it would drop everything: only ever sent broken
             return self.head(r, op, epoch=1, trainer=0), []
         if op == "cut_pushes":
@@ -427,6 +430,9 @@ class Gen:
         str: [0, 7, True, None, 1.5, ["emb"], {"emb": 1}, [], b"emb"],
         dict: [[], "sgd", None, 0, True, 1.5, [["kind", "sgd"]]],
         bool: [0, 1, 1.0, "true", "false", None, [], {}],
+        float: [0, 1, True, "0.5", None, [0.5], {"f": 0.5}],
+        protocol.JSON_VALUE: [math.nan, math.inf, -math.inf, {"w": [1.0, math.nan]}, "x" * 70000,
+                              json.loads("[" * 40 + "0" + "]" * 40)],     # not finite, too big, too deep
         "str_list": ["w.block0", [0], [None], [["w.block0"]], {"w.block0": 0}, None, 5, True,
                      ["w.block0", 1], [b"w.block0"], [1.5], [{"a": "b"}]],
         "int_list": [0, "0", [True], [1.5], ["0"], [None], {"0": 0}, None, [[0]]],

@@ -94,6 +94,9 @@ class DictRowStore:
         self.counting = count_admissions
         self.clear()
 
+    def set_rule(self, rule):
+        self.rule = rule
+
     def clear(self):
         self.row_of, self.rows, self.seen = {}, [], {}    # rows: [id, values, slots, steps, last_seen]
 

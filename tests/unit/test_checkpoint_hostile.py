@@ -248,6 +248,8 @@ MUTATIONS = {
                                                                "one of float32, float16, bfloat16, got 'float64'"),
     "row dtype a list": (_set(["sparse", 0, "dtype"], ["float16"]), "rows are stored as one of"),
     "bad rounding": (_set(["sparse", 0, "rounding"], "up"), "sparse table 'emb': table 'emb': rounding is one of"),
+    "lr_scale zero": (_set(["lr_scale"], 0), "lr_scale must be a finite number > 0 (a learning-rate scale), got 0"),
+    "lr_scale a string": (_set(["sparse", 0, "lr_scale"], "0.5"), "sparse table 'emb': lr_scale must be a finite"),
     "table twice": (lambda m: m["sparse"].append(copy.deepcopy(m["sparse"][0])), "sparse lists 'emb' twice"),
     "cut not a number": (_set(["cut"], {"x": 1}), "cut: 'x' is not a trainer number"),
     # The recorded model (model_spec.py): checked like the rest, before export-model or predict use it.

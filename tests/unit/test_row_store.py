@@ -5,7 +5,7 @@ that restore into an equal store; what stochastic rounding keeps of updates smal
 import numpy as np
 import pytest
 
-from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad
+from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad, scaled
 from paramshard.server.barrier import Membership
 from paramshard.server.compiled_row_store import CompiledRowStore
 from paramshard.server.numpy_row_store import NumpyRowStore
@@ -121,6 +121,26 @@ def test_reserve_creates_nothing_and_clear_drops_everything(kind):
     fast.count(np.array([9], np.uint64))
     fast.clear()
     assert fast.num_rows == 0 and fast.counters()[0].size == 0 and fast.lookup(np.array([7], np.uint64))[0] == -1
+
+
+@each_store
+@pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
+def test_a_new_rule_updates_rows_from_the_next_update_on(optimizer, kind):
+    """set_rule (a learning-rate change, server/learning_rates.py): the same state, another rate."""
+    rng = np.random.default_rng(5)
+    fast, oracle = stores(optimizer, kind=kind)
+    ids = np.arange(1, 9, dtype=np.uint64)
+    for store in (fast, oracle):
+        store.create(ids, initial_rows(3, ids, DIM, 0.1), 0)
+    for version, lr_scale in enumerate([1.0, 1.0, 0.25, 0.25, 3.0]):
+        grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        for store in (fast, oracle):
+            if lr_scale != 1.0:
+                store.set_rule(make_rule(scaled(optimizer, lr_scale)))
+            store.update(store.lookup(ids), grads, scale=0.5, version=version)
+        same(fast, oracle)
+    with pytest.raises(ValueError, match="keeps other state"):
+        fast.set_rule(make_rule(FTRL() if optimizer.kind != "ftrl" else SGD()))
 
 
 def test_both_stores_offer_every_member_of_the_contract():

@@ -19,7 +19,7 @@ import re
 from ..errors import ConfigError
 from .errors import CheckpointError
 from .paths import relpath_problem
-from .manifest_schema import Invalid, array, integer, obj, show, text
+from .manifest_schema import Invalid, array, integer, lr_scale, obj, show, text
 
 FORMAT = "paramshard-checkpoint"
 FORMAT_VERSION = 1
@@ -110,6 +110,8 @@ def check_sparse(entry, i: int, files: dict) -> str:
     widths = make_rule(optimizer).slot_widths(dim)     # per row: dim, or 1 for a per-row accumulator
     integer(entry["version"], f"{what}: version")
     integer(entry["evicted"], f"{what}: evicted")
+    if "lr_scale" in entry:
+        lr_scale(entry["lr_scale"], f"{what}: lr_scale")
     parts = obj(entry["files"], f"{what}: files", ("ids", "values"))
     for part, relpath in parts.items():
         where = f"{what}: {part}"
@@ -148,6 +150,8 @@ def _check_optional(manifest: dict) -> None:
             from_wire(manifest["optimizer"])
         except ConfigError as exc:
             raise Invalid(f"optimizer: {exc}") from None
+    if "lr_scale" in manifest:
+        lr_scale(manifest["lr_scale"], "lr_scale")
     if "plan" in manifest:
         obj(manifest["plan"], "plan")
     if manifest.get("model") is not None:      # what built the model (model_spec.py); older ones have none

@@ -3,6 +3,8 @@ raises Invalid with a one-line phrase naming the field, which the caller prefixe
 with the file and turns into a CheckpointError."""
 from __future__ import annotations
 
+import math
+
 MAX_NAME = 1024
 
 
@@ -21,6 +23,13 @@ def integer(value, what: str, low: int = 0, high: int | None = None) -> int:
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise Invalid(f"{what} must be a whole number {bound}, got {show(value)}")
     return value
+
+
+def lr_scale(value, what: str) -> float:
+    """A learning-rate scale (Trainer.scale_learning_rate): a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise Invalid(f"{what} must be a finite number > 0 (a learning-rate scale), got {show(value)}")
+    return float(value)
 
 
 def text(value, what: str) -> str:

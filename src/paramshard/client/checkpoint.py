@@ -33,18 +33,20 @@ from .sparse import Partition, SparseClient, TableSpec
 SPARSE_PAGE_ROWS = 1 << 20        # rows per snapshot/restore message (~64 MB at dim 16 with Adagrad)
 
 
-def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict, dict]:
-    """Per parameter: flat values, flat slots, version; and the optimizer as the servers hold it."""
+def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict, dict, float]:
+    """Per parameter: flat values, flat slots, version; the optimizer as the servers hold it and
+    the learning-rate scale they apply to it (Trainer.scale_learning_rate)."""
     replies = links.request_many({s: ({"op": "snapshot_dense"}, ()) for s in range(len(links))})
     by_name = {b.name: b for b in plan.blocks}
     values = {p.name: np.empty(p.numel, np.float32) for p in plan.params}
     slots: dict[str, list[np.ndarray]] = {}
     versions: dict[str, int] = {}
-    seen, optimizer = set(), None
+    seen, optimizer, scales = set(), None, set()
     for server, (header, arrays) in sorted(replies.items()):
         per_block = 1 + header["slots"]
         if header["blocks"]:
             optimizer = header["optimizer"]
+            scales.add(header.get("lr_scale", 1.0))     # a server without blocks has none to apply
         for i, (name, version) in enumerate(zip(header["blocks"], header["versions"])):
             block = by_name.get(name)
             if block is None:
@@ -61,16 +63,21 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict
     if missing:
         raise CheckpointError(f"the servers do not hold blocks {missing[:3]} (of {len(missing)}): nothing to "
                               f"save before the chief has registered the model")
-    return values, slots, versions, optimizer
+    if len(scales) > 1:
+        raise CheckpointError(f"the servers apply different learning-rate scales to the dense blocks "
+                              f"{sorted(scales)}: a learning-rate change reached only some of them")
+    return values, slots, versions, optimizer, scales.pop() if scales else 1.0
 
 
 def gather_table(links: ServerLinks, name: str, min_version: int = 0,
-                 only: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], int, int]:
+                 only: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], int, int, float]:
     """Every server's rows of table ``name``, pages joined, once the table has completed
-    ``min_version`` steps (sync); its version and evicted count. ``only``: the parts to keep
-    (e.g. ids and values for a model file: the optimizer's slots are dropped page by page)."""
+    ``min_version`` steps (sync); its version, evicted count and learning-rate scale. ``only``:
+    the parts to keep (e.g. ids and values for a model file: the optimizer's slots are dropped
+    page by page)."""
     pieces: dict[str, list[np.ndarray]] = {}
     version = evicted = 0
+    scales = set()
     for server in range(len(links)):
         start = 0
         while True:
@@ -81,10 +88,15 @@ def gather_table(links: ServerLinks, name: str, min_version: int = 0,
                 if only is None or part in only:
                     pieces.setdefault(part, []).append(arr)
             version, evicted = max(version, header["version"]), evicted + header["evicted"]
+            scales.add(header.get("lr_scale", 1.0))
             start += SPARSE_PAGE_ROWS
             if start >= header["rows"]:
                 break
-    return {part: np.concatenate(arrs) for part, arrs in pieces.items()}, version, evicted
+    if len(scales) > 1:
+        raise CheckpointError(f"the servers apply different learning-rate scales to table {name!r} "
+                              f"{sorted(scales)}: a learning-rate change reached only some of them")
+    scale = scales.pop() if scales else 1.0
+    return {part: np.concatenate(arrs) for part, arrs in pieces.items()}, version, evicted, scale
 
 
 def _pause_at_a_cut(links: ServerLinks) -> dict[int, int]:
@@ -116,7 +128,7 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
         if settings.get("mode") == Mode.ASYNC:
             cut = _pause_at_a_cut(links)
         try:
-            values, slots, versions, optimizer = _gather_dense(links, plan)
+            values, slots, versions, optimizer, lr_scale = _gather_dense(links, plan)
             # Sync: the chief's dense reply means every dense block finished this step, but sparse
             # pushes are answered at once: the tables' snapshots wait for the same step.
             min_version = step if settings.get("mode") == Mode.SYNC else 0
@@ -134,7 +146,7 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             dense.append({"name": p.name, "shape": list(p.shape), "version": versions[p.name], "files": files})
         sparse = []
         for i, (name, spec) in enumerate(tables.items()):
-            parts, version, evicted = tables_state[name]
+            parts, version, evicted, table_scale = tables_state[name]
             files = {}
             for part, arr in parts.items():
                 files[part] = f"sparse/t{i}/{part}.npy"
@@ -143,11 +155,13 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
                            "optimizer": spec.optimizer.to_wire(),
                            "policy": policy_to_wire(spec.admission, spec.eviction, spec.init_scale),
                            "dtype": spec.dtype, "rounding": spec.rounding,     # the files hold float32 either way
-                           "rows": int(len(parts["ids"])), "version": version, "evicted": evicted, "files": files})
+                           "rows": int(len(parts["ids"])), "version": version, "evicted": evicted,
+                           "lr_scale": table_scale, "files": files})
         if cut is not None:
             settings = {**settings, "cut": {str(t): k for t, k in sorted(cut.items())}}
         path = writer.commit({**settings, "servers": plan.num_servers, "dispatch": plan.dispatch,
-                              "optimizer": optimizer, "plan": plan.to_json(), "dense": dense, "sparse": sparse},
+                              "optimizer": optimizer, "lr_scale": lr_scale, "plan": plan.to_json(), "dense": dense,
+                              "sparse": sparse},
                              keep=keep)
     except BaseException:
         writer.abort()
@@ -219,7 +233,8 @@ def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int
                 names += ["counted_ids", "counts"]
                 arrays += [counted[cm], parts["counts"][cm]]
             header = {"op": "restore_sparse", "table": entry["name"], "parts": names,
-                      "version": entry["version"], "evicted": 0, "trainer": trainer_id}
+                      "version": entry["version"], "evicted": 0, "trainer": trainer_id,
+                      "lr_scale": float(entry.get("lr_scale", 1.0))}     # none: saved before any change
             if start == 0:
                 header["reserve"] = n
             requests.append((server, header, arrays))
@@ -250,7 +265,8 @@ def _restore_dense(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConf
         requests.append((server, {"op": "restore_dense", "names": [b.name for b in blocks],
                                   "versions": [entries[b.param]["version"] for b in blocks], "slots": slots,
                                   "optimizer": optimizer.to_wire(), "plan_fingerprint": plan.fingerprint(),
-                                  "trainer": trainer_id}, arrays))
+                                  "trainer": trainer_id, "lr_scale": float(ckpt.manifest.get("lr_scale", 1.0))},
+                         arrays))
     links.request_list(requests)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+from .. import json_value
 from ..errors import ConfigError, DeadlineExceeded, ParamshardError, ProtocolError, RemoteError
 from ..transport.client import ServerLinks
 from ..transport.server_stats import ServerStats
@@ -59,13 +60,19 @@ def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> 
                        timeout=timeout)
 
 
+NO_VALUE = object()      # barrier(): a plain barrier, not a broadcast
+
+
 def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout: float | None = None,
-            epoch: int | None = None, resumed: bool = False) -> None:
+            epoch: int | None = None, resumed: bool = False, broadcast: bool = False, value=NO_VALUE):
     """Enter barrier ``name`` for the ``count``-th time and return once every trainer that has
     not left entered it as often. Server 0 decides. ``timeout``: seconds in all (None:
     BARRIER_TIMEOUT_FACTOR x the links' timeout; math.inf: as long as the trainers waited for
     are alive). Raises naming the missing trainers: at once if one of them lost its
-    connection, else at the deadline."""
+    connection, else at the deadline.
+
+    ``broadcast``: a broadcast's entry; trainer 0's carries ``value`` (a small JSON value,
+    json_value.py) and every trainer gets it back (returned); a plain barrier returns None."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"barrier name must be a non-empty str, got {name!r}")
     if timeout is None:
@@ -77,6 +84,11 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
         header["epoch"] = epoch
     if resumed:                 # the count comes from a checkpoint (server/trainer_barrier.py)
         header["resumed"] = True
+    if broadcast:
+        header["broadcast"] = True
+        if value is not NO_VALUE:
+            json_value.encoded(value)       # a ConfigError here rather than an error reply
+            header["value"] = value
     deadline = time.monotonic() + timeout
     while True:
         # Server 0 answers a waiting request within PARAMSHARD_TIMEOUT (the links' timeout),
@@ -84,8 +96,8 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
         # count is a retry) until our own deadline.
         wait = min(links.timeout, deadline - time.monotonic())
         try:
-            links.request(0, header, timeout=wait)
-            return
+            reply, _ = links.request(0, header, timeout=wait)
+            return _value_of(reply, name, count) if broadcast else None
         except RemoteError as exc:
             if exc.code != "timeout":
                 raise
@@ -98,6 +110,29 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
             # Our deadline came before the server's: ask it who is missing.
             raise DeadlineExceeded(f"trainer {trainer_id}: barrier {name!r} #{count} did not complete within "
                                    f"{timeout:g} s: {_missing(links, name)}") from None
+
+
+def _value_of(reply: dict, name: str, count: int):
+    if "value" not in reply:
+        raise ProtocolError(f"server 0's reply to broadcast {name!r} #{count} carries no value")
+    value = reply["value"]
+    json_value.encoded(value, f"server 0's value of broadcast {name!r} #{count}")    # it came from elsewhere
+    return value
+
+
+def scale_learning_rate(links: ServerLinks, trainer_id: int, factor: float, dense: bool, tables: list[str],
+                        min_version: int | None, epoch: int | None = None) -> list[dict]:
+    """Trainer 0: every server multiplies the learning rate of its dense blocks (``dense``) and
+    of ``tables`` by ``factor`` (server/learning_rates.py), once it completed ``min_version``
+    steps (sync; None: at once). Returns each server's reply: the scales it now applies."""
+    header = {"op": "scale_lr", "factor": float(factor), "dense": dense, "tables": list(tables),
+              "trainer": trainer_id}
+    if min_version is not None:
+        header["min_version"] = min_version
+    if epoch is not None:       # sent before a rollback: refused after it ("reset")
+        header["epoch"] = epoch
+    replies = links.request_many({s: (header, ()) for s in range(len(links))})
+    return [replies[s][0] for s in sorted(replies)]
 
 
 def _missing(links: ServerLinks, name: str) -> str:

@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import ConfigError
-from ..optim import OptimizerConfig, check_dense
+from ..optim import OptimizerConfig, check_dense, check_lr_scale, scaled
 from ..update_rules import make_rule
 
 
@@ -28,6 +28,8 @@ class AllreduceDenseSync:
     def __init__(self, optimizer: OptimizerConfig, values: Mapping[str, np.ndarray],
                  tables: Mapping[str, tuple[OptimizerConfig, int]] | None = None):
         check_dense(optimizer, "the dense optimizer")
+        self.optimizer = optimizer
+        self.lr_scale = 1.0          # the rule runs at optimizer.lr x lr_scale, as a server's does
         self.rule = make_rule(optimizer)
         self.table_rules = {name: (make_rule(config), int(width)) for name, (config, width) in (tables or {}).items()}
         unknown = set(self.table_rules) - set(values)
@@ -38,6 +40,12 @@ class AllreduceDenseSync:
             rule, width = self.table_rules.get(name, (self.rule, None))
             self.slots[name] = rule.init_slots(v.shape if width is None else (v.size // width, width))
         self.updates = 0
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Every trainer, at the same step: updates from the next one on run at the base rate x
+        ``scale`` (Trainer.scale_learning_rate), so the replicas stay equal."""
+        self.rule = make_rule(scaled(self.optimizer, check_lr_scale(scale, "the dense optimizer")))
+        self.lr_scale = float(scale)
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
                        timeout: float | None = None) -> None:

@@ -142,6 +142,37 @@ def barrier(trainer_id: int, timeout: float) -> None:
         raise CollectiveError(f"trainer {trainer_id}: barrier failed: {exc}") from None
 
 
+def broadcast_json(trainer_id: int, value, timeout: float):
+    """Trainer 0's ``value`` (a small JSON value, json_value.py) on every trainer: its JSON bytes
+    in a uint8 tensor, its length first (so the others allocate only what is announced, within
+    json_value.MAX_BYTES). Bytes, not torch's broadcast_object_list: that one pickles."""
+    import torch
+    from .. import json_value
+    data = json_value.encoded(value) if trainer_id == 0 else b""
+    try:
+        length = torch.tensor([len(data)], dtype=torch.int64)
+        _broadcast(length, timeout)
+        size = int(length.item())
+        if not 0 <= size <= json_value.MAX_BYTES:
+            raise CollectiveError(f"trainer {trainer_id}: trainer 0 announced a broadcast of {size} bytes "
+                                  f"(at most {json_value.MAX_BYTES})")
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if trainer_id == 0 and size \
+            else torch.empty(size, dtype=torch.uint8)
+        if size:
+            _broadcast(payload, timeout)
+    except CollectiveError:
+        raise
+    except Exception as exc:       # gloo's errors: a peer gone, the deadline
+        raise CollectiveError(f"trainer {trainer_id}: broadcast from trainer 0 failed: {exc}") from None
+    return value if trainer_id == 0 else json_value.decoded(payload.numpy().tobytes())
+
+
+def _broadcast(tensor, timeout: float) -> None:
+    work = dist.broadcast(tensor, src=0, async_op=True)
+    if not work.wait(timeout=datetime.timedelta(seconds=timeout)):
+        raise CollectiveError(f"the broadcast did not complete within {timeout:g} s")
+
+
 def leave() -> None:
     if dist.is_initialized():
         # Whatever still holds the group (a dropped DDP wrapper in a reference cycle) goes

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..optim import from_wire
+from ..optim import check_lr_scale, from_wire, scaled
 from .context import ServerContext
 from .dense_store import DenseStore
 from .push_gate import PushGate, PushGateHook
@@ -87,7 +87,7 @@ class CheckpointService:
     def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
         store = self.dense
         if not store.registered:
-            return Reply({"blocks": [], "versions": [], "slots": 0})
+            return Reply({"blocks": [], "versions": [], "slots": 0, "lr_scale": store.lr_scale})
         blocks = list(store.blocks.values())
         out = []
         for b in blocks:
@@ -95,7 +95,7 @@ class CheckpointService:
             out.extend(s.copy() for s in b.slots)
         return Reply({"blocks": [b.name for b in blocks], "versions": [b.version for b in blocks],
                       "slots": len(blocks[0].slots) if blocks else 0, "optimizer": store.optimizer.to_wire(),
-                      "plan_fingerprint": store.plan_fingerprint}, out)
+                      "plan_fingerprint": store.plan_fingerprint, "lr_scale": store.lr_scale}, out)
 
     def handle_restore_dense(self, header: dict, arrays: list) -> Reply:
         names, versions, n_slots = header["names"], header["versions"], header["slots"]
@@ -113,11 +113,15 @@ class CheckpointService:
             raise ConfigError("restore_dense: versions must be non-negative integers")
         if self.dense.registered:
             raise ConfigError("restore_dense: this server already holds a model; restore onto fresh servers")
+        # The checkpoint's learning-rate scale (1: taken before any change, or before scales existed).
+        lr_scale = check_lr_scale(header.get("lr_scale", 1.0), "restore_dense")
+        scaled(optimizer, lr_scale)      # a rate that fits float32, checked before anything is stored
         self.dense.register(header["trainer"], names, values, optimizer, header["plan_fingerprint"])
+        self.dense.set_lr_scale(lr_scale)
         for name, ss, version in zip(names, slots, versions):
             block = self.dense.blocks[name]
             if len(ss) != len(block.slots):
-                self.dense.blocks, self.dense.plan_fingerprint, self.dense.optimizer = {}, None, None
+                self.dense.forget()
                 raise ConfigError(f"restore_dense: {len(ss)} optimizer slots a block, "
                                   f"{optimizer.kind} keeps {len(block.slots)}")
             for dst, src in zip(block.slots, ss):
@@ -150,7 +154,7 @@ class CheckpointService:
     def _page(self, table: SparseTable, start: int, count: int) -> Reply:
         page = table.snapshot_page(start, count)
         return Reply({"rows": table.num_rows, "version": table.version, "evicted": table.evicted,
-                      "parts": list(page)}, list(page.values()))
+                      "lr_scale": table.lr_scale, "parts": list(page)}, list(page.values()))
 
     def handle_restore_sparse(self, header: dict, arrays: list) -> Reply:
         table = self._table(header["table"])
@@ -184,8 +188,11 @@ class CheckpointService:
         state = {name: got[name] for name in (*(f"slot{i}" for i in range(len(slots))), "steps", "last_seen")
                  if name in got}
         counters = (got["counted_ids"], got["counts"]) if "counted_ids" in got else None
+        lr_scale = check_lr_scale(header.get("lr_scale", 1.0), f"restore_sparse: table {table.name!r}")
+        scaled(table.optimizer, lr_scale)   # checked before any row is stored
         table.restore_rows(ids, values, state, header["version"], header["evicted"],
                            header.get("reserve", 0), counters)
+        table.set_lr_scale(lr_scale)
         return Reply({"rows": table.num_rows})
 
 

@@ -172,6 +172,12 @@ class CompiledRowStore(RowStateArrays):
     def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
         self.values[rows] = self._stored(values)
 
+    def set_rule(self, rule: Rule) -> None:
+        if type(rule) is not type(self.rule):
+            raise ValueError(f"set_rule: {type(rule).__name__} keeps other state than {type(self.rule).__name__}")
+        self._update = rule_kernel(rule)     # reads the rule's settings (the rate) when made
+        self.rule = rule
+
     def update(self, rows: np.ndarray, grads: np.ndarray, scale: float, version: int = 0) -> None:
         if self._fmt & STOCHASTIC:
             self._update(self.values, self.slots, self.steps, np.ascontiguousarray(rows, np.int64),

@@ -29,7 +29,7 @@ class DenseHandlers:
         self.store.on_leave(trainer)
 
     def reset(self) -> None:
-        self.store.blocks, self.store.plan_fingerprint, self.store.optimizer = {}, None, None
+        self.store.forget()
         self.store.clocks.reset()
 
     def handle_register_dense(self, header: dict, arrays: list) -> Reply:

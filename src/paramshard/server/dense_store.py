@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..mode import Mode
-from ..optim import OptimizerConfig, check_dense
+from ..optim import OptimizerConfig, check_dense, check_lr_scale, scaled
 from .barrier import Membership, StepBarrier
 from ..update_rules import Rule, make_rule
 from .staleness import Clocks
@@ -47,7 +47,10 @@ class DenseStore:
         self.last_staleness: int | None = None
         self.blocks: dict[str, DenseBlock] = {}
         self.plan_fingerprint: int | None = None
-        self.optimizer: OptimizerConfig | None = None
+        self.optimizer: OptimizerConfig | None = None    # as registered: the base learning rate
+        # The product of every learning-rate change so far (Trainer.scale_learning_rate): the
+        # blocks' rule runs at optimizer.lr x lr_scale. Checkpointed with the blocks.
+        self.lr_scale = 1.0
 
     @property
     def registered(self) -> bool:
@@ -77,11 +80,24 @@ class DenseStore:
             if arr.dtype != np.float32 or arr.ndim != 1:
                 raise ConfigError(f"block {name}: expected a flat float32 array, got {arr.dtype}{list(arr.shape)}")
         check_dense(optimizer, "register_dense")
-        rule = make_rule(optimizer)
+        rule = make_rule(scaled(optimizer, self.lr_scale))
         self.blocks = {name: DenseBlock(name, arr.copy(), rule, StepBarrier(self.membership, f"block {name}"))
                        for name, arr in zip(names, arrays)}
         self.plan_fingerprint, self.optimizer = plan_fingerprint, optimizer
         return True
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Run every block's rule at the registered rate x ``scale`` from the next update on
+        (``lr_scale`` is kept even before registration: a restore sets it first)."""
+        scale = check_lr_scale(scale, "dense blocks")
+        rule = make_rule(scaled(self.optimizer, scale)) if self.optimizer is not None else None
+        for block in self.blocks.values():      # every check passed: nothing fails from here
+            block.rule = rule
+        self.lr_scale = scale
+
+    def forget(self) -> None:
+        """Drop the model (a rollback: the chief restores the checkpoint's, with its scale)."""
+        self.blocks, self.plan_fingerprint, self.optimizer, self.lr_scale = {}, None, None, 1.0
 
     def has_all(self, names: list[str]) -> bool:
         return all(n in self.blocks for n in names)

@@ -12,7 +12,7 @@ from .context import ServerContext
 from .hooks import Incoming, Verdict
 
 DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
-EPOCH_OPS = DATA_OPS + ("barrier",)
+EPOCH_OPS = DATA_OPS + ("barrier", "scale_lr")
 
 
 class EpochCheck:

@@ -108,6 +108,11 @@ class NumpyRowStore(RowStateArrays):
     def set_values(self, rows: np.ndarray, values: np.ndarray) -> None:
         self.values[rows] = to_storage(values, self.value_dtype)
 
+    def set_rule(self, rule: Rule) -> None:
+        if type(rule) is not type(self.rule):
+            raise ValueError(f"set_rule: {type(rule).__name__} keeps other state than {type(self.rule).__name__}")
+        self.rule = rule
+
     def update(self, rows: np.ndarray, grads: np.ndarray, scale: float, version: int = 0) -> None:
         values = np.take(self.values, rows, axis=0, mode="clip")
         if self._half:

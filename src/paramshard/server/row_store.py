@@ -104,6 +104,10 @@ class RowStore(Protocol):
         update completes (SparseTable.version before it); only stochastic rounding reads it,
         so no row is ever rounded with the same random bits twice."""
 
+    def set_rule(self, rule) -> None:
+        """Update rows with ``rule`` from now on: the same kind of rule (same state arrays) at
+        another learning rate (Trainer.scale_learning_rate)."""
+
     def touch(self, rows: np.ndarray, version: int) -> None:
         """Rows ``rows`` (all >= 0) were pulled at table version ``version`` (eviction's clock)."""
 

@@ -22,7 +22,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..limits import Limits
 from ..mode import Mode
-from ..optim import OptimizerConfig
+from ..optim import OptimizerConfig, check_lr_scale, scaled
 from ..placement.rows import merge_duplicates
 from ..placement.sparse_hash import admitted_by_probability, initial_rows
 from ..tables import Admission, Eviction, check_table_settings
@@ -51,6 +51,7 @@ class SparseTable:
         self.optimizer, self.admission, self.eviction, self.init_scale = optimizer, admission, eviction, init_scale
         self.dtype, self.rounding = dtype, rounding
         self.rule = make_rule(optimizer)
+        self.lr_scale = 1.0     # the rule runs at optimizer.lr x lr_scale (Trainer.scale_learning_rate)
         self.membership = membership
         self.barrier = StepBarrier(membership, f"table {name!r}")
         tier = {k: v for k, v in (("memory_budget", memory_budget), ("tier_dir", tier_dir),
@@ -257,6 +258,12 @@ class SparseTable:
         self.store.update(rows, grads, scale=1.0 / contributors, version=self.version)
         self.timings["push_optimizer"] += time.perf_counter() - started
         self.rows_updated += len(rows)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Update rows at the registered rate x ``scale`` from the next update on."""
+        rule = make_rule(scaled(self.optimizer, check_lr_scale(scale, f"table {self.name!r}")))
+        self.store.set_rule(rule)
+        self.rule, self.lr_scale = rule, float(scale)
 
     # -- eviction and export ----------------------------------------------
     def _maybe_evict(self) -> None:

@@ -20,9 +20,16 @@ cannot know: its entries say ``resumed`` until one of them passes, and such an e
 is the trainer's first on this server sets where its count stands. The rules above hold
 from the next entry on. A rollback (``reset``) forgets every barrier: counts go back to
 the checkpoint's.
+
+A broadcast (``Trainer.broadcast``) is a barrier whose every entry says ``broadcast`` and whose
+chief's entry carries a small JSON value (json_value.py, checked here before it is kept): every
+trainer's reply for that count carries it, a retry of a completed count too. Only the values of
+the latest completed count and of the one the chief entered since are kept per name, and all of
+them together within MAX_STORED_BYTES; a reset drops them with the barriers.
 """
 from __future__ import annotations
 
+from .. import json_value
 from ..errors import ConfigError, LimitExceeded
 from ..transport.server_stats import BarrierStats, BarrierWait
 from .barrier import Membership
@@ -30,14 +37,19 @@ from .replies import Deferred, Reply
 
 MAX_NAME_CHARS = 256
 MAX_BARRIERS = 4096      # names are kept for the whole job: a script making new ones without end is a bug
+MAX_STORED_BYTES = 16 << 20     # broadcast values kept at once, over every name (each is at most 64 KiB)
 
 
 class _Barrier:
-    __slots__ = ("entered", "completed")
+    __slots__ = ("entered", "completed", "broadcast", "values")
 
-    def __init__(self):
+    def __init__(self, broadcast: bool = False):
         self.entered: dict[int, int] = {}    # trainer -> the last count it entered
         self.completed = 0                   # every count up to this one let every trainer through
+        self.broadcast = broadcast           # its entries carry the chief's value (a name is one or the other)
+        # count -> (the chief's value, its JSON size): the completed count's (a retry may ask
+        # for it again) and the next one's, once the chief entered it.
+        self.values: dict[int, tuple[object, int]] = {}
 
 
 class TrainerBarriers:
@@ -47,6 +59,7 @@ class TrainerBarriers:
         self.server_id = server_id
         self.membership = membership
         self.barriers: dict[str, _Barrier] = {}
+        self.stored_bytes = 0               # the broadcast values kept, over every name
 
     def ops(self) -> dict:
         return {"barrier": self.handle_barrier}
@@ -69,10 +82,12 @@ class TrainerBarriers:
     def reset(self) -> None:
         # The trainers' counts go back to the checkpoint's; waits were voided by fail_waiting.
         self.barriers = {}
+        self.stored_bytes = 0
 
     def handle_barrier(self, header: dict, arrays: list) -> Reply | Deferred:
         trainer, name, count = header["trainer"], header["name"], header["count"]
-        what = f"barrier {name[:MAX_NAME_CHARS]!r} #{count}"
+        broadcast = header.get("broadcast") is True
+        what = f"{'broadcast' if broadcast else 'barrier'} {name[:MAX_NAME_CHARS]!r} #{count}"
         if self.server_id != 0:
             raise ConfigError(f"trainer {trainer} sent {what} to server {self.server_id}: barriers are kept "
                               f"by server 0 only (paramshard.client.control.barrier sends them there)")
@@ -83,20 +98,31 @@ class TrainerBarriers:
             raise ConfigError(f"trainer {trainer} entered {what}: counts start at 1")
         if arrays:
             raise ConfigError(f"trainer {trainer}: {what} carries no arrays, got {len(arrays)}")
+        value, size = self._check_value(header, trainer, broadcast, what)
         self.membership.check_not_left(trainer, f"enter {what}")
         b = self.barriers.get(name)
         if b is None:
             if len(self.barriers) >= MAX_BARRIERS:
                 raise LimitExceeded(f"trainer {trainer} entered {what}: {MAX_BARRIERS} barrier names are in "
                                     f"use already; reuse names (each call counts) instead of making new ones")
-            b = _Barrier()     # kept only once the entry is accepted: a rejected one leaves no trace
+            b = _Barrier(broadcast)     # kept only once the entry is accepted: a rejected one leaves no trace
+        if b.broadcast != broadcast:
+            kind, other = ("a broadcast", "trainer.barrier") if b.broadcast else ("a barrier", "trainer.broadcast")
+            raise ConfigError(f"trainer {trainer} entered {what}, but {name!r} is {kind} name: give "
+                              f"{other} another name")
         self._check_count(b, trainer, name, count, header.get("resumed") is True)
+        if size is not None and count not in b.values:    # a retry keeps the first entry's value
+            if self.stored_bytes + size > MAX_STORED_BYTES:
+                raise LimitExceeded(f"trainer {trainer} entered {what}: the broadcast values server 0 keeps "
+                                    f"would pass {MAX_STORED_BYTES} bytes; broadcast smaller values")
+            b.values[count] = (value, size)
+            self.stored_bytes += size
         self.barriers[name] = b
         b.entered[trainer] = count
         if self._settle(b) >= count:
-            return self._passed(name, count)
+            return self._passed(b, name, count)
         return Deferred(ready=lambda: self._settle(b) >= count,
-                        make_reply=lambda: self._passed(name, count),
+                        make_reply=lambda: self._passed(b, name, count),
                         describe=lambda: self._describe(b, name, count),
                         waits_on=lambda: self._missing(b, count))
 
@@ -122,11 +148,30 @@ class TrainerBarriers:
                               f"for trainers {self._missing(b, last)}: its wait for #{last} failed, so enter "
                               f"#{last} again (a retry) rather than going on")
 
+    def _check_value(self, header: dict, trainer: int, broadcast: bool, what: str) -> tuple[object, int | None]:
+        """The chief's broadcast value and its JSON size (None: this entry carries none), checked
+        before anything is kept."""
+        if "value" in header and not broadcast:
+            raise ConfigError(f"trainer {trainer}: {what} carries a value, but only a broadcast's entries do")
+        if not broadcast:
+            return None, None
+        if trainer != 0:
+            if "value" in header:
+                raise ConfigError(f"trainer {trainer}: {what} carries a value: only trainer 0's entry does")
+            return None, None
+        if "value" not in header:
+            raise ConfigError(f"trainer 0 entered {what} without the value it broadcasts")
+        value = header["value"]
+        return value, len(json_value.encoded(value, f"trainer 0's {what} value"))
+
     def _settle(self, b: _Barrier) -> int:
-        """Count ``completed`` up to what every trainer still required entered; returns it."""
+        """Count ``completed`` up to what every trainer still required entered; returns it.
+        Values of counts before the completed one are no longer asked for: they go."""
         required = self.membership.required
         if required:
             b.completed = max(b.completed, min(b.entered.get(t, 0) for t in required))
+        for count in [c for c in b.values if c < b.completed]:
+            self.stored_bytes -= b.values.pop(count)[1]
         return b.completed
 
     def _missing(self, b: _Barrier, count: int) -> list[int]:
@@ -137,5 +182,11 @@ class TrainerBarriers:
         return f"barrier {name!r} #{count} waits for trainers {missing} to enter it{self.membership.where(missing)}"
 
     @staticmethod
-    def _passed(name: str, count: int) -> Reply:
-        return Reply({"name": name, "count": count})
+    def _passed(b: _Barrier, name: str, count: int) -> Reply:
+        if not b.broadcast:
+            return Reply({"name": name, "count": count})
+        if count not in b.values:
+            # Every required trainer entered, so trainer 0 left the job before entering it.
+            raise ConfigError(f"broadcast {name!r} #{count} has no value: trainer 0 left the job without "
+                              f"entering it (every trainer must call broadcast as often as trainer 0)")
+        return Reply({"name": name, "count": count, "value": b.values[count][0]})

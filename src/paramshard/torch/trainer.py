@@ -28,7 +28,7 @@ from ..errors import ConfigError, ParamshardError
 from ..events import TrainerListeners
 from ..log import get_logger
 from ..optim import OptimizerConfig
-from . import checkpointing, rollback, table_io, trainer_config
+from . import checkpointing, decisions, rollback, table_io, trainer_config
 from .backends import open_backend
 from .epochs import epochs
 from .loop import LoopPosition
@@ -253,6 +253,24 @@ class Trainer:
             return
         self._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
         self._resumed_barriers.discard(name)
+
+    def broadcast(self, value=None, name: str = "broadcast", timeout: float | None = None):
+        """Every trainer calls it at the same point; each gets trainer 0's ``value`` (the others'
+        ``value`` is ignored): trainer 0 decides ("stop", "decay the learning rate"), the others
+        learn it. ``value``: None, bool, int, float, str, list or dict with str keys, at most
+        64 KiB as JSON (else ConfigError). A barrier too (``name`` counts with the barriers; use
+        names of its own); ``timeout`` as for ``barrier``. After a rollback past this point it
+        is void until the epoch is replayed, and returns ``value`` as given (torch/decisions.py)."""
+        return decisions.broadcast(self, value, name, timeout)
+
+    def scale_learning_rate(self, factor: float, tables=True, dense: bool = True) -> None:
+        """Multiply the learning rate of the dense optimizer (``dense``) and of the tables'
+        optimizers (``tables``: True every table, False none, or names) by ``factor`` (0 <
+        factor <= 1e6) from the next step on: the rate becomes the configured one x the product
+        of every factor so far. Every trainer calls it at the same step (after a ``broadcast``
+        of the decision); the chief tells the servers, which keep it in their checkpoints. Sync
+        mode: exactly between two steps."""
+        decisions.scale_learning_rate(self, factor, tables, dense)
 
     def server_stats(self) -> list[dict]:
         return self.backend.server_stats()

@@ -14,7 +14,8 @@ import msgpack
 import numpy as np
 
 from ..budgets import MAX_BUDGET, MIN_BUDGET
-from ..errors import ProtocolError
+from .. import json_value
+from ..errors import ConfigError, ProtocolError
 from ..tables import ROUNDINGS, ROW_DTYPES
 
 PROTOCOL_VERSION = 1
@@ -35,6 +36,7 @@ MAX_ARRAY_BYTES = 1 << 62     # any frame is far smaller; a shape past this is n
 # A type wrapped in Optional may be left out; when present it is checked the same way.
 _STR_LIST, _INT_LIST = "str_list", "int_list"
 _BUDGET = "a memory budget in bytes (budgets.py: at least MIN_BUDGET)"
+JSON_VALUE = "a small JSON value (json_value.py)"
 
 
 class Optional:
@@ -77,15 +79,18 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "snapshot_dense": {},
     "snapshot_sparse": {"table": str, "start": int, "count": int, "min_version": Optional(int)},
     "restore_dense": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
-                      "plan_fingerprint": int, "trainer": int},
+                      "plan_fingerprint": int, "trainer": int, "lr_scale": Optional(float)},
     "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int,
-                       "reserve": Optional(int)},
+                       "reserve": Optional(int), "lr_scale": Optional(float)},
     "pause_pushes": {},
     "cut_pushes": {"cut": list},
     "resume_pushes": {},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
-    "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool)},
+    "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool),
+                "broadcast": Optional(bool), "value": Optional(JSON_VALUE)},
+    "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),
+                 "epoch": Optional(int)},
     "shutdown": {},
 }
 
@@ -106,6 +111,12 @@ def _check_field(op: str, name: str, value: Any, kind: Any) -> None:
         ok = isinstance(value, list) and all(_is_int(x) for x in value)
     elif kind == _BUDGET:
         ok = _is_int(value) and MIN_BUDGET <= value <= MAX_BUDGET
+    elif kind == JSON_VALUE:
+        try:
+            json_value.encoded(value, f"{op}: field {name!r}")
+        except ConfigError as exc:
+            raise ProtocolError(str(exc)[:300]) from None
+        return
     elif kind is int:
         ok = _is_int(value)
     else:

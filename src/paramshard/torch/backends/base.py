@@ -86,6 +86,13 @@ class TrainerBackend(Protocol):
     def barrier(self, name: str, count: int, timeout: float | None, resumed: bool) -> None:
         """Every trainer reached barrier ``name`` ``count`` times."""
 
+    def broadcast(self, name: str, count: int, value, timeout: float | None, resumed: bool):
+        """Barrier ``name`` #``count`` that hands every trainer trainer 0's ``value`` (returned)."""
+
+    def scale_learning_rate(self, factor: float, dense: bool, tables: list[str], step: int) -> None:
+        """Multiply the dense (``dense``) and ``tables``' learning rates by ``factor`` from step
+        ``step`` on; every trainer calls it at the same step."""
+
     def save(self, tables: Mapping[str, TableSpec], directory, step: int, settings: Mapping,
              keep: int | None) -> tuple:
         """Chief: the servers' state as checkpoint ``step``: (path, bytes, seconds)."""

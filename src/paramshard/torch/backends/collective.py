@@ -67,6 +67,14 @@ class CollectiveBackend:
     def barrier(self, name, count, timeout, resumed) -> None:
         group.barrier(self.trainer_id, self.env.timeout * 10 if timeout is None else timeout)
 
+    def broadcast(self, name, count, value, timeout, resumed):
+        return group.broadcast_json(self.trainer_id, value, self.env.timeout * 10 if timeout is None else timeout)
+
+    def scale_learning_rate(self, factor, dense, tables, step) -> None:
+        # Every trainer changes its own replica's rule at the same step: the replicas stay equal.
+        if dense:
+            self.dense_sync.set_lr_scale(self.dense_sync.lr_scale * factor)
+
     def server_stats(self) -> list[dict]:
         return []
 

@@ -39,6 +39,12 @@ class HybridBackend(ServerBackend):
         self.steps.push({}, sparse_grads, step, {},
                         while_waiting=lambda: self.dense_sync.push_dense(grads, step, values))
 
+    def scale_learning_rate(self, factor, dense, tables, step) -> None:
+        # Dense: this replica's rule (every trainer at the same step); tables: on the servers.
+        if dense:
+            self.dense_sync.set_lr_scale(self.dense_sync.lr_scale * factor)
+        self._scale_on_servers(factor, False, tables, step)
+
     def roll_back(self, *args, **kwargs):
         raise AssertionError("hybrid mode has no checkpoints to roll back to (trainer_config.py refuses them)")
 

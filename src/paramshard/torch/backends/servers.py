@@ -120,6 +120,24 @@ class ServerBackend:
         self.steps.flush()
         control.barrier(self.links, self.trainer_id, name, count, timeout, self.links.epoch, resumed=resumed)
 
+    def broadcast(self, name, count, value, timeout, resumed):
+        self.steps.flush()
+        sent = value if self.trainer_id == 0 else control.NO_VALUE
+        return control.barrier(self.links, self.trainer_id, name, count, timeout, self.links.epoch, resumed=resumed,
+                               broadcast=True, value=sent)
+
+    def scale_learning_rate(self, factor, dense, tables, step) -> None:
+        self._scale_on_servers(factor, dense, tables, step)
+
+    def _scale_on_servers(self, factor, dense, tables, step) -> None:
+        # The chief tells the servers; in sync mode they change it once they completed the
+        # steps before ``step`` (server/learning_rates.py). The others have nothing to send.
+        if self.trainer_id != 0 or not (dense or tables):
+            return
+        self.steps.flush()
+        control.scale_learning_rate(self.links, self.trainer_id, factor, dense, tables,
+                                    min_version=step if self._versions_are_steps else None, epoch=self.links.epoch)
+
     def save(self, tables, directory, step, settings, keep):
         return checkpoint_io.save_checkpoint(self.links, self.plan, tables, directory, step, settings, keep=keep)
 
