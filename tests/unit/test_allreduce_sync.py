@@ -65,3 +65,11 @@ def test_the_models_hashed_tables_declare_their_optimizer():
     assert tables["deep.weight"] == (ps.optim.Adagrad(lr=0.2), 4) and tables["wide.weight"][1] == 1
     plain = build_model("deepfm", schema, dim=4, hidden=(8,), embedding=hashed_embedding(64))
     assert tables_with_own_optimizer(plain, {n for n, _ in plain.named_parameters()}) == {}
+
+
+def test_a_learning_rate_change_reaches_the_tables_own_rules_too():
+    values = {"t.weight": np.ones(4, np.float32)}
+    sync = AllreduceDenseSync(ps.optim.Adam(), values, tables={"t.weight": (ps.optim.SGD(lr=0.5), 2)})
+    sync.set_lr_scale(0.1)
+    sync.push_dense({"t.weight": np.array([1, 1, 0, 0], np.float32)}, 0, out=values)
+    np.testing.assert_allclose(values["t.weight"], [0.95, 0.95, 1, 1], rtol=1e-6)

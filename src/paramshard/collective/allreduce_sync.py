@@ -31,7 +31,8 @@ class AllreduceDenseSync:
         self.optimizer = optimizer
         self.lr_scale = 1.0          # the rule runs at optimizer.lr x lr_scale, as a server's does
         self.rule = make_rule(optimizer)
-        self.table_rules = {name: (make_rule(config), int(width)) for name, (config, width) in (tables or {}).items()}
+        self.table_configs = {name: (config, int(width)) for name, (config, width) in (tables or {}).items()}
+        self.table_rules = {name: (make_rule(config), width) for name, (config, width) in self.table_configs.items()}
         unknown = set(self.table_rules) - set(values)
         if unknown:
             raise ConfigError(f"tables {sorted(unknown)} are not parameters of the model")
@@ -43,8 +44,11 @@ class AllreduceDenseSync:
 
     def set_lr_scale(self, scale: float) -> None:
         """Every trainer, at the same step: updates from the next one on run at the base rate x
-        ``scale`` (Trainer.scale_learning_rate), so the replicas stay equal."""
+        ``scale`` (Trainer.scale_learning_rate), so the replicas stay equal. The tables with their
+        own optimizer (hashed tables: collective mode's stand-in for the servers' tables) too."""
         self.rule = make_rule(scaled(self.optimizer, check_lr_scale(scale, "the dense optimizer")))
+        self.table_rules = {name: (make_rule(scaled(config, check_lr_scale(scale, f"table {name}"))), width)
+                            for name, (config, width) in self.table_configs.items()}
         self.lr_scale = float(scale)
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
