@@ -163,7 +163,7 @@ class Run:
         if decision.decay:
             self.say(f"  no better on validation: learning rates x {a.lr_decay:g}")
         if decision.stop:
-            self.say(f"  no better on validation for {a.patience} epochs: stopping; the best was epoch {decision.best_epoch}")
+            self.say(f"  no better on validation for {a.patience} epoch(s) in a row: stopping; the best was epoch {decision.best_epoch}")
         return decision
 
     def finish(self, args, schema, trainers: int, servers: int) -> dict | None:
