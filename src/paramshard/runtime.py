@@ -61,7 +61,7 @@ def take_thread_share(processes: int) -> None:
     host (launch/api.py ``thread_environ``), unless OMP_NUM_THREADS is set (the user's choice,
     which torch has read). Left alone, torch starts a thread per core, and on a host where
     anything else runs, each matrix product's OpenMP barrier waits for a descheduled thread:
-    the CTR app on 2 shared cores ran 5-10x slower standalone than as a launched trainer
+    the CTR app on 2 shared cores ran about 10x slower standalone than as a launched trainer
     (issue 23). ``torch.set_num_threads`` (it sizes MKL's pool too), since torch may be
     imported already; ``os.environ`` stays as the user set it, for the processes they start."""
     from .launch.api import thread_environ, usable_cpus

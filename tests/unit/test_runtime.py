@@ -1,6 +1,6 @@
 """runtime.init with no cluster around: a standalone run gets the torch threads a trainer rank of
 the job it stands for gets from `paramshard launch` (issue 23: left at torch's thread per core,
-the CTR app ran 5-10x slower standalone than launched on a shared host). Oracle: the launcher's
+the CTR app ran about 10x slower standalone than launched on a shared host). Oracle: the launcher's
 own JobSpec for that job on this host."""
 import pytest
 import torch
