@@ -56,6 +56,14 @@ def candidates(before: str | None) -> dict[str, tuple[int, str, list[str] | None
     return out
 
 
+def run_environ(pythonpath: str) -> dict:
+    """A user's shell as the candidates see it: no PARAMSHARD_* (standalone must find no cluster) and
+    no thread variable (torch's threads are what ps.init() or the launcher choose: the measure)."""
+    env = {k: v for k, v in child_environ().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = pythonpath
+    return env
+
+
 def run_one(children: C.Children, name: str, cand, data: dict, epochs: int, workdir: Path, timeout: float) -> dict:
     trainers, pythonpath, launch = cand
     run = workdir / f"run-{time.monotonic_ns()}"
@@ -65,8 +73,7 @@ def run_one(children: C.Children, name: str, cand, data: dict, epochs: int, work
     # The launcher's run directory goes with the rest, not into the working directory.
     argv = [sys.executable, *app] if launch is None else [*paramshard_cli(), "launch", *launch, "--run-dir",
                                                           str(run / "job"), *app]
-    env = {k: v for k, v in child_environ().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env["PYTHONPATH"] = pythonpath
+    env = run_environ(pythonpath)
     load = os.getloadavg()[0]
     try:
         proc = children.spawn(name, argv, env)
