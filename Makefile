@@ -42,6 +42,7 @@ bench: warm
 	$(PY) benchmarks/checkpoint_speed.py --markdown
 	$(PY) benchmarks/engine_startup.py --markdown
 	$(PY) benchmarks/tabular_reader.py --markdown
+	$(PY) benchmarks/ctr_app_standalone.py --markdown
 	$(PY) benchmarks/modes.py --markdown
 
 clean:

@@ -9,6 +9,7 @@ directly (server/in_process.py), without sockets or a thread.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ from .env import ClusterEnv
 from .events import ServerListeners
 from .log import configure, get_logger
 from .mode import Mode
+from .settings.process_variables import OMP_THREADS
 from .server.parameter_server import ParameterServer
 from .transport.client import ServerLinks
 from .server.in_process import LocalLinks
@@ -41,14 +43,36 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
             # No servers in this mode: one trainer, a process group of one.
             env = dataclasses.replace(env, role="trainer", num_trainers=1, trainer_id=0)
             log.info("no cluster in the environment: collective mode with this process as the only trainer")
+            take_thread_share(processes=1)
         elif env.role is None:
             _local_server = build_server(dataclasses.replace(env, server_id=0), num_trainers=1,
                                          watch_peers=False, in_process=True)
             env = dataclasses.replace(env, role="trainer", servers=(_local_server.address,),
                                       num_trainers=1, trainer_id=0)
             log.info("no cluster in the environment: training against a server inside this process")
+            take_thread_share(processes=2)
         _env = env
         return env
+
+
+def take_thread_share(processes: int) -> None:
+    """torch's intra-op threads for a standalone run: what a trainer rank of the job it stands
+    for (1 server + 1 trainer; collective mode: 1 trainer) gets from `paramshard launch` on this
+    host (launch/api.py ``thread_environ``), unless OMP_NUM_THREADS is set (the user's choice,
+    which torch has read). Left alone, torch starts a thread per core, and on a host where
+    anything else runs, each matrix product's OpenMP barrier waits for a descheduled thread:
+    the CTR app on 2 shared cores ran about 10x slower standalone than as a launched trainer
+    (issue 23). ``torch.set_num_threads`` (it sizes MKL's pool too), since torch may be
+    imported already; ``os.environ`` stays as the user set it, for the processes they start."""
+    from .launch.api import thread_environ, usable_cpus
+    if os.environ.get(OMP_THREADS.env):
+        return
+    cpus = usable_cpus()
+    threads = int(thread_environ(cpus, processes, environ={})[OMP_THREADS.env])
+    import torch
+    torch.set_num_threads(threads)
+    log.info("standalone: %d torch thread(s), a trainer rank's share of %d CPU(s) in a job of %d process(es); "
+             "set OMP_NUM_THREADS to choose", threads, cpus, processes)
 
 
 def current() -> ClusterEnv:

@@ -37,7 +37,9 @@ OMPI_RANK = Setting(
 OMP_THREADS = Setting(
     "OMP_NUM_THREADS", "threads of torch's intra-op pool in each process (read by torch at import); `paramshard "
     "launch` sets it and MKL_NUM_THREADS to the CPUs of the host (its affinity) divided by the job's processes "
-    "there, at least 1, unless it is set already: then it passes that value on", scopes=frozenset())
+    "there, at least 1, unless it is set already: then it passes that value on; a standalone run (no launcher) "
+    "gives torch the share of a trainer rank of 1 server + 1 trainer (collective mode: 1 trainer)",
+    scopes=frozenset())
 MKL_THREADS = Setting(
     "MKL_NUM_THREADS", "MKL's thread pool, set with OMP_NUM_THREADS; a value of the user's is passed on",
     scopes=frozenset())
