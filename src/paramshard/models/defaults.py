@@ -14,10 +14,13 @@ it moves slowly (on MovieLens 100k it was still improving after 10 epochs), so i
 takes ten times their dense rate and four times their table rate. Measured with
 the app's early stopping (test AUC of the best epoch, one process):
 
-    rates (lr, table_lr)   adult 5k rows   adult 39k   movielens 5k   movielens 80k
-    3e-3, 0.05             0.8873 (10 ep)  -           0.6955 (10)    0.7715 (10)
-    3e-2, 0.2              0.8967          -           0.6885         0.7753
-    3e-2, 0.5              0.8878          -           0.6825         0.7743
+    rates (lr, table_lr)   adult, 5k rows   movielens, 5k rows   movielens, 80k rows
+    3e-3, 0.05             0.8873           0.6955               0.7715
+    3e-2, 0.2              0.8967           0.6885               0.7753
+    3e-2, 0.5              0.8878           0.6825               0.7743
+
+(``python -m paramshard.apps.ctr --model lr --epochs 10 --lr A --table-lr B``,
+first rows of `paramshard dataset adult|movielens100k`'s train.csv, their test.csv.)
 
 docs/data.md lists these; benchmarks/public_tables.py measures every model on
 three public datasets with them, no tuning.
