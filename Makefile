@@ -43,6 +43,7 @@ bench: warm
 	$(PY) benchmarks/engine_startup.py --markdown
 	$(PY) benchmarks/tabular_reader.py --markdown
 	$(PY) benchmarks/modes.py --markdown
+	$(PY) benchmarks/public_tables.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

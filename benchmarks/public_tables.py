@@ -95,6 +95,11 @@ def rates(app_result: dict, defaults: dict) -> dict:
     return {key: found.get(key, defaults[key]) for key in ("lr", "table_lr")}
 
 
+def within(gap: float) -> bool:
+    """|gap| <= the tolerance, up to float noise (0.902 - 0.900 is 0.0020000000000000018)."""
+    return round(abs(gap), 9) <= TWIN_TOLERANCE
+
+
 def summary(dataset: str, rows: dict) -> str:
     """One line: the best paramshard model vs scikit-learn's LR, and each model vs its PyTorch twin.
     ``rows``: label -> {"auc": ...} (labels as ps_label / twin_label / SKLEARN name)."""
@@ -110,7 +115,7 @@ def summary(dataset: str, rows: dict) -> str:
     for m in ours:
         if twin_label(m) in rows:
             gap = ours[m] - rows[twin_label(m)]["auc"]
-            twins.append(f"{m} {gap:+.4f} {'ok' if abs(gap) <= TWIN_TOLERANCE else 'OVER'}")
+            twins.append(f"{m} {gap:+.4f} {'ok' if within(gap) else 'OVER'}")
     parts.append("vs the PyTorch twin (|dAUC| <= 0.002): " + (", ".join(twins) if twins else "none run"))
     return "; ".join(parts)
 
@@ -119,7 +124,7 @@ def verdicts(dataset: str, rows: dict) -> tuple[bool, list[str]]:
     """(best paramshard beats LR, the models whose twin gap is over the tolerance)."""
     ours = {m: rows[ps_label(m)]["auc"] for m in MODELS if ps_label(m) in rows}
     beats = bool(ours) and "LogisticRegression" in rows and max(ours.values()) > rows["LogisticRegression"]["auc"]
-    over = [m for m in ours if twin_label(m) in rows and abs(ours[m] - rows[twin_label(m)]["auc"]) > TWIN_TOLERANCE]
+    over = [m for m in ours if twin_label(m) in rows and not within(ours[m] - rows[twin_label(m)]["auc"])]
     return beats, over
 
 
