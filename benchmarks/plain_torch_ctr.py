@@ -11,9 +11,12 @@ initial row, values in [-0.01, 0.01): a negligible difference).
 
 Optimizers as the app's: torch.optim.Adam at --lr on the dense parameters,
 torch.optim.Adagrad at --table-lr on the tables (sparse gradients, paramshard's
-Adagrad defaults). One step takes --batch-size rows: give it 2x the app's
-per-trainer batch to match a sync job of 2 trainers (their gradients are
-averaged, as a mean over both batches would be).
+Adagrad defaults). With --shards N, a step is N batches of --batch-size rows
+together, batch k of each of the N shards the app's trainers read (the same
+TabularReader shards, seed and shuffle): the rows of one step of a sync job of N
+trainers, whose servers average the N gradients as one mean over the N batches
+does. So the twin sees the same rows in the same steps as the paramshard job
+and only the framework differs. --shards 1 (the default) reads the file whole.
 
 With --valid, each epoch ends with an evaluation on it; the best epoch (highest
 validation AUC) is kept, training stops after --patience epochs without a
@@ -21,7 +24,7 @@ better one (--epochs is the maximum), and the best epoch's model is the one
 tested. Without --valid, every epoch runs and the last one is tested.
 
     python benchmarks/plain_torch_ctr.py --train T.csv --test E.csv --schema fitted.json --model deepfm \\
-        --batch-size 512 --json out.json
+        --shards 2 --batch-size 256 --json out.json
 """
 from __future__ import annotations
 
@@ -90,11 +93,18 @@ def optimizers(model, lr: float, table_lr: float):
             torch.optim.Adam(dense, lr=lr, betas=adam.betas, eps=adam.eps))
 
 
-def train_epoch(model, reader, opts) -> float:
+def steps(readers):
+    """One pass: step k is batch k of every reader, together (readers with equal_steps: as many each)."""
+    from paramshard.data.batch import TabularBatch
+    for parts in zip(*readers):
+        yield parts[0] if len(parts) == 1 else TabularBatch.concat(parts)
+
+
+def train_epoch(model, readers, opts) -> float:
     import torch.nn.functional as F
     from paramshard.data.batch import TabularBatch
     losses = []
-    for b in reader:
+    for b in steps(readers):
         t = TabularBatch.torch(b)
         for o in opts:
             o.zero_grad(set_to_none=True)
@@ -121,11 +131,12 @@ def run(args) -> dict:
     vocab = training_ids(args.train, schema)
     model = build(args, schema, vocab)
     opts = optimizers(model, args.lr, args.table_lr)
-    reader = TabularReader(args.train, schema, args.batch_size, shuffle=True, seed=args.seed, equal_steps=True)
+    readers = [TabularReader(args.train, schema, args.batch_size, shard=(i, args.shards), shuffle=True,
+                             seed=args.seed, equal_steps=True) for i in range(args.shards)]
     history, best, best_state, waited = [], None, None, 0
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
-        train_loss = train_epoch(model, reader, opts)
+        train_loss = train_epoch(model, readers, opts)
         record = {"epoch": epoch, "train_loss": train_loss, "seconds": round(time.perf_counter() - t0, 3)}
         if args.valid:
             record["valid"] = evaluate(model, TabularReader(args.valid, schema, 8192))
@@ -141,7 +152,7 @@ def run(args) -> dict:
     if best_state is not None:
         model.load_state_dict(best_state)
     test = evaluate(model, TabularReader(args.test, schema, 8192))
-    out = {"model": args.model, "batch_size": args.batch_size, "lr": args.lr, "table_lr": args.table_lr,
+    out = {"model": args.model, "batch_size": args.batch_size, "shards": args.shards, "lr": args.lr, "table_lr": args.table_lr,
            "vocabulary": int(len(vocab)), "epochs": history, "final": test,
            "seconds": round(time.perf_counter() - start, 3)}
     if best is not None:
@@ -158,7 +169,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepfm", choices=("lr", "widedeep", "deepfm", "dcn"))
     p.add_argument("--epochs", type=int, default=3, help="the most epochs (with --valid) or every epoch")
     p.add_argument("--patience", type=int, default=2, help="epochs without a better validation AUC to stop after")
-    p.add_argument("--batch-size", type=int, default=512, help="rows per step (2x the app's per-trainer batch)")
+    p.add_argument("--batch-size", type=int, default=256, help="rows per shard per step (the app's per-trainer batch)")
+    p.add_argument("--shards", type=int, default=1, help="the app's trainers: a step reads a batch of each shard")
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--hidden", default="128,64")
     p.add_argument("--lr", type=float, default=3e-3)
@@ -172,8 +184,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     args.hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())
-    if args.epochs < 1 or args.patience < 1 or args.batch_size < 1:
-        raise SystemExit("--epochs, --patience and --batch-size must be >= 1")
+    if min(args.epochs, args.patience, args.batch_size, args.shards) < 1:
+        raise SystemExit("--epochs, --patience, --batch-size and --shards must be >= 1")
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -10,8 +10,9 @@ Per dataset, per model M in lr, widedeep, deepfm, dcn:
 - paramshard: ``paramshard launch --servers 2 --trainers 2 --mode sync -m paramshard.apps.ctr
   --model M`` with the app's defaults; wall time around the launch (start-up included);
 - PyTorch: the same model class in one plain process (benchmarks/plain_torch_ctr.py: local
-  sparse EmbeddingBag tables, torch.optim Adam + Adagrad at the app's rates, 2x the app's
-  per-trainer batch, the same epochs); wall time around that process;
+  sparse EmbeddingBag tables, torch.optim Adam + Adagrad at the app's rates, the same epochs;
+  each step is both trainers' batches of the sync job together, 2x the app's per-trainer
+  batch, the same rows in the same order); wall time around that process;
 and per dataset scikit-learn's LogisticRegression (one-hot categories, standardized
 numbers) and HistGradientBoostingClassifier (native categories up to 255 values, ordinal
 codes beyond), on the same columns as the schema's kinds; wall time from reading the files
@@ -234,7 +235,7 @@ def run_twin(children, files: dict, model: str, work: Path, defaults: dict, app_
     lr = rates(app_result, defaults)
     argv = [sys.executable, str(HERE / "plain_torch_ctr.py"), "--train", str(files["fit"]), "--test",
             str(files["test"]), "--schema", str(files["schema"]), "--model", model, "--json", str(out),
-            "--batch-size", str(2 * defaults["batch_size"]), "--dim", str(defaults["dim"]),
+            "--batch-size", str(defaults["batch_size"]), "--shards", LAUNCH[3], "--dim", str(defaults["dim"]),
             "--hidden", hidden_text(defaults["hidden"]), "--lr", repr(lr["lr"]), "--table-lr", repr(lr["table_lr"]),
             "--seed", str(defaults["seed"]), "--epochs", str(epochs or defaults["epochs"]), "--threads", "1"]
     if files["valid"] is not None:
@@ -272,6 +273,8 @@ def one_repetition(children, rep: int, names, prepared, defaults, flags, args, w
         print(f"repeat {rep + 1}/{args.repeats}, {name}, scikit-learn ...", flush=True)
         rows.update(run_sklearn(files))
         by_dataset[name] = rows
+        with open(work / "rows.jsonl", "a") as log:      # what is done so far, should a later run fail
+            log.write(json.dumps({"repeat": rep, "dataset": name, "rows": rows}, default=float) + "\n")
     return by_dataset
 
 
@@ -300,8 +303,8 @@ def report(args, results: dict, descriptions: dict, defaults: dict, flags: dict,
                  else "no validation flags in the app yet: every epoch run, the last one tested")
     setup = (f"paramshard: launch {' '.join(LAUNCH)}, apps.ctr defaults (batch {defaults['batch_size']} per trainer, "
              f"dim {defaults['dim']}, hidden {defaults['hidden']}, epochs {args.epochs or defaults['epochs']}); "
-             f"{selection}. PyTorch: benchmarks/plain_torch_ctr.py, one process, 1 torch thread, batch "
-             f"{2 * defaults['batch_size']}. scikit-learn fits on the whole training file. Wall time: whole process "
+             f"{selection}. PyTorch: benchmarks/plain_torch_ctr.py, one process, 1 torch thread, steps of "
+             f"{2 * defaults['batch_size']} rows (both trainers' batches of the sync job). scikit-learn fits on the whole training file. Wall time: whole process "
              f"(start-up, reading, training, evaluation)")
     if args.markdown:
         for (title, h, rows, r), desc, line in zip(tables, descriptions.values(), lines):

@@ -96,3 +96,19 @@ def test_the_early_stopping_rule_wants_a_strictly_higher_validation_auc():
     assert twin.improved(None, {"auc": 0.5})
     assert twin.improved({"auc": 0.5}, {"auc": 0.51})
     assert not twin.improved({"auc": 0.5}, {"auc": 0.5})
+
+
+def test_the_report_prints_a_table_and_a_verdict_per_dataset(capsys):
+    import argparse
+    rows = {bench.ps_label("deepfm"): {"auc": 0.91, "logloss": 0.3, "wall_s": 40.0, "epochs_run": 3, "best_epoch": None},
+            bench.twin_label("deepfm"): {"auc": 0.909, "logloss": 0.3, "wall_s": 20.0, "epochs_run": 3,
+                                         "best_epoch": None},
+            "LogisticRegression": {"auc": 0.90, "logloss": 0.32, "wall_s": 5.0, "converged": True},
+            "HistGradientBoosting": {"auc": 0.92, "logloss": 0.28, "wall_s": 9.0}}
+    args = argparse.Namespace(repeats=1, epochs=None, markdown=True)
+    defaults = {"batch_size": 256, "dim": 8, "hidden": "128,64", "epochs": 3}
+    bench.report(args, {"adult": rows}, {"adult": "adult: described"}, defaults, {"valid": False}, "machine")
+    out = capsys.readouterr().out
+    assert "**adult (median of 1)**: adult: described" in out
+    assert "| paramshard deepfm | 0.9100 | 0.3000 | 40.0 | 3 |" in out
+    assert "beats it (+0.0100)" in out and "deepfm +0.0010 ok" in out
