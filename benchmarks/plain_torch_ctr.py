@@ -16,7 +16,8 @@ together, batch k of each of the N shards the app's trainers read (the same
 TabularReader shards, seed and shuffle): the rows of one step of a sync job of N
 trainers, whose servers average the N gradients as one mean over the N batches
 does. So the twin sees the same rows in the same steps as the paramshard job
-and only the framework differs. --shards 1 (the default) reads the file whole.
+and only the framework differs (in one standalone process, the app's losses
+and the twin's agree step for step, to the last printed digit). --shards 1 (the default) reads the file whole.
 
 With --valid, each epoch ends with an evaluation on it; the best epoch (highest
 validation AUC) is kept, training stops after --patience epochs without a
@@ -135,6 +136,10 @@ def run(args) -> dict:
                              seed=args.seed, equal_steps=True) for i in range(args.shards)]
     history, best, best_state, waited = [], None, None, 0
     for epoch in range(1, args.epochs + 1):
+        for r in readers:
+            # Pass e of each reader in epoch e, as the app's trainer.epochs() reads (torch/loop.py): the
+            # same shuffle. A bare loop would start at pass 0, the same rows in another order.
+            r.restore({"epoch": epoch, "batches": 0})
         t0 = time.perf_counter()
         train_loss = train_epoch(model, readers, opts)
         record = {"epoch": epoch, "train_loss": train_loss, "seconds": round(time.perf_counter() - t0, 3)}
