@@ -157,8 +157,8 @@ def run(args) -> dict:
     if best_state is not None:
         model.load_state_dict(best_state)
     test = evaluate(model, TabularReader(args.test, schema, 8192))
-    out = {"model": args.model, "batch_size": args.batch_size, "shards": args.shards, "lr": args.lr, "table_lr": args.table_lr,
-           "vocabulary": int(len(vocab)), "epochs": history, "final": test,
+    out = {"model": args.model, "batch_size": args.batch_size, "shards": args.shards, "lr": args.lr,
+           "table_lr": args.table_lr, "vocabulary": int(len(vocab)), "epochs": history, "final": test,
            "seconds": round(time.perf_counter() - start, 3)}
     if best is not None:
         out["best"] = {**test, "epoch": best["epoch"]}

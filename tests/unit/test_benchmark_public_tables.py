@@ -1,5 +1,5 @@
-"""The pure parts of benchmarks/public_tables.py (reading results, the verdicts) and of its
-PyTorch twin (benchmarks/plain_torch_ctr.py: the local tables, the early-stopping rule)."""
+"""The pure parts of benchmarks/public_tables.py (in public_tables_report.py: reading results, the
+verdicts, the tables) and of its PyTorch twin (plain_torch_ctr.py: the local tables, the early-stopping rule)."""
 from __future__ import annotations
 
 import zlib
@@ -12,7 +12,8 @@ from paramshard.placement.sparse_hash import initial_rows
 
 from .benchmark_scripts import import_script
 
-bench = import_script("public_tables")
+bench = import_script("public_tables_report")
+import_script("public_tables")          # the script itself imports (its names resolve)
 twin = import_script("plain_torch_ctr")
 
 BEFORE = "usage: python -m paramshard.apps.ctr [-h] --train PATH ...\n  --epochs EPOCHS  (default: 3)\n"
@@ -68,7 +69,8 @@ def test_not_beating_lr_and_the_tolerance_edge():
 
 
 def test_medians_over_repetitions_and_the_table_order():
-    runs = [{"paramshard lr": {"auc": a, "wall_s": w, "best_epoch": None}} for a, w in ((0.8, 30), (0.9, 10), (0.7, 20))]
+    runs = [{"paramshard lr": {"auc": a, "wall_s": w, "best_epoch": None}}
+            for a, w in ((0.8, 30), (0.9, 10), (0.7, 20))]
     assert bench.medians(runs) == {"paramshard lr": {"auc": 0.8, "wall_s": 20, "best_epoch": None}}
     table = bench.table_rows({"HistGradientBoosting": {"auc": 0.9, "logloss": 0.3, "wall_s": 1.0},
                               "PyTorch lr": {"auc": 0.8, "logloss": 0.4, "wall_s": 2.0, "epochs_run": 3,
@@ -100,7 +102,8 @@ def test_the_early_stopping_rule_wants_a_strictly_higher_validation_auc():
 
 def test_the_report_prints_a_table_and_a_verdict_per_dataset(capsys):
     import argparse
-    rows = {bench.ps_label("deepfm"): {"auc": 0.91, "logloss": 0.3, "wall_s": 40.0, "epochs_run": 3, "best_epoch": None},
+    rows = {bench.ps_label("deepfm"): {"auc": 0.91, "logloss": 0.3, "wall_s": 40.0, "epochs_run": 3,
+                                       "best_epoch": None},
             bench.twin_label("deepfm"): {"auc": 0.909, "logloss": 0.3, "wall_s": 20.0, "epochs_run": 3,
                                          "best_epoch": None},
             "LogisticRegression": {"auc": 0.90, "logloss": 0.32, "wall_s": 5.0, "converged": True},
