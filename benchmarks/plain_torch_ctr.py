@@ -19,10 +19,11 @@ does. So the twin sees the same rows in the same steps as the paramshard job
 and only the framework differs (in one standalone process, the app's losses
 and the twin's agree step for step, to the last printed digit). --shards 1 (the default) reads the file whole.
 
-With --valid, each epoch ends with an evaluation on it; the best epoch (highest
-validation AUC) is kept, training stops after --patience epochs without a
-better one (--epochs is the maximum), and the best epoch's model is the one
-tested. Without --valid, every epoch runs and the last one is tested.
+With --valid, each epoch ends with an evaluation on it and the app's own rule
+(apps/ctr/selection.py) decides: the best epoch (highest validation AUC) is
+kept, an epoch without a gain multiplies the rates by --lr-decay, --patience of
+them in a row stop training (--epochs is the maximum), and the best epoch's
+model is the one tested. Without --valid, every epoch runs and the last one is tested.
 
     python benchmarks/plain_torch_ctr.py --train T.csv --test E.csv --schema fitted.json --model deepfm \\
         --shards 2 --batch-size 256 --json out.json
@@ -118,9 +119,12 @@ def train_epoch(model, readers, opts) -> float:
     return float(np.mean(losses)) if losses else float("nan")
 
 
-def improved(best: dict | None, now: dict) -> bool:
-    """The early-stopping rule: a higher validation AUC than every earlier epoch's."""
-    return best is None or now["auc"] > best["auc"]
+def selection(args):
+    """The app's own model-selection rule (apps/ctr/selection.py: best validation AUC, learning
+    rates x --lr-decay after an epoch without a gain, a stop after --patience of them): the
+    twin differs from the app only in the framework, not in when it stops or decays."""
+    from paramshard.apps.ctr.selection import Selection
+    return Selection("auc", args.patience, args.lr_decay)
 
 
 def run(args) -> dict:
@@ -134,7 +138,7 @@ def run(args) -> dict:
     opts = optimizers(model, args.lr, args.table_lr)
     readers = [TabularReader(args.train, schema, args.batch_size, shard=(i, args.shards), shuffle=True,
                              seed=args.seed, equal_steps=True) for i in range(args.shards)]
-    history, best, best_state, waited = [], None, None, 0
+    history, scores, best_state, best_epoch, rule = [], [], None, None, selection(args)
     for epoch in range(1, args.epochs + 1):
         for r in readers:
             # Pass e of each reader in epoch e, as the app's trainer.epochs() reads (torch/loop.py): the
@@ -148,20 +152,24 @@ def run(args) -> dict:
         history.append(record)
         if not args.valid:
             continue
-        if improved(best, record["valid"]):
-            best, best_state, waited = {**record["valid"], "epoch": epoch}, copy.deepcopy(model.state_dict()), 0
-        else:
-            waited += 1
-            if waited >= args.patience:
-                break
+        scores.append(record["valid"]["auc"])
+        decision = rule.decide(scores)
+        if decision.improved:
+            best_state, best_epoch = copy.deepcopy(model.state_dict()), epoch
+        if decision.stop:
+            break
+        if decision.decay:
+            for o in opts:
+                for group in o.param_groups:
+                    group["lr"] *= args.lr_decay
     if best_state is not None:
         model.load_state_dict(best_state)
     test = evaluate(model, TabularReader(args.test, schema, 8192))
     out = {"model": args.model, "batch_size": args.batch_size, "shards": args.shards, "lr": args.lr,
            "table_lr": args.table_lr, "vocabulary": int(len(vocab)), "epochs": history, "final": test,
            "seconds": round(time.perf_counter() - start, 3)}
-    if best is not None:
-        out["best"] = {**test, "epoch": best["epoch"]}
+    if best_epoch is not None:
+        out["best"] = {**test, "epoch": best_epoch}
     return out
 
 
@@ -174,6 +182,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepfm", choices=("lr", "widedeep", "deepfm", "dcn"))
     p.add_argument("--epochs", type=int, default=3, help="the most epochs (with --valid) or every epoch")
     p.add_argument("--patience", type=int, default=2, help="epochs without a better validation AUC to stop after")
+    p.add_argument("--lr-decay", type=float, default=0.1, help="learning rates x this after an epoch without a gain")
     p.add_argument("--batch-size", type=int, default=256, help="rows per shard per step (the app's per-trainer batch)")
     p.add_argument("--shards", type=int, default=1, help="the app's trainers: a step reads a batch of each shard")
     p.add_argument("--dim", type=int, default=8)

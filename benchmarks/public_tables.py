@@ -10,7 +10,7 @@ Per dataset, per model M in lr, widedeep, deepfm, dcn:
 - paramshard: ``paramshard launch --servers 2 --trainers 2 --mode sync -m paramshard.apps.ctr
   --model M`` with the app's defaults; wall time around the launch (start-up included);
 - PyTorch: the same model class in one plain process (benchmarks/plain_torch_ctr.py: local
-  sparse EmbeddingBag tables, torch.optim Adam + Adagrad at the app's rates, the same epochs;
+  sparse EmbeddingBag tables, torch.optim Adam + Adagrad at the app's twin_settings, the same epochs;
   each step is both trainers' batches of the sync job together, 2x the app's per-trainer
   batch, the same rows in the same order); wall time around that process;
 and per dataset scikit-learn's LogisticRegression (one-hot categories, standardized
@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
-from public_tables_report import (LAUNCH, MODELS, app_flags, medians, metrics_of, ps_label, rates,  # noqa: E402
+from public_tables_report import (LAUNCH, MODELS, app_flags, medians, metrics_of, ps_label, twin_settings,  # noqa: E402
                                  report, twin_label)
 
 HERE = Path(__file__).resolve().parent
@@ -105,9 +105,8 @@ def describe(name: str, files: dict) -> str:
 
 # -- the candidates -------------------------------------------------------------------------------------
 def app_defaults() -> dict:
-    from paramshard.apps import ctr
-    args = ctr.parser().parse_args(["--train", "x", "--test", "x", "--schema", "x"])
-    return vars(args)
+    from paramshard.apps.ctr.options import parser
+    return vars(parser("ctr").parse_args(["--train", "x", "--test", "x", "--schema", "x"]))
 
 
 def run_job(children: C.Children, tag: str, argv: list, timeout: float) -> float:
@@ -152,12 +151,15 @@ def hidden_text(hidden) -> str:
 def run_twin(children, files: dict, model: str, work: Path, defaults: dict, app_result: dict, epochs,
              timeout) -> dict:
     out = work / f"pt-{model}.json"
-    lr = rates(app_result, defaults)
+    trained = twin_settings(app_result)
     argv = [sys.executable, str(HERE / "plain_torch_ctr.py"), "--train", str(files["fit"]), "--test",
             str(files["test"]), "--schema", str(files["schema"]), "--model", model, "--json", str(out),
-            "--batch-size", str(defaults["batch_size"]), "--shards", LAUNCH[3], "--dim", str(defaults["dim"]),
-            "--hidden", hidden_text(defaults["hidden"]), "--lr", repr(lr["lr"]), "--table-lr", repr(lr["table_lr"]),
-            "--seed", str(defaults["seed"]), "--epochs", str(epochs or defaults["epochs"]), "--threads", "1"]
+            "--batch-size", str(trained["batch_size"]), "--shards", LAUNCH[3], "--lr", repr(trained["lr"]),
+            "--table-lr", repr(trained["table_lr"]), "--seed", str(defaults["seed"]),
+            "--epochs", str(epochs or defaults["epochs"]), "--threads", "1",
+            "--lr-decay", repr(defaults.get("lr_decay", 0.1))]
+    if trained["dim"] is not None:
+        argv += ["--dim", str(trained["dim"]), "--hidden", hidden_text(trained["hidden"])]
     if files["valid"] is not None:
         argv += ["--valid", str(files["valid"]), "--patience", str(defaults.get("patience") or 2)]
     seconds = run_job(children, f"PyTorch {model}", argv, timeout)

@@ -39,15 +39,14 @@ def metrics_of(result: dict) -> dict:
             "epochs_run": len(epochs), "best_epoch": chosen.get("epoch")}
 
 
-def rates(app_result: dict, defaults: dict) -> dict:
-    """The learning rates the app used: from its --json when it records them (top level, or under
-    "args" / "config"), else its parser's defaults."""
-    found = {}
-    for where in (app_result.get("args") or {}, app_result.get("config") or {}, app_result):
-        for key in ("lr", "table_lr"):
-            if key not in found and isinstance(where.get(key), (int, float)):
-                found[key] = float(where[key])
-    return {key: found.get(key, defaults[key]) for key in ("lr", "table_lr")}
+def twin_settings(app_result: dict) -> dict:
+    """What the app trained with, as its --json records it ("settings": the model's defaults it
+    resolved, or the flags given), so the twin trains alike."""
+    found = app_result.get("settings")
+    if not isinstance(found, dict) or not {"lr", "table_lr", "batch_size"} <= set(found):
+        raise ValueError(f"the app's --json records no settings (lr, table_lr, batch_size): {sorted(app_result)}")
+    return {"lr": float(found["lr"]), "table_lr": float(found["table_lr"]), "batch_size": int(found["batch_size"]),
+            "dim": found.get("dim"), "hidden": found.get("hidden")}
 
 
 def within(gap: float) -> bool:

@@ -38,10 +38,13 @@ def data(tmp_path_factory):
 def test_the_twin_trains_as_the_app_does_in_one_process(local_server, data, model, tmp_path):  # noqa: F811
     common = ["--train", str(data / "train.csv"), "--test", str(data / "test.csv"), "--schema",
               str(data / "fitted.json"), "--model", model, "--epochs", "2", "--batch-size", "64"]
-    assert ctr.main(common + ["--json", str(tmp_path / "app.json")]) == 0
+    # Every row trained, no selection: the last epoch is the model in both.
+    assert ctr.main(common + ["--valid-fraction", "0", "--json", str(tmp_path / "app.json")]) == 0
     app = json.loads((tmp_path / "app.json").read_text())
     args = twin.parser().parse_args(common + ["--json", str(tmp_path / "twin.json")])
-    args.hidden = (128, 64)
+    args.lr, args.table_lr = app["settings"]["lr"], app["settings"]["table_lr"]
+    if model != "lr":
+        args.dim, args.hidden = app["settings"]["dim"], tuple(app["settings"]["hidden"])
     got = twin.run(args)
     for a, b in zip(app["epochs"], got["epochs"], strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)

@@ -2,6 +2,7 @@
 verdicts, the tables) and of its PyTorch twin (plain_torch_ctr.py: the local tables, the early-stopping rule)."""
 from __future__ import annotations
 
+import argparse
 import zlib
 
 import numpy as np
@@ -38,12 +39,14 @@ def test_metrics_are_the_best_epochs_when_the_result_has_them_else_the_last():
         bench.metrics_of({"epochs": epochs})
 
 
-def test_rates_are_the_apps_recorded_ones_else_its_defaults():
-    defaults = {"lr": 3e-3, "table_lr": 0.05}
-    assert bench.rates({}, defaults) == defaults
-    assert bench.rates({"args": {"lr": 1e-2}}, defaults) == {"lr": 1e-2, "table_lr": 0.05}
-    assert bench.rates({"config": {"table_lr": 0.1}, "lr": 2e-3}, defaults) == {"lr": 2e-3, "table_lr": 0.1}
-    assert bench.rates({"args": {"lr": None}}, defaults) == defaults      # a default the app resolves later
+def test_the_twin_trains_with_the_settings_the_app_recorded():
+    recorded = {"settings": {"lr": 0.03, "table_lr": 0.2, "batch_size": 256, "embedding_l2": 0.0}}
+    assert bench.twin_settings(recorded) == {"lr": 0.03, "table_lr": 0.2, "batch_size": 256, "dim": None,
+                                             "hidden": None}
+    deep = {"settings": {"lr": 3e-3, "table_lr": 0.05, "batch_size": 256, "dim": 16, "hidden": [400, 400]}}
+    assert bench.twin_settings(deep)["hidden"] == [400, 400]
+    with pytest.raises(ValueError, match="no settings"):
+        bench.twin_settings({"final": {}})
 
 
 def rows(ps: dict, pt: dict, lr: float) -> dict:
@@ -94,10 +97,10 @@ def test_twin_tables_start_as_paramshards_and_read_zeros_for_ids_training_never_
     np.testing.assert_array_equal(got[2], np.zeros(4, np.float32))
 
 
-def test_the_early_stopping_rule_wants_a_strictly_higher_validation_auc():
-    assert twin.improved(None, {"auc": 0.5})
-    assert twin.improved({"auc": 0.5}, {"auc": 0.51})
-    assert not twin.improved({"auc": 0.5}, {"auc": 0.5})
+def test_the_twin_stops_and_decays_by_the_apps_own_rule():
+    rule = twin.selection(argparse.Namespace(patience=2, lr_decay=0.1))
+    assert rule.decide([0.5]).improved and rule.decide([0.5, 0.51]).improved
+    assert rule.decide([0.5, 0.5]).decay and rule.decide([0.5, 0.5, 0.49]).stop
 
 
 def test_the_report_prints_a_table_and_a_verdict_per_dataset(capsys):
