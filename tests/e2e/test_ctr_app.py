@@ -148,3 +148,26 @@ def test_logistic_regression_learns_on_a_small_table_with_its_defaults(adult, tm
     baseline = sklearn_logistic_regression_auc(adult, train_rows=5000)
     print(f"paramshard LR on 5k rows: test AUC {result['best']['auc']:.4f}, sklearn LR {baseline:.4f}")
     assert result["best"]["auc"] > baseline - 0.01, (result["best"], baseline)
+
+
+def test_a_plateau_decays_the_rates_and_a_model_that_learns_nothing_is_named(adult, tmp_path):
+    """Rates a million times too small: nothing is learnt, the app says so (its validation log
+    loss is no better than the positive rate's), every epoch is a plateau that decays the rates
+    (recorded per epoch), and patience ends the run."""
+    small = tmp_path / "train5k.csv"
+    small.write_text("\n".join((adult / "train.csv").read_text().splitlines()[:5001]) + "\n")
+    out = tmp_path / "flat.json"
+    r = subprocess.run([sys.executable, "-m", "paramshard.apps.ctr", "--train", str(small), "--test",
+                        str(adult / "test.csv"), "--schema", str(adult / "fitted.json"), "--model", "lr",
+                        "--lr", "1e-9", "--table-lr", "1e-9", "--lr-decay", "0.5", "--patience", "3",
+                        "--monitor", "logloss", "--epochs", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert any("no better than always predicting the positive rate" in w for w in result["warnings"]), result
+    assert "warning:" in r.stdout
+    scales = [e["lr_scale"] for e in result["epochs"]]
+    # Each epoch after the best one is a plateau: the rates halve until patience (3) runs out.
+    best = result["best_epoch"]
+    assert len(scales) == best + 3 and scales[:best] == [1.0] * best, scales
+    assert scales[best:] == [1.0, 0.5, 0.25], scales

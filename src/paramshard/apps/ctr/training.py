@@ -85,6 +85,7 @@ class Run:
         self.workdir = Path(tempfile.mkdtemp(prefix="paramshard-ctr-")) if self.chief else None
         self.best_file = self.workdir / "best-model.pt" if self.chief else None
         self.best_epoch: int | None = None
+        self.lr_scale = 1.0          # the learning rates' factor so far (every decay on a plateau)
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -132,7 +133,7 @@ class Run:
         """Trainer 0: score the epoch's model, decide, keep it if it is the best."""
         a, trainers = self.args, self.env.num_trainers
         record = {"epoch": epoch, "train_loss": train_loss, "seconds": round(seconds, 3),
-                  "samples_per_s": round(rows * trainers / seconds, 1)}
+                  "samples_per_s": round(rows * trainers / seconds, 1), "lr_scale": self.lr_scale}
         scores = {}
         if valid is not None:
             scores = evaluate(model, valid)
@@ -237,6 +238,7 @@ def train(args, say) -> dict | None:
                 break
             if decision.decay:
                 trainer.scale_learning_rate(args.lr_decay)
+                run.lr_scale *= args.lr_decay
         out = run.finish(args, schema, env.num_trainers, len(env.servers))
     finally:
         run.close()
