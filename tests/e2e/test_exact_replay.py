@@ -115,7 +115,12 @@ def test_the_app_resumed_after_two_of_three_epochs_trains_exactly_the_third(smal
     assert [e["auc"] for e in json.loads(first.read_text())["epochs"]] == \
         [e["auc"] for e in app_undisturbed["epochs"][:2]]
     resumed = json.loads(second.read_text())
-    assert [e["epoch"] for e in resumed["epochs"]] == [3], log[-4000:]
+    assert "resumed after epoch 2" in log, log[-4000:]
+    # The validation history and the best epoch's model came back with the checkpoint: the
+    # model selection ends as the undisturbed run's did.
+    assert [(e["epoch"], e["valid"], e["auc"]) for e in resumed["epochs"]] == \
+        [(e["epoch"], e["valid"], e["auc"]) for e in app_undisturbed["epochs"]]
+    assert resumed["best_epoch"] == app_undisturbed["best_epoch"]
     assert resumed["final"] == app_undisturbed["final"]
 
 

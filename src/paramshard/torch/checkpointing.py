@@ -28,7 +28,7 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
                                                      env.checkpoint_keep)
         log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
                  nbytes / 1e6 / max(seconds, 1e-9))
-    position = capture(trainer.step_count, state)
+    position = capture(trainer.step_count, state if state is not None else trainer.state)
     loop = trainer.loop.as_json(trainer.step_count, trainer._barrier_counts)
     if loop is not None:
         position["loop"] = loop

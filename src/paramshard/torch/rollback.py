@@ -19,6 +19,7 @@ def resume_position(trainer, ckpt, version: int) -> None:
     if ckpt is not None:
         trainer.step_count = ckpt.step
         trainer.position = ckpt.trainer_position(trainer.trainer_id) or {}
+        trainer.state = dict(trainer.position.get("state") or {})
     else:       # the checkpoint is not on this host: the servers know the step (if versions count steps)
         step = trainer.backend.step_of_version(version)
         if step is not None:

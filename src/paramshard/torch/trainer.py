@@ -65,6 +65,10 @@ class Trainer:
         self.is_chief = self.trainer_id == 0
         self.step_count = 0
         self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
+        # Anything JSON the script keeps here is saved with every checkpoint of this trainer, the
+        # automatic ones too (epochs(), checkpoint_every, close), and is the checkpoint's again
+        # after a resume or a rollback: e.g. the CTR app's validation history and best epoch.
+        self.state: dict = {}
         self._saved_step: int | None = None
         self._void_step = False
         self.recovery = RecoveryPolicy.for_env(self.env)
@@ -219,7 +223,8 @@ class Trainer:
     def save(self, directory=None, state: dict | None = None) -> None:
         """A checkpoint of the whole job at this step: every trainer calls it at the same step
         (sync mode); the chief saves what the servers hold, each trainer its own position
-        (``state``: anything JSON the script needs to find its place in the data again)."""
+        (``state``: anything JSON the script needs to find its place in the data again;
+        default: ``trainer.state``, which every automatic checkpoint saves too)."""
         checkpointing.save(self, directory, state)
 
     def pull(self) -> None:

@@ -37,6 +37,7 @@ from . import loss_check
 from .selection import Decision
 
 EVAL_BATCH = 8192
+BEST_MODEL = "best-model.pt"       # the best epoch's model (serving.py's format)
 
 
 def load_schema(args, trainers: int, log) -> Schema:
@@ -82,10 +83,34 @@ class Run:
         self.chief = env.trainer_id == 0
         self.history: dict[int, dict] = {}    # by epoch: an epoch run again (rollback) replaces its record
         self.warnings: list[str] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="paramshard-ctr-")) if self.chief else None
-        self.best_file = self.workdir / "best-model.pt" if self.chief else None
         self.best_epoch: int | None = None
         self.lr_scale = 1.0          # the learning rates' factor so far (every decay on a plateau)
+        self.stopped = False         # early stopping ended the run (a resume trains no further)
+        self.workdir = self.best_file = None
+        if self.chief and env.checkpoint_dir:
+            # Beside the checkpoints: a resumed job still has the best epoch's model it found.
+            self.best_file = Path(env.checkpoint_dir) / BEST_MODEL
+        elif self.chief:
+            self.workdir = Path(tempfile.mkdtemp(prefix="paramshard-ctr-"))
+            self.best_file = self.workdir / BEST_MODEL
+
+    # -- what a checkpoint keeps of the run (Trainer.state: saved with each, back on resume) ----------
+    def remember(self, trainer) -> None:
+        trainer.state["ctr"] = {"history": [self.history[e] for e in sorted(self.history)],
+                                "best_epoch": self.best_epoch, "lr_scale": self.lr_scale, "warnings": self.warnings,
+                                "stopped": self.stopped}
+
+    def recall(self, trainer) -> None:
+        saved = trainer.state.get("ctr")
+        if not saved:
+            return
+        self.history = {int(r["epoch"]): r for r in saved.get("history", [])}
+        self.best_epoch, self.lr_scale = saved.get("best_epoch"), float(saved.get("lr_scale", 1.0))
+        self.warnings = list(saved.get("warnings", []))
+        self.stopped = bool(saved.get("stopped", False))
+        if self.history:
+            self.say(f"resumed after epoch {max(self.history)}: its validation history, best epoch "
+                     f"{self.best_epoch} and learning-rate factor {self.lr_scale:g} come from the checkpoint")
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -213,11 +238,13 @@ def train(args, say) -> dict | None:
     model = make_model(args, schema, env.mode.has_servers)
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
     run = Run(args, env, say)
+    run.recall(trainer)
     try:
         reader, valid, test = run.readers(schema)
         say(f"{describe_run(args, schema, env, reader)}")
         trainer.log(total_steps=len(reader) * args.epochs)     # the launcher's progress shows an ETA
-        for epoch in trainer.epochs(args.epochs):      # exact through rollbacks, --resume and restarts
+        # Exact through rollbacks, --resume and restarts; a run early stopping ended stays ended.
+        for epoch in trainer.epochs(0 if run.stopped else args.epochs):
             trainer.log(epoch=epoch)
             start = time.perf_counter()
             train_loss, rows = run.train_epoch(trainer, model, reader, epoch)
@@ -234,11 +261,13 @@ def train(args, say) -> dict | None:
             if decision is None:
                 continue        # rolled back past this point: trainer.epochs replays the epoch
             decision = Decision.from_json(decision)
-            if decision.stop:
-                break
             if decision.decay:
                 trainer.scale_learning_rate(args.lr_decay)
                 run.lr_scale *= args.lr_decay
+            run.stopped = decision.stop
+            run.remember(trainer)           # the next checkpoint (the next epoch's first, or close's) keeps it
+            if decision.stop:
+                break
         out = run.finish(args, schema, env.num_trainers, len(env.servers))
     finally:
         run.close()
