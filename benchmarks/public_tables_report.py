@@ -36,7 +36,7 @@ def metrics_of(result: dict) -> dict:
         raise ValueError(f"no test metrics in the result (keys: {sorted(result)})")
     epochs = result.get("epochs") or []
     return {"auc": float(chosen["auc"]), "logloss": float(chosen["logloss"]),
-            "epochs_run": len(epochs), "best_epoch": chosen.get("epoch")}
+            "epochs_run": len(epochs), "best_epoch": chosen.get("epoch", result.get("best_epoch"))}
 
 
 def twin_settings(app_result: dict) -> dict:
