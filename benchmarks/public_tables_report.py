@@ -115,11 +115,12 @@ def report(args, results: dict, descriptions: dict, defaults: dict, flags: dict,
         lines.append(summary(name, rows))
     selection = ("early stopping on a 10% validation hold-out, best epoch tested" if flags["valid"]
                  else "no validation flags in the app yet: every epoch run, the last one tested")
-    setup = (f"paramshard: launch {' '.join(LAUNCH)}, apps.ctr defaults (batch {defaults['batch_size']} per trainer, "
-             f"dim {defaults['dim']}, hidden {defaults['hidden']}, epochs {args.epochs or defaults['epochs']}); "
-             f"{selection}. PyTorch: benchmarks/plain_torch_ctr.py, one process, 1 torch thread, steps of "
-             f"{2 * defaults['batch_size']} rows (both trainers' batches of the sync job). scikit-learn fits on "
-             f"the whole training file. Wall time: whole process (start-up, reading, training, evaluation)")
+    setup = (f"paramshard: launch {' '.join(LAUNCH)}, apps.ctr with each model's defaults (models/defaults.py: batch "
+             f"256 per trainer; dim 16, hidden 400,400 for the deep models), at most {args.epochs or defaults['epochs']} "
+             f"epochs; {selection}. PyTorch: benchmarks/plain_torch_ctr.py, one process, 1 torch thread, the "
+             f"settings the app recorded, steps of both trainers' batches of the sync job together, the app's "
+             f"selection rule. scikit-learn fits on the whole training file. Wall time: whole process (start-up, "
+             f"reading, training, evaluation)")
     if args.markdown:
         for (title, h, rows, r), desc, line in zip(tables, descriptions.values(), lines):
             print(f"**{title}**: {desc}\n")
