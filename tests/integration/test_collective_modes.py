@@ -114,6 +114,10 @@ TINY = ("import paramshard as ps, torch\n"
         "trainer.close()\n")
 
 
+# Eight pairs of trainers, each importing torch and joining gloo: about 60 s on an idle 2-core
+# machine, over 120 s on a loaded one. Every pair has its own deadline (60 s); the test's
+# deadline is theirs, not the suite's default.
+@pytest.mark.timeout(8 * 60 + 30)
 def test_trainers_exit_cleanly_every_time(tmp_path):
     """A DDP wrapper still holding the group at interpreter exit made gloo abort the process
     (exit 134) in about one run of ten; close() drops it before leaving the group."""
