@@ -158,6 +158,39 @@ def _events(run: RunData) -> str:
                                                       numeric={0})
 
 
+def _elastic(run: RunData) -> str:
+    """Membership changes, moves (with the longest trainer step during each) and recoveries
+    of an elastic job; nothing for a job whose membership never changed."""
+    from . import elastic_view as ev
+    if not ev.is_elastic(run.events):
+        return ""
+    t0 = run.t0 or 0.0
+    out = "<h2>Elastic job</h2>\n"
+    changes = ev.membership_events(run.events)[-MAX_EVENTS:]
+    if changes:
+        out += "<h3>Membership</h3>\n" + _table(
+            ["s since first record", "role", "rank", "change", "live after", "text"],
+            [[f"{e['t'] - t0:,.1f}", e["role"], e.get("rank", "—"), e.get("change", "?"), _num(e.get("live")),
+              e.get("text", "")] for e in changes], numeric={0, 4})
+    moved = ev.moves(run.events, run.trainers, t0)
+    if moved:
+        out += "<h3>Moves</h3>\n" + _table(
+            ["started (s)", "servers", "seconds", "partitions", "rows", "bytes", "longest trainer step during it (s)"],
+            [[f"{m.started:,.1f}", m.servers, f"{m.seconds:,.2f}", _num(m.partitions), _num(m.rows), _bytes(m.bytes),
+              "—" if m.longest_step is None else f"{m.longest_step:,.2f}"] for m in moved], numeric={0, 2, 3, 4, 6})
+    recovered = ev.recoveries(run.events)
+    if recovered:
+        out += "<h3>Server recoveries</h3>\n" + _table(
+            ["s since first record", "rank", "serving again after (s)", "updates lost", "text"],
+            [[f"{e['t'] - t0:,.1f}", e.get("rank", "—"), _num(e.get("seconds")), _num(e.get("lost_updates")),
+              e.get("text", "")] for e in recovered], numeric={0, 2, 3})
+    stalls = ev.longest_steps(run.trainers)
+    if stalls:
+        out += "<h3>Longest step of each trainer</h3>\n" + _table(
+            ["trainer", "longest step (s)"], [[t, f"{s:,.3f}"] for t, s in stalls.items()], numeric={0, 1})
+    return out
+
+
 def _plots(entries: list[PlotEntry]) -> str:
     out = []
     for p in entries:
@@ -185,7 +218,7 @@ def render_index(run: RunData, plots: list[PlotEntry], out_dir: Path) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{_e(title)}</h1>\n"
             f"<p>{_e(run.run_dir.resolve())}</p>\n{problems}"
-            f"<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}"
+            f"<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}"
             f"<h2>Plots</h2>\n{_plots(plots)}{_files(run, out_dir)}</body>\n</html>\n")
 
 

@@ -25,7 +25,9 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "logged": [{"t": s, "step": n, "epoch": e | None, "values": {name: x}}, ...] (every
   trainer.log call since the previous record, with the step and epoch it was made at),
   "phases": {"pull": s, "compute": s, "push": s} (mean seconds per step since the
-  trainer's previous record), "staleness_max": k | None}``: a trainer's progress,
+  trainer's previous record), "staleness_max": k | None, "step_max_s": s (the longest
+  time between two consecutive step ends since the previous record: a stall on a move,
+  a lost peer or an evaluation shows here)}``: a trainer's progress,
   about once a second and at its last step;
 - ``{"kind": "server", "server": 0, "rows": n, "elements": n, "bytes_in": n,
   "bytes_out": n, "requests": n (cumulative over the job: a server restarted in place
@@ -40,6 +42,9 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
   a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job).
+  Elastic jobs add ``membership`` (``role``, ``rank``, ``change``, ``live``), ``move``
+  (``servers``, ``partitions``, ``rows``, ``bytes``, ``seconds``) and ``recovery``
+  (``rank``, ``seconds``, ``lost_updates``) events (observe/elastic_view.py reads them).
 
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing

@@ -12,8 +12,12 @@ from .run_data import RunData, load_run
 def _plots(run: RunData):
     """(file, title, caption, draw(path) -> skip reason or None) for each plot, in page order."""
     from . import plots   # matplotlib is imported only when a report is drawn
+    from .elastic_view import is_elastic
+    from .membership_plot import plot_membership
 
     t0 = run.t0 or 0.0
+    membership = [("membership.png", "Membership", "Live trainers and servers over time; moves of rows between "
+                   "servers shaded.", lambda p: plot_membership(run, p))] if is_elastic(run.events) else []
     return [
         ("loss.png", "Loss and metrics", "Loss (and each logged metric) of every trainer over its steps.",
          lambda p: plots.plot_loss(run.trainers, p)),
@@ -31,7 +35,7 @@ def _plots(run: RunData):
          lambda p: plots.plot_staleness(plots.staleness_histogram(run.servers, run.summary), p)),
         ("requests.png", "Server requests", "Requests per second each server handled over time.",
          lambda p: plots.plot_requests(run.servers, t0, p)),
-    ]
+    ] + membership     # only a job whose trainers or servers changed has one
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:

@@ -51,6 +51,8 @@ class TrainerRecords:
         self._log_calls: list[dict] = []                # each trainer.log() call since the last record
         self._rates = (0.0, 0.0)                        # (samples/s, steps/s) of the last record
         self.step = 0
+        self._step_at: float | None = None              # clock of the previous step's end
+        self.step_max_s = 0.0                           # longest step since the last record (a stall)
         self.staleness_max: int | None = None
         self._hook = None
 
@@ -83,6 +85,10 @@ class TrainerRecords:
         (``pull_wait_s``) and for push replies (``push_wait_s``); the staleness the servers
         reported for the latest push."""
         self.step = step
+        now = self.clock()
+        if self._step_at is not None:
+            self.step_max_s = max(self.step_max_s, now - self._step_at)
+        self._step_at = now
         self.samples += self.logged_samples or self.batch or 0
         self.logged_samples = None
         if loss is not None:
@@ -113,11 +119,13 @@ class TrainerRecords:
             "phases": {"pull": round(pull, 6), "compute": round(max(dt / per - pull - push, 0.0), 6) if steps else 0.0,
                        "push": round(push, 6)},
             "staleness_max": self.staleness_max,
+            "step_max_s": round(self.step_max_s, 6),
             "logged": self._log_calls,
         }
         self.emit(record)
         self._rates = (record["samples_per_s"], record["steps_per_s"])
         self._losses, self.staleness_max, self._logged, self._log_calls = [], None, False, []
+        self.step_max_s = 0.0
         self._last_t, self._last_step, self._last_samples = now, self.step, self.samples
         self._last_waits = self._waits
 
