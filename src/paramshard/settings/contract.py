@@ -235,12 +235,17 @@ CONTRACT: tuple[Setting, ...] = (
             flags=(flag("launch", "--resume", "start from a checkpoint: DIR (a step-N directory, or a checkpoint "
                         "directory's latest); alone: the latest in --checkpoint-dir", CHECKPOINTS, metavar="DIR",
                         nargs="?", const=""),)),
-    Setting("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
-            "many left normally (`launch --min-trainers`); the others may have died", "min_trainers", None,
+    Setting("PARAMSHARD_MIN_TRAINERS", "set: an elastic job (`launch --trainers MIN:MAX` or async "
+            "`--min-trainers MIN`): trainer slots 0..PARAMSHARD_TRAINERS-1 may be empty, a lost trainer is no longer "
+            "waited for, a process may join a slot mid-job; servers end normally once every trainer has ended, if "
+            "at least MIN left normally", "min_trainers", None,
             "int | None", int, scopes=_LAUNCHED,
-            flags=(flag("launch", "--min-trainers", "async mode: a trainer that dies does not stop the job while N "
-                        "trainers are alive (default: any failure stops the job)", metavar="N",
-                        type=argtypes.positive("--min-trainers", int, "a whole number")),)),
+            flags=(flag("launch", "--min-trainers", "a trainer that dies does not stop the job while N trainers "
+                        "are alive (an elastic job, like --trainers N:MAX; default: any failure stops the job)",
+                        metavar="N", type=argtypes.positive("--min-trainers", int, "a whole number")),)),
+    Setting("PARAMSHARD_JOINING", "set by the launcher on a trainer it starts mid-job in an elastic job (a "
+            "replacement, a scale-up): it joins (client/control.join) instead of starting with the job",
+            "joining", False, "bool", lambda text: text != "0", text=lambda v: "1"),
     Setting("PARAMSHARD_MAX_IN_FLIGHT", "async: pushes a trainer may have on their way before it waits for the "
             "oldest reply (default 1; 0 waits for every push; sync mode always waits)", "max_in_flight", None,
             "int | None", int, check=_int_at_least("PARAMSHARD_MAX_IN_FLIGHT", 0, " pushes")),
