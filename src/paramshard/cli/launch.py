@@ -142,6 +142,16 @@ def _checkpoint_fields(args) -> dict:
     return fields
 
 
+def _split_trainer_range(fields: dict) -> None:
+    """--trainers MIN:MAX: MAX trainer slots, elastic down to MIN (launch/elastic_trainers.py)."""
+    if isinstance(fields.get("trainers"), tuple):
+        low, high = fields["trainers"]
+        if fields.get("min_trainers") not in (None, low):
+            raise ConfigError(f"--trainers {low}:{high} and --min-trainers {fields['min_trainers']}: give the "
+                              f"minimum once")
+        fields.update(trainers=high, min_trainers=low)
+
+
 def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
@@ -150,6 +160,7 @@ def run(args) -> int:
     # The flags' settings, and the ones the launcher's own environment passes on (security, limits).
     fields = dict(launch_fields(args, "launch", outer), script=script, module=module, script_args=script_args,
                   servers=servers, **_checkpoint_fields(args), records="stdout")
+    _split_trainer_range(fields)
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
     first = _launcher(args, dict(fields, max_restarts=args.max_restarts))

@@ -28,6 +28,13 @@ class JobWatch:
         launcher.engine.tap_for = self.run.tap_for
         launcher.engine.out = self.progress.writer()
         launcher.restart_listeners.append(self.restarted)
+        launcher.membership_listeners.append(self.membership)
+        launcher.control_dir = self.run.path       # `paramshard scale RUN_DIR` asks the launcher through it
+
+    def membership(self, change: str, text: str, **fields) -> None:
+        """An elastic job's trainers changed (launch/elastic_trainers.py): joined, left, lost,
+        replaced, leave_requested, scale; in the run directory's events, with the slot."""
+        self.run.event("membership", text, change=change, **fields)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank

@@ -139,7 +139,9 @@ CONTRACT: tuple[Setting, ...] = (
             fallbacks=("PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS"),
             check=_int_at_least("PARAMSHARD_TRAINERS", 1, ""), scopes=frozenset({JOB, LAUNCH, K8S}),
             launch_field="trainers",
-            flags=(flag("launch", "--trainers", "number of trainers (default 1)", type=int, default=1),
+            flags=(flag("launch", "--trainers", "number of trainers (default 1), or MIN:MAX: an elastic job of MAX "
+                        "trainers that goes on with at least MIN (`paramshard scale`)", type=argtypes.trainers,
+                        default=1, metavar="N|MIN:MAX"),
                    flag("k8s", "--trainers", "number of trainers (an Indexed Job)", type=argtypes.count("--trainers"),
                         required=True, metavar="M"))),
     Setting("PARAMSHARD_TRAINER_ID", "this trainer's index, 0..T-1", "trainer_id", 0, "int", int,

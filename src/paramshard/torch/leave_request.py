@@ -15,7 +15,7 @@ import signal
 import threading
 import weakref
 
-LEAVE_SIGNAL = signal.SIGUSR1
+from ..launch.signals import LEAVE_SIGNAL
 
 
 def install(trainer) -> bool:
