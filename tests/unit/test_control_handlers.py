@@ -93,11 +93,11 @@ def test_join_probes_then_joins_from_a_step_not_complete_here():
     ctx.membership.connection_lost(2)
     assert control.handle_join({"trainer": 2}, []).fields == {"version": 7}
     assert ctx.membership.live == {0, 1}          # a probe changes nothing
-    steps.done = 8                                # step 7 completed meanwhile: too late for it
-    assert control.handle_join({"trainer": 2, "first_step": 7}, []).fields == {"version": 8, "joined": False}
+    steps.done = 8                                # step 8 is in progress now: too late to join at 8
+    assert control.handle_join({"trainer": 2, "first_step": 8}, []).fields == {"version": 8, "joined": False}
     assert ctx.membership.live == {0, 1} and heard.left == []
-    assert control.handle_join({"trainer": 2, "first_step": 8}, []).fields == {"version": 8, "joined": True}
-    assert ctx.membership.live == {0, 1, 2} and ctx.membership.first_step == {2: 8}
+    assert control.handle_join({"trainer": 2, "first_step": 9}, []).fields == {"version": 8, "joined": True}
+    assert ctx.membership.live == {0, 1, 2} and ctx.membership.first_step == {2: 9}
     assert heard.left == [2] and steps.left == [2]    # what the slot's last process left behind goes
 
 

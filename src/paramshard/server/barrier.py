@@ -78,14 +78,17 @@ class Membership:
         self.lost_since.pop(trainer, None)
         self.left.add(trainer)
 
-    def join(self, trainer: int, first_step: int) -> None:
-        """A process takes slot ``trainer`` of an elastic job from ``first_step`` on (the caller
-        checked no step barrier completed that step): whatever the slot was (left, lost, gone,
-        or live with a process being replaced) it is live again and required from then on."""
+    def check_can_join(self, trainer: int) -> None:
         self.check_trainer(trainer)
         if not self.elastic:
             raise ConfigError(f"trainer {trainer} asked to join, but this job is not elastic: every trainer "
                               f"starts with it (launch --trainers MIN:MAX makes an elastic job)")
+
+    def join(self, trainer: int, first_step: int) -> None:
+        """A process takes slot ``trainer`` of an elastic job from ``first_step`` on (the caller
+        checked no step barrier completed that step): whatever the slot was (left, lost, gone,
+        or live with a process being replaced) it is live again and required from then on."""
+        self.check_can_join(trainer)
         if first_step < 0:
             raise ConfigError(f"trainer {trainer} asked to join from step {first_step}: steps start at 0")
         self.left.discard(trainer)

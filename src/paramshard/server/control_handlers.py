@@ -63,17 +63,18 @@ class ControlHandlers:
 
     def handle_join(self, header, arrays) -> Reply:
         """A process takes a trainer slot of an elastic job mid-job (client/control.join). Without
-        ``first_step``: a probe, answered with the steps complete here (``version``). With it: it
-        joins from that step, unless a step barrier here completed that step already (then
-        ``joined`` is false and the client probes again): so the step in progress when it
-        joined completes without it, and it is required from its first step on."""
+        ``first_step``: a probe, answered with the steps complete here (``version``: the step in
+        progress). With it: it joins from that step, which must come after the step in progress
+        on every barrier here (else ``joined`` is false and the client probes again): a step's
+        required set is fixed when the step before it completed, so the step in progress
+        completes without the joiner, and it is required from its first step on."""
         ctx, trainer = self.context, header["trainer"]
-        ctx.membership.check_trainer(trainer)
+        ctx.membership.check_can_join(trainer)
         done = max((s.steps_done() for s in ctx.services if hasattr(s, "steps_done")), default=0)
         first = header.get("first_step")
         if first is None:
             return Reply({"version": done})
-        if ctx.mode.waits_every_step and first < done:
+        if ctx.mode.waits_every_step and first <= done:
             return Reply({"version": done, "joined": False})
         for service in ctx.services:
             service.on_leave(trainer)      # whatever the slot's last process left behind goes
