@@ -124,3 +124,24 @@ def test_step_barrier_describes_what_the_step_waits_for():
     assert b.complete()
     b.reset()
     assert b.step is None and b.waiting_for() == [0, 1]
+
+
+def test_a_join_asked_again_from_a_later_step_releases_the_step_it_held():
+    """client/control.join asks again when another server moved on: the step that waited for the
+    joiner under its first answer completes once the joiner names a later step."""
+    from paramshard.server.control_handlers import ControlHandlers
+    from paramshard.server.dense_handlers import DenseHandlers
+    from .server_fakes import context
+    ctx = context(trainers=3, min_trainers=1)
+    store = store_of(ctx.membership)
+    ctx.services.append(DenseHandlers(store))
+    control = ControlHandlers(ctx)
+    ctx.membership.connection_lost(2)
+    assert control.handle_join({"trainer": 2, "first_step": 1}, []).fields["joined"]
+    push(store, 0, 0, [1.0, 1.0])
+    push(store, 1, 0, [1.0, 1.0])
+    push(store, 0, 1, [1.0, 1.0])
+    push(store, 1, 1, [1.0, 1.0])
+    assert store.blocks["w"].version == 1 and store.waiting_for(["w"]) == [2]
+    assert control.handle_join({"trainer": 2, "first_step": 2}, []).fields["joined"]
+    assert store.blocks["w"].version == 2

@@ -76,9 +76,11 @@ class ControlHandlers:
             return Reply({"version": done})
         if ctx.mode.waits_every_step and first <= done:
             return Reply({"version": done, "joined": False})
-        for service in ctx.services:
-            service.on_leave(trainer)      # whatever the slot's last process left behind goes
         ctx.membership.join(trainer, first)
+        for service in ctx.services:
+            # Whatever the slot's last process left behind goes; and a step that waited for this
+            # joiner under an earlier first step (a join asked again later) may complete now.
+            service.on_leave(trainer)
         log.info("%s: trainer %d joined from step %d (%d training)", ctx.name, trainer, first,
                  len(ctx.membership.live))
         return Reply({"version": done, "joined": True})
