@@ -59,7 +59,8 @@ class ElasticTrainers:
             return
         if code == 0:
             return          # ended normally: the job's end, as in any job
-        alive = len(self.running())
+        # Alive: running, or ended normally (done with its data), but not left on request or lost.
+        alive = sum(1 for q in self.launcher.trainers if q.poll() in (None, 0) and q not in self.done)
         decision = self.launcher.policy.dead_trainer(alive, self.minimum)
         if decision.choice is Choice.REPLACE:
             self.launcher.policy.spend(decision)
