@@ -103,3 +103,34 @@ def test_scale_refuses_clearly(tmp_path):
         assert job.proc.wait(timeout=30) == 0, job.text()[-5000:]
     finally:
         job.close()
+
+
+@pytest.fixture
+def ssh_hosts(tmp_path):
+    from tests.engines.sshd import SshHosts, require_engines
+    require_engines()
+    h = SshHosts(workdir=tmp_path / "sshd")
+    yield h
+    h.close()
+
+
+@pytest.mark.timeout(150)
+def test_over_ssh_scale_down_and_up_start_and_stop_remote_trainers_mid_job(ssh_hosts, tmp_path):
+    # The remote ranks import the paramshard this test imports (PYTHONPATH does not cross ssh).
+    shim = tmp_path / "python.sh"
+    shim.write_text(f"#!/bin/sh\nPYTHONPATH={os.environ.get('PYTHONPATH', '')} exec {VENV_BIN / 'python'} \"$@\"\n")
+    shim.chmod(0o755)
+    job = Job(tmp_path, "--trainers", "2:3", "--hosts", ",".join(ssh_hosts.addresses), "--ssh-config",
+              ssh_hosts.ssh_config, "--remote-python", str(shim))
+    try:
+        at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(3))
+        assert "asked trainers [2] to leave" in job.scale(2)
+        at = job.wait_for(r"trainer 2 ends at step \d+ \(leave requested: True\)", at)
+        job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
+        assert "starting trainers [2]" in job.scale(3)
+        at = job.wait_for(r"trainer 2 first step [1-9]\d*", at)
+        job.wait_for(r"trainer 2 at step \d+", at)
+        job.stop.touch()
+        assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
+    finally:
+        job.close()
