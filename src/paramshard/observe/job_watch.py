@@ -33,8 +33,11 @@ class JobWatch:
 
     def membership(self, change: str, text: str, **fields) -> None:
         """An elastic job's trainers changed (launch/elastic_trainers.py): joined, left, lost,
-        replaced, leave_requested, scale; in the run directory's events, with the slot."""
-        self.run.event("membership", text, change=change, **fields)
+        replaced, leave_requested, scale; in the run directory's events, with the slot (and as
+        the ``rank`` the report's events table shows: "trainer 2", or "job" for a scale request)."""
+        slot = fields.get("trainer")
+        self.run.event("membership", text, change=change, rank="job" if slot is None else f"trainer {slot}",
+                       **fields)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
