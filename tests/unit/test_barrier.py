@@ -92,6 +92,8 @@ def test_a_joiner_is_required_from_its_first_step_only():
 
 def test_join_takes_any_slot_state_back_to_live():
     m, clock = elastic(3)
+    for t in range(3):
+        m.note_request(t)
     m.leave(0)
     m.connection_lost(1)
     clock.now = 100.0
@@ -145,3 +147,14 @@ def test_a_join_asked_again_from_a_later_step_releases_the_step_it_held():
     assert store.blocks["w"].version == 1 and store.waiting_for(["w"]) == [2]
     assert control.handle_join({"trainer": 2, "first_step": 2}, []).fields["joined"]
     assert store.blocks["w"].version == 2
+
+
+def test_elastic_a_slot_never_heard_from_is_not_waited_for_after_the_grace_period():
+    m, clock = elastic(3, grace=10.0)
+    m.note_request(0)
+    m.note_request(1)
+    assert m.required == {0, 1, 2}         # trainer 2 may still be starting
+    clock.now = 10.0
+    assert m.required == {0, 1}            # it died before its first request: no connection ever dropped
+    m.join(2, 4)
+    assert m.required == {0, 1, 2}

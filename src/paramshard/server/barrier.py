@@ -118,9 +118,11 @@ class Membership:
     @property
     def required(self) -> set[int]:
         """Trainers whose push every sync step needs: all but those that left (elastic: the
-        live ones; a lost trainer is no longer waited for)."""
+        live ones that arrived; a lost trainer is no longer waited for)."""
         if self.elastic:
-            return set(self.live)
+            # A slot whose process died before its first request never drops a connection: once
+            # the grace period passed it is not waited for either (a replacement joins it).
+            return self.live - set(self.never_arrived())
         return set(range(self.num_trainers)) - self.left
 
     def required_for(self, step: int | None) -> set[int]:
