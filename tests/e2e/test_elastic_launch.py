@@ -83,9 +83,12 @@ def test_a_killed_trainer_is_replaced_alone_and_scale_moves_the_trainers(tmp_pat
     finally:
         job.close()
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
-    changes = [(r["change"], r.get("trainer")) for r in records if r.get("event") == "membership"]
-    assert changes == [("replaced", 1), ("scale", None), ("leave_requested", 2), ("left", 2), ("scale", None),
-                       ("joined", 2)], changes
+    changes = [(r["event"], r.get("change"), r.get("rank"), r["trainers"] if r["event"] == "scale" else r["live"])
+               for r in records if r.get("event") in ("membership", "scale")]
+    assert changes == [("membership", "replaced", "trainer 1", 3), ("scale", None, None, 2),
+                       ("membership", "asked to leave", "trainer 2", 3), ("membership", "left", "trainer 2", 2),
+                       ("scale", None, None, 3), ("membership", "joined", "trainer 2", 3)], changes
+    assert all(r["role"] == "trainer" for r in records if r.get("event") in ("membership", "scale"))
 
 
 @pytest.mark.timeout(60)

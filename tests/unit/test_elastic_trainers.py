@@ -30,7 +30,7 @@ def launched(minimum=2, trainers=3, restarts=0, engine=None):
     launcher = Launcher(engine or Elastic(), RestartPolicy(restarts))
     launcher.min_trainers = minimum
     heard = []
-    launcher.membership_listeners.append(lambda change, text, **f: heard.append((change, f.get("trainer"))))
+    launcher.membership_listeners.append(lambda change, text, **f: heard.append((change, f["trainer"], f["live"])))
     launcher.start_job(_spec(servers=1, trainers=trainers))
     return launcher, heard
 
@@ -42,10 +42,10 @@ def test_a_dead_trainer_is_replaced_alone_in_its_slot_and_joins():
     assert launcher.elastic.tolerated([dead]) == [dead]
     assert launcher.trainers[1] is not dead and launcher.trainers[1].poll() is None
     assert launcher.engine.started[-1] == ("trainer 1", True) and launcher.policy.left == 0
-    assert heard == [("replaced", 1)]
+    assert heard == [("replaced", 1, 3)]
     launcher.trainers[2].code = 1                 # no budget left: 2 alive, MIN 2, goes on
     assert launcher.elastic.tolerated([launcher.trainers[2]]) == [launcher.trainers[2]]
-    assert heard[-1] == ("lost", 2)
+    assert heard[-1] == ("lost", 2, 2)
     launcher.trainers[0].code = 1                 # 1 alive < MIN: the failure stands
     assert launcher.elastic.tolerated([launcher.trainers[0]]) == []
 
@@ -53,7 +53,7 @@ def test_a_dead_trainer_is_replaced_alone_in_its_slot_and_joins():
 def test_the_loop_finishes_when_the_others_succeed_without_the_lost_one():
     engine = Elastic({"trainer 0": (0, ()), "trainer 1": (0, ()), "trainer 2": (3, ()), "server 0": (0, ())})
     launcher, heard = launched(engine=engine)
-    assert launcher.wait(poll_interval=0) == 0 and heard == [("lost", 2)]
+    assert launcher.wait(poll_interval=0) == 0 and heard == [("lost", 2, 0)]
 
 
 def test_scale_down_asks_the_highest_to_leave_and_their_exit_is_no_failure():
@@ -62,9 +62,10 @@ def test_scale_down_asks_the_highest_to_leave_and_their_exit_is_no_failure():
     assert launcher.engine.asked == ["trainer 2"]
     launcher.trainers[2].code = -signal.SIGUSR1      # left before its Trainer took the signal: still a leave
     assert launcher.elastic.tolerated([launcher.trainers[2]]) == [launcher.trainers[2]]
-    assert heard == [("scale", None), ("leave_requested", 2), ("left", 2)]
+    assert heard == [("scale", None, 3), ("asked to leave", 2, 3), ("left", 2, 2)]
     assert launcher.elastic.scale(3) == "starting trainers [2]: 3 trainers"
     assert launcher.engine.started[-1] == ("trainer 2", True) and launcher.trainers[2].poll() is None
+    assert heard[-2:] == [("scale", None, 2), ("joined", 2, 3)]
     assert launcher.elastic.scale(3) == "already 3 trainers"
 
 

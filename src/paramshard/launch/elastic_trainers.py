@@ -14,8 +14,11 @@ start which trainers step 0 waits for; MIN is the floor the job may shrink to. T
   process, torch/leave_request.py); a trainer asked to leave that exits (0, or killed by that
   signal before its Trainer took it) left, and is not counted as failed.
 
-Each change is told to ``Launcher.membership_listeners`` as (change, text, fields): the run
-directory's events (observe/job_watch.py), so the report shows membership over time.
+Each change is told to ``Launcher.membership_listeners`` as (change, text, fields) with the
+slot (``trainer``) and ``live``, the trainers running after it; changes: joined, left, lost,
+replaced, "asked to leave", and "scale" for a request (``trainers``: the count asked for).
+observe/job_watch.py writes them as the run directory's events, which the report's elastic
+section reads (observe/elastic_view.py).
 """
 from __future__ import annotations
 
@@ -65,10 +68,10 @@ class ElasticTrainers:
         if decision.choice is Choice.REPLACE:
             self.launcher.policy.spend(decision)
             self.done.add(p)
+            self._start(slot)
             self._tell("replaced", f"{p.describe_exit()}; a new process takes slot {slot} and joins the running "
                                    f"job (restart {self.launcher.policy.used} of {self.launcher.policy.max_restarts})",
                        slot)
-            self._start(slot)
         elif decision.choice is Choice.CONTINUE:
             self.done.add(p)
             self._tell("lost", f"{p.describe_exit()}; training continues with {alive} trainers "
@@ -92,8 +95,8 @@ class ElasticTrainers:
                 raise ConfigError(f"--trainers {n}: only {len(free)} slots are free while {len(self.leaving)} "
                                   f"trainers are still leaving; ask again once they left")
             for slot in free[:n - len(staying)]:
-                self._tell("joined", f"trainer {slot} starts and joins the running job", slot)
                 self._start(slot)
+                self._tell("joined", f"trainer {slot} starts and joins the running job", slot)
             return f"starting trainers {free[:n - len(staying)]}: {n} trainers"
         if n < len(staying):
             ask = getattr(self.launcher.engine, "ask_to_leave", None)
@@ -104,7 +107,7 @@ class ElasticTrainers:
                 p = self.launcher.trainers[slot]
                 self.leaving.add(p)
                 ask(p)
-                self._tell("leave_requested", f"trainer {slot} asked to leave at its next step boundary", slot)
+                self._tell("asked to leave", f"trainer {slot} asked to leave at its next step boundary", slot)
             return f"asked trainers {going} to leave at their next step boundary: {n} trainers"
         return f"already {n} trainers"
 
@@ -116,5 +119,6 @@ class ElasticTrainers:
 
     def _tell(self, change: str, text: str, slot: int | None, **fields) -> None:
         log.warning("%s", text) if change in ("lost", "replaced") else log.info("%s", text)
+        live = len(self.running())
         for listener in self.launcher.membership_listeners:
-            listener(change, text, trainer=slot, **fields)
+            listener(change, text, trainer=slot, live=live, **fields)

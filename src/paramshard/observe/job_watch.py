@@ -31,13 +31,15 @@ class JobWatch:
         launcher.membership_listeners.append(self.membership)
         launcher.control_dir = self.run.path       # `paramshard scale RUN_DIR` asks the launcher through it
 
-    def membership(self, change: str, text: str, **fields) -> None:
-        """An elastic job's trainers changed (launch/elastic_trainers.py): joined, left, lost,
-        replaced, leave_requested, scale; in the run directory's events, with the slot (and as
-        the ``rank`` the report's events table shows: "trainer 2", or "job" for a scale request)."""
-        slot = fields.get("trainer")
-        self.run.event("membership", text, change=change, rank="job" if slot is None else f"trainer {slot}",
-                       **fields)
+    def membership(self, change: str, text: str, trainer: int | None = None, **fields) -> None:
+        """An elastic job's trainers changed (launch/elastic_trainers.py): a ``membership`` event
+        (``role``, ``rank``, ``change``, ``live``: what observe/elastic_view.py reads), or for
+        a ``paramshard scale`` request a ``scale`` event with the ``trainers`` asked for."""
+        if change == "scale":
+            self.run.event("scale", text, role="trainer", **fields)
+            return
+        self.run.event("membership", text, role="trainer", rank=f"trainer {trainer}", change=change,
+                       trainer=trainer, **fields)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank

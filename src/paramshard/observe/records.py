@@ -40,11 +40,6 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
   a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job).
-  An elastic job's trainers changing is ``"event": "membership"`` with ``change`` (joined,
-  left, lost, replaced, leave_requested, scale), ``trainer`` (the slot; None for a scale
-  request, which has ``trainers``: the count asked for), ``rank`` ("trainer 2", "job": the
-  report's events table shows them) and the ``text`` (launch/elastic_trainers.py through
-  observe/job_watch.py).
 
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing
