@@ -107,7 +107,7 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
         bind = f"{env.bind or own_host}:{own_port}"
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
-                             limits=env.limits, min_trainers=env.min_trainers if env.mode is Mode.ASYNC else None,
+                             limits=env.limits, min_trainers=env.min_trainers,
                              recovering=env.recovering, max_staleness=env.max_staleness)
     _attach_optional_services(server, env)
     return server

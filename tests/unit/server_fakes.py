@@ -31,10 +31,11 @@ class Recorded:
         self.failures.append((op, exc))
 
 
-def context(mode=Mode.SYNC, trainers=2, timeout=5.0, clock=None, epoch=0):
-    """A ServerContext whose ``resubmit`` records the requests handed back (``ctx.resubmitted``)."""
+def context(mode=Mode.SYNC, trainers=2, timeout=5.0, clock=None, epoch=0, min_trainers=None):
+    """A ServerContext whose ``resubmit`` records the requests handed back (``ctx.resubmitted``);
+    ``min_trainers`` set: an elastic job."""
     clock = clock or Clock()
-    membership = Membership(trainers, grace=timeout, clock=clock)
+    membership = Membership(trainers, grace=timeout, clock=clock, min_trainers=min_trainers)
     waiting = WaitingList("server 0", membership, timeout, clock=clock)
     resubmitted = []
     ctx = ServerContext(0, mode, membership, timeout, waiting, epoch=epoch, resubmit=resubmitted.append,

@@ -74,3 +74,36 @@ def test_the_epoch_hook_refuses_data_requests_of_another_epoch():
     ctx.epoch = -1
     with pytest.raises(StaleEpoch, match="restarted, waiting for the chief"):
         hook.admit(Incoming("push_sparse", {"epoch": 0}, 0))
+
+
+class Steps(Heard):
+    """A service with step barriers: ``done`` steps complete here."""
+    def __init__(self, done):
+        super().__init__()
+        self.done = done
+
+    def steps_done(self):
+        return self.done
+
+
+def test_join_probes_then_joins_from_a_step_not_complete_here():
+    ctx, heard, control = handlers(trainers=3, min_trainers=1)
+    steps = Steps(7)
+    ctx.services.append(steps)
+    ctx.membership.connection_lost(2)
+    assert control.handle_join({"trainer": 2}, []).fields == {"version": 7}
+    assert ctx.membership.live == {0, 1}          # a probe changes nothing
+    steps.done = 8                                # step 8 is in progress now: too late to join at 8
+    assert control.handle_join({"trainer": 2, "first_step": 8}, []).fields == {"version": 8, "joined": False}
+    assert ctx.membership.live == {0, 1} and heard.left == []
+    assert control.handle_join({"trainer": 2, "first_step": 9}, []).fields == {"version": 8, "joined": True}
+    assert ctx.membership.live == {0, 1, 2} and ctx.membership.first_step == {2: 9}
+    assert heard.left == [2] and steps.left == [2]    # what the slot's last process left behind goes
+
+
+def test_join_is_refused_in_a_job_that_is_not_elastic():
+    _, _, control = handlers(trainers=2)
+    with pytest.raises(ConfigError, match="not elastic"):
+        control.handle_join({"trainer": 1, "first_step": 0}, [])
+    with pytest.raises(ConfigError, match="not part of this job"):
+        control.handle_join({"trainer": 5}, [])

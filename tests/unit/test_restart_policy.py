@@ -82,3 +82,20 @@ def test_in_place_restarts_leave_that_much_less_for_the_whole_job():
     policy = RestartPolicy(1)
     policy.spend(policy.in_place(1, True, 0, 1, latest))
     assert policy.whole_job(1, False, asked_never).choice is Choice.FAIL
+
+
+def test_elastic_a_dead_trainer_is_replaced_while_budget_lasts_one_restart_each():
+    policy = RestartPolicy(2)
+    for _ in range(2):
+        d = policy.dead_trainer(alive=1, minimum=2)
+        assert d.choice is Choice.REPLACE and d.cost == 1
+        policy.spend(d)
+    assert policy.left == 0
+
+
+def test_elastic_without_budget_the_job_goes_on_while_min_trainers_are_alive():
+    policy = RestartPolicy(0)
+    assert policy.dead_trainer(alive=2, minimum=2).choice is Choice.CONTINUE
+    assert policy.dead_trainer(alive=1, minimum=2).choice is Choice.FAIL
+    policy.spend(policy.dead_trainer(alive=2, minimum=2))
+    assert policy.used == 0           # going on with fewer costs nothing

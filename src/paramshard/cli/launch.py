@@ -129,8 +129,10 @@ def _checkpoint_fields(args) -> dict:
         raise ConfigError("--checkpoint-every needs --checkpoint-dir")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: must be >= 0")
-    if args.max_restarts and not args.checkpoint_dir:
-        raise ConfigError("--max-restarts needs --checkpoint-dir (a restart resumes from the latest checkpoint)")
+    elastic = isinstance(args.trainers, tuple) or args.min_trainers is not None
+    if args.max_restarts and not args.checkpoint_dir and not elastic:
+        raise ConfigError("--max-restarts needs --checkpoint-dir (a restart resumes from the latest checkpoint; "
+                          "only an elastic job, --trainers MIN:MAX, replaces dead trainers without one)")
     fields = {"checkpoint_keep": args.keep}
     if args.checkpoint_dir:
         fields.update(checkpoint_dir=os.path.abspath(args.checkpoint_dir), checkpoint_every=args.checkpoint_every or 0)
@@ -142,6 +144,16 @@ def _checkpoint_fields(args) -> dict:
     return fields
 
 
+def _split_trainer_range(fields: dict) -> None:
+    """--trainers MIN:MAX: MAX trainer slots, elastic down to MIN (launch/elastic_trainers.py)."""
+    if isinstance(fields.get("trainers"), tuple):
+        low, high = fields["trainers"]
+        if fields.get("min_trainers") not in (None, low):
+            raise ConfigError(f"--trainers {low}:{high} and --min-trainers {fields['min_trainers']}: give the "
+                              f"minimum once")
+        fields.update(trainers=high, min_trainers=low)
+
+
 def run(args) -> int:
     configure("launcher")
     outer = ClusterEnv.from_environ()   # security and limits the user set are passed on
@@ -150,6 +162,7 @@ def run(args) -> int:
     # The flags' settings, and the ones the launcher's own environment passes on (security, limits).
     fields = dict(launch_fields(args, "launch", outer), script=script, module=module, script_args=script_args,
                   servers=servers, **_checkpoint_fields(args), records="stdout")
+    _split_trainer_range(fields)
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
     first = _launcher(args, dict(fields, max_restarts=args.max_restarts))

@@ -21,6 +21,7 @@ COMMANDS = {
     "dataset": "dataset",
     "schema": "schema",
     "stats": "stats",
+    "scale": "scale",
     "export": "export",
     "export-model": "export_model",
     "predict": "predict",

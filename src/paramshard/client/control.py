@@ -60,6 +60,30 @@ def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> 
                        timeout=timeout)
 
 
+def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monotonic) -> int:
+    """Take slot ``trainer_id`` of a running elastic job (server/control_handlers.handle_join);
+    returns the first step this trainer pushes. Every server is asked for the steps it
+    completed (the index of its step in progress), and the trainer joins from the step after
+    the highest: the step in progress completes without it. A server whose step in progress
+    moved past that meanwhile answers ``joined`` false, and the trainer asks again (each
+    server keeps the newest first step), until every server took it or ``timeout`` passed."""
+    deadline = clock() + timeout
+    everyone = range(len(links))
+    while True:
+        probes = links.request_many({s: ({"op": "join", "trainer": trainer_id}, ()) for s in everyone},
+                                    timeout=timeout)
+        first = max(header["version"] for header, _ in probes.values()) + 1
+        replies = links.request_many({s: ({"op": "join", "trainer": trainer_id, "first_step": first}, ())
+                                      for s in everyone}, timeout=timeout)
+        if all(header.get("joined") for header, _ in replies.values()):
+            return first
+        if clock() >= deadline:
+            late = sorted(s for s, (header, _) in replies.items() if not header.get("joined"))
+            raise DeadlineExceeded(f"trainer {trainer_id} could not join within {timeout:g} s: servers {late} "
+                                   f"completed each step before it could join it (steps shorter than a round "
+                                   f"trip?)")
+
+
 NO_VALUE = object()      # barrier(): a plain barrier, not a broadcast
 
 

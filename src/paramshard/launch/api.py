@@ -86,9 +86,11 @@ class LaunchConfig:
         if self.max_staleness is not None and self.mode.waits_every_step:
             raise ConfigError(f"--max-staleness {self.max_staleness}: bounds async staleness; sync mode "
                               f"already waits for every trainer each step (use --mode async)")
-        if self.min_trainers is not None and (self.mode.waits_every_step or not 1 <= self.min_trainers <= self.trainers):
-            raise ConfigError(f"--min-trainers {self.min_trainers}: needs --mode async (a sync step needs every "
-                              f"trainer) and a value in 1..{self.trainers}")
+        if self.min_trainers is not None and (not self.mode.dense_on_servers or
+                                              not 1 <= self.min_trainers <= self.trainers):
+            raise ConfigError(f"--trainers {self.min_trainers}:{self.trainers} (or --min-trainers "
+                              f"{self.min_trainers}): an elastic job needs --mode sync or async and a minimum "
+                              f"in 1..{self.trainers}")
         check_target(self.script, self.module)
         # A module is looked for where the trainers run: a missing one fails them like any error.
         if self.check_script and self.script is not None and not os.path.isfile(self.script):

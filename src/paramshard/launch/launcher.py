@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..errors import ConfigError
 from ..log import get_logger
 from .api import JobSpec, RankSpec
+from .control_channel import ControlChannel, servers_not_available
+from .elastic_trainers import ElasticTrainers
 from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
 from .process import Engine, Process
 from .rank_exit import RankExit, failure_summary, first_failure
@@ -34,8 +37,7 @@ class Launcher:
         self.servers: list[Process] = []
         self.trainers: list[Process] = []
         self.stopped_by_signal = False
-        self.min_trainers: int | None = None     # async: keep going while this many trainers are alive
-        self._tolerated_seen: list[Process] = []
+        self.min_trainers: int | None = None     # set: an elastic job, going on while this many trainers are alive
         self.checkpoint_dir: str | None = None
         # The job's one restart budget; the supervisor hands the same one to every run.
         self.policy = policy or RestartPolicy()
@@ -48,6 +50,12 @@ class Launcher:
         # Told of each in-place restart as (rank name, why): observe/job_watch.py records it
         # among the run directory's events.
         self.restart_listeners: list[Callable[[str, str], None]] = []
+        # Elastic jobs (min_trainers set): trainers join and leave (launch/elastic_trainers.py);
+        # changes go to these as (change, text, **fields): the run directory's events.
+        self.elastic: ElasticTrainers | None = None
+        self.membership_listeners: list[Callable[..., None]] = []
+        self.control_dir: Path | None = None      # the run directory: `paramshard scale` asks through it
+        self.control: ControlChannel | None = None
 
     @property
     def restarts_left(self) -> int:
@@ -68,20 +76,17 @@ class Launcher:
         except BaseException:
             self.close()
             raise
+        if self.min_trainers is not None:
+            self.elastic = ElasticTrainers(self, self.min_trainers)
+        if self.control_dir is not None:
+            self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
+                                                             "servers": servers_not_available})
 
-    def _tolerated(self, failed: list[Process]) -> list[Process]:
-        """Failed trainers an async job can do without (``min_trainers``); logged once each."""
-        if not self.min_trainers:
-            return []
-        dead_trainers = [p for p in self.trainers if p.poll() not in (None, 0)]
-        if any(p not in self.trainers for p in failed) or len(self.trainers) - len(dead_trainers) < self.min_trainers:
-            return []
-        for p in dead_trainers:
-            if p not in self._tolerated_seen:
-                self._tolerated_seen.append(p)
-                log.warning("%s; async training continues with %d trainers (--min-trainers %d)", p.describe_exit(),
-                            len(self.trainers) - len(dead_trainers), self.min_trainers)
-        return dead_trainers
+    def _scale_trainers(self, n: int) -> str:
+        if self.elastic is None:
+            raise ConfigError(f"--trainers {n}: this job is not elastic; launch it with --trainers MIN:MAX "
+                              f"to change its trainers while it runs")
+        return self.elastic.scale(n)
 
     def _server_states(self, now: float) -> list[ServerState]:
         """Each server as launch/peer_loss.py sees it: exit code, the peers its last status
@@ -176,8 +181,10 @@ class Launcher:
         try:
             while True:
                 everyone = self.servers + self.trainers
+                if self.control is not None:
+                    self.control.poll()
                 failed = [p for p in everyone if p.poll() not in (None, 0)]
-                tolerated = self._tolerated(failed)
+                tolerated = self.elastic.tolerated(failed) if self.elastic else []
                 failed = [p for p in failed if p not in tolerated]
                 verdict = self._peer_verdict()
                 if (failed or verdict.hung) and self._restart_in_place(failed, verdict):

@@ -20,7 +20,7 @@ from .launcher import Launcher
 from .restart_policy import RestartPolicy
 from .ports import free_ports
 from .processes import Child, stop_all
-from .signals import StopSignal, signal_number, stop_signals
+from .signals import LEAVE_SIGNAL, StopSignal, signal_number, stop_signals
 
 __all__ = ["LaunchConfig", "LocalEngine", "LocalLauncher", "StopSignal", "signal_number", "stop_signals",
            "MALLOC_TUNABLES"]
@@ -41,6 +41,12 @@ class LocalEngine:
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)
+
+    @staticmethod
+    def ask_to_leave(process: Child) -> None:
+        """An elastic job's trainer leaves at its next step boundary (torch/leave_request.py)."""
+        if process.poll() is None:
+            os.kill(process.pid, LEAVE_SIGNAL)
 
 
 class LocalLauncher(Launcher):

@@ -13,6 +13,12 @@ Two kinds of restart draw on the same budget:
 
 No checkpoint yet: nothing to roll back to, so no restart of either kind (the
 loop says so). A job stopped by a signal is never restarted.
+
+An **elastic** job (``--trainers MIN:MAX``) treats a dead trainer alone
+(``dead_trainer``): with budget left it is replaced in its slot by a new process that
+joins the running job (one restart each, so a trainer that crashes on every start cannot
+restart for ever; no checkpoint needed: nothing rolls back); without budget the job goes
+on with fewer while at least MIN trainers are alive; fewer than MIN: the job fails.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ class Choice(enum.Enum):
     RESTART = "restart"
     FAIL = "fail"                      # nothing to restart (or no budget): the failure stands
     NO_CHECKPOINT = "no checkpoint"    # a restart was due, but there is nothing to roll back to
+    REPLACE = "replace"                # elastic: a new process takes the dead trainer's slot
+    CONTINUE = "continue"              # elastic: the job goes on without the dead trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +81,16 @@ class RestartPolicy:
             return Decision(Choice.NO_CHECKPOINT)
         return Decision(Choice.RESTART, checkpoint, 1)
 
+    def dead_trainer(self, alive: int, minimum: int) -> Decision:
+        """A trainer of an elastic job died; ``alive``: its trainers still running, ``minimum``:
+        MIN of ``--trainers MIN:MAX``."""
+        if self.left >= 1:
+            return Decision(Choice.REPLACE, cost=1)
+        if alive >= minimum:
+            return Decision(Choice.CONTINUE)
+        return FAIL
+
     def spend(self, decision: Decision) -> None:
         """The loop acts on a RESTART: its restarts are used."""
-        if decision.restart:
+        if decision.restart or decision.choice is Choice.REPLACE:
             self.used += decision.cost

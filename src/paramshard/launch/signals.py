@@ -13,6 +13,10 @@ from typing import Iterator
 
 from ..log import get_logger
 
+# Sent by the launcher to a trainer of an elastic job it asks to leave (launch/elastic_trainers.py);
+# the trainer leaves at its next step boundary (torch/leave_request.py).
+LEAVE_SIGNAL = signal.SIGUSR1
+
 log = get_logger("launch")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -10,7 +10,8 @@ client of a session without a pty leaves the remote command running. So the
 channel's stdin stays open for the rank's lifetime, and the wrapper (the
 leader of a new session on the remote host) runs a watcher that kills the
 whole remote process group when stdin reaches EOF: the launcher stopped the
-ssh client, or was killed itself, or the connection dropped.
+ssh client, or was killed itself, or the connection dropped. The same channel
+carries a ``leave`` line, the wrapper's SIGUSR1 to an elastic job's trainer.
 
 Environment goes inline (``env K=V ... CMD``, no ``SendEnv``, which needs
 ``AcceptEnv`` on every server), except ``PARAMSHARD_SECRET``, which is the
@@ -42,14 +43,16 @@ log = get_logger("launch")
 # $1: read-secret|no-secret, $2...: the command. Reads the secret from the first
 # line of stdin when asked, then keeps the channel's stdin on fd 3 for the
 # watcher; background jobs get /dev/null as stdin, hence the duplicate. The
-# watcher ignores TERM so it can escalate to KILL after its group got TERM.
+# watcher ignores TERM so it can escalate to KILL after its group got TERM. A
+# line "leave" on the channel asks the command to leave (SIGUSR1: an elastic
+# job's trainer leaves at its next step boundary, torch/leave_request.py).
 WRAPPER = r"""
 if [ "$1" = read-secret ]; then IFS= read -r PARAMSHARD_SECRET; export PARAMSHARD_SECRET; fi
 shift
 exec 3<&0
 "$@" 0</dev/null 3<&- &
 child=$!
-{ trap '' TERM; cat <&3 >/dev/null 2>&1; kill -s TERM -- -$$ 2>/dev/null; sleep 5; kill -s KILL -- -$$ 2>/dev/null; } 0</dev/null >/dev/null 2>&1 &
+{ trap '' TERM; while IFS= read -r line <&3; do if [ "$line" = leave ]; then kill -s USR1 "$child" 2>/dev/null; fi; done; kill -s TERM -- -$$ 2>/dev/null; sleep 5; kill -s KILL -- -$$ 2>/dev/null; } 0</dev/null >/dev/null 2>&1 &
 watcher=$!
 exec 3<&-
 wait "$child"; code=$?
@@ -128,6 +131,19 @@ class SshEngine:
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)
+
+    @staticmethod
+    def ask_to_leave(process: Child) -> None:
+        """An elastic job's trainer leaves at its next step boundary: the rank's wrapper turns a
+        ``leave`` line on the channel's stdin into SIGUSR1 (WRAPPER)."""
+        stdin = process.proc.stdin
+        if stdin is None or process.poll() is not None:
+            return
+        try:
+            stdin.write("leave\n")
+            stdin.flush()
+        except OSError:
+            pass            # it exited meanwhile: the loop sees how
 
 
 def _run(argv: list[str], timeout: float, what: str) -> str:

@@ -28,6 +28,18 @@ class JobWatch:
         launcher.engine.tap_for = self.run.tap_for
         launcher.engine.out = self.progress.writer()
         launcher.restart_listeners.append(self.restarted)
+        launcher.membership_listeners.append(self.membership)
+        launcher.control_dir = self.run.path       # `paramshard scale RUN_DIR` asks the launcher through it
+
+    def membership(self, change: str, text: str, trainer: int | None = None, **fields) -> None:
+        """An elastic job's trainers changed (launch/elastic_trainers.py): a ``membership`` event
+        (``role``, ``rank``, ``change``, ``live``: what observe/elastic_view.py reads), or for
+        a ``paramshard scale`` request a ``scale`` event with the ``trainers`` asked for."""
+        if change == "scale":
+            self.run.event("scale", text, role="trainer", **fields)
+            return
+        self.run.event("membership", text, role="trainer", rank=f"trainer {trainer}", change=change,
+                       trainer=trainer, **fields)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank

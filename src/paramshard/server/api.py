@@ -31,3 +31,6 @@ class Service(Protocol):
 
     def reset(self) -> None:
         """Drop all state: the job rolls back to a checkpoint (the chief restores it next)."""
+
+    # Optional: ``steps_done() -> int``, the steps this service completed (a service with
+    # step barriers has it); an elastic job's joiner starts after the highest (handle_join).

@@ -10,6 +10,18 @@ that pushed the current step; the step is complete when every trainer that
 has not left has pushed. A lost trainer stays required (its step cannot be
 completed without it, and waiting for it fails at once), because silently
 training on with fewer trainers would change the effective batch.
+
+An **elastic** job (``min_trainers`` set: ``launch --trainers MIN:MAX`` or async
+``--min-trainers``) keeps slots 0..num_trainers-1 of which any may be empty: a
+lost trainer stops being required at once (the others go on), and a process may
+``join`` a slot (left, lost, gone, or a replacement of a live one) naming the
+first step it pushes. A step's required set is the live trainers whose first
+step is at most that step, so a join takes effect at a step boundary: the
+joiner names a step no barrier of this server has completed (``join`` refuses
+otherwise) and the step then in progress completes without it. Gradients are
+averaged over the trainers that pushed the step, so sync elastic training
+equals one process whose step k uses the concatenated batches of exactly the
+trainers that pushed step k.
 """
 from __future__ import annotations
 
@@ -21,7 +33,9 @@ from ..errors import ConfigError
 class Membership:
     def __init__(self, num_trainers: int, grace: float, clock=time.monotonic, min_trainers: int | None = None):
         self.num_trainers = num_trainers
-        self.min_trainers = min_trainers     # async: this many leaving normally is a finished job
+        self.min_trainers = min_trainers     # set: an elastic job; this many leaving normally is a finished job
+        self.elastic = min_trainers is not None
+        self.first_step: dict[int, int] = {}      # elastic: a joined trainer's first step (absent: 0)
         self.grace = grace
         self._clock = clock
         self.started_at = clock()
@@ -64,6 +78,26 @@ class Membership:
         self.lost_since.pop(trainer, None)
         self.left.add(trainer)
 
+    def check_can_join(self, trainer: int) -> None:
+        self.check_trainer(trainer)
+        if not self.elastic:
+            raise ConfigError(f"trainer {trainer} asked to join, but this job is not elastic: every trainer "
+                              f"starts with it (launch --trainers MIN:MAX makes an elastic job)")
+
+    def join(self, trainer: int, first_step: int) -> None:
+        """A process takes slot ``trainer`` of an elastic job from ``first_step`` on (the caller
+        checked no step barrier completed that step): whatever the slot was (left, lost, gone,
+        or live with a process being replaced) it is live again and required from then on."""
+        self.check_can_join(trainer)
+        if first_step < 0:
+            raise ConfigError(f"trainer {trainer} asked to join from step {first_step}: steps start at 0")
+        self.left.discard(trainer)
+        self.gone.discard(trainer)
+        self.lost_since.pop(trainer, None)
+        self.live.add(trainer)
+        self.seen.add(trainer)
+        self.first_step[trainer] = first_step
+
     def connection_lost(self, trainer: int) -> bool:
         """Its connection dropped without a leave; True if that is news."""
         if trainer not in self.live:
@@ -83,8 +117,20 @@ class Membership:
 
     @property
     def required(self) -> set[int]:
-        """Trainers whose push every sync step needs: all but those that left."""
+        """Trainers whose push every sync step needs: all but those that left (elastic: the
+        live ones that arrived; a lost trainer is no longer waited for)."""
+        if self.elastic:
+            # A slot whose process died before its first request never drops a connection: once
+            # the grace period passed it is not waited for either (a replacement joins it).
+            return self.live - set(self.never_arrived())
         return set(range(self.num_trainers)) - self.left
+
+    def required_for(self, step: int | None) -> set[int]:
+        """``required`` for step ``step``: without the joiners whose first step comes later."""
+        required = self.required
+        if step is None or not self.first_step:
+            return required
+        return {t for t in required if self.first_step.get(t, 0) <= step}
 
     @property
     def failed(self) -> set[int]:
@@ -138,6 +184,7 @@ class StepBarrier:
         self.membership = membership
         self.what = what
         self.arrived: set[int] = set()
+        self.step: int | None = None      # the step the arrivals belong to (set by the first arrival)
 
     def check_arrival(self, trainer: int, step: int, current: int) -> None:
         """Raise unless ``trainer`` may push ``step`` now (``current``: the step in progress)."""
@@ -148,15 +195,21 @@ class StepBarrier:
                               f"{current}; every trainer must push every step once")
         if trainer in self.arrived:
             raise ConfigError(f"trainer {trainer} pushed step {step} for {self.what} twice")
+        first = self.membership.first_step.get(trainer, 0)
+        if step < first:
+            raise ConfigError(f"trainer {trainer} joined from step {first} but pushed step {step} for "
+                              f"{self.what}: a joiner pushes from the step it joined at")
+        self.step = step
 
     def arrive(self, trainer: int) -> None:
         self.arrived.add(trainer)
 
     def complete(self) -> bool:
-        return bool(self.arrived) and self.membership.required <= self.arrived
+        return bool(self.arrived) and self.membership.required_for(self.step) <= self.arrived
 
     def reset(self) -> None:
         self.arrived.clear()
+        self.step = None
 
     def waiting_for(self) -> list[int]:
-        return sorted(self.membership.required - self.arrived)
+        return sorted(self.membership.required_for(self.step) - self.arrived)

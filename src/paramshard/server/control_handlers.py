@@ -1,4 +1,4 @@
-"""Server side of the control requests: hello, stats, leave, reset, shutdown
+"""Server side of the control requests: hello, stats, leave, join, reset, shutdown
 (client side: paramshard.client.control, client.recovery and the launcher).
 
 They act on the server as a whole (its membership, epoch, every service),
@@ -30,7 +30,8 @@ class ControlHandlers:
         self.context = context
 
     def ops(self) -> dict:
-        return {op: getattr(self, f"handle_{op}") for op in ("hello", "stats", "leave", "reset", "shutdown")}
+        return {op: getattr(self, f"handle_{op}") for op in ("hello", "stats", "leave", "join", "reset",
+                                                                   "shutdown")}
 
     def hooks(self) -> list:
         return [EpochCheck(self.context)]
@@ -59,6 +60,30 @@ class ControlHandlers:
             service.on_leave(trainer)
         log.info("%s: trainer %d left (%d still training)", ctx.name, trainer, len(ctx.membership.live))
         return Reply()
+
+    def handle_join(self, header, arrays) -> Reply:
+        """A process takes a trainer slot of an elastic job mid-job (client/control.join). Without
+        ``first_step``: a probe, answered with the steps complete here (``version``: the step in
+        progress). With it: it joins from that step, which must come after the step in progress
+        on every barrier here (else ``joined`` is false and the client probes again): a step's
+        required set is fixed when the step before it completed, so the step in progress
+        completes without the joiner, and it is required from its first step on."""
+        ctx, trainer = self.context, header["trainer"]
+        ctx.membership.check_can_join(trainer)
+        done = max((s.steps_done() for s in ctx.services if hasattr(s, "steps_done")), default=0)
+        first = header.get("first_step")
+        if first is None:
+            return Reply({"version": done})
+        if ctx.mode.waits_every_step and first <= done:
+            return Reply({"version": done, "joined": False})
+        ctx.membership.join(trainer, first)
+        for service in ctx.services:
+            # Whatever the slot's last process left behind goes; and a step that waited for this
+            # joiner under an earlier first step (a join asked again later) may complete now.
+            service.on_leave(trainer)
+        log.info("%s: trainer %d joined from step %d (%d training)", ctx.name, trainer, first,
+                 len(ctx.membership.live))
+        return Reply({"version": done, "joined": True})
 
     def handle_reset(self, header, arrays) -> Reply:
         """The chief rolls the job back: drop every service's state, fail what waits, new epoch."""

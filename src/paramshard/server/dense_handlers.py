@@ -28,6 +28,13 @@ class DenseHandlers:
     def on_leave(self, trainer: int) -> None:
         self.store.on_leave(trainer)
 
+    def steps_done(self) -> int:
+        """Steps complete here (sync: the blocks' highest version; async: the fastest trainer's
+        applied steps): where a joiner of an elastic job starts (control_handlers.handle_join)."""
+        if not self.store.mode.waits_every_step:
+            return self.store.clocks.fastest()
+        return max((b.version for b in self.store.blocks.values()), default=0)
+
     def reset(self) -> None:
         self.store.forget()
         self.store.clocks.reset()

@@ -132,7 +132,7 @@ class DenseStore:
         for block in blocks:   # check everything before changing anything
             block.barrier.check_arrival(trainer, step, block.version)
         for block, grad in zip(blocks, grads):
-            if not block.barrier.arrived and self.membership.required <= {trainer}:
+            if not block.barrier.arrived and self.membership.required_for(step) <= {trainer}:
                 # The only trainer left: apply straight from the received frame,
                 # no copy into an accumulator.
                 self._apply(block, grad)

@@ -389,6 +389,14 @@ class ParameterServer:
             event = recv_monitor_message(self._monitor)
             trainer = self._connections.event(event["event"], int(event["value"]))
             if trainer is not None and self.membership.connection_lost(trainer):
+                if self.membership.elastic:
+                    # An elastic job goes on without it: steps that only waited for it complete now.
+                    log.warning("%s: trainer %d lost its connection without leaving%s; the job goes on "
+                                "without it (%d training)", self.name, trainer, self.membership.where([trainer]),
+                                len(self.membership.live))
+                    for service in self._services:
+                        service.on_leave(trainer)
+                    continue
                 log.error("%s: trainer %d lost its connection without leaving (died?)%s; it has %g s "
                           "to come back", self.name, trainer, self.membership.where([trainer]), self.timeout)
 

@@ -163,6 +163,12 @@ class SparseService:
             for table in self.tables.values():
                 table.maybe_finish_step()
 
+    def steps_done(self) -> int:
+        """Sync: the tables' highest completed step (async: 0, the dense clocks count steps)."""
+        if not self.mode.waits_every_step:
+            return 0
+        return max((t.version for t in self.tables.values()), default=0)
+
     def hooks(self) -> list:
         return []
 

@@ -37,7 +37,15 @@ class Clocks:
 
     def slowest(self) -> int:
         required = self.membership.required
-        return min((self.clock.get(t, 0) for t in required), default=0)
+        return min((self._clock_of(t) for t in required), default=0)
+
+    def _clock_of(self, trainer: int) -> int:
+        # A joiner (elastic job) starts level with the step it joined at, not at 0.
+        return max(self.clock.get(trainer, 0), self.membership.first_step.get(trainer, 0))
+
+    def fastest(self) -> int:
+        """Steps the fastest trainer has had applied (where a joiner of an async job starts)."""
+        return max(self.clock.values(), default=0)
 
     def may_start(self, step: int) -> bool:
         return self.bound is None or self.slowest() >= step - self.bound
@@ -46,7 +54,7 @@ class Clocks:
         """Trainers a start of ``step`` waits for."""
         if self.bound is None:
             return []
-        return sorted(t for t in self.membership.required if self.clock.get(t, 0) < step - self.bound)
+        return sorted(t for t in self.membership.required if self._clock_of(t) < step - self.bound)
 
     def stats(self) -> dict[int, int]:
         """Pushes by staleness, in increasing staleness."""

@@ -62,3 +62,16 @@ def seconds(flag: str):
             raise flag_error(f"{flag} {text}: must be a finite number > 0 seconds")
         return value
     return parse
+
+
+def trainers(text: str) -> "int | tuple[int, int]":
+    """`paramshard launch --trainers`: N, or MIN:MAX for an elastic job (MAX slots, at least MIN);
+    the command splits the range into PARAMSHARD_TRAINERS and PARAMSHARD_MIN_TRAINERS."""
+    low, sep, high = text.partition(":")
+    try:
+        values = (int(low), int(high)) if sep else (int(text),)
+    except ValueError:
+        raise flag_error(f"--trainers {text}: not a whole number, nor MIN:MAX (e.g. 2:4)") from None
+    if sep and not 1 <= values[0] <= values[1]:
+        raise flag_error(f"--trainers {text}: MIN:MAX needs 1 <= MIN <= MAX")
+    return values if sep else values[0]

@@ -139,7 +139,9 @@ CONTRACT: tuple[Setting, ...] = (
             fallbacks=("PADDLE_TRAINERS_NUM", "PADDLE_INIT_NUM_GRADIENT_SERVERS"),
             check=_int_at_least("PARAMSHARD_TRAINERS", 1, ""), scopes=frozenset({JOB, LAUNCH, K8S}),
             launch_field="trainers",
-            flags=(flag("launch", "--trainers", "number of trainers (default 1)", type=int, default=1),
+            flags=(flag("launch", "--trainers", "number of trainers (default 1), or MIN:MAX: an elastic job of MAX "
+                        "trainers that goes on with at least MIN (`paramshard scale`)", type=argtypes.trainers,
+                        default=1, metavar="N|MIN:MAX"),
                    flag("k8s", "--trainers", "number of trainers (an Indexed Job)", type=argtypes.count("--trainers"),
                         required=True, metavar="M"))),
     Setting("PARAMSHARD_TRAINER_ID", "this trainer's index, 0..T-1", "trainer_id", 0, "int", int,
@@ -235,12 +237,17 @@ CONTRACT: tuple[Setting, ...] = (
             flags=(flag("launch", "--resume", "start from a checkpoint: DIR (a step-N directory, or a checkpoint "
                         "directory's latest); alone: the latest in --checkpoint-dir", CHECKPOINTS, metavar="DIR",
                         nargs="?", const=""),)),
-    Setting("PARAMSHARD_MIN_TRAINERS", "async: servers end normally once every trainer has ended, if at least this "
-            "many left normally (`launch --min-trainers`); the others may have died", "min_trainers", None,
+    Setting("PARAMSHARD_MIN_TRAINERS", "set: an elastic job (`launch --trainers MIN:MAX` or async "
+            "`--min-trainers MIN`): trainer slots 0..PARAMSHARD_TRAINERS-1 may be empty, a lost trainer is no longer "
+            "waited for, a process may join a slot mid-job; servers end normally once every trainer has ended, if "
+            "at least MIN left normally", "min_trainers", None,
             "int | None", int, scopes=_LAUNCHED,
-            flags=(flag("launch", "--min-trainers", "async mode: a trainer that dies does not stop the job while N "
-                        "trainers are alive (default: any failure stops the job)", metavar="N",
-                        type=argtypes.positive("--min-trainers", int, "a whole number")),)),
+            flags=(flag("launch", "--min-trainers", "a trainer that dies does not stop the job while N trainers "
+                        "are alive (an elastic job, like --trainers N:MAX; default: any failure stops the job)",
+                        metavar="N", type=argtypes.positive("--min-trainers", int, "a whole number")),)),
+    Setting("PARAMSHARD_JOINING", "set by the launcher on a trainer it starts mid-job in an elastic job (a "
+            "replacement, a scale-up): it joins (client/control.join) instead of starting with the job",
+            "joining", False, "bool", lambda text: text != "0", text=lambda v: "1"),
     Setting("PARAMSHARD_MAX_IN_FLIGHT", "async: pushes a trainer may have on their way before it waits for the "
             "oldest reply (default 1; 0 waits for every push; sync mode always waits)", "max_in_flight", None,
             "int | None", int, check=_int_at_least("PARAMSHARD_MAX_IN_FLIGHT", 0, " pushes")),

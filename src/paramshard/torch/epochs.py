@@ -25,6 +25,8 @@ def epochs(trainer, count: int):
                     epoch, resumed = loop.epoch or epoch, True
                     continue
         yield epoch
+        if getattr(trainer, "leave_requested", False):
+            return          # asked to leave (torch/leave_request.py): no further epoch
         # Rolled back after the batch loop: this epoch again, from the checkpoint's batch.
         resumed = trainer.replay_pending
         if not resumed:

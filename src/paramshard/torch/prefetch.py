@@ -115,6 +115,8 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
                 iterator = _open(trainer, iterable, convert)
                 current = next(iterator, _END)
                 continue
+            if getattr(trainer, "leave_requested", False):
+                break       # asked to leave (torch/leave_request.py): this step was the last
             if finder is not None:
                 finder.learn(current)
                 _give_up_on_unused(trainer, finder)

@@ -28,7 +28,7 @@ from ..errors import ConfigError, ParamshardError
 from ..events import TrainerListeners
 from ..log import get_logger
 from ..optim import OptimizerConfig
-from . import checkpointing, decisions, rollback, table_io, trainer_config
+from . import checkpointing, decisions, leave_request, rollback, table_io, trainer_config
 from .backends import open_backend
 from .epochs import epochs
 from .loop import LoopPosition
@@ -79,6 +79,11 @@ class Trainer:
         self._barrier_counts: dict[str, int] = {}
         self._resumed_barriers: set[str] = set()   # counts from a checkpoint, not yet passed here
         self._closed = False
+        # An elastic job's launcher may ask this trainer to leave (torch/leave_request.py): the
+        # batch loops end at the next step boundary.
+        self.leave_requested = False
+        if self.env.min_trainers is not None:
+            leave_request.install(self)
         self.backend = open_backend(self.env, model, self._params, self.optimizer, self.max_in_flight,
                                     find_unused_parameters)
         b = self.backend
@@ -100,6 +105,8 @@ class Trainer:
         self._values = {n: p.detach().view(-1).numpy() for n, p in self._params}
         ckpt = checkpoint_io.open_for_resume(self.resume_from, self.is_chief) if self.resume_from else None
         version = self.backend.start(self._values, self.optimizer, self.table_specs(), ckpt, self.is_chief)
+        if self.env.joining:
+            self.step_count = version       # joined mid-job: its first step is the servers' next one
         if self.resume_from:
             rollback.resume_position(self, ckpt, version)
         for table in self.tables.values():

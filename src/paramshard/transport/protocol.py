@@ -87,6 +87,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "resume_pushes": {},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
+    "join": {"trainer": int, "first_step": Optional(int)},
     "barrier": {"name": str, "count": int, "trainer": int, "epoch": Optional(int), "resumed": Optional(bool),
                 "broadcast": Optional(bool), "value": Optional(JSON_VALUE)},
     "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),

@@ -56,6 +56,13 @@ class ServerBackend:
         return self.dense
 
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        if self.env.joining:
+            # Started mid-job in an elastic job (a replacement, a scale-up): the job is registered
+            # already; it joins from the next step boundary and pulls the values that step starts from.
+            first = control.join(self.links, self.trainer_id, self.env.timeout)
+            log.info("trainer %d joined the job from step %d", self.trainer_id, first)
+            self.dense_sync.pull_dense(values, min_version=self.row_version(first))
+            return first
         if is_chief and ckpt is not None:
             checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt)
             log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)

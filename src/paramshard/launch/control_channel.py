@@ -1,0 +1,132 @@
+"""Requests to a running launcher, through its run directory (``paramshard scale``).
+
+A command writes ``RUN_DIR/control/request-ID.json`` whole (a temporary file renamed into
+place, so the launcher never reads half of one); the launcher's loop polls the directory
+(``ControlChannel.poll``), hands each request to the handler of its kind, and writes
+``reply-ID.json`` the same way; the command waits for that reply up to a deadline and
+removes it. A request is small JSON checked before anything acts on it: ``kind`` (which
+handler: ``trainers``, ``servers``...) and ``value`` (a whole number). A handler returns the
+text of its reply, or raises ConfigError, whose message the command shows as the error.
+No launcher polling (the job ended, or never ran here): the command gives up at its
+deadline saying so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ConfigError, DeadlineExceeded
+
+MAX_REQUEST_BYTES = 4096       # a request is a few fields: anything bigger is not one of ours
+CONTROL = "control"
+
+Handler = Callable[[int], str]
+
+
+def _write_whole(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_small_json(path: Path) -> dict:
+    """A request or reply from disk, checked to be a small JSON object before it is parsed."""
+    if path.stat().st_size > MAX_REQUEST_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_REQUEST_BYTES} bytes, not a control request")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
+
+
+def send(run_dir, kind: str, value: int, timeout: float = 30.0, clock=time.monotonic,
+         sleep=time.sleep) -> str:
+    """Ask the launcher of ``run_dir`` to act (``kind``, ``value``) and return its reply's text;
+    ConfigError with the launcher's message if it refused, DeadlineExceeded if none answered."""
+    folder = Path(run_dir) / CONTROL
+    if not folder.is_dir():
+        raise ConfigError(f"{run_dir} has no {CONTROL}/ directory: not the run directory of a job launched "
+                          f"by this version of `paramshard launch` (see `paramshard launch --run-dir`)")
+    ident = secrets.token_hex(8)
+    reply = folder / f"reply-{ident}.json"
+    _write_whole(folder / f"request-{ident}.json", {"kind": kind, "value": value})
+    deadline = clock() + timeout
+    while not reply.exists():
+        if clock() >= deadline:
+            (folder / f"request-{ident}.json").unlink(missing_ok=True)
+            raise DeadlineExceeded(f"no launcher answered within {timeout:g} s in {run_dir}: is the job still "
+                                   f"running? (`paramshard launch` polls its run directory while the job runs)")
+        sleep(0.05)
+    answer = _read_small_json(reply)
+    reply.unlink(missing_ok=True)
+    if not answer.get("ok"):
+        raise ConfigError(str(answer.get("message", "the launcher refused without saying why")))
+    return str(answer.get("message", ""))
+
+
+class ControlChannel:
+    """The launcher's side: ``handlers`` maps a request kind to what acts on it."""
+
+    def __init__(self, run_dir, handlers: dict[str, Handler] | None = None):
+        self.folder = Path(run_dir) / CONTROL
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.handlers: dict[str, Handler] = dict(handlers or {})
+        self.requests: list[tuple[str, int, bool, str]] = []    # (kind, value, ok, message), for the summary
+
+    def register(self, kind: str, handler: Handler) -> None:
+        """Handle ``kind`` from now on (replaces a handler registered before: the lead plugs the real
+        ``servers`` one in over the placeholder)."""
+        self.handlers[kind] = handler
+
+    def poll(self) -> int:
+        """Answer every request waiting; returns how many."""
+        answered = 0
+        for path in sorted(self.folder.glob("request-*.json")):
+            ident = path.name[len("request-"):-len(".json")]
+            if not ident.isalnum():
+                path.unlink(missing_ok=True)
+                continue
+            _write_whole(self.folder / f"reply-{ident}.json", self._answer(path))
+            path.unlink(missing_ok=True)
+            answered += 1
+        return answered
+
+    def _answer(self, path: Path) -> dict:
+        kind = None
+        try:
+            request = _read_small_json(path)
+            kind, value = request.get("kind"), request.get("value")
+            if type(value) is not int:
+                raise ConfigError(f"a control request's value must be a whole number, got {value!r}")
+            handler = self.handlers.get(kind)
+            if handler is None:
+                raise ConfigError(f"this launcher does not handle {kind!r} requests (it handles: "
+                                  f"{', '.join(sorted(self.handlers)) or 'none'})")
+            message = handler(value)
+            self.requests.append((kind, value, True, message))
+            return {"ok": True, "message": message}
+        except (ConfigError, ValueError, OSError) as exc:      # ValueError: not JSON
+            self.requests.append((str(kind), -1, False, str(exc)))
+            return {"ok": False, "message": str(exc)}
+
+
+def servers_not_available(value: int) -> str:
+    """The ``servers`` placeholder until live re-sharding plugs its handler in (issue 24, part 3)."""
+    raise ConfigError(f"--servers {value}: changing the servers of a running job is not available yet")
+
+
+def resolve_run_dir(job: str, runs: Path = Path("runs")) -> Path:
+    """JOB as the user names it: a run directory, or a job id whose newest run directory under
+    ``runs`` (observe/records.default_run_dir names them STAMP-JOBID) is meant."""
+    path = Path(job)
+    if path.is_dir():
+        return path
+    found = sorted(runs.glob(f"*-{job}")) if runs.is_dir() and "/" not in job else []
+    if not found:
+        raise ConfigError(f"no such job: {job!r} is neither a run directory nor a job id with a run directory "
+                          f"under {runs}/ (give the run directory `paramshard launch` printed)")
+    return found[-1]

@@ -1,0 +1,85 @@
+"""launch/control_channel.py: a request written by the command, answered by the launcher's poll
+(a thread-free fake: the command's sleep runs one poll), errors naming what to do."""
+import json
+
+import pytest
+
+from paramshard.errors import ConfigError, DeadlineExceeded
+from paramshard.launch import control_channel
+from paramshard.launch.control_channel import ControlChannel, resolve_run_dir, send
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def polling(channel, clock):
+    """The command's sleep: the launcher's loop polls meanwhile."""
+    def sleep(seconds):
+        clock.now += seconds
+        channel.poll()
+    return sleep
+
+
+def test_a_request_reaches_its_handler_and_the_reply_comes_back(tmp_path):
+    seen = []
+    channel = ControlChannel(tmp_path, {"trainers": lambda n: seen.append(n) or f"now {n} trainers"})
+    clock = Clock()
+    assert send(tmp_path, "trainers", 3, clock=clock, sleep=polling(channel, clock)) == "now 3 trainers"
+    assert seen == [3] and list((tmp_path / "control").iterdir()) == []
+    assert channel.requests == [("trainers", 3, True, "now 3 trainers")]
+
+
+def test_a_refusal_is_the_commands_error(tmp_path):
+    def refuse(n):
+        raise ConfigError(f"--trainers {n}: outside 2:3")
+    channel = ControlChannel(tmp_path, {"trainers": refuse})
+    channel.register("servers", control_channel.servers_not_available)
+    clock = Clock()
+    with pytest.raises(ConfigError, match="outside 2:3"):
+        send(tmp_path, "trainers", 9, clock=clock, sleep=polling(channel, clock))
+    with pytest.raises(ConfigError, match="not available yet"):
+        send(tmp_path, "servers", 4, clock=clock, sleep=polling(channel, clock))
+    with pytest.raises(ConfigError, match="does not handle 'memory'"):
+        send(tmp_path, "memory", 4, clock=clock, sleep=polling(channel, clock))
+
+
+def test_no_launcher_answers_the_command_gives_up_at_its_deadline(tmp_path):
+    ControlChannel(tmp_path)
+    clock = Clock()
+
+    def sleep(seconds):
+        clock.now += seconds
+    with pytest.raises(DeadlineExceeded, match="is the job still running"):
+        send(tmp_path, "trainers", 2, timeout=1.0, clock=clock, sleep=sleep)
+    assert list((tmp_path / "control").iterdir()) == []      # the unanswered request is taken back
+
+
+def test_not_a_run_directory_and_hostile_requests(tmp_path):
+    with pytest.raises(ConfigError, match="no control/ directory"):
+        send(tmp_path, "trainers", 2)
+    channel = ControlChannel(tmp_path, {"trainers": lambda n: "ok"})
+    folder = tmp_path / "control"
+    (folder / "request-a1.json").write_text("x" * 5000)
+    (folder / "request-b2.json").write_text(json.dumps({"kind": "trainers", "value": "3"}))
+    (folder / "request-c3.json").write_text("[1, 2]")
+    assert channel.poll() == 3
+    replies = {p.name: json.loads(p.read_text()) for p in folder.glob("reply-*.json")}
+    assert "larger than 4096" in replies["reply-a1.json"]["message"]
+    assert "whole number" in replies["reply-b2.json"]["message"]
+    assert "not a JSON object" in replies["reply-c3.json"]["message"]
+    assert not any(r["ok"] for r in replies.values())
+
+
+def test_a_job_id_names_its_newest_run_directory(tmp_path):
+    runs = tmp_path / "runs"
+    for stamp in ("20260101-000000", "20260102-000000"):
+        (runs / f"{stamp}-job7").mkdir(parents=True)
+    assert resolve_run_dir("job7", runs) == runs / "20260102-000000-job7"
+    assert resolve_run_dir(str(runs / "20260101-000000-job7"), runs) == runs / "20260101-000000-job7"
+    with pytest.raises(ConfigError, match="no such job"):
+        resolve_run_dir("job8", runs)
