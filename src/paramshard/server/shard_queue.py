@@ -1,0 +1,199 @@
+"""The data-shard queue of one job: which tasks (data/tasks.py) of the current data pass
+are waiting, in progress (and where each stands), and done. Pure: no sockets, no clock;
+the shard service (server/shard_service.py) puts it on server 0.
+
+- ``register(pass_, fingerprint, files, tasks)``: the pass's task list. Every trainer
+  registers (they all compute the same list); a repeat of the same list is accepted, a
+  different one refused. A pass starts only once the one before is finished.
+- ``next(trainer, pass_, step)``: a task (its remainder: from the committed position),
+  ``finished`` (every task of the pass done) or ``wait`` (tasks in progress elsewhere may
+  come back). A trainer asking again while it holds a task gets that task back (a retry).
+- ``progress(trainer, step, task, position, done)``: sent with every step's push
+  (client/step.py); the position is the next unread record, so a remainder handed to
+  another trainer starts exactly there. A step without a task reports too (sync mode
+  counts the reports, see ``sync_verdict``).
+- ``release(trainer)``: a trainer left or was lost: its task's remainder goes back to the
+  front of the queue.
+
+Sync mode: every trainer must take the same steps, yet they run out of tasks at different
+times. A trainer without a task pushes empty steps; at step j, whether the pass is over is
+decided from the reports of steps < j only (every trainer's, which the service waits for),
+so every trainer gets the same answer at the same step and the pass ends for all at once.
+
+Snapshots (``snapshot(after)``) leave out the reports of steps past a checkpoint's cut
+(``after``: trainer -> last step included), using a bounded undo log; restoring one puts
+every task that was in progress back in the queue at its saved position.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from ..data.tasks import KINDS, MAX_TASKS
+from ..errors import ConfigError, LimitExceeded
+
+MAX_FILES = 100_000
+MAX_NAME_CHARS = 4096
+UNDO_PER_TRAINER = 64        # reports kept to roll a snapshot back to a cut (a cut is a step or two back)
+FINISHED, WAIT, TASK = "finished", "wait", "task"
+
+
+@dataclasses.dataclass
+class _Undo:
+    trainer: int
+    step: int
+    task: int
+    position: int     # before the report
+    done_step: int | None
+
+
+class ShardQueue:
+    def __init__(self, num_trainers: int):
+        self.num_trainers = num_trainers
+        self.pass_ = 0                   # 0: nothing registered yet
+        self.fingerprint = ""
+        self.files: list[str] = []
+        self.tasks: list[list[int]] = []             # wire form [file, start, end, kind]
+        self.position: list[int] = []                # task -> next unread record
+        self.done_step: dict[int, int] = {}          # task -> the step whose report finished it
+        self.pending: collections.deque[int] = collections.deque()
+        self.owner: dict[int, int] = {}              # task -> trainer holding it
+        self.holding: dict[int, int] = {}            # trainer -> its task
+        self.reported: dict[int, int] = {}           # trainer -> last step it reported
+        self.undo: collections.deque[_Undo] = collections.deque(maxlen=UNDO_PER_TRAINER * max(num_trainers, 1))
+
+    # -- the pass ----------------------------------------------------------------
+    def register(self, pass_: int, fingerprint: str, files: list, tasks: list) -> str:
+        if pass_ < self.pass_:
+            return "past"               # a trainer catching up: its next() says finished
+        if pass_ == self.pass_:
+            if fingerprint != self.fingerprint:
+                raise ConfigError(f"data pass {pass_}: a different task list was registered already (files or "
+                                  f"task_bytes differ between trainers?): every trainer must pass the same files "
+                                  f"and task_bytes to DynamicShards")
+            return "same"
+        if self.pass_ and not self.finished:
+            raise ConfigError(f"data pass {pass_} registered while pass {self.pass_} still has "
+                              f"{len(self.tasks) - len(self.done_step)} tasks not done")
+        _check_list(files, tasks)
+        self.pass_, self.fingerprint, self.files, self.tasks = pass_, fingerprint, list(files), [list(t) for t in tasks]
+        self.position = [t[1] for t in self.tasks]
+        self.done_step, self.owner, self.holding = {}, {}, {}
+        self.pending = collections.deque(range(len(self.tasks)))
+        self.undo.clear()
+        return "registered"
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done_step) == len(self.tasks)
+
+    def next(self, trainer: int, pass_: int, step: int | None = None) -> tuple[str, list | None]:
+        """(TASK, [id, file, position, end, kind]) / (FINISHED, None) / (WAIT, None).
+        ``step`` (sync mode): the step the trainer is about to take; FINISHED then only when
+        every task was done by a report of an earlier step."""
+        if pass_ < self.pass_:
+            return FINISHED, None
+        if pass_ > self.pass_:
+            return WAIT, None           # not registered yet
+        held = self.holding.get(trainer)
+        if held is not None:
+            return TASK, self._wire(held)
+        if self.pending:
+            task = self.pending.popleft()
+            self.owner[task], self.holding[trainer] = trainer, task
+            return TASK, self._wire(task)
+        if self.finished and (step is None or max(self.done_step.values(), default=-1) < step):
+            return FINISHED, None
+        return WAIT, None
+
+    def _wire(self, task: int) -> list:
+        file, _, end, kind = self.tasks[task]
+        return [task, file, self.position[task], end, kind]
+
+    # -- reports -----------------------------------------------------------------
+    def progress(self, trainer: int, pass_: int, step: int, task: int, position: int, done: bool) -> None:
+        """A step's report; ``task`` -1: the trainer held no task in that step."""
+        if step <= self.reported.get(trainer, -1):
+            raise ConfigError(f"trainer {trainer}: a shard report for step {step}, but it reported step "
+                              f"{self.reported[trainer]} already")
+        if task >= 0:
+            if pass_ != self.pass_:
+                raise ConfigError(f"trainer {trainer}: a report for data pass {pass_}, the queue is in pass "
+                                  f"{self.pass_}")
+            if not 0 <= task < len(self.tasks) or self.owner.get(task) != trainer:
+                raise ConfigError(f"trainer {trainer} reported task {task}, which it does not hold")
+            if type(position) is not int or not self.position[task] <= position < 1 << 62:
+                raise ConfigError(f"trainer {trainer}: task {task} position {position} is before the committed "
+                                  f"{self.position[task]}")
+            self.undo.append(_Undo(trainer, step, task, self.position[task], None))
+            self.position[task] = position
+            if done:
+                self.done_step[task] = step
+                del self.owner[task]
+                del self.holding[trainer]
+        self.reported[trainer] = step
+
+    def release(self, trainer: int) -> int | None:
+        """``trainer`` is gone: its task's remainder goes to the front of the queue."""
+        task = self.holding.pop(trainer, None)
+        if task is not None:
+            del self.owner[task]
+            self.pending.appendleft(task)
+        return task
+
+    def reports_missing(self, step: int, required) -> list[int]:
+        """Trainers (of ``required``, among those that ever reported) whose report of ``step``
+        has not arrived."""
+        return sorted(t for t in required if t in self.reported and self.reported[t] < step)
+
+    # -- snapshots ---------------------------------------------------------------
+    def snapshot(self, after: dict[int, int] | None = None) -> dict:
+        """JSON state; reports of steps past ``after[trainer]`` left out (undone)."""
+        position, done_step = list(self.position), dict(self.done_step)
+        if after is not None:
+            for u in reversed(self.undo):
+                if u.step > after.get(u.trainer, u.step):
+                    position[u.task] = u.position
+                    done_step.pop(u.task, None)
+        return {"pass": self.pass_, "fingerprint": self.fingerprint, "files": list(self.files),
+                "tasks": [list(t) for t in self.tasks], "position": position,
+                "done": sorted(done_step)}
+
+    def restore(self, state: dict) -> None:
+        """Back to a snapshot: tasks not done wait in the queue at their saved positions."""
+        try:
+            pass_, fingerprint, files, tasks = state["pass"], state["fingerprint"], state["files"], state["tasks"]
+            position, done = state["position"], state["done"]
+        except (KeyError, TypeError):
+            raise ConfigError("shard state: expected pass, fingerprint, files, tasks, position, done") from None
+        if type(pass_) is not int or pass_ < 0 or not isinstance(fingerprint, str) or len(fingerprint) > 64:
+            raise ConfigError("shard state: pass must be an int >= 0 and fingerprint a short string")
+        _check_list(files, tasks)
+        if not isinstance(position, list) or len(position) != len(tasks) or \
+                not all(type(p) is int and p >= 0 for p in position):
+            raise ConfigError("shard state: one non-negative position per task expected")
+        if not isinstance(done, list) or not all(type(d) is int and 0 <= d < len(tasks) for d in done) \
+                or len(set(done)) != len(done):
+            raise ConfigError("shard state: done must list distinct task ids")
+        self.__init__(self.num_trainers)
+        self.pass_, self.fingerprint, self.files = pass_, fingerprint, list(files)
+        self.tasks, self.position = [list(t) for t in tasks], list(position)
+        self.done_step = {d: -1 for d in done}
+        self.pending = collections.deque(t for t in range(len(tasks)) if t not in self.done_step)
+
+    def reset(self) -> None:
+        self.__init__(self.num_trainers)
+
+
+def _check_list(files, tasks) -> None:
+    """Sizes and types before anything is kept: a client cannot make the queue grow without bound."""
+    if not isinstance(files, list) or len(files) > MAX_FILES or \
+            not all(isinstance(f, str) and 0 < len(f) <= MAX_NAME_CHARS for f in files):
+        raise LimitExceeded(f"a task list names at most {MAX_FILES} files, each a name of 1 to "
+                            f"{MAX_NAME_CHARS} characters")
+    if not isinstance(tasks, list) or len(tasks) > MAX_TASKS:
+        raise LimitExceeded(f"a task list holds at most {MAX_TASKS} tasks: pass a larger task_bytes")
+    for t in tasks:
+        if not (isinstance(t, list) and len(t) == 4 and all(type(x) is int for x in t)
+                and 0 <= t[0] < len(files) and t[1] >= 0 and t[2] >= -1 and 0 <= t[3] < len(KINDS)):
+            raise ConfigError(f"a task must be [file index, start, end, kind], got {str(t)[:80]}")
