@@ -121,12 +121,10 @@ def _peers_of(env: ClusterEnv) -> dict[int, str]:
 def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
     from .server.checkpoint_service import attach_checkpoints
     from .server.learning_rates import attach_learning_rates
-    from .server.shard_service import attach_shards
     from .server.sparse_service import attach_sparse
     attach_sparse(server, env)
     attach_checkpoints(server)
     attach_learning_rates(server)
-    attach_shards(server)
 
 
 def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:

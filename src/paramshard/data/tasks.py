@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
-from .frames import PARQUET_SUFFIXES, open_parquet
 
 KINDS = ("bytes", "gzip", "rows")
 DEFAULT_TASK_BYTES = 64 << 20
@@ -54,7 +53,7 @@ def kind_of(path: Path) -> str:
     name = path.name.lower()
     if name.endswith(".gz"):
         return "gzip"
-    if name.endswith(PARQUET_SUFFIXES):
+    if name.endswith((".parquet", ".pq")):      # frames.PARQUET_SUFFIXES, without importing pandas
         return "rows"
     return "bytes"
 
@@ -94,6 +93,7 @@ def _header_end(path: Path) -> int:
 
 
 def _row_group_spans(path: Path, task_bytes: int) -> list[tuple[int, int]]:
+    from .frames import open_parquet
     meta = open_parquet(path).metadata
     spans, start, row, size = [], 0, 0, 0
     for g in range(meta.num_row_groups):

@@ -113,7 +113,8 @@ class ShardQueue:
     # -- reports -----------------------------------------------------------------
     def progress(self, trainer: int, pass_: int, step: int, task: int, position: int, done: bool) -> None:
         """A step's report; ``task`` -1: the trainer held no task in that step."""
-        if step <= self.reported.get(trainer, -1):
+        # The same step again is a task read out without a record (reported at once, data/dynamic.py).
+        if step < self.reported.get(trainer, -1):
             raise ConfigError(f"trainer {trainer}: a shard report for step {step}, but it reported step "
                               f"{self.reported[trainer]} already")
         if task >= 0:
@@ -131,7 +132,7 @@ class ShardQueue:
                 self.done_step[task] = step
                 del self.owner[task]
                 del self.holding[trainer]
-        self.reported[trainer] = step
+        self.reported[trainer] = max(step, self.reported.get(trainer, -1))
 
     def release(self, trainer: int) -> int | None:
         """``trainer`` is gone: its task's remainder goes to the front of the queue."""

@@ -131,9 +131,3 @@ class ShardService:
         self.queue.restore(state)
         return Reply({"pass": self.queue.pass_, "pending": len(self.queue.pending)})
 
-
-def attach_shards(server) -> ShardService:
-    service = ShardService(server.context)
-    server.add_service(service)
-    return service
-
