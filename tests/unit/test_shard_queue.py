@@ -92,10 +92,9 @@ def test_a_released_remainder_goes_first_from_the_committed_position():
     q = registered([10, 10])
     assert q.next(0, 1) == (TASK, [0, 0, 0, 10, 0])
     q.progress(0, 1, 0, 0, 4, False)
-    assert q.next(0, 1) == (TASK, [0, 0, 4, 10, 0])      # a retry: the same task, as committed
     assert q.next(1, 1) == (TASK, [1, 0, 10, 20, 0])
     assert q.next(2, 1) == (WAIT, None)                  # tasks in progress elsewhere may come back
-    assert q.release(0) == 0
+    assert q.release(0) == [0]
     assert q.next(2, 1) == (TASK, [0, 0, 4, 10, 0])
     with pytest.raises(ConfigError, match="does not hold"):
         q.progress(0, 1, 1, 0, 6, False)
@@ -103,6 +102,17 @@ def test_a_released_remainder_goes_first_from_the_committed_position():
         q.progress(2, 1, 0, 0, 3, False)
     with pytest.raises(ConfigError, match="reported step 1 already"):
         q.progress(1, 1, 1, 1, 12, False) or q.progress(1, 1, 0, 1, 13, False)
+
+
+def test_a_trainer_holds_a_few_tasks_and_gives_all_back():
+    q = registered([1] * 10)
+    assert [q.next(0, 1)[1][0] for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(LimitExceeded, match="holds 4 data tasks"):
+        q.next(0, 1)
+    q.progress(0, 1, 0, 1, 2, True)
+    assert q.next(0, 1)[1][0] == 4
+    assert q.release(0) == [0, 2, 3, 4]
+    assert list(q.pending)[:5] == [0, 2, 3, 4, 5]
 
 
 def test_registration_repeat_accepted_different_refused_next_pass_after_finish():
@@ -132,9 +142,13 @@ def test_hostile_task_lists_are_refused_before_anything_is_kept(files, tasks, er
 
 
 def test_sync_verdicts_agree_at_each_step():
-    """Trainer 0 finishes the last task at step 3; trainer 1 is idle from step 2: at step 3
-    it pushes an empty step (WAIT), and at step 4 both are told the pass is over."""
+    """Trainer 0 finishes the last task at step 3; trainer 1 is idle from step 2 on. The verdict
+    for step j is decided by the reports of steps <= j - 2: both are told the pass is over for
+    step 5 (a prefetching trainer asks for step 5's data while step 4 trains), not before."""
     q = registered([4, 2])
+    q.register(1, "f", FILES, task_list([4, 2]), trainer=0, step=0)
+    q.register(1, "f", FILES, task_list([4, 2]), trainer=1, step=0)
+    assert q.reports_missing(-1, {0, 1}) == []
     assert q.next(0, 1, 0)[0] == TASK and q.next(1, 1, 0)[0] == TASK
     for step, position in enumerate([1, 2]):
         q.progress(0, 1, step, 0, position, False)
@@ -142,12 +156,12 @@ def test_sync_verdicts_agree_at_each_step():
     assert q.next(1, 1, 2) == (WAIT, None)
     q.progress(0, 1, 2, 0, 3, False)
     q.progress(1, 1, 2, -1, 0, False)                    # an empty step, reported
-    assert q.next(1, 1, 3) == (WAIT, None)
     q.progress(0, 1, 3, 0, 4, True)                      # the last task done by step 3's report
-    assert q.next(1, 1, 3) == (WAIT, None)               # asked at step 3: decided by reports before 3
+    assert q.reports_missing(3, {0, 1}) == [1]
+    assert q.next(1, 1, 4) == (WAIT, None)               # step 4: decided by reports up to step 2
     q.progress(1, 1, 3, -1, 0, False)
     assert q.reports_missing(3, {0, 1}) == []
-    assert q.next(0, 1, 4) == q.next(1, 1, 4) == (FINISHED, None)
+    assert q.next(0, 1, 5) == q.next(1, 1, 5) == (FINISHED, None)
     assert q.reports_missing(4, {0, 1}) == [0, 1]
 
 

@@ -12,9 +12,10 @@ SERVER = 0
 
 
 def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files: list[str],
-             tasks: list[Task]) -> str:
+             tasks: list[Task], step: int) -> str:
+    """``step``: where the trainer is (sync mode does not wait for its reports of earlier steps)."""
     header, _ = links.request(SERVER, {"op": "shard_register", "trainer": trainer, "pass": pass_,
-                                       "fingerprint": fingerprint, "files": files,
+                                       "fingerprint": fingerprint, "files": files, "step": step,
                                        "tasks": [t.to_wire() for t in tasks], "epoch": links.epoch})
     return header.get("registered", "")
 

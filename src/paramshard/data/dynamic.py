@@ -22,8 +22,9 @@ End of a pass: async, a trainer whose tasks ran out waits while other trainers' 
 in progress (one may come back if its trainer dies), and the pass ends when every task is
 done. Sync, every trainer must take the same steps: a trainer without a task gets empty
 batches (``len(batch) == 0``) until every task is done, and must step on them like on any
-batch (``trainer.step()`` with no loss pushes zero gradients); the service decides at each
-step from the reports of earlier steps only, so the pass ends at the same step for all.
+batch (``trainer.step()`` with no loss pushes zero gradients); the service decides for each
+step from the reports of steps two before only, so the pass ends at the same step for all
+(up to two empty steps each at its end).
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ class DynamicShards:
         from ..client import shards
         from ..mode import Mode
         links, me = trainer.links, trainer.trainer_id
-        shards.register(links, me, pass_, self.fingerprint, self.files, self.tasks)
+        shards.register(links, me, pass_, self.fingerprint, self.files, self.tasks, trainer.step_count)
         sync = Mode.parse(trainer.env.mode).server_mode is Mode.SYNC
         while True:
             # The step that will train the next batch: batches handed out are stepped on in order.

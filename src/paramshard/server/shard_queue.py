@@ -7,18 +7,21 @@ the shard service (server/shard_service.py) puts it on server 0.
   different one refused. A pass starts only once the one before is finished.
 - ``next(trainer, pass_, step)``: a task (its remainder: from the committed position),
   ``finished`` (every task of the pass done) or ``wait`` (tasks in progress elsewhere may
-  come back). A trainer asking again while it holds a task gets that task back (a retry).
+  come back). A trainer may hold a few tasks at once (MAX_HELD): it asks for the next as
+  soon as it has read one out, before the step that trains its last batch reports it done.
 - ``progress(trainer, step, task, position, done)``: sent with every step's push
   (client/step.py); the position is the next unread record, so a remainder handed to
   another trainer starts exactly there. A step without a task reports too (sync mode
   counts the reports, see ``sync_verdict``).
-- ``release(trainer)``: a trainer left or was lost: its task's remainder goes back to the
-  front of the queue.
+- ``release(trainer)``: a trainer left or was lost: the remainders of its tasks go back to
+  the front of the queue.
 
 Sync mode: every trainer must take the same steps, yet they run out of tasks at different
-times. A trainer without a task pushes empty steps; at step j, whether the pass is over is
-decided from the reports of steps < j only (every trainer's, which the service waits for),
-so every trainer gets the same answer at the same step and the pass ends for all at once.
+times. A trainer without a task pushes empty steps; whether the pass is over at step j is
+decided from the reports of steps <= j - 2 only (every trainer's, which the service waits
+for), so every trainer gets the same answer for the same step and the pass ends for all at
+once. Two steps back, not one: a trainer prefetching its next batch asks for step j + 1's
+data while step j (whose report it has not sent yet) trains.
 
 Snapshots (``snapshot(after)``) leave out the reports of steps past a checkpoint's cut
 (``after``: trainer -> last step included), using a bounded undo log; restoring one puts
@@ -35,6 +38,7 @@ from ..errors import ConfigError, LimitExceeded
 MAX_FILES = 100_000
 MAX_NAME_CHARS = 4096
 UNDO_PER_TRAINER = 64        # reports kept to roll a snapshot back to a cut (a cut is a step or two back)
+MAX_HELD = 4                 # tasks one trainer holds at once (read out, not yet reported done)
 FINISHED, WAIT, TASK = "finished", "wait", "task"
 
 
@@ -58,12 +62,20 @@ class ShardQueue:
         self.done_step: dict[int, int] = {}          # task -> the step whose report finished it
         self.pending: collections.deque[int] = collections.deque()
         self.owner: dict[int, int] = {}              # task -> trainer holding it
-        self.holding: dict[int, int] = {}            # trainer -> its task
+        self.holding: dict[int, list[int]] = {}      # trainer -> its tasks, oldest first
         self.reported: dict[int, int] = {}           # trainer -> last step it reported
         self.undo: collections.deque[_Undo] = collections.deque(maxlen=UNDO_PER_TRAINER * max(num_trainers, 1))
 
     # -- the pass ----------------------------------------------------------------
-    def register(self, pass_: int, fingerprint: str, files: list, tasks: list) -> str:
+    def register(self, pass_: int, fingerprint: str, files: list, tasks: list, trainer: int | None = None,
+                 step: int | None = None) -> str:
+        """``trainer`` at ``step`` registers: its reports of earlier steps are not waited for."""
+        got = self._register(pass_, fingerprint, files, tasks)
+        if trainer is not None and step is not None:
+            self.reported[trainer] = max(self.reported.get(trainer, -1), step - 1)
+        return got
+
+    def _register(self, pass_: int, fingerprint: str, files: list, tasks: list) -> str:
         if pass_ < self.pass_:
             return "past"               # a trainer catching up: its next() says finished
         if pass_ == self.pass_:
@@ -89,20 +101,22 @@ class ShardQueue:
 
     def next(self, trainer: int, pass_: int, step: int | None = None) -> tuple[str, list | None]:
         """(TASK, [id, file, position, end, kind]) / (FINISHED, None) / (WAIT, None).
-        ``step`` (sync mode): the step the trainer is about to take; FINISHED then only when
-        every task was done by a report of an earlier step."""
+        ``step`` (sync mode): the step that will train the data asked for; FINISHED then only
+        when every task was done by a report of step ``step - 2`` or earlier."""
         if pass_ < self.pass_:
             return FINISHED, None
         if pass_ > self.pass_:
             return WAIT, None           # not registered yet
-        held = self.holding.get(trainer)
-        if held is not None:
-            return TASK, self._wire(held)
         if self.pending:
+            held = self.holding.setdefault(trainer, [])
+            if len(held) >= MAX_HELD:
+                raise LimitExceeded(f"trainer {trainer} holds {len(held)} data tasks not reported done (at most "
+                                    f"{MAX_HELD}): one trainer.step per batch reports them")
             task = self.pending.popleft()
-            self.owner[task], self.holding[trainer] = trainer, task
+            self.owner[task] = trainer
+            held.append(task)
             return TASK, self._wire(task)
-        if self.finished and (step is None or max(self.done_step.values(), default=-1) < step):
+        if self.finished and (step is None or max(self.done_step.values(), default=-1) <= step - 2):
             return FINISHED, None
         return WAIT, None
 
@@ -131,16 +145,16 @@ class ShardQueue:
             if done:
                 self.done_step[task] = step
                 del self.owner[task]
-                del self.holding[trainer]
+                self.holding[trainer].remove(task)
         self.reported[trainer] = max(step, self.reported.get(trainer, -1))
 
-    def release(self, trainer: int) -> int | None:
-        """``trainer`` is gone: its task's remainder goes to the front of the queue."""
-        task = self.holding.pop(trainer, None)
-        if task is not None:
+    def release(self, trainer: int) -> list[int]:
+        """``trainer`` is gone: the remainders of its tasks go to the front of the queue."""
+        tasks = self.holding.pop(trainer, [])
+        for task in reversed(tasks):
             del self.owner[task]
             self.pending.appendleft(task)
-        return task
+        return tasks
 
     def reports_missing(self, step: int, required) -> list[int]:
         """Trainers (of ``required``, among those that ever reported) whose report of ``step``

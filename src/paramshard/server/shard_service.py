@@ -2,9 +2,9 @@
 the wire. Client side: paramshard.client.shards, paramshard.data.DynamicShards.
 
 - ``shard_register``: a data pass's task list (every trainer sends the same one).
-- ``shard_next``: a task, ``finished`` or ``wait``; in sync mode it names the step about to
-  be taken and waits until every trainer's report of the step before arrived, so all of
-  them get the same verdict at the same step.
+- ``shard_next``: a task, ``finished`` or ``wait``; in sync mode it names the step that will
+  train the data and waits until every trainer's report of the step two before arrived
+  (server/shard_queue.py says why two), so all of them get the same verdict for a step.
 - ``shard_progress``: a step's report (sent with the step's push, client/step.py).
 - ``shard_snapshot`` / ``shard_restore``: the queue as JSON for a checkpoint (the chief,
   client/checkpoint.py); a snapshot leaves out reports past the checkpoint's cut and waits
@@ -47,8 +47,7 @@ class ShardService:
         self.queue.reset()          # the chief restores the checkpoint's queue next
 
     def _release(self, trainer: int, why: str) -> None:
-        task = self.queue.release(trainer)
-        if task is not None:
+        for task in self.queue.release(trainer):
             log.warning("%s: trainer %d %s: its data task %d goes back to the queue from position %d",
                         self.context.name, trainer, why, task, self.queue.position[task])
 
@@ -62,14 +61,15 @@ class ShardService:
         if header.get("epoch", ctx.epoch) != ctx.epoch:
             raise StaleEpoch(f"{op} of epoch {header['epoch']} refused: {ctx.name} is in epoch {ctx.epoch}")
         for gone in sorted(ctx.membership.gone):
-            if gone in self.queue.holding:
+            if self.queue.holding.get(gone):
                 self._release(gone, "was lost")
         return trainer
 
     # -- handlers ------------------------------------------------------------------
     def handle_shard_register(self, header: dict, arrays: list) -> Reply:
-        self._check(header, arrays)
-        got = self.queue.register(header["pass"], header["fingerprint"], header["files"], header["tasks"])
+        trainer = self._check(header, arrays)
+        got = self.queue.register(header["pass"], header["fingerprint"], header["files"], header["tasks"],
+                                  trainer, header.get("step"))
         return Reply({"registered": got, "pass": self.queue.pass_})
 
     def handle_shard_next(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -79,12 +79,12 @@ class ShardService:
         if step is None:
             return self._next(trainer, pass_, None)
         membership = self.context.membership
-        missing = lambda: self.queue.reports_missing(step - 1, membership.required)   # noqa: E731
+        missing = lambda: self.queue.reports_missing(step - 2, membership.required)   # noqa: E731
         if not missing():
             return self._next(trainer, pass_, step)
         return Deferred(ready=lambda: not missing(), make_reply=lambda: self._next(trainer, pass_, step),
                         describe=lambda: f"data task for step {step} waits for the shard reports of step "
-                                         f"{step - 1} of trainers {missing()}",
+                                         f"{step - 2} of trainers {missing()}",
                         waits_on=missing)
 
     def _next(self, trainer: int, pass_: int, step: int | None) -> Reply:
