@@ -18,9 +18,9 @@ a resumed or rolled-back job goes on where the data was.
 
 One ``trainer.step`` per batch, in order (the reports are matched to steps that way).
 
-End of a pass: async, a trainer whose tasks ran out waits while other trainers' tasks are
-in progress (one may come back if its trainer dies), and the pass ends when every task is
-done. Sync, every trainer must take the same steps: a trainer without a task gets empty
+End of a pass: async, a trainer whose tasks ran out waits (once the batches it handed out
+are stepped on) while other trainers' tasks are in progress (one may come back if its
+trainer dies), and the pass ends when every task is done. Sync, every trainer must take the same steps: a trainer without a task gets empty
 batches (``len(batch) == 0``) until every task is done, and must step on them like on any
 batch (``trainer.step()`` with no loss pushes zero gradients); the service decides for each
 step from the reports of steps two before only, so the pass ends at the same step for all
@@ -37,6 +37,18 @@ from ..errors import ConfigError
 from .tasks import DEFAULT_TASK_BYTES, fingerprint, split_files
 
 POLL_SECONDS = 0.2         # async: how often to ask again while tasks are in progress elsewhere
+
+
+class _Later:
+    """Yielded instead of a batch: none is ready until the batches handed out are stepped on.
+    Trainer.prefetching() takes it (torch/prefetch.py); a loop that steps each batch before
+    asking for the next never sees it."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = _Later()
 
 
 class DynamicShards:
@@ -126,6 +138,10 @@ class DynamicShards:
                     self._unstepped.append(None)
                     self.batches += 1
                     yield self._empty()
+                elif self._unstepped:
+                    # Batches handed out are not stepped on yet (a prefetching loop asks for the next
+                    # before the step of the current): let that step go out before waiting.
+                    yield LATER
                 else:
                     time.sleep(self.poll_seconds)
                 continue
