@@ -107,3 +107,77 @@ def test_a_killed_trainer_and_a_late_one_every_record_once(cluster, tmp_path):
     assert sorted(ids) == list(range(ROWS)), (len(ids), len(set(ids)))
     assert len(logs[1].read_text().splitlines()) == 15     # the killed one's steps before it died
     assert logged_ids([logs[3]]), "the late trainer took a share"
+
+
+def train_in_thread(c, t, data, steps_log, task_bytes, save_at=None, ckpt=None, resume=None):
+    """One trainer of ``c`` (a thread of this process, its own links): logs (step, ids) per step."""
+    import torch
+    import torch.nn as nn
+
+    import paramshard as ps
+    from paramshard.data import DynamicShards, LibsvmReader
+    from paramshard.torch.trainer import Trainer
+    model = nn.Linear(1, 1)
+    trainer = Trainer(model, ps.optim.SGD(lr=0.01), env=c.trainer_env(t), resume=resume)
+    loader = DynamicShards(LibsvmReader(data, BATCH), task_bytes=task_bytes, trainer=trainer)
+    for _ in trainer.epochs(1):
+        for batch in trainer.prefetching(loader):
+            step = trainer.step_count
+            x = torch.from_numpy(batch.labels).view(-1, 1)
+            trainer.step(model(x).sum() if len(batch) else None)
+            steps_log.append((step, batch.ids[batch.offsets[:-1]].tolist()))     # each row's first id: its line
+            if trainer.step_count == save_at:
+                trainer.save(ckpt)
+    final = trainer.step_count
+    trainer.close()
+    return final
+
+
+def uneven_data(path, rows=400):
+    """Lines of very different lengths: tasks of one byte size hold very different record counts."""
+    path.write_text("".join(f"{i % 2} {i}:1" + (" 1000000:1" * 30 if (i // 40) % 2 else "") + "\n" for i in range(rows)))
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_sync_trainers_run_out_at_different_times_and_end_the_pass_at_the_same_step(cluster, tmp_path):
+    from tests.conftest import run_in_threads
+    c = cluster(servers=1, trainers=2, mode="sync", timeout=10.0)
+    data = uneven_data(tmp_path / "d.svm")
+    logs, finals = [[], []], [None, None]
+
+    def run(t):
+        finals[t] = train_in_thread(c, t, data, logs[t], task_bytes=2000)
+    run_in_threads([lambda t=t: run(t) for t in range(2)], timeout=50)
+    ids = [i for log in logs for _, batch in log for i in batch]
+    assert sorted(ids) == list(range(400))
+    assert finals[0] == finals[1] == len(logs[0]) == len(logs[1])       # every step taken by both
+    empties = [sum(1 for _, batch in log if not batch) for log in logs]
+    assert max(empties) > 0, "one ran out before the other and pushed empty steps"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_resumed_job_continues_the_task_queue_exactly(cluster, tmp_path, mode):
+    from tests.conftest import run_in_threads
+    data = write_data(tmp_path / "d.svm", 600)
+    ckpt, save_at = tmp_path / "ckpt", 20
+    first = [[], []]
+    c = cluster(servers=1, trainers=2, mode=mode, timeout=10.0)
+    # Only the chief saves in async mode (a checkpoint is one cut of every trainer's steps).
+    run_in_threads([lambda t=t: train_in_thread(c, t, data, first[t], 400, save_at if t == 0 or mode == "sync"
+                                                else None, ckpt) for t in range(2)], timeout=50)
+    assert sorted(i for log in first for _, b in log for i in b) == list(range(600))
+    c.close()
+    from paramshard.checkpoint.format import Checkpoint
+    saved = Checkpoint(ckpt)
+    cut = {int(t): k for t, k in saved.manifest.get("cut", {}).items()} if mode == "async" else {0: save_at - 1,
+                                                                                                   1: save_at - 1}
+    before = [i for t, log in enumerate(first) for step, b in log if step <= cut.get(t, -1) for i in b]
+    again = [[], []]
+    c2 = cluster(servers=1, trainers=2, mode=mode, timeout=10.0)
+    run_in_threads([lambda t=t: train_in_thread(c2, t, data, again[t], 400, resume=ckpt) for t in range(2)],
+                   timeout=50)
+    after = [i for log in again for _, b in log for i in b]
+    assert sorted(before + after) == list(range(600)), (len(before), len(after), len(set(before) & set(after)))
+    assert before and after
