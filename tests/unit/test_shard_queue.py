@@ -101,7 +101,7 @@ def test_a_released_remainder_goes_first_from_the_committed_position():
     with pytest.raises(ConfigError, match="before the committed"):
         q.progress(2, 1, 0, 0, 3, False)
     with pytest.raises(ConfigError, match="reported step 0 already"):
-        q.progress(1, 1, -1, -1, 0, False)
+        q.progress(0, 1, -1, -1, 0, False)
 
 
 def test_a_trainer_holds_a_few_tasks_and_gives_all_back():
@@ -184,3 +184,18 @@ def test_snapshot_leaves_out_reports_past_the_cut_and_restore_requeues_in_progre
     for bad in ({}, {**state, "position": [1]}, {**state, "done": [7]}, {**state, "pass": -1}):
         with pytest.raises(ConfigError):
             ShardQueue(2).restore(bad)
+
+
+def test_a_replacement_process_in_the_same_slot_takes_over_from_the_dead_one():
+    q = registered([5, 5])
+    q.register(1, "f", FILES, task_list([5, 5]), trainer=0, step=0, session="old")
+    q.next(0, 1)
+    q.progress(0, 1, 30, 0, 2, False)
+    q.register(1, "f", FILES, task_list([5, 5]), trainer=0, step=30, session="old")    # the same process
+    assert q.holding[0] == [0]
+    q.register(1, "f", FILES, task_list([5, 5]), trainer=0, step=4, session="new")     # resumed elsewhere
+    assert q.holding.get(0, []) == [] and list(q.pending) == [0, 1] and q.reported[0] == 3
+    assert q.next(0, 1) == (TASK, [0, 0, 2, 5, 0])
+    q.progress(0, 1, 4, 0, 3, False)                                                 # its own steps count
+    with pytest.raises(ConfigError, match="at most 64"):
+        q.register(1, "f", FILES, task_list([5, 5]), trainer=1, session="x" * 65)

@@ -3,19 +3,24 @@ requests of paramshard.data.DynamicShards, and the queue's snapshot and restore 
 checkpoint (client/checkpoint.py)."""
 from __future__ import annotations
 
+import secrets
+
 from ..data.tasks import Task
 from ..errors import ConfigError, ProtocolError
 from ..mode import Mode
 from ..transport.client import Requests
 
 SERVER = 0
+# This process, as the queue knows it: a replacement process in the same trainer slot registers
+# with another, and the tasks the dead one held go back to the queue at once.
+SESSION = secrets.token_hex(8)
 
 
 def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files: list[str],
              tasks: list[Task], step: int) -> str:
     """``step``: where the trainer is (sync mode does not wait for its reports of earlier steps)."""
     header, _ = links.request(SERVER, {"op": "shard_register", "trainer": trainer, "pass": pass_,
-                                       "fingerprint": fingerprint, "files": files, "step": step,
+                                       "fingerprint": fingerprint, "files": files, "step": step, "session": SESSION,
                                        "tasks": [t.to_wire() for t in tasks], "epoch": links.epoch})
     return header.get("registered", "")
 

@@ -14,7 +14,8 @@ the shard service (server/shard_service.py) puts it on server 0.
   another trainer starts exactly there. A step without a task reports too (sync mode
   counts the reports, see ``sync_verdict``).
 - ``release(trainer)``: a trainer left or was lost: the remainders of its tasks go back to
-  the front of the queue.
+  the front of the queue. So does a registration from another process (``session``) in the
+  same trainer slot: a replacement, whose predecessor is gone.
 
 Sync mode: every trainer must take the same steps, yet they run out of tasks at different
 times. A trainer without a task pushes empty steps; whether the pass is over at step j is
@@ -38,6 +39,7 @@ from ..errors import ConfigError, LimitExceeded
 MAX_FILES = 100_000
 MAX_NAME_CHARS = 4096
 UNDO_PER_TRAINER = 64        # reports kept to roll a snapshot back to a cut (a cut is a step or two back)
+MAX_SESSION_CHARS = 64
 MAX_HELD = 4                 # tasks one trainer holds at once (read out, not yet reported done)
 FINISHED, WAIT, TASK = "finished", "wait", "task"
 
@@ -64,14 +66,26 @@ class ShardQueue:
         self.owner: dict[int, int] = {}              # task -> trainer holding it
         self.holding: dict[int, list[int]] = {}      # trainer -> its tasks, oldest first
         self.reported: dict[int, int] = {}           # trainer -> last step it reported
+        self.sessions: dict[int, str] = {}           # trainer -> the process that registered last
         self.undo: collections.deque[_Undo] = collections.deque(maxlen=UNDO_PER_TRAINER * max(num_trainers, 1))
 
     # -- the pass ----------------------------------------------------------------
     def register(self, pass_: int, fingerprint: str, files: list, tasks: list, trainer: int | None = None,
-                 step: int | None = None) -> str:
-        """``trainer`` at ``step`` registers: its reports of earlier steps are not waited for."""
+                 step: int | None = None, session: str | None = None) -> str:
+        """``trainer`` at ``step`` registers: its reports of earlier steps are not waited for.
+        ``session`` names the trainer's process: another process in the same slot (a
+        replacement) means the old one is gone, and so are its tasks."""
         got = self._register(pass_, fingerprint, files, tasks)
-        if trainer is not None and step is not None:
+        if trainer is None:
+            return got
+        if session is not None:
+            if len(session) > MAX_SESSION_CHARS:
+                raise ConfigError(f"a session name has at most {MAX_SESSION_CHARS} characters")
+            if self.sessions.get(trainer, session) != session:
+                self.release(trainer)
+                self.reported.pop(trainer, None)     # the new process counts its own steps
+            self.sessions[trainer] = session
+        if step is not None:
             self.reported[trainer] = max(self.reported.get(trainer, -1), step - 1)
         return got
 

@@ -69,7 +69,7 @@ class ShardService:
     def handle_shard_register(self, header: dict, arrays: list) -> Reply:
         trainer = self._check(header, arrays)
         got = self.queue.register(header["pass"], header["fingerprint"], header["files"], header["tasks"],
-                                  trainer, header.get("step"))
+                                  trainer, header.get("step"), header.get("session"))
         return Reply({"registered": got, "pass": self.queue.pass_})
 
     def handle_shard_next(self, header: dict, arrays: list) -> Reply | Deferred:
