@@ -53,7 +53,7 @@ def snapshot(links: Requests, mode, trainers: int, step: int, cut: dict[int, int
     """The queue as of the checkpoint: async, the cut's steps (client/checkpoint.py); sync, the
     steps before ``step``. None when no data pass was ever registered (static shards)."""
     after = cut if cut is not None else ({t: step - 1 for t in range(trainers)}
-                                         if Mode.parse(mode) is Mode.SYNC else None)
+                                         if Mode.parse(mode).server_mode is Mode.SYNC else None)
     request = {"op": "shard_snapshot", "trainer": 0, "epoch": links.epoch}
     if after is not None:
         request["after"] = [[t, k] for t, k in sorted(after.items())]
