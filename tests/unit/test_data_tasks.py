@@ -103,3 +103,15 @@ def test_a_line_far_past_its_range_end_is_read_once(tmp_path):
     lines = [("y" * rng.choice([0, 1, 50])).encode() for _ in range(40)]
     path.write_bytes(b"\n".join(lines))     # no final newline
     assert records_of(path, split_files([path], 3)) == [line for line in lines]
+
+
+def test_the_largest_task_list_fits_one_wire_header(tmp_path):
+    """MAX_TASKS tasks with offsets near 2**40 and a few long names: shard_register's header
+    stays under protocol.MAX_HEADER_BYTES, so a list the splitter allows is never refused
+    on the wire."""
+    from paramshard.data.tasks import MAX_TASKS
+    from paramshard.transport import protocol
+    tasks = [Task(i, 0, (1 << 40) + i, (1 << 40) + i + 1, "bytes") for i in range(MAX_TASKS)]
+    header = {"op": "shard_register", "trainer": 0, "pass": 1, "fingerprint": "f" * 32, "step": 0,
+              "session": "s" * 16, "files": ["x" * 1000] * 10, "tasks": [t.to_wire() for t in tasks]}
+    assert len(protocol.encode(header)[0]) < protocol.MAX_HEADER_BYTES

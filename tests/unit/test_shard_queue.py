@@ -6,6 +6,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from paramshard.data.tasks import MAX_TASKS
 from paramshard.errors import ConfigError, LimitExceeded
 from paramshard.server.shard_queue import FINISHED, TASK, WAIT, ShardQueue
 
@@ -131,7 +132,7 @@ def test_registration_repeat_accepted_different_refused_next_pass_after_finish()
 
 
 @pytest.mark.parametrize("files,tasks,error", [
-    (["a"] * 100_001, [], LimitExceeded), (["a"], [[0, 0, 1, 0]] * 100_001, LimitExceeded),
+    (["a"] * 100_001, [], LimitExceeded), (["a"], [[0, 0, 1, 0]] * (MAX_TASKS + 1), LimitExceeded),
     (["a"], [[1, 0, 1, 0]], ConfigError), (["a"], [[0, 0, 1, 9]], ConfigError), (["a"], [[0, 0, 1]], ConfigError),
     ([""], [], LimitExceeded)])
 def test_hostile_task_lists_are_refused_before_anything_is_kept(files, tasks, error):

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 
 KINDS = ("bytes", "gzip", "rows")
 DEFAULT_TASK_BYTES = 64 << 20
-MAX_TASKS = 100_000          # the service's bound too (server/shard_queue.py)
+MAX_TASKS = 20_000    # the service's bound too; a list of them fits a wire header (1 MiB)
 
 
 @dataclasses.dataclass(frozen=True)
