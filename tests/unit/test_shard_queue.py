@@ -200,3 +200,21 @@ def test_a_replacement_process_in_the_same_slot_takes_over_from_the_dead_one():
     q.progress(0, 1, 4, 0, 3, False)                                                 # its own steps count
     with pytest.raises(ConfigError, match="at most 64"):
         q.register(1, "f", FILES, task_list([5, 5]), trainer=1, session="x" * 65)
+
+
+def test_a_cut_before_the_report_that_finished_the_pass_gives_that_pass_back():
+    """Async: trainer 1's step 7 finished pass 1 but was held at the cut (cut[1] = 6); trainer 0
+    already took pass 2's first task. The checkpoint must hold pass 1 with task 1 not done."""
+    q = registered([3, 3])
+    q.next(0, 1)
+    q.next(1, 1)
+    q.progress(0, 1, 4, 0, 3, True)
+    q.progress(1, 1, 6, 1, 4, False)
+    q.progress(1, 1, 7, 1, 6, True)
+    assert q.register(2, "g", FILES, task_list([5])) == "registered"
+    q.next(0, 2)
+    q.progress(0, 2, 5, 0, 2, False)
+    state = q.snapshot({0: 4, 1: 6})
+    assert (state["pass"], state["fingerprint"], state["position"], state["done"]) == (1, "f", [3, 4], [0])
+    state = q.snapshot({0: 4, 1: 7})                     # pass 1 whole at the cut: pass 2 from its start
+    assert (state["pass"], state["position"], state["done"]) == (2, [0], [])

@@ -67,6 +67,8 @@ class ShardQueue:
         self.holding: dict[int, list[int]] = {}      # trainer -> its tasks, oldest first
         self.reported: dict[int, int] = {}           # trainer -> last step it reported
         self.sessions: dict[int, str] = {}           # trainer -> the process that registered last
+        self._previous: dict | None = None           # the pass before, as it ended (snapshot())
+        self._previous_undo: list[_Undo] = []
         self.undo: collections.deque[_Undo] = collections.deque(maxlen=UNDO_PER_TRAINER * max(num_trainers, 1))
 
     # -- the pass ----------------------------------------------------------------
@@ -102,6 +104,10 @@ class ShardQueue:
             raise ConfigError(f"data pass {pass_} registered while pass {self.pass_} still has "
                               f"{len(self.tasks) - len(self.done_step)} tasks not done")
         _check_list(files, tasks)
+        # The pass that just ended, for a snapshot whose cut falls before its last reports
+        # (async: a push held at the cut, its report not): see snapshot().
+        self._previous = self._state(list(self.position), dict(self.done_step)) if self.pass_ else None
+        self._previous_undo = list(self.undo)
         self.pass_, self.fingerprint, self.files, self.tasks = pass_, fingerprint, list(files), [list(t) for t in tasks]
         self.position = [t[1] for t in self.tasks]
         self.done_step, self.owner, self.holding = {}, {}, {}
@@ -177,16 +183,31 @@ class ShardQueue:
 
     # -- snapshots ---------------------------------------------------------------
     def snapshot(self, after: dict[int, int] | None = None) -> dict:
-        """JSON state; reports of steps past ``after[trainer]`` left out (undone)."""
-        position, done_step = list(self.position), dict(self.done_step)
-        if after is not None:
-            for u in reversed(self.undo):
-                if u.step > after.get(u.trainer, u.step):
+        """JSON state; reports of steps past ``after[trainer]`` left out (undone).
+
+        A cut before the last reports of the pass before the current one (async: the step
+        that finished it was held at the cut) gives that pass, rolled back: every report of
+        the current pass came later still (its tasks were handed out only once the pass
+        before was finished), so none of them is in the checkpoint."""
+        past = lambda u: after is not None and u.step > after.get(u.trainer, u.step)    # noqa: E731
+        if self._previous is not None and any(past(u) for u in self._previous_undo):
+            state = dict(self._previous)
+            position, done = list(state["position"]), set(state["done"])
+            for u in reversed(self._previous_undo):
+                if past(u):
                     position[u.task] = u.position
-                    done_step.pop(u.task, None)
+                    done.discard(u.task)
+            return {**state, "position": position, "done": sorted(done)}
+        position, done_step = list(self.position), dict(self.done_step)
+        for u in reversed(self.undo):
+            if past(u):
+                position[u.task] = u.position
+                done_step.pop(u.task, None)
+        return self._state(position, done_step)
+
+    def _state(self, position: list, done_step: dict) -> dict:
         return {"pass": self.pass_, "fingerprint": self.fingerprint, "files": list(self.files),
-                "tasks": [list(t) for t in self.tasks], "position": position,
-                "done": sorted(done_step)}
+                "tasks": [list(t) for t in self.tasks], "position": position, "done": sorted(done_step)}
 
     def restore(self, state: dict) -> None:
         """Back to a snapshot: tasks not done wait in the queue at their saved positions."""
