@@ -21,7 +21,8 @@ _WHERE = {
     "SparseBatch": "libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
     "auc": "metrics", "logloss": "metrics", "criteo_schema": "presets", "libsvm_schema": "presets",
     "Column": "schema", "Format": "schema", "Label": "schema", "Schema": "schema", "shard_files": "split",
-    "split_lines": "split", "DynamicShards": "dynamic", "generate_criteo": "synthetic", "TabularReader": "tabular", "count_records": "tabular",
+    "split_lines": "split", "DynamicShards": "dynamic", "generate_criteo": "synthetic", "TabularReader": "tabular",
+    "count_records": "tabular",
 }
 
 

@@ -20,11 +20,11 @@ One ``trainer.step`` per batch, in order (the reports are matched to steps that 
 
 End of a pass: async, a trainer whose tasks ran out waits (once the batches it handed out
 are stepped on) while other trainers' tasks are in progress (one may come back if its
-trainer dies), and the pass ends when every task is done. Sync, every trainer must take the same steps: a trainer without a task gets empty
-batches (``len(batch) == 0``) until every task is done, and must step on them like on any
-batch (``trainer.step()`` with no loss pushes zero gradients); the service decides for each
-step from the reports of steps two before only, so the pass ends at the same step for all
-(up to two empty steps each at its end).
+trainer dies), and the pass ends when every task is done. Sync, every trainer must take
+the same steps: a trainer without a task gets empty batches (``len(batch) == 0``) until
+every task is done, and must step on them like on any batch (``trainer.step()`` with no
+loss pushes zero gradients); the service decides for each step from the reports of steps
+two before only, so the pass ends at the same step for all (after up to two empty steps).
 """
 from __future__ import annotations
 
