@@ -135,7 +135,8 @@ def train_in_thread(c, t, data, steps_log, task_bytes, save_at=None, ckpt=None, 
 
 def uneven_data(path, rows=400):
     """Lines of very different lengths: tasks of one byte size hold very different record counts."""
-    path.write_text("".join(f"{i % 2} {i}:1" + (" 1000000:1" * 30 if (i // 40) % 2 else "") + "\n" for i in range(rows)))
+    pad = " 1000000:1" * 30
+    path.write_text("".join(f"{i % 2} {i}:1" + (pad if (i // 40) % 2 else "") + "\n" for i in range(rows)))
     return path
 
 
