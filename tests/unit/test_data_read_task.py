@@ -17,7 +17,7 @@ def by_tasks(reader, tasks):
     return [b for t in tasks for b, _ in reader.read_task(t) if len(b)]
 
 
-@pytest.mark.parametrize("task_bytes", [1, 997, 5000, 1 << 30])
+@pytest.mark.parametrize("task_bytes", [37, 997, 5000, 1 << 30])
 def test_criteo_tasks_equal_the_whole_file(tmp_path, task_bytes):
     path = tmp_path / "c.tsv"
     generate_criteo(path, 300, seed=2)
@@ -72,3 +72,15 @@ def test_tabular_csv_gzip_and_parquet_tasks_equal_the_whole_read(tmp_path):
         rest = TabularBatch.concat([b for b, _ in reader.read_task(t.rest(pos))])
         all_of_t = TabularBatch.concat([b for b, _ in reader.read_task(t)])
         np.testing.assert_array_equal(rest.dense, all_of_t.dense[len(a) + len(b):], err_msg=name)
+
+
+def test_tabular_libsvm_preset_tasks_equal_the_whole_read(tmp_path):
+    from paramshard.data import libsvm_schema
+    path = tmp_path / "a.svm"
+    path.write_text("".join(f"{i % 2} {i}:0.5 {i + 7}:2\n" for i in range(150)))
+    schema = libsvm_schema()
+    whole = TabularBatch.concat(list(TabularReader([path], schema, 16)))
+    reader = TabularReader([path], schema, 16)
+    got = TabularBatch.concat(by_tasks(reader, split_files([path], 250)))
+    for field in ("labels", "ids", "offsets", "weights"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(whole, field))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
+
 from ..errors import ConfigError
 from ._reader import MAX_EXAMPLES, open_input
 from .errors import DataFormatError
@@ -16,8 +18,8 @@ from .tasks import Task
 def task_batches(reader, task: Task) -> Iterator[tuple[object, int]]:
     """(TabularBatch, next position) over ``task``'s records, ``reader.batch_size`` at a time."""
     if reader.schema.format.type == "libsvm":
-        raise ConfigError("TabularReader.read_task: the libsvm preset reads through LibsvmReader; "
-                          "use LibsvmReader for dynamic shards of libsvm files")
+        yield from _libsvm_rows(reader, task)
+        return
     path = reader.paths[task.file]
     wanted = reader.schema.used_columns
     if task.kind == "rows":
@@ -45,6 +47,21 @@ def task_batches(reader, task: Task) -> Iterator[tuple[object, int]]:
         for line, reason in sorted(problems):
             _bad(reader, DataFormatError(path, None, f"line {line} of the lines from {unit} {first}: {reason}"))
         yield batch, next_pos - skip
+
+
+def _libsvm_rows(reader, task: Task):
+    """The libsvm preset, as TabularReader._libsvm_rows reads it: LibsvmReader parses, each row's
+    features become one bag weighted by their values."""
+    from .batch import TabularBatch
+    from .libsvm import LibsvmReader
+    lines = LibsvmReader(reader.paths, reader.batch_size, skip_bad_lines=reader.skip_bad_lines, format="libsvm")
+    try:
+        for sb, position in lines.read_task(task):
+            yield TabularBatch(sb.labels, np.zeros((len(sb), 0), np.float32), sb.ids.view(np.int64), 1,
+                               sb.offsets[:-1].copy(), sb.values), position
+    finally:
+        reader.bad_lines += lines.bad_lines
+        reader.bad_line_examples += lines.bad_line_examples[:MAX_EXAMPLES - len(reader.bad_line_examples)]
 
 
 def _parquet_rows(reader, path, task: Task, wanted):
