@@ -106,3 +106,16 @@ def test_snapshot_waits_for_the_cut_then_restores_elsewhere():
     assert nxt(other, 2)["task"] == [0, 0, 6, 10, 0]
     other.reset()
     assert other.queue.pass_ == 0
+
+
+def test_every_server_serves_the_ops_and_a_rollback_reset_empties_the_queue():
+    from paramshard.server.parameter_server import ParameterServer
+    server = ParameterServer(0, None, 2, mode="sync", timeout=5.0)
+    local = lambda header: server.handle_local(header, []).fields     # noqa: E731
+    local({"op": "shard_register", "trainer": 0, "pass": 1, "fingerprint": "f", "files": ["a"], "tasks": TASKS})
+    assert local({"op": "shard_next", "trainer": 1, "pass": 1})["verdict"] == "task"
+    local({"op": "reset", "epoch": 1, "trainer": 0})
+    service = server.service(ShardService)
+    assert service.queue.pass_ == 0 and not service.queue.owner
+    with pytest.raises(StaleEpoch):
+        server.handle_local({"op": "shard_next", "trainer": 1, "pass": 1, "epoch": 0}, [])
