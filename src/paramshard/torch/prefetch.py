@@ -104,7 +104,7 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
     try:
         while current is not _END:
             upcoming = next(iterator, _END)
-            if finder is not None and upcoming not in (_END, LATER) and trainer.model.training:
+            if finder is not None and upcoming is not _END and upcoming is not LATER and trainer.model.training:
                 for name, tensor in finder.inputs(upcoming).items():
                     trainer.prefetch_rows(tables[name], tensor, fresh_rows)
             recoveries = trainer.recoveries
