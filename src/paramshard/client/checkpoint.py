@@ -28,6 +28,7 @@ from ..optim import OptimizerConfig, from_wire
 from ..placement.sharding import ShardPlan
 from ..tables import policy_from_wire, policy_to_wire
 from ..transport.client import ServerLinks
+from . import shards
 from .sparse import Partition, SparseClient, TableSpec
 
 SPARSE_PAGE_ROWS = 1 << 20        # rows per snapshot/restore message (~64 MB at dim 16 with Adagrad)
@@ -133,6 +134,8 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             # pushes are answered at once: the tables' snapshots wait for the same step.
             min_version = step if settings.get("mode") == Mode.SYNC else 0
             tables_state = {name: gather_table(links, name, min_version) for name in tables}
+            # The data-shard queue as of the same cut (client/shards.py): None without dynamic shards.
+            shard_state = shards.snapshot(links, settings.get("mode"), settings.get("trainers", 1), step, cut)
         finally:
             if cut is not None:
                 links.request_many({s: ({"op": "resume_pushes"}, ()) for s in range(len(links))})
@@ -159,6 +162,8 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
                            "lr_scale": table_scale, "files": files})
         if cut is not None:
             settings = {**settings, "cut": {str(t): k for t, k in sorted(cut.items())}}
+        if shard_state is not None:
+            settings = {**settings, "shards": shard_state}
         path = writer.commit({**settings, "servers": plan.num_servers, "dispatch": plan.dispatch,
                               "optimizer": optimizer, "lr_scale": lr_scale, "plan": plan.to_json(), "dense": dense,
                               "sparse": sparse},
@@ -203,6 +208,10 @@ def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: Optimizer
     """Load ``ckpt`` onto this job's fresh servers, cut for ``plan`` (chief only). Tables first:
     the other trainers' first dense pull waits for the dense restore, so they see every table whole."""
     check_fits(ckpt, plan, optimizer, tables)
+    if "shards" in ckpt.manifest:
+        # First: a trainer's first dense pull waits for the dense restore, so none asks for a data
+        # task before the queue is the checkpoint's.
+        shards.restore(links, ckpt.manifest["shards"])
     sparse_client = SparseClient(links, trainer_id)
     for entry in ckpt.manifest["sparse"]:
         if entry["name"] not in tables:

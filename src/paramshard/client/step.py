@@ -66,10 +66,11 @@ class _Push:
     dense: Ticket             # the dense push, whose reply carries the new values
     dense_requests: list
     values: Mapping[str, np.ndarray]
+    riders: Ticket | None = None   # requests that travel with the step (the data-shard report)
 
     @property
     def done(self) -> bool:
-        return self.sparse.done and self.dense.done
+        return self.sparse.done and self.dense.done and (self.riders is None or self.riders.done)
 
 
 FETCHES_PER_TABLE = 2
@@ -96,6 +97,10 @@ class StepClient:
         self.stats = PipelineStats()
         self.bounded = False              # --max-staleness set: pushes carry resume_step
         self.last_staleness: int | None = None    # async: what the servers said of the latest push taken
+        # Callables step -> [(server, header, arrays)] sent in every step's fan-out, right after its
+        # pushes: DynamicShards' progress report (client/shards.py), so a trainer killed between
+        # steps has reported exactly the data its pushed steps trained.
+        self.riders: list = []
 
     # -- rows ---------------------------------------------------------------
     def prefetch(self, table: str, ids: np.ndarray, min_version: int,
@@ -218,7 +223,10 @@ class StepClient:
         # Bounded staleness: the trainer starts step + 1 + window once this reply is in.
         resume = step + 1 + self.max_in_flight if self.bounded else None
         dense_requests = self.dense.push_requests(dense_grads, step, want_values=True, resume_step=resume)
-        self._pushes.append(_Push(sparse_ticket, self.links.submit(dense_requests), dense_requests, values))
+        dense_ticket = self.links.submit(dense_requests)
+        rider_requests = [request for rider in self.riders for request in rider(step)]
+        riders = self.links.submit(rider_requests) if rider_requests else None
+        self._pushes.append(_Push(sparse_ticket, dense_ticket, dense_requests, values, riders))
         self.stats["steps"] += 1
         if while_waiting is not None:
             while_waiting()
@@ -238,8 +246,12 @@ class StepClient:
         try:
             self.links.collect(push.sparse)
             replies = self.links.collect(push.dense)
+            if push.riders is not None:
+                self.links.collect(push.riders)
         except BaseException:
             self.links.discard(push.dense)
+            if push.riders is not None:
+                self.links.discard(push.riders)
             raise
         finally:
             self.stats["push_wait_s"] += time.perf_counter() - started
@@ -268,5 +280,7 @@ class StepClient:
         for push in self._pushes:
             self.links.discard(push.sparse)
             self.links.discard(push.dense)
+            if push.riders is not None:
+                self.links.discard(push.riders)
         self._pushes.clear()
         self.forget_fetches()

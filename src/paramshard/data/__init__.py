@@ -21,7 +21,8 @@ _WHERE = {
     "SparseBatch": "libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
     "auc": "metrics", "logloss": "metrics", "criteo_schema": "presets", "libsvm_schema": "presets",
     "Column": "schema", "Format": "schema", "Label": "schema", "Schema": "schema", "shard_files": "split",
-    "split_lines": "split", "generate_criteo": "synthetic", "TabularReader": "tabular", "count_records": "tabular",
+    "split_lines": "split", "DynamicShards": "dynamic", "generate_criteo": "synthetic", "TabularReader": "tabular",
+    "count_records": "tabular",
 }
 
 
@@ -41,5 +42,5 @@ def __dir__():
 __all__ = ["Schema", "Column", "Label", "Format", "TabularReader", "TabularBatch", "infer_schema", "fit_schema",
            "criteo_schema", "libsvm_schema", "feature_ids", "count_records",
            "CriteoReader", "CriteoBatch", "LibsvmReader", "SparseBatch", "DataFormatError",
-           "generate_criteo", "split_lines", "shard_files",
+           "generate_criteo", "split_lines", "shard_files", "DynamicShards",
            "auc", "logloss", "ExactAUC", "StreamingAUC", "BinaryMetrics"]

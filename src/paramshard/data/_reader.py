@@ -223,6 +223,26 @@ class LineReader:
     def _parse(self, chunk: bytes):
         raise NotImplementedError
 
+    def read_task(self, task) -> Iterator[tuple[object, int]]:
+        """(batch, position of the next unread record) over one shard task's records
+        (data/tasks.py; ``task.file`` indexes ``paths``), read directly from its range.
+        Batches have ``batch_size`` records, fewer at the task's end or where bad lines
+        were skipped; stopping after any batch, ``task.rest(position)`` is exactly the rest."""
+        from .ranges import line_groups
+        path = self.paths[task.file]
+        for chunk, first, next_pos in line_groups(path, task, self.batch_size, self.chunk_bytes,
+                                                  self.max_line_bytes):
+            batch, bad = self._parse(chunk)
+            unit = "record" if task.kind == "gzip" else "byte"
+            for index, reason in bad:
+                err = DataFormatError(path, None, f"line {index + 1} of the lines from {unit} {first}: {reason}")
+                if not self.skip_bad_lines:
+                    raise err
+                self.bad_lines += 1
+                if len(self.bad_line_examples) < MAX_EXAMPLES:
+                    self.bad_line_examples.append(err.short)
+            yield batch, next_pos
+
     def _concat(self, batches):
         raise NotImplementedError
 

@@ -206,6 +206,7 @@ class LibsvmReader(LineReader):
             raise ConfigError(f"format={format!r}: must be one of {', '.join(FORMATS)}")
         super().__init__(paths, batch_size, skip_bad_lines, chunk_bytes, max_line_bytes)
         self.format = format
+        self._parts = {"libsvm": 2, "libffm": 3}.get(format)   # read_task: detected once, kept
 
     def __iter__(self):
         self._parts = {"libsvm": 2, "libffm": 3}.get(self.format)

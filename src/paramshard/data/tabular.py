@@ -102,6 +102,14 @@ class TabularReader:
         except (KeyError, TypeError, ValueError):
             raise ConfigError(f"reader state {state!r}: expected {{'epoch': int, 'batches': int}}") from None
 
+    def read_task(self, task):
+        """(batch, position of the next unread record) over one shard task's records
+        (data/tasks.py; ``task.file`` indexes ``paths``), read directly from its range;
+        ``shard``, ``shuffle``, ``holdout`` and ``equal_steps`` do not apply (the shard
+        service deals the data: paramshard.data.DynamicShards)."""
+        from .tabular_ranges import task_batches
+        return task_batches(self, task)
+
     # -- iteration ---------------------------------------------------------------
     def __iter__(self):
         self.epoch += 1

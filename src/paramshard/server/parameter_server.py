@@ -42,6 +42,7 @@ from .hooks import Incoming, RequestHook, Verdict
 from .outbox import GO, HELD, Outbox, describe_identity
 from .peers import PEER_LOST_EXIT_CODE, PeerWatch
 from .replies import Deferred, Reply
+from .shard_service import ShardService
 from .trainer_barrier import TrainerBarriers
 from .trainer_connections import TrainerConnections, peer_address
 from .waiting import WaitingList
@@ -99,6 +100,7 @@ class ParameterServer:
         self.add_service(DenseHandlers(self.dense))
         self.add_service(ControlHandlers(self.context))
         self.add_service(TrainerBarriers(server_id, self.membership))
+        self.add_service(ShardService(self.context))     # the data-shard queue (served by server 0)
         self.exit_code = 0
         self._ctx = zmq.Context.instance()
         if bind is None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ..data.dynamic import LATER
 from ..log import get_logger
 from .sparse_embedding import SparseEmbedding, input_key
 
@@ -103,7 +104,7 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
     try:
         while current is not _END:
             upcoming = next(iterator, _END)
-            if finder is not None and upcoming is not _END and trainer.model.training:
+            if finder is not None and upcoming is not _END and upcoming is not LATER and trainer.model.training:
                 for name, tensor in finder.inputs(upcoming).items():
                     trainer.prefetch_rows(tables[name], tensor, fresh_rows)
             recoveries = trainer.recoveries
@@ -121,6 +122,8 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
                 finder.learn(current)
                 _give_up_on_unused(trainer, finder)
             current = upcoming
+            while current is LATER:         # DynamicShards: ready only now that the step went out
+                current = next(iterator, _END)
     finally:
         loop.pass_ended()
         _forget_prefetched(trainer)
@@ -129,7 +132,7 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
 def _open(trainer, iterable, convert):
     batches = trainer.loop.batches(iterable, trainer.step_count, trainer.barrier_counts())
     trainer.replay_starts()
-    return map(convert, batches) if convert is not None else batches
+    return map(lambda b: b if b is LATER else convert(b), batches) if convert is not None else batches
 
 
 def _forget_prefetched(trainer) -> None:

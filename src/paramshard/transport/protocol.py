@@ -93,6 +93,14 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),
                  "epoch": Optional(int)},
     "shutdown": {},
+    # the data-shard service (server/shard_service.py); sizes are checked by server/shard_queue.py
+    "shard_register": {"trainer": int, "pass": int, "fingerprint": str, "files": _STR_LIST, "tasks": list,
+                       "step": Optional(int), "session": Optional(str), "epoch": Optional(int)},
+    "shard_next": {"trainer": int, "pass": int, "step": Optional(int), "epoch": Optional(int)},
+    "shard_progress": {"trainer": int, "pass": int, "step": int, "task": int, "position": int, "done": bool,
+                       "epoch": Optional(int)},
+    "shard_snapshot": {"trainer": int, "after": Optional(list), "epoch": Optional(int)},
+    "shard_restore": {"trainer": int, "state": dict, "epoch": Optional(int)},
 }
 
 

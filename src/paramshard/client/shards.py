@@ -1,0 +1,70 @@
+"""Client side of the data-shard service (server/shard_service.py, on server 0): the
+requests of paramshard.data.DynamicShards, and the queue's snapshot and restore for a
+checkpoint (client/checkpoint.py)."""
+from __future__ import annotations
+
+import secrets
+
+from ..data.tasks import Task
+from ..errors import ConfigError, ProtocolError
+from ..mode import Mode
+from ..transport.client import Requests
+
+SERVER = 0
+# This process, as the queue knows it: a replacement process in the same trainer slot registers
+# with another, and the tasks the dead one held go back to the queue at once.
+SESSION = secrets.token_hex(8)
+
+
+def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files: list[str],
+             tasks: list[Task], step: int) -> str:
+    """``step``: where the trainer is (sync mode does not wait for its reports of earlier steps)."""
+    header, _ = links.request(SERVER, {"op": "shard_register", "trainer": trainer, "pass": pass_,
+                                       "fingerprint": fingerprint, "files": files, "step": step, "session": SESSION,
+                                       "tasks": [t.to_wire() for t in tasks], "epoch": links.epoch})
+    return header.get("registered", "")
+
+
+def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None]:
+    """("task", the task from its committed position) / ("finished", None) / ("wait", None)."""
+    request = {"op": "shard_next", "trainer": trainer, "pass": pass_, "epoch": links.epoch}
+    if step is not None:
+        request["step"] = step
+    header, _ = links.request(SERVER, request)
+    verdict = header.get("verdict")
+    if verdict == "task":
+        wire = header.get("task")
+        if not (isinstance(wire, list) and len(wire) == 5 and all(type(x) is int for x in wire)):
+            raise ProtocolError(f"shard_next reply: a task must be 5 integers, got {str(wire)[:80]}")
+        return verdict, Task.from_wire(wire[0], wire[1:])
+    if verdict not in ("finished", "wait"):
+        raise ProtocolError(f"shard_next reply: unknown verdict {verdict!r}")
+    return verdict, None
+
+
+def progress_request(links: Requests, trainer: int, pass_: int, step: int, task: int, position: int,
+                     done: bool) -> tuple:
+    """The report of one step, sent in the step's fan-out (client/step.py riders)."""
+    return (SERVER, {"op": "shard_progress", "trainer": trainer, "pass": pass_, "step": step, "task": task,
+                     "position": position, "done": done, "epoch": links.epoch}, ())
+
+
+def snapshot(links: Requests, mode, trainers: int, step: int, cut: dict[int, int] | None) -> dict | None:
+    """The queue as of the checkpoint: async, the cut's steps (client/checkpoint.py); sync, the
+    steps before ``step``. None when no data pass was ever registered (static shards)."""
+    after = cut if cut is not None else ({t: step - 1 for t in range(trainers)}
+                                         if Mode.parse(mode).server_mode is Mode.SYNC else None)
+    request = {"op": "shard_snapshot", "trainer": 0, "epoch": links.epoch}
+    if after is not None:
+        request["after"] = [[t, k] for t, k in sorted(after.items())]
+    header, _ = links.request(SERVER, request)
+    state = header.get("state")
+    if not isinstance(state, dict):
+        raise ProtocolError("shard_snapshot reply without a 'state' map")
+    return state if state.get("pass") else None
+
+
+def restore(links: Requests, state) -> None:
+    if not isinstance(state, dict):
+        raise ConfigError(f"the checkpoint's shard queue must be a JSON object, got {type(state).__name__}")
+    links.request(SERVER, {"op": "shard_restore", "trainer": 0, "state": state, "epoch": links.epoch})

@@ -1,0 +1,101 @@
+"""DynamicShards (data/dynamic.py) against a real in-process server 0, with fake trainers
+that step by hand: every record once; a prefetching loop (one batch ahead) gets LATER
+instead of waiting on its own report (async) and empty batches while others still read
+(sync); the reports match the batches stepped."""
+import types
+
+import numpy as np
+import pytest
+
+from paramshard.data import DynamicShards, LibsvmReader
+from paramshard.data.dynamic import LATER
+from paramshard.errors import ConfigError
+from paramshard.server.in_process import LocalLinks
+from paramshard.server.parameter_server import ParameterServer
+from paramshard.server.shard_service import ShardService
+
+
+class FakeTrainer:
+    """What DynamicShards uses of a Trainer; ``step()`` sends the riders as StepClient does."""
+
+    def __init__(self, links, trainer_id, mode):
+        self.links, self.trainer_id, self.step_count = links, trainer_id, 0
+        self.env = types.SimpleNamespace(mode=mode)
+        self.steps = types.SimpleNamespace(riders=[])
+
+    def step(self):
+        requests = [r for rider in self.steps.riders for r in rider(self.step_count)]
+        self.links.request_list(requests)
+        self.step_count += 1
+
+
+def setup(tmp_path, mode, trainers=2, rows=90, lengths=None):
+    path = tmp_path / "d.svm"
+    pad = lengths or (lambda i: "")
+    path.write_text("".join(f"{i % 2} {i}:1{pad(i)}\n" for i in range(rows)))
+    server = ParameterServer(0, None, trainers, mode=mode, timeout=5.0)
+    fakes = [FakeTrainer(LocalLinks(server, 5.0), t, mode) for t in range(trainers)]
+    loaders = [DynamicShards(LibsvmReader(path, 4), task_bytes=97, trainer=f) for f in fakes]
+    return fakes, loaders
+
+
+class Prefetching:
+    """trainer.prefetching()'s order: the next batch is taken before the current one is stepped."""
+
+    def __init__(self, trainer, loader):
+        self.trainer, self.it = trainer, iter(loader)
+        self.upcoming = next(self.it, None)
+        self.trained, self.empty, self.later = [], 0, 0
+
+    def step(self) -> bool:
+        current = self.upcoming
+        if current is None:
+            return False
+        self.upcoming = next(self.it, None)
+        self.trainer.step()
+        self.trained += current.ids[current.offsets[:-1]].tolist()     # each row's first id: its line
+        self.empty += len(current) == 0
+        while self.upcoming is LATER:
+            self.later += 1
+            self.upcoming = next(self.it, None)
+        return True
+
+
+@pytest.mark.timeout(20)
+def test_async_a_prefetching_loop_gets_later_instead_of_waiting_on_its_own_report(tmp_path):
+    """Alone, at the end of the pass: its last task is held by itself until the step of its
+    last batch reports it done; the loader says LATER, the step goes out, then finished."""
+    [fake], [loader] = setup(tmp_path, "async", trainers=1)
+    loop = Prefetching(fake, loader)
+    while loop.step():
+        pass
+    assert sorted(loop.trained) == list(range(90))
+    assert loop.later >= 1 and loop.empty == 0
+    queue = fake.links.server.service(ShardService).queue
+    assert queue.finished and not queue.owner
+    assert queue.reported[0] == fake.step_count - 1
+
+
+@pytest.mark.timeout(20)
+def test_sync_loops_get_empty_batches_and_finish_at_the_same_step(tmp_path):
+    # Lines 0-29 are long: the first tasks hold few records, so one trainer reads far more.
+    fakes, loaders = setup(tmp_path, "sync", lengths=lambda i: " 7:1" * 40 if i < 30 else "")
+    loops = [Prefetching(f, d) for f, d in zip(fakes, loaders)]
+    while True:
+        going = [loop.step() for loop in loops]        # lockstep, as sync steps are
+        assert going[0] == going[1], "the pass ended at different steps"
+        if not going[0]:
+            break
+    rows = [i for loop in loops for i in loop.trained]
+    assert sorted(rows) == list(range(90))
+    assert fakes[0].step_count == fakes[1].step_count and max(loop.empty for loop in loops) > 0
+
+
+def test_collective_mode_and_other_loaders_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="read_task"):
+        DynamicShards([np.zeros(3)])
+    path = tmp_path / "d.svm"
+    path.write_text("1 1:1\n")
+    trainer = types.SimpleNamespace(steps=None, links=None)
+    with pytest.raises(ConfigError, match="collective mode"):
+        iter(DynamicShards(LibsvmReader(path, 4), trainer=trainer))
