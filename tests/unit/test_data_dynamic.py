@@ -20,7 +20,7 @@ class FakeTrainer:
 
     def __init__(self, links, trainer_id, mode):
         self.links, self.trainer_id, self.step_count = links, trainer_id, 0
-        self.env = types.SimpleNamespace(mode=mode)
+        self.env = types.SimpleNamespace(mode=mode, timeout=20.0)
         self.steps = types.SimpleNamespace(riders=[])
 
     def step(self):
@@ -99,3 +99,19 @@ def test_collective_mode_and_other_loaders_are_refused(tmp_path):
     trainer = types.SimpleNamespace(steps=None, links=None)
     with pytest.raises(ConfigError, match="collective mode"):
         iter(DynamicShards(LibsvmReader(path, 4), trainer=trainer))
+
+
+def test_an_async_trainer_waiting_for_tasks_held_elsewhere_gives_up_only_when_nobody_progresses():
+    from paramshard.client.shards import Waiting
+    from paramshard.data.dynamic import _Stuck, stuck_after
+    from paramshard.errors import DeadlineExceeded
+
+    now = [0.0]
+    stuck = _Stuck(lambda: now[0], stuck_after(3.0))
+    assert stuck.after == 11.0
+    for t, mark in [(0, 5), (10, 5), (11, 6), (21, 6)]:      # the holder's report at 11 restarts the clock
+        now[0] = t
+        stuck.check(Waiting((2,), mark), me=0)
+    now[0] = 22.5
+    with pytest.raises(DeadlineExceeded, match=r"trainer 0 has had no data task for 12 s.*trainers \[2\]"):
+        stuck.check(Waiting((2,), 6), me=0)

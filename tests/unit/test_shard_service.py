@@ -54,7 +54,8 @@ def test_a_lost_trainer_gives_its_task_back_after_the_grace_period_and_a_leaving
     assert nxt(s, 1)["task"] == [1, 0, 10, 20, 0]
     call(s, "shard_progress", trainer=0, **{"pass": 1}, step=0, task=0, position=4, done=False)
     membership.connection_lost(0)
-    assert nxt(s, 2) == {"verdict": "wait"}         # still within its grace period: it may come back
+    # still within its grace period: it may come back; the wait names who holds the tasks
+    assert nxt(s, 2) == {"verdict": "wait", "held_by": [0, 1], "mark": 4 + 10}
     clock.now = 6.0
     membership.expire()
     assert nxt(s, 2)["task"] == [0, 0, 4, 10, 0]    # from its committed position
@@ -85,7 +86,8 @@ def test_sync_next_waits_for_every_report_of_the_step_two_before():
     waiting = nxt(s, 0, step=2)
     assert isinstance(waiting, Deferred) and not waiting.ready() and waiting.waits_on() == [1]
     call(s, "shard_progress", trainer=1, **{"pass": 1}, step=0, task=1, position=15, done=False)
-    assert waiting.ready() and waiting.make_reply().fields == {"verdict": "wait"}
+    assert waiting.ready() and waiting.make_reply().fields["verdict"] == "wait"
+    assert waiting.make_reply().fields["held_by"] == [1]
 
 
 def test_snapshot_waits_for_the_cut_then_restores_elsewhere():

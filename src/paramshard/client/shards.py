@@ -3,6 +3,8 @@ requests of paramshard.data.DynamicShards, and the queue's snapshot and restore 
 checkpoint (client/checkpoint.py)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import secrets
 
 from ..data.tasks import Task
@@ -26,7 +28,7 @@ def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files:
 
 
 def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None]:
-    """("task", the task from its committed position) / ("finished", None) / ("wait", None)."""
+    """("task", the task from its committed position) / ("finished", None) / ("wait", Waiting)."""
     request = {"op": "shard_next", "trainer": trainer, "pass": pass_, "epoch": links.epoch}
     if step is not None:
         request["step"] = step
@@ -37,9 +39,21 @@ def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tu
         if not (isinstance(wire, list) and len(wire) == 5 and all(type(x) is int for x in wire)):
             raise ProtocolError(f"shard_next reply: a task must be 5 integers, got {str(wire)[:80]}")
         return verdict, Task.from_wire(wire[0], wire[1:])
-    if verdict not in ("finished", "wait"):
+    if verdict == "wait":
+        held_by, mark = header.get("held_by", []), header.get("mark", 0)
+        if not (isinstance(held_by, list) and all(type(t) is int for t in held_by) and type(mark) is int):
+            raise ProtocolError("shard_next reply: a wait must name the trainers holding tasks (integers) and a mark")
+        return verdict, Waiting(tuple(held_by[:64]), mark)
+    if verdict != "finished":
         raise ProtocolError(f"shard_next reply: unknown verdict {verdict!r}")
     return verdict, None
+
+
+class Waiting(NamedTuple):
+    """Why a trainer was told to wait: the trainers holding the pass's unfinished tasks, and a
+    mark that moves whenever one of them reports progress."""
+    held_by: tuple[int, ...]
+    mark: int
 
 
 def progress_request(links: Requests, trainer: int, pass_: int, step: int, task: int, position: int,

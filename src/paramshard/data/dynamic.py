@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeadlineExceeded
 from .tasks import DEFAULT_TASK_BYTES, fingerprint, split_files
 
 POLL_SECONDS = 0.2         # async: how often to ask again while tasks are in progress elsewhere
@@ -53,7 +53,7 @@ LATER = _Later()
 
 class DynamicShards:
     def __init__(self, reader, task_bytes: int = DEFAULT_TASK_BYTES, trainer=None,
-                 poll_seconds: float = POLL_SECONDS):
+                 poll_seconds: float = POLL_SECONDS, clock=time.monotonic):
         """``reader``: a TabularReader, CriteoReader or LibsvmReader (its ``paths`` and batch
         size are used, its ``shard`` is not). ``trainer``: default the process's Trainer."""
         if not callable(getattr(reader, "read_task", None)):
@@ -65,6 +65,7 @@ class DynamicShards:
         self.tasks = split_files(reader.paths, task_bytes, header=header)
         self.fingerprint = fingerprint(self.files, self.tasks)
         self.poll_seconds = poll_seconds
+        self._clock = clock
         self._trainer = trainer
         self.epoch = -1            # passes started (a reader's convention: torch/loop.py)
         self.batches = 0
@@ -127,6 +128,7 @@ class DynamicShards:
         links, me = trainer.links, trainer.trainer_id
         shards.register(links, me, pass_, self.fingerprint, self.files, self.tasks, trainer.step_count)
         sync = Mode.parse(trainer.env.mode).server_mode is Mode.SYNC
+        stuck = _Stuck(self._clock, stuck_after(trainer.env.timeout))
         while True:
             # The step that will train the next batch: batches handed out are stepped on in order.
             step = trainer.step_count + len(self._unstepped) if sync else None
@@ -143,8 +145,10 @@ class DynamicShards:
                     # before the step of the current): let that step go out before waiting.
                     yield LATER
                 else:
+                    stuck.check(task, me)
                     time.sleep(self.poll_seconds)
                 continue
+            stuck.reset()
             for batch, position, done in _with_last(self.reader.read_task(task), task.start):
                 if batch is None:       # no record in the task (a range inside one line, bad lines only)
                     links.request_list([shards.progress_request(links, me, pass_, trainer.step_count - 1,
@@ -161,6 +165,35 @@ class DynamicShards:
         if hasattr(self.reader, "encoder"):
             return self.reader.encoder.encode({c: np.empty(0, object) for c in self.reader.schema.used_columns})[0]
         return self.reader._parse(b"")[0]
+
+
+def stuck_after(timeout: float) -> float:
+    """How long an async trainer with no task waits while nobody reports progress: a lost
+    holder's tasks come back after the grace period (PARAMSHARD_TIMEOUT), so twice that and
+    a margin means the holders are alive but not stepping (hung)."""
+    return 2 * timeout + 5.0
+
+
+class _Stuck:
+    """The deadline of waiting for other trainers' tasks: it runs while their progress mark
+    stands still, and starts again whenever the mark moves."""
+
+    def __init__(self, clock, after: float):
+        self.clock, self.after = clock, after
+        self.mark, self.since = None, None
+
+    def reset(self) -> None:
+        self.mark = self.since = None
+
+    def check(self, waiting, me: int) -> None:
+        now = self.clock()
+        if waiting.mark != self.mark:
+            self.mark, self.since = waiting.mark, now
+        elif now - self.since > self.after:
+            raise DeadlineExceeded(
+                f"trainer {me} has had no data task for {now - self.since:.0f} s: the rest of this data pass is "
+                f"held by trainers {list(waiting.held_by)}, which reported no progress since; look at their "
+                f"logs (a hung trainer), or stop the job")
 
 
 def _with_last(batches, start: int):

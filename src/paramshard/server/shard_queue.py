@@ -140,6 +140,11 @@ class ShardQueue:
             return FINISHED, None
         return WAIT, None
 
+    def waiting_on(self) -> tuple[list[int], int]:
+        """Who holds the tasks not done (sorted trainers) and a mark that moves whenever any of
+        them reports progress: a trainer told to wait gives up when the mark stands still too long."""
+        return sorted({self.owner[t] for t in self.owner}), sum(self.position) + len(self.done_step)
+
     def _wire(self, task: int) -> list:
         file, _, end, kind = self.tasks[task]
         return [task, file, self.position[task], end, kind]

@@ -20,7 +20,7 @@ from ..errors import ConfigError, StaleEpoch
 from ..log import get_logger
 from .context import ServerContext
 from .replies import Deferred, Reply
-from .shard_queue import TASK, ShardQueue
+from .shard_queue import TASK, WAIT, ShardQueue
 
 log = get_logger("server")
 OPS = ("shard_register", "shard_next", "shard_progress", "shard_snapshot", "shard_restore")
@@ -89,7 +89,12 @@ class ShardService:
 
     def _next(self, trainer: int, pass_: int, step: int | None) -> Reply:
         verdict, task = self.queue.next(trainer, pass_, step)
-        return Reply({"verdict": verdict, "task": task} if verdict == TASK else {"verdict": verdict})
+        if verdict == TASK:
+            return Reply({"verdict": verdict, "task": task})
+        if verdict == WAIT:
+            held_by, mark = self.queue.waiting_on()
+            return Reply({"verdict": verdict, "held_by": held_by, "mark": mark})
+        return Reply({"verdict": verdict})
 
     def handle_shard_progress(self, header: dict, arrays: list) -> Reply:
         trainer = self._check(header, arrays)
