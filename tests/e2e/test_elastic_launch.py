@@ -17,14 +17,15 @@ SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic.py")
 
 
 class Job:
-    def __init__(self, tmp_path, *flags):
+    def __init__(self, tmp_path, *flags, script=SCRIPT, args=None):
         self.out_path = tmp_path / "out.txt"
         self.run_dir, self.stop = tmp_path / "run", tmp_path / "stop"
         self.mark = uuid.uuid4().hex
         self.out = open(self.out_path, "w")
         self.proc = subprocess.Popen(
             [PARAMSHARD, "launch", "--servers", "1", "--run-dir", str(self.run_dir), "--timeout", "20", *flags,
-             SCRIPT, str(self.stop)], stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+             script, *(args if args is not None else [str(self.stop)])],
+            stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
             env={**os.environ, MARK: self.mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
 
     def text(self) -> str:

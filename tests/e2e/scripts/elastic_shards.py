@@ -1,0 +1,39 @@
+"""An elastic job's trainer reading its data through the shard service (DynamicShards): libsvm
+lines ``label id:1`` whose id is the line number, so the ids each step trained are the records
+it took; each process appends them to LOGS/ids-<slot>-<pid>.txt after every step. The first
+process of slot 1 stops between two steps at STOP_AT (every push and report answered) and
+says "ready", to be killed there; the test joins and removes trainers around it."""
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+import paramshard as ps
+from paramshard.data import DynamicShards, LibsvmReader
+
+data, logs, stop_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+env = ps.init()
+model = nn.Linear(1, 1)
+trainer = ps.Trainer(model, ps.optim.SGD(lr=0.01))
+first = not os.environ.get("PARAMSHARD_JOINING")
+loader = DynamicShards(LibsvmReader(data, 4), task_bytes=400)
+print(f"trainer {env.trainer_id} first step {trainer.step_count}", flush=True)
+with open(os.path.join(logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as log:
+    for epoch in trainer.epochs(1):
+        for batch in trainer.prefetching(loader):
+            x = torch.from_numpy(batch.labels).view(-1, 1)
+            trainer.step(model(x).sum() if len(batch) else None)
+            log.write(" ".join(str(i) for i in batch.ids.tolist()) + "\n")
+            log.flush()
+            if trainer.step_count % 10 == 0:
+                print(f"trainer {env.trainer_id} at step {trainer.step_count}", flush=True)
+            if env.trainer_id == 1 and first and trainer.step_count == stop_at:
+                trainer.backend.flush()
+                print("trainer 1 ready to be killed", flush=True)
+                time.sleep(300)
+            time.sleep(0.03)
+print(f"trainer {env.trainer_id} ends at step {trainer.step_count} (leave requested: "
+      f"{trainer.leave_requested})", flush=True)
+trainer.close()
