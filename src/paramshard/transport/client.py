@@ -130,7 +130,7 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
 
 class Ticket:
     """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
-    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses")
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "sent", "resend", "replayed")
 
     def __init__(self, count: int, wait: float, deadline: float):
         self.results: list = [None] * count
@@ -138,6 +138,10 @@ class Ticket:
         self.error: Exception | None = None
         self.wait, self.deadline = wait, deadline
         self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
+        # With a retry policy (bounded-loss recovery): what each request was, to send it again.
+        self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
+        self.resend: dict[int, Exception] = {}   # server -> why its requests go again
+        self.replayed: set[int] = set()      # request ids that are resent ones
 
     @property
     def done(self) -> bool:
@@ -177,6 +181,9 @@ class ServerLinks(Requests):
         self.timeout = timeout
         self.who = who
         self.epoch = 0      # the job's epoch, carried by data requests (client/recovery.py)
+        # Bounded-loss recovery (client/recovery.ServeAgain): a request a dead server did not
+        # answer waits for its replacement and goes again. None: it fails (rollback recovery).
+        self.retry = None
         self.security = security
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
@@ -190,8 +197,12 @@ class ServerLinks(Requests):
     def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
         """Links to the servers of ``env`` (a ClusterEnv) with its timeout and its
         security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR)."""
-        return cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
-                   security=Security.from_env(env))
+        links = cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
+                    security=Security.from_env(env))
+        if env.role == "trainer":
+            from ..client.recovery import install
+            install(links, env)
+        return links
 
     def __len__(self) -> int:
         return len(self.links)
@@ -224,6 +235,8 @@ class ServerLinks(Requests):
             self.links[server].sock.send_multipart(frames, copy=False)
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
+            if self.retry is not None:
+                ticket.sent[request_id] = (server, header, arrays)
         return ticket
 
     def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
@@ -244,7 +257,14 @@ class ServerLinks(Requests):
                 for link in self.links:
                     if link.sock in ready:
                         self._receive(link)
-                self._check_alive(ticket)
+                try:
+                    self._check_alive(ticket)
+                except ServerUnavailable as exc:
+                    if self.retry is None:
+                        raise
+                    ticket.resend[exc.server] = exc
+                for server, cause in list(ticket.resend.items()):
+                    self._resend(ticket, server, cause)
             if ticket.error is not None:
                 raise ticket.error
             return ticket.results
@@ -278,7 +298,19 @@ class ServerLinks(Requests):
             ticket = self._inflight.pop(header.get("id"), None)
             if ticket is None:
                 continue   # a late answer to a request that timed out or was discarded
-            slot, _, _ = ticket.pending.pop(header["id"])
+            slot, server, op = ticket.pending.pop(header["id"])
+            sent = ticket.sent.pop(header["id"], None)
+            if not header.get("ok") and sent is not None and self.retry is not None:
+                code = str(header.get("code"))
+                if code == "applied" and header["id"] in ticket.replayed and not sent[1].get("reply_values"):
+                    ticket.results[slot] = ({"ok": True, "replayed": True}, [])    # the old server had it
+                    continue
+                if code in self.retry.codes:        # a restarted server not serving yet: again later
+                    ticket.pending[header["id"]] = (slot, server, op)
+                    ticket.sent[header["id"]] = sent
+                    self._inflight[header["id"]] = ticket
+                    ticket.resend[server] = RemoteError(link.name, code, str(header.get("message")))
+                    continue
             if not header.get("ok"):
                 if ticket.error is None:
                     ticket.error = RemoteError(link.name, str(header.get("code")), str(header.get("message")))
@@ -297,10 +329,32 @@ class ServerLinks(Requests):
                 self._receive(link)
                 if not any(srv == server for _, srv, _ in ticket.pending.values()):
                     continue
-                raise ServerUnavailable(
+                exc = ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
                     f"the server died, hung (no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s) or "
                     f"the network dropped; check that server's log, then restart the job")
+                exc.server = server
+                raise exc
+
+    def _resend(self, ticket: "Ticket", server: int, cause: Exception) -> None:
+        """Bounded-loss recovery: wait until ``server`` serves again (its replacement, restored from
+        the launcher's replica), then send it the ticket's requests it did not answer, afresh."""
+        self.retry.wait_serving(self, server, cause)       # raises, naming the server, past the deadline
+        ticket.resend.pop(server, None)
+        link = self.links[server]
+        link.poll_events()
+        ticket.losses[server] = link.losses
+        for request_id in [r for r, (_, srv, _) in ticket.pending.items() if srv == server]:
+            slot, _, op = ticket.pending.pop(request_id)
+            self._inflight.pop(request_id, None)
+            _, header, arrays = ticket.sent.pop(request_id)
+            new_id = next(_ids)
+            link.sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
+            ticket.pending[new_id] = (slot, server, op)
+            ticket.sent[new_id] = (server, header, arrays)
+            ticket.replayed.add(new_id)
+            self._inflight[new_id] = ticket
+        ticket.deadline = time.monotonic() + ticket.wait + min(5.0, 0.1 * ticket.wait + 1.0)
 
     def _check_refused(self, link: _Link) -> None:
         if link.refusal is None or link.connected:
