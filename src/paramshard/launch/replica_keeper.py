@@ -53,6 +53,7 @@ class ReplicaKeeper:
         self._log: list[tuple[float, int]] = []             # (seconds, bytes) of refreshes since the summary
         self._gaps = [0.0] * n                              # longest time between two copies, since the summary
         self._summary_at = time.monotonic()
+        self._nothing_to_restore: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,44 +76,62 @@ class ReplicaKeeper:
         self.links.close()
 
     def latest(self):
-        """A marker when every server has a whole copy (the restart policy's "something to restore"), else None."""
+        """A marker when every server has a whole copy of a registered model (the restart policy's
+        "something to restore"), else None: a copy from before the chief registered restores nothing."""
         from pathlib import Path
-        return Path("replica") if all(r.complete for r in self.replicas) else None
+        return Path("replica") if all(r.complete and r.dense is not None for r in self.replicas) else None
+
+    def note_lost(self, server: int, at: float) -> None:
+        """The launcher saw ``server`` die at ``at`` (monotonic): loss and recovery count from then."""
+        self.lost_at[server] = min(at, self.lost_at.get(server, at))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            for server in range(len(self.replicas)):
+            # Every server's first request goes out at once: one slow server does not age the others' copies.
+            asked = {s: self._ask(s) for s in range(len(self.replicas))}
+            for server, ticket in asked.items():
                 if self._stop.is_set():
                     return
-                self.refresh(server)
+                self.refresh(server, ticket)
             self._summarize()
             self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
 
     # -- one server ---------------------------------------------------------------
-    def refresh(self, server: int) -> None:
-        """Copy what changed on ``server``; restore onto it if it was restarted."""
+    def _ask(self, server: int):
+        try:
+            return self.links.submit([(server, {"op": "replica_delta", "full": self._need_full[server]}, ())],
+                                     timeout=min(self.timeout, 10.0))
+        except ParamshardError as exc:
+            return exc
+
+    def refresh(self, server: int, ticket=None) -> None:
+        """Copy what changed on ``server`` (``ticket``: its request, already sent); restore onto it if it
+        was restarted."""
         started = time.monotonic()
         replica, size = self.replicas[server], 0
         before = replica.applied_updates()
+        ticket = ticket if ticket is not None else self._ask(server)
         try:
             while True:
                 full = self._need_full[server]
-                header, arrays = self.links.request(server, {"op": "replica_delta", "full": full},
-                                                    timeout=min(self.timeout, 10.0))
+                if isinstance(ticket, Exception):
+                    raise ticket
+                [(header, arrays)] = self.links.collect(ticket)
                 if header["epoch"] == -1:          # restarted in place, empty: never copy it, restore it
-                    if replica.complete:
+                    if replica.complete and replica.dense is not None:
                         self.restore(server)
-                    elif server not in self.lost_at or self.lost_at[server] >= 0:
-                        log.error("replica keeper: server %d was restarted before its first whole copy: "
-                                  "nothing to restore; its trainers will time out", server)
-                        self.lost_at[server] = -1.0
+                    elif server not in self._nothing_to_restore:
+                        self._nothing_to_restore.add(server)
+                        log.error("replica keeper: server %d was restarted before the keeper had a whole copy "
+                                  "of its model: nothing to restore; its trainers will time out", server)
                     return
                 self._need_full[server] = True     # until this reply is folded in
                 size += replica.apply(header, arrays, full)
                 self._need_full[server] = False
                 if not header.get("more"):
                     break
+                ticket = self._ask(server)      # more pages wait: at once
         except (ServerUnavailable, DeadlineExceeded) as exc:
             self._need_full[server] = True
             if server not in self.lost_at:
@@ -155,12 +174,15 @@ class ReplicaKeeper:
         done = time.monotonic()
         # The dead server applied pushes after its last copy, at the rate of its last two copies.
         estimate = round(self._rate[server] * age) if age is not None else None
+        streams = max(1, len(replica.steps))          # dense, and each table: a trainer step pushes to each
         entry = {"server": server, "what": "restored", "recovery_s": round(done - lost_at, 3),
                  "restore_s": round(done - began, 3), "copy_age_s": None if age is None else round(age, 3),
-                 "updates_lost_estimate": estimate, "updates_in_copy": replica.applied_updates()}
+                 "updates_lost_estimate": estimate, "updates_in_copy": replica.applied_updates(),
+                 "steps_lost_estimate": None if estimate is None else round(estimate / streams, 1)}
         self.restores.append({**entry, "steps": replica.steps})
         text = (f"server {server} serves again from its replica {done - lost_at:.2f} s after it was lost "
-                f"(restore {done - began:.2f} s); the copy was {_s(age)} old: about {estimate} updates lost")
+                f"(restore {done - began:.2f} s); the copy was {_s(age)} old: about {estimate} updates lost "
+                f"(about {entry['steps_lost_estimate']} trainer steps)")
         log.warning("replica keeper: %s", text)
         self.record("replica", text, **entry)
         self.lost_at.pop(server, None)

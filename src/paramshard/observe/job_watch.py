@@ -28,6 +28,7 @@ class JobWatch:
         launcher.engine.tap_for = self.run.tap_for
         launcher.engine.out = self.progress.writer()
         launcher.restart_listeners.append(self.restarted)
+        launcher.event_listeners.append(self.run.event)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
