@@ -20,6 +20,7 @@ RESTORE_PAGE_ROWS = 65536       # rows a restore_sparse request carries
 @dataclasses.dataclass
 class TableCopy:
     spec: dict
+    slot_widths: list = dataclasses.field(default_factory=list)
     version: int = 0
     evicted: int = 0
     lr_scale: float = 1.0
@@ -73,8 +74,8 @@ class ServerReplica:
             copy = self.tables.get(name)
             if copy is None or t["whole"]:
                 copy = self.tables[name] = TableCopy(t["spec"])
-            copy.spec, copy.version, copy.evicted, copy.lr_scale, copy.rows = (
-                t["spec"], t["version"], t["evicted"], t["lr_scale"], t["rows"])
+            copy.spec, copy.slot_widths, copy.version, copy.evicted, copy.lr_scale, copy.rows = (
+                t["spec"], t["slot_widths"], t["version"], t["evicted"], t["lr_scale"], t["rows"])
             copy.pages.update(pages)       # a table only shrinks by eviction, which sends it whole
             copy.counters = counters
         for gone in set(self.tables) - set(tables):
@@ -129,7 +130,8 @@ class ServerReplica:
             n = len(rows.get("ids", ()))
             for start in range(0, max(n, 1), RESTORE_PAGE_ROWS):
                 part = {k: v[start:start + RESTORE_PAGE_ROWS] for k, v in rows.items()} if n else {
-                    "ids": np.empty(0, np.uint64), "values": np.empty((0, copy.spec["dim"]), np.float32)}
+                    "ids": np.empty(0, np.uint64), "values": np.empty((0, copy.spec["dim"]), np.float32),
+                    **{f"slot{i}": np.empty((0, w), np.float32) for i, w in enumerate(copy.slot_widths)}}
                 if start == 0 and copy.counters is not None:
                     part["counted_ids"], part["counts"] = copy.counters
                 out.append(({"op": "restore_sparse", "table": name, "parts": list(part), "version": copy.version,

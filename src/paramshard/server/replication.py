@@ -185,7 +185,7 @@ class ReplicationService:
     def _table_delta(self, name: str, table, out: list, budget: list) -> tuple[dict, bool]:
         pages = self._pages.get(name)
         if pages is None or table.changes is not pages:
-            pages = self._pages[name] = table.changes = DirtyPages()
+            pages = self._pages[name] = table.changes = DirtyPages(PAGE_ROWS)
             table.create_on_push = True
         whole, dirty = pages.take(table.num_rows)
         sent, parts = [], []
@@ -206,7 +206,7 @@ class ReplicationService:
                 "dtype": table.dtype, "rounding": table.rounding}
         if table.memory_budget is not None:
             spec["memory_budget"] = table.memory_budget
-        return ({"spec": spec, "version": table.version, "evicted": table.evicted, "lr_scale": table.lr_scale,
+        return ({"spec": spec, "slot_widths": list(table.rule.slot_widths(table.dim)), "version": table.version, "evicted": table.evicted, "lr_scale": table.lr_scale,
                  "rows": table.num_rows, "whole": whole, "pages": sent, "parts": parts,
                  "counters": counters is not None}, len(sent) < len(dirty))
 
