@@ -38,9 +38,10 @@ SUMMARY_EVERY = 10.0         # seconds between two refresh summaries in the run 
 
 class ReplicaKeeper:
     def __init__(self, addresses: Sequence[str], timeout: float, security=None,
-                 record: Callable[..., None] | None = None, period: float = REFRESH_PERIOD):
-        """``record(event, text, **fields)``: where events go (the run directory's ``RunDir.event``)."""
-        self.links = ServerLinks(addresses, timeout, who="launcher (replica keeper)", security=security)
+                 record: Callable[..., None] | None = None, period: float = REFRESH_PERIOD, links=None):
+        """``record(event, text, **fields)``: where events go (the run directory's ``RunDir.event``).
+        ``links``: anything with ServerLinks' submit / collect / request / close (tests)."""
+        self.links = links or ServerLinks(addresses, timeout, who="launcher (replica keeper)", security=security)
         self.period, self.timeout = period, timeout
         self.record = record or (lambda *a, **k: None)
         n = len(addresses)
