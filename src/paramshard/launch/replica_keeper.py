@@ -96,7 +96,9 @@ class ReplicaKeeper:
                     return
                 self.refresh(server, ticket)
             self._summarize()
-            self._stop.wait(max(0.0, self.period - (time.monotonic() - started)))
+            # A lost server is looked at more often: its replacement is restored as soon as it answers.
+            period = min(self.period, 0.05) if self.lost_at else self.period
+            self._stop.wait(max(0.0, period - (time.monotonic() - started)))
 
     # -- one server ---------------------------------------------------------------
     def _ask(self, server: int):
