@@ -134,6 +134,7 @@ def run(cluster, kill_after: float = 1.5, run_after: float = 1.0, timeout: float
         os.kill(c.children[VICTIM].pid, signal.SIGKILL)
         killed = time.monotonic()
         c.children[VICTIM].proc.wait(5)
+        keeper.note_lost(VICTIM, killed)     # as the launcher does when it sees the server dead
         _restart(c, VICTIM)
         _serving(addresses[VICTIM], timeout)
         serving_again = time.monotonic() - killed

@@ -70,7 +70,7 @@ def state(s):
     if "counted_ids" in sparse:
         c = np.argsort(sparse["counted_ids"])
         sparse["counted_ids"], sparse["counts"] = sparse["counted_ids"][c], sparse["counts"][c]
-    guard = s.service(replication.ReplicationService).guard.last
+    guard = s.service(replication.ReplicationService).guard.newest()
     return dense.fields, dense.arrays, {k: rows.fields[k] for k in ("rows", "version", "evicted", "lr_scale")}, sparse, guard
 
 
@@ -159,7 +159,7 @@ def test_dirty_pages_start_whole_then_only_what_changed():
     assert pages.take(5) == (True, [0])
 
 
-def test_replay_guard_counts_steps_per_trainer_and_stream():
+def test_replay_guard_holds_steps_per_trainer_and_stream_in_any_order(monkeypatch):
     guard = ReplayGuard()
 
     def push(op, step, trainer=0, table="t"):
@@ -169,15 +169,22 @@ def test_replay_guard_counts_steps_per_trainer_and_stream():
 
     push("push_dense", 0)
     push("push_sparse", 0)
-    push("push_dense", 1)
+    push("push_dense", 2)
+    push("push_dense", 1)          # resent after a newer one arrived (pushes in flight): not a replay
     push("push_dense", 0, trainer=1)
-    with pytest.raises(AlreadyApplied):
-        push("push_dense", 1)
+    for step in (1, 2):
+        with pytest.raises(AlreadyApplied, match=f"step {step}"):
+            push("push_dense", step)
     push("push_sparse", 0, table="u")      # another table: its own sequence
-    assert guard.wire() == {"dense": [[0, 1], [1, 0]], "sparse:t": [[0, 0]], "sparse:u": [[0, 0]]}
-    other = ReplayGuard()
-    other.restore(guard.wire())
-    assert other.last == guard.last
+    assert guard.wire() == {"dense": [[0, 2], [1, 0]], "sparse:t": [[0, 0]], "sparse:u": [[0, 0]]}
+    restored = ReplayGuard()
+    restored.restore(guard.wire())         # a copy holds every step up to the newest
+    assert restored.holds("dense", 0, 2) and restored.holds("dense", 0, 0) and not restored.holds("dense", 0, 3)
+    monkeypatch.setattr(ReplayGuard, "WINDOW", 4)
+    for step in range(3, 9):
+        push("push_dense", step)
+    assert guard.floor["dense"][0] >= 4 and len(guard.recent["dense"][0]) <= 4   # bounded
+    assert all(guard.holds("dense", 0, s) for s in range(9)) and not guard.holds("dense", 0, 9)
 
 
 def test_replica_refuses_a_reply_whose_arrays_do_not_fit_and_keeps_nothing():

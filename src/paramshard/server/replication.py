@@ -92,31 +92,63 @@ class DirtyPages:
 
 
 class ReplayGuard:
-    """A RequestHook (server/hooks.py): records each trainer's last applied step per stream and
-    refuses a push that is not newer (a replay after a restore)."""
+    """A RequestHook (server/hooks.py): which pushes of each trainer and stream this server holds, and
+    a refusal for one it holds already (a replay after a restore).
+
+    Held: every step up to ``floor`` (what a restored copy holds, or what fell out of the window),
+    and the steps in ``recent`` above it. A set, not just the highest step: a trainer with pushes in
+    flight resends the one the dead server never answered after a newer one already reached the
+    replacement, so steps may arrive out of order here."""
+
+    WINDOW = 256        # steps kept above the floor; a push is never this far behind its trainer's newest
 
     def __init__(self):
-        self.last: dict[str, dict[int, int]] = {}
+        self.floor: dict[str, dict[int, int]] = {}          # stream -> trainer -> every step <= it is held
+        self.recent: dict[str, dict[int, set]] = {}         # stream -> trainer -> steps held above the floor
+
+    def holds(self, stream: str, trainer: int, step: int) -> bool:
+        return (step <= self.floor.get(stream, {}).get(trainer, -1)
+                or step in self.recent.get(stream, {}).get(trainer, ()))
 
     def admit(self, request: Incoming) -> Verdict:
         if request.op in PUSH_OPS:
             step, trainer = request.header["step"], request.trainer
-            done = self.last.get(stream_of(request.op, request.header), {}).get(trainer)
-            if done is not None and step <= done:
-                raise AlreadyApplied(f"{request.op} of trainer {trainer} step {step}: this server already "
-                                     f"holds its updates up to step {done} (a resent push after a restore)")
+            stream = stream_of(request.op, request.header)
+            if self.holds(stream, trainer, step):
+                raise AlreadyApplied(f"{request.op} of trainer {trainer} step {step}: this server already holds "
+                                     f"it (a push resent after a restore)")
         return Verdict.ACCEPT
 
     def applied(self, request: Incoming) -> None:
-        if request.op in PUSH_OPS:
-            steps = self.last.setdefault(stream_of(request.op, request.header), {})
-            steps[request.trainer] = max(request.header["step"], steps.get(request.trainer, -1))
+        if request.op not in PUSH_OPS:
+            return
+        stream, trainer = stream_of(request.op, request.header), request.trainer
+        steps = self.recent.setdefault(stream, {}).setdefault(trainer, set())
+        steps.add(request.header["step"])
+        if len(steps) > self.WINDOW:
+            floor = max(steps) - self.WINDOW // 2
+            self.floor.setdefault(stream, {})[trainer] = max(floor, self.floor.get(stream, {}).get(trainer, -1))
+            steps.difference_update([s for s in steps if s <= floor])
 
     def tick(self) -> None:
         pass
 
+    def newest(self) -> dict[str, dict[int, int]]:
+        """stream -> trainer -> the newest step held."""
+        out: dict[str, dict[int, int]] = {}
+        for table in (self.floor, self.recent):
+            for stream, trainers in table.items():
+                for t, v in trainers.items():
+                    top = max(v) if isinstance(v, set) else v
+                    if isinstance(v, set) and not v:
+                        continue
+                    out.setdefault(stream, {})[t] = max(top, out.get(stream, {}).get(t, -1))
+        return out
+
     def wire(self) -> dict:
-        return {stream: sorted([t, s] for t, s in steps.items()) for stream, steps in self.last.items()}
+        """What a copy holds: on the server it comes from every push of a trainer reached it in order
+        (one connection), so everything up to the newest step is held there."""
+        return {stream: sorted([t, s] for t, s in steps.items()) for stream, steps in self.newest().items()}
 
     def restore(self, wire: dict) -> None:
         if not isinstance(wire, dict) or not all(
@@ -124,7 +156,8 @@ class ReplayGuard:
                     isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in v)
                 for k, v in wire.items()):
             raise ConfigError("replica_resume: 'steps' must map streams to [trainer, step] pairs")
-        self.last = {stream: {t: s for t, s in pairs} for stream, pairs in wire.items()}
+        self.floor = {stream: {t: s for t, s in pairs} for stream, pairs in wire.items()}
+        self.recent = {}
 
 
 class ReplicationService:
@@ -150,7 +183,7 @@ class ReplicationService:
 
     def reset(self) -> None:
         self._dense_sent, self._pages = {}, {}
-        self.guard.last = {}
+        self.guard.floor, self.guard.recent = {}, {}
 
     # -- the copy -----------------------------------------------------------
     def handle_replica_delta(self, header: dict, arrays: list) -> Reply:

@@ -231,12 +231,17 @@ class ServerLinks(Requests):
             ticket.losses[server] = link.losses
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
-            frames = protocol.encode({**header, "id": request_id}, arrays)
-            self.links[server].sock.send_multipart(frames, copy=False)
+            link = self.links[server]
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
             if self.retry is not None:
                 ticket.sent[request_id] = (server, header, arrays)
+                if link.ever_connected and not link.connected:
+                    # Known dead: queue nothing for its replacement (it would get it on connecting, before
+                    # or after its restore); collect waits for it to serve, then sends (bounded-loss).
+                    ticket.resend[server] = ServerUnavailable(f"{self.who}: {link.name} is not connected")
+                    continue
+            link.sock.send_multipart(protocol.encode({**header, "id": request_id}, arrays), copy=False)
         return ticket
 
     def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
@@ -248,6 +253,8 @@ class ServerLinks(Requests):
         that was stopped before it ever answered."""
         try:
             while ticket.pending and ticket.error is None:
+                for server, cause in list(ticket.resend.items()):      # bounded-loss: once it serves again
+                    self._resend(ticket, server, cause)
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"{self.who} stopped waiting for {len(ticket.pending)} replies")
                 remaining = ticket.deadline - time.monotonic()
@@ -263,8 +270,6 @@ class ServerLinks(Requests):
                     if self.retry is None:
                         raise
                     ticket.resend[exc.server] = exc
-                for server, cause in list(ticket.resend.items()):
-                    self._resend(ticket, server, cause)
             if ticket.error is not None:
                 raise ticket.error
             return ticket.results
@@ -283,6 +288,7 @@ class ServerLinks(Requests):
         for request_id in ticket.pending:
             self._inflight.pop(request_id, None)
         ticket.pending.clear()
+        ticket.sent.clear()
 
     def _receive(self, link: _Link) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""
