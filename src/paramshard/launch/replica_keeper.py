@@ -55,6 +55,7 @@ class ReplicaKeeper:
         self._gaps = [0.0] * n                              # longest time between two copies, since the summary
         self._summary_at = time.monotonic()
         self._nothing_to_restore: set[int] = set()
+        self._restarted: set[int] = set()                   # servers the launcher restarted, not restored yet
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -85,6 +86,7 @@ class ReplicaKeeper:
     def note_lost(self, server: int, at: float) -> None:
         """The launcher saw ``server`` die at ``at`` (monotonic): loss and recovery count from then."""
         self.lost_at[server] = min(at, self.lost_at.get(server, at))
+        self._restarted.add(server)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -94,7 +96,11 @@ class ReplicaKeeper:
             for server, ticket in asked.items():
                 if self._stop.is_set():
                     return
-                self.refresh(server, ticket)
+                try:
+                    self.refresh(server, ticket)
+                except Exception:      # noqa: BLE001 - a bug here must not end the copies of every server
+                    log.exception("replica keeper: copying server %d failed", server)
+                    self._need_full[server] = True
             self._summarize()
             # A lost server is looked at more often: its replacement is restored as soon as it answers.
             period = min(self.period, 0.05) if self.lost_at else self.period
@@ -149,6 +155,9 @@ class ReplicaKeeper:
             log.error("replica keeper: server %d: %s", server, exc)
             return
         now = time.monotonic()
+        if server in self.lost_at and server not in self._restarted:   # answered again: only a slow moment
+            del self.lost_at[server]
+            self.record("replica", f"server {server} answers again", server=server, what="back")
         last = self.copied_at[server]
         if last is not None:
             self._gaps[server] = max(self._gaps[server], now - last)
@@ -189,6 +198,7 @@ class ReplicaKeeper:
         log.warning("replica keeper: %s", text)
         self.record("replica", text, **entry)
         self.lost_at.pop(server, None)
+        self._restarted.discard(server)
         self._need_full[server] = True
         self.copied_at[server] = None
 

@@ -50,45 +50,55 @@ def stream_of(op: str, header: dict) -> str:
 
 
 class DirtyPages:
-    """Which pages of PAGE_ROWS row handles changed since the last ``take``; starts whole."""
+    """Which pages of ``page_rows`` row handles changed since the last ``take``; starts whole.
+    One flag a page: a push costs a division and a scatter over its rows, no sort."""
 
     def __init__(self, page_rows: int = PAGE_ROWS):
         self.page_rows = page_rows
         self.whole = True
-        self._marked: list[np.ndarray] = []
-        self._pending = 0
+        self._flags = np.zeros(0, bool)
+
+    def _fit(self, pages: int) -> None:
+        if len(self._flags) < pages:
+            grown = np.zeros(max(pages, 2 * len(self._flags)), bool)
+            grown[:len(self._flags)] = self._flags
+            self._flags = grown
 
     def rows(self, handles: np.ndarray) -> None:
         if self.whole or not len(handles):
             return
-        pages = np.unique(np.asarray(handles, np.int64) // self.page_rows)   # a push's few pages, not its rows
-        self._marked.append(pages)
-        self._pending += len(pages)
-        if self._pending > 4096:            # many small pushes: fold them so memory stays bounded
-            self._marked, self._pending = [np.unique(np.concatenate(self._marked))], 0
+        pages = np.asarray(handles) // self.page_rows
+        try:
+            self._flags[pages] = True
+        except IndexError:                  # rows made by a path that said nothing: make room
+            self._fit(int(pages.max()) + 1)
+            self._flags[pages] = True
 
     def grew(self, old: int, new: int) -> None:
         if not self.whole and new > old:
-            self._marked.append(np.arange(old // self.page_rows, (new - 1) // self.page_rows + 1))
+            last = (new - 1) // self.page_rows
+            self._fit(last + 1)
+            self._flags[old // self.page_rows:last + 1] = True
 
     def everything(self) -> None:
-        self.whole, self._marked, self._pending = True, [], 0
+        self.whole = True
+        self._flags[:] = False
 
     def take(self, num_rows: int) -> tuple[bool, list[int]]:
         """(whole, the changed pages that exist, ascending) and start over."""
+        count = (num_rows + self.page_rows - 1) // self.page_rows
         whole = self.whole
-        if whole:
-            pages = list(range((num_rows + self.page_rows - 1) // self.page_rows))
-        else:
-            marked = np.unique(np.concatenate(self._marked)) if self._marked else np.empty(0, np.int64)
-            pages = [int(p) for p in marked if p * self.page_rows < num_rows]
-        self.whole, self._marked, self._pending = False, [], 0
+        pages = list(range(count)) if whole else np.flatnonzero(self._flags[:count]).tolist()
+        self._flags[:] = False
+        self._fit(count)
+        self.whole = False
         return whole, pages
 
     def give_back(self, pages: list[int]) -> None:
         """Pages taken but not sent (a reply full): marked again."""
         if pages and not self.whole:
-            self._marked.append(np.asarray(pages, np.int64))
+            self._fit(max(pages) + 1)
+            self._flags[pages] = True
 
 
 class ReplayGuard:
