@@ -2,9 +2,12 @@
 notices a lost server, restores its copy onto the restarted one and records all of it; plus
 the launch checks of --recovery and the trainers' wait for a server to serve again
 (client/recovery.ServeAgain)."""
+import argparse
+
 import numpy as np
 import pytest
 
+from paramshard.cli.launch import _checkpoint_fields
 from paramshard.client.recovery import ServeAgain
 from paramshard.errors import ConfigError, DeadlineExceeded, RemoteError, ServerUnavailable
 from paramshard.launch.api import LaunchConfig
@@ -102,13 +105,15 @@ def test_serve_again_gives_up_naming_the_server():
         ServeAgain(timeout=5.0, poll=0.0).wait_serving(Hellos([3]), 1, cause)
 
 
-@pytest.mark.parametrize("fields,error", [
-    ({"mode": "sync", "max_restarts": 1}, "--mode sync cannot lose updates"),
-    ({"mode": "async"}, "give --max-restarts N"),
-])
-def test_bounded_loss_needs_async_and_restarts(tmp_path, fields, error):
+def test_bounded_loss_needs_async_and_restarts(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    with pytest.raises(ConfigError, match=error):
-        LaunchConfig(script=str(script), servers=2, recovery="bounded-loss", **fields)
+    with pytest.raises(ConfigError, match="--mode sync cannot lose updates"):
+        LaunchConfig(script=str(script), servers=2, recovery="bounded-loss", mode="sync", max_restarts=1)
     LaunchConfig(script=str(script), servers=2, recovery="bounded-loss", mode="async", max_restarts=1)
+    flags = argparse.Namespace(recovery="bounded-loss", max_restarts=0, checkpoint_every=None, checkpoint_dir=None,
+                               keep=3, resume=None)
+    with pytest.raises(ConfigError, match="give --max-restarts N"):
+        _checkpoint_fields(flags)
+    flags.max_restarts = 1            # no checkpoint directory needed: the replica is what comes back
+    assert _checkpoint_fields(flags) == {"checkpoint_keep": 3}

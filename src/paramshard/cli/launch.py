@@ -129,6 +129,9 @@ def _checkpoint_fields(args) -> dict:
         raise ConfigError("--checkpoint-every needs --checkpoint-dir")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.recovery == "bounded-loss" and not args.max_restarts:
+        raise ConfigError("--recovery bounded-loss restores a server the launcher restarts in place: give "
+                          "--max-restarts N (how many times it may)")
     if args.max_restarts and not args.checkpoint_dir and args.recovery != "bounded-loss":
         raise ConfigError("--max-restarts needs --checkpoint-dir (a restart resumes from the latest checkpoint)")
     fields = {"checkpoint_keep": args.keep}

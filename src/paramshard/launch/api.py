@@ -85,9 +85,6 @@ class LaunchConfig:
             raise ConfigError(f"--recovery bounded-loss: --mode {self.mode} cannot lose updates (a sync step needs "
                               f"every server at the same step, which only a rollback restores); use --mode async, "
                               f"or --recovery rollback (the default)")
-        if self.recovery == "bounded-loss" and not self.max_restarts:
-            raise ConfigError("--recovery bounded-loss restores a server the launcher restarts in place: give "
-                              "--max-restarts N (how many times it may)")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
         if self.max_staleness is not None and self.mode.waits_every_step:
