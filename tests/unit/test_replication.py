@@ -51,12 +51,12 @@ def train(s, rng, steps, first_step):
                  [ids, rng.standard_normal((len(ids), DIM)).astype(np.float32)])
 
 
-def fold(s, replica, full=False):
-    """Deltas until nothing more waits, as the keeper does."""
+def fold(s, replica, since=None):
+    """Deltas until nothing more waits, as the keeper does (``replica.seq``: the last reply folded in)."""
     while True:
-        reply = call(s, {"op": "replica_delta", "full": full})
-        replica.apply(reply.fields, reply.arrays, full)
-        full = False
+        reply = call(s, {"op": "replica_delta", "since": getattr(replica, "seq", -1) if since is None else since})
+        replica.apply(reply.fields, reply.arrays)
+        replica.seq, since = reply.fields["seq"], None
         if not reply.fields["more"]:
             return reply
 
@@ -190,10 +190,29 @@ def test_replay_guard_holds_steps_per_trainer_and_stream_in_any_order(monkeypatc
 def test_replica_refuses_a_reply_whose_arrays_do_not_fit_and_keeps_nothing():
     s = server()
     register(s)
-    reply = call(s, {"op": "replica_delta", "full": True})
+    reply = call(s, {"op": "replica_delta", "since": -1})
     replica = ServerReplica()
     with pytest.raises(ProtocolError, match="block"):
-        replica.apply(reply.fields, reply.arrays[1:], True)
+        replica.apply(reply.fields, reply.arrays[1:])
     with pytest.raises(ProtocolError, match="more than"):
-        replica.apply(reply.fields, [*reply.arrays, np.zeros(1, np.float32)], True)
+        replica.apply(reply.fields, [*reply.arrays, np.zeros(1, np.float32)])
     assert replica.blocks == {} and not replica.complete
+
+
+def test_a_lost_reply_or_a_second_caller_makes_the_next_delta_whole():
+    s, replica = server(), ServerReplica()
+    register(s)
+    train(s, np.random.default_rng(2), 2, first_step=0)
+    assert fold(s, replica).fields["full"]
+    train(s, np.random.default_rng(3), 1, first_step=2)
+    assert not fold(s, replica).fields["full"]
+    call(s, {"op": "replica_delta", "since": replica.seq})     # taken by someone else (or lost on the way)
+    train(s, np.random.default_rng(4), 1, first_step=3)
+    assert fold(s, replica).fields["full"]
+    restarted = server(recovering=True)
+    for header, arrays in replica.restore_requests():
+        call(restarted, header, arrays)
+    want, got = state(s), state(restarted)
+    assert want[4] == got[4] and want[2] == got[2]
+    for k in want[3]:
+        np.testing.assert_array_equal(want[3][k], got[3][k], err_msg=k)

@@ -50,8 +50,9 @@ class ServerReplica:
         """Pushes this copy holds, summed over streams (dense blocks count once a push)."""
         return sum(step + 1 for pairs in self.steps.values() for _, step in pairs)
 
-    def apply(self, header: dict, arrays: list, full: bool) -> int:
-        """Fold one delta in; ``full``: it answers a full request (drop what is held). Returns bytes taken."""
+    def apply(self, header: dict, arrays: list) -> int:
+        """Fold one delta in (``full`` in it: a whole copy, drop what is held). Returns bytes taken."""
+        full = header.get("full") is True
         arrays = list(arrays)
         taken = sum(a.nbytes for a in arrays)
         dense, tables = header.get("dense"), header.get("tables")

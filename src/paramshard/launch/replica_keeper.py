@@ -48,7 +48,7 @@ class ReplicaKeeper:
         self.replicas = [ServerReplica() for _ in range(n)]
         self.copied_at: list[float | None] = [None] * n     # monotonic time of each server's latest copy
         self._rate = [0.0] * n                              # pushes a second, between its last two copies
-        self._need_full = [True] * n
+        self._since = [-1] * n                              # each server's last reply folded in (-1: none)
         self.lost_at: dict[int, float] = {}                 # server -> when its copy first failed
         self.restores: list[dict] = []                      # what each restore recorded
         self._log: list[tuple[float, int]] = []             # (seconds, bytes) of refreshes since the summary
@@ -100,7 +100,7 @@ class ReplicaKeeper:
                     self.refresh(server, ticket)
                 except Exception:      # noqa: BLE001 - a bug here must not end the copies of every server
                     log.exception("replica keeper: copying server %d failed", server)
-                    self._need_full[server] = True
+                    self._since[server] = -1
             self._summarize()
             # A lost server is looked at more often: its replacement is restored as soon as it answers.
             period = min(self.period, 0.05) if self.lost_at else self.period
@@ -109,7 +109,7 @@ class ReplicaKeeper:
     # -- one server ---------------------------------------------------------------
     def _ask(self, server: int):
         try:
-            return self.links.submit([(server, {"op": "replica_delta", "full": self._need_full[server]}, ())],
+            return self.links.submit([(server, {"op": "replica_delta", "since": self._since[server]}, ())],
                                      timeout=min(self.timeout, 10.0))
         except ParamshardError as exc:
             return exc
@@ -123,7 +123,6 @@ class ReplicaKeeper:
         ticket = ticket if ticket is not None else self._ask(server)
         try:
             while True:
-                full = self._need_full[server]
                 if isinstance(ticket, Exception):
                     raise ticket
                 [(header, arrays)] = self.links.collect(ticket)
@@ -135,14 +134,13 @@ class ReplicaKeeper:
                         log.error("replica keeper: server %d was restarted before the keeper had a whole copy "
                                   "of its model: nothing to restore; its trainers will time out", server)
                     return
-                self._need_full[server] = True     # until this reply is folded in
-                size += replica.apply(header, arrays, full)
-                self._need_full[server] = False
+                self._since[server] = -1           # until this reply is folded in
+                size += replica.apply(header, arrays)
+                self._since[server] = header["seq"]
                 if not header.get("more"):
                     break
                 ticket = self._ask(server)      # more pages wait: at once
         except (ServerUnavailable, DeadlineExceeded) as exc:
-            self._need_full[server] = True
             if server not in self.lost_at:
                 self.lost_at[server] = started
                 age = started - self.copied_at[server] if self.copied_at[server] is not None else None
@@ -151,7 +149,7 @@ class ReplicaKeeper:
                 self.record("replica", text, server=server, what="lost", copy_age_s=age)
             return
         except ParamshardError as exc:
-            self._need_full[server] = True
+            self._since[server] = -1
             log.error("replica keeper: server %d: %s", server, exc)
             return
         now = time.monotonic()
@@ -199,7 +197,7 @@ class ReplicaKeeper:
         self.record("replica", text, **entry)
         self.lost_at.pop(server, None)
         self._restarted.discard(server)
-        self._need_full[server] = True
+        self._since[server] = -1
         self.copied_at[server] = None
 
     def _summarize(self, force: bool = False) -> None:

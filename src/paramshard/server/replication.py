@@ -14,6 +14,8 @@ second: the first answer is a whole copy, the next ones only what changed since:
 - the learning-rate scales, and each trainer's last applied step per stream.
 
 A reply carries at most MAX_DELTA_BYTES of pages (``more``: ask again at once).
+Each reply is numbered (``seq``); a request names the last one its keeper folded in
+(``since``), and any other number (a lost reply, a second caller, -1) gets a whole copy.
 
 A server restarted in place (epoch -1) gets the replica back through the ordinary
 restore ops (register_sparse, restore_dense, restore_sparse, as a checkpoint
@@ -177,6 +179,7 @@ class ReplicationService:
         self.dense, self.sparse, self.context = dense, sparse, context
         self.guard = ReplayGuard()
         self._dense_sent: dict[str, int] = {}          # block -> version in the keeper's copy
+        self._seq = 0                                   # replies given; the keeper names the last it holds
         self._pages: dict[str, DirtyPages] = {}        # table -> its change log
 
     def ops(self) -> dict:
@@ -197,12 +200,15 @@ class ReplicationService:
 
     # -- the copy -----------------------------------------------------------
     def handle_replica_delta(self, header: dict, arrays: list) -> Reply:
-        if header["full"]:          # the keeper lost a reply (or is new): everything again
+        full = header["since"] != self._seq
+        if full:            # the keeper is new, lost a reply, or someone else asked meanwhile: everything again
             self._dense_sent = {}
             for pages in self._pages.values():
                 pages.everything()
+        self._seq += 1
         out: list[np.ndarray] = []
-        fields = {"epoch": self.context.epoch, "dense": self._dense_delta(out), "steps": self.guard.wire()}
+        fields = {"epoch": self.context.epoch, "dense": self._dense_delta(out), "steps": self.guard.wire(),
+                  "seq": self._seq, "full": full}
         budget = [MAX_DELTA_BYTES - sum(a.nbytes for a in out)]
         tables, more = {}, False
         for name, table in (self.sparse.tables.items() if self.sparse else ()):
