@@ -172,7 +172,8 @@ class ReplicaKeeper:
         replica = self.replicas[server]
         lost_at = self.lost_at.get(server, began)
         copied = self.copied_at[server]
-        age = (lost_at - copied) if copied is not None else None
+        # A copy answered just before the death may be folded in just after it: age 0, not negative.
+        age = max(0.0, lost_at - copied) if copied is not None else None
         try:
             for header, arrays in replica.restore_requests():
                 self.links.request(server, header, arrays, timeout=self.timeout)
