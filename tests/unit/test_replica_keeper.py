@@ -82,19 +82,22 @@ class Hellos(FakeLinks):
         super().__init__([None, None])
         self.generations = list(generations)
 
-    def request(self, server, header, arrays=(), timeout=None):
-        assert header == {"op": "hello"} and self.retry is None     # the probes never retry themselves
+    def submit(self, requests, timeout=None, retry=True):
+        assert requests == [(1, {"op": "hello"}, ())] and retry is False    # the probes never retry themselves
+        return requests
+
+    def collect(self, ticket):
         generation = self.generations.pop(0) if len(self.generations) > 1 else self.generations[0]
         if generation is None:
             raise ServerUnavailable("gone")
-        return {"generation": generation}, []
+        return [({"generation": generation}, [])]
 
 
 def test_serve_again_waits_for_the_replacement_in_this_epoch():
     links = Hellos([None, None, -1, -1, 0])
     links.retry = policy = ServeAgain(timeout=5.0, poll=0.0)
     policy.wait_serving(links, 1, ServerUnavailable("lost server 1"))
-    assert links.retry is policy and len(policy.waits) == 1 and links.generations == [0]
+    assert len(policy.waits) == 1 and links.generations == [0]
 
 
 def test_serve_again_gives_up_naming_the_server():

@@ -139,27 +139,24 @@ class ServeAgain:
     def wait_serving(self, links: ServerLinks, server: int, cause: Exception) -> None:
         started = time.monotonic()
         deadline = started + self.timeout
-        saved, links.retry = links.retry, None          # the probes themselves fail plainly
         seen = None
-        try:
-            while True:
-                try:
-                    hello, _ = links.request(server, {"op": "hello"}, timeout=max(0.2, min(2.0, deadline - time.monotonic())))
-                    seen = hello["generation"]
-                except (ServerUnavailable, DeadlineExceeded):
-                    pass
-                if seen == links.epoch:
-                    break
-                if seen is not None and seen > links.epoch:
-                    raise cause       # the job moved on (a rollback): nothing to retry into
-                if time.monotonic() > deadline:
-                    raise DeadlineExceeded(
-                        f"{links.who}: server {server} ({links.links[server].address}) did not serve again within "
-                        f"{self.timeout:g} s of failing ({cause}); last seen in epoch {seen} (-1: restarted, not "
-                        f"restored from the replica: is the launcher's replica keeper running?)") from None
-                time.sleep(self.poll)
-        finally:
-            links.retry = saved
+        while True:
+            try:       # a probe fails plainly (retry=False); the retry policy stays on for the other tickets
+                probe = links.submit([(server, {"op": "hello"}, ())],
+                                     timeout=max(0.2, min(2.0, deadline - time.monotonic())), retry=False)
+                seen = links.collect(probe)[0][0]["generation"]
+            except (ServerUnavailable, DeadlineExceeded):
+                pass
+            if seen == links.epoch:
+                break
+            if seen is not None and seen > links.epoch:
+                raise cause       # the job moved on (a rollback): nothing to retry into
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(
+                    f"{links.who}: server {server} ({links.links[server].address}) did not serve again within "
+                    f"{self.timeout:g} s of failing ({cause}); last seen in epoch {seen} (-1: restarted, not "
+                    f"restored from the replica: is the launcher's replica keeper running?)") from None
+            time.sleep(self.poll)
         self.waits.append(time.monotonic() - started)
         log.warning("%s: server %d serves again after %.2f s; resending what it did not answer", links.who,
                     server, self.waits[-1])

@@ -130,7 +130,7 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
 
 class Ticket:
     """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
-    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "sent", "resend", "replayed")
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed")
 
     def __init__(self, count: int, wait: float, deadline: float):
         self.results: list = [None] * count
@@ -139,6 +139,7 @@ class Ticket:
         self.wait, self.deadline = wait, deadline
         self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
         # With a retry policy (bounded-loss recovery): what each request was, to send it again.
+        self.retry = False
         self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
         self.resend: dict[int, Exception] = {}   # server -> why its requests go again
         self.replayed: set[int] = set()      # request ids that are resent ones
@@ -212,7 +213,7 @@ class ServerLinks(Requests):
         replies = self.request_many({s: ({"op": "hello"}, ()) for s in range(len(self.links))}, timeout)
         return [replies[s][0] for s in sorted(replies)]
 
-    def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> "Ticket":
+    def submit(self, requests: Sequence[tuple], timeout: float | None = None, retry: bool = True) -> "Ticket":
         """Send [(server, header, arrays)] now and return at once; ``collect(ticket)``
         gives the replies later. Several tickets may be out together (a push in
         flight while the next batch's rows are fetched); each has its own deadline.
@@ -222,6 +223,8 @@ class ServerLinks(Requests):
         # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
         # so a server's error naming the peer it waited for arrives first.
         ticket = Ticket(len(requests), wait, time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0))
+        # ``retry=False``: the retry policy's own probes, which fail plainly.
+        ticket.retry = retry and self.retry is not None
         # Connections lost before the requests go out; one more while they are
         # pending fails them, whatever libzmq reconnected since.
         for server in {server for server, _, _ in requests}:
@@ -234,7 +237,7 @@ class ServerLinks(Requests):
             link = self.links[server]
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
-            if self.retry is not None:
+            if ticket.retry:
                 ticket.sent[request_id] = (server, header, arrays)
                 if link.ever_connected and not link.connected:
                     # Known dead: queue nothing for its replacement (it would get it on connecting, before
@@ -267,7 +270,7 @@ class ServerLinks(Requests):
                 try:
                     self._check_alive(ticket)
                 except ServerUnavailable as exc:
-                    if self.retry is None:
+                    if not ticket.retry:
                         raise
                     ticket.resend[exc.server] = exc
             if ticket.error is not None:
