@@ -29,6 +29,12 @@ class StaleEpoch(ParamshardError):
     """A request from before a reset (the job rolled back to a checkpoint): refused."""
 
 
+class AlreadyApplied(ParamshardError):
+    """A push a restored server already holds (bounded-loss recovery, server/replication.py): its
+    trainer resent it because the old server died before answering. Error code ``applied``."""
+    wire_code = "applied"
+
+
 class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
 

@@ -125,6 +125,9 @@ def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
     attach_sparse(server, env)
     attach_checkpoints(server)
     attach_learning_rates(server)
+    if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server
+        from .server.replication import attach_replication
+        attach_replication(server)
 
 
 def serve(env: ClusterEnv, server: ParameterServer | None = None) -> int:

@@ -34,6 +34,7 @@ def elastic_run(root):
                _event(11, "membership", role="trainer", rank="trainer 1", change="lost", live=2),
                _event(12, "membership", role="server", rank="server 2", change="added", live=3),
                _event(14, "recovery", rank="server 1", seconds=4.5, lost_updates=12),
+               _event(16, "replica", server=0, what="restored", recovery_s=2.5, updates_lost_estimate=7),
                _trainer(20, 0, 100, 0.05)]
     root.mkdir()
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -63,6 +64,8 @@ def test_the_report_page_shows_the_elastic_section_and_draws_membership(tmp_path
     page = render_index(run, [], tmp_path)
     assert "<h2>Elastic job</h2>" in page
     assert "joined" in page and "2-&gt;3" in page and "Server recoveries" in page
+    assert [(r["rank"], r["seconds"], r["lost_updates"]) for r in ev.recoveries(run.events)] == \
+        [("server 1", 4.5, 12), ("server 0", 2.5, 7)]
     assert plot_membership(run, tmp_path / "m.png") is None
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
 

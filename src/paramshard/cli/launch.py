@@ -129,10 +129,14 @@ def _checkpoint_fields(args) -> dict:
         raise ConfigError("--checkpoint-every needs --checkpoint-dir")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.recovery == "bounded-loss" and not args.max_restarts:
+        raise ConfigError("--recovery bounded-loss restores a server the launcher restarts in place: give "
+                          "--max-restarts N (how many times it may)")
     elastic = isinstance(args.trainers, tuple) or args.min_trainers is not None
-    if args.max_restarts and not args.checkpoint_dir and not elastic:
+    if args.max_restarts and not args.checkpoint_dir and not elastic and args.recovery != "bounded-loss":
         raise ConfigError("--max-restarts needs --checkpoint-dir (a restart resumes from the latest checkpoint; "
-                          "only an elastic job, --trainers MIN:MAX, replaces dead trainers without one)")
+                          "only an elastic job, --trainers MIN:MAX, replaces dead trainers without one, and "
+                          "--recovery bounded-loss restores servers from the launcher's copy)")
     fields = {"checkpoint_keep": args.keep}
     if args.checkpoint_dir:
         fields.update(checkpoint_dir=os.path.abspath(args.checkpoint_dir), checkpoint_every=args.checkpoint_every or 0)

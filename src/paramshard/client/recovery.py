@@ -50,6 +50,8 @@ class RecoveryPolicy:
 
     @classmethod
     def for_env(cls, env) -> "RecoveryPolicy":
+        if env.recovery == "bounded-loss":     # no rollback: the links wait and resend (ServeAgain)
+            return cls(0, None)
         return cls(env.max_restarts if env.mode.checkpoints else 0, env.checkpoint_dir)
 
     def admits(self, exc: BaseException) -> bool:
@@ -119,3 +121,48 @@ def roll_back(links: ServerLinks, plan, optimizer, tables, checkpoint_dir, is_ch
         return ckpt
     links.epoch = wait_for_new_epoch(links, old, timeout)
     return open_for_resume(checkpoint_dir, required=False)
+
+
+class ServeAgain:
+    """Bounded-loss recovery (PARAMSHARD_RECOVERY=bounded-loss, async): the retry policy of a
+    trainer's ServerLinks. A request whose server died, or that a restarted server refused while
+    not serving yet (``reset``), waits until the server answers in this trainer's epoch again (the
+    launcher restarted it and its replica keeper restored it: launch/replica_keeper.py), then goes
+    again (transport/client.py). No rollback: the job loses only what the dead server applied after
+    its last copy. Deadline: the job's timeout from the failure; the error names the server."""
+    codes = ("reset",)
+
+    def __init__(self, timeout: float, poll: float = 0.05):
+        self.timeout, self.poll = timeout, poll
+        self.waits: list[float] = []         # seconds each wait took (tests, benchmarks)
+
+    def wait_serving(self, links: ServerLinks, server: int, cause: Exception) -> None:
+        started = time.monotonic()
+        deadline = started + self.timeout
+        seen = None
+        while True:
+            try:       # a probe fails plainly (retry=False); the retry policy stays on for the other tickets
+                probe = links.submit([(server, {"op": "hello"}, ())],
+                                     timeout=max(0.2, min(2.0, deadline - time.monotonic())), retry=False)
+                seen = links.collect(probe)[0][0]["generation"]
+            except (ServerUnavailable, DeadlineExceeded):
+                pass
+            if seen == links.epoch:
+                break
+            if seen is not None and seen > links.epoch:
+                raise cause       # the job moved on (a rollback): nothing to retry into
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(
+                    f"{links.who}: server {server} ({links.links[server].address}) did not serve again within "
+                    f"{self.timeout:g} s of failing ({cause}); last seen in epoch {seen} (-1: restarted, not "
+                    f"restored from the replica: is the launcher's replica keeper running?)") from None
+            time.sleep(self.poll)
+        self.waits.append(time.monotonic() - started)
+        log.warning("%s: server %d serves again after %.2f s; resending what it did not answer", links.who,
+                    server, self.waits[-1])
+
+
+def install(links, env) -> None:
+    """Give ``links`` the retry policy of ``env``'s recovery (bounded-loss: ServeAgain)."""
+    if getattr(env, "recovery", "rollback") == "bounded-loss" and not env.mode.waits_every_step:
+        links.retry = ServeAgain(env.timeout)

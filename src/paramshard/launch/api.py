@@ -81,6 +81,10 @@ class LaunchConfig:
         if not self.mode.checkpoints and (self.checkpoint_dir or self.resume or self.max_restarts):
             raise ConfigError(f"--mode {self.mode}: checkpoints are not available in this mode yet "
                               f"(drop --checkpoint-dir, --resume and --max-restarts, or use sync mode)")
+        if self.recovery == "bounded-loss" and (self.mode.waits_every_step or not self.mode.has_servers):
+            raise ConfigError(f"--recovery bounded-loss: --mode {self.mode} cannot lose updates (a sync step needs "
+                              f"every server at the same step, which only a rollback restores); use --mode async, "
+                              f"or --recovery rollback (the default)")
         if self.trainers < 1:
             raise ConfigError(f"--trainers {self.trainers}: a job needs at least one trainer")
         if self.max_staleness is not None and self.mode.waits_every_step:

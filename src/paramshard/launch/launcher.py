@@ -56,6 +56,9 @@ class Launcher:
         self.membership_listeners: list[Callable[..., None]] = []
         self.control_dir: Path | None = None      # the run directory: `paramshard scale` asks through it
         self.control: ControlChannel | None = None
+        # Told of other events as (event, text, **fields), e.g. the replica keeper's: the run directory.
+        self.event_listeners: list[Callable[..., None]] = []
+        self.keeper = None          # --recovery bounded-loss: launch/replica_keeper.py
 
     @property
     def restarts_left(self) -> int:
@@ -71,6 +74,9 @@ class Launcher:
         try:
             for rank in spec.servers:
                 self.servers.append(self.engine.start(rank))
+            if spec.servers and spec.servers[0].env.recovery == "bounded-loss":
+                from .replica_keeper import ReplicaKeeper
+                self.keeper = ReplicaKeeper.for_env(spec.servers[0].env, record=self._event).start()
             for rank in spec.trainers:
                 self.trainers.append(self.engine.start(rank))
         except BaseException:
@@ -87,6 +93,10 @@ class Launcher:
             raise ConfigError(f"--trainers {n}: this job is not elastic; launch it with --trainers MIN:MAX "
                               f"to change its trainers while it runs")
         return self.elastic.scale(n)
+
+    def _event(self, event: str, text: str, **fields) -> None:
+        for listener in self.event_listeners:
+            listener(event, text, **fields)
 
     def _server_states(self, now: float) -> list[ServerState]:
         """Each server as launch/peer_loss.py sees it: exit code, the peers its last status
@@ -141,10 +151,12 @@ class Launcher:
         ones, start each again on its own address; the trainers wait for them and roll back
         (client/recovery.py). One restart per root cause: a server that exited only because a
         hung or dead peer did comes back with it for free (launch/peer_loss.py)."""
+        keeper = self.keeper
         decision = self.policy.in_place(len(failed), all(p in self.servers for p in failed), len(verdict.hung),
-                                        verdict.cost, self._latest_checkpoint)
+                                        verdict.cost, keeper.latest if keeper else self._latest_checkpoint)
         if decision.choice is Choice.NO_CHECKPOINT:
-            log.error("no checkpoint in %s yet: a dead server cannot be restarted in place", self.checkpoint_dir)
+            log.error("%s: a dead server cannot be restarted in place", "no replica of every server yet" if keeper
+                      else f"no checkpoint in {self.checkpoint_dir} yet")
         if not decision.restart:
             return False
         old = list(self.servers)
@@ -162,8 +174,11 @@ class Launcher:
             else:
                 what, causes = p.describe_exit(), causes + [f"{rank.name} ({RankExit.brief(p).reason()})"]
             why = (f"{what}; restarting it in place on {rank.env.servers[i]} (restart "
-                   f"{first if i in verdict.casualties else self.restarts_used}); the trainers roll back to "
-                   f"the latest checkpoint ({decision.checkpoint.name})")
+                   f"{first if i in verdict.casualties else self.restarts_used}); " + (
+                       "the launcher restores its replica onto it and the trainers resend what failed (no rollback)"
+                       if keeper else f"the trainers roll back to the latest checkpoint ({decision.checkpoint.name})"))
+            if keeper:
+                keeper.note_lost(i, time.monotonic())
             log.warning("%s", why)
             for listener in self.restart_listeners:
                 listener(rank.name, why)
@@ -264,6 +279,9 @@ class Launcher:
     def close(self, grace: float = 5.0, hurry: threading.Event | None = None) -> None:
         # Trainers first, so servers do not log lost clients needlessly; each
         # group is stopped together, so this takes two grace periods at most.
+        if self.keeper is not None:
+            self.keeper.stop()
+            self.keeper = None
         self.engine.stop(self.trainers, grace, hurry)
         self.engine.stop(self.servers, grace, hurry)
 

@@ -7,7 +7,9 @@ Events (observe/records.py) an elastic job writes:
   replaced, added, removed, asked to leave), ``live`` (that role's count after it);
 - ``move``: rows and blocks moving between servers (``servers``, ``partitions``, ``rows``,
   ``bytes``, ``seconds``), recorded when the move ended (``t``);
-- ``recovery``: a killed server serving again (``rank``, ``seconds``, ``lost_updates``).
+- ``recovery``: a killed server serving again (``rank``, ``seconds``, ``lost_updates``), and
+  the bounded-loss replica keeper's ``replica`` events (``what: restored``, ``recovery_s``,
+  ``updates_lost_estimate``).
 Trainers' records carry ``step_max_s``: the longest wall time of one step since their
 previous record, which is what a stall is (a trainer waiting on a move or a lost peer).
 """
@@ -113,8 +115,20 @@ def longest_steps(trainers: dict[int, list[dict]]) -> dict[int, float]:
 
 
 def recoveries(events: list[dict]) -> list[dict]:
-    return [e for e in events if e.get("event") == "recovery" and _number(e.get("t")) is not None]
+    """Servers serving again after a kill: ``recovery`` events, and the replica keeper's
+    restores (``replica`` events with ``what: restored``: launch/replica_keeper.py), as
+    {t, rank, seconds, lost_updates, text}."""
+    out = []
+    for e in events:
+        if _number(e.get("t")) is None:
+            continue
+        if e.get("event") == "recovery":
+            out.append(e)
+        elif e.get("event") == "replica" and e.get("what") == "restored":
+            out.append({"t": e["t"], "rank": f"server {e.get('server', '?')}", "seconds": e.get("recovery_s"),
+                        "lost_updates": e.get("updates_lost_estimate"), "text": e.get("text", "")})
+    return out
 
 
 def is_elastic(events: list[dict]) -> bool:
-    return any(e.get("event") in ("membership", "move", "recovery") for e in events)
+    return any(e.get("event") in ("membership", "move", "recovery") for e in events) or bool(recoveries(events))

@@ -29,6 +29,7 @@ class JobWatch:
         launcher.engine.out = self.progress.writer()
         launcher.restart_listeners.append(self.restarted)
         launcher.membership_listeners.append(self.membership)
+        launcher.event_listeners.append(self.run.event)
         launcher.control_dir = self.run.path       # `paramshard scale RUN_DIR` asks the launcher through it
 
     def membership(self, change: str, text: str, trainer: int | None = None, **fields) -> None:

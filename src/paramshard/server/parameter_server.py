@@ -368,7 +368,7 @@ class ParameterServer:
         self.stats["errors"] += 1
         if isinstance(exc, ParamshardError):
             code = ("bad_request" if isinstance(exc, ProtocolError) else
-                    "reset" if isinstance(exc, StaleEpoch) else "invalid")
+                    "reset" if isinstance(exc, StaleEpoch) else getattr(exc, "wire_code", "invalid"))
             log.warning("%s: rejected %s request: %s", self.name, op, exc)
             return code, str(exc)
         log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())

@@ -73,6 +73,12 @@ class SparseTable:
         self.evicted = 0
         self.timings: collections.Counter = collections.Counter()    # seconds per phase (stats)
         self.rows_updated = 0
+        # Told which rows changed (bounded-loss replication, server/replication.py): ``rows(handles)``,
+        # ``grew(old_count, new_count)``, ``everything()``. None: nobody asks.
+        self.changes = None
+        # Bounded-loss recovery: rows made after the last copy died with their server, so a push may
+        # name an id its trainer pulled from the old one: make the row (its first pull's) and apply.
+        self.create_on_push = False
 
     # -- rows -------------------------------------------------------------
     @property
@@ -142,7 +148,10 @@ class SparseTable:
         """Rows of ``ids``. ``create=False`` (evaluation) stores nothing: an id
         without a row reads what its first training pull would give it."""
         started = time.perf_counter()
+        before = self.num_rows
         rows = self.rows_for(ids, create=create)
+        if self.changes is not None and self.num_rows != before:
+            self.changes.grew(before, self.num_rows)
         looked_up = time.perf_counter()
         have = rows >= 0
         if have.all():
@@ -205,6 +214,11 @@ class SparseTable:
             raise ConfigError(f"table {self.name}: push_sparse says its ids are distinct but some repeat; "
                               f"merge duplicate ids (or send distinct=false and the server merges them)")
         rows = self._rows_of_push(trainer, ids)
+        if self.create_on_push and (rows < 0).any():
+            before = self.num_rows
+            rows = self.rows_for(ids, create=True)
+            if self.changes is not None and self.num_rows != before:
+                self.changes.grew(before, self.num_rows)
         self._check_known(ids, rows)
         self.timings["push_lookup"] += time.perf_counter() - started
         if not self.mode.waits_every_step:      # async: applied on arrival
@@ -256,6 +270,8 @@ class SparseTable:
             return
         started = time.perf_counter()
         self.store.update(rows, grads, scale=1.0 / contributors, version=self.version)
+        if self.changes is not None:
+            self.changes.rows(rows)
         self.timings["push_optimizer"] += time.perf_counter() - started
         self.rows_updated += len(rows)
 
@@ -273,6 +289,8 @@ class SparseTable:
         evicted = self.store.evict_unseen(self.version - n)
         if evicted:
             self.evicted += evicted
+            if self.changes is not None:
+                self.changes.everything()          # row handles moved: the next copy is whole
             self._last_pull.clear()                 # row numbers changed
 
     def ids_by_row(self) -> np.ndarray:
@@ -294,6 +312,8 @@ class SparseTable:
             rows[new] = self._create(ids[new], values[new], self.version)
             self.store.touch(rows, self.version)
         self.store.set_values(rows, values)
+        if self.changes is not None:
+            self.changes.everything()              # an import: rare, copied whole
 
     # -- checkpoints (checkpoint_service.py) ------------------------------
     def snapshot_page(self, start: int, count: int) -> dict[str, np.ndarray]:

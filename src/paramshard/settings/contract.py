@@ -92,6 +92,7 @@ def _yes_no(text: str) -> bool:
     raise ValueError(text)
 
 
+RECOVERIES = ("rollback", "bounded-loss")   # launch/replica_keeper.py: bounded-loss
 ROW_STORES = ("compiled", "numpy")     # server/row_stores.py STORES
 
 
@@ -259,6 +260,16 @@ CONTRACT: tuple[Setting, ...] = (
                         "0: fail)", CHECKPOINTS, metavar="N", type=int, default=0),)),
     Setting("PARAMSHARD_RECOVERING", "set by the launcher on a server it restarted: serve nothing until the chief "
             "restores the checkpoint", "recovering", False, "bool", lambda text: text != "0", text=lambda v: "1"),
+    Setting("PARAMSHARD_RECOVERY", "what a server restarted in place (`--max-restarts`) comes back with: `rollback` "
+            "(every trainer rolls back to the latest checkpoint) or `bounded-loss` (async mode: the launcher keeps a "
+            "replica of every server, refreshed every 0.25 s, restores it onto the replacement, and the trainers "
+            "retry what failed; at most the last refresh period of updates is lost: docs/fault-tolerance.md)",
+            "recovery", "rollback", "str", lambda text: text.strip().lower(), scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_RECOVERY={v!r}: expected one of {RECOVERIES}" if v not in RECOVERIES else None,
+            flags=(flag("launch", "--recovery", "how a server restarted in place comes back: rollback (default: every "
+                        "trainer rolls back to the latest checkpoint) or bounded-loss (async: restored from the "
+                        "launcher's replica, at most ~0.25 s of updates lost, no rollback)", CHECKPOINTS,
+                        choices=RECOVERIES),)),
     Setting("PARAMSHARD_METRICS_PORT", "base port of the Prometheus `/metrics` endpoints: server i listens on "
             "PORT+i, trainer j on PORT+servers+j (0 or unset: none)", "metrics_port", 0, "int", int, scopes=_LAUNCHED,
             check=lambda v: f"PARAMSHARD_METRICS_PORT={v}: must be a port, 1..65535 (0: off)"

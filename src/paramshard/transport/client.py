@@ -130,7 +130,7 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
 
 class Ticket:
     """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
-    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses")
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed")
 
     def __init__(self, count: int, wait: float, deadline: float):
         self.results: list = [None] * count
@@ -138,6 +138,11 @@ class Ticket:
         self.error: Exception | None = None
         self.wait, self.deadline = wait, deadline
         self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
+        # With a retry policy (bounded-loss recovery): what each request was, to send it again.
+        self.retry = False
+        self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
+        self.resend: dict[int, Exception] = {}   # server -> why its requests go again
+        self.replayed: set[int] = set()      # request ids that are resent ones
 
     @property
     def done(self) -> bool:
@@ -177,6 +182,9 @@ class ServerLinks(Requests):
         self.timeout = timeout
         self.who = who
         self.epoch = 0      # the job's epoch, carried by data requests (client/recovery.py)
+        # Bounded-loss recovery (client/recovery.ServeAgain): a request a dead server did not
+        # answer waits for its replacement and goes again. None: it fails (rollback recovery).
+        self.retry = None
         self.security = security
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
@@ -190,8 +198,12 @@ class ServerLinks(Requests):
     def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
         """Links to the servers of ``env`` (a ClusterEnv) with its timeout and its
         security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR)."""
-        return cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
-                   security=Security.from_env(env))
+        links = cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
+                    security=Security.from_env(env))
+        if env.role == "trainer":
+            from ..client.recovery import install
+            install(links, env)
+        return links
 
     def __len__(self) -> int:
         return len(self.links)
@@ -201,7 +213,7 @@ class ServerLinks(Requests):
         replies = self.request_many({s: ({"op": "hello"}, ()) for s in range(len(self.links))}, timeout)
         return [replies[s][0] for s in sorted(replies)]
 
-    def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> "Ticket":
+    def submit(self, requests: Sequence[tuple], timeout: float | None = None, retry: bool = True) -> "Ticket":
         """Send [(server, header, arrays)] now and return at once; ``collect(ticket)``
         gives the replies later. Several tickets may be out together (a push in
         flight while the next batch's rows are fetched); each has its own deadline.
@@ -211,6 +223,8 @@ class ServerLinks(Requests):
         # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
         # so a server's error naming the peer it waited for arrives first.
         ticket = Ticket(len(requests), wait, time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0))
+        # ``retry=False``: the retry policy's own probes, which fail plainly.
+        ticket.retry = retry and self.retry is not None
         # Connections lost before the requests go out; one more while they are
         # pending fails them, whatever libzmq reconnected since.
         for server in {server for server, _, _ in requests}:
@@ -220,10 +234,17 @@ class ServerLinks(Requests):
             ticket.losses[server] = link.losses
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
-            frames = protocol.encode({**header, "id": request_id}, arrays)
-            self.links[server].sock.send_multipart(frames, copy=False)
+            link = self.links[server]
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
+            if ticket.retry:
+                ticket.sent[request_id] = (server, header, arrays)
+                if link.ever_connected and not link.connected:
+                    # Known dead: queue nothing for its replacement (it would get it on connecting, before
+                    # or after its restore); collect waits for it to serve, then sends (bounded-loss).
+                    ticket.resend[server] = ServerUnavailable(f"{self.who}: {link.name} is not connected")
+                    continue
+            link.sock.send_multipart(protocol.encode({**header, "id": request_id}, arrays), copy=False)
         return ticket
 
     def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
@@ -235,6 +256,8 @@ class ServerLinks(Requests):
         that was stopped before it ever answered."""
         try:
             while ticket.pending and ticket.error is None:
+                for server, cause in list(ticket.resend.items()):      # bounded-loss: once it serves again
+                    self._resend(ticket, server, cause)
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"{self.who} stopped waiting for {len(ticket.pending)} replies")
                 remaining = ticket.deadline - time.monotonic()
@@ -244,7 +267,12 @@ class ServerLinks(Requests):
                 for link in self.links:
                     if link.sock in ready:
                         self._receive(link)
-                self._check_alive(ticket)
+                try:
+                    self._check_alive(ticket)
+                except ServerUnavailable as exc:
+                    if not ticket.retry:
+                        raise
+                    ticket.resend[exc.server] = exc
             if ticket.error is not None:
                 raise ticket.error
             return ticket.results
@@ -263,6 +291,7 @@ class ServerLinks(Requests):
         for request_id in ticket.pending:
             self._inflight.pop(request_id, None)
         ticket.pending.clear()
+        ticket.sent.clear()
 
     def _receive(self, link: _Link) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""
@@ -278,7 +307,19 @@ class ServerLinks(Requests):
             ticket = self._inflight.pop(header.get("id"), None)
             if ticket is None:
                 continue   # a late answer to a request that timed out or was discarded
-            slot, _, _ = ticket.pending.pop(header["id"])
+            slot, server, op = ticket.pending.pop(header["id"])
+            sent = ticket.sent.pop(header["id"], None)
+            if not header.get("ok") and sent is not None and self.retry is not None:
+                code = str(header.get("code"))
+                if code == "applied" and header["id"] in ticket.replayed and not sent[1].get("reply_values"):
+                    ticket.results[slot] = ({"ok": True, "replayed": True}, [])    # the old server had it
+                    continue
+                if code in self.retry.codes:        # a restarted server not serving yet: again later
+                    ticket.pending[header["id"]] = (slot, server, op)
+                    ticket.sent[header["id"]] = sent
+                    self._inflight[header["id"]] = ticket
+                    ticket.resend[server] = RemoteError(link.name, code, str(header.get("message")))
+                    continue
             if not header.get("ok"):
                 if ticket.error is None:
                     ticket.error = RemoteError(link.name, str(header.get("code")), str(header.get("message")))
@@ -297,10 +338,32 @@ class ServerLinks(Requests):
                 self._receive(link)
                 if not any(srv == server for _, srv, _ in ticket.pending.values()):
                     continue
-                raise ServerUnavailable(
+                exc = ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
                     f"the server died, hung (no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s) or "
                     f"the network dropped; check that server's log, then restart the job")
+                exc.server = server
+                raise exc
+
+    def _resend(self, ticket: "Ticket", server: int, cause: Exception) -> None:
+        """Bounded-loss recovery: wait until ``server`` serves again (its replacement, restored from
+        the launcher's replica), then send it the ticket's requests it did not answer, afresh."""
+        self.retry.wait_serving(self, server, cause)       # raises, naming the server, past the deadline
+        ticket.resend.pop(server, None)
+        link = self.links[server]
+        link.poll_events()
+        ticket.losses[server] = link.losses
+        for request_id in [r for r, (_, srv, _) in ticket.pending.items() if srv == server]:
+            slot, _, op = ticket.pending.pop(request_id)
+            self._inflight.pop(request_id, None)
+            _, header, arrays = ticket.sent.pop(request_id)
+            new_id = next(_ids)
+            link.sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
+            ticket.pending[new_id] = (slot, server, op)
+            ticket.sent[new_id] = (server, header, arrays)
+            ticket.replayed.add(new_id)
+            self._inflight[new_id] = ticket
+        ticket.deadline = time.monotonic() + ticket.wait + min(5.0, 0.1 * ticket.wait + 1.0)
 
     def _check_refused(self, link: _Link) -> None:
         if link.refusal is None or link.connected:

@@ -82,6 +82,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
                       "plan_fingerprint": int, "trainer": int, "lr_scale": Optional(float)},
     "restore_sparse": {"table": str, "parts": _STR_LIST, "version": int, "evicted": int, "trainer": int,
                        "reserve": Optional(int), "lr_scale": Optional(float)},
+    "replica_delta": {"since": int},
+    "replica_resume": {"epoch": int, "steps": dict},
     "pause_pushes": {},
     "cut_pushes": {"cut": list},
     "resume_pushes": {},

@@ -1,0 +1,61 @@
+"""Bounded-loss recovery with real servers: kill -9 one of two async servers mid-run; the
+launcher's replica keeper restores it and the trainers go on without a rollback
+(tests/integration/bounded_loss_harness.py has the exact-sum oracle)."""
+import pytest
+
+from tests.integration.bounded_loss_harness import run
+
+
+@pytest.mark.timeout(90)
+def test_killed_server_serves_again_within_10s_losing_at_most_1s_of_pushes(cluster):
+    out = run(cluster)
+    print(f"\nserver 1 serving again {out.serving_again_s:.2f} s after kill -9; keeper: {out.restored['text'] if 'text' in out.restored else out.restored['recovery_s']} s; "
+          f"lost {out.lost_pushes} pushes (estimated {out.restored['updates_lost_estimate']}); "
+          f"{out.answered_last_second} answered in the last second before the kill; {out.steps}+ steps a trainer")
+    assert out.serving_again_s < 10
+    assert out.lost_pushes <= out.answered_last_second
+    assert out.steps > 0
+
+
+@pytest.mark.timeout(30)
+def test_requests_a_restarting_server_refuses_are_resent_once_it_serves_and_replays_count_as_done():
+    """Real sockets, one server in this process: restarted (epoch -1), it refuses a pull and two pushes;
+    the links' ServeAgain waits until the keeper's part (here: register + replica_resume holding
+    trainer 1's step 4) is done, resends them, takes the replayed step 4 as done and applies step 5."""
+    import threading
+
+    import numpy as np
+
+    import paramshard as ps
+    from paramshard.client.recovery import ServeAgain
+    from paramshard.env import ClusterEnv
+    from paramshard.runtime import build_server
+    from paramshard.transport.client import ServerLinks
+
+    env = ClusterEnv(role="server", servers=("127.0.0.1:0",), server_id=0, num_trainers=2, mode="async",
+                     recovery="bounded-loss", recovering=True, timeout=10.0)
+    server = build_server(env, bind="127.0.0.1:0", watch_peers=False).start()
+    links, admin = ServerLinks([server.address], timeout=10.0), ServerLinks([server.address], timeout=10.0)
+    try:
+        server.wait_ready()
+        links.retry = retry = ServeAgain(10.0, poll=0.02)
+
+        def keeper():
+            admin.request(0, {"op": "register_dense", "names": ["a"], "optimizer": ps.optim.SGD(lr=1.0).to_wire(),
+                              "plan_fingerprint": 7, "trainer": 0}, [np.full(4, 10, np.float32)])
+            admin.request(0, {"op": "replica_resume", "epoch": 0, "steps": {"dense": [[1, 4]]}})
+        timer = threading.Timer(0.5, keeper)
+        timer.start()
+
+        def push(step):
+            return (0, {"op": "push_dense", "names": ["a"], "step": step, "trainer": 1, "reply_values": False,
+                        "epoch": 0}, [np.ones(4, np.float32)])
+        pull = (0, {"op": "pull_dense", "names": ["a"], "min_version": 0, "plan_fingerprint": 7, "epoch": 0}, ())
+        replies = links.request_list([pull, push(4), push(5)])
+        timer.join()
+        assert len(retry.waits) == 1 and 0.3 < retry.waits[0] < 5
+        assert replies[1][0].get("replayed") is True and not replies[2][0].get("replayed")
+        header, arrays = links.request(*pull)
+        assert header["versions"] == [1] and arrays[0].tolist() == [9.0] * 4     # step 5 once, step 4 not again
+    finally:
+        links.close(), admin.close(), server.close()
