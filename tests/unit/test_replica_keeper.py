@@ -115,7 +115,7 @@ def test_bounded_loss_needs_async_and_restarts(tmp_path):
         LaunchConfig(script=str(script), servers=2, recovery="bounded-loss", mode="sync", max_restarts=1)
     LaunchConfig(script=str(script), servers=2, recovery="bounded-loss", mode="async", max_restarts=1)
     flags = argparse.Namespace(recovery="bounded-loss", max_restarts=0, checkpoint_every=None, checkpoint_dir=None,
-                               keep=3, resume=None)
+                               keep=3, resume=None, trainers=2, min_trainers=None)
     with pytest.raises(ConfigError, match="give --max-restarts N"):
         _checkpoint_fields(flags)
     flags.max_restarts = 1            # no checkpoint directory needed: the replica is what comes back
