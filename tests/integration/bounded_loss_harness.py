@@ -10,9 +10,10 @@ keeper restores its replica, the trainers resend what failed and go on.
 The oracle: every value equals ``initial - sum(every gradient pushed) + sum(the lost
 pushes' gradients on server 1)``, where a push of trainer t is lost when the old server
 answered it (the trainer had not waited for a replacement yet) and its step is past the
-step the restored replica holds for t (the keeper reports the steps it restored). Also:
-the lost pushes number at most the pushes server 1 answered in the last second before
-the kill (counted from the trainers' side), and the server serves again within 10 s.
+step the restored replica holds for t (the keeper reports the steps it restored). It also
+counts the pushes server 1 answered in the last second before the kill (from the
+trainers' side) and the time until it serves again: the goals (at most 1 s of pushes lost,
+serving within 10 s) are measured by benchmarks/server_recovery.py.
 """
 from __future__ import annotations
 
