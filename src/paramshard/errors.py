@@ -29,6 +29,11 @@ class StaleEpoch(ParamshardError):
     """A request from before a reset (the job rolled back to a checkpoint): refused."""
 
 
+class Moved(ParamshardError):
+    """A request for ids whose partition this server no longer owns (server/migration_service.py):
+    refused whole, before anything was applied; the client fetches the routing and resends."""
+
+
 class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
 

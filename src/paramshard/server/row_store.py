@@ -123,6 +123,10 @@ class RowStore(Protocol):
     def evict_unseen(self, before: int) -> int:
         """Drop the rows last seen before version ``before``; how many. Handles change."""
 
+    def drop(self, ids: np.ndarray) -> int:
+        """Drop the rows of ``ids`` (ids without a row are skipped): their partition moved to
+        another server (server/migration_service.py); how many went. Handles change."""
+
     def ids(self) -> np.ndarray:
         """Every id with a row, in row order (a copy)."""
 

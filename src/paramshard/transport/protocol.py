@@ -72,8 +72,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
                         "trainer": int, "reserve": Optional(int), "dtype": Optional(OneOf(*ROW_DTYPES)),
                         "rounding": Optional(OneOf(*ROUNDINGS)), "memory_budget": Optional(_BUDGET)},
     "pull_sparse": {"table": str, "trainer": int, "min_version": int, "create": Optional(bool),
-                    "epoch": Optional(int)},
-    "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool), "epoch": Optional(int)},
+                    "epoch": Optional(int), "routing": Optional(int)},
+    "push_sparse": {"table": str, "step": int, "trainer": int, "distinct": Optional(bool), "epoch": Optional(int),
+                    "routing": Optional(int)},
     "export_sparse": {"table": str},
     "import_sparse": {"table": str},
     "snapshot_dense": {},
@@ -92,6 +93,21 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),
                  "epoch": Optional(int)},
     "shutdown": {},
+    # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
+    "routing_get": {},
+    "routing_set": {"routing": dict, "join": Optional(bool)},
+    "migrate_tables": {},
+    "migrate_tables_in": {"tables": list},
+    "migrate_start": {"partitions": _INT_LIST},
+    "migrate_expect": {"partitions": _INT_LIST},
+    "migrate_page": {"table": str, "start": int, "count": int},
+    "migrate_stage": {"table": str, "parts": _STR_LIST},
+    "handoff_freeze": {"partitions": _INT_LIST},
+    "handoff_rows": {"table": str, "partitions": _INT_LIST},
+    "handoff_in": {"table": str, "parts": _STR_LIST},
+    "handoff_done": {"partitions": _INT_LIST},
+    "migrate_finish": {},
+    "retire": {},
 }
 
 

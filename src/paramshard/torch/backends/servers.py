@@ -18,6 +18,7 @@ from ...client.step import StepClient
 from ...env import ClusterEnv
 from ...log import get_logger
 from ...mode import Mode
+from ...placement.partitions import Routing
 from ...placement.sharding import ParamSpec, make_plan
 
 log = get_logger("trainer")
@@ -44,7 +45,7 @@ class ServerBackend:
         plan = plan_for(env, params if on_servers is None else on_servers)
         links = runtime.links_for(env)
         dense = DenseClient(links, plan, env.trainer_id)
-        sparse = SparseClient(links, env.trainer_id)
+        sparse = SparseClient(links, env.trainer_id, Routing.initial(env.partitions, env.servers))
         steps = StepClient(links, dense, sparse, max_in_flight)
         steps.bounded = env.mode is Mode.ASYNC and env.max_staleness is not None
         return cls(env, links, plan, dense, sparse, steps)
@@ -56,8 +57,11 @@ class ServerBackend:
         return self.dense
 
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        if self.sparse.routing.elastic:          # servers may have been added or removed before this trainer came
+            self.sparse.refresh_routing()
         if is_chief and ckpt is not None:
-            checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt)
+            checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt,
+                                             routing=self.sparse.routing)
             log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)
         elif is_chief:
             self.dense_sync.register_dense(values, optimizer)

@@ -1,0 +1,280 @@
+"""Moving sparse partitions between servers while training goes on (the server's side).
+
+A move of partitions (placement/partitions.py) from an old owner to a new one, driven by
+launch/server_scaling.py:
+
+1. ``migrate_start`` (old owner): begin tracking the ids requests touch in those partitions;
+   ``migrate_expect`` (new owner): hold requests for them until their rows are here.
+2. ``migrate_page`` / ``migrate_stage``: the partitions' rows (values, optimizer state,
+   update counts, last-seen clocks) and admission counters travel in pages while the old
+   owner keeps serving; the new owner keeps them aside (staged).
+3. Per group of partitions: the routing naming the new owner is published on server 0
+   (``routing_set``), then ``handoff_freeze`` (old owner: requests for them are refused with
+   ``moved`` from now on), ``handoff_rows`` -> ``handoff_in`` (the partitions' current ids and
+   the dirty rows, whole), ``handoff_done`` (new owner: staged rows still current and not
+   dirty, plus the dirty ones, become rows; the held requests run).
+4. ``migrate_finish`` (old owner): the rows of partitions handed away are dropped.
+
+Requests are checked by a RequestHook (partition_ownership.py). The routing every server
+knows is answered by ``routing_get``; server 0's is the job's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..env import ClusterEnv
+from ..errors import ConfigError
+from ..placement.partitions import Routing
+from ..tables import policy_to_wire
+from ..transport import protocol
+from .context import ServerContext
+from .hooks import Incoming, Verdict
+from .partition_ownership import PartitionOwnership
+from .replies import Reply
+from .sparse_service import SparseService
+
+DATA_OPS = ("pull_sparse", "push_sparse", "import_sparse")
+MAX_PAGE_ROWS = 1 << 20
+
+
+class MigrationHook:
+    """Refuses, holds or accepts each sparse request by the partitions of its ids."""
+
+    def __init__(self, service: "MigrationService"):
+        self.service = service
+
+    def admit(self, request: Incoming) -> Verdict:
+        own = self.service.ownership
+        if not own.elastic or request.op not in DATA_OPS or request.held is None:
+            return Verdict.ACCEPT
+        verdict = own.verdict(_ids_of(request), request.header.get("routing"))
+        if verdict is Verdict.HOLD:
+            own.hold(request.held)
+        return verdict
+
+    def applied(self, request: Incoming) -> None:
+        own = self.service.ownership
+        if own.elastic and request.op in DATA_OPS and request.held is not None and own.copying.any():
+            own.note_applied(request.header["table"], _ids_of(request))
+
+    def tick(self) -> None:
+        self.service.ctx.resubmit(self.service.ownership.expired(self.service.ctx.timeout))
+
+
+def _ids_of(request: Incoming) -> np.ndarray:
+    """The ids array of a sparse request (its first frame after the header)."""
+    arrays = protocol.decode_arrays(request.header, request.held[2:])
+    return arrays[0] if arrays and arrays[0].dtype == np.uint64 and arrays[0].ndim == 1 else np.zeros(0, np.uint64)
+
+
+class MigrationService:
+    def __init__(self, context: ServerContext, sparse: SparseService, routing: Routing):
+        self.ctx, self.sparse = context, sparse
+        self.ownership = PartitionOwnership(context.server_id, routing)
+        self.staged: dict[str, dict[int, list[dict]]] = {}    # table -> partition -> pages (new owner)
+        self.handed: dict[str, dict] = {}                     # table -> what handoff_in brought
+        self.evicted_at_start: dict[str, int] = {}
+        self.moved = {"rows_out": 0, "rows_in": 0, "bytes_out": 0}
+
+    def ops(self) -> dict:
+        return {op: getattr(self, f"handle_{op}") for op in
+                ("routing_get", "routing_set", "migrate_tables", "migrate_tables_in", "migrate_start",
+                 "migrate_expect", "migrate_page", "migrate_stage", "handoff_freeze", "handoff_rows",
+                 "handoff_in", "handoff_done", "migrate_finish", "retire")}
+
+    def hooks(self) -> list:
+        return [MigrationHook(self)]
+
+    def stats(self):
+        return None
+
+    def on_leave(self, trainer: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.staged, self.handed = {}, {}
+
+    # -- routing ------------------------------------------------------------
+    def handle_routing_get(self, header: dict, arrays: list) -> Reply:
+        return Reply({"routing": self.ownership.routing.to_wire()})
+
+    def handle_routing_set(self, header: dict, arrays: list) -> Reply:
+        self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
+        return Reply({"version": self.ownership.routing.version})
+
+    # -- tables on a new server --------------------------------------------
+    def handle_migrate_tables(self, header: dict, arrays: list) -> Reply:
+        tables = []
+        for name, t in self.sparse.tables.items():
+            tables.append({"table": name, "dim": t.dim, "seed": t.seed, "optimizer": t.optimizer.to_wire(),
+                           "policy": policy_to_wire(t.admission, t.eviction, t.init_scale), "dtype": t.dtype,
+                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale})
+        return Reply({"tables": tables})
+
+    def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
+        for entry in header["tables"]:
+            if not isinstance(entry, dict) or set(entry) != {"table", "dim", "seed", "optimizer", "policy", "dtype",
+                                                             "rounding", "version", "lr_scale"}:
+                raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry")
+            register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding")}
+            protocol.validate_request({"op": "register_sparse", "trainer": 0, **register})
+            self.sparse.handle_register_sparse({"trainer": 0, **register}, [])
+            table = self.sparse.table(entry["table"])
+            if type(entry["version"]) is not int or entry["version"] < 0:
+                raise ConfigError("migrate_tables_in: version must be an int >= 0")
+            table.version = max(table.version, entry["version"])
+            if entry["lr_scale"] != table.lr_scale:
+                table.set_lr_scale(float(entry["lr_scale"]))
+        return Reply({"tables": sorted(self.sparse.tables)})
+
+    # -- the old owner -------------------------------------------------------
+    def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
+        self.ownership.start_copy(header["partitions"])
+        self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
+        return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})
+
+    def handle_migrate_page(self, header: dict, arrays: list) -> Reply:
+        table = self.sparse.table(header["table"])
+        start, count = header["start"], header["count"]
+        if start < 0 or not 0 < count <= MAX_PAGE_ROWS:
+            raise ConfigError(f"migrate_page: start >= 0 and count in 1..{MAX_PAGE_ROWS}, got {start}, {count}")
+        page = table.store.page(start, count)
+        mine = self.ownership.copying[self.ownership.partitions(page["ids"])]
+        page = {k: v[mine] for k, v in page.items()}       # admission counters travel at the hand-off
+        self.moved["rows_out"] += int(mine.sum())
+        return self._page_reply(page, total=table.num_rows)
+
+    def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply:
+        # Pulls admitted before the freeze and still waiting to be answered make their rows now.
+        self.ctx.waiting.answer_ready()
+        self.ownership.freeze(header["partitions"])
+        return Reply()
+
+    def handle_handoff_rows(self, header: dict, arrays: list) -> Reply:
+        """The frozen partitions' current ids, and the rows touched since the copy began."""
+        parts = self.ownership.frozen(header["partitions"])
+        table = self.sparse.table(header["table"])
+        ids = table.store.ids()
+        current = ids[np.isin(self.ownership.partitions(ids), parts)]
+        if table.evicted != self.evicted_at_start.get(table.name, table.evicted):
+            dirty = current           # eviction compacted rows during the copy: pages may have missed some
+        else:
+            dirty = self.ownership.dirty_ids(table.name, parts)
+        rows = table.store.lookup(dirty)
+        dirty, rows = dirty[rows >= 0], rows[rows >= 0]
+        page = {"current": current, "ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)}
+        mask = np.zeros(len(self.ownership.owned), bool)
+        mask[parts] = True
+        page.update(self._counters(table, mask))
+        return self._page_reply(page, total=len(current))
+
+    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply:
+        lost = self.ownership.finish()
+        dropped = 0
+        if lost.any():
+            for table in self.sparse.tables.values():
+                ids = table.store.ids()
+                dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
+                table._last_pull.clear()          # row handles changed
+        self.staged, self.handed = {}, {}
+        return Reply({"dropped": dropped})
+
+    def _counters(self, table, mask: np.ndarray) -> dict:
+        counters = table.store.counters()
+        if counters is None:
+            return {}
+        ids, counts = counters
+        mine = mask[self.ownership.partitions(ids)]
+        return {"counted_ids": ids[mine], "counts": counts[mine].astype(np.int64)}
+
+    def _page_reply(self, page: dict, total: int) -> Reply:
+        names = list(page)
+        out = [np.ascontiguousarray(page[n]) for n in names]
+        out = [a.astype(np.int64) if a.dtype.kind in "iu" and a.dtype != np.uint64 else a for a in out]
+        self.moved["bytes_out"] += sum(a.nbytes for a in out)
+        return Reply({"parts": names, "total": total}, out)
+
+    # -- the new owner -------------------------------------------------------
+    def handle_migrate_expect(self, header: dict, arrays: list) -> Reply:
+        self.ownership.expect(header["partitions"])
+        return Reply()
+
+    def _named(self, header: dict, arrays: list) -> dict:
+        if len(header["parts"]) != len(arrays) or "ids" not in header["parts"]:
+            raise ConfigError("a page must name each of its arrays, ids among them")
+        page = dict(zip(header["parts"], arrays))
+        table = self.sparse.table(header["table"])
+        n = len(page["ids"])
+        for name, a in page.items():
+            if name in ("current", "counted_ids", "counts"):
+                continue
+            if len(a) != n:
+                raise ConfigError(f"page part {name!r} has {len(a)} rows, ids {n}")
+        if page.get("values") is not None and page["values"].shape != (n, table.dim):
+            raise ConfigError(f"page values are {list(page['values'].shape)}, expected [{n}, {table.dim}]")
+        return {k: np.array(v) for k, v in page.items()}
+
+    def handle_migrate_stage(self, header: dict, arrays: list) -> Reply:
+        page = self._named(header, arrays)
+        parts = self.ownership.partitions(page["ids"])
+        if not self.ownership.incoming[parts].all():
+            raise ConfigError("migrate_stage: rows of partitions this server does not expect")
+        staged = self.staged.setdefault(header["table"], {})
+        for p in np.unique(parts).tolist():
+            mine = parts == p
+            staged.setdefault(p, []).append({k: v[mine] for k, v in page.items()})
+        self.moved["rows_in"] += len(page["ids"])
+        return Reply()
+
+    def handle_handoff_in(self, header: dict, arrays: list) -> Reply:
+        self.handed.setdefault(header["table"], {}).update({"parts": header["parts"],
+                                                            **self._named(header, arrays)})
+        return Reply()
+
+    def handle_handoff_done(self, header: dict, arrays: list) -> Reply:
+        parts = np.asarray(header["partitions"], np.int64)
+        for name, handed in self.handed.items():
+            self._adopt_rows(self.sparse.table(name), parts, handed)
+        self.handed = {}
+        for staged in self.staged.values():
+            for p in parts.tolist():
+                staged.pop(p, None)
+        self.ctx.resubmit(self.ownership.adopt(parts))
+        return Reply()
+
+    def _adopt_rows(self, table, parts: np.ndarray, handed: dict) -> None:
+        """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
+        pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
+        current, dirty = handed["current"], handed["ids"]
+        names = [n for n in handed if n not in ("parts", "current", "counted_ids", "counts")]
+        if pages:
+            staged = {n: np.concatenate([pg[n] for pg in pages]) for n in names}
+            keep = np.isin(staged["ids"], current) & ~np.isin(staged["ids"], dirty)
+            rows = {n: np.concatenate([staged[n][keep], handed[n]]) for n in names}
+        else:
+            rows = {n: handed[n] for n in names}
+        missing = len(current) - len(rows["ids"])
+        if missing:
+            raise ConfigError(f"handoff_done: table {table.name!r}: {missing} rows of partitions "
+                              f"{parts[:5].tolist()} are neither staged nor handed over")
+        stale = table.store.lookup(rows["ids"])
+        if (stale >= 0).any():       # left from an earlier stay of these partitions here
+            table.store.drop(rows["ids"][stale >= 0])
+            table._last_pull.clear()
+        state = {n: rows[n] for n in names if n not in ("ids", "values")}
+        table.reserve(table.num_rows + len(rows["ids"]))
+        table._create(rows["ids"], rows["values"].astype(np.float32), table.version, state)
+        if "counted_ids" in handed and len(handed["counted_ids"]):
+            table.store.restore_counts(handed["counted_ids"], handed["counts"].astype(np.uint32))
+
+    def handle_retire(self, header: dict, arrays: list) -> Reply:
+        if self.ownership.owned.any() or self.ownership.incoming.any():
+            raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
+        return Reply({"retired": True})
+
+
+def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> MigrationService:
+    """Every server of a job can hand partitions on; with PARAMSHARD_PARTITIONS=0 it refuses to."""
+    service = MigrationService(server.context, sparse, Routing.initial(env.partitions, env.servers))
+    server.add_service(service)
+    return service
