@@ -74,6 +74,9 @@ def _call(service, op, arrays=(), **fields):
     header = {"op": op, **fields}
     protocol.validate_request(header)
     reply = service.ops()[op](header, list(arrays))
+    if hasattr(reply, "make_reply"):          # a Deferred: ready at once here (async, nothing pending)
+        assert reply.ready()
+        reply = reply.make_reply()
     return reply.fields, reply.arrays
 
 

@@ -128,14 +128,22 @@ class SparseClient:
                                    f"{depth} routing updates")
         self.refresh_routing(newer_than=self.routing.version)
         out = list(replies)
+        # A push goes to every server of the routing, empty or not (a sync step needs every
+        # trainer's word): those of a new server too, once per table.
+        pushed = {(h["table"], s) for (s, h, _), r in zip(requests, replies) if r is not None and
+                  h["op"] == "push_sparse"}
         for slot, reply in enumerate(replies):
             if reply is not None:
                 continue
             _, header, arrays = requests[slot]
             ids = arrays[0]
             part = Partition.of(ids, self.routing)
+            push = header["op"] == "push_sparse"
             again = [(s, {**header, "routing": self.routing.version}, [a[part.part(s)] for a in arrays])
-                     for s in range(self.num_servers) if part.count(s)]
+                     for s in range(self.num_servers)
+                     if part.count(s) or (push and s in self.routing.servers() and (header["table"], s) not in pushed)]
+            if push:
+                pushed |= {(header["table"], s) for s, _, _ in again}
             self.resent += len(again)
             answers = self.settle(self.links.request_list(again), again, depth + 1)
             if header["op"] == "pull_sparse" and again:

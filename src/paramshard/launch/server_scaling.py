@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..placement.partitions import Routing, rebalance
+from ..placement.partitions import Routing, partition_of, rebalance
 from ..transport.client import ServerLinks
 
 PAGE_ROWS = 65536
@@ -44,14 +44,35 @@ class MoveRecord:
     handoffs: int = 0
     longest_handoff_s: float = 0.0
     routing_version: int = 0
+    switch_step: int | None = None      # sync mode: the step at which the routing changed
+    arm_tries: int = 0
 
     def details(self) -> dict:
         return {**dataclasses.asdict(self), "seconds": round(self.ended - self.started, 3)}
 
 
+def scale_servers(env, addresses: Sequence[str], servers: Sequence[int], event: Callable | None = None,
+                  **options) -> MoveRecord:
+    """The launcher's call: after it started a new server process (scale up; ``addresses`` names it)
+    or before it stops one (scale down; ``servers`` leaves it out). ``env``: a ClusterEnv with the
+    job's security (PARAMSHARD_SECRET/keys, as `paramshard stats` reads them) and timeout.
+    ``event``: RunDir.event, given ``scale_start`` and ``scale_end`` (the MoveRecord's details)."""
+    from ..transport.security import Security
+    addresses = list(addresses)
+    if event is not None:
+        event("scale_start", f"servers -> {sorted(servers)}", servers=sorted(servers))
+    with ServerLinks(addresses, env.timeout, who="scaler", security=Security.from_env(env)) as links:
+        links.wait_ready(env.timeout)
+        record = move_partitions(links, addresses, servers, **options)
+    if event is not None:
+        event("scale_end", f"{record.partitions} partitions, {record.rows} rows moved in "
+                           f"{record.ended - record.started:.2f} s", **record.details())
+    return record
+
+
 def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Sequence[int],
                     per_handoff: int = 4, page_rows: int = PAGE_ROWS,
-                    clock: Callable[[], float] = time.time) -> MoveRecord:
+                    clock: Callable[[], float] = time.time, switch_margin: int = 3) -> MoveRecord:
     """Give the job's sparse partitions to ``servers`` (indices into ``addresses``, every server the
     job ever had). ``links``: to those addresses (``ServerLinks``, the job's keys). New servers must
     be running; removed ones keep running until the launcher stops them (they own nothing)."""
@@ -59,6 +80,8 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
         links.add_server(addresses[index])
     header, _ = links.request(0, {"op": "routing_get"})
     routing = Routing.from_wire(header["routing"])
+    if not set(servers) <= set(range(len(addresses))):
+        raise ConfigError(f"servers {sorted(servers)}: each must be an index into the {len(addresses)} addresses")
     if not routing.elastic:
         raise ConfigError("this job routes sparse ids by a fixed hash (PARAMSHARD_PARTITIONS=0): its servers "
                           "cannot change; start it with PARAMSHARD_PARTITIONS=1024 to scale it")
@@ -74,7 +97,8 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     record.partitions = len(moving)
     joined = [s for s in servers if s not in before]
     routing = routing.moved_to(routing.owners, version=routing.version, addresses=address_list)
-    tables = links.request(0, {"op": "migrate_tables"})[0]["tables"]
+    described = links.request(0, {"op": "migrate_tables"})[0]
+    tables, sync = described["tables"], described["sync"]
     for s in joined:
         links.request(s, {"op": "routing_set", "routing": routing.to_wire(), "join": True})
         links.request(s, {"op": "migrate_tables_in", "tables": tables})
@@ -83,6 +107,14 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     for s in sorted(set(owners[moving].tolist())):
         links.request(s, {"op": "migrate_expect", "partitions": _ints(moving[owners[moving] == s])})
     _copy(links, routing, owners, moving, [t["table"] for t in tables], page_rows, record)
+    if sync and len(moving):
+        # Sync: every trainer changes routing at one step S; all partitions are handed off
+        # between the completion of step S - 1 and any push of step S (handoff_freeze waits).
+        new_owners = routing.owners.copy()
+        new_owners[moving] = owners[moving]
+        record.switch_step, record.arm_tries = _arm(links, sorted(set(servers) | set(before)), routing.version + 1,
+                                                    margin=switch_margin)
+        per_handoff = len(moving)
     for start in range(0, len(moving), per_handoff):
         group = moving[start:start + per_handoff]
         began = time.monotonic()
@@ -104,6 +136,24 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     return record
 
 
+def _arm(links, servers: list[int], version: int, margin: int, tries: int = 20) -> tuple[int, int]:
+    """Sync: the step at which routing ``version`` takes over, armed on every server: ``margin``
+    steps past the furthest table, later if a server says it is too close by then."""
+    from ..errors import RemoteError
+    for attempt in range(1, tries + 1):
+        step = max(t["version"] for s in servers
+                   for t in links.request(s, {"op": "migrate_tables"})[0]["tables"]) + margin
+        try:
+            for s in servers:
+                links.request(s, {"op": "migrate_switch", "step": step, "version": version})
+            return step, attempt
+        except RemoteError as exc:
+            if "too close" not in str(exc):
+                raise
+            margin += 2
+    raise ConfigError(f"sync mode: could not find a step to change routing at after {tries} tries")
+
+
 def _ints(a) -> list[int]:
     return [int(x) for x in a]
 
@@ -123,13 +173,12 @@ def _copy(links, routing: Routing, owners, moving, tables: list[str], page_rows:
 
 
 def _forward(links, partitions: int, owners, op: str, table: str, parts: list, arrays: list,
-             record: MoveRecord, to: int | None = None) -> None:
+             record: MoveRecord, to: int | None = None, **fields) -> None:
     """A page's rows to the servers their partitions go to (or all of it to ``to``)."""
-    from ..placement.partitions import partition_of
     named = dict(zip(parts, arrays))
     record.bytes += sum(a.nbytes for a in arrays)
     if to is not None:
-        links.request(to, {"op": op, "table": table, "parts": list(parts)}, arrays)
+        links.request(to, {"op": op, "table": table, "parts": list(parts), **fields}, arrays)
         return
     if not len(named["ids"]):
         return
@@ -156,6 +205,6 @@ def _hand_off(links, routing: Routing, owners, group, tables: list[str], record:
                                                         "partitions": _ints(theirs)})
                 record.rows += len(arrays[header["parts"].index("ids")])
                 _forward(links, routing.partitions, owners, "handoff_in", table, header["parts"], arrays, record,
-                         to=dest)
+                         to=dest, version=header["version"])
             links.request(dest, {"op": "handoff_done", "partitions": _ints(theirs)})
     return published

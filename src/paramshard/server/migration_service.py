@@ -30,7 +30,7 @@ from ..transport import protocol
 from .context import ServerContext
 from .hooks import Incoming, Verdict
 from .partition_ownership import PartitionOwnership
-from .replies import Reply
+from .replies import Deferred, Reply
 from .sparse_service import SparseService
 
 DATA_OPS = ("pull_sparse", "push_sparse", "import_sparse")
@@ -47,7 +47,10 @@ class MigrationHook:
         own = self.service.ownership
         if not own.elastic or request.op not in DATA_OPS or request.held is None:
             return Verdict.ACCEPT
-        verdict = own.verdict(_ids_of(request), request.header.get("routing"))
+        step = None
+        if self.service.ctx.mode.waits_every_step:
+            step = request.header.get("step" if request.op == "push_sparse" else "min_version")
+        verdict = own.verdict(_ids_of(request), request.header.get("routing"), step)
         if verdict is Verdict.HOLD:
             own.hold(request.held)
         return verdict
@@ -78,7 +81,7 @@ class MigrationService:
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
-                ("routing_get", "routing_set", "migrate_tables", "migrate_tables_in", "migrate_start",
+                ("routing_get", "routing_set", "migrate_switch", "migrate_tables", "migrate_tables_in", "migrate_start",
                  "migrate_expect", "migrate_page", "migrate_stage", "handoff_freeze", "handoff_rows",
                  "handoff_in", "handoff_done", "migrate_finish", "retire")}
 
@@ -102,6 +105,18 @@ class MigrationService:
         self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
         return Reply({"version": self.ownership.routing.version})
 
+    def handle_migrate_switch(self, header: dict, arrays: list) -> Reply:
+        """Sync mode: the routing of ``version`` takes over at step ``step``, which no request
+        may have reached yet: a table at step >= step - 1 may have a pull of it waiting already."""
+        step, version = header["step"], header["version"]
+        if not self.ctx.mode.waits_every_step:
+            raise ConfigError("migrate_switch is for sync mode; an async job changes routing partition by partition")
+        late = {n: t.version for n, t in self.sparse.tables.items() if t.version + 2 > step}
+        if late:
+            raise ConfigError(f"migrate_switch: step {step} is too close, tables are at {late}; choose a later step")
+        self.ownership.arm(step, version)
+        return Reply()
+
     # -- tables on a new server --------------------------------------------
     def handle_migrate_tables(self, header: dict, arrays: list) -> Reply:
         tables = []
@@ -109,7 +124,7 @@ class MigrationService:
             tables.append({"table": name, "dim": t.dim, "seed": t.seed, "optimizer": t.optimizer.to_wire(),
                            "policy": policy_to_wire(t.admission, t.eviction, t.init_scale), "dtype": t.dtype,
                            "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale})
-        return Reply({"tables": tables})
+        return Reply({"tables": tables, "sync": self.ctx.mode.waits_every_step})
 
     def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
         for entry in header["tables"]:
@@ -144,11 +159,22 @@ class MigrationService:
         self.moved["rows_out"] += int(mine.sum())
         return self._page_reply(page, total=table.num_rows)
 
-    def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply:
-        # Pulls admitted before the freeze and still waiting to be answered make their rows now.
-        self.ctx.waiting.answer_ready()
-        self.ownership.freeze(header["partitions"])
-        return Reply()
+    def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply | Deferred:
+        def freeze() -> Reply:
+            self.ownership.freeze(header["partitions"])
+            return Reply()
+        switch = self.ownership.switch
+        if switch is None:
+            # Pulls admitted before the freeze and still waiting to be answered make their rows now
+            # (not from inside a Deferred: the waiting list is not re-entrant).
+            self.ctx.waiting.answer_ready()
+            return freeze()
+        # Sync: once every table completed the step before the switch; none of the step after
+        # can be applied here (its requests are refused or route elsewhere).
+        return Deferred(ready=lambda: all(t.version >= switch[0] for t in self.sparse.tables.values()),
+                        make_reply=freeze, describe=lambda: f"tables to complete step {switch[0] - 1} before "
+                                                            f"the hand-off",
+                        waits_on=lambda: sorted({w for t in self.sparse.tables.values() for w in t.waiting_for()}))
 
     def handle_handoff_rows(self, header: dict, arrays: list) -> Reply:
         """The frozen partitions' current ids, and the rows touched since the copy began."""
@@ -166,18 +192,29 @@ class MigrationService:
         mask = np.zeros(len(self.ownership.owned), bool)
         mask[parts] = True
         page.update(self._counters(table, mask))
-        return self._page_reply(page, total=len(current))
+        reply = self._page_reply(page, total=len(current))
+        # The step the new owner starts at: in sync mode the switch's (this table may have gone
+        # on with step S where the moving partitions are not touched), else this table's count.
+        switch = self.ownership.switch
+        reply.fields["version"] = switch[0] if switch is not None else table.version
+        return reply
 
-    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply:
-        lost = self.ownership.finish()
-        dropped = 0
-        if lost.any():
-            for table in self.sparse.tables.values():
-                ids = table.store.ids()
-                dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
-                table._last_pull.clear()          # row handles changed
-        self.staged, self.handed = {}, {}
-        return Reply({"dropped": dropped})
+    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply | Deferred:
+        def finish() -> Reply:
+            lost = self.ownership.finish()
+            dropped = 0
+            if lost.any():
+                for table in self.sparse.tables.values():
+                    ids = table.store.ids()
+                    dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
+                    table._last_pull.clear()          # row handles changed
+            self.staged, self.handed = {}, {}
+            return Reply({"dropped": dropped})
+
+        # Dropping rows moves the others: not while a sync step holds row handles of pushes
+        # that wait for the other trainers (right after a step completes, none does).
+        return Deferred(ready=lambda: not any(t._pending for t in self.sparse.tables.values()),
+                        make_reply=finish, describe=lambda: "a sync step to complete before dropping rows")
 
     def _counters(self, table, mask: np.ndarray) -> dict:
         counters = table.store.counters()
@@ -228,6 +265,7 @@ class MigrationService:
 
     def handle_handoff_in(self, header: dict, arrays: list) -> Reply:
         self.handed.setdefault(header["table"], {}).update({"parts": header["parts"],
+                                                            "version": header.get("version", 0),
                                                             **self._named(header, arrays)})
         return Reply()
 
@@ -246,7 +284,8 @@ class MigrationService:
         """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
         pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
         current, dirty = handed["current"], handed["ids"]
-        names = [n for n in handed if n not in ("parts", "current", "counted_ids", "counts")]
+        names = [n for n in handed if n not in ("parts", "version", "current", "counted_ids", "counts")]
+        table.version = max(table.version, handed["version"])      # a joining server: the step it starts at
         if pages:
             staged = {n: np.concatenate([pg[n] for pg in pages]) for n in names}
             keep = np.isin(staged["ids"], current) & ~np.isin(staged["ids"], dirty)

@@ -35,6 +35,10 @@ class PartitionOwnership:
         self.dirty: dict[str, list[np.ndarray]] = collections.defaultdict(list)
         self.held: list = []
         self.held_since: float | None = None
+        # Sync mode: (step S, routing version V): requests of step S on must carry routing V or
+        # later (older ones are refused, so every trainer changes routing at the same step), and
+        # a server taking partitions holds them all until the rows are here.
+        self.switch: tuple[int, int] | None = None
 
     @property
     def elastic(self) -> bool:
@@ -44,10 +48,19 @@ class PartitionOwnership:
         return partition_of(ids, self.routing.partitions)
 
     # -- requests ---------------------------------------------------------
-    def verdict(self, ids: np.ndarray, routing_version: int | None = None) -> Verdict:
+    def verdict(self, ids: np.ndarray, routing_version: int | None = None, step: int | None = None) -> Verdict:
         """ACCEPT when every id's partition is served here, HOLD when the rest are on their way
-        here; else raise Moved (nothing applied)."""
-        if not self.elastic or not len(ids):
+        here; else raise Moved (nothing applied). ``step``: a sync request's step (see ``switch``)."""
+        if not self.elastic:
+            return Verdict.ACCEPT
+        if self.switch is not None and step is not None and step >= self.switch[0]:
+            if routing_version is None or routing_version < self.switch[1]:
+                raise Moved(f"server {self.me}: from step {self.switch[0]} on the job routes by routing version "
+                            f"{self.switch[1]}, this request is of version {routing_version}; fetch the routing "
+                            f"(routing_get on server 0) and resend")
+            if self.incoming.any():
+                return Verdict.HOLD
+        if not len(ids):
             return Verdict.ACCEPT
         parts = self.partitions(ids)
         owned = self.owned[parts]
@@ -104,6 +117,12 @@ class PartitionOwnership:
                 raise ConfigError(f"server {self.me} already serves partitions: it cannot join again")
             self.owned[:] = False
         self.routing = routing
+
+    def arm(self, step: int, version: int) -> None:
+        """Sync mode: the routing changes at ``step`` (routing ``version``)."""
+        if self.switch is not None and self.switch[1] > version:
+            raise ConfigError(f"migrate_switch: routing version {version} is older than the one armed")
+        self.switch = (step, version)
 
     def start_copy(self, parts) -> None:
         parts = self._check(parts, "migrate_start")

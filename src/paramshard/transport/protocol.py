@@ -96,6 +96,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
     "routing_get": {},
     "routing_set": {"routing": dict, "join": Optional(bool)},
+    "migrate_switch": {"step": int, "version": int},
     "migrate_tables": {},
     "migrate_tables_in": {"tables": list},
     "migrate_start": {"partitions": _INT_LIST},
@@ -104,7 +105,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "migrate_stage": {"table": str, "parts": _STR_LIST},
     "handoff_freeze": {"partitions": _INT_LIST},
     "handoff_rows": {"table": str, "partitions": _INT_LIST},
-    "handoff_in": {"table": str, "parts": _STR_LIST},
+    "handoff_in": {"table": str, "parts": _STR_LIST, "version": Optional(int)},
     "handoff_done": {"partitions": _INT_LIST},
     "migrate_finish": {},
     "retire": {},
