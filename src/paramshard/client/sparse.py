@@ -128,31 +128,33 @@ class SparseClient:
                                    f"{depth} routing updates")
         self.refresh_routing(newer_than=self.routing.version)
         out = list(replies)
-        # A push goes to every server of the routing, empty or not (a sync step needs every
-        # trainer's word): those of a new server too, once per table.
+        refused = [slot for slot, reply in enumerate(replies) if reply is None]
+        # A table's refused pushes go again as one push a server (a sync step takes one from each
+        # trainer), to every server of the routing that had none, empty or not.
         pushed = {(h["table"], s) for (s, h, _), r in zip(requests, replies) if r is not None and
                   h["op"] == "push_sparse"}
-        for slot, reply in enumerate(replies):
-            if reply is not None:
-                continue
-            _, header, arrays = requests[slot]
-            ids = arrays[0]
-            part = Partition.of(ids, self.routing)
-            push = header["op"] == "push_sparse"
+        groups: dict = {}
+        for slot in refused:
+            _, header, _ = requests[slot]
+            key = ("push", header["table"]) if header["op"] == "push_sparse" else ("one", slot)
+            groups.setdefault(key, []).append(slot)
+        for (kind, name), slots in groups.items():
+            header = requests[slots[0]][1]
+            arrays = [np.concatenate([requests[slot][2][k] for slot in slots])
+                      for k in range(len(requests[slots[0]][2]))]
+            part = Partition.of(arrays[0], self.routing)
             again = [(s, {**header, "routing": self.routing.version}, [a[part.part(s)] for a in arrays])
                      for s in range(self.num_servers)
-                     if part.count(s) or (push and s in self.routing.servers() and (header["table"], s) not in pushed)]
-            if push:
-                pushed |= {(header["table"], s) for s, _, _ in again}
+                     if part.count(s) or (kind == "push" and s in self.routing.servers() and (name, s) not in pushed)]
             self.resent += len(again)
             answers = self.settle(self.links.request_list(again), again, depth + 1)
+            for slot in slots:
+                out[slot] = ({}, [])
             if header["op"] == "pull_sparse" and again:
-                rows = np.empty((len(ids), answers[0][1][0].shape[1]), np.float32)
+                rows = np.empty((len(arrays[0]), answers[0][1][0].shape[1]), np.float32)
                 for (server, _, _), (_, got) in zip(again, answers):
                     rows[part.part(server)] = got[0]
-                out[slot] = ({}, [rows])
-            else:
-                out[slot] = ({}, [])
+                out[slots[0]] = ({}, [rows])
         return out
 
     def register_sparse(self, spec: TableSpec) -> None:

@@ -39,7 +39,11 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
-  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job).
+  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job);
+  ``scale_start`` (``servers``: the target) and ``scale_end`` (a move of sparse partitions,
+  launch/server_scaling.MoveRecord: ``servers_before``, ``servers_after``, ``started``, ``ended``,
+  ``seconds``, ``partitions``, ``rows``, ``bytes``, ``handoffs``, ``longest_handoff_s``,
+  ``routing_version``, ``switch_step``).
 
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing
