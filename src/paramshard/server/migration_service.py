@@ -77,7 +77,6 @@ class MigrationService:
         self.staged: dict[str, dict[int, list[dict]]] = {}    # table -> partition -> pages (new owner)
         self.handed: dict[str, dict] = {}                     # table -> what handoff_in brought
         self.evicted_at_start: dict[str, int] = {}
-        self.moved = {"rows_out": 0, "rows_in": 0, "bytes_out": 0}
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -156,7 +155,6 @@ class MigrationService:
         page = table.store.page(start, count)
         mine = self.ownership.copying[self.ownership.partitions(page["ids"])]
         page = {k: v[mine] for k, v in page.items()}       # admission counters travel at the hand-off
-        self.moved["rows_out"] += int(mine.sum())
         return self._page_reply(page, total=table.num_rows)
 
     def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -228,7 +226,6 @@ class MigrationService:
         names = list(page)
         out = [np.ascontiguousarray(page[n]) for n in names]
         out = [a.astype(np.int64) if a.dtype.kind in "iu" and a.dtype != np.uint64 else a for a in out]
-        self.moved["bytes_out"] += sum(a.nbytes for a in out)
         return Reply({"parts": names, "total": total}, out)
 
     # -- the new owner -------------------------------------------------------
@@ -260,7 +257,6 @@ class MigrationService:
         for p in np.unique(parts).tolist():
             mine = parts == p
             staged.setdefault(p, []).append({k: v[mine] for k, v in page.items()})
-        self.moved["rows_in"] += len(page["ids"])
         return Reply()
 
     def handle_handoff_in(self, header: dict, arrays: list) -> Reply:
