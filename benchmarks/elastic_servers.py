@@ -118,7 +118,7 @@ def main() -> int:
     p.add_argument("--hot", type=int, default=200_000, help="ids the trainers push to (a subset of the table)")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--page-rows", type=int, default=65536)
-    p.add_argument("--per-handoff", type=int, default=8)
+    p.add_argument("--per-handoff", type=int, default=16)
     args = p.parse_args()
     children = Children()
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]

@@ -168,3 +168,24 @@ def test_retire_needs_an_empty_server_and_fixed_jobs_cannot_move():
     fixed, _, _ = _server(0, Routing.initial(0, ADDRESSES))
     with pytest.raises(ConfigError, match="PARAMSHARD_PARTITIONS"):
         _call(fixed, "migrate_start", partitions=[0])
+
+
+def test_pages_are_checked_against_the_tables_own_layout():
+    from paramshard.server.partition_intake import checked_page
+    routing = Routing.initial(P, ADDRESSES)
+    _, sparse, _ = _server(0, routing)
+    _register(sparse)
+    table = sparse.table(TABLE)
+    ids = np.arange(3, dtype=np.uint64)
+    table.pull(ids, 0)
+    table.pull(ids, 0)          # admitted (min_count 2)
+    good = table.store.page(0, 3)
+    assert set(checked_page(table, list(good), list(good.values()))) == set(good)
+    for parts, arrays, why in (
+            (["ids", "values", "slot9"], [ids, good["values"], good["values"]], "does not have"),
+            (["ids", "values"], [ids, good["values"].astype(np.float64)], "expected float32"),
+            (["ids", "values"], [ids, good["values"][:, :2]], "expected float32"),
+            (["ids", "values"], [ids.astype(np.int64), good["values"]], "expected uint64"),
+            (["ids", "ids"], [ids, ids], "once")):
+        with pytest.raises(ConfigError, match=why):
+            checked_page(table, parts, arrays)

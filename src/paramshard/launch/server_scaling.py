@@ -71,7 +71,7 @@ def scale_servers(env, addresses: Sequence[str], servers: Sequence[int], event: 
 
 
 def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Sequence[int],
-                    per_handoff: int = 4, page_rows: int = PAGE_ROWS,
+                    per_handoff: int = 16, page_rows: int = PAGE_ROWS,
                     clock: Callable[[], float] = time.time, switch_margin: int = 3) -> MoveRecord:
     """Give the job's sparse partitions to ``servers`` (indices into ``addresses``, every server the
     job ever had). ``links``: to those addresses (``ServerLinks``, the job's keys). New servers must

@@ -29,6 +29,7 @@ from ..tables import policy_to_wire
 from ..transport import protocol
 from .context import ServerContext
 from .hooks import Incoming, Verdict
+from .partition_intake import PartitionIntake, checked_page
 from .partition_ownership import PartitionOwnership
 from .replies import Deferred, Reply
 from .sparse_service import SparseService
@@ -74,9 +75,9 @@ class MigrationService:
     def __init__(self, context: ServerContext, sparse: SparseService, routing: Routing):
         self.ctx, self.sparse = context, sparse
         self.ownership = PartitionOwnership(context.server_id, routing)
-        self.staged: dict[str, dict[int, list[dict]]] = {}    # table -> partition -> pages (new owner)
-        self.handed: dict[str, dict] = {}                     # table -> what handoff_in brought
+        self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
         self.evicted_at_start: dict[str, int] = {}
+        self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -94,7 +95,7 @@ class MigrationService:
         pass
 
     def reset(self) -> None:
-        self.staged, self.handed = {}, {}
+        self.intake.clear()
 
     # -- routing ------------------------------------------------------------
     def handle_routing_get(self, header: dict, arrays: list) -> Reply:
@@ -144,6 +145,7 @@ class MigrationService:
     # -- the old owner -------------------------------------------------------
     def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
         self.ownership.start_copy(header["partitions"])
+        self._row_partitions = {}
         self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
         return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})
 
@@ -179,7 +181,9 @@ class MigrationService:
         parts = self.ownership.frozen(header["partitions"])
         table = self.sparse.table(header["table"])
         ids = table.store.ids()
-        current = ids[np.isin(self.ownership.partitions(ids), parts)]
+        in_group = np.zeros(len(self.ownership.owned), bool)
+        in_group[parts] = True
+        current = ids[in_group[self._partitions_by_row(table, ids)]]
         if table.evicted != self.evicted_at_start.get(table.name, table.evicted):
             dirty = current           # eviction compacted rows during the copy: pages may have missed some
         else:
@@ -197,6 +201,17 @@ class MigrationService:
         reply.fields["version"] = switch[0] if switch is not None else table.version
         return reply
 
+    def _partitions_by_row(self, table, ids: np.ndarray) -> np.ndarray:
+        """The partition of each row, hashed once: rows are only appended during a move (an
+        eviction, which compacts them, starts it again)."""
+        evicted, known = self._row_partitions.get(table.name, (table.evicted, np.zeros(0, np.int64)))
+        if evicted != table.evicted or len(known) > len(ids):
+            known = np.zeros(0, np.int64)
+        if len(known) < len(ids):
+            known = np.concatenate([known, self.ownership.partitions(ids[len(known):])])
+        self._row_partitions[table.name] = (table.evicted, known)
+        return known
+
     def handle_migrate_finish(self, header: dict, arrays: list) -> Reply | Deferred:
         def finish() -> Reply:
             lost = self.ownership.finish()
@@ -206,7 +221,8 @@ class MigrationService:
                     ids = table.store.ids()
                     dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
                     table._last_pull.clear()          # row handles changed
-            self.staged, self.handed = {}, {}
+            self.intake.clear()
+            self._row_partitions = {}
             return Reply({"dropped": dropped})
 
         # Dropping rows moves the others: not while a sync step holds row handles of pushes
@@ -233,74 +249,23 @@ class MigrationService:
         self.ownership.expect(header["partitions"])
         return Reply()
 
-    def _named(self, header: dict, arrays: list) -> dict:
-        if len(header["parts"]) != len(arrays) or "ids" not in header["parts"]:
-            raise ConfigError("a page must name each of its arrays, ids among them")
-        page = dict(zip(header["parts"], arrays))
-        table = self.sparse.table(header["table"])
-        n = len(page["ids"])
-        for name, a in page.items():
-            if name in ("current", "counted_ids", "counts"):
-                continue
-            if len(a) != n:
-                raise ConfigError(f"page part {name!r} has {len(a)} rows, ids {n}")
-        if page.get("values") is not None and page["values"].shape != (n, table.dim):
-            raise ConfigError(f"page values are {list(page['values'].shape)}, expected [{n}, {table.dim}]")
-        return {k: np.array(v) for k, v in page.items()}
-
     def handle_migrate_stage(self, header: dict, arrays: list) -> Reply:
-        page = self._named(header, arrays)
-        parts = self.ownership.partitions(page["ids"])
-        if not self.ownership.incoming[parts].all():
-            raise ConfigError("migrate_stage: rows of partitions this server does not expect")
-        staged = self.staged.setdefault(header["table"], {})
-        for p in np.unique(parts).tolist():
-            mine = parts == p
-            staged.setdefault(p, []).append({k: v[mine] for k, v in page.items()})
+        table = self.sparse.table(header["table"])
+        self.intake.stage(table, checked_page(table, header["parts"], arrays), self.ownership.incoming)
         return Reply()
 
     def handle_handoff_in(self, header: dict, arrays: list) -> Reply:
-        self.handed.setdefault(header["table"], {}).update({"parts": header["parts"],
-                                                            "version": header.get("version", 0),
-                                                            **self._named(header, arrays)})
+        table = self.sparse.table(header["table"])
+        self.intake.hand_in(table, checked_page(table, header["parts"], arrays), header.get("version", 0))
         return Reply()
 
     def handle_handoff_done(self, header: dict, arrays: list) -> Reply:
         parts = np.asarray(header["partitions"], np.int64)
-        for name, handed in self.handed.items():
-            self._adopt_rows(self.sparse.table(name), parts, handed)
-        self.handed = {}
-        for staged in self.staged.values():
-            for p in parts.tolist():
-                staged.pop(p, None)
+        if not self.ownership.incoming[self.ownership._check(parts, "handoff_done")].all():
+            raise ConfigError(f"handoff_done: server {self.ctx.server_id} was not expecting all of these partitions")
+        self.intake.adopt(self.sparse.tables, parts)
         self.ctx.resubmit(self.ownership.adopt(parts))
         return Reply()
-
-    def _adopt_rows(self, table, parts: np.ndarray, handed: dict) -> None:
-        """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
-        pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
-        current, dirty = handed["current"], handed["ids"]
-        names = [n for n in handed if n not in ("parts", "version", "current", "counted_ids", "counts")]
-        table.version = max(table.version, handed["version"])      # a joining server: the step it starts at
-        if pages:
-            staged = {n: np.concatenate([pg[n] for pg in pages]) for n in names}
-            keep = np.isin(staged["ids"], current) & ~np.isin(staged["ids"], dirty)
-            rows = {n: np.concatenate([staged[n][keep], handed[n]]) for n in names}
-        else:
-            rows = {n: handed[n] for n in names}
-        missing = len(current) - len(rows["ids"])
-        if missing:
-            raise ConfigError(f"handoff_done: table {table.name!r}: {missing} rows of partitions "
-                              f"{parts[:5].tolist()} are neither staged nor handed over")
-        stale = table.store.lookup(rows["ids"])
-        if (stale >= 0).any():       # left from an earlier stay of these partitions here
-            table.store.drop(rows["ids"][stale >= 0])
-            table._last_pull.clear()
-        state = {n: rows[n] for n in names if n not in ("ids", "values")}
-        table.reserve(table.num_rows + len(rows["ids"]))
-        table._create(rows["ids"], rows["values"].astype(np.float32), table.version, state)
-        if "counted_ids" in handed and len(handed["counted_ids"]):
-            table.store.restore_counts(handed["counted_ids"], handed["counts"].astype(np.uint32))
 
     def handle_retire(self, header: dict, arrays: list) -> Reply:
         if self.ownership.owned.any() or self.ownership.incoming.any():
