@@ -160,7 +160,8 @@ def main() -> int:
                 print(f"repeat {repeat}: {moves[-1][0]} servers: {record.ended - record.started:.2f} s, "
                       f"{record.partitions} partitions, {record.rows:,} rows, {record.bytes / 2**20:.0f} MiB, "
                       f"longest hand-off {record.longest_handoff_s * 1000:.0f} ms, max trainer stall "
-                      f"{stall * 1000:.0f} ms", flush=True)
+                      f"{stall * 1000:.0f} ms (copy {record.copy_s:.1f} s, {record.handoffs} hand-offs "
+                      f"{record.handoffs_s:.1f} s, drop {record.finish_s:.1f} s)", flush=True)
         for tr in trainers:
             tr.stop.set()
         for tr in trainers:

@@ -44,6 +44,9 @@ class MoveRecord:
     handoffs: int = 0
     longest_handoff_s: float = 0.0
     routing_version: int = 0
+    copy_s: float = 0.0                 # the background copy of the pages
+    handoffs_s: float = 0.0             # every hand-off together
+    finish_s: float = 0.0               # old owners dropping what they handed away
     switch_step: int | None = None      # sync mode: the step at which the routing changed
     arm_tries: int = 0
 
@@ -106,7 +109,9 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
         links.request(s, {"op": "migrate_start", "partitions": _ints(moving[routing.owners[moving] == s])})
     for s in sorted(set(owners[moving].tolist())):
         links.request(s, {"op": "migrate_expect", "partitions": _ints(moving[owners[moving] == s])})
+    began = time.monotonic()
     _copy(links, routing, owners, moving, [t["table"] for t in tables], page_rows, record)
+    record.copy_s = time.monotonic() - began
     if sync and len(moving):
         # Sync: every trainer changes routing at one step S; all partitions are handed off
         # between the completion of step S - 1 and any push of step S (handoff_freeze waits).
@@ -121,10 +126,13 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
         routing = _hand_off(links, routing, owners, group, [t["table"] for t in tables], record)
         record.handoffs += 1
         record.longest_handoff_s = max(record.longest_handoff_s, time.monotonic() - began)
+        record.handoffs_s += time.monotonic() - began
     if len(moving) == 0 and routing.addresses != tuple(address_list):
         routing = routing.moved_to(routing.owners, addresses=address_list)
+    began = time.monotonic()
     for s in before:
         links.request(s, {"op": "migrate_finish"})
+    record.finish_s = time.monotonic() - began
     final = routing.moved_to(owners, addresses=[a if (i in servers) else "" for i, a in enumerate(address_list)])
     for s in sorted(set(servers) | set(before)):
         links.request(s, {"op": "routing_set", "routing": final.to_wire()})

@@ -188,6 +188,7 @@ class MigrationService:
             dirty = current           # eviction compacted rows during the copy: pages may have missed some
         else:
             dirty = self.ownership.dirty_ids(table.name, parts)
+        self.ownership.forget_dirty(table.name, parts)
         rows = table.store.lookup(dirty)
         dirty, rows = dirty[rows >= 0], rows[rows >= 0]
         page = {"current": current, "ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)}

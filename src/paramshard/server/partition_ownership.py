@@ -94,7 +94,15 @@ class PartitionOwnership:
         if not chunks:
             return np.zeros(0, np.uint64)
         ids = np.unique(np.concatenate(chunks))
+        self.dirty[table] = [ids]        # compacted: a long move does not sort its whole history again
         return ids[np.isin(self.partitions(ids), parts)]
+
+    def forget_dirty(self, table: str, parts: np.ndarray) -> None:
+        """``parts`` were handed over: their dirty ids are not needed again."""
+        chunks = self.dirty.get(table)
+        if chunks:
+            ids = np.unique(np.concatenate(chunks))
+            self.dirty[table] = [ids[~np.isin(self.partitions(ids), parts)]]
 
     # -- a move, step by step (launch/server_scaling.py drives it) --------------------
     def _check(self, parts, what: str) -> np.ndarray:
