@@ -42,10 +42,10 @@ def _server(server_id: int, routing: Routing):
     return service, sparse, resubmitted
 
 
-def _register(sparse):
+def _register(sparse, unseen_steps: int = 1000):
     sparse.handle_register_sparse({"table": TABLE, "dim": DIM, "seed": 5, "trainer": 0,
                                    "optimizer": ps.optim.Adagrad(lr=0.1).to_wire(),
-                                   "policy": policy_to_wire(Admission(min_count=2), Eviction(unseen_steps=1000), 0.1)},
+                                   "policy": policy_to_wire(Admission(min_count=2), Eviction(unseen_steps), 0.1)},
                                   [])
 
 
@@ -86,13 +86,14 @@ def _rows_by_id(table, ids):
     return {"values": table.store.gather(rows), **table.store.state_of(rows)}
 
 
-def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once():
+@pytest.mark.parametrize("unseen_steps", [1000, 6], ids=["no-eviction", "eviction-during-the-copy"])
+def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once(unseen_steps):
     routing = Routing.initial(P, ADDRESSES)
     old, old_sparse, _ = _server(0, routing)
     new, new_sparse, held = _server(1, routing)
     oracle = SparseService("async", Membership(1, grace=5.0), store=NumpyRowStore)
     for s in (old_sparse, new_sparse, oracle):
-        _register(s)
+        _register(s, unseen_steps)
     rng = np.random.default_rng(1)
     all_ids = np.arange(4000, dtype=np.uint64)
     mine = all_ids[routing.servers_of(all_ids) == 0]
@@ -143,6 +144,9 @@ def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once():
     moved_ids = moved_ids[oracle.table(TABLE).store.lookup(moved_ids) >= 0]
     assert len(moved_ids) > 20
     assert (old_sparse.table(TABLE).store.lookup(moved_ids) == -1).all(), "the old owner dropped them"
+    assert new_sparse.table(TABLE).num_rows == len(moved_ids), "no row the oracle evicted came back"
+    if unseen_steps < 1000:
+        assert oracle.table(TABLE).evicted > 0
     want, got = _rows_by_id(oracle.table(TABLE), moved_ids), _rows_by_id(new_sparse.table(TABLE), moved_ids)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)

@@ -177,25 +177,28 @@ class MigrationService:
                         waits_on=lambda: sorted({w for t in self.sparse.tables.values() for w in t.waiting_for()}))
 
     def handle_handoff_rows(self, header: dict, arrays: list) -> Reply:
-        """The frozen partitions' current ids, and the rows touched since the copy began."""
+        """The rows of the frozen partitions touched since the copy began (rows are only made
+        during a move, and every one made is touched: the staged pages and these are all of
+        them). After an eviction, which compacts rows under the pages, every row of the
+        partitions, and their ids as ``current``."""
         parts = self.ownership.frozen(header["partitions"])
         table = self.sparse.table(header["table"])
-        ids = table.store.ids()
-        in_group = np.zeros(len(self.ownership.owned), bool)
-        in_group[parts] = True
-        current = ids[in_group[self._partitions_by_row(table, ids)]]
+        page = {}
         if table.evicted != self.evicted_at_start.get(table.name, table.evicted):
-            dirty = current           # eviction compacted rows during the copy: pages may have missed some
+            ids = table.store.ids()
+            in_group = np.zeros(len(self.ownership.owned), bool)
+            in_group[parts] = True
+            dirty = page["current"] = ids[in_group[self._partitions_by_row(table, ids)]]
         else:
             dirty = self.ownership.dirty_ids(table.name, parts)
         self.ownership.forget_dirty(table.name, parts)
         rows = table.store.lookup(dirty)
         dirty, rows = dirty[rows >= 0], rows[rows >= 0]
-        page = {"current": current, "ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)}
+        page.update({"ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)})
         mask = np.zeros(len(self.ownership.owned), bool)
         mask[parts] = True
         page.update(self._counters(table, mask))
-        reply = self._page_reply(page, total=len(current))
+        reply = self._page_reply(page, total=len(dirty))
         # The step the new owner starts at: in sync mode the switch's (this table may have gone
         # on with step S where the moving partitions are not touched), else this table's count.
         switch = self.ownership.switch

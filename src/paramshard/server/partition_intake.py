@@ -65,8 +65,6 @@ class PartitionIntake:
             staged.setdefault(p, []).append({k: v[lo:hi] for k, v in by_partition.items()})
 
     def hand_in(self, table, page: dict, version: int) -> None:
-        if "current" not in page:
-            raise ConfigError("handoff_in: the page must carry the partitions' current ids")
         self.handed[table.name] = {**page, "version": version}
 
     def adopt(self, tables: dict, parts: np.ndarray) -> None:
@@ -82,15 +80,17 @@ class PartitionIntake:
     def _rows(self, table, parts: np.ndarray, handed: dict):
         """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
         pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
-        current, dirty = handed["current"], handed["ids"]
+        current, dirty = handed.get("current"), handed["ids"]
         names = [n for n in handed if n not in ("version", *_PER_ROW_EXTRA)]
-        if pages:
+        if current is not None:       # an eviction during the copy: every row came again
+            rows = {n: handed[n] for n in names}
+        elif pages:
             staged = {n: np.concatenate([pg[n] for pg in pages]) for n in names}
-            keep = np.isin(staged["ids"], current) & ~np.isin(staged["ids"], dirty)
+            keep = ~np.isin(staged["ids"], dirty)
             rows = {n: np.concatenate([staged[n][keep], handed[n]]) for n in names}
         else:
             rows = {n: handed[n] for n in names}
-        if len(rows["ids"]) != len(current) or not np.isin(current, rows["ids"]).all():
+        if current is not None and (len(rows["ids"]) != len(current) or not np.isin(current, rows["ids"]).all()):
             raise ConfigError(f"handoff_done: table {table.name!r}: {len(current)} rows in partitions "
                               f"{parts[:5].tolist()}, {len(rows['ids'])} staged or handed over: they must be the same")
         return rows, handed

@@ -143,6 +143,8 @@ class ServerBackend:
                                     min_version=step if self._versions_are_steps else None, epoch=self.links.epoch)
 
     def save(self, tables, directory, step, settings, keep):
+        if self.sparse.routing.elastic:      # a server added since this trainer last looked holds rows too
+            self.sparse.refresh_routing()
         return checkpoint_io.save_checkpoint(self.links, self.plan, tables, directory, step, settings, keep=keep)
 
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
