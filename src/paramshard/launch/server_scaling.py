@@ -102,11 +102,17 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     routing = routing.moved_to(routing.owners, version=routing.version, addresses=address_list)
     described = links.request(0, {"op": "migrate_tables"})[0]
     tables, sync = described["tables"], described["sync"]
-    for s in joined:
-        links.request(s, {"op": "routing_set", "routing": routing.to_wire(), "join": True})
-        links.request(s, {"op": "migrate_tables_in", "tables": tables})
+    coming = {dest: dict.fromkeys((t["table"] for t in tables), 0.0) for dest in joined}   # rows, roughly
     for s in sorted(set(routing.owners[moving].tolist())):
-        links.request(s, {"op": "migrate_start", "partitions": _ints(moving[routing.owners[moving] == s])})
+        held = links.request(s, {"op": "migrate_start", "partitions": _ints(moving[routing.owners[moving] == s])})
+        for dest in joined:
+            share = int(((routing.owners == s) & (owners == dest)).sum()) / max(1, int((routing.owners == s).sum()))
+            for table, rows in held[0]["rows"].items():
+                coming[dest][table] = coming[dest].get(table, 0.0) + rows * share
+    for s in joined:     # before any request can reach it: it owns nothing, has the tables, room for the rows
+        links.request(s, {"op": "routing_set", "routing": routing.to_wire(), "join": True})
+        links.request(s, {"op": "migrate_tables_in", "tables": [
+            {**t, "reserve": int(coming[s].get(t["table"], 0) * 1.05)} for t in tables]})
     for s in sorted(set(owners[moving].tolist())):
         links.request(s, {"op": "migrate_expect", "partitions": _ints(moving[owners[moving] == s])})
     began = time.monotonic()

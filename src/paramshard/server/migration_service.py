@@ -127,11 +127,12 @@ class MigrationService:
         return Reply({"tables": tables, "sync": self.ctx.mode.waits_every_step})
 
     def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
+        fields = {"table", "dim", "seed", "optimizer", "policy", "dtype", "rounding", "version", "lr_scale"}
         for entry in header["tables"]:
-            if not isinstance(entry, dict) or set(entry) != {"table", "dim", "seed", "optimizer", "policy", "dtype",
-                                                             "rounding", "version", "lr_scale"}:
-                raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry")
-            register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding")}
+            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve"}:
+                raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry (and a reserve)")
+            register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding",
+                                              "reserve") if k in entry}
             protocol.validate_request({"op": "register_sparse", "trainer": 0, **register})
             self.sparse.handle_register_sparse({"trainer": 0, **register}, [])
             table = self.sparse.table(entry["table"])
