@@ -121,8 +121,6 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     if sync and len(moving):
         # Sync: every trainer changes routing at one step S; all partitions are handed off
         # between the completion of step S - 1 and any push of step S (handoff_freeze waits).
-        new_owners = routing.owners.copy()
-        new_owners[moving] = owners[moving]
         record.switch_step, record.arm_tries = _arm(links, sorted(set(servers) | set(before)), routing.version + 1,
                                                     margin=switch_margin)
         per_handoff = len(moving)
