@@ -149,8 +149,10 @@ class ServerBackend:
 
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
         self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
+        if self.sparse.routing.elastic:      # rows go back to the servers that own them now
+            self.sparse.refresh_routing()
         ckpt = recovery.roll_back(self.links, self.plan, optimizer, tables, checkpoint_dir, is_chief,
-                                  self.trainer_id, timeout)
+                                  self.trainer_id, timeout, routing=self.sparse.routing)
         return ckpt, self.dense.pull_dense(values, min_version=0)
 
     def explain_failure(self, exc, step):
