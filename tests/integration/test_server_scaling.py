@@ -21,7 +21,7 @@ from paramshard.env import ClusterEnv
 from paramshard.launch.local import LocalLauncher
 from paramshard.launch.ports import free_ports
 from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.server_scaling import move_partitions, scale_servers
 from paramshard.placement.partitions import Routing
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
@@ -52,7 +52,7 @@ def test_exact_sums_while_servers_go_2_3_2():
     spec = TableSpec(TABLE, DIM, ps.optim.SGD(lr=1.0), init_scale=0.0)
     routing = Routing.initial(PARTITIONS, addresses[:2])
     moves_done = threading.Event()
-    records = []
+    records, events = [], []
     try:
         chief = ServerLinks(addresses[:2], timeout=TIMEOUT)
         chief.wait_ready(30)
@@ -84,7 +84,11 @@ def test_exact_sums_while_servers_go_2_3_2():
             try:
                 links.wait_ready(30)
                 records.append(move_partitions(links, addresses, [0, 1, 2], per_handoff=8, page_rows=256))
-                records.append(move_partitions(links, addresses, [0, 1], per_handoff=8, page_rows=256))
+                # The launcher's call, with the job's settings and its run directory's events.
+                job = ClusterEnv(role=None, servers=tuple(addresses[:2]), num_trainers=TRAINERS, mode="async",
+                                 timeout=TIMEOUT, partitions=PARTITIONS)
+                records.append(scale_servers(job, addresses, [0, 1], event=lambda *a, **f: events.append((a, f)),
+                                             per_handoff=8, page_rows=256))
             finally:
                 moves_done.set()
                 links.close()
@@ -94,6 +98,8 @@ def test_exact_sums_while_servers_go_2_3_2():
         up, down = records
         assert up.partitions == PARTITIONS // 3 and down.partitions == PARTITIONS // 3, (up, down)
         assert up.rows > 0 and down.rows > 0
+        assert [a[0] for a, _ in events] == ["scale_start", "scale_end"]
+        assert events[1][1]["partitions"] == down.partitions and events[1][1]["servers_after"] == [0, 1]
 
         want = {int(i): v.astype(np.int64) for i, v in zip(shared, shared_initial)}
         for _, sums, _, _ in results[:TRAINERS]:
