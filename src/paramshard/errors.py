@@ -35,6 +35,12 @@ class AlreadyApplied(ParamshardError):
     wire_code = "applied"
 
 
+class Moved(ParamshardError):
+    """A request for ids whose partition this server no longer owns (server/migration_service.py):
+    refused whole, before anything was applied; the client fetches the routing and resends."""
+    wire_code = "moved"
+
+
 class DeadlineExceeded(ParamshardError, TimeoutError):
     """A wait ran past its deadline (the message names what it waited for)."""
 

@@ -122,7 +122,8 @@ def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
     from .server.checkpoint_service import attach_checkpoints
     from .server.learning_rates import attach_learning_rates
     from .server.sparse_service import attach_sparse
-    attach_sparse(server, env)
+    from .server.migration_service import attach_migration
+    attach_migration(server, env, attach_sparse(server, env))
     attach_checkpoints(server)
     attach_learning_rates(server)
     if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server

@@ -198,6 +198,24 @@ class DictRowStore:
         self.row_of = {row[0]: r for r, row in enumerate(kept)}
         return evicted
 
+    def drop(self, ids):
+        gone = set(np.asarray(ids, np.uint64).tolist())
+        kept = [row for row in self.rows if row[0] not in gone]
+        dropped = len(self.rows) - len(kept)
+        self.rows = kept
+        self.row_of = {row[0]: r for r, row in enumerate(kept)}
+        return dropped
+
+    def state_of(self, rows):
+        picked = [self.rows[r] for r in np.asarray(rows).tolist()]
+        out = {f"slot{j}": np.array([r[2][j] for r in picked], np.float32).reshape(len(picked), self.slot_widths[j])
+               for j in range(self.slot_count)}
+        if self.keeps_steps:
+            out["steps"] = np.array([r[3] for r in picked], np.int64)
+        if self.keeps_last_seen:
+            out["last_seen"] = np.array([r[4] for r in picked], np.int64)
+        return out
+
     def ids(self):
         return np.array([row[0] for row in self.rows], np.uint64)
 

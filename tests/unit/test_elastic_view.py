@@ -30,7 +30,8 @@ def elastic_run(root):
                _trainer(5, 0, 40, 0.2), _trainer(5, 1, 40, 0.9),
                # a move of 3 s ending at t=9 (from 6 to 9); trainer 1's slow step 7.5..8.0 overlaps it
                _trainer(8, 1, 60, 0.5), _trainer(9.5, 0, 70, 0.05),
-               _event(9, "move", servers=[2, 3], partitions=86, rows=1000, bytes=64000, seconds=3.0),
+               _event(9, "scale_end", servers_before=2, servers_after=3, partitions=86, rows=1000, bytes=64000,
+                      seconds=3.0),
                _event(11, "membership", role="trainer", rank="trainer 1", change="lost", live=2),
                _event(12, "membership", role="server", rank="server 2", change="added", live=3),
                _event(14, "recovery", rank="server 1", seconds=4.5, lost_updates=12),

@@ -152,6 +152,32 @@ def test_both_stores_offer_every_member_of_the_contract():
         assert missing == [], f"{type(store).__name__} lacks {missing}"
 
 
+@each_store
+@pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
+def test_drop_and_state_of_match_the_oracle(optimizer, kind):
+    """A partition that moved away (server/migration_service.py): its rows go, the rest keep their
+    order and state; ``state_of`` reads any rows' state as a page does."""
+    rng = np.random.default_rng(3)
+    fast, oracle = stores(optimizer, kind=kind)
+    ids = np.unique(rng.integers(0, 500, 80).astype(np.uint64))
+    for store in (fast, oracle):
+        store.create(ids, rng.standard_normal((len(ids), DIM)).astype(np.float32) * 0 + 1, version=2)
+    grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+    for store in (fast, oracle):
+        store.update(store.lookup(ids), grads, scale=0.5, version=3)
+    picked = rng.permutation(len(ids))[:17]
+    for name, a in fast.state_of(fast.lookup(ids[picked])).items():
+        np.testing.assert_array_equal(a, oracle.state_of(oracle.lookup(ids[picked]))[name], err_msg=name)
+    gone = np.concatenate([ids[::3], np.array([10**12], np.uint64)])      # one without a row
+    assert fast.drop(gone) == oracle.drop(gone) == len(ids[::3])
+    same(fast, oracle)
+    assert (fast.lookup(ids[::3]) == -1).all()
+    fresh = np.array([10**12 + 1], np.uint64)           # rows can still be made after a drop
+    for store in (fast, oracle):
+        store.create(fresh, np.ones((1, DIM), np.float32), version=4)
+    same(fast, oracle)
+
+
 @pytest.mark.parametrize("mode, trainers, admission, eviction", [
     ("async", 1, Admission(min_count=2), Eviction(unseen_steps=6)),
     ("sync", 2, Admission(probability=0.7), Eviction()),

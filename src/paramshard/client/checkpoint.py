@@ -204,7 +204,8 @@ def check_fits(ckpt: Checkpoint, plan: ShardPlan, optimizer: OptimizerConfig, ta
 
 
 def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConfig,
-                       tables: Mapping[str, TableSpec], ckpt: Checkpoint, trainer_id: int = 0) -> None:
+                       tables: Mapping[str, TableSpec], ckpt: Checkpoint, trainer_id: int = 0,
+                       routing=None) -> None:
     """Load ``ckpt`` onto this job's fresh servers, cut for ``plan`` (chief only). Tables first:
     the other trainers' first dense pull waits for the dense restore, so they see every table whole."""
     check_fits(ckpt, plan, optimizer, tables)
@@ -212,25 +213,25 @@ def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: Optimizer
         # First: a trainer's first dense pull waits for the dense restore, so none asks for a data
         # task before the queue is the checkpoint's.
         shards.restore(links, ckpt.manifest["shards"])
-    sparse_client = SparseClient(links, trainer_id)
+    sparse_client = SparseClient(links, trainer_id, routing)     # rows go to the servers that own them now
     for entry in ckpt.manifest["sparse"]:
         if entry["name"] not in tables:
             continue
         spec = tables[entry["name"]]
         sparse_client.register_sparse(spec)
         parts = {part: ckpt.array(path) for part, path in entry["files"].items()}
-        _restore_table(links, entry, parts, trainer_id)
+        _restore_table(links, entry, parts, trainer_id, sparse_client.routing)
     _restore_dense(links, plan, optimizer, ckpt, trainer_id)
 
 
-def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int) -> None:
+def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int, routing) -> None:
     row_parts = [p for p in parts if p not in ("counted_ids", "counts")]
     ids = parts["ids"]
-    route = Partition.of(ids, len(links))
+    route = Partition.of(ids, routing)
     counted = parts.get("counted_ids")
-    count_route = Partition.of(counted, len(links)) if counted is not None else None
+    count_route = Partition.of(counted, routing) if counted is not None else None
     requests = []
-    for server in range(len(links)):
+    for server in routing.servers():
         mine = route.part(server)
         chunk_rows = {p: parts[p][mine] for p in row_parts}
         n = len(chunk_rows["ids"])

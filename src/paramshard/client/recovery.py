@@ -107,15 +107,16 @@ def wait_for_new_epoch(links: ServerLinks, old: int, timeout: float) -> int:
 
 
 def roll_back(links: ServerLinks, plan, optimizer, tables, checkpoint_dir, is_chief: bool, trainer_id: int,
-              timeout: float) -> Checkpoint | None:
+              timeout: float, routing=None) -> Checkpoint | None:
     """Bring every server back to the latest checkpoint (the chief does it, the others
-    wait for it); returns the checkpoint when this trainer can read it."""
+    wait for it); returns the checkpoint when this trainer can read it. ``routing``: where the
+    sparse rows go (an elastic job's current one; None: the fixed hash over ``links``)."""
     from .checkpoint import open_for_resume, restore_checkpoint
     old = links.epoch
     if is_chief:
         ckpt = Checkpoint(checkpoint_dir)       # before the reset: no checkpoint, nothing to roll back to
         links.epoch = reset_servers(links, timeout, trainer_id)
-        restore_checkpoint(links, plan, optimizer, tables, ckpt, trainer_id)
+        restore_checkpoint(links, plan, optimizer, tables, ckpt, trainer_id, routing=routing)
         log.warning("trainer %d: restored checkpoint %s (step %d) onto every server, epoch %d", trainer_id,
                     ckpt.path, ckpt.step, links.epoch)
         return ckpt

@@ -1,18 +1,23 @@
 """Trainer side of the sparse-table requests (server side: paramshard.server.sparse_service).
 
 Ids are owned by servers through a stable hash (paramshard.placement.sparse_hash), so
-every trainer sends each id to the same server whatever the table.
+every trainer sends each id to the same server whatever the table. In an elastic job
+(PARAMSHARD_PARTITIONS) the hash names a virtual partition and a versioned routing its
+server (placement/partitions.py): a request refused as ``moved`` (its partition went to
+another server) is split again under the routing server 0 gives now and sent again, only
+that part (``settle``); a server the routing names for the first time is connected then.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
 from ..budgets import parse_budget
-from ..errors import ConfigError, ProtocolError
+from ..errors import ConfigError, DeadlineExceeded, ProtocolError
 from ..optim import OptimizerConfig
-from ..placement.sparse_hash import server_of
+from ..placement.partitions import Routing
 from ..tables import Admission, Eviction, check_row_format, check_table_settings, policy_to_wire
 from ..transport.client import ServerLinks
 
@@ -48,10 +53,14 @@ class Partition:
     starts: np.ndarray
 
     @classmethod
-    def of(cls, ids: np.ndarray, num_servers: int) -> "Partition":
+    def of(cls, ids: np.ndarray, routing: "int | Routing") -> "Partition":
+        """``routing``: the job's Routing, or a server count (the fixed routing)."""
+        if isinstance(routing, int):
+            routing = Routing.initial(0, ("",) * routing)
+        num_servers = len(routing.addresses)
         if num_servers == 1:
             return cls(None, np.array([0, len(ids)]))
-        owners = server_of(ids, num_servers)
+        owners = routing.servers_of(ids)
         order = np.argsort(owners, kind="stable")
         starts = np.zeros(num_servers + 1, np.int64)
         np.cumsum(np.bincount(owners, minlength=num_servers), out=starts[1:])
@@ -68,19 +77,85 @@ class Partition:
 
 
 class SparseClient:
-    def __init__(self, links: ServerLinks, trainer_id: int):
+    def __init__(self, links: ServerLinks, trainer_id: int, routing: Routing | None = None):
+        """``routing``: the job's (Routing.initial(PARAMSHARD_PARTITIONS, servers)); None: the
+        fixed routing over ``links``."""
         self.links, self.trainer_id = links, trainer_id
-        self.num_servers = len(links)
-        self._last: dict[str, tuple[np.ndarray, Partition]] = {}   # table -> the last pull's ids
+        self.routing = routing or Routing.initial(0, ("",) * len(links))
+        self._last: dict[str, tuple[np.ndarray, Partition, int]] = {}   # table -> the last pull's ids
+        self.resent = 0              # requests sent again after a ``moved``
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.routing.addresses)
 
     def _partition(self, table: str, ids: np.ndarray) -> Partition:
         # A push usually carries the very array its pull had: partition it once.
         last = self._last.get(table)
-        if last is not None and last[0] is ids:
+        if last is not None and last[0] is ids and last[2] == self.routing.version:
             return last[1]
-        part = Partition.of(ids, self.num_servers)
-        self._last[table] = (ids, part)
+        part = Partition.of(ids, self.routing)
+        self._last[table] = (ids, part, self.routing.version)
         return part
+
+    # -- routing (elastic jobs) ------------------------------------------------
+    def refresh_routing(self, newer_than: int = -1) -> Routing:
+        """The routing server 0 holds, once it is newer than ``newer_than`` (within the links'
+        timeout); servers it names for the first time are connected."""
+        deadline = time.monotonic() + self.links.timeout
+        while True:
+            header, _ = self.links.request(0, {"op": "routing_get"})
+            routing = Routing.from_wire(header["routing"])
+            if routing.version > newer_than or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)        # server 0 publishes before the old owner refuses: rarely taken
+        if routing.partitions != self.routing.partitions and self.routing.partitions:
+            raise ProtocolError(f"server 0 routes by {routing.partitions} partitions, this trainer by "
+                                f"{self.routing.partitions}: PARAMSHARD_PARTITIONS differs")
+        for index in range(len(self.links), len(routing.addresses)):
+            self.links.add_server(routing.addresses[index])
+        if routing.version >= self.routing.version:
+            self.routing = routing
+        return self.routing
+
+    def settle(self, replies: list, requests: list, depth: int = 0) -> list:
+        """``replies`` with those refused as ``moved`` (None) replaced: their ids are split
+        under the new routing and sent again (pulls: the rows come back in their order)."""
+        if all(r is not None for r in replies):
+            return replies
+        if depth > 100:
+            raise DeadlineExceeded(f"trainer {self.trainer_id}: requests still refused as moved after "
+                                   f"{depth} routing updates")
+        self.refresh_routing(newer_than=self.routing.version)
+        out = list(replies)
+        refused = [slot for slot, reply in enumerate(replies) if reply is None]
+        # A table's refused pushes go again as one push a server (a sync step takes one from each
+        # trainer), to every server of the routing that had none, empty or not.
+        pushed = {(h["table"], s) for (s, h, _), r in zip(requests, replies) if r is not None and
+                  h["op"] == "push_sparse"}
+        groups: dict = {}
+        for slot in refused:
+            _, header, _ = requests[slot]
+            key = ("push", header["table"]) if header["op"] == "push_sparse" else ("one", slot)
+            groups.setdefault(key, []).append(slot)
+        for (kind, name), slots in groups.items():
+            header = requests[slots[0]][1]
+            arrays = [np.concatenate([requests[slot][2][k] for slot in slots])
+                      for k in range(len(requests[slots[0]][2]))]
+            part = Partition.of(arrays[0], self.routing)
+            again = [(s, {**header, "routing": self.routing.version}, [a[part.part(s)] for a in arrays])
+                     for s in range(self.num_servers)
+                     if part.count(s) or (kind == "push" and s in self.routing.servers() and (name, s) not in pushed)]
+            self.resent += len(again)
+            answers = self.settle(self.links.request_list(again), again, depth + 1)
+            for slot in slots:
+                out[slot] = ({}, [])
+            if header["op"] == "pull_sparse" and again:
+                rows = np.empty((len(arrays[0]), answers[0][1][0].shape[1]), np.float32)
+                for (server, _, _), (_, got) in zip(again, answers):
+                    rows[part.part(server)] = got[0]
+                out[slots[0]] = ({}, [rows])
+        return out
 
     def register_sparse(self, spec: TableSpec) -> None:
         header = {"op": "register_sparse", "trainer": self.trainer_id, "table": spec.name, "dim": spec.dim, "seed": spec.seed,
@@ -92,7 +167,7 @@ class SparseClient:
             header["reserve"] = -(-spec.capacity * 102 // (100 * self.num_servers)) + 1024
         if spec.memory_budget is not None:
             header["memory_budget"] = spec.memory_budget      # each server's share: the table's rows there
-        self.links.request_many({s: (header, ()) for s in range(self.num_servers)})
+        self.links.request_many({s: (header, ()) for s in self.routing.servers()})
 
     def pull_requests(self, table: str, ids: np.ndarray, min_version: int,
                       create: bool = True) -> tuple[list, Partition]:
@@ -102,7 +177,8 @@ class SparseClient:
             mine = part.part(s)
             if part.count(s):
                 requests.append((s, {"op": "pull_sparse", "table": table, "trainer": self.trainer_id,
-                                     "min_version": min_version, "create": create, "epoch": self.links.epoch},
+                                     "min_version": min_version, "create": create, "epoch": self.links.epoch,
+                                     "routing": self.routing.version},
                                  [ids[mine]]))
         return requests, part
 
@@ -121,7 +197,7 @@ class SparseClient:
                     create: bool = True) -> np.ndarray:
         """Rows of distinct ``ids``; ``create=False`` stores no new rows (evaluation)."""
         requests, part = self.pull_requests(table, ids, min_version, create)
-        replies = self.links.request_list(requests)
+        replies = self.settle(self.links.request_list(requests), requests)
         return self.gather_rows(replies, requests, part, len(ids), dim)
 
     def push_requests(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> list:
@@ -129,28 +205,29 @@ class SparseClient:
         ``ids`` must be distinct (SparseEmbedding.take_gradients merges them)."""
         part = self._partition(table, ids)
         return [(s, {"op": "push_sparse", "table": table, "step": step, "trainer": self.trainer_id,
-                     "distinct": True, "epoch": self.links.epoch},
-                 [ids[part.part(s)], grads[part.part(s)]]) for s in range(self.num_servers)]
+                     "distinct": True, "epoch": self.links.epoch, "routing": self.routing.version},
+                 [ids[part.part(s)], grads[part.part(s)]]) for s in self.routing.servers()]
 
     def push_sparse(self, table: str, ids: np.ndarray, grads: np.ndarray, step: int) -> None:
-        self.links.request_list(self.push_requests(table, ids, grads, step))
+        requests = self.push_requests(table, ids, grads, step)
+        self.settle(self.links.request_list(requests), requests)
 
     def export_sparse(self, table: str, with_meta: bool = False):
         """Every server's rows of ``table`` merged, sorted by id (and the table's
         settings as the servers hold them, with ``with_meta``)."""
         replies = self.links.request_many({s: ({"op": "export_sparse", "table": table}, ())
-                                           for s in range(self.num_servers)})
+                                           for s in self.routing.servers()})
         ids = np.concatenate([replies[s][1][0] for s in sorted(replies)])
         values = np.concatenate([replies[s][1][1] for s in sorted(replies)])
         order = np.argsort(ids, kind="stable")
         if not with_meta:
             return ids[order], values[order]
-        header = replies[0][0]
+        header = replies[min(replies)][0]
         meta = {"name": table, **{k: header[k] for k in ("dim", "seed", "init_scale", "optimizer")}}
         return ids[order], values[order], meta
 
     def import_sparse(self, table: str, ids: np.ndarray, values: np.ndarray) -> None:
-        part = Partition.of(ids, self.num_servers)
-        self.links.request_list([
-            (s, {"op": "import_sparse", "table": table}, [ids[part.part(s)], values[part.part(s)]])
-            for s in range(self.num_servers)])
+        part = Partition.of(ids, self.routing)
+        requests = [(s, {"op": "import_sparse", "table": table}, [ids[part.part(s)], values[part.part(s)]])
+                    for s in self.routing.servers()]
+        self.settle(self.links.request_list(requests), requests)

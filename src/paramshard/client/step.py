@@ -63,6 +63,7 @@ class _Fetch:
 @dataclasses.dataclass
 class _Push:
     sparse: Ticket            # the table pushes, sent first
+    sparse_requests: list     # what to send again where a partition moved
     dense: Ticket             # the dense push, whose reply carries the new values
     dense_requests: list
     values: Mapping[str, np.ndarray]
@@ -161,16 +162,20 @@ class StepClient:
                 self._send(table, fetch, piece)
         if len(fetch.pieces) == 1:
             piece = fetch.pieces[0]
-            return self.sparse.gather_rows(self.links.collect(piece.ticket), piece.requests, piece.part,
+            return self.sparse.gather_rows(self._collect_rows(piece), piece.requests, piece.part,
                                            len(piece.ids), dim)
         out = np.empty((len(fetch.ids), dim), np.float32)
         for piece in fetch.pieces:
             if len(piece.ids):
-                out[piece.positions] = self.sparse.gather_rows(self.links.collect(piece.ticket), piece.requests,
+                out[piece.positions] = self.sparse.gather_rows(self._collect_rows(piece), piece.requests,
                                                                piece.part, len(piece.ids), dim)
             else:
                 self.links.discard(piece.ticket)
         return out
+
+    def _collect_rows(self, piece: _Piece) -> list:
+        """A piece's replies; parts refused as ``moved`` (a server scale) are fetched again."""
+        return self.sparse.settle(self.links.collect(piece.ticket), piece.requests)
 
     def _take_fetch(self, table: str, ids: np.ndarray, min_version: int) -> _Fetch | None:
         """The fetch of these ids; fetches queued before it were for batches that never came."""
@@ -226,7 +231,7 @@ class StepClient:
         dense_ticket = self.links.submit(dense_requests)
         rider_requests = [request for rider in self.riders for request in rider(step)]
         riders = self.links.submit(rider_requests) if rider_requests else None
-        self._pushes.append(_Push(sparse_ticket, dense_ticket, dense_requests, values, riders))
+        self._pushes.append(_Push(sparse_ticket, sparse_requests, dense_ticket, dense_requests, values, riders))
         self.stats["steps"] += 1
         if while_waiting is not None:
             while_waiting()
@@ -244,7 +249,7 @@ class StepClient:
         push = self._pushes.popleft()     # collected or failed, it is no longer in flight
         started = time.perf_counter()
         try:
-            self.links.collect(push.sparse)
+            self.sparse.settle(self.links.collect(push.sparse), push.sparse_requests)
             replies = self.links.collect(push.dense)
             if push.riders is not None:
                 self.links.collect(push.riders)

@@ -5,8 +5,9 @@ stalls: pure functions over the parsed records (run_data.RunData), for the repor
 Events (observe/records.py) an elastic job writes:
 - ``membership``: ``role`` (trainer | server), ``rank``, ``change`` (joined, left, lost,
   replaced, added, removed, asked to leave), ``live`` (that role's count after it);
-- ``move``: rows and blocks moving between servers (``servers``, ``partitions``, ``rows``,
-  ``bytes``, ``seconds``), recorded when the move ended (``t``);
+- ``scale_end``: rows moved between servers (launch/server_scaling.MoveRecord:
+  ``servers_before``, ``servers_after``, ``partitions``, ``rows``, ``bytes``, ``seconds``),
+  recorded when the move ended (``t``); ``move`` events of the same shape with ``servers``;
 - ``recovery``: a killed server serving again (``rank``, ``seconds``, ``lost_updates``), and
   the bounded-loss replica keeper's ``replica`` events (``what: restored``, ``recovery_s``,
   ``updates_lost_estimate``).
@@ -91,13 +92,13 @@ def moves(events: list[dict], trainers: dict[int, list[dict]], t0: float) -> lis
     out = []
     for e in events:
         seconds = _number(e.get("seconds"))
-        if e.get("event") != "move" or _number(e.get("t")) is None or seconds is None:
+        if e.get("event") not in ("move", "scale_end") or _number(e.get("t")) is None or seconds is None:
             continue
         begin, end = e["t"] - seconds, e["t"]
         # A record's step_max_s is the longest step of a whole second or so: a record
         # overlapping the move is counted, which can only overstate the stall.
         longest = [length for (a, b) in spans if a <= end and b >= begin for length in [b - a]]
-        servers = e.get("servers")
+        servers = e.get("servers") if "servers" in e else [e.get("servers_before"), e.get("servers_after")]
         out.append(Move(begin - t0, seconds, "->".join(map(str, servers)) if isinstance(servers, list)
                         else str(servers or "?"), _count(e.get("partitions")), _count(e.get("rows")),
                         _count(e.get("bytes")), max(longest) if longest else None))
@@ -131,4 +132,5 @@ def recoveries(events: list[dict]) -> list[dict]:
 
 
 def is_elastic(events: list[dict]) -> bool:
-    return any(e.get("event") in ("membership", "move", "recovery") for e in events) or bool(recoveries(events))
+    return any(e.get("event") in ("membership", "move", "scale_end", "recovery") for e in events) or \
+        bool(recoveries(events))

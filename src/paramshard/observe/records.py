@@ -41,10 +41,15 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
-  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job).
-  Elastic jobs add ``membership`` (``role``, ``rank``, ``change``, ``live``), ``move``
-  (``servers``, ``partitions``, ``rows``, ``bytes``, ``seconds``) and ``recovery``
-  (``rank``, ``seconds``, ``lost_updates``) events (observe/elastic_view.py reads them).
+  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job);
+  ``scale_start`` (``servers``: the target) and ``scale_end`` (a move of sparse partitions,
+  launch/server_scaling.MoveRecord: ``servers_before``, ``servers_after``, ``started``, ``ended``,
+  ``seconds``, ``partitions``, ``rows``, ``bytes``, ``handoffs``, ``longest_handoff_s``,
+  ``routing_version``, ``switch_step``).
+  Elastic jobs add ``membership`` (``role``, ``rank``, ``change``, ``live``) and ``scale``
+  (``trainers``: the count asked for) events, and with bounded-loss recovery the replica
+  keeper's ``replica`` events (``what``: first, refreshes, lost, restored with ``recovery_s``,
+  ``copy_age_s``, ``updates_lost_estimate``); observe/elastic_view.py reads them for the report.
 
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing

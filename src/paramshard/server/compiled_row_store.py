@@ -238,7 +238,16 @@ class CompiledRowStore(RowStateArrays):
 
     # -- eviction, export, snapshot ---------------------------------------
     def evict_unseen(self, before: int) -> int:
-        kept = kept_rows_kernel(self.last_seen, self._rows, before)
+        return self._keep(kept_rows_kernel(self.last_seen, self._rows, before))
+
+    def drop(self, ids: np.ndarray) -> int:
+        rows = self.lookup(ids)
+        keep = np.ones(self._rows, bool)
+        keep[rows[rows >= 0]] = False
+        return self._keep(np.flatnonzero(keep).astype(np.int64)) if not keep.all() else 0
+
+    def _keep(self, kept: np.ndarray) -> int:
+        """Keep rows ``kept`` (ascending), in that order; how many went."""
         evicted = self._rows - len(kept)
         if not evicted:
             return 0

@@ -178,8 +178,17 @@ class NumpyRowStore(RowStateArrays):
         stale = self.last_seen[:self._rows].astype(np.int64) < before
         if not stale.any():
             return 0
+        return self._keep(np.flatnonzero(~stale))
+
+    def drop(self, ids: np.ndarray) -> int:
+        rows = self.lookup(ids)
+        keep = np.ones(self._rows, bool)
+        keep[rows[rows >= 0]] = False
+        return self._keep(np.flatnonzero(keep)) if not keep.all() else 0
+
+    def _keep(self, kept: np.ndarray) -> int:
+        """Keep rows ``kept`` (ascending), in that order; how many went."""
         ids_by_row = self.ids()
-        kept = np.flatnonzero(~stale)
         evicted = self._rows - len(kept)
         self._rows = len(kept)
         self.values[:len(kept)] = self.values[kept]
@@ -187,7 +196,8 @@ class NumpyRowStore(RowStateArrays):
             s[:len(kept)] = s[kept]
         if self.steps is not None:
             self.steps[:len(kept)] = self.steps[kept]
-        self.last_seen[:len(kept)] = self.last_seen[kept]
+        if self.last_seen is not None:
+            self.last_seen[:len(kept)] = self.last_seen[kept]
         self.index.rebuild(ids_by_row[kept])
         return evicted
 

@@ -24,7 +24,7 @@ from collections import Counter
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import ParamshardError, ProtocolError, StaleEpoch
+from ..errors import Moved, ParamshardError, ProtocolError, StaleEpoch
 from ..limits import Limits
 from ..log import get_logger
 from ..mode import Mode
@@ -369,6 +369,8 @@ class ParameterServer:
         if isinstance(exc, ParamshardError):
             code = ("bad_request" if isinstance(exc, ProtocolError) else
                     "reset" if isinstance(exc, StaleEpoch) else getattr(exc, "wire_code", "invalid"))
+            if code == "moved":         # routine during a move of partitions: not worth a warning
+                return code, str(exc)
             log.warning("%s: rejected %s request: %s", self.name, op, exc)
             return code, str(exc)
         log.error("%s: internal error on %s: %s", self.name, op, traceback.format_exc())

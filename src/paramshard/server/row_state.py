@@ -53,3 +53,8 @@ class RowStateArrays:
         if self.last_seen is not None:
             out["last_seen"] = self.last_seen[rows].astype(np.int64)
         return out
+
+    def state_of(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The state of rows ``rows`` (handles, any order) by part name, as a page gives it (a
+        partition's rows as they move to another server: server/migration_service.py)."""
+        return self._state_page(np.asarray(rows, np.int64))

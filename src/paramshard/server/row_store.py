@@ -123,6 +123,13 @@ class RowStore(Protocol):
     def evict_unseen(self, before: int) -> int:
         """Drop the rows last seen before version ``before``; how many. Handles change."""
 
+    def drop(self, ids: np.ndarray) -> int:
+        """Drop the rows of ``ids`` (ids without a row are skipped): their partition moved to
+        another server (server/migration_service.py); how many went. Handles change."""
+
+    def state_of(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The state of rows ``rows`` (handles, any order) by part name, as ``page`` gives it."""
+
     def ids(self) -> np.ndarray:
         """Every id with a row, in row order (a copy)."""
 

@@ -189,7 +189,10 @@ class SparseTable:
             (ids_i, rows_i), (ids_j, rows_j) = recent[i], recent[j]
             if len(ids_i) + len(ids_j) != len(ids):
                 continue
-            where = pd.Index(np.concatenate([ids_i, ids_j])).get_indexer(ids)   # a hash of this batch only
+            both = pd.Index(np.concatenate([ids_i, ids_j]))      # a hash of this batch only
+            if not both.is_unique:       # not two pieces of one batch (e.g. a pull resent after a move)
+                continue
+            where = both.get_indexer(ids)
             if (where >= 0).all():
                 rows = np.concatenate([rows_i, rows_j])[where]
                 del recent[j], recent[i]

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..budgets import show_bytes
+from ..errors import ConfigError
 from ..log import get_logger
 from .compiled_row_store import CompiledRowStore
 from .kernels import arena
@@ -460,6 +461,10 @@ class TieredRowStore(CompiledRowStore):
         if not out:
             return super().page(start, count)
         return {name: np.concatenate(parts) for name, parts in out.items()}
+
+    def drop(self, ids):
+        raise ConfigError("a table with a memory budget (disk tier) cannot move to another server yet; "
+                          "scale servers only in jobs whose tables keep every row in RAM")
 
     def evict_unseen(self, before):
         rows = self._rows

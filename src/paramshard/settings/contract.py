@@ -281,6 +281,12 @@ CONTRACT: tuple[Setting, ...] = (
             scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
             flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
                         "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),
+    Setting("PARAMSHARD_PARTITIONS", "sparse ids are routed by this many virtual partitions (a power of two, "
+            ">= 64 x the most servers the job will have), so servers can be added and removed while it trains "
+            "(placement/partitions.py); 0, the default: fixed routing by id hash, the server count never changes",
+            "partitions", 0, "int", int, scopes=_LAUNCHED, inherit=True,
+            check=lambda v: None if v == 0 or (2 <= v <= 1 << 20 and v & (v - 1) == 0) else
+            f"PARAMSHARD_PARTITIONS={v}: expected 0 (fixed routing) or a power of two from 2 to 1048576"),
     Setting("PARAMSHARD_ROW_STORE", "servers: what holds sparse table rows, `compiled` (numba kernels, the "
             "default) or `numpy` (the reference implementation: the same tables bit for bit, slower); the launcher "
             "passes its own value on", "row_store", "compiled", "str", lambda text: text.strip().lower(),

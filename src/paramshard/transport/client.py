@@ -130,7 +130,8 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
 
 class Ticket:
     """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
-    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed")
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed",
+                 "moved")
 
     def __init__(self, count: int, wait: float, deadline: float):
         self.results: list = [None] * count
@@ -143,6 +144,7 @@ class Ticket:
         self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
         self.resend: dict[int, Exception] = {}   # server -> why its requests go again
         self.replayed: set[int] = set()      # request ids that are resent ones
+        self.moved: list[int] = []           # slots refused with ``moved`` (their result stays None)
 
     @property
     def done(self) -> bool:
@@ -207,6 +209,14 @@ class ServerLinks(Requests):
 
     def __len__(self) -> int:
         return len(self.links)
+
+    def add_server(self, address: str) -> int:
+        """Talk to one more server (one added while the job runs); its index."""
+        identity = self.links[0].sock.getsockopt(zmq.IDENTITY) if self.links else f"{self.who}-{os.getpid()}".encode()
+        link = _Link(self._ctx, len(self.links), address, identity, self.security)
+        self.links.append(link)
+        self._poller.register(link.sock, zmq.POLLIN)
+        return link.index
 
     def wait_ready(self, timeout: float = 30.0) -> list[dict]:
         """Block until every server answers (its hello), or raise naming the silent ones."""
@@ -321,6 +331,9 @@ class ServerLinks(Requests):
                     ticket.resend[server] = RemoteError(link.name, code, str(header.get("message")))
                     continue
             if not header.get("ok"):
+                if header.get("code") == "moved":      # a partition moved: the caller resends (client/sparse.py)
+                    ticket.moved.append(slot)
+                    continue
                 if ticket.error is None:
                     ticket.error = RemoteError(link.name, str(header.get("code")), str(header.get("message")))
                 continue

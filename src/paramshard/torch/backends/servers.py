@@ -18,6 +18,7 @@ from ...client.step import StepClient
 from ...env import ClusterEnv
 from ...log import get_logger
 from ...mode import Mode
+from ...placement.partitions import Routing
 from ...placement.sharding import ParamSpec, make_plan
 
 log = get_logger("trainer")
@@ -44,7 +45,7 @@ class ServerBackend:
         plan = plan_for(env, params if on_servers is None else on_servers)
         links = runtime.links_for(env)
         dense = DenseClient(links, plan, env.trainer_id)
-        sparse = SparseClient(links, env.trainer_id)
+        sparse = SparseClient(links, env.trainer_id, Routing.initial(env.partitions, env.servers))
         steps = StepClient(links, dense, sparse, max_in_flight)
         steps.bounded = env.mode is Mode.ASYNC and env.max_staleness is not None
         return cls(env, links, plan, dense, sparse, steps)
@@ -56,6 +57,8 @@ class ServerBackend:
         return self.dense
 
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        if self.sparse.routing.elastic:          # servers may have been added or removed before this trainer came
+            self.sparse.refresh_routing()
         if self.env.joining:
             # Started mid-job in an elastic job (a replacement, a scale-up): the job is registered
             # already; it joins from the next step boundary and pulls the values that step starts from.
@@ -64,7 +67,8 @@ class ServerBackend:
             self.dense_sync.pull_dense(values, min_version=self.row_version(first))
             return first
         if is_chief and ckpt is not None:
-            checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt)
+            checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt,
+                                             routing=self.sparse.routing)
             log.info("restored checkpoint %s (step %d) onto %d servers", ckpt.path, ckpt.step, self.plan.num_servers)
         elif is_chief:
             self.dense_sync.register_dense(values, optimizer)
@@ -146,12 +150,16 @@ class ServerBackend:
                                     min_version=step if self._versions_are_steps else None, epoch=self.links.epoch)
 
     def save(self, tables, directory, step, settings, keep):
+        if self.sparse.routing.elastic:      # a server added since this trainer last looked holds rows too
+            self.sparse.refresh_routing()
         return checkpoint_io.save_checkpoint(self.links, self.plan, tables, directory, step, settings, keep=keep)
 
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
         self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
+        if self.sparse.routing.elastic:      # rows go back to the servers that own them now
+            self.sparse.refresh_routing()
         ckpt = recovery.roll_back(self.links, self.plan, optimizer, tables, checkpoint_dir, is_chief,
-                                  self.trainer_id, timeout)
+                                  self.trainer_id, timeout, routing=self.sparse.routing)
         return ckpt, self.dense.pull_dense(values, min_version=0)
 
     def explain_failure(self, exc, step):

@@ -1,0 +1,285 @@
+"""Moving sparse partitions between servers while training goes on (the server's side).
+
+A move of partitions (placement/partitions.py) from an old owner to a new one, driven by
+launch/server_scaling.py:
+
+1. ``migrate_start`` (old owner): begin tracking the ids requests touch in those partitions;
+   ``migrate_expect`` (new owner): hold requests for them until their rows are here.
+2. ``migrate_page`` / ``migrate_stage``: the partitions' rows (values, optimizer state,
+   update counts, last-seen clocks) and admission counters travel in pages while the old
+   owner keeps serving; the new owner keeps them aside (staged).
+3. Per group of partitions: the routing naming the new owner is published on server 0
+   (``routing_set``), then ``handoff_freeze`` (old owner: requests for them are refused with
+   ``moved`` from now on), ``handoff_rows`` -> ``handoff_in`` (the partitions' current ids and
+   the dirty rows, whole), ``handoff_done`` (new owner: staged rows still current and not
+   dirty, plus the dirty ones, become rows; the held requests run).
+4. ``migrate_finish`` (old owner): the rows of partitions handed away are dropped.
+
+Requests are checked by a RequestHook (partition_ownership.py). The routing every server
+knows is answered by ``routing_get``; server 0's is the job's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..env import ClusterEnv
+from ..errors import ConfigError
+from ..placement.partitions import Routing
+from ..tables import policy_to_wire
+from ..transport import protocol
+from .context import ServerContext
+from .hooks import Incoming, Verdict
+from .partition_intake import PartitionIntake, checked_page
+from .partition_ownership import PartitionOwnership
+from .replies import Deferred, Reply
+from .sparse_service import SparseService
+
+DATA_OPS = ("pull_sparse", "push_sparse", "import_sparse")
+MAX_PAGE_ROWS = 1 << 20
+
+
+class MigrationHook:
+    """Refuses, holds or accepts each sparse request by the partitions of its ids."""
+
+    def __init__(self, service: "MigrationService"):
+        self.service = service
+
+    def admit(self, request: Incoming) -> Verdict:
+        own = self.service.ownership
+        if not own.elastic or request.op not in DATA_OPS or request.held is None:
+            return Verdict.ACCEPT
+        step = None
+        if self.service.ctx.mode.waits_every_step:
+            step = request.header.get("step" if request.op == "push_sparse" else "min_version")
+        verdict = own.verdict(_ids_of(request), request.header.get("routing"), step)
+        if verdict is Verdict.HOLD:
+            own.hold(request.held)
+        return verdict
+
+    def applied(self, request: Incoming) -> None:
+        own = self.service.ownership
+        if own.elastic and request.op in DATA_OPS and request.held is not None and own.copying.any():
+            own.note_applied(request.header["table"], _ids_of(request))
+
+    def tick(self) -> None:
+        self.service.ctx.resubmit(self.service.ownership.expired(self.service.ctx.timeout))
+
+
+def _ids_of(request: Incoming) -> np.ndarray:
+    """The ids array of a sparse request (its first frame after the header)."""
+    arrays = protocol.decode_arrays(request.header, request.held[2:])
+    return arrays[0] if arrays and arrays[0].dtype == np.uint64 and arrays[0].ndim == 1 else np.zeros(0, np.uint64)
+
+
+class MigrationService:
+    def __init__(self, context: ServerContext, sparse: SparseService, routing: Routing):
+        self.ctx, self.sparse = context, sparse
+        self.ownership = PartitionOwnership(context.server_id, routing)
+        self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
+        self.evicted_at_start: dict[str, int] = {}
+        self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
+
+    def ops(self) -> dict:
+        return {op: getattr(self, f"handle_{op}") for op in
+                ("routing_get", "routing_set", "migrate_switch", "migrate_tables", "migrate_tables_in", "migrate_start",
+                 "migrate_expect", "migrate_page", "migrate_stage", "handoff_freeze", "handoff_rows",
+                 "handoff_in", "handoff_done", "migrate_finish", "retire")}
+
+    def hooks(self) -> list:
+        return [MigrationHook(self)]
+
+    def stats(self):
+        return None
+
+    def on_leave(self, trainer: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.intake.clear()
+
+    # -- routing ------------------------------------------------------------
+    def handle_routing_get(self, header: dict, arrays: list) -> Reply:
+        return Reply({"routing": self.ownership.routing.to_wire()})
+
+    def handle_routing_set(self, header: dict, arrays: list) -> Reply:
+        self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
+        return Reply({"version": self.ownership.routing.version})
+
+    def handle_migrate_switch(self, header: dict, arrays: list) -> Reply:
+        """Sync mode: the routing of ``version`` takes over at step ``step``, which no request
+        may have reached yet: a table at step >= step - 1 may have a pull of it waiting already."""
+        step, version = header["step"], header["version"]
+        if not self.ctx.mode.waits_every_step:
+            raise ConfigError("migrate_switch is for sync mode; an async job changes routing partition by partition")
+        late = {n: t.version for n, t in self.sparse.tables.items() if t.version + 2 > step}
+        if late:
+            raise ConfigError(f"migrate_switch: step {step} is too close, tables are at {late}; choose a later step")
+        self.ownership.arm(step, version)
+        return Reply()
+
+    # -- tables on a new server --------------------------------------------
+    def handle_migrate_tables(self, header: dict, arrays: list) -> Reply:
+        tables = []
+        for name, t in self.sparse.tables.items():
+            tables.append({"table": name, "dim": t.dim, "seed": t.seed, "optimizer": t.optimizer.to_wire(),
+                           "policy": policy_to_wire(t.admission, t.eviction, t.init_scale), "dtype": t.dtype,
+                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale})
+        return Reply({"tables": tables, "sync": self.ctx.mode.waits_every_step})
+
+    def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
+        fields = {"table", "dim", "seed", "optimizer", "policy", "dtype", "rounding", "version", "lr_scale"}
+        for entry in header["tables"]:
+            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve"}:
+                raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry (and a reserve)")
+            register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding",
+                                              "reserve") if k in entry}
+            protocol.validate_request({"op": "register_sparse", "trainer": 0, **register})
+            self.sparse.handle_register_sparse({"trainer": 0, **register}, [])
+            table = self.sparse.table(entry["table"])
+            if type(entry["version"]) is not int or entry["version"] < 0:
+                raise ConfigError("migrate_tables_in: version must be an int >= 0")
+            table.version = max(table.version, entry["version"])
+            if entry["lr_scale"] != table.lr_scale:
+                table.set_lr_scale(float(entry["lr_scale"]))
+        return Reply({"tables": sorted(self.sparse.tables)})
+
+    # -- the old owner -------------------------------------------------------
+    def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
+        self.ownership.start_copy(header["partitions"])
+        self._row_partitions = {}
+        self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
+        return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})
+
+    def handle_migrate_page(self, header: dict, arrays: list) -> Reply:
+        table = self.sparse.table(header["table"])
+        start, count = header["start"], header["count"]
+        if start < 0 or not 0 < count <= MAX_PAGE_ROWS:
+            raise ConfigError(f"migrate_page: start >= 0 and count in 1..{MAX_PAGE_ROWS}, got {start}, {count}")
+        page = table.store.page(start, count)
+        mine = self.ownership.copying[self.ownership.partitions(page["ids"])]
+        page = {k: v[mine] for k, v in page.items()}       # admission counters travel at the hand-off
+        return self._page_reply(page, total=table.num_rows)
+
+    def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply | Deferred:
+        def freeze() -> Reply:
+            self.ownership.freeze(header["partitions"])
+            return Reply()
+        switch = self.ownership.switch
+        if switch is None:
+            # Pulls admitted before the freeze and still waiting to be answered make their rows now
+            # (not from inside a Deferred: the waiting list is not re-entrant).
+            self.ctx.waiting.answer_ready()
+            return freeze()
+        # Sync: once every table completed the step before the switch; none of the step after
+        # can be applied here (its requests are refused or route elsewhere).
+        return Deferred(ready=lambda: all(t.version >= switch[0] for t in self.sparse.tables.values()),
+                        make_reply=freeze, describe=lambda: f"tables to complete step {switch[0] - 1} before "
+                                                            f"the hand-off",
+                        waits_on=lambda: sorted({w for t in self.sparse.tables.values() for w in t.waiting_for()}))
+
+    def handle_handoff_rows(self, header: dict, arrays: list) -> Reply:
+        """The rows of the frozen partitions touched since the copy began (rows are only made
+        during a move, and every one made is touched: the staged pages and these are all of
+        them). After an eviction, which compacts rows under the pages, every row of the
+        partitions, and their ids as ``current``."""
+        parts = self.ownership.frozen(header["partitions"])
+        table = self.sparse.table(header["table"])
+        page = {}
+        if table.evicted != self.evicted_at_start.get(table.name, table.evicted):
+            ids = table.store.ids()
+            in_group = np.zeros(len(self.ownership.owned), bool)
+            in_group[parts] = True
+            dirty = page["current"] = ids[in_group[self._partitions_by_row(table, ids)]]
+        else:
+            dirty = self.ownership.dirty_ids(table.name, parts)
+        self.ownership.forget_dirty(table.name, parts)
+        rows = table.store.lookup(dirty)
+        dirty, rows = dirty[rows >= 0], rows[rows >= 0]
+        page.update({"ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)})
+        mask = np.zeros(len(self.ownership.owned), bool)
+        mask[parts] = True
+        page.update(self._counters(table, mask))
+        reply = self._page_reply(page, total=len(dirty))
+        # The step the new owner starts at: in sync mode the switch's (this table may have gone
+        # on with step S where the moving partitions are not touched), else this table's count.
+        switch = self.ownership.switch
+        reply.fields["version"] = switch[0] if switch is not None else table.version
+        return reply
+
+    def _partitions_by_row(self, table, ids: np.ndarray) -> np.ndarray:
+        """The partition of each row, hashed once: rows are only appended during a move (an
+        eviction, which compacts them, starts it again)."""
+        evicted, known = self._row_partitions.get(table.name, (table.evicted, np.zeros(0, np.int64)))
+        if evicted != table.evicted or len(known) > len(ids):
+            known = np.zeros(0, np.int64)
+        if len(known) < len(ids):
+            known = np.concatenate([known, self.ownership.partitions(ids[len(known):])])
+        self._row_partitions[table.name] = (table.evicted, known)
+        return known
+
+    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply | Deferred:
+        def finish() -> Reply:
+            lost = self.ownership.finish()
+            dropped = 0
+            if lost.any():
+                for table in self.sparse.tables.values():
+                    ids = table.store.ids()
+                    dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
+                    table._last_pull.clear()          # row handles changed
+            self.intake.clear()
+            self._row_partitions = {}
+            return Reply({"dropped": dropped})
+
+        # Dropping rows moves the others: not while a sync step holds row handles of pushes
+        # that wait for the other trainers (right after a step completes, none does).
+        return Deferred(ready=lambda: not any(t._pending for t in self.sparse.tables.values()),
+                        make_reply=finish, describe=lambda: "a sync step to complete before dropping rows")
+
+    def _counters(self, table, mask: np.ndarray) -> dict:
+        counters = table.store.counters()
+        if counters is None:
+            return {}
+        ids, counts = counters
+        mine = mask[self.ownership.partitions(ids)]
+        return {"counted_ids": ids[mine], "counts": counts[mine].astype(np.int64)}
+
+    def _page_reply(self, page: dict, total: int) -> Reply:
+        names = list(page)
+        out = [np.ascontiguousarray(page[n]) for n in names]
+        out = [a.astype(np.int64) if a.dtype.kind in "iu" and a.dtype != np.uint64 else a for a in out]
+        return Reply({"parts": names, "total": total}, out)
+
+    # -- the new owner -------------------------------------------------------
+    def handle_migrate_expect(self, header: dict, arrays: list) -> Reply:
+        self.ownership.expect(header["partitions"])
+        return Reply()
+
+    def handle_migrate_stage(self, header: dict, arrays: list) -> Reply:
+        table = self.sparse.table(header["table"])
+        self.intake.stage(table, checked_page(table, header["parts"], arrays), self.ownership.incoming)
+        return Reply()
+
+    def handle_handoff_in(self, header: dict, arrays: list) -> Reply:
+        table = self.sparse.table(header["table"])
+        self.intake.hand_in(table, checked_page(table, header["parts"], arrays), header.get("version", 0))
+        return Reply()
+
+    def handle_handoff_done(self, header: dict, arrays: list) -> Reply:
+        parts = np.asarray(header["partitions"], np.int64)
+        if not self.ownership.incoming[self.ownership._check(parts, "handoff_done")].all():
+            raise ConfigError(f"handoff_done: server {self.ctx.server_id} was not expecting all of these partitions")
+        self.intake.adopt(self.sparse.tables, parts)
+        self.ctx.resubmit(self.ownership.adopt(parts))
+        return Reply()
+
+    def handle_retire(self, header: dict, arrays: list) -> Reply:
+        if self.ownership.owned.any() or self.ownership.incoming.any():
+            raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
+        return Reply({"retired": True})
+
+
+def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> MigrationService:
+    """Every server of a job can hand partitions on; with PARAMSHARD_PARTITIONS=0 it refuses to."""
+    service = MigrationService(server.context, sparse, Routing.initial(env.partitions, env.servers))
+    server.add_service(service)
+    return service

@@ -1,0 +1,184 @@
+"""Which virtual partitions (placement/partitions.py) this server serves, through a move.
+
+Each partition is, on this server: owned (served), incoming (being handed to it: requests
+for it are held until its rows are all here), or neither (refused with ``moved``: the
+client fetches the routing and resends). An owned partition being copied out is tracked:
+the ids that requests touched since the copy began are dirty, and travel again at the
+hand-off. A frozen (handed away) partition's rows stay until ``finish`` drops them.
+
+All or nothing: a request touching any partition that is not served is refused (or held)
+whole, before anything is applied, so a push is applied exactly once: here before the
+hand-off (and then carried by the copy or the dirty rows), or by the new owner after it.
+Pure state: no socket, no store; the MigrationHook feeds it ids and the clock.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, Moved
+from ..placement.partitions import Routing, partition_of
+from .hooks import Verdict
+
+
+class PartitionOwnership:
+    def __init__(self, me: int, routing: Routing, clock: Callable[[], float] = time.monotonic):
+        self.me, self.routing, self.clock = me, routing, clock
+        p = routing.partitions
+        self.owned = routing.owners == me
+        self.incoming = np.zeros(p, bool)
+        self.copying = np.zeros(p, bool)
+        self.lost = np.zeros(p, bool)              # handed away: rows to drop once the move ends
+        self.dirty: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+        self.held: list = []
+        self.held_since: float | None = None
+        # Sync mode: (step S, routing version V): requests of step S on must carry routing V or
+        # later (older ones are refused, so every trainer changes routing at the same step), and
+        # a server taking partitions holds them all until the rows are here.
+        self.switch: tuple[int, int] | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.routing.elastic
+
+    def partitions(self, ids: np.ndarray) -> np.ndarray:
+        return partition_of(ids, self.routing.partitions)
+
+    # -- requests ---------------------------------------------------------
+    def verdict(self, ids: np.ndarray, routing_version: int | None = None, step: int | None = None) -> Verdict:
+        """ACCEPT when every id's partition is served here, HOLD when the rest are on their way
+        here; else raise Moved (nothing applied). ``step``: a sync request's step (see ``switch``)."""
+        if not self.elastic:
+            return Verdict.ACCEPT
+        if self.switch is not None and step is not None and step >= self.switch[0]:
+            if routing_version is None or routing_version < self.switch[1]:
+                raise Moved(f"server {self.me}: from step {self.switch[0]} on the job routes by routing version "
+                            f"{self.switch[1]}, this request is of version {routing_version}; fetch the routing "
+                            f"(routing_get on server 0) and resend")
+            if self.incoming.any():
+                return Verdict.HOLD
+        if not len(ids):
+            return Verdict.ACCEPT
+        parts = self.partitions(ids)
+        owned = self.owned[parts]
+        if owned.all():
+            return Verdict.ACCEPT
+        if (owned | self.incoming[parts]).all():
+            return Verdict.HOLD
+        stray = np.unique(parts[~(owned | self.incoming[parts])])
+        raise Moved(f"server {self.me} does not own partitions {stray[:5].tolist()} (routing version "
+                    f"{self.routing.version}, the request's {routing_version}): they moved to another server; "
+                    f"fetch the routing (routing_get on server 0) and resend")
+
+    def hold(self, request) -> None:
+        if self.held_since is None:
+            self.held_since = self.clock()
+        self.held.append(request)
+
+    def take_held(self) -> list:
+        held, self.held, self.held_since = self.held, [], None
+        return held
+
+    def note_applied(self, table: str, ids: np.ndarray) -> None:
+        """A request touched ``ids`` of ``table`` (rows made, updated, seen, counted)."""
+        if len(ids) and self.copying.any():
+            mine = self.copying[self.partitions(ids)]
+            if mine.any():
+                self.dirty[table].append(np.array(ids[mine], np.uint64))
+
+    def dirty_ids(self, table: str, parts: np.ndarray) -> np.ndarray:
+        chunks = self.dirty.get(table)
+        if not chunks:
+            return np.zeros(0, np.uint64)
+        ids = np.unique(np.concatenate(chunks))
+        self.dirty[table] = [ids]        # compacted: a long move does not sort its whole history again
+        return ids[np.isin(self.partitions(ids), parts)]
+
+    def forget_dirty(self, table: str, parts: np.ndarray) -> None:
+        """``parts`` were handed over: their dirty ids are not needed again."""
+        chunks = self.dirty.get(table)
+        if chunks:
+            ids = np.unique(np.concatenate(chunks))
+            self.dirty[table] = [ids[~np.isin(self.partitions(ids), parts)]]
+
+    # -- a move, step by step (launch/server_scaling.py drives it) --------------------
+    def _check(self, parts, what: str) -> np.ndarray:
+        parts = np.asarray(parts, np.int64)
+        if not self.elastic:
+            raise ConfigError("this job routes sparse ids by a fixed hash: servers cannot be added or removed; "
+                              "start it with PARAMSHARD_PARTITIONS (e.g. 1024) to make it elastic")
+        if len(parts) and (parts.min() < 0 or parts.max() >= self.routing.partitions):
+            raise ConfigError(f"{what}: partitions must lie in [0, {self.routing.partitions})")
+        return parts
+
+    def set_routing(self, routing: Routing, join: bool = False) -> None:
+        if routing.partitions != self.routing.partitions:
+            raise ConfigError(f"routing of {routing.partitions} partitions for a server of {self.routing.partitions}")
+        if routing.version < self.routing.version:
+            raise ConfigError(f"routing version {routing.version} is older than this server's "
+                              f"{self.routing.version}")
+        if join:        # a server started to take partitions over: it serves none yet
+            if self.owned.any() and self.routing.version > 0:
+                raise ConfigError(f"server {self.me} already serves partitions: it cannot join again")
+            self.owned[:] = False
+        self.routing = routing
+
+    def arm(self, step: int, version: int) -> None:
+        """Sync mode: the routing changes at ``step`` (routing ``version``)."""
+        if self.switch is not None and self.switch[1] > version:
+            raise ConfigError(f"migrate_switch: routing version {version} is older than the one armed")
+        self.switch = (step, version)
+
+    def start_copy(self, parts) -> None:
+        parts = self._check(parts, "migrate_start")
+        if not self.owned[parts].all():
+            raise ConfigError(f"migrate_start: server {self.me} does not own all of partitions {parts[:5].tolist()}..")
+        self.copying[parts] = True
+
+    def expect(self, parts) -> None:
+        parts = self._check(parts, "migrate_expect")
+        if self.owned[parts].any():
+            raise ConfigError(f"migrate_expect: server {self.me} already owns some of these partitions")
+        self.incoming[parts] = True
+
+    def freeze(self, parts) -> None:
+        """Hand ``parts`` away: from now on requests for them are refused."""
+        parts = self._check(parts, "handoff_freeze")
+        if not (self.owned[parts] & self.copying[parts]).all():
+            raise ConfigError(f"handoff_freeze: server {self.me} is not copying all of these partitions out")
+        self.owned[parts] = False
+        self.lost[parts] = True
+
+    def frozen(self, parts) -> np.ndarray:
+        parts = self._check(parts, "handoff_rows")
+        if not self.lost[parts].all():
+            raise ConfigError(f"handoff_rows: freeze partitions {parts[:5].tolist()}.. first (handoff_freeze)")
+        return parts
+
+    def adopt(self, parts) -> list:
+        """The rows of ``parts`` are all here: serve them; the held requests, to run again."""
+        parts = self._check(parts, "handoff_done")
+        if not self.incoming[parts].all():
+            raise ConfigError(f"handoff_done: server {self.me} was not expecting all of these partitions")
+        self.incoming[parts] = False
+        self.owned[parts] = True
+        self.lost[parts] = False
+        return self.take_held()
+
+    def finish(self) -> np.ndarray:
+        """The move is over: the partitions whose rows to drop; tracking stops."""
+        lost = self.lost.copy()
+        self.lost[:] = False
+        self.copying[:] = False
+        self.dirty.clear()
+        return lost
+
+    def expired(self, timeout: float) -> list:
+        """Held longer than ``timeout`` (the move stalled): stop expecting, run them again (refused)."""
+        if self.held_since is None or self.clock() - self.held_since < timeout:
+            return []
+        self.incoming[:] = False
+        return self.take_held()

@@ -1,0 +1,127 @@
+"""Servers added and removed while 8 async trainers push a known sum (issue 24, item 3).
+
+As tests/integration/test_exact_sums.py: SGD(lr=1), integer rows and gradients, so every
+row must end exactly at ``initial - sum(gradients pushed)`` whatever order the pushes were
+applied in; a push lost or applied twice during a move shows as an inexact row. The job
+starts on 2 servers with 256 virtual partitions; while the trainers push, a third server
+(started by hand, as the launcher would) takes a third of the partitions, then gives them back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.client.sparse import SparseClient, TableSpec
+from paramshard.env import ClusterEnv
+from paramshard.launch.local import LocalLauncher
+from paramshard.launch.ports import free_ports
+from paramshard.launch.processes import Child, stop_all
+from paramshard.launch.server_scaling import move_partitions, scale_servers
+from paramshard.placement.partitions import Routing
+from paramshard.transport.client import ServerLinks
+from tests.conftest import run_in_threads
+
+TRAINERS, PARTITIONS, TIMEOUT = 8, 256, 20.0
+TABLE, DIM, SHARED, OWN, GRAD, INITIAL = "emb", 4, 512, 32, 3, 100
+MIN_STEPS, MAX_STEPS = 30, 3000
+
+
+def _servers(addresses: list[str]) -> list[Child]:
+    """Servers 0 and 1 of a 2-server job, and server 2 started for the scale-up (it knows 3)."""
+    children = []
+    for i, known in ((0, 2), (1, 2), (2, 3)):
+        env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
+                         mode="async", timeout=TIMEOUT, partitions=PARTITIONS)
+        children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
+                              LocalLauncher._child_environ(env)))
+    return children
+
+
+@pytest.mark.timeout(120)
+def test_exact_sums_while_servers_go_2_3_2():
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    children = _servers(addresses)
+    rng = np.random.default_rng(24)
+    shared = np.unique(rng.integers(0, 2**63, SHARED * 2, dtype=np.uint64))[:SHARED]
+    shared_initial = rng.integers(-INITIAL, INITIAL + 1, (SHARED, DIM)).astype(np.float32)
+    spec = TableSpec(TABLE, DIM, ps.optim.SGD(lr=1.0), init_scale=0.0)
+    routing = Routing.initial(PARTITIONS, addresses[:2])
+    moves_done = threading.Event()
+    records, events = [], []
+    try:
+        chief = ServerLinks(addresses[:2], timeout=TIMEOUT)
+        chief.wait_ready(30)
+        chief_sparse = SparseClient(chief, 0, routing)
+        chief_sparse.register_sparse(spec)
+        chief_sparse.import_sparse(TABLE, shared, shared_initial)
+
+        def trainer(t: int):
+            links = ServerLinks(addresses[:2], timeout=TIMEOUT)
+            sparse = SparseClient(links, t, routing)
+            trng = np.random.default_rng(100 + t)
+            own = (np.arange(OWN, dtype=np.uint64) + np.uint64(1 << 40) * np.uint64(t + 1))
+            sums: dict[int, np.ndarray] = {}
+            step = 0
+            while step < MAX_STEPS and (step < MIN_STEPS or not moves_done.is_set()):
+                ids = np.sort(np.concatenate([shared[trng.choice(SHARED, 48, replace=False)],
+                                              own if step == 0 else own[trng.choice(OWN, 4, replace=False)]]))
+                rows = sparse.pull_sparse(TABLE, ids, DIM)
+                assert rows.shape == (len(ids), DIM)
+                g = trng.integers(-GRAD, GRAD + 1, (len(ids), DIM))
+                for i, row in zip(ids.tolist(), g):
+                    sums[i] = sums.get(i, 0) + row
+                sparse.push_sparse(TABLE, ids, g.astype(np.float32), step)
+                step += 1
+            return links, sums, step, sparse.resent
+
+        def scaler():
+            links = ServerLinks(addresses[:2], timeout=TIMEOUT)
+            try:
+                links.wait_ready(30)
+                records.append(move_partitions(links, addresses, [0, 1, 2], per_handoff=8, page_rows=256))
+                # The launcher's call, with the job's settings and its run directory's events.
+                job = ClusterEnv(role=None, servers=tuple(addresses[:2]), num_trainers=TRAINERS, mode="async",
+                                 timeout=TIMEOUT, partitions=PARTITIONS)
+                records.append(scale_servers(job, addresses, [0, 1], event=lambda *a, **f: events.append((a, f)),
+                                             per_handoff=8, page_rows=256))
+            finally:
+                moves_done.set()
+                links.close()
+            return None, {}, 0, 0
+
+        results = run_in_threads([lambda t=t: trainer(t) for t in range(TRAINERS)] + [scaler], timeout=100)
+        up, down = records
+        assert up.partitions == PARTITIONS // 3 and down.partitions == PARTITIONS // 3, (up, down)
+        assert up.rows > 0 and down.rows > 0
+        assert [a[0] for a, _ in events] == ["scale_start", "scale_end"]
+        assert events[1][1]["partitions"] == down.partitions and events[1][1]["servers_after"] == [0, 1]
+
+        want = {int(i): v.astype(np.int64) for i, v in zip(shared, shared_initial)}
+        for _, sums, _, _ in results[:TRAINERS]:
+            for i, s in sums.items():
+                want[i] = want.get(i, np.zeros(DIM, np.int64)) - s
+        reader = ServerLinks(addresses, timeout=TIMEOUT)
+        try:
+            per_server = [reader.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(3)]
+        finally:
+            reader.close()
+        assert len(per_server[2][0]) == 0, "server 2 still holds rows after the scale-down"
+        ids = np.concatenate([p[0] for p in per_server[:2]])
+        values = np.concatenate([p[1] for p in per_server[:2]])
+        assert len(np.unique(ids)) == len(ids), "a row is held by two servers"
+        assert sorted(ids.tolist()) == sorted(want), "rows lost or made"
+        got = dict(zip(ids.tolist(), values.astype(np.int64)))
+        bad = [i for i in want if not np.array_equal(got[i], want[i])]
+        assert not bad, f"{len(bad)} rows are not initial - sum(grads) (lost or doubled updates), e.g. id " \
+                        f"{bad[0]}: got {got[bad[0]].tolist()}, want {want[bad[0]].tolist()}"
+        assert sum(r[3] for r in results[:TRAINERS]) > 0, "no request was refused as moved: the move was not live"
+        for links, _, _, _ in results[:TRAINERS]:
+            links.close()
+        chief.close()
+    finally:
+        stop_all(children, grace=3)

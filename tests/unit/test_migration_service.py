@@ -1,0 +1,195 @@
+"""server/migration_service.py: a partition's rows move whole, exactly once, with their state.
+
+Two services (an old and a new owner, each with its own SparseService and numpy store) run the
+ops the coordinator sends (launch/server_scaling.py), with pushes in between: the oracle is a
+third table that received the same pushes and never moved. After the hand-off the new owner's
+rows of the moved partitions equal the oracle's (values, Adagrad state, update counts, last-seen
+clocks, admission counters) and the old owner has none left.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.errors import ConfigError, Moved
+from paramshard.mode import Mode
+from paramshard.placement.partitions import Routing, partition_of, rebalance
+from paramshard.server.barrier import Membership
+from paramshard.server.context import ServerContext
+from paramshard.server.hooks import Incoming, Verdict
+from paramshard.server.migration_service import MigrationService
+from paramshard.server.numpy_row_store import NumpyRowStore
+from paramshard.server.sparse_service import SparseService
+from paramshard.server.waiting import WaitingList
+from paramshard.tables import Admission, Eviction, policy_to_wire
+from paramshard.transport import protocol
+
+P, DIM, TABLE = 16, 4, "emb"
+ADDRESSES = ["a:1", "b:2"]
+
+
+def _server(server_id: int, routing: Routing):
+    membership = Membership(1, grace=5.0)
+    resubmitted = []
+    context = ServerContext(server_id, Mode.ASYNC, membership, 5.0,
+                            WaitingList(f"server {server_id}", membership, 5.0, Counter()),
+                            resubmit=resubmitted.append)
+    sparse = SparseService("async", membership, store=NumpyRowStore)
+    service = MigrationService(context, sparse, routing)
+    return service, sparse, resubmitted
+
+
+def _register(sparse, unseen_steps: int = 1000):
+    sparse.handle_register_sparse({"table": TABLE, "dim": DIM, "seed": 5, "trainer": 0,
+                                   "optimizer": ps.optim.Adagrad(lr=0.1).to_wire(),
+                                   "policy": policy_to_wire(Admission(min_count=2), Eviction(unseen_steps), 0.1)},
+                                  [])
+
+
+def _request(op: str, ids: np.ndarray, grads=None) -> Incoming:
+    header = {"op": op, "id": 1, "table": TABLE, "trainer": 0, "step": 0, "min_version": 0, "distinct": True}
+    arrays = [ids] + ([grads] if grads is not None else [])
+    frames = [b"identity"] + protocol.encode(header, arrays)
+    return Incoming(op, protocol.decode_header(frames[1]), 0, held=frames)
+
+
+def _serve(service, sparse, op, ids, grads=None):
+    """What the server loop does with a request: its hooks, then its handler, then ``applied``."""
+    request = _request(op, ids, grads)
+    hook = service.hooks()[0]
+    if hook.admit(request) is Verdict.HOLD:
+        return "held"
+    if op == "pull_sparse":
+        sparse.table(TABLE).pull(ids, 0)
+    else:
+        sparse.handle_push_sparse(request.header, [ids, grads])
+    hook.applied(request)
+    return "done"
+
+
+def _call(service, op, arrays=(), **fields):
+    header = {"op": op, **fields}
+    protocol.validate_request(header)
+    reply = service.ops()[op](header, list(arrays))
+    if hasattr(reply, "make_reply"):          # a Deferred: ready at once here (async, nothing pending)
+        assert reply.ready()
+        reply = reply.make_reply()
+    return reply.fields, reply.arrays
+
+
+def _rows_by_id(table, ids):
+    rows = table.store.lookup(ids)
+    assert (rows >= 0).all()
+    return {"values": table.store.gather(rows), **table.store.state_of(rows)}
+
+
+@pytest.mark.parametrize("unseen_steps", [1000, 6], ids=["no-eviction", "eviction-during-the-copy"])
+def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once(unseen_steps):
+    routing = Routing.initial(P, ADDRESSES)
+    old, old_sparse, _ = _server(0, routing)
+    new, new_sparse, held = _server(1, routing)
+    oracle = SparseService("async", Membership(1, grace=5.0), store=NumpyRowStore)
+    for s in (old_sparse, new_sparse, oracle):
+        _register(s, unseen_steps)
+    rng = np.random.default_rng(1)
+    all_ids = np.arange(4000, dtype=np.uint64)
+    mine = all_ids[routing.servers_of(all_ids) == 0]
+
+    def traffic(n):
+        for _ in range(n):
+            ids = np.unique(rng.choice(mine, 40))
+            grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+            for service, sparse in ((old, old_sparse), (None, oracle)):
+                if service is None:
+                    sparse.table(TABLE).pull(ids, 0)
+                    sparse.handle_push_sparse({"table": TABLE, "trainer": 0, "step": 0, "distinct": True},
+                                              [ids, grads])
+                else:
+                    _serve(service, sparse, "pull_sparse", ids)
+                    _serve(service, sparse, "push_sparse", ids, grads)
+
+    traffic(30)
+    moving = [0, 2, 4]          # server 0's even partitions go to server 1 (as a move to 1 server would)
+    # The new owner joins with its tables, the copy starts, rows go in small pages with pushes between.
+    _call(new, "routing_set", routing=routing.to_wire(), join=True)
+    _call(old, "migrate_start", partitions=moving)
+    _call(new, "migrate_expect", partitions=moving)
+    start = 0
+    while True:
+        fields, arrays = _call(old, "migrate_page", table=TABLE, start=start, count=50)
+        _call(new, "migrate_stage", arrays, table=TABLE, parts=fields["parts"])
+        traffic(2)
+        start += 50
+        if start >= fields["total"]:
+            break
+    in_moving = np.isin(partition_of(mine, P), moving)
+    assert _serve(new, new_sparse, "pull_sparse", mine[in_moving][:3]) == "held", "rows not here yet: held"
+    owners = routing.owners.copy()
+    owners[moving] = 1
+    _call(old, "routing_set", routing=routing.moved_to(owners).to_wire())
+    _call(old, "handoff_freeze", partitions=moving)
+    with pytest.raises(Moved):        # refused whole: the owned ids of this push are not applied either
+        _serve(old, old_sparse, "push_sparse", mine[:50], np.ones((50, DIM), np.float32))
+    fields, arrays = _call(old, "handoff_rows", table=TABLE, partitions=moving)
+    _call(new, "handoff_in", arrays, table=TABLE, parts=fields["parts"])
+    _call(new, "handoff_done", partitions=moving)
+    assert len(held) == 1, "the held pull runs again once the rows are in"
+    _call(old, "migrate_finish")
+
+    moved_ids = mine[in_moving]
+    stayed = mine[~in_moving]
+    moved_ids = moved_ids[oracle.table(TABLE).store.lookup(moved_ids) >= 0]
+    assert len(moved_ids) > 20
+    assert (old_sparse.table(TABLE).store.lookup(moved_ids) == -1).all(), "the old owner dropped them"
+    assert new_sparse.table(TABLE).num_rows == len(moved_ids), "no row the oracle evicted came back"
+    if unseen_steps < 1000:
+        assert oracle.table(TABLE).evicted > 0
+    want, got = _rows_by_id(oracle.table(TABLE), moved_ids), _rows_by_id(new_sparse.table(TABLE), moved_ids)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    kept = stayed[oracle.table(TABLE).store.lookup(stayed) >= 0]
+    for name, value in _rows_by_id(oracle.table(TABLE), kept).items():
+        np.testing.assert_array_equal(_rows_by_id(old_sparse.table(TABLE), kept)[name], value, err_msg=name)
+    # Admission counters of the moved partitions (ids seen once, no row yet) came along.
+    counted, counts = oracle.table(TABLE).store.counters()
+    theirs = np.isin(partition_of(counted, P), moving)
+    got_counted, got_counts = new_sparse.table(TABLE).store.counters()
+    assert dict(zip(got_counted.tolist(), got_counts.tolist())) == \
+        dict(zip(counted[theirs].tolist(), counts[theirs].tolist()))
+
+
+def test_retire_needs_an_empty_server_and_fixed_jobs_cannot_move():
+    routing = Routing.initial(P, ADDRESSES)
+    service, _, _ = _server(1, routing)
+    with pytest.raises(ConfigError, match="still serves"):
+        _call(service, "retire")
+    _call(service, "routing_set", routing=routing.moved_to(rebalance(routing.owners, [0])).to_wire())
+    service.ownership.owned[:] = False
+    assert _call(service, "retire")[0] == {"retired": True}
+    fixed, _, _ = _server(0, Routing.initial(0, ADDRESSES))
+    with pytest.raises(ConfigError, match="PARAMSHARD_PARTITIONS"):
+        _call(fixed, "migrate_start", partitions=[0])
+
+
+def test_pages_are_checked_against_the_tables_own_layout():
+    from paramshard.server.partition_intake import checked_page
+    routing = Routing.initial(P, ADDRESSES)
+    _, sparse, _ = _server(0, routing)
+    _register(sparse)
+    table = sparse.table(TABLE)
+    ids = np.arange(3, dtype=np.uint64)
+    table.pull(ids, 0)
+    table.pull(ids, 0)          # admitted (min_count 2)
+    good = table.store.page(0, 3)
+    assert set(checked_page(table, list(good), list(good.values()))) == set(good)
+    for parts, arrays, why in (
+            (["ids", "values", "slot9"], [ids, good["values"], good["values"]], "does not have"),
+            (["ids", "values"], [ids, good["values"].astype(np.float64)], "expected float32"),
+            (["ids", "values"], [ids, good["values"][:, :2]], "expected float32"),
+            (["ids", "values"], [ids.astype(np.int64), good["values"]], "expected uint64"),
+            (["ids", "ids"], [ids, ids], "once")):
+        with pytest.raises(ConfigError, match=why):
+            checked_page(table, parts, arrays)
