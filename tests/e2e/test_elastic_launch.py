@@ -17,13 +17,14 @@ SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic.py")
 
 
 class Job:
-    def __init__(self, tmp_path, *flags, script=SCRIPT, args=None):
+    def __init__(self, tmp_path, *flags, script=SCRIPT, args=None, servers="1"):
         self.out_path = tmp_path / "out.txt"
         self.run_dir, self.stop = tmp_path / "run", tmp_path / "stop"
         self.mark = uuid.uuid4().hex
         self.out = open(self.out_path, "w")
         self.proc = subprocess.Popen(
-            [PARAMSHARD, "launch", "--servers", "1", "--run-dir", str(self.run_dir), "--timeout", "20", *flags,
+            [PARAMSHARD, "launch", *(["--servers", servers] if servers else []), "--run-dir", str(self.run_dir),
+             "--timeout", "20", *flags,
              script, *(args if args is not None else [str(self.stop)])],
             stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
             env={**os.environ, MARK: self.mark, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"})
@@ -102,7 +103,7 @@ def test_scale_refuses_clearly(tmp_path):
         assert done.returncode != 0 and "this job is not elastic; launch it with --trainers MIN:MAX" in done.stderr
         done = subprocess.run([PARAMSHARD, "scale", str(job.run_dir), "--servers", "3"], capture_output=True,
                               text=True, timeout=60, cwd=REPO)
-        assert done.returncode != 0 and "not available yet" in done.stderr, done.stderr
+        assert done.returncode != 0 and "launch it with --partitions P" in done.stderr, done.stderr
         job.stop.touch()
         assert job.proc.wait(timeout=30) == 0, job.text()[-5000:]
     finally:

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from paramshard.errors import ConfigError, DeadlineExceeded
-from paramshard.launch import control_channel
 from paramshard.launch.control_channel import ControlChannel, resolve_run_dir, send
 
 
@@ -38,11 +37,13 @@ def test_a_refusal_is_the_commands_error(tmp_path):
     def refuse(n):
         raise ConfigError(f"--trainers {n}: outside 2:3")
     channel = ControlChannel(tmp_path, {"trainers": refuse})
-    channel.register("servers", control_channel.servers_not_available)
+    def not_elastic(n):
+        raise ConfigError(f"--servers {n}: launch it with --partitions P")
+    channel.register("servers", not_elastic)
     clock = Clock()
     with pytest.raises(ConfigError, match="outside 2:3"):
         send(tmp_path, "trainers", 9, clock=clock, sleep=polling(channel, clock))
-    with pytest.raises(ConfigError, match="not available yet"):
+    with pytest.raises(ConfigError, match="launch it with --partitions P"):
         send(tmp_path, "servers", 4, clock=clock, sleep=polling(channel, clock))
     with pytest.raises(ConfigError, match="does not handle 'memory'"):
         send(tmp_path, "memory", 4, clock=clock, sleep=polling(channel, clock))

@@ -114,11 +114,6 @@ class ControlChannel:
             return {"ok": False, "message": str(exc)}
 
 
-def servers_not_available(value: int) -> str:
-    """The ``servers`` placeholder until live re-sharding plugs its handler in (issue 24, part 3)."""
-    raise ConfigError(f"--servers {value}: changing the servers of a running job is not available yet")
-
-
 def resolve_run_dir(job: str, runs: Path = Path("runs")) -> Path:
     """JOB as the user names it: a run directory, or a job id whose newest run directory under
     ``runs`` (observe/records.default_run_dir names them STAMP-JOBID) is meant."""

@@ -18,7 +18,7 @@ from typing import Callable
 from ..errors import ConfigError
 from ..log import get_logger
 from .api import JobSpec, RankSpec
-from .control_channel import ControlChannel, servers_not_available
+from .control_channel import ControlChannel
 from .elastic_trainers import ElasticTrainers
 from .peer_loss import SILENT_AFTER, ServerState, Verdict, decide
 from .process import Engine, Process
@@ -56,6 +56,9 @@ class Launcher:
         self.membership_listeners: list[Callable[..., None]] = []
         self.control_dir: Path | None = None      # the run directory: `paramshard scale` asks through it
         self.control: ControlChannel | None = None
+        self.elastic_servers = None     # `paramshard scale --servers`: launch/elastic_servers.py, made when asked
+        # A Launcher that can start a server mid-job names its address: () -> "host:port" (local engine).
+        self.new_server_address: Callable[[], str] | None = None
         # Told of other events as (event, text, **fields), e.g. the replica keeper's: the run directory.
         self.event_listeners: list[Callable[..., None]] = []
         self.keeper = None          # --recovery bounded-loss: launch/replica_keeper.py
@@ -86,13 +89,19 @@ class Launcher:
             self.elastic = ElasticTrainers(self, self.min_trainers)
         if self.control_dir is not None:
             self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
-                                                             "servers": servers_not_available})
+                                                             "servers": self._scale_servers})
 
     def _scale_trainers(self, n: int) -> str:
         if self.elastic is None:
             raise ConfigError(f"--trainers {n}: this job is not elastic; launch it with --trainers MIN:MAX "
                               f"to change its trainers while it runs")
         return self.elastic.scale(n)
+
+    def _scale_servers(self, n: int) -> str:
+        if self.elastic_servers is None:
+            from .elastic_servers import ElasticServers
+            self.elastic_servers = ElasticServers(self)
+        return self.elastic_servers.scale(n)
 
     def _event(self, event: str, text: str, **fields) -> None:
         for listener in self.event_listeners:

@@ -58,6 +58,7 @@ class LocalLauncher(Launcher):
         self.policy = RestartPolicy(config.max_restarts)
         self.out = self.engine.out
         self.addresses: list[str] = []
+        self.new_server_address = lambda: f"{config.host}:{free_ports(1, config.host)[0]}"
 
     def start(self) -> "LocalLauncher":
         c = self.config

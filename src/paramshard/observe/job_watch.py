@@ -39,6 +39,9 @@ class JobWatch:
         if change == "scale":
             self.run.event("scale", text, role="trainer", **fields)
             return
+        if fields.get("role") == "server":          # launch/elastic_servers.py: added, removed
+            self.run.event("membership", text, rank=f"server {fields['server']}", change=change, **fields)
+            return
         self.run.event("membership", text, role="trainer", rank=f"trainer {trainer}", change=change,
                        trainer=trainer, **fields)
 

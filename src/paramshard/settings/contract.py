@@ -286,7 +286,10 @@ CONTRACT: tuple[Setting, ...] = (
             "(placement/partitions.py); 0, the default: fixed routing by id hash, the server count never changes",
             "partitions", 0, "int", int, scopes=_LAUNCHED, inherit=True,
             check=lambda v: None if v == 0 or (2 <= v <= 1 << 20 and v & (v - 1) == 0) else
-            f"PARAMSHARD_PARTITIONS={v}: expected 0 (fixed routing) or a power of two from 2 to 1048576"),
+            f"PARAMSHARD_PARTITIONS={v}: expected 0 (fixed routing) or a power of two from 2 to 1048576",
+            flags=(flag("launch", "--partitions", "route sparse ids by P virtual partitions (a power of two, e.g. "
+                        "1024) so `paramshard scale RUN_DIR --servers N` can add and remove servers while the job "
+                        "trains; default 0: fixed routing", metavar="P", type=int),)),
     Setting("PARAMSHARD_ROW_STORE", "servers: what holds sparse table rows, `compiled` (numba kernels, the "
             "default) or `numpy` (the reference implementation: the same tables bit for bit, slower); the launcher "
             "passes its own value on", "row_store", "compiled", "str", lambda text: text.strip().lower(),

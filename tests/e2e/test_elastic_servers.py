@@ -1,0 +1,57 @@
+"""`paramshard scale RUN_DIR --servers N` on a running local job launched with --partitions:
+a third server starts and takes its share of the sparse partitions while the trainers train,
+then gives it back; the run directory records the moves and the membership. (The exact sums
+across such moves are tests/integration/test_server_scaling.py's.)"""
+import json
+import subprocess
+import time
+
+import pytest
+
+from .test_elastic_launch import PARAMSHARD, REPO, Job
+
+SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic_sparse.py")
+
+
+def events(run_dir, kind):
+    path = run_dir / "metrics.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == kind] \
+        if path.exists() else []
+
+
+def wait_for_event(job, kind, count, deadline=60.0):
+    end = time.monotonic() + deadline
+    while len(events(job.run_dir, kind)) < count:
+        assert time.monotonic() < end and job.proc.poll() is None, f"no {kind} #{count}:\n{job.text()[-4000:]}"
+        time.sleep(0.1)
+    return events(job.run_dir, kind)
+
+
+def scale(job, n, ok=True):
+    done = subprocess.run([PARAMSHARD, "scale", str(job.run_dir), "--servers", str(n)], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert (done.returncode == 0) == ok, done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.mark.timeout(150)
+def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
+    job = Job(tmp_path, "--servers", "2", "--trainers", "2", "--mode", "async", "--partitions", "256",
+              servers=None, script=SCRIPT)
+    try:
+        at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(2))
+        assert "only servers a scale added can be removed" in scale(job, 1, ok=False)
+        assert "started servers [2]" in scale(job, 3)
+        (up,) = wait_for_event(job, "scale_end", 1)
+        assert up["servers_before"] == [0, 1] and up["servers_after"] == [0, 1, 2] and up["partitions"] > 0
+        at = job.wait_for(r"trainer 0 at step \d+", at)          # still training after the move
+        assert "moving the partitions of servers [2]" in scale(job, 2)
+        down = wait_for_event(job, "scale_end", 2)[1]
+        assert down["servers_after"] == [0, 1] and down["partitions"] == up["partitions"]
+        job.wait_for(r"trainer 1 at step \d+", at)
+        job.stop.touch()
+        assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
+    finally:
+        job.close()
+    changes = [(e["rank"], e["change"], e["live"]) for e in events(job.run_dir, "membership")]
+    assert changes == [("server 2", "added", 3), ("server 2", "removed", 2)], changes

@@ -1,0 +1,87 @@
+"""launch/elastic_servers.py with a fake launcher and a fake move: which servers start, what
+each scale moves to, what is refused and why, and the membership told after each move."""
+import dataclasses
+import threading
+
+import pytest
+
+from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
+from paramshard.launch.api import JobSpec, RankSpec
+from paramshard.launch.elastic_servers import ElasticServers
+
+
+class FakeLauncher:
+    def __init__(self, partitions=256, recovery="rollback", can_start=True):
+        env = ClusterEnv(role=None, servers=("127.0.0.1:1", "127.0.0.1:2"), partitions=partitions,
+                         recovery=recovery, mode="async")
+        ranks = tuple(RankSpec(f"server {i}", dataclasses.replace(env, role="server", server_id=i), ("python",)) for i in (0, 1))
+        self.spec = JobSpec(ranks, ())
+        self.server_ranks, self.servers, self.started = list(ranks), ["p0", "p1"], []
+        self.events, self.told, self.membership_listeners = [], [], [lambda *a, **f: self.told.append((a, f))]
+        self.engine = self
+        self.ports = iter(range(3, 10))
+        self.new_server_address = (lambda: f"127.0.0.1:{next(self.ports)}") if can_start else None
+
+    def start(self, rank):
+        self.started.append(rank)
+        return f"p{rank.env.server_id}"
+
+    def _event(self, *a, **f):
+        self.events.append((a, f))
+
+
+def make(**kw):
+    moves = []
+    gate = threading.Event()
+
+    def scale(env, addresses, servers, event):
+        moves.append((list(addresses), list(servers)))
+        gate.wait(5)
+    launcher = FakeLauncher(**kw)
+    return launcher, ElasticServers(launcher, scale=scale), moves, gate
+
+
+def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_first_two():
+    launcher, servers, moves, gate = make()
+    assert "started servers [2]" in servers.scale(3)
+    (rank,) = launcher.started
+    assert rank.name == "server 2" and rank.env.server_id == 2
+    assert rank.env.servers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+    assert launcher.server_ranks[-1] is rank and launcher.servers[-1] == "p2"
+    with pytest.raises(ConfigError, match="a move of partitions is under way"):
+        servers.scale(2)
+    gate.set()
+    servers.move.join(5)
+    assert moves == [(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 1, 2])]
+    assert [(a[0], f["server"], f["live"]) for a, f in launcher.told] == [("added", 2, 3)]
+    assert "moving the partitions of servers [2]" in servers.scale(2)
+    servers.move.join(5)
+    assert moves[-1][1] == [0, 1] and launcher.told[-1][0][0] == "removed" and launcher.told[-1][1]["live"] == 2
+    assert servers.scale(2) == "already 2 servers"
+
+
+@pytest.mark.parametrize("kw, n, why", [
+    ({"partitions": 0}, 3, "launch it with --partitions P"),
+    ({"recovery": "bounded-loss"}, 3, "bounded-loss cannot change its servers"),
+    ({}, 1, "only servers a scale added can be removed"),
+    ({"partitions": 2}, 3, "more servers than the job's 2 partitions"),
+    ({"can_start": False}, 3, "cannot start a server mid-job"),
+])
+def test_refusals_say_why(kw, n, why):
+    _, servers, moves, _ = make(**kw)
+    with pytest.raises(ConfigError, match=why):
+        servers.scale(n)
+    assert moves == []
+
+
+def test_a_failed_move_is_recorded_and_changes_nothing():
+    launcher = FakeLauncher()
+
+    def scale(*a, **f):
+        raise RuntimeError("server 2 never answered")
+    servers = ElasticServers(launcher, scale=scale)
+    servers.scale(3)
+    servers.move.join(5)
+    assert servers.serving == [0, 1] and "server 2 never answered" in servers.last_error
+    assert launcher.events[-1][0][0] == "scale_failed" and launcher.told == []
