@@ -87,8 +87,9 @@ def test_a_block_moves_whole_with_its_optimizer_state_and_requests_follow_it():
     assert old.handle_dense_finish({}, []).fields["dropped"] == 1 and "w" not in old.dense.blocks
     with pytest.raises(Moved):
         _admit(old, "pull_dense", ["w"])
-    with pytest.raises(Moved):
-        _admit(new, "pull_dense", ["v"])                              # never here
+    assert _admit(new, "pull_dense", ["v"]) is Verdict.ACCEPT        # never here: the handler says so
+    with pytest.raises(ConfigError, match="unknown blocks"):
+        new_h.handle_pull_dense({"names": ["v"], "min_version": 0, "plan_fingerprint": 9}, [])
     with pytest.raises(ConfigError, match="not expecting"):
         new.handle_dense_import({**reply.fields, "lr_scale": 1.0}, reply.arrays)
 

@@ -3,9 +3,9 @@
 A Service on every server of an elastic job, beside the sparse MigrationService (whose routing
 carries the block map too, and whose armed sync switch it follows). A block is, here: held (in
 the DenseStore and not handed away), incoming (handed to this server: requests naming it are
-held until it is imported), or gone (handed away, or never here: requests naming it are
-refused whole with ``moved``, before anything is applied, and the client resends them to the
-new owner under the routing server 0 publishes first).
+held until it is imported), or gone (handed away: requests naming it are refused whole with
+``moved``, before anything is applied, and the client resends them to the new owner under the
+routing server 0 publishes first).
 
 A move of blocks (launch/server_scaling.py drives it): ``dense_expect`` on the new owner,
 ``dense_freeze`` on the old one (sync: once the blocks completed the step before the switch),
@@ -97,9 +97,10 @@ class DenseMigration:
                             f"the routing (routing_get on server 0) and resend")
             if self.incoming:
                 return Verdict.HOLD
-        if not self.dense.registered and not self.incoming:
-            return Verdict.ACCEPT            # before the chief registered: the pull waits for it
-        stray = [n for n in names if n not in self.incoming and (n in self.gone or n not in self.dense.blocks)]
+        # Only blocks handed away are refused: a name never here is a model that differs from the
+        # chief's, which the handler reports as such (a client never learns of a block on a
+        # server no routing put it on).
+        stray = [n for n in names if n in self.gone and n not in self.incoming]
         if stray:
             raise Moved(f"server {self.ctx.server_id} does not hold dense blocks {stray[:3]} (the request's "
                         f"routing version {routing_version}): they moved to another server; fetch the routing "
