@@ -1,6 +1,7 @@
 """`paramshard scale RUN_DIR --servers N` on a running local job launched with --partitions:
-a third server starts and takes its share of the sparse partitions while the trainers train,
-then gives it back; the run directory records the moves and the membership. (The exact sums
+a third server starts and takes its share of the sparse partitions and dense blocks while the
+trainers train, then gives it back, then server 1 (one of the job's first two) gives its share
+to server 0; the run directory records the moves and the membership. (The exact sums
 across such moves are tests/integration/test_server_scaling.py's.)"""
 import json
 import subprocess
@@ -40,7 +41,7 @@ def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
               servers=None, script=SCRIPT)
     try:
         at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(2))
-        assert "only servers a scale added can be removed" in scale(job, 1, ok=False)
+        assert "keeps at least one server" in scale(job, 0, ok=False)
         assert "started servers [2]" in scale(job, 3)
         (up,) = wait_for_event(job, "scale_end", 1)
         assert up["servers_before"] == [0, 1] and up["servers_after"] == [0, 1, 2] and up["partitions"] > 0
@@ -48,10 +49,14 @@ def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
         assert "moving the partitions of servers [2]" in scale(job, 2)
         down = wait_for_event(job, "scale_end", 2)[1]
         assert down["servers_after"] == [0, 1] and down["partitions"] == up["partitions"]
-        job.wait_for(r"trainer 1 at step \d+", at)
+        at = job.wait_for(r"trainer 1 at step \d+", at)
+        assert "moving the partitions of servers [1]" in scale(job, 1)
+        last = wait_for_event(job, "scale_end", 3)[2]
+        assert last["servers_after"] == [0] and last["blocks"] > 0, last
+        job.wait_for(r"trainer 0 at step \d+", at)
         job.stop.touch()
         assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
     finally:
         job.close()
     changes = [(e["rank"], e["change"], e["live"]) for e in events(job.run_dir, "membership")]
-    assert changes == [("server 2", "added", 3), ("server 2", "removed", 2)], changes
+    assert changes == [("server 2", "added", 3), ("server 2", "removed", 2), ("server 1", "removed", 1)], changes

@@ -4,7 +4,10 @@ As tests/integration/test_exact_sums.py: SGD(lr=1), integer rows and gradients, 
 row must end exactly at ``initial - sum(gradients pushed)`` whatever order the pushes were
 applied in; a push lost or applied twice during a move shows as an inexact row. The job
 starts on 2 servers with 256 virtual partitions; while the trainers push, a third server
-(started by hand, as the launcher would) takes a third of the partitions, then gives them back.
+(started by hand, as the launcher would) takes a third of the partitions and of the dense
+bytes, then the job goes back to 2 servers: without server 2, or without server 1 (one of the
+job's first two, so its dense blocks move to the others). Dense parameters are summed the same
+way: each ends exactly at ``initial - sum(dense gradients)``.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 
 import paramshard as ps
+from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.launch.local import LocalLauncher
@@ -23,12 +27,14 @@ from paramshard.launch.ports import free_ports
 from paramshard.launch.processes import Child, stop_all
 from paramshard.launch.server_scaling import move_partitions, scale_servers
 from paramshard.placement.partitions import Routing
+from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 
 TRAINERS, PARTITIONS, TIMEOUT = 8, 256, 20.0
 TABLE, DIM, SHARED, OWN, GRAD, INITIAL = "emb", 4, 512, 32, 3, 100
 MIN_STEPS, MAX_STEPS = 30, 3000
+PLAN = make_plan([ParamSpec("w", (96, 4)), ParamSpec("b", (64,))], 2, min_block_size=16)
 
 
 def _servers(addresses: list[str]) -> list[Child]:
@@ -43,7 +49,8 @@ def _servers(addresses: list[str]) -> list[Child]:
 
 
 @pytest.mark.timeout(120)
-def test_exact_sums_while_servers_go_2_3_2():
+@pytest.mark.parametrize("down", [[0, 1], [0, 2]], ids=["remove-server-2", "remove-server-1"])
+def test_exact_sums_while_servers_go_2_3_2(down):
     addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
     children = _servers(addresses)
     rng = np.random.default_rng(24)
@@ -59,10 +66,16 @@ def test_exact_sums_while_servers_go_2_3_2():
         chief_sparse = SparseClient(chief, 0, routing)
         chief_sparse.register_sparse(spec)
         chief_sparse.import_sparse(TABLE, shared, shared_initial)
+        dense_initial = {"w": rng.integers(-INITIAL, INITIAL + 1, 384).astype(np.float32),
+                         "b": rng.integers(-INITIAL, INITIAL + 1, 64).astype(np.float32)}
+        DenseClient(chief, PLAN, 0).register_dense(dense_initial, ps.optim.SGD(lr=1.0))
 
         def trainer(t: int):
             links = ServerLinks(addresses[:2], timeout=TIMEOUT)
             sparse = SparseClient(links, t, routing)
+            dense = DenseClient(links, PLAN, t)
+            dense.follow(sparse)
+            dense_sums = {n: np.zeros(len(a), np.int64) for n, a in dense_initial.items()}
             trng = np.random.default_rng(100 + t)
             own = (np.arange(OWN, dtype=np.uint64) + np.uint64(1 << 40) * np.uint64(t + 1))
             sums: dict[int, np.ndarray] = {}
@@ -76,8 +89,12 @@ def test_exact_sums_while_servers_go_2_3_2():
                 for i, row in zip(ids.tolist(), g):
                     sums[i] = sums.get(i, 0) + row
                 sparse.push_sparse(TABLE, ids, g.astype(np.float32), step)
+                dense_grads = {n: trng.integers(-GRAD, GRAD + 1, len(a)) for n, a in dense_initial.items()}
+                for n, d in dense_grads.items():
+                    dense_sums[n] += d
+                dense.push_dense({n: d.astype(np.float32) for n, d in dense_grads.items()}, step)
                 step += 1
-            return links, sums, step, sparse.resent
+            return links, (sums, dense_sums), step, (sparse.resent, dense.resent)
 
         def scaler():
             links = ServerLinks(addresses[:2], timeout=TIMEOUT)
@@ -87,39 +104,57 @@ def test_exact_sums_while_servers_go_2_3_2():
                 # The launcher's call, with the job's settings and its run directory's events.
                 job = ClusterEnv(role=None, servers=tuple(addresses[:2]), num_trainers=TRAINERS, mode="async",
                                  timeout=TIMEOUT, partitions=PARTITIONS)
-                records.append(scale_servers(job, addresses, [0, 1], event=lambda *a, **f: events.append((a, f)),
+                records.append(scale_servers(job, addresses, down, event=lambda *a, **f: events.append((a, f)),
                                              per_handoff=8, page_rows=256))
             finally:
                 moves_done.set()
                 links.close()
-            return None, {}, 0, 0
+            return None, ({}, {}), 0, (0, 0)
 
         results = run_in_threads([lambda t=t: trainer(t) for t in range(TRAINERS)] + [scaler], timeout=100)
-        up, down = records
+        up, down_servers, down = records[0], down, records[1]
+        removed = ({0, 1, 2} - set(down_servers)).pop()
         assert up.partitions == PARTITIONS // 3 and down.partitions == PARTITIONS // 3, (up, down)
         assert up.rows > 0 and down.rows > 0
         assert [a[0] for a, _ in events] == ["scale_start", "scale_end"]
-        assert events[1][1]["partitions"] == down.partitions and events[1][1]["servers_after"] == [0, 1]
+        assert events[1][1]["partitions"] == down.partitions and events[1][1]["servers_after"] == down_servers
+        assert up.blocks > 0 and down.blocks > 0 and up.dense_bytes > 0, (up, down)
 
         want = {int(i): v.astype(np.int64) for i, v in zip(shared, shared_initial)}
-        for _, sums, _, _ in results[:TRAINERS]:
+        for _, (sums, _), _, _ in results[:TRAINERS]:
             for i, s in sums.items():
                 want[i] = want.get(i, np.zeros(DIM, np.int64)) - s
         reader = ServerLinks(addresses, timeout=TIMEOUT)
         try:
             per_server = [reader.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(3)]
+            held = [reader.request(s, {"op": "dense_held"})[0]["blocks"] for s in range(3)]
+            router = SparseClient(reader, 0, routing)
+            router.refresh_routing()
+            final = DenseClient(reader, PLAN, 0)
+            final.follow(router)
+            dense_values = {n: np.zeros_like(a) for n, a in dense_initial.items()}
+            final.pull_dense(dense_values, 0)
         finally:
             reader.close()
-        assert len(per_server[2][0]) == 0, "server 2 still holds rows after the scale-down"
-        ids = np.concatenate([p[0] for p in per_server[:2]])
-        values = np.concatenate([p[1] for p in per_server[:2]])
+        assert len(per_server[removed][0]) == 0, f"server {removed} still holds rows after the scale-down"
+        assert not held[removed], f"server {removed} still holds dense blocks {sorted(held[removed])[:3]}"
+        assert sorted(n for h in held for n in h) == sorted(b.name for b in PLAN.blocks), "a block lost or doubled"
+        assert set(router.routing.blocks.values()) == set(down_servers)
+        for n, initial in dense_initial.items():
+            want_dense = initial.astype(np.int64) - sum(r[1][1][n] for r in results[:TRAINERS])
+            wrong = np.flatnonzero(dense_values[n].astype(np.int64) != want_dense)
+            assert not len(wrong), f"dense {n}: {len(wrong)} values are not initial - sum(grads), e.g. [{wrong[0]}] " \
+                                   f"{dense_values[n][wrong[0]]} vs {want_dense[wrong[0]]}"
+        ids = np.concatenate([p[0] for s, p in enumerate(per_server) if s != removed])
+        values = np.concatenate([p[1] for s, p in enumerate(per_server) if s != removed])
         assert len(np.unique(ids)) == len(ids), "a row is held by two servers"
         assert sorted(ids.tolist()) == sorted(want), "rows lost or made"
         got = dict(zip(ids.tolist(), values.astype(np.int64)))
         bad = [i for i in want if not np.array_equal(got[i], want[i])]
         assert not bad, f"{len(bad)} rows are not initial - sum(grads) (lost or doubled updates), e.g. id " \
                         f"{bad[0]}: got {got[bad[0]].tolist()}, want {want[bad[0]].tolist()}"
-        assert sum(r[3] for r in results[:TRAINERS]) > 0, "no request was refused as moved: the move was not live"
+        assert sum(r[3][0] for r in results[:TRAINERS]) > 0, "no request was refused as moved: the move was not live"
+        assert sum(r[3][1] for r in results[:TRAINERS]) > 0, "no dense request was refused as moved"
         for links, _, _, _ in results[:TRAINERS]:
             links.close()
         chief.close()

@@ -5,6 +5,12 @@ Every request carries all the blocks one server holds, so a step costs one
 message per server, and all servers are asked at once. The ``*_requests``
 methods build the messages so a trainer can send them together with its
 sparse-table pushes in one fan-out.
+
+Elastic jobs (PARAMSHARD_PARTITIONS): blocks move between servers (docs/DESIGN.md 5f). The
+block -> server map comes with the job's Routing (its ``blocks``; empty: the plan's), which the
+SparseClient this client ``follow``s fetches; requests carry its version. A request refused as
+``moved`` (None from ``ServerLinks.collect``) is split again under a newer routing and sent to
+the new owners (``settle``).
 """
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeadlineExceeded
 from ..optim import OptimizerConfig
 from ..placement.sharding import Block, ShardPlan
 from ..transport.client import ServerLinks, check_reply_arrays
@@ -20,12 +26,71 @@ from ..transport.client import ServerLinks, check_reply_arrays
 
 class DenseClient:
     def __init__(self, links: ServerLinks, plan: ShardPlan, trainer_id: int):
-        if plan.num_servers != len(links):
+        if plan.num_servers > len(links):      # more links: servers an elastic job added since it started
             raise ConfigError(f"the plan is for {plan.num_servers} servers but the job has {len(links)}")
         self.links, self.plan, self.trainer_id = links, plan, trainer_id
         self.fingerprint = plan.fingerprint()
+        self._blocks = {b.name: b for b in plan.blocks}
         self._by_server: dict[int, tuple[Block, ...]] = {
             s: plan.for_server(s) for s in range(plan.num_servers) if plan.for_server(s)}
+        self.router = None          # the SparseClient whose routing (and its block map) this follows
+        self._version: int | None = None
+        self.resent = 0
+
+    # -- where blocks live (elastic jobs) -------------------------------------------
+    def follow(self, router) -> None:
+        """Route by ``router.routing`` (a SparseClient's, kept fresh by it) from now on."""
+        self.router = router
+        self._update()
+
+    def _update(self) -> None:
+        routing = self.router.routing if self.router is not None else None
+        if routing is None or routing.version == self._version:
+            return
+        self._version = routing.version
+        if routing.blocks:
+            by_server: dict[int, list[Block]] = {}
+            for b in self.plan.blocks:
+                server = routing.blocks.get(b.name)
+                if server is None:
+                    raise ConfigError(f"the job's routing (version {routing.version}) does not place block "
+                                      f"{b.name}: does this trainer build the model the chief registered?")
+                by_server.setdefault(server, []).append(b)
+            self._by_server = {s: tuple(bs) for s, bs in sorted(by_server.items())}
+
+    def _tag(self, header: dict) -> dict:
+        if self._version is not None:
+            header["routing"] = self._version
+        return header
+
+    def _request(self, requests: list, timeout: float | None = None) -> tuple[list, list]:
+        replies = self.links.request_list(requests, timeout)
+        return self.settle(replies, requests)
+
+    def settle(self, replies: list, requests: list, depth: int = 0) -> tuple[list, list]:
+        """(requests, replies) with those refused as ``moved`` (None) sent again, split by the
+        routing server 0 gives now (a request is refused whole, so nothing of it was applied)."""
+        if all(r is not None for r in replies) or self.router is None:
+            return requests, replies
+        if depth > 100:
+            raise DeadlineExceeded(f"trainer {self.trainer_id}: dense requests still refused as moved after "
+                                   f"{depth} routing updates")
+        self.router.refresh_routing(newer_than=self._version if self._version is not None else -1)
+        self._update()
+        kept = [(q, r) for q, r in zip(requests, replies) if r is not None]
+        again = []
+        for (server, header, arrays), reply in zip(requests, replies):
+            if reply is not None:
+                continue
+            by_name = dict(zip(header["names"], arrays)) if arrays else {}
+            for s, blocks in self._by_server.items():
+                names = [b.name for b in blocks if b.name in header["names"]]
+                if names:
+                    again.append((s, {**header, "names": names, "routing": self._version},
+                                  [by_name[n] for n in names] if arrays else ()))
+        self.resent += len(again)
+        more_requests, more_replies = self.settle(self.links.request_list(again), again, depth + 1)
+        return [q for q, _ in kept] + list(more_requests), [r for _, r in kept] + list(more_replies)
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
                        timeout: float | None = None) -> None:
@@ -40,23 +105,25 @@ class DenseClient:
                    timeout: float | None = None) -> int:
         """Copy every block (at least at ``min_version``) into ``out``'s flat arrays;
         returns the highest block version seen (the step count, in sync mode)."""
-        requests = [(server, {"op": "pull_dense", "names": [b.name for b in blocks], "trainer": self.trainer_id,
+        self._update()
+        requests = [(server, self._tag({"op": "pull_dense", "names": [b.name for b in blocks], "trainer": self.trainer_id,
                               "min_version": min_version, "plan_fingerprint": self.fingerprint,
-                              "epoch": self.links.epoch}, ())
+                              "epoch": self.links.epoch}), ())
                     for server, blocks in self._by_server.items()]
-        replies = self.links.request_list(requests, timeout)
+        requests, replies = self._request(requests, timeout)
         self.scatter(requests, replies, out)
         return max((max(header.get("versions") or [0]) for header, _ in replies), default=0)
 
     def push_requests(self, grads: Mapping[str, np.ndarray], step: int, want_values: bool,
                       resume_step: int | None = None) -> list:
+        self._update()
         requests = []
         for server, blocks in self._by_server.items():
             header = {"op": "push_dense", "names": [b.name for b in blocks], "step": step,
                       "trainer": self.trainer_id, "reply_values": want_values, "epoch": self.links.epoch}
             if resume_step is not None:
                 header["resume_step"] = resume_step
-            requests.append((server, header, [self._slice(grads, b) for b in blocks]))
+            requests.append((server, self._tag(header), [self._slice(grads, b) for b in blocks]))
         return requests
 
     def push_dense(self, grads: Mapping[str, np.ndarray], step: int,
@@ -64,14 +131,14 @@ class DenseClient:
         """Push step ``step``'s gradients; with ``out``, also receive the updated
         values in the same round trip (sync mode: after every trainer's push)."""
         requests = self.push_requests(grads, step, out is not None)
-        replies = self.links.request_list(requests, timeout)
+        requests, replies = self._request(requests, timeout)
         if out is not None:
             self.scatter(requests, replies, out)
 
     def scatter(self, requests: list, replies: list, out: Mapping[str, np.ndarray]) -> None:
-        """Copy the blocks in the replies to ``requests`` into ``out``."""
-        for (server, _, _), (header, arrays) in zip(requests, replies):
-            blocks = self._by_server[server]
+        """Copy the blocks in the replies to ``requests`` into ``out`` (settled: no None)."""
+        for (server, request, _), (header, arrays) in zip(requests, replies):
+            blocks = [self._blocks[n] for n in request["names"]]
             check_reply_arrays(header, arrays, [b.size for b in blocks], f"server {server}")
             for block, arr in zip(blocks, arrays):
                 out[block.param][block.offset:block.offset + block.size] = arr

@@ -250,7 +250,8 @@ class StepClient:
         started = time.perf_counter()
         try:
             self.sparse.settle(self.links.collect(push.sparse), push.sparse_requests)
-            replies = self.links.collect(push.dense)
+            # Blocks refused as moved (an elastic job's server change) go again to their new owners.
+            requests, replies = self.dense.settle(self.links.collect(push.dense), push.dense_requests)
             if push.riders is not None:
                 self.links.collect(push.riders)
         except BaseException:
@@ -260,7 +261,7 @@ class StepClient:
             raise
         finally:
             self.stats["push_wait_s"] += time.perf_counter() - started
-        self.dense.scatter(push.dense_requests, replies, push.values)
+        self.dense.scatter(requests, replies, push.values)
         seen = [header.get("staleness") for header, _ in replies if header.get("staleness") is not None]
         if seen:
             self.last_staleness = max(seen)

@@ -6,13 +6,13 @@ change how many servers hold its sparse tables while it trains:
 - up: the launcher starts each new server process (a new index, its address from the engine:
   ``Launcher.new_server_address``; it knows every address so far), then
   launch/server_scaling.scale_servers moves it its share of the partitions in the background;
-- down: scale_servers moves the partitions of the highest serving servers to the others; a
-  server left with nothing keeps running, serving nothing, until the job ends (a trainer that
-  has not learnt the last routing yet still says ``leave`` to it).
+- down: scale_servers moves the partitions and dense blocks of the highest serving servers
+  (server 0 stays: it holds the job's routing) to the others, the job's first servers
+  included; a server left with nothing keeps running, serving nothing, until the job ends (a
+  trainer that has not learnt the last routing yet still says ``leave`` to it).
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
-time. Dense blocks do not move yet, so the servers the job started with stay: only servers a
-scale added can be removed. Changes are told to ``Launcher.membership_listeners`` (role
+time. Changes are told to ``Launcher.membership_listeners`` (role
 server: added, removed) and the move itself is recorded by scale_servers (``scale_start``,
 ``scale_end``) through ``Launcher._event``.
 """
@@ -52,9 +52,8 @@ class ElasticServers:
         if self.move is not None and self.move.is_alive():
             raise ConfigError(f"--servers {n}: a move of partitions is under way; ask again when it ended "
                               f"(a scale_end event in the run directory)")
-        if n < self.initial:
-            raise ConfigError(f"--servers {n}: the {self.initial} servers the job started with hold its dense "
-                              f"blocks, which do not move yet; only servers a scale added can be removed")
+        if n < 1:
+            raise ConfigError(f"--servers {n}: a job keeps at least one server (server 0, which holds its routing)")
         if n > self.env.partitions:
             raise ConfigError(f"--servers {n}: more servers than the job's {self.env.partitions} partitions")
         if n > len(self.serving) and getattr(self.launcher, "new_server_address", None) is None:

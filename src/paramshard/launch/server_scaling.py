@@ -13,8 +13,12 @@ stops a removed one after (scale down); this moves the sparse partitions between
    touched since the copy began, and the new owner takes them (its held requests run);
 5. old owners drop what they handed away; a removed server owns nothing and is told to retire.
 
+Dense blocks move in the same move (placement/block_map.rebalance_blocks: by bytes, few
+blocks): the new owners expect them with the partitions, the first hand-off's routing names
+their new owners, and each is frozen, exported whole (values, optimizer slots, version) and
+imported right after it was published (server/dense_migration.py).
+
 The move is returned as data (``MoveRecord``) for the run directory (observe/records.py).
-Dense blocks are not moved: a removed server must hold none (one added by an earlier scale).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..placement.block_map import rebalance_blocks
 from ..placement.partitions import Routing, partition_of, rebalance
 from ..transport.client import ServerLinks
 
@@ -48,6 +53,8 @@ class MoveRecord:
     handoffs_s: float = 0.0             # every hand-off together
     finish_s: float = 0.0               # old owners dropping what they handed away
     switch_step: int | None = None      # sync mode: the step at which the routing changed
+    blocks: int = 0                     # dense blocks moved
+    dense_bytes: int = 0                # their values and optimizer slots
     arm_tries: int = 0
 
     def details(self) -> dict:
@@ -98,8 +105,11 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     owners = rebalance(routing.owners, list(servers))
     moving = np.flatnonzero(owners != routing.owners)
     record.partitions = len(moving)
+    blocks_now, new_blocks = _block_maps(links, routing, before, servers)
+    dense_moves = {n: (blocks_now[n], s) for n, s in new_blocks.items() if s != blocks_now[n]}
+    record.blocks = len(dense_moves)
     joined = [s for s in servers if s not in before]
-    routing = routing.moved_to(routing.owners, version=routing.version, addresses=address_list)
+    routing = routing.moved_to(routing.owners, version=routing.version, addresses=address_list, blocks=blocks_now)
     described = links.request(0, {"op": "migrate_tables"})[0]
     tables, sync = described["tables"], described["sync"]
     coming = {dest: dict.fromkeys((t["table"] for t in tables), 0.0) for dest in joined}   # rows, roughly
@@ -115,19 +125,25 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
             {**t, "reserve": int(coming[s].get(t["table"], 0) * 1.05)} for t in tables]})
     for s in sorted(set(owners[moving].tolist())):
         links.request(s, {"op": "migrate_expect", "partitions": _ints(moving[owners[moving] == s])})
+    for s in sorted({dest for _, dest in dense_moves.values()}):
+        links.request(s, {"op": "dense_expect", "names": sorted(n for n, (_, d) in dense_moves.items() if d == s)})
     began = time.monotonic()
     _copy(links, routing, owners, moving, [t["table"] for t in tables], page_rows, record)
     record.copy_s = time.monotonic() - began
-    if sync and len(moving):
+    if sync and (len(moving) or dense_moves):
         # Sync: every trainer changes routing at one step S; all partitions are handed off
         # between the completion of step S - 1 and any push of step S (handoff_freeze waits).
         record.switch_step, record.arm_tries = _arm(links, sorted(set(servers) | set(before)), routing.version + 1,
                                                     margin=switch_margin)
-        per_handoff = len(moving)
-    for start in range(0, len(moving), per_handoff):
-        group = moving[start:start + per_handoff]
+        per_handoff = max(1, len(moving))
+    groups = [moving[start:start + per_handoff] for start in range(0, len(moving), per_handoff)]
+    if dense_moves and not groups:
+        groups = [moving[:0]]
+    for number, group in enumerate(groups):
         began = time.monotonic()
-        routing = _hand_off(links, routing, owners, group, [t["table"] for t in tables], record)
+        # The first hand-off's routing names the blocks' new owners too; they move right after it.
+        routing = _hand_off(links, routing, owners, group, [t["table"] for t in tables], record,
+                            dense=(new_blocks, dense_moves) if number == 0 and dense_moves else None)
         record.handoffs += 1
         record.longest_handoff_s = max(record.longest_handoff_s, time.monotonic() - began)
         record.handoffs_s += time.monotonic() - began
@@ -136,8 +152,11 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     began = time.monotonic()
     for s in before:
         links.request(s, {"op": "migrate_finish"})
+    for s in sorted({source for source, _ in dense_moves.values()}):
+        links.request(s, {"op": "dense_finish"})
     record.finish_s = time.monotonic() - began
-    final = routing.moved_to(owners, addresses=[a if (i in servers) else "" for i, a in enumerate(address_list)])
+    final = routing.moved_to(owners, addresses=[a if (i in servers) else "" for i, a in enumerate(address_list)],
+                             blocks=new_blocks)
     for s in sorted(set(servers) | set(before)):
         links.request(s, {"op": "routing_set", "routing": final.to_wire()})
     for s in before:
@@ -164,6 +183,39 @@ def _arm(links, servers: list[int], version: int, margin: int, tries: int = 20) 
                 raise
             margin += 2
     raise ConfigError(f"sync mode: could not find a step to change routing at after {tries} tries")
+
+
+def _block_maps(links, routing: Routing, before: list[int], servers) -> tuple[dict, dict]:
+    """(where each dense block is now, where it goes). Before the first move the routing has no
+    block map: the servers say what they hold (the plan's placement)."""
+    holders = sorted(set(before) | set(routing.blocks.values()))
+    now, sizes = dict(routing.blocks), {}
+    for s in holders:
+        held = links.request(s, {"op": "dense_held"})[0]["blocks"]
+        sizes.update(held)
+        if not routing.blocks:
+            now.update(dict.fromkeys(held, s))
+    if set(now) != set(sizes):
+        raise ConfigError(f"dense blocks {sorted(set(now) ^ set(sizes))[:3]} are not where the routing "
+                          f"(version {routing.version}) says; is a move still under way?")
+    if not now:
+        return {}, {}
+    return now, rebalance_blocks(now, sizes, list(servers))
+
+
+def _hand_off_blocks(links, moves: dict, record: MoveRecord) -> None:
+    """Freeze each moving block on its old owner, export it whole and import it on the new one."""
+    for source in sorted({src for src, _ in moves.values()}):
+        mine = sorted(n for n, (src, _) in moves.items() if src == source)
+        links.request(source, {"op": "dense_freeze", "names": mine})
+        for dest in sorted({moves[n][1] for n in mine}):
+            names = [n for n in mine if moves[n][1] == dest]
+            header, arrays = links.request(source, {"op": "dense_export", "names": names})
+            fields = {k: header[k] for k in ("names", "versions", "slots", "optimizer", "plan_fingerprint")}
+            links.request(dest, {"op": "dense_import", **fields, "lr_scale": float(header["lr_scale"])}, arrays)
+            size = sum(a.nbytes for a in arrays)
+            record.bytes += size
+            record.dense_bytes += size
 
 
 def _ints(a) -> list[int]:
@@ -201,12 +253,16 @@ def _forward(links, partitions: int, owners, op: str, table: str, parts: list, a
         links.request(s, {"op": op, "table": table, "parts": list(parts)}, [named[p][mine] for p in parts])
 
 
-def _hand_off(links, routing: Routing, owners, group, tables: list[str], record: MoveRecord) -> Routing:
-    """Publish ``group`` at its new owners (server 0 first), then freeze, hand over and adopt it."""
+def _hand_off(links, routing: Routing, owners, group, tables: list[str], record: MoveRecord,
+              dense: tuple | None = None) -> Routing:
+    """Publish ``group`` at its new owners (server 0 first), then freeze, hand over and adopt it.
+    ``dense``: (the new block map, the blocks moving), published and moved with this group."""
     new_owners = routing.owners.copy()
     new_owners[group] = owners[group]
-    published = routing.moved_to(new_owners)
+    published = routing.moved_to(new_owners, blocks=dense[0] if dense else None)
     links.request(0, {"op": "routing_set", "routing": published.to_wire()})
+    if dense:
+        _hand_off_blocks(links, dense[1], record)
     for source in sorted(set(routing.owners[group].tolist())):
         mine = group[routing.owners[group] == source]
         links.request(source, {"op": "handoff_freeze", "partitions": _ints(mine)})

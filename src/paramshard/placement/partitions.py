@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from ..errors import ProtocolError
+from .block_map import blocks_from_wire, blocks_to_wire
 from .sparse_hash import _SALT_SERVER, mix64, server_of
 
 MAX_PARTITIONS = 1 << 20
@@ -67,6 +68,9 @@ class Routing:
     partitions: int
     owners: np.ndarray            # int32 [partitions]: the server of each partition
     addresses: tuple[str, ...]
+    # Dense block name -> server (placement/block_map.py); empty until server 0 learns the
+    # plan (the chief's register_dense), and in jobs without dense parameters.
+    blocks: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def initial(cls, partitions: int, addresses) -> "Routing":
@@ -91,13 +95,19 @@ class Routing:
         return self.owners[partition_of(ids, self.partitions)].astype(np.int64)
 
     def moved_to(self, owners: np.ndarray, version: int | None = None,
-                 addresses=None) -> "Routing":
+                 addresses=None, blocks=None) -> "Routing":
         return Routing(self.version + 1 if version is None else version, self.partitions,
-                       np.asarray(owners, np.int32).copy(), tuple(addresses or self.addresses))
+                       np.asarray(owners, np.int32).copy(), tuple(addresses or self.addresses),
+                       dict(self.blocks if blocks is None else blocks))
+
+    def block_servers(self) -> list[int]:
+        """Servers holding at least one dense block."""
+        return sorted(set(self.blocks.values()))
 
     def to_wire(self) -> dict:
         return {"version": self.version, "partitions": self.partitions,
-                "owners": self.owners.astype(int).tolist(), "addresses": list(self.addresses)}
+                "owners": self.owners.astype(int).tolist(), "addresses": list(self.addresses),
+                "blocks": blocks_to_wire(self.blocks)}
 
     @classmethod
     def from_wire(cls, wire) -> "Routing":
@@ -117,4 +127,5 @@ class Routing:
             raise ProtocolError(f"routing: owners must be {partitions} server indices below {len(addresses)}")
         if any(not addresses[o] for o in set(owners)):
             raise ProtocolError("routing: a partition is owned by a retired server (empty address)")
-        return cls(version, partitions, np.asarray(owners, np.int32), tuple(addresses))
+        blocks = blocks_from_wire(wire.get("blocks", {}), addresses)
+        return cls(version, partitions, np.asarray(owners, np.int32), tuple(addresses), blocks)

@@ -112,6 +112,68 @@ class DenseStore:
     def versions_reached(self, names: list[str], version: int) -> bool:
         return all(n in self.blocks and self.blocks[n].version >= version for n in names)
 
+    # -- moving blocks to another server (server/dense_migration.py) -----------
+    def export_blocks(self, names: list[str]) -> tuple[dict, list[np.ndarray]]:
+        """Everything a block is, for its new owner: values and optimizer slots (copies, as
+        arrays: values then slots per block), versions, and the store's optimizer, plan and
+        learning-rate scale (a new server has none of them yet)."""
+        if not self.registered:
+            raise ConfigError("dense_export: no model is registered on this server")
+        check_distinct(names, "dense_export")
+        blocks = self.lookup(names)
+        arrays = []
+        for b in blocks:
+            if b.barrier.arrived:
+                raise ConfigError(f"dense_export: block {b.name} is in the middle of a sync step "
+                                  f"(trainers {sorted(b.barrier.arrived)} pushed); export between steps")
+            arrays.append(b.values.copy())
+            arrays.extend(slot.copy() for slot in b.slots)
+        fields = {"names": list(names), "versions": [b.version for b in blocks],
+                  "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.optimizer.to_wire(),
+                  "plan_fingerprint": self.plan_fingerprint, "lr_scale": self.lr_scale}
+        return fields, arrays
+
+    def import_blocks(self, names: list[str], versions: list[int], n_slots: int, arrays: list[np.ndarray],
+                      optimizer: OptimizerConfig, plan_fingerprint: int, lr_scale: float) -> None:
+        """Take blocks another server exported (``export_blocks``). All checked before any is
+        stored; a server holding a model must hold the same plan, optimizer and scale."""
+        check_distinct(names, "dense_import")
+        per_block = 1 + n_slots
+        if len(versions) != len(names) or len(arrays) != per_block * len(names):
+            raise ConfigError(f"dense_import: {len(names)} blocks, {len(versions)} versions and {len(arrays)} "
+                              f"arrays do not fit ({per_block} arrays a block)")
+        if any(type(v) is not int or v < 0 for v in versions):
+            raise ConfigError("dense_import: versions must be integers >= 0")
+        if self.registered and (plan_fingerprint != self.plan_fingerprint or optimizer != self.optimizer
+                                or lr_scale != self.lr_scale):
+            raise ConfigError("dense_import: the blocks come from a different model (plan, optimizer or "
+                              "learning-rate scale) than the one this server holds")
+        already = [n for n in names if n in self.blocks]
+        if already:
+            raise ConfigError(f"dense_import: this server already holds blocks {already[:3]}")
+        check_dense(optimizer, "dense_import")
+        rule = make_rule(scaled(optimizer, check_lr_scale(lr_scale, "dense_import")))
+        if len(rule.init_slots((0,))) != n_slots:
+            raise ConfigError(f"dense_import: {n_slots} optimizer slots a block, {optimizer.kind} keeps "
+                              f"{len(rule.init_slots((0,)))}")
+        for name, i in zip(names, range(0, len(arrays), per_block)):
+            group = arrays[i:i + per_block]
+            if any(a.dtype != np.float32 or a.ndim != 1 or a.shape != group[0].shape for a in group):
+                raise ConfigError(f"dense_import: block {name}: values and slots must be flat float32 "
+                                  f"arrays of one length")
+        if not self.registered:
+            self.plan_fingerprint, self.optimizer, self.lr_scale = plan_fingerprint, optimizer, lr_scale
+        rule = next(iter(self.blocks.values())).rule if self.blocks else rule
+        for name, version, i in zip(names, versions, range(0, len(arrays), per_block)):
+            block = DenseBlock(name, arrays[i].copy(), rule, StepBarrier(self.membership, f"block {name}"))
+            block.slots = [a.copy() for a in arrays[i + 1:i + per_block]]
+            block.version = version
+            self.blocks[name] = block
+
+    def drop_blocks(self, names: list[str]) -> int:
+        """Forget blocks handed to another server; the plan stays registered."""
+        return sum(self.blocks.pop(n, None) is not None for n in names)
+
     # -- updates --------------------------------------------------------
     def push(self, trainer: int, step: int, names: list[str], grads: list[np.ndarray]) -> None:
         self.membership.check_trainer(trainer)

@@ -282,4 +282,6 @@ def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> Migratio
     """Every server of a job can hand partitions on; with PARAMSHARD_PARTITIONS=0 it refuses to."""
     service = MigrationService(server.context, sparse, Routing.initial(env.partitions, env.servers))
     server.add_service(service)
+    from .dense_migration import attach_dense_migration
+    attach_dense_migration(server, service)      # dense blocks move with the partitions
     return service

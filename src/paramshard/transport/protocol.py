@@ -65,9 +65,10 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "hello": {},
     "stats": {},
     "register_dense": {"names": _STR_LIST, "optimizer": dict, "plan_fingerprint": int, "trainer": int},
-    "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int, "epoch": Optional(int)},
+    "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int, "epoch": Optional(int),
+                   "routing": Optional(int)},
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool, "epoch": Optional(int),
-                   "resume_step": Optional(int)},
+                   "resume_step": Optional(int), "routing": Optional(int)},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
                         "trainer": int, "reserve": Optional(int), "dtype": Optional(OneOf(*ROW_DTYPES)),
                         "rounding": Optional(OneOf(*ROUNDINGS)), "memory_budget": Optional(_BUDGET)},
@@ -119,6 +120,14 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "handoff_in": {"table": str, "parts": _STR_LIST, "version": Optional(int)},
     "handoff_done": {"partitions": _INT_LIST},
     "migrate_finish": {},
+    # Moving dense blocks (server/dense_migration.py).
+    "dense_held": {},
+    "dense_expect": {"names": _STR_LIST},
+    "dense_freeze": {"names": _STR_LIST},
+    "dense_export": {"names": _STR_LIST},
+    "dense_import": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
+                     "plan_fingerprint": int, "lr_scale": float},
+    "dense_finish": {},
     "retire": {},
 }
 

@@ -46,6 +46,8 @@ class ServerBackend:
         links = runtime.links_for(env)
         dense = DenseClient(links, plan, env.trainer_id)
         sparse = SparseClient(links, env.trainer_id, Routing.initial(env.partitions, env.servers))
+        if sparse.routing.elastic:
+            dense.follow(sparse)          # blocks may move between servers too (DESIGN 5f)
         steps = StepClient(links, dense, sparse, max_in_flight)
         steps.bounded = env.mode is Mode.ASYNC and env.max_staleness is not None
         return cls(env, links, plan, dense, sparse, steps)

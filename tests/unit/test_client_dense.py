@@ -1,0 +1,74 @@
+"""client/dense.py in an elastic job: requests go where the routing's block map says, carry its
+version, and those refused as ``moved`` go again, split by the newer routing, to the new owners;
+the values come back into the right places. Fake links and router, no sockets."""
+import numpy as np
+
+from paramshard.client.dense import DenseClient
+from paramshard.placement.partitions import Routing
+from paramshard.placement.sharding import ParamSpec, make_plan
+
+PLAN = make_plan([ParamSpec("w", (8, 2)), ParamSpec("b", (6,))], 2, min_block_size=4)
+
+
+class FakeLinks:
+    epoch = 0
+    timeout = 1.0
+
+    def __init__(self, owners: dict, refuse: set):
+        self.owners, self.refuse, self.sent = owners, refuse, []
+
+    def __len__(self):
+        return 3
+
+    def request_list(self, requests, timeout=None):
+        self.sent.append(requests)
+        replies = []
+        for server, header, arrays in requests:
+            if server in self.refuse:
+                replies.append(None)        # ServerLinks.collect: refused as moved
+                continue
+            assert all(self.owners[n] == server for n in header["names"]), (server, header["names"])
+            # The server's values: each block's value is its gradient plus 100, so the oracle is simple.
+            replies.append(({"versions": [1] * len(arrays)}, [a + 100 for a in arrays]))
+        return replies
+
+
+class FakeRouter:
+    def __init__(self, routing, newer):
+        self.routing, self.newer, self.asked = routing, newer, []
+
+    def refresh_routing(self, newer_than=-1):
+        self.asked.append(newer_than)
+        self.routing = self.newer
+        return self.routing
+
+
+def test_refused_blocks_go_to_their_new_owner_and_values_land_in_place():
+    base = Routing.initial(16, ["a:1", "b:2"])
+    before = {b.name: b.server for b in PLAN.blocks}
+    moved = dict(before)
+    on_one = sorted(n for n, s in before.items() if s == 1)
+    moved[on_one[0]] = 2
+    newer = base.moved_to(base.owners, version=2, addresses=["a:1", "b:2", "c:3"], blocks=moved)
+    links = FakeLinks(before, refuse={1})
+    dense = DenseClient(links, PLAN, 0)
+    router = FakeRouter(base.moved_to(base.owners, blocks=before), newer)
+    dense.follow(router)
+    grads = {"w": np.arange(16, dtype=np.float32), "b": np.arange(6, dtype=np.float32) - 10}
+    out = {n: np.zeros_like(g) for n, g in grads.items()}
+    links.owners = before            # the servers as the trainer last knew them: server 1 refuses
+    first = dense.push_requests(grads, 0, want_values=True)
+    assert all(h["routing"] == 1 for _, h, _ in first)
+    replies = links.request_list(first)
+    assert replies[[s for s, _, _ in first].index(1)] is None
+    links.owners, links.refuse = moved, set()
+    requests, replies = dense.settle(replies, first)
+    assert router.asked == [1] and dense.resent == 1
+    again = links.sent[-1]
+    assert {s for s, _, _ in again} == {2} and all(h["routing"] == 2 for _, h, _ in again)
+    assert [h["names"] for s, h, _ in again if s == 2] == [[on_one[0]]]
+    dense.scatter(requests, replies, out)
+    for n in grads:
+        np.testing.assert_array_equal(out[n], grads[n] + 100)
+    # From now on requests go straight to the new owners.
+    assert {n for s, h, _ in dense.push_requests(grads, 1, False) if s == 2 for n in h["names"]} == {on_one[0]}
