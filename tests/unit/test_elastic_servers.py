@@ -12,9 +12,9 @@ from paramshard.launch.elastic_servers import ElasticServers
 
 
 class FakeLauncher:
-    def __init__(self, partitions=256, recovery="rollback", can_start=True):
+    def __init__(self, partitions=256, recovery="rollback", can_start=True, checkpoint_dir=None):
         env = ClusterEnv(role=None, servers=("127.0.0.1:1", "127.0.0.1:2"), partitions=partitions,
-                         recovery=recovery, mode="async")
+                         recovery=recovery, mode="async", checkpoint_dir=checkpoint_dir)
         ranks = tuple(RankSpec(f"server {i}", dataclasses.replace(env, role="server", server_id=i), ("python",)) for i in (0, 1))
         self.spec = JobSpec(ranks, ())
         self.server_ranks, self.servers, self.started = list(ranks), ["p0", "p1"], []
@@ -68,6 +68,7 @@ def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_fi
 @pytest.mark.parametrize("kw, n, why", [
     ({"partitions": 0}, 3, "launch it with --partitions P"),
     ({"recovery": "bounded-loss"}, 3, "bounded-loss cannot change its servers"),
+    ({"checkpoint_dir": "/tmp/ckpt"}, 3, "a job that writes checkpoints cannot change its servers yet"),
     ({}, 0, "keeps at least one server"),
     ({"partitions": 2}, 3, "more servers than the job's 2 partitions"),
     ({"can_start": False}, 3, "cannot start a server mid-job"),
