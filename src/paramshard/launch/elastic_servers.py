@@ -4,7 +4,8 @@ A job launched with virtual partitions (``launch --partitions P``: PARAMSHARD_PA
 change how many servers hold its sparse tables while it trains:
 
 - up: the launcher starts each new server process (a new index, its address from the engine:
-  ``Launcher.new_server_address``; it knows every address so far), then
+  ``Launcher.new_server_address``; it knows every address so far; an SSH job places it on the
+  host that address is on, ``Launcher.place_new_rank``: launch/ssh_placement.py), then
   launch/server_scaling.scale_servers moves it its share of the partitions in the background;
 - down: scale_servers moves the partitions of the highest serving servers to the others; a
   server left with nothing keeps running, serving nothing, until the job ends (a trainer that
@@ -58,7 +59,7 @@ class ElasticServers:
         if n > self.env.partitions:
             raise ConfigError(f"--servers {n}: more servers than the job's {self.env.partitions} partitions")
         if n > len(self.serving) and getattr(self.launcher, "new_server_address", None) is None:
-            raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local jobs can)")
+            raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local and SSH jobs can)")
 
     def scale(self, n: int) -> str:
         self.check(n)
@@ -86,6 +87,9 @@ class ElasticServers:
         rank = RankSpec(f"server {index}", dataclasses.replace(model.env, server_id=index,
                                                                 servers=tuple(self.addresses)),
                         model.argv, model.host, model.extra_environ)
+        place = getattr(self.launcher, "place_new_rank", None)     # SSH: on the host its address is on
+        if place is not None:
+            rank = place(rank)
         self.launcher.server_ranks.append(rank)
         self.launcher.servers.append(self.launcher.engine.start(rank))
         log.info("server %d starts at %s to join the running job", index, address)

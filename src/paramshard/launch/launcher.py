@@ -59,6 +59,9 @@ class Launcher:
         self.elastic_servers = None     # `paramshard scale --servers`: launch/elastic_servers.py, made when asked
         # A Launcher that can start a server mid-job names its address: () -> "host:port" (local engine).
         self.new_server_address: Callable[[], str] | None = None
+        # A Launcher whose ranks may go to several hosts places a rank started mid-job (a joining
+        # trainer, a new server): RankSpec -> RankSpec on its host (SSH: launch/ssh_placement.py).
+        self.place_new_rank: Callable[[RankSpec], RankSpec] | None = None
         # Told of other events as (event, text, **fields), e.g. the replica keeper's: the run directory.
         self.event_listeners: list[Callable[..., None]] = []
         self.keeper = None          # --recovery bounded-loss: launch/replica_keeper.py
