@@ -74,8 +74,10 @@ def test_a_host_added_to_a_running_job_takes_a_new_trainer_and_a_new_server(tmp_
         # h2 takes one rank: server 1; server 0 and trainers 0, 1 go to h1. The added h3, running
         # nothing, is the least loaded host for the next server; once trainer 1 left, h1 and h3 run
         # two ranks and one: h3 again for the next trainer.
+        # --timeout 30, not less: on a loaded 2-core machine a server once answered nothing for 20 s
+        # while the ranks started (the trainers then rightly gave up).
         argv = [sys.executable, "-m", "paramshard", "launch", "--servers", "2", "--trainers", "1:2",
-                "--mode", "async", "--partitions", "64", "--timeout", "20", "--run-dir", str(run_dir),
+                "--mode", "async", "--partitions", "64", "--timeout", "30", "--run-dir", str(run_dir),
                 "--hosts", f"{h1},{h2} slots=1", "--ssh-config", hosts.ssh_config, "--remote-python", str(shim),
                 "--dispatch-package", str(SCRIPTS), "--workspace", str(tmp_path / "ws"),
                 str(SCRIPTS / "elastic_sparse.py"), str(stop)]
