@@ -1,6 +1,6 @@
 """A running SSH job over network namespaces takes a host it did not start with: `paramshard scale
-RUN_DIR --add-host HOST --trainers N` starts a trainer there, `--servers N` a server there (a job
-launched with --partitions), training goes on, the job ends 0 and nothing of it is left on any
+RUN_DIR --add-host HOST --servers N --on HOST` starts a server there (a job launched with
+--partitions), and, the host being the least loaded one, `--trainers N` a trainer there, training goes on, the job ends 0 and nothing of it is left on any
 host. Every process binds inside the lab's namespaces (tests/engines/netns.py: the root namespace
 routes the lab's subnet nowhere); `paramshard scale` itself only writes files in the run directory."""
 import json
@@ -86,7 +86,7 @@ def test_a_host_added_to_a_running_job_takes_a_new_trainer_and_a_new_server(tmp_
         job = Output(tmp_path / "out.txt", launcher)
         try:
             at = max(job.wait_for(rf"{h1} \| trainer {t} \| trainer {t} at step \d+", deadline=90) for t in (0, 1))
-            reply = scale(run_dir, "--add-host", h3, "--servers", "3")
+            reply = scale(run_dir, "--add-host", h3, "--servers", "3", "--on", h3)
             assert f"host {h3} added to the job" in reply and "same machine" in reply, reply
             assert "started servers [2]" in reply
             (moved,) = wait_for_event(run_dir, "scale_end", 1, job)

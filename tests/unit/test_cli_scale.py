@@ -17,7 +17,8 @@ def parse(*argv):
 @pytest.fixture
 def sent(monkeypatch, tmp_path):
     out = []
-    monkeypatch.setattr(scale, "send", lambda run_dir, kind, value, timeout: out.append((kind, value)) or "ok")
+    monkeypatch.setattr(scale, "send", lambda run_dir, kind, value, timeout, host=None:
+                        out.append((kind, value) + ((host,) if host else ())) or "ok")
     return out
 
 
@@ -35,3 +36,10 @@ def test_nothing_or_both_counts_are_refused_before_anything_is_sent(sent, tmp_pa
         with pytest.raises(ConfigError, match="give one of --trainers N or --servers N, and/or --add-host HOST"):
             scale.run(parse(str(tmp_path), *argv))
     assert sent == []
+
+
+def test_on_names_the_host_of_new_servers_and_needs_servers(sent, tmp_path):
+    scale.run(parse(str(tmp_path), "--add-host", "10.0.0.3", "--servers", "3", "--on", "10.0.0.3"))
+    assert sent == [("add_host", "10.0.0.3"), ("servers", 3, "10.0.0.3")]
+    with pytest.raises(ConfigError, match="--on HOST places new servers: give it with --servers N"):
+        scale.run(parse(str(tmp_path), "--trainers", "2", "--on", "10.0.0.3"))

@@ -133,3 +133,17 @@ def test_a_host_whose_probe_fails_is_not_added():
     with pytest.raises(ConfigError, match="Connection refused"):
         placement.add_host("10.0.0.3")
     assert "10.0.0.3" not in placement.engine_hosts and placement.added == [] and fakes.events == []
+
+
+def test_a_new_server_goes_to_the_host_a_request_names_if_the_job_may_use_it():
+    placement, fakes = make(["10.0.0.2"], hosts="10.0.0.1 slots=1,10.0.0.2", server_hosts="10.0.0.1 slots=1,u@10.0.0.2")
+    assert placement.new_server_address("10.0.0.2") == "10.0.0.2:40001"       # not the least loaded 10.0.0.1
+    assert placement.new_server_address("u@10.0.0.2").startswith("10.0.0.2:")
+    with pytest.raises(ConfigError, match="--on 10.0.0.9: not one of the hosts.*add it first: --add-host 10.0.0.9"):
+        placement.new_server_address("10.0.0.9")
+    fakes.live.append("10.0.0.1")
+    with pytest.raises(ConfigError, match="no free slot for a new server on 10.0.0.1"):
+        placement.new_server_address("10.0.0.1")
+    placement.add_host("10.0.0.9")
+    assert placement.new_server_address("10.0.0.9").startswith("10.0.0.9:")
+    assert [p for p in fakes.probed if p[1] == 1] == [("u@10.0.0.2", 1)] * 2 + [("10.0.0.9", 1)]

@@ -11,7 +11,8 @@ HELP = ("change the trainers or servers of a running elastic job, or add a host 
         "(new ranks then go there)")
 EXAMPLE = ("paramshard scale runs/20261123-181500-job-ab12cd34ef56 --trainers 4",
            "paramshard scale job-ab12cd34ef56 --servers 3",
-           "paramshard scale job-ab12cd34ef56 --add-host 10.0.0.7 --trainers 4")
+           "paramshard scale job-ab12cd34ef56 --add-host 10.0.0.7 --trainers 4",
+           "paramshard scale job-ab12cd34ef56 --servers 4 --on 10.0.0.5")
 
 
 def add_arguments(p):
@@ -27,6 +28,9 @@ def add_arguments(p):
                    help="SSH jobs: make HOST ([user@]host[:port] [slots=N]) one of the job's hosts first: the "
                         "launcher probes it and copies the workspace if the job dispatches one; new trainers and "
                         "servers go to the least loaded host, so the next ones go there")
+    p.add_argument("--on", metavar="HOST", help="with --servers, SSH jobs: start the new servers on HOST (one of the "
+                                                "job's hosts, or the one --add-host adds) instead of the least "
+                                                "loaded host")
     p.add_argument("--wait", type=float, default=30.0, metavar="S",
                    help="seconds to wait for each of the launcher's answers")
 
@@ -36,9 +40,11 @@ def run(args) -> int:
              if value is not None]
     if len(asked) > 1 or not (asked or args.add_host):
         raise ConfigError("give one of --trainers N or --servers N, and/or --add-host HOST")
+    if args.on and args.servers is None:
+        raise ConfigError("--on HOST places new servers: give it with --servers N")
     run_dir = resolve_run_dir(args.job)
     if args.add_host:         # first: the ranks asked for next may go there
         print(send(run_dir, "add_host", args.add_host, timeout=args.wait))
     for kind, value in asked:
-        print(send(run_dir, kind, value, timeout=args.wait))
+        print(send(run_dir, kind, value, timeout=args.wait, host=args.on))
     return 0

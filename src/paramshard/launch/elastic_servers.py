@@ -61,13 +61,17 @@ class ElasticServers:
         if n > len(self.serving) and getattr(self.launcher, "new_server_address", None) is None:
             raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local and SSH jobs can)")
 
-    def scale(self, n: int) -> str:
+    def scale(self, n: int, host: str | None = None) -> str:
+        """Run ``n`` servers; ``host``: where the new ones start (an engine that places servers on
+        hosts: SSH), else where the engine's ``new_server_address`` puts them."""
         self.check(n)
+        if host is not None and n <= len(self.serving):
+            raise ConfigError(f"--servers {n} --on {host}: --on places new servers; this starts none")
         before = list(self.serving)
         if n == len(before):
             return f"already {n} servers"
         if n > len(before):
-            added = [self._start_server() for _ in range(n - len(before))]
+            added = [self._start_server(host) for _ in range(n - len(before))]
             target = before + added
         else:
             added, target = [], before[:n]
@@ -79,9 +83,9 @@ class ElasticServers:
                 f"moving the partitions of servers {removed} to the others")
         return f"{what} in the background ({len(before)} -> {n} servers; a scale_end event marks the end)"
 
-    def _start_server(self) -> int:
+    def _start_server(self, host: str | None = None) -> int:
         index = len(self.addresses)
-        address = self.launcher.new_server_address()
+        address = self.launcher.new_server_address() if host is None else self.launcher.new_server_address(host)
         self.addresses.append(address)
         model = self.launcher.spec.servers[0]
         rank = RankSpec(f"server {index}", dataclasses.replace(model.env, server_id=index,

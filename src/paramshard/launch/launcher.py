@@ -100,11 +100,11 @@ class Launcher:
                               f"to change its trainers while it runs")
         return self.elastic.scale(n)
 
-    def _scale_servers(self, n: int) -> str:
+    def _scale_servers(self, n: int, **where) -> str:
         if self.elastic_servers is None:
             from .elastic_servers import ElasticServers
             self.elastic_servers = ElasticServers(self)
-        return self.elastic_servers.scale(n)
+        return self.elastic_servers.scale(n, **where)      # where: host=... (SSH: scale --servers N --on HOST)
 
     def _event(self, event: str, text: str, **fields) -> None:
         for listener in self.event_listeners:

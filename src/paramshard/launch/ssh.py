@@ -310,6 +310,7 @@ class SshLauncher(Launcher):
         self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
         if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST`
             self.control.register("add_host", self.placement.add_host, value_type=str)
+            self.control.register("servers", self._scale_servers, takes_host=True)     # --on HOST
         log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
                  ",".join(self.addresses), self.config.trainers, len(used))
         return self

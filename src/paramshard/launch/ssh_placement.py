@@ -5,7 +5,8 @@
   first in the job's order on a tie, ``slots=N`` respected (hosts.place, the start-up rule),
   among the hosts its role may use (``--server-hosts`` / ``--trainer-hosts``, else ``--hosts``)
   and every host added since. A new server's port is asked of its host: a one-shot probe over
-  ssh (launch/ssh.probe), as at start-up, so it is free there, not here.
+  ssh (launch/ssh.probe), as at start-up, so it is free there, not here. ``scale --servers N
+  --on HOST`` names the host instead (one of the job's hosts for servers, or an added one).
 - ``add_host(text)`` (``paramshard scale RUN_DIR --add-host HOST``): the host is probed (ssh
   works, the remote Python answers) and the workspace copied there when the job dispatches one
   and that machine has no copy yet (hosts on one machine share its file system); from then on it
@@ -51,10 +52,20 @@ class SshPlacement:
         used = collections.Counter(self.live_hosts())
         return place(1, pool, dict(used), f"a new {role}")[0]
 
-    def new_server_address(self) -> str:
-        """host:port for a new server (Launcher.new_server_address): on the least loaded host, a
-        port that host says is free."""
-        host = self.pick("server")
+    def named(self, name: str, role: str) -> Host:
+        """The job's host ``name`` (its name or user@name) for a new ``role`` rank, if it has a free slot."""
+        pool = (self.server_pool if role == "server" else self.trainer_pool) + self.added
+        found = [h for h in pool if name in (h.host, h.target)]
+        if not found:
+            raise ConfigError(f"--on {name}: not one of the hosts this job may start a {role} on "
+                              f"({', '.join(h.target for h in pool)}); add it first: --add-host {name}")
+        used = collections.Counter(self.live_hosts())
+        return place(1, found, dict(used), f"a new {role} on {name}")[0]
+
+    def new_server_address(self, name: str | None = None) -> str:
+        """host:port for a new server (Launcher.new_server_address): on host ``name`` or else the
+        least loaded host, a port that host says is free."""
+        host = self.pick("server") if name is None else self.named(name, "server")
         address = f"{host.address}:{self.probe(host, 1).ports[0]}"
         self.server_host[address] = host
         return address
