@@ -84,3 +84,31 @@ def test_a_job_id_names_its_newest_run_directory(tmp_path):
     assert resolve_run_dir(str(runs / "20260101-000000-job7"), runs) == runs / "20260101-000000-job7"
     with pytest.raises(ConfigError, match="no such job"):
         resolve_run_dir("job8", runs)
+
+
+def test_a_kind_registered_with_text_values_takes_text_and_only_text(tmp_path):
+    channel = ControlChannel(tmp_path, {"trainers": lambda n: "ok"})
+    channel.register("add_host", lambda host: f"added {host}", value_type=str)
+    clock = Clock()
+    assert send(tmp_path, "add_host", "10.0.0.3", clock=clock, sleep=polling(channel, clock)) == "added 10.0.0.3"
+    with pytest.raises(ConfigError, match="'add_host' request's value must be text"):
+        send(tmp_path, "add_host", 3, clock=clock, sleep=polling(channel, clock))
+    with pytest.raises(ConfigError, match="1 to 256 characters"):
+        send(tmp_path, "add_host", "h" * 300, clock=clock, sleep=polling(channel, clock))
+    with pytest.raises(ConfigError, match="'trainers' request's value must be a whole number"):
+        send(tmp_path, "trainers", "3", clock=clock, sleep=polling(channel, clock))
+
+
+def test_a_host_reaches_only_the_kinds_that_place_on_one(tmp_path):
+    channel = ControlChannel(tmp_path, {"trainers": lambda n: "ok"})
+    channel.register("servers", lambda n, host=None: f"{n} servers, new ones on {host}", takes_host=True)
+    clock = Clock()
+    assert send(tmp_path, "servers", 3, clock=clock, sleep=polling(channel, clock), host="h3") == \
+        "3 servers, new ones on h3"
+    assert send(tmp_path, "servers", 3, clock=clock, sleep=polling(channel, clock)) == "3 servers, new ones on None"
+    with pytest.raises(ConfigError, match="cannot place 'trainers' on a named host"):
+        send(tmp_path, "trainers", 2, clock=clock, sleep=polling(channel, clock), host="h3")
+    (tmp_path / "control" / "request-d4.json").write_text(json.dumps({"kind": "servers", "value": 3, "host": 7}))
+    channel.poll()
+    assert "host must be 1 to 256 characters of text" in json.loads(
+        (tmp_path / "control" / "reply-d4.json").read_text())["message"]

@@ -90,3 +90,15 @@ def test_a_failed_move_is_recorded_and_changes_nothing():
     servers.move.join(5)
     assert servers.serving == [0, 1] and "server 2 never answered" in servers.last_error
     assert launcher.events[-1][0][0] == "scale_failed" and launcher.told == []
+
+
+def test_a_named_host_reaches_the_engines_address_and_only_when_servers_start():
+    launcher, servers, moves, gate = make()
+    asked = []
+    launcher.new_server_address = lambda host=None: asked.append(host) or f"{host}:9"
+    gate.set()
+    with pytest.raises(ConfigError, match="--on places new servers; this starts none"):
+        servers.scale(2, host="10.0.0.3")
+    assert "started servers [2]" in servers.scale(3, host="10.0.0.3")
+    servers.move.join(5)
+    assert asked == ["10.0.0.3"] and launcher.started[-1].env.servers[2] == "10.0.0.3:9"

@@ -5,7 +5,9 @@ place, so the launcher never reads half of one); the launcher's loop polls the d
 (``ControlChannel.poll``), hands each request to the handler of its kind, and writes
 ``reply-ID.json`` the same way; the command waits for that reply up to a deadline and
 removes it. A request is small JSON checked before anything acts on it: ``kind`` (which
-handler: ``trainers``, ``servers``...) and ``value`` (a whole number). A handler returns the
+handler: ``trainers``, ``servers``, ``add_host``...) and ``value`` (a whole number, or text for
+the kinds registered so: ``add_host``'s host), and for the kinds registered ``takes_host`` an
+optional ``host`` (text: where the new ranks go, ``scale --servers N --on HOST``). A handler returns the
 text of its reply, or raises ConfigError, whose message the command shows as the error.
 No launcher polling (the job ended, or never ran here): the command gives up at its
 deadline saying so.
@@ -24,7 +26,8 @@ from ..errors import ConfigError, DeadlineExceeded
 MAX_REQUEST_BYTES = 4096       # a request is a few fields: anything bigger is not one of ours
 CONTROL = "control"
 
-Handler = Callable[[int], str]
+Handler = Callable[[int], str]     # or Callable[[str], str] for a kind registered with value_type=str
+MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
 
 
 def _write_whole(path: Path, data: dict) -> None:
@@ -43,8 +46,8 @@ def _read_small_json(path: Path) -> dict:
     return data
 
 
-def send(run_dir, kind: str, value: int, timeout: float = 30.0, clock=time.monotonic,
-         sleep=time.sleep) -> str:
+def send(run_dir, kind: str, value: int | str, timeout: float = 30.0, clock=time.monotonic,
+         sleep=time.sleep, host: str | None = None) -> str:
     """Ask the launcher of ``run_dir`` to act (``kind``, ``value``) and return its reply's text;
     ConfigError with the launcher's message if it refused, DeadlineExceeded if none answered."""
     folder = Path(run_dir) / CONTROL
@@ -53,7 +56,7 @@ def send(run_dir, kind: str, value: int, timeout: float = 30.0, clock=time.monot
                           f"by this version of `paramshard launch` (see `paramshard launch --run-dir`)")
     ident = secrets.token_hex(8)
     reply = folder / f"reply-{ident}.json"
-    _write_whole(folder / f"request-{ident}.json", {"kind": kind, "value": value})
+    _write_whole(folder / f"request-{ident}.json", {"kind": kind, "value": value, **({"host": host} if host else {})})
     deadline = clock() + timeout
     while not reply.exists():
         if clock() >= deadline:
@@ -75,12 +78,19 @@ class ControlChannel:
         self.folder = Path(run_dir) / CONTROL
         self.folder.mkdir(parents=True, exist_ok=True)
         self.handlers: dict[str, Handler] = dict(handlers or {})
+        self.value_types: dict[str, type] = {}     # kind -> the type of its value (int unless registered)
+        self.takes_host: set[str] = set()           # kinds whose handler takes host=... (where new ranks go)
         self.requests: list[tuple[str, int, bool, str]] = []    # (kind, value, ok, message), for the summary
 
-    def register(self, kind: str, handler: Handler) -> None:
+    def register(self, kind: str, handler: Handler, value_type: type = int, takes_host: bool = False) -> None:
         """Handle ``kind`` from now on (replaces a handler registered before: the lead plugs the real
-        ``servers`` one in over the placeholder)."""
+        ``servers`` one in over the placeholder); its requests carry a ``value_type`` (int or str)."""
         self.handlers[kind] = handler
+        self.value_types[kind] = value_type
+        if takes_host:
+            self.takes_host.add(kind)
+        else:
+            self.takes_host.discard(kind)
 
     def poll(self) -> int:
         """Answer every request waiting; returns how many."""
@@ -100,13 +110,26 @@ class ControlChannel:
         try:
             request = _read_small_json(path)
             kind, value = request.get("kind"), request.get("value")
-            if type(value) is not int:
-                raise ConfigError(f"a control request's value must be a whole number, got {value!r}")
-            handler = self.handlers.get(kind)
+            handler = self.handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
                 raise ConfigError(f"this launcher does not handle {kind!r} requests (it handles: "
                                   f"{', '.join(sorted(self.handlers)) or 'none'})")
-            message = handler(value)
+            wanted = self.value_types.get(kind, int)
+            if type(value) is not wanted:
+                raise ConfigError(f"a {kind!r} request's value must be "
+                                  f"{'a whole number' if wanted is int else 'text'}, got {value!r}")
+            if wanted is str and not 0 < len(value) <= MAX_TEXT_VALUE:
+                raise ConfigError(f"a {kind!r} request's value must be 1 to {MAX_TEXT_VALUE} characters")
+            host = request.get("host")
+            if host is None:
+                message = handler(value)
+            elif kind not in self.takes_host:
+                raise ConfigError(f"this launcher cannot place {kind!r} on a named host (--on); leave it out: new "
+                                  f"ranks go to the least loaded host (SSH jobs place --servers on a named host)")
+            elif type(host) is not str or not 0 < len(host) <= MAX_TEXT_VALUE:
+                raise ConfigError(f"a control request's host must be 1 to {MAX_TEXT_VALUE} characters of text")
+            else:
+                message = handler(value, host=host)
             self.requests.append((kind, value, True, message))
             return {"ok": True, "message": message}
         except (ConfigError, ValueError, OSError) as exc:      # ValueError: not JSON

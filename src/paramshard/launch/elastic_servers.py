@@ -4,7 +4,8 @@ A job launched with virtual partitions (``launch --partitions P``: PARAMSHARD_PA
 change how many servers hold its sparse tables while it trains:
 
 - up: the launcher starts each new server process (a new index, its address from the engine:
-  ``Launcher.new_server_address``; it knows every address so far), then
+  ``Launcher.new_server_address``; it knows every address so far; an SSH job places it on the
+  host that address is on, ``Launcher.place_new_rank``: launch/ssh_placement.py), then
   launch/server_scaling.scale_servers moves it its share of the partitions in the background;
 - down: scale_servers moves the partitions and dense blocks of the highest serving servers
   (server 0 stays: it holds the job's routing) to the others, the job's first servers
@@ -61,15 +62,19 @@ class ElasticServers:
         if n > self.env.partitions:
             raise ConfigError(f"--servers {n}: more servers than the job's {self.env.partitions} partitions")
         if n > len(self.serving) and getattr(self.launcher, "new_server_address", None) is None:
-            raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local jobs can)")
+            raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local and SSH jobs can)")
 
-    def scale(self, n: int) -> str:
+    def scale(self, n: int, host: str | None = None) -> str:
+        """Run ``n`` servers; ``host``: where the new ones start (an engine that places servers on
+        hosts: SSH), else where the engine's ``new_server_address`` puts them."""
         self.check(n)
+        if host is not None and n <= len(self.serving):
+            raise ConfigError(f"--servers {n} --on {host}: --on places new servers; this starts none")
         before = list(self.serving)
         if n == len(before):
             return f"already {n} servers"
         if n > len(before):
-            added = [self._start_server() for _ in range(n - len(before))]
+            added = [self._start_server(host) for _ in range(n - len(before))]
             target = before + added
         else:
             added, target = [], before[:n]
@@ -81,14 +86,17 @@ class ElasticServers:
                 f"moving the partitions of servers {removed} to the others")
         return f"{what} in the background ({len(before)} -> {n} servers; a scale_end event marks the end)"
 
-    def _start_server(self) -> int:
+    def _start_server(self, host: str | None = None) -> int:
         index = len(self.addresses)
-        address = self.launcher.new_server_address()
+        address = self.launcher.new_server_address() if host is None else self.launcher.new_server_address(host)
         self.addresses.append(address)
         model = self.launcher.spec.servers[0]
         rank = RankSpec(f"server {index}", dataclasses.replace(model.env, server_id=index,
                                                                 servers=tuple(self.addresses)),
                         model.argv, model.host, model.extra_environ)
+        place = getattr(self.launcher, "place_new_rank", None)     # SSH: on the host its address is on
+        if place is not None:
+            rank = place(rank)
         self.launcher.server_ranks.append(rank)
         self.launcher.servers.append(self.launcher.engine.start(rank))
         log.info("server %d starts at %s to join the running job", index, address)

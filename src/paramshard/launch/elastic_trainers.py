@@ -115,7 +115,8 @@ class ElasticTrainers:
     def _start(self, slot: int) -> None:
         rank = self.launcher.spec.trainers[slot]
         joining = dataclasses.replace(rank, env=dataclasses.replace(rank.env, joining=True))
-        self.launcher.trainers[slot] = self.launcher.engine.start(joining)
+        place = getattr(self.launcher, "place_new_rank", None)     # SSH: the least loaded host
+        self.launcher.trainers[slot] = self.launcher.engine.start(place(joining) if place else joining)
 
     def _tell(self, change: str, text: str, slot: int | None, **fields) -> None:
         log.warning("%s", text) if change in ("lost", "replaced") else log.info("%s", text)

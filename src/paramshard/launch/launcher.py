@@ -59,6 +59,9 @@ class Launcher:
         self.elastic_servers = None     # `paramshard scale --servers`: launch/elastic_servers.py, made when asked
         # A Launcher that can start a server mid-job names its address: () -> "host:port" (local engine).
         self.new_server_address: Callable[[], str] | None = None
+        # A Launcher whose ranks may go to several hosts places a rank started mid-job (a joining
+        # trainer, a new server): RankSpec -> RankSpec on its host (SSH: launch/ssh_placement.py).
+        self.place_new_rank: Callable[[RankSpec], RankSpec] | None = None
         # Told of other events as (event, text, **fields), e.g. the replica keeper's: the run directory.
         self.event_listeners: list[Callable[..., None]] = []
         self.keeper = None          # --recovery bounded-loss: launch/replica_keeper.py
@@ -97,11 +100,11 @@ class Launcher:
                               f"to change its trainers while it runs")
         return self.elastic.scale(n)
 
-    def _scale_servers(self, n: int) -> str:
+    def _scale_servers(self, n: int, **where) -> str:
         if self.elastic_servers is None:
             from .elastic_servers import ElasticServers
             self.elastic_servers = ElasticServers(self)
-        return self.elastic_servers.scale(n)
+        return self.elastic_servers.scale(n, **where)      # where: host=... (SSH: scale --servers N --on HOST)
 
     def _event(self, event: str, text: str, **fields) -> None:
         for listener in self.event_listeners:

@@ -230,6 +230,7 @@ class SshLauncher(Launcher):
         self.on_servers, self.on_trainers = placement(config.servers, config.trainers, hosts,
                                                       server_hosts, trainer_hosts)
         self.all_hosts = {h.host: h for h in [*hosts, *(server_hosts or []), *(trainer_hosts or [])]}
+        self.job_hosts = (hosts, server_hosts, trainer_hosts)     # as given: ssh_placement.py's pools
         if options.dispatch_package:
             if not os.path.isdir(options.dispatch_package):
                 raise ConfigError(f"--dispatch-package {options.dispatch_package!r} is not a directory")
@@ -263,6 +264,20 @@ class SshLauncher(Launcher):
         on_machine = collections.Counter(found[h.target].machine for h in placed)
         return {h.host: thread_environ(found[h.target].cpus, on_machine[found[h.target].machine]) for h in placed}
 
+    def _placement(self, found: dict[str, Probed]) -> None:
+        """Ranks started mid-job (scale, replacements) and hosts added while it runs: ssh_placement.py."""
+        from .ssh_placement import SshPlacement
+        package = self.options.dispatch_package
+        self.placement = SshPlacement(
+            *self.job_hosts, engine_hosts=self.all_hosts,
+            machines={p.machine for p in found.values()},
+            live_hosts=lambda: [p.host.target for p in [*self.servers, *self.trainers] if p.poll() is None],
+            probe=lambda host, ports: probe(host, ports, self.options),
+            dispatch=(lambda host: dispatch(host, package, self.workdir, self.options)) if package else None,
+            record=self._event)
+        self.new_server_address = self.placement.new_server_address
+        self.place_new_rank = self.placement.place_rank
+
     def start(self) -> "SshLauncher":
         used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
         servers_on: dict[str, list[int]] = {t: [] for t in used}
@@ -291,7 +306,11 @@ class SshLauncher(Launcher):
                              server_hosts=[h.host for h in self.on_servers],
                              trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
                              threads=self._threads(found))
+        self._placement(found)
         self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
+        if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST`
+            self.control.register("add_host", self.placement.add_host, value_type=str)
+            self.control.register("servers", self._scale_servers, takes_host=True)     # --on HOST
         log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
                  ",".join(self.addresses), self.config.trainers, len(used))
         return self

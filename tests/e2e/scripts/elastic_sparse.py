@@ -33,8 +33,9 @@ for epoch in trainer.epochs(1):
         trainer.step(model(ids).pow(2).mean())
         if trainer.step_count % 20 == 0:
             print(f"trainer {env.trainer_id} at step {trainer.step_count}", flush=True)
-        if os.path.exists(stop):
+        if os.path.exists(stop) or trainer.leave_requested:      # asked to leave: `scale --trainers`
             break
         time.sleep(0.01)
-print(f"trainer {env.trainer_id} ends at step {trainer.step_count}", flush=True)
+print(f"trainer {env.trainer_id} ends at step {trainer.step_count} (leave requested: {trainer.leave_requested})",
+      flush=True)
 trainer.close()

@@ -1,0 +1,45 @@
+"""cli/scale.py: which requests `paramshard scale` sends, in which order (a host first, so the ranks
+asked for next may go there), and what it refuses before sending anything."""
+import argparse
+
+import pytest
+
+from paramshard.cli import scale
+from paramshard.errors import ConfigError
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    scale.add_arguments(p)
+    return p.parse_args(argv)
+
+
+@pytest.fixture
+def sent(monkeypatch, tmp_path):
+    out = []
+    monkeypatch.setattr(scale, "send", lambda run_dir, kind, value, timeout, host=None:
+                        out.append((kind, value) + ((host,) if host else ())) or "ok")
+    return out
+
+
+def test_a_host_is_added_before_the_ranks_asked_for(sent, tmp_path):
+    assert scale.run(parse(str(tmp_path), "--add-host", "u@10.0.0.3:2222 slots=2", "--servers", "3")) == 0
+    assert sent == [("add_host", "u@10.0.0.3:2222 slots=2"), ("servers", 3)]
+    sent.clear()
+    scale.run(parse(str(tmp_path), "--add-host", "10.0.0.4"))
+    scale.run(parse(str(tmp_path), "--trainers", "2"))
+    assert sent == [("add_host", "10.0.0.4"), ("trainers", 2)]
+
+
+def test_nothing_or_both_counts_are_refused_before_anything_is_sent(sent, tmp_path):
+    for argv in ((), ("--trainers", "2", "--servers", "3"), ("--add-host", "h", "--trainers", "2", "--servers", "3")):
+        with pytest.raises(ConfigError, match="give one of --trainers N or --servers N, and/or --add-host HOST"):
+            scale.run(parse(str(tmp_path), *argv))
+    assert sent == []
+
+
+def test_on_names_the_host_of_new_servers_and_needs_servers(sent, tmp_path):
+    scale.run(parse(str(tmp_path), "--add-host", "10.0.0.3", "--servers", "3", "--on", "10.0.0.3"))
+    assert sent == [("add_host", "10.0.0.3"), ("servers", 3, "10.0.0.3")]
+    with pytest.raises(ConfigError, match="--on HOST places new servers: give it with --servers N"):
+        scale.run(parse(str(tmp_path), "--trainers", "2", "--on", "10.0.0.3"))
