@@ -27,6 +27,19 @@ def test_a_new_process_that_already_served_more_is_caught_by_its_uptime():
     assert restarted and record["requests"] == 50 and record["restarts"] == 1
 
 
+def test_two_readers_seeing_one_process_a_moment_apart_are_no_restart():
+    """The launcher's live read and the server's own last record (from its cached snapshot) at
+    the same moment: uptime 5.561 then 5.538, more requests. Seen in a fresh clone's run, where
+    it counted a second restart."""
+    carry = CounterCarry()
+    carry.carry({**_record(135, 5.561), "t": 100.0})
+    record, restarted = carry.carry({**_record(230, 5.538), "t": 100.004})
+    assert not restarted and record["requests"] == 230 and record["restarts"] == 0
+    # a process that did start after the previous record is one, even with more requests
+    record, restarted = carry.carry({**_record(400, 2.0), "t": 103.0})
+    assert restarted and record["requests"] == 230 + 400 and record["restarts"] == 1
+
+
 def test_carried_records_are_left_as_they_are():
     once = carry_series([_record(100, 5), _record(30, 1)])
     assert carry_series(once) == once               # the report's pass after the launcher's

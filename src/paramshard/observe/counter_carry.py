@@ -31,11 +31,23 @@ def _histogram(value) -> dict[str, int]:
     return {str(k): n for k, n in value.items() if isinstance(n, int) and not isinstance(n, bool)}
 
 
+UPTIME_SLACK = 1.0     # seconds: how far two readers' clocks of one process may disagree
+
+
 def went_down(before: dict, now: dict) -> bool:
-    """Did any cumulative counter of ``now``, or its uptime, go below ``before``'s (a new
-    process)? The uptime catches a new process that already served more than the old one
-    had when the previous record was taken."""
-    return any(_count(now.get(k)) < _count(before.get(k)) for k in (*CARRIED, "uptime_s"))
+    """Did any cumulative counter of ``now`` go below ``before``'s, or did its process start
+    after ``before`` was taken (a new process)? The uptime catches a new process that already
+    served more than the old one had when the previous record was taken. Its uptime must be
+    younger than the time between the two records: two readers of the same process (the
+    launcher's live read and the server's own last record, made from its cached snapshot)
+    can see its uptime a few milliseconds apart and out of order, which is no restart."""
+    if any(_count(now.get(k)) < _count(before.get(k)) for k in CARRIED):
+        return True
+    up_before, up_now = _count(before.get("uptime_s")), _count(now.get("uptime_s"))
+    if not all(isinstance(r.get("t"), (int, float)) for r in (before, now)):
+        return up_now < up_before                    # no times to compare: any step back is one
+    between = max(0.0, _count(now.get("t")) - _count(before.get("t")))
+    return up_now < up_before and up_now <= between + UPTIME_SLACK
 
 
 class CounterCarry:
