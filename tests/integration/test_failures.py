@@ -12,6 +12,7 @@ import torch.nn as nn
 import zmq
 
 import paramshard as ps
+from paramshard.client.control import wait_for_servers
 from paramshard.errors import DeadlineExceeded, RemoteError, ServerUnavailable
 from paramshard.server.parameter_server import ParameterServer
 from paramshard.torch.trainer import Trainer
@@ -71,11 +72,13 @@ def test_barrier_timeout_names_the_missing_trainer(cluster):
 
 def test_non_chief_waits_for_registration_then_names_the_chief(cluster):
     c = cluster(servers=1, trainers=2, timeout=2.0)
+    # The server up first: on a loaded machine its start took longer than the 2 s deadline,
+    # and the trainer then failed on an unreachable server instead of on the registration.
+    wait_for_servers(c.base, who="test", timeout=60)
     start = time.monotonic()
     with pytest.raises(RemoteError, match=r"chief \(trainer 0\) has not registered"):
         Trainer(model(), ps.optim.SGD(lr=0.1), env=c.trainer_env(1))
-    # It waited for the registration deadline (2 s), then failed rather than hanging; the clock
-    # also runs while the server process starts, which took over 8 s on a loaded machine.
+    # It waited for the registration deadline (2 s), then failed rather than hanging.
     assert 1.5 < time.monotonic() - start < 60
 
 
