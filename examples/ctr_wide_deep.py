@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard.data import CriteoReader, criteo_schema, generate_criteo, shard_files, split_lines
+from paramshard.data import CriteoReader, DynamicShards, criteo_schema, generate_criteo, shard_files, split_lines
 from paramshard.models import WideDeep
 from paramshard.observe.server_table import StepProgress, server_load_table
 
@@ -73,6 +73,11 @@ def write_synthetic(root: Path, train_rows: int, test_rows: int, shards: int) ->
         os.replace(tmp, root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def as_tensors(b) -> tuple:
+    """A CriteoBatch as (dense, ids, labels) tensors, the ids as int64 bit patterns."""
+    return torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)), torch.from_numpy(b.labels)
 
 
 def evaluate(model, test_path: Path, batch_size: int = 8192) -> tuple[float, float]:
@@ -130,20 +135,32 @@ def main():
         base = evaluate(model, test_path)
         print(f"before training: test AUC {base[0]:.4f}  logloss {base[1]:.4f}", flush=True)
 
+    # An elastic job (--trainers MIN:MAX) takes its data from the shard service: trainers that join
+    # or leave mid-epoch leave no record untrained or trained twice (docs/elastic.md).
+    elastic = env.min_trainers is not None
+    if elastic:
+        loader = DynamicShards(CriteoReader(sorted(shards_dir.glob("part-*")), args.batch_size, skip_bad_lines=True))
     # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server
     # restarted in place (--max-restarts), --resume and a whole-job restart.
     for epoch in trainer.epochs(args.epochs):
         start, seen, losses = time.perf_counter(), 0, []
-        reader = CriteoReader(my_files, args.batch_size, skip_bad_lines=True)
-        batches = list(reader)
-        # Sync steps must line up: every trainer takes the same number of steps.
-        steps = min(len(batches), args.train_rows // (args.batch_size * env.num_trainers))
-        progress = StepProgress(steps, f"epoch {epoch}") if chief else None
-        trainer.log(epoch=epoch, total_steps=steps * args.epochs)     # the launcher's live progress
-        tensors = [(torch.from_numpy(b.dense), torch.from_numpy(b.sparse_ids.view(np.int64)),
-                    torch.from_numpy(b.labels)) for b in batches[:steps]]
-        # prefetching: the next batch's rows are on their way while this one trains.
-        for dense, ids, labels in trainer.prefetching(tensors):
+        if elastic:
+            steps, reader = None, loader.reader
+            batches = trainer.prefetching(loader, convert=as_tensors)
+        else:
+            reader = CriteoReader(my_files, args.batch_size, skip_bad_lines=True)
+            read = list(reader)
+            # Sync steps must line up: every trainer takes the same number of steps.
+            steps = min(len(read), args.train_rows // (args.batch_size * env.num_trainers))
+            # prefetching: the next batch's rows are on their way while this one trains.
+            batches = trainer.prefetching([as_tensors(b) for b in read[:steps]])
+        progress = StepProgress(steps, f"epoch {epoch}") if chief and steps else None
+        if steps:
+            trainer.log(epoch=epoch, total_steps=steps * args.epochs)     # the launcher's live progress
+        for dense, ids, labels in batches:
+            if not len(labels):
+                trainer.step()      # sync, elastic: no task left for this trainer, the others' step goes on
+                continue
             loss = F.binary_cross_entropy_with_logits(model(dense, ids), labels)
             trainer.step(loss)
             seen += len(labels)
@@ -151,15 +168,19 @@ def main():
             if progress:
                 rate = seen / (time.perf_counter() - start)
                 progress.advance(f"loss {np.mean(losses[-50:]):.4f}  {rate:,.0f} samples/s per trainer")
+            if trainer.leave_requested:     # `paramshard scale --trainers N` asked this one to leave
+                break
         if progress:
             progress.close()
+        if trainer.leave_requested:
+            break                   # a leaver closes now: the epoch-end barrier is the others'
         elapsed = time.perf_counter() - start
         ps.barrier("epoch-end")     # async: the others' pushes of this epoch are in before the chief evaluates
         trainer.pull()
         if chief:
             test_auc, test_loss = evaluate(model, test_path)
             trainer.log(test_auc=test_auc)
-            print(f"epoch {epoch}: train loss {np.mean(losses):.4f}  test AUC {test_auc:.4f}  "
+            print(f"epoch {epoch}: train loss {np.mean(losses) if losses else float('nan'):.4f}  test AUC {test_auc:.4f}  "
                   f"logloss {test_loss:.4f}  {seen * env.num_trainers / elapsed:,.0f} samples/s "
                   f"(all trainers)", flush=True)
             if reader.bad_lines:

@@ -55,19 +55,24 @@ torch.manual_seed(0)
 model = Model()
 trainer = ps.Trainer(model, ps.optim.SGD(lr=0.01))
 loader = DynamicShards(LibsvmReader(args.data, args.batch), task_bytes=2000)
-batches = trainer.prefetching(loader) if args.prefetch == "on" else loader
+
+
+def tensors(batch):
+    """(ids [n, 1] int64, labels [n]): tensors, so trainer.prefetching finds the ids to pull ahead."""
+    return torch.from_numpy(batch.ids.astype("int64")).view(-1, 1), torch.from_numpy(batch.labels)
+
+
+batches = trainer.prefetching(loader, convert=tensors) if args.prefetch == "on" else map(tensors, loader)
 print(f"trainer {env.trainer_id} first step {trainer.step_count}", flush=True)
 with open(os.path.join(args.logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as log:
     for epoch in trainer.epochs(1):
-        for batch in batches:
-            if len(batch):
-                ids = torch.from_numpy(batch.ids.astype("int64")).view(-1, 1)
+        for ids, labels in batches:
+            if len(ids):
                 score, counted = model(ids)
-                loss = (score - torch.from_numpy(batch.labels)).pow(2).mean() - counted
-                trainer.step(loss)
+                trainer.step((score - labels).pow(2).mean() - counted)
             else:
                 trainer.step(None)      # sync: a trainer without a task still steps
-            log.write(f"{trainer.step_count}: " + " ".join(str(i) for i in batch.ids.tolist()) + "\n")
+            log.write(f"{trainer.step_count}: " + " ".join(str(i) for i in ids.view(-1).tolist()) + "\n")
             log.flush()
             if trainer.step_count % 10 == 0:
                 print(f"trainer {env.trainer_id} at step {trainer.step_count}", flush=True)
