@@ -171,3 +171,75 @@ def test_a_plateau_decays_the_rates_and_a_model_that_learns_nothing_is_named(adu
     best = result["best_epoch"]
     assert len(scales) == best + 3 and scales[:best] == [1.0] * best, scales
     assert scales[best:] == [1.0, 0.5, 0.25], scales
+
+
+# -- an elastic app job: `launch --trainers 2:3 -m paramshard.apps.ctr`, a trainer leaves, one joins ---
+
+ELASTIC_ROWS, ELASTIC_EPOCHS = 6000, 6
+
+
+def elastic_data(d: Path):
+    """A small CSV whose ``rid`` column is unique per row: the trained-log's id checksum then
+    tells a row trained twice and another never from every row once."""
+    from paramshard.data.fit import fit_schema
+    from paramshard.data.schema import Column, Format, Label, Schema
+    rng = np.random.default_rng(0)
+    for name, rows in (("train.csv", ELASTIC_ROWS), ("test.csv", 500)):
+        cats = rng.integers(0, 20, rows)
+        labels = (rng.random(rows) < np.where(cats < 8, 0.8, 0.2)).astype(int)
+        pd.DataFrame({"rid": [f"{name[:2]}{i}" for i in range(rows)], "cat": [f"c{c}" for c in cats],
+                      "x": rng.normal(size=rows).round(3), "y": labels}).to_csv(d / name, index=False)
+    schema = fit_schema(Schema(Label("y"), [Column("rid", "categorical"), Column("cat", "categorical"),
+                                            Column("x", transforms=["standardize"])], format=Format()),
+                        [d / "train.csv"])
+    schema.save(d / "s.json")
+    return schema
+
+
+def one_pass(d: Path, schema) -> tuple[int, int, int]:
+    """(training rows, their id checksum, held-out rows) of --train, read statically."""
+    from paramshard.apps.ctr.audit import id_sum
+    from paramshard.data.holdout import Holdout
+    from paramshard.data.tabular import TabularReader
+    rows = Holdout(0.1, seed=0, by="content")
+    trained = list(TabularReader([d / "train.csv"], schema, 512, holdout=rows))
+    held = sum(len(b) for b in TabularReader([d / "train.csv"], schema, 512, holdout=rows.other()))
+    return sum(len(b) for b in trained), sum(id_sum(b.ids) for b in trained) % (1 << 64), held
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.timeout(240)
+def test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins(tmp_path, mode):
+    from .run_job import processes_marked
+    from .test_elastic_launch import Job
+    schema = elastic_data(tmp_path)
+    log, out = tmp_path / "trained", tmp_path / "out.json"
+    job = Job(tmp_path, "--trainers", "2:3", "--mode", mode, script="-m", args=[
+        "paramshard.apps.ctr", "--train", str(tmp_path / "train.csv"), "--test", str(tmp_path / "test.csv"),
+        "--schema", str(tmp_path / "s.json"), "--model", "lr", "--epochs", str(ELASTIC_EPOCHS), "--patience", "0",
+        "--lr-decay", "1", "--batch-size", "16", "--task-bytes", "3000", "--trained-log", str(log),
+        "--json", str(out)])
+    try:
+        at = job.wait_for(r"epoch 1: train loss", deadline=120)
+        assert "asked trainers [2] to leave" in job.scale(2)      # mid-epoch 2: the rest of its tasks go back
+        at = job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
+        assert "starting trainers [2]" in job.scale(3)
+        at = job.wait_for(r"trainer 2 joined the running job at step \d+, epoch \d+", at, deadline=60)
+        assert job.proc.wait(timeout=150) == 0, job.text()[-5000:]
+    finally:
+        job.close()
+    assert processes_marked(job.mark) == [], "processes of the job outlived it"
+    rows, checksum, held = one_pass(tmp_path, schema)
+    records = [(p.name, json.loads(line)) for p in sorted(log.glob("trained-*.jsonl"))
+               for line in p.read_text().splitlines()]
+    for epoch in range(1, ELASTIC_EPOCHS + 1):
+        mine = [r for _, r in records if r["epoch"] == epoch]
+        got = (sum(r["rows"] for r in mine), sum(r["id_sum"] for r in mine) % (1 << 64))
+        assert got == (rows, checksum), f"epoch {epoch}: {got} trained, one pass is {(rows, checksum)}"
+    # Slot 2's two processes (the one that left, the one that joined) each trained some of it.
+    slot2 = {name for name, r in records if name.startswith("trained-2-") and r["rows"] > 0}
+    assert len(slot2) == 2, sorted({name for name, _ in records})
+    result = json.loads(out.read_text())
+    assert [e["epoch"] for e in result["epochs"]] == list(range(1, ELASTIC_EPOCHS + 1))
+    assert all(e["valid"]["rows"] == held for e in result["epochs"]) and held + rows == ELASTIC_ROWS
+    assert result["final"]["auc"] > 0.75, result["final"]

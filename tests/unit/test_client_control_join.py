@@ -67,3 +67,16 @@ def test_join_on_an_elastic_server_in_this_process():
                       "plan_fingerprint": 7}, [np.zeros(2, np.float32)])
     assert control.join(links, 2, timeout=5.0) == 1
     assert server.membership.first_step == {2: 1} and server.membership.required_for(0) == {0, 1}
+
+
+def test_a_joiner_learns_server_0s_barrier_counts_and_goes_on_from_them():
+    server = ParameterServer(0, None, num_trainers=3, timeout=5.0, min_trainers=1)
+    links = LocalLinks(server, timeout=5.0)
+    server.membership.connection_lost(2)            # slot 2 is empty, as a scale-up finds it
+    first = links.submit([(0, {"op": "barrier", "trainer": 0, "name": "epoch-end", "count": 1}, ())])
+    control.barrier(links, 1, "epoch-end", 1)        # trainer 1 completes it
+    links.collect(first)
+    counts = {"stale": 9}
+    control.join(links, 2, timeout=5.0, barrier_counts=counts)
+    assert counts == {"epoch-end": 1}                # the job's count, not zero
+    assert server.membership.live >= {2}

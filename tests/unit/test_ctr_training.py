@@ -63,3 +63,44 @@ def test_collective_mode_trains_the_tables_with_the_table_settings(files):
     tables = [m for m in model.modules() if isinstance(m, HashedEmbeddingBag)]
     assert len(tables) == 2
     assert all(t.row_optimizer == ps.optim.Adagrad(lr=0.07, weight_decay=1e-4) for t in tables)
+
+
+# -- elastic jobs (apps/ctr/elastic.py) ------------------------------------------------------------
+
+class _Env:
+    def __init__(self, trainer_id=1, joining=False, min_trainers=1):
+        self.trainer_id, self.joining, self.min_trainers = trainer_id, joining, min_trainers
+
+
+class _Joined:
+    def __init__(self, counts):
+        self.trainer_id, self.counts = 2, counts
+
+    def barrier_counts(self):
+        return dict(self.counts)
+
+
+def test_an_elastic_app_refuses_what_cannot_work_saying_why(files):
+    from paramshard.apps.ctr import elastic
+    args, schema = app_args(files), Schema.load(files / "s.json")
+    elastic.refuse(args, _Env(trainer_id=1, joining=True), schema)         # any other slot may join
+    elastic.refuse(args, _Env(trainer_id=0, joining=True, min_trainers=None), schema)   # not elastic: no join
+    with pytest.raises(ConfigError, match="trainer 0 of the CTR app cannot be replaced.*validation history"):
+        elastic.refuse(args, _Env(trainer_id=0, joining=True), schema)
+    assert elastic.holdout(args, True).by == "content" and elastic.holdout(args, False).by == "record"
+
+
+@pytest.mark.parametrize("counts, expected", [
+    ({}, (1, False)),                                          # before the first epoch's end
+    ({"epoch-end": 2, "selection": 2}, (3, False)),            # mid-epoch 3
+    ({"epoch-end": 3, "selection": 2}, (3, True)),             # trainer 0 is deciding epoch 3
+])
+def test_a_joiner_takes_the_epoch_whose_decision_is_not_made_yet(counts, expected):
+    from paramshard.apps.ctr import elastic
+    assert elastic.joined_at(_Joined(counts)) == expected
+
+
+def test_counts_the_app_never_makes_are_an_error():
+    from paramshard.apps.ctr import elastic
+    with pytest.raises(ConfigError, match="differ by at most one"):
+        elastic.joined_at(_Joined({"epoch-end": 5, "selection": 2}))

@@ -73,3 +73,72 @@ def test_an_empty_training_file_names_the_real_problem(tmp_path):
     with pytest.raises(ConfigError, match="no data rows") as err:
         TabularReader([tmp_path / "d.csv"], schema, 16, equal_steps=True)
     assert "batch-size" not in str(err.value)
+
+
+# -- the hold-out by content: what a shard task (DynamicShards) can compute ------------------------
+
+def test_by_content_the_parts_partition_the_rows_and_ignore_the_column_order():
+    rng = np.random.default_rng(1)
+    columns = {"cat": rng.choice(["a", "b", "c", ""], 50_000).astype(object), "x": rng.normal(size=50_000),
+               "id": np.array([str(i) for i in range(50_000)], object)}
+    h = Holdout(0.1, seed=3, by="content")
+    held, rest = h.other().rows_mask(columns), h.rows_mask(columns)
+    assert not np.any(held & rest) and np.all(held | rest)
+    assert abs(held.mean() - 0.1) < 0.005
+    reordered = {name: columns[name] for name in ("x", "id", "cat")}
+    np.testing.assert_array_equal(h.rows_mask(reordered), rest)
+    assert not np.array_equal(Holdout(0.1, seed=4, by="content").rows_mask(columns), rest)
+    # A row's part is a function of its fields alone: the same row anywhere, in any batch.
+    some = {name: values[1234:1300] for name, values in columns.items()}
+    np.testing.assert_array_equal(h.rows_mask(some), rest[1234:1300])
+
+
+def test_the_two_rules_refuse_each_others_calls():
+    with pytest.raises(ConfigError, match="by content"):
+        Holdout(0.1, by="content").mask(np.arange(3))
+    with pytest.raises(ConfigError, match="by record number"):
+        Holdout(0.1).rows_mask({"a": np.zeros(3)})
+    with pytest.raises(ConfigError, match="cannot be counted"):
+        Holdout(0.1, by="content").per_shard(10, 2)
+    with pytest.raises(ConfigError, match="one of record, content"):
+        Holdout(0.1, by="line")
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_every_record_is_trained_or_held_out_once_however_the_tasks_cut_the_file(tmp_path, suffix):
+    from paramshard.data.tasks import split_files
+    n = 700
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"id": np.arange(n), "cat": rng.choice(["a", "b"], n), "y": rng.integers(0, 2, n)})
+    path = tmp_path / f"d.{suffix}"
+    if suffix == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, row_group_size=97)
+    schema = fit_schema(Schema(Label("y"), [Column("id", transforms=[]), Column("cat", "categorical")],
+                               format=Format(type=suffix if suffix == "parquet" else "csv")), [path])
+    h = Holdout(0.2, seed=5, by="content")
+
+    def ids(batches):
+        batches = [b for b in batches if len(b)]
+        return np.sort(TabularBatch.concat(batches).dense[:, 0]).astype(int).tolist() if batches else []
+
+    # The chief's validation reader reads the held part of the whole file, statically.
+    held = ids(TabularReader([path], schema, 64, holdout=h.other()))
+    for task_bytes in (300, 1000, 1 << 20):
+        reader = TabularReader([path], schema, 16, holdout=h)
+        tasks = split_files([path], task_bytes, header=suffix == "csv")
+        trained = ids(batch for task in tasks for batch, _ in reader.read_task(task))
+        assert sorted(held + trained) == list(range(n)), task_bytes
+        # The same split as a static reader of the training part: the rule is the rows', not the tasks'.
+        assert trained == ids(TabularReader([path], schema, 64, holdout=h))
+    assert 0.1 < len(held) / n < 0.3
+
+
+def test_a_task_reader_refuses_the_hold_out_by_record_number(tmp_path):
+    from paramshard.data.tasks import split_files
+    pd.DataFrame({"c": ["a", "b"], "y": [0, 1]}).to_csv(tmp_path / "d.csv", index=False)
+    schema = fit_schema(Schema(Label("y"), [Column("c", "categorical")], format=Format()), [tmp_path / "d.csv"])
+    reader = TabularReader([tmp_path / "d.csv"], schema, 4, holdout=Holdout(0.5))
+    with pytest.raises(ConfigError, match="by record number cannot be applied"):
+        reader.read_task(split_files([tmp_path / "d.csv"], 1 << 20, header=True)[0])

@@ -144,3 +144,74 @@ def test_the_values_kept_over_every_name_are_bounded(monkeypatch):
     with pytest.raises(LimitExceeded, match="would pass 100 bytes"):
         enter(barriers, 0, 1, "b" * 60, name="two")
     assert "two" not in barriers.barriers and barriers.stored_bytes == 62
+
+
+# -- a trainer that joins an elastic job goes on at the job's counts (docs/elastic.md) --------------
+
+def elastic_barriers(trainers=3, live=(0, 1)):
+    membership = Membership(trainers, grace=5.0, min_trainers=1)
+    for t in range(trainers):
+        if t in live:
+            membership.note_request(t)
+        else:
+            membership.connection_lost(t)     # an empty slot, as a scale-up finds it
+    return TrainerBarriers(0, membership)
+
+
+def join(barriers, trainer):
+    barriers.membership.join(trainer, first_step=10)
+    barriers.on_leave(trainer)          # the join's order (server/control_handlers.py)
+    return barriers.on_join(trainer)["barrier_counts"]
+
+
+def test_a_joiner_goes_on_at_the_completed_count_and_is_waited_for_from_the_next():
+    barriers = elastic_barriers()
+    for count in (1, 2):
+        for t in (0, 1):
+            enter(barriers, t, count, "v" if t == 0 else NO, name="selection")
+            enter(barriers, t, count, name="epoch-end", broadcast=False)
+    assert join(barriers, 2) == {"selection": 2, "epoch-end": 2}
+    # Its next entry is #3, like everyone's (from zero it entered #1: "trainer 0 left the job
+    # without entering it", or a count the others passed long ago), and #3 waits for it.
+    outcomes = [enter(barriers, t, 3, name="epoch-end", broadcast=False) for t in (0, 1)]
+    assert all(isinstance(o, Deferred) and not o.ready() for o in outcomes)
+    assert outcomes[0].waits_on() == [2]
+    assert reply_of(enter(barriers, 2, 3, name="epoch-end", broadcast=False)) == {"name": "epoch-end", "count": 3}
+    assert all(o.ready() for o in outcomes)
+    decided = [enter(barriers, 2, 3, name="selection"), enter(barriers, 1, 3, name="selection")]
+    assert not any(o.ready() for o in decided)           # the chief's value is not there yet
+    enter(barriers, 0, 3, "three", name="selection")
+    assert [reply_of(o)["value"] for o in decided] == ["three", "three"]
+
+
+def test_a_count_in_progress_at_the_join_completes_without_the_joiner_which_may_enter_it():
+    barriers = elastic_barriers()
+    for t in (0, 1):
+        enter(barriers, t, 1, "one" if t == 0 else NO)
+    waiting = enter(barriers, 0, 2, "two")              # the chief is in #2 already, trainer 1 not
+    assert join(barriers, 2) == {"decide": 1}
+    late = enter(barriers, 2, 2)                        # the joiner enters #2 too: it waits as the others do
+    assert isinstance(late, Deferred) and late.waits_on() == [1]     # for trainer 1, not for itself
+    enter(barriers, 1, 2)
+    assert reply_of(waiting)["value"] == reply_of(late)["value"] == "two"
+    # A joiner that skips the count in progress is not waited for there either.
+    barriers = elastic_barriers()
+    enter(barriers, 0, 1, "one")
+    join(barriers, 2)
+    assert reply_of(enter(barriers, 1, 1)) == {"name": "decide", "count": 1, "value": "one"}
+    third = enter(barriers, 0, 2, "two")
+    enter(barriers, 1, 2)
+    assert not third.ready() and third.waits_on() == [2]       # from #2 on it is required
+
+
+def test_a_joiner_of_a_slot_whose_last_process_left_starts_afresh_and_names_new_barriers_from_zero():
+    barriers = elastic_barriers(live=(0, 1, 2))
+    for t in (0, 1, 2):
+        enter(barriers, t, 1, name="x", broadcast=False)
+    barriers.membership.leave(2)
+    barriers.on_leave(2)
+    for t in (0, 1):
+        enter(barriers, t, 2, name="x", broadcast=False)
+    assert join(barriers, 2) == {"x": 2}
+    outcome = enter(barriers, 2, 1, name="new", broadcast=False)
+    assert isinstance(outcome, Deferred) and outcome.waits_on() == [0, 1]

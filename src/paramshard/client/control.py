@@ -60,13 +60,16 @@ def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> 
                        timeout=timeout)
 
 
-def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monotonic) -> int:
+def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monotonic,
+         barrier_counts: dict | None = None) -> int:
     """Take slot ``trainer_id`` of a running elastic job (server/control_handlers.handle_join);
     returns the first step this trainer pushes. Every server is asked for the steps it
     completed (the index of its step in progress), and the trainer joins from the step after
     the highest: the step in progress completes without it. A server whose step in progress
     moved past that meanwhile answers ``joined`` false, and the trainer asks again (each
-    server keeps the newest first step), until every server took it or ``timeout`` passed."""
+    server keeps the newest first step), until every server took it or ``timeout`` passed.
+    ``barrier_counts``: filled with server 0's count of each barrier and broadcast name, where
+    this trainer's go on from (server/trainer_barrier.py)."""
     deadline = clock() + timeout
     everyone = range(len(links))
     while True:
@@ -76,12 +79,24 @@ def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monoton
         replies = links.request_many({s: ({"op": "join", "trainer": trainer_id, "first_step": first}, ())
                                       for s in everyone}, timeout=timeout)
         if all(header.get("joined") for header, _ in replies.values()):
+            if barrier_counts is not None:
+                barrier_counts.clear()
+                barrier_counts.update(_counts_of(replies[0][0], trainer_id))
             return first
         if clock() >= deadline:
             late = sorted(s for s, (header, _) in replies.items() if not header.get("joined"))
             raise DeadlineExceeded(f"trainer {trainer_id} could not join within {timeout:g} s: servers {late} "
                                    f"completed each step before it could join it (steps shorter than a round "
                                    f"trip?)")
+
+
+def _counts_of(header: dict, trainer_id: int) -> dict[str, int]:
+    """Server 0's ``barrier_counts`` of a join reply, checked."""
+    counts = header.get("barrier_counts", {})
+    if not isinstance(counts, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0
+                                               for k, v in counts.items()):
+        raise ProtocolError(f"trainer {trainer_id}: server 0's join reply has malformed barrier_counts {counts!r}")
+    return dict(counts)
 
 
 NO_VALUE = object()      # barrier(): a plain barrier, not a broadcast

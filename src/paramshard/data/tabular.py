@@ -17,7 +17,8 @@ Streaming: one chunk of a file is held at a time, plus the shuffle buffer.
 - ``drop_last``: no short final batch;
 - ``holdout``: only one part of a held-out split (data/holdout.py): the
   training rows (``part="rest"``) or the validation rows (``part="held"``),
-  chosen per record before the shards are dealt;
+  chosen per record before the shards are dealt (``by="content"``: by a hash of the
+  row's fields, which ``read_task`` applies too: DynamicShards jobs);
 - ``equal_steps``: every shard yields the same number of batches,
   (records // n) // batch_size, counted up front from the files (line counts,
   Parquet metadata; with a holdout, the smallest shard's share of its part),
@@ -66,6 +67,9 @@ class TabularReader:
         self.shuffle, self.shuffle_buffer, self.seed = shuffle, shuffle_buffer, seed
         self.drop_last, self.skip_bad_lines, self.chunk_bytes = drop_last, skip_bad_lines, chunk_bytes
         self.holdout = holdout
+        if holdout is not None and holdout.by == "content" and self.schema.format.type == "libsvm":
+            raise ConfigError("a hold-out by content hashes CSV/TSV/Parquet fields; the libsvm preset has none: "
+                              "give validation files instead (the CTR app: --valid)")
         self.steps = None
         if equal_steps:
             index, count = self.shard
@@ -105,9 +109,13 @@ class TabularReader:
     def read_task(self, task):
         """(batch, position of the next unread record) over one shard task's records
         (data/tasks.py; ``task.file`` indexes ``paths``), read directly from its range;
-        ``shard``, ``shuffle``, ``holdout`` and ``equal_steps`` do not apply (the shard
-        service deals the data: paramshard.data.DynamicShards)."""
+        ``shard``, ``shuffle`` and ``equal_steps`` do not apply (the shard service deals the
+        data: paramshard.data.DynamicShards); a ``holdout`` must be ``by="content"`` (a task
+        does not know its records' numbers)."""
         from .tabular_ranges import task_batches
+        if self.holdout is not None and self.holdout.by != "content":
+            raise ConfigError("read_task: a hold-out by record number cannot be applied to a task's range (it "
+                              "does not know its records' numbers): use Holdout(..., by=\"content\")")
         return task_batches(self, task)
 
     # -- iteration ---------------------------------------------------------------
@@ -170,7 +178,7 @@ class TabularReader:
             last = offset
             for frame in iter_frames(path, self.schema.format, self.schema.used_columns, self.chunk_bytes):
                 records = frame.lines - base + offset
-                mine = self._mine(records)
+                mine = self._mine(records, frame.columns)
                 if len(frame):
                     last = max(last, int(records[-1]) + 1)
                 if frame.bad:
@@ -204,11 +212,17 @@ class TabularReader:
             self.bad_lines += reader.bad_lines
             self.bad_line_examples += reader.bad_line_examples[:MAX_EXAMPLES - len(self.bad_line_examples)]
 
-    def _mine(self, records: np.ndarray) -> np.ndarray:
-        """Which of these record numbers this reader reads: its shard's, of its holdout part."""
+    def _mine(self, records: np.ndarray, columns: dict | None = None) -> np.ndarray:
+        """Which of these record numbers this reader reads: its shard's, of its holdout part
+        (a hold-out by content: by ``columns``, the rows' fields; a bad line has none and is
+        counted by its shard alone)."""
         index, count = self.shard
         mine = records % count == index
-        return mine if self.holdout is None else mine & self.holdout.mask(records)
+        if self.holdout is None or (self.holdout.by == "content" and columns is None):
+            return mine
+        if self.holdout.by == "content":
+            return mine & self.holdout.rows_mask(columns)
+        return mine & self.holdout.mask(records)
 
     def _bad(self, path, line: int, reason: str) -> None:
         err = DataFormatError(path, line, reason)

@@ -41,8 +41,9 @@ def task_batches(reader, task: Task) -> Iterator[tuple[object, int]]:
     gz_task = task if not skip else task.rest(task.start + skip)
     for chunk, first, next_pos in line_groups(path, gz_task, reader.batch_size, reader.chunk_bytes):
         frame = _split(path, chunk, 1, delimiter, names, positions)
-        batch, bad = reader.encoder.encode(frame.columns)
-        problems = list(frame.bad) + [(int(frame.lines[row]), reason) for row, reason in bad]
+        columns, lines = _held_out(reader, frame.columns, frame.lines)
+        batch, bad = reader.encoder.encode(columns)
+        problems = list(frame.bad) + [(int(lines[row]), reason) for row, reason in bad]
         unit = "record" if task.kind == "gzip" else "byte"
         for line, reason in sorted(problems):
             _bad(reader, DataFormatError(path, None, f"line {line} of the lines from {unit} {first}: {reason}"))
@@ -81,10 +82,21 @@ def _parquet_rows(reader, path, task: Task, wanted):
         for s in range(lo, hi, reader.batch_size):
             e = min(s + reader.batch_size, hi)
             part = table.slice(s, e - s)
-            batch, bad = reader.encoder.encode({name: _numpy(part.column(name)) for name in wanted})
+            columns, rows = _held_out(reader, {name: _numpy(part.column(name)) for name in wanted},
+                                      np.arange(s, e))
+            batch, bad = reader.encoder.encode(columns)
             for row_index, reason in bad:
-                _bad(reader, DataFormatError(path, None, f"row {first + s + row_index + 1}: {reason}"))
+                _bad(reader, DataFormatError(path, None, f"row {first + int(rows[row_index]) + 1}: {reason}"))
             yield batch, first + e
+
+
+def _held_out(reader, columns: dict, lines: np.ndarray):
+    """The rows of the reader's hold-out part (a hold-out by content, data/holdout.py; the
+    position after a batch still counts every record, kept or not)."""
+    if reader.holdout is None:
+        return columns, lines
+    keep = reader.holdout.rows_mask(columns)
+    return {name: values[keep] for name, values in columns.items()}, lines[keep]
 
 
 def _bad(reader, err: DataFormatError) -> None:

@@ -81,9 +81,15 @@ class ControlHandlers:
             # Whatever the slot's last process left behind goes; and a step that waited for this
             # joiner under an earlier first step (a join asked again later) may complete now.
             service.on_leave(trainer)
+        # What the joiner needs to go on where the job is (server 0's barrier counts:
+        # server/trainer_barrier.py), from the services that have something to say.
+        extra = {}
+        for service in ctx.services:
+            if hasattr(service, "on_join"):
+                extra.update(service.on_join(trainer))
         log.info("%s: trainer %d joined from step %d (%d training)", ctx.name, trainer, first,
                  len(ctx.membership.live))
-        return Reply({"version": done, "joined": True})
+        return Reply({"version": done, "joined": True, **extra})
 
     def handle_reset(self, header, arrays) -> Reply:
         """The chief rolls the job back: drop every service's state, fail what waits, new epoch."""

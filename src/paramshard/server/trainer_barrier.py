@@ -21,6 +21,13 @@ is the trainer's first on this server sets where its count stands. The rules abo
 from the next entry on. A rollback (``reset``) forgets every barrier: counts go back to
 the checkpoint's.
 
+A trainer that joins an elastic job mid-way (``join``, server/control_handlers.py) is told
+where each name's count stands (``on_join``): the count completed, as if it had entered
+every count up to there, and it is not waited for in a count some trainer entered before it
+joined (that one completes without it, as the step in progress does), though it may enter it
+and then waits for it as the others do. From the next count on it is required like anyone.
+So a joiner's ``barrier()`` and ``broadcast()`` go on at the job's counts, not from zero.
+
 A broadcast (``Trainer.broadcast``) is a barrier whose every entry says ``broadcast`` and whose
 chief's entry carries a small JSON value (json_value.py, checked here before it is kept): every
 trainer's reply for that count carries it, a retry of a completed count too. Only the values of
@@ -41,10 +48,13 @@ MAX_STORED_BYTES = 16 << 20     # broadcast values kept at once, over every name
 
 
 class _Barrier:
-    __slots__ = ("entered", "completed", "broadcast", "values")
+    __slots__ = ("entered", "completed", "broadcast", "values", "joined_after")
 
     def __init__(self, broadcast: bool = False):
         self.entered: dict[int, int] = {}    # trainer -> the last count it entered
+        # A joiner -> the highest count entered by anyone when it joined: it is not waited for
+        # up to there (it counts as having entered it; its own entries still wait and go on).
+        self.joined_after: dict[int, int] = {}
         self.completed = 0                   # every count up to this one let every trainer through
         self.broadcast = broadcast           # its entries carry the chief's value (a name is one or the other)
         # count -> (the chief's value, its JSON size): the completed count's (a retry may ask
@@ -78,6 +88,19 @@ class TrainerBarriers:
         # It no longer counts (Membership.required); waits it held up complete at the next check.
         for b in self.barriers.values():
             b.entered.pop(trainer, None)
+            b.joined_after.pop(trainer, None)
+
+    def on_join(self, trainer: int) -> dict:
+        """``trainer`` joined the job now (after ``on_leave`` dropped what its slot's last
+        process left): per name, the count it goes on from (the completed one), for the join's
+        reply. Barriers named later start at zero for everyone, the joiner too."""
+        counts = {}
+        for name, b in self.barriers.items():
+            completed = self._settle(b)
+            b.entered[trainer] = completed
+            b.joined_after[trainer] = max(b.entered.values(), default=completed)
+            counts[name] = completed
+        return {"barrier_counts": counts}
 
     def reset(self) -> None:
         # The trainers' counts go back to the checkpoint's; waits were voided by fail_waiting.
@@ -169,13 +192,15 @@ class TrainerBarriers:
         Values of counts before the completed one are no longer asked for: they go."""
         required = self.membership.required
         if required:
-            b.completed = max(b.completed, min(b.entered.get(t, 0) for t in required))
+            b.completed = max(b.completed, min(max(b.entered.get(t, 0), b.joined_after.get(t, 0))
+                                               for t in required))
         for count in [c for c in b.values if c < b.completed]:
             self.stored_bytes -= b.values.pop(count)[1]
         return b.completed
 
     def _missing(self, b: _Barrier, count: int) -> list[int]:
-        return sorted(t for t in self.membership.required if b.entered.get(t, 0) < count)
+        return sorted(t for t in self.membership.required
+                      if max(b.entered.get(t, 0), b.joined_after.get(t, 0)) < count)
 
     def _describe(self, b: _Barrier, name: str, count: int) -> str:
         missing = self._missing(b, count)

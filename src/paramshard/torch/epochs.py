@@ -32,3 +32,16 @@ def epochs(trainer, count: int):
         if not resumed:
             epoch += 1
     loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)   # a resume goes on from here
+
+
+def start_at(trainer, epoch: int) -> None:
+    """A trainer that joined a running job (``env.joining``) starts ``trainer.epochs()`` at
+    ``epoch``, the job's, instead of 1: the script knows it (the CTR app: from the barrier counts
+    the joiner goes on from, ``trainer.barrier_counts()``). No checkpoint is taken there: the
+    job's own is the epoch's."""
+    if type(epoch) is not int or epoch < 1:
+        raise ConfigError(f"start_at({epoch!r}): epochs count from 1")
+    if not trainer.env.joining:
+        raise ConfigError("start_at: only a trainer that joined a running job starts at another epoch than "
+                          "where its job is (a resume goes on from the checkpoint's)")
+    trainer.loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)

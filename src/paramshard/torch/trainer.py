@@ -107,6 +107,8 @@ class Trainer:
         version = self.backend.start(self._values, self.optimizer, self.table_specs(), ckpt, self.is_chief)
         if self.env.joining:
             self.step_count = version       # joined mid-job: its first step is the servers' next one
+            # ...and its barriers and broadcasts go on at the job's counts (server/trainer_barrier.py).
+            self._barrier_counts = dict(getattr(self.backend, "joined_barrier_counts", {}))
         if self.resume_from:
             rollback.resume_position(self, ckpt, version)
         for table in self.tables.values():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import ConfigError
+from ...data.tasks import DEFAULT_TASK_BYTES
 from ...models import MODELS
 from ...models.defaults import architecture_defaults, training_defaults
 from .selection import MONITORS, Selection
@@ -26,7 +27,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                         "--valid-fraction of --train)")
     p.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION, metavar="F",
                    help="without --valid: this part of --train's rows (chosen by a seeded hash of the row "
-                        "number) is held out for validation, never trained on; 0: no validation, keep the last epoch")
+                        "number; in an elastic job, of the row's fields) is held out for validation, never trained on; 0: no validation, keep the last epoch")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (early stopping may end sooner)")
     p.add_argument("--patience", type=int, default=2,
                    help="stop after this many epochs in a row without a better validation score (0: never early)")
@@ -47,6 +48,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--export", metavar="FILE",
                    help="write the best epoch's model here (`paramshard predict FILE DATA` scores new rows)")
     p.add_argument("--json", metavar="OUT", help="write per-epoch and final test metrics here (trainer 0)")
+    p.add_argument("--task-bytes", type=int, default=DEFAULT_TASK_BYTES, metavar="B",
+                   help="elastic jobs (launch --trainers MIN:MAX): --train is handed out by the shard service in "
+                        "tasks of about this many bytes")
+    p.add_argument("--trained-log", metavar="DIR",
+                   help="every trainer process writes the rows it trained per epoch (and a checksum of their ids) "
+                        "to DIR/trained-<slot>-<pid>.jsonl: an audit that each training row is trained once per "
+                        "epoch, whoever joined or left")
     return p
 
 
@@ -67,7 +75,7 @@ def resolve(args) -> argparse.Namespace:
             raise ConfigError(f"--hidden {args.hidden!r}: expected widths like 128,64") from None
     args.architecture = {name: getattr(args, name) if getattr(args, name, None) is not None else value
                          for name, value in arch.items()}
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "task_bytes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.dim is not None and args.dim < 1:

@@ -2,7 +2,8 @@
 
 Every trainer reads its share of --train's training rows (rows t, t+T, ... of
 those not held out), shuffled each epoch, the same number of steps on every
-trainer. After each epoch all trainers meet at a barrier, trainer 0 scores the
+trainer; in an elastic job the shard service hands the rows out instead, and
+trainers leave and join between steps (elastic.py). After each epoch all trainers meet at a barrier, trainer 0 scores the
 model on the validation rows and on --test (exact AUC, log loss, accuracy) and
 decides (selection.py): keep this epoch's model as the best, decay the learning
 rates, or stop. The decision reaches every trainer through Trainer.broadcast, so
@@ -24,16 +25,17 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
+from ...torch.epochs import start_at
 from ...data.batch import TabularBatch
 from ...data.fit import fit_schema
-from ...data.holdout import Holdout
 from ...data.input_check import check_inputs
 from ...data.schema import Schema
 from ...data.tabular import TabularReader
 from ...evaluation import evaluate
 from ...models import build_model, hashed_embedding
 from ...observe.server_table import StepProgress
-from . import loss_check
+from . import elastic, loss_check
+from .audit import TrainedLog
 from .selection import Decision
 
 EVAL_BATCH = 8192
@@ -81,6 +83,9 @@ class Run:
     def __init__(self, args, env, say):
         self.args, self.env, self.say = args, env, say
         self.chief = env.trainer_id == 0
+        self.elastic = elastic.is_elastic(env)
+        self.steps = 0               # steps per epoch per trainer (elastic: if every trainer stays)
+        self.trained = TrainedLog(args.trained_log, env.trainer_id) if args.trained_log else None
         self.history: dict[int, dict] = {}    # by epoch: an epoch run again (rollback) replaces its record
         self.warnings: list[str] = []
         self.best_epoch: int | None = None
@@ -119,9 +124,15 @@ class Run:
     # -- the data ------------------------------------------------------------
     def readers(self, schema: Schema):
         a, env = self.args, self.env
-        holdout = Holdout(a.valid_fraction, a.seed) if a.valid is None and a.valid_fraction > 0 else None
-        train = TabularReader(a.train, schema, a.batch_size, shard=(env.trainer_id, env.num_trainers), shuffle=True,
-                              seed=a.seed, equal_steps=True, skip_bad_lines=a.skip_bad_lines, holdout=holdout)
+        holdout = elastic.holdout(a, self.elastic)
+        if self.elastic:
+            train = elastic.train_loader(a, schema, holdout)
+            self.steps = elastic.steps_estimate(a, schema, env)
+        else:
+            train = TabularReader(a.train, schema, a.batch_size, shard=(env.trainer_id, env.num_trainers),
+                                  shuffle=True, seed=a.seed, equal_steps=True, skip_bad_lines=a.skip_bad_lines,
+                                  holdout=holdout)
+            self.steps = len(train)
         valid = None
         if self.chief and a.valid is not None:
             valid = TabularReader(a.valid, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines)
@@ -132,20 +143,28 @@ class Run:
 
     # -- an epoch --------------------------------------------------------------
     def train_epoch(self, trainer, model, reader, epoch: int) -> tuple[float, int]:
-        progress = StepProgress(len(reader), f"epoch {epoch}") if self.chief else None
+        progress = StepProgress(self.steps, f"epoch {epoch}") if self.chief else None
         losses, rows = [], 0
         # From where the job is in this epoch (a resume, a rollback): trainer.prefetching puts the
-        # reader back at that batch (torch/loop.py).
+        # reader back at that batch (torch/loop.py). An elastic trainer asked to leave: the loop
+        # ends after the step that just ran (torch/leave_request.py).
         for b in trainer.prefetching(reader, convert=TabularBatch.torch):
+            if len(b["labels"]) == 0:
+                trainer.step()          # sync, DynamicShards: no task left for now, the step still counts
+                continue
             loss = F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]),
                                                       b["labels"])
             trainer.step(loss)
             losses.append(loss.item())
             rows += len(b["labels"])
+            if self.trained is not None:
+                self.trained.add(b)
             if progress:
                 progress.advance(f"loss {np.mean(losses[-50:]):.4f}")
         if progress:
             progress.close()
+        if self.trained is not None:
+            self.trained.epoch_done(epoch)
         if self.chief and not self.history:         # the run's first epoch
             trend = loss_check.loss_fell(losses)
             if trend is not None and not trend[0]:
@@ -234,6 +253,7 @@ def restore(path: Path):
 def train(args, say) -> dict | None:
     env = ps.init()
     schema = load_schema(args, env.num_trainers, say)
+    elastic.refuse(args, env, schema)
     torch.manual_seed(args.seed)
     model = make_model(args, schema, env.mode.has_servers)
     trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
@@ -241,23 +261,34 @@ def train(args, say) -> dict | None:
     run.recall(trainer)
     try:
         reader, valid, test = run.readers(schema)
-        say(f"{describe_run(args, schema, env, reader)}")
-        trainer.log(total_steps=len(reader) * args.epochs)     # the launcher's progress shows an ETA
+        say(f"{describe_run(args, schema, env, run.steps)}")
+        trainer.log(total_steps=run.steps * args.epochs)     # the launcher's progress shows an ETA
+        ended = False           # a joiner: the job passed its first epoch's end already
+        if env.joining:
+            first, ended = elastic.joined_at(trainer)
+            start_at(trainer, first)
+            print(f"trainer {env.trainer_id} joined the running job at step {trainer.step_count}, epoch {first}"
+                  f"{' (its end passed: waiting for trainer 0 decision)' if ended else ''}", flush=True)
         # Exact through rollbacks, --resume and restarts; a run early stopping ended stays ended.
         for epoch in trainer.epochs(0 if run.stopped else args.epochs):
             trainer.log(epoch=epoch)
             start = time.perf_counter()
-            train_loss, rows = run.train_epoch(trainer, model, reader, epoch)
+            train_loss, rows = (float("nan"), 0) if ended else run.train_epoch(trainer, model, reader, epoch)
             seconds = time.perf_counter() - start
-            ps.barrier("epoch-end")         # every trainer's pushes of this epoch are in
+            if trainer.leave_requested:
+                break               # asked to leave: close now (the others go on without this trainer)
+            if not ended:
+                ps.barrier(elastic.END)         # every trainer's pushes of this epoch are in
+            ended = False
             trainer.pull()                  # dense values as the servers hold them (async: others' pushes too)
             decision = None
             if run.chief:
                 decision = run.after_epoch(trainer, model, epoch, train_loss, rows, seconds, valid, test).to_json()
-                if reader.bad_lines:
-                    say(f"  skipped {reader.bad_lines} malformed lines, e.g. {reader.bad_line_examples[0]}")
+                bad = getattr(reader, "reader", reader)       # DynamicShards reads with a TabularReader
+                if bad.bad_lines:
+                    say(f"  skipped {bad.bad_lines} malformed lines, e.g. {bad.bad_line_examples[0]}")
             # Every trainer takes trainer 0's decision; nobody trains on while it reads the model.
-            decision = trainer.broadcast(decision, name="selection")
+            decision = trainer.broadcast(decision, name=elastic.SELECTION)
             if decision is None:
                 continue        # rolled back past this point: trainer.epochs replays the epoch
             decision = Decision.from_json(decision)
@@ -275,13 +306,15 @@ def train(args, say) -> dict | None:
     return out
 
 
-def describe_run(args, schema, env, reader) -> str:
+def describe_run(args, schema, env, steps: int) -> str:
     from .options import describe
     valid = (f"validation on {', '.join(args.valid)}" if args.valid else
              f"{args.valid_fraction:g} of --train held out for validation" if args.valid_fraction else "no validation")
-    return (f"{describe(args)}\n{schema.num_dense} dense features and {schema.num_fields} id fields; {env.num_trainers} "
-            f"trainer(s), {len(env.servers)} server(s), {env.mode} mode; {len(reader)} steps per trainer per "
-            f"epoch; {valid}; at most {args.epochs} epochs (patience {args.patience}, monitor {args.monitor})")
+    trainers = (f"{env.min_trainers} to {env.num_trainers} trainers (elastic: the shard service hands --train out), "
+                f"about {steps}" if elastic.is_elastic(env) else f"{env.num_trainers} trainer(s), {steps}")
+    return (f"{describe(args)}\n{schema.num_dense} dense features and {schema.num_fields} id fields; {trainers} "
+            f"steps per trainer per epoch; {len(env.servers)} server(s), {env.mode} mode; {valid}; at most "
+            f"{args.epochs} epochs (patience {args.patience}, monitor {args.monitor})")
 
 
 def write_json(path, out: dict) -> None:

@@ -37,6 +37,7 @@ class ServerBackend:
         self.links, self.plan = links, plan
         self.dense, self.sparse, self.steps = dense, sparse, steps
         self.stats = steps.stats
+        self.joined_barrier_counts: dict[str, int] = {}    # a joiner's: where the job's counts were
 
     @classmethod
     def connect(cls, env: ClusterEnv, params, max_in_flight: int, on_servers=None, **_) -> "ServerBackend":
@@ -64,7 +65,8 @@ class ServerBackend:
         if self.env.joining:
             # Started mid-job in an elastic job (a replacement, a scale-up): the job is registered
             # already; it joins from the next step boundary and pulls the values that step starts from.
-            first = control.join(self.links, self.trainer_id, self.env.timeout)
+            first = control.join(self.links, self.trainer_id, self.env.timeout,
+                                 barrier_counts=self.joined_barrier_counts)
             log.info("trainer %d joined the job from step %d", self.trainer_id, first)
             self.dense_sync.pull_dense(values, min_version=self.row_version(first))
             return first
