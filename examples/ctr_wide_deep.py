@@ -28,6 +28,7 @@ import paramshard as ps
 from paramshard.data import CriteoReader, DynamicShards, criteo_schema, generate_criteo, shard_files, split_lines
 from paramshard.models import WideDeep
 from paramshard.observe.server_table import StepProgress, server_load_table
+from paramshard.torch.epochs import start_at
 
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,
@@ -140,6 +141,8 @@ def main():
     elastic = env.min_trainers is not None
     if elastic:
         loader = DynamicShards(CriteoReader(sorted(shards_dir.glob("part-*")), args.batch_size, skip_bad_lines=True))
+    if env.joining:     # a trainer that joined mid-job: the epoch the others are in (epoch-end barriers passed + 1)
+        start_at(trainer, trainer.barrier_counts().get("epoch-end", 0) + 1)
     # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server
     # restarted in place (--max-restarts), --resume and a whole-job restart.
     for epoch in trainer.epochs(args.epochs):
