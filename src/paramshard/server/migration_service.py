@@ -292,10 +292,10 @@ class MigrationService:
     def handle_retire(self, header: dict, arrays: list) -> Reply:
         """A server a scale removed: it must serve nothing. With ``exit``: no trainer needs it any
         more (launch/elastic_servers.py checked): it stops once this reply is out (exit code 0)."""
-        if self.ownership.owned.any() or self.ownership.incoming.any():
-            raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
         if self.ctx.server_id == 0:
             raise ConfigError("retire: server 0 holds the job's routing and services: it never retires")
+        if self.ownership.owned.any() or self.ownership.incoming.any():
+            raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
         if header.get("exit") is True:
             self.ctx.stop_after_replies()
         return Reply({"retired": True})
