@@ -10,9 +10,9 @@ change how many servers hold its sparse tables while it trains:
 - down: scale_servers moves the partitions and dense blocks of the highest serving servers
   (server 0 stays: it holds the job's routing) to the others, the job's first servers
   included. The routing then names a removed server retired (""); once every trainer's
-  requests carry a routing version that does (server 0 says which each one carried,
-  ``routing_get``), no trainer will send it anything again, not even ``leave``, and it is told
-  to exit (``retire`` with ``exit``: ``stop_when_unneeded``). Its index is never used again;
+  requests carry a routing version under which it owns nothing (server 0 says which each one
+  carried, ``routing_get``), no trainer will send it data again, and trainers fetch the routing
+  before they ``leave`` or ask every server, so it is told to exit (``retire`` with ``exit``: ``stop_when_unneeded``). Its index is never used again;
   the moves that follow are given "" for it, so nothing connects to it.
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
@@ -171,7 +171,12 @@ class ElasticServers:
             self._tell("removed", f"server {s} gave its partitions away; it exits once every trainer routes "
                                   f"without it", s)
         if removed:
-            version = getattr(record, "routing_version", None)
+            # The last hand-off's routing, one before the move's final one: under it the removed servers
+            # own no partition and no block, so a trainer that routes by it sends them no data. The final
+            # routing only names them retired (""); trainers learn it when they next ask server 0 (a
+            # refusal, and before they leave or read every server's stats: torch/backends/servers.py).
+            final = getattr(record, "routing_version", None)
+            version = final - 1 if final else None
             addresses = list(self.addresses)
             self.retiring = threading.Thread(target=self._stop_removed, args=(addresses, removed, version),
                                              name="server-retire", daemon=True)
