@@ -158,5 +158,33 @@ def test_exact_sums_while_servers_go_2_3_2(down):
         for links, _, _, _ in results[:TRAINERS]:
             links.close()
         chief.close()
+        _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, removed, down.routing_version,
+                                                          shared, want, children)
     finally:
         stop_all(children, grace=3)
+
+
+def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, removed, version, shared, want, children):
+    """Issue 29: a trainer that starts now (a joiner, a replacement) knows the job's first two
+    servers only and learns a routing naming ``removed`` retired (""): it connects to nothing for
+    it (a joiner died of 'tcp://'), reads every row right, and joins and leaves without it. Once
+    every trainer's requests carry that routing, the launcher's step stops the removed server."""
+    from paramshard.client import control
+    links = ServerLinks(addresses[:2], timeout=TIMEOUT)
+    try:
+        joiner = SparseClient(links, 0, routing)
+        joiner.refresh_routing()
+        assert joiner.routing.addresses[removed] == "" and links.is_retired(removed) and len(links) == 3
+        assert links.live() == [s for s in range(3) if s != removed]
+        for t in range(TRAINERS):       # every trainer's requests now carry the routing that retires it
+            rows = SparseClient(links, t, joiner.routing).pull_sparse(TABLE, shared, DIM, create=False)
+            assert np.array_equal(rows.astype(np.int64), np.stack([want[int(i)] for i in shared]))
+        assert len(control.server_stats(links)) == 2
+        from paramshard.launch.elastic_servers import stop_when_unneeded
+        job = ClusterEnv(role=None, servers=tuple(addresses[:2]), num_trainers=TRAINERS, mode="async",
+                         timeout=TIMEOUT, partitions=PARTITIONS)
+        assert stop_when_unneeded(job, addresses, [removed], version, patience=10.0)
+        assert children[removed].proc.wait(timeout=15) == 0, f"server {removed} did not exit once retired"
+        assert all(c.proc.poll() is None for i, c in enumerate(children) if i != removed)
+    finally:
+        links.close()

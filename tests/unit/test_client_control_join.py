@@ -17,8 +17,13 @@ class Links:
         self.moves = list(moves)
         self.joined = {}
 
+    retired = ()
+
     def __len__(self):
         return len(self.moves[0])
+
+    def live(self):
+        return [s for s in range(len(self)) if s not in self.retired]
 
     def request_many(self, requests, timeout=None):
         steps = self.moves[0] if len(self.moves) == 1 else self.moves.pop(0)
@@ -44,6 +49,19 @@ def test_a_server_that_moved_on_meanwhile_makes_it_ask_again():
     # probe: steps 4 and 5; the join of 6 finds server 1 at 6 already; the next round joins 7.
     links = Links([[4, 5], [4, 6], [5, 6], [5, 6]])
     assert control.join(links, 2, timeout=5.0) == 7 and links.joined == {0: 7, 1: 7}
+
+
+def test_a_server_a_scale_removed_is_not_asked():
+    """Issue 29: a removed server (retired in the links) may have exited: join and leave skip it."""
+    links = Links([[5, 9, 3]])
+    links.retired = (1,)
+    asked = []
+    request_many = links.request_many
+    links.request_many = lambda requests, timeout=None: asked.append(sorted(requests)) or request_many(requests)
+    assert control.join(links, 2, timeout=1.0) == 6
+    assert links.joined == {0: 6, 2: 6} and asked == [[0, 2], [0, 2]]
+    control.leave(links, 2)
+    assert asked[-1] == [0, 2]
 
 
 def test_steps_that_always_outrun_the_join_end_at_the_deadline():

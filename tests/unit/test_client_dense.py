@@ -37,9 +37,11 @@ class FakeRouter:
     def __init__(self, routing, newer):
         self.routing, self.newer, self.asked = routing, newer, []
 
-    def refresh_routing(self, newer_than=-1):
-        self.asked.append(newer_than)
-        self.routing = self.newer
+    def newer_than_refused(self, refused):
+        sent = max(h["routing"] for _, h, _ in refused)
+        if self.routing.version <= sent:
+            self.asked.append(sent)
+            self.routing = self.newer
         return self.routing
 
 
@@ -72,3 +74,51 @@ def test_refused_blocks_go_to_their_new_owner_and_values_land_in_place():
         np.testing.assert_array_equal(out[n], grads[n] + 100)
     # From now on requests go straight to the new owners.
     assert {n for s, h, _ in dense.push_requests(grads, 1, False) if s == 2 for n in h["names"]} == {on_one[0]}
+
+
+class RouterLinks(FakeLinks):
+    """FakeLinks whose server 0 also answers routing_get (with ``truth``), counting them."""
+
+    def __init__(self, owners, refuse, truth):
+        super().__init__(owners, refuse)
+        self.truth, self.routing_gets = truth, 0
+
+    def request(self, server, header, arrays=()):
+        assert header["op"] == "routing_get" and server == 0
+        self.routing_gets += 1
+        return {"routing": self.truth.to_wire()}, []
+
+
+def test_a_push_refused_under_an_older_routing_goes_again_under_the_newest_known():
+    """Issue 29: a dense push sent under routing 1 is in flight; a sparse refusal meanwhile fetched
+    routing 2 (the move's last) and the next pull follows it; then the push is refused. It goes
+    again under routing 2 without asking server 0 for a routing newer than 2 (none comes)."""
+    from paramshard.client.sparse import SparseClient
+    base = Routing.initial(16, ["a:1", "b:2"])
+    before = {b.name: b.server for b in PLAN.blocks}
+    moved = dict(before)
+    on_one = sorted(n for n, s in before.items() if s == 1)
+    moved[on_one[0]] = 2
+    old = base.moved_to(base.owners, addresses=["a:1", "b:2", "c:3"], blocks=before)
+    final = old.moved_to(old.owners, blocks=moved)
+    links = RouterLinks(before, {1}, final)
+    links.timeout = 0.5
+    router = SparseClient(links, 0, old)
+    dense = DenseClient(links, PLAN, 0)
+    dense.follow(router)
+    grads = {"w": np.arange(16, dtype=np.float32), "b": np.arange(6, dtype=np.float32) - 10}
+    push = dense.push_requests(grads, 0, want_values=True)
+    replies = links.request_list(push)                     # in flight; refused by server 1
+    router.refresh_routing(newer_than=1)                   # a sparse request's refusal learnt routing 2
+    links.owners, links.refuse = moved, set()
+    following = dense.push_requests(grads, 1, want_values=False)     # the next step goes by routing 2
+    assert {h["routing"] for _, h, _ in following} == {2}
+    assert links.routing_gets == 1
+    requests, replies = dense.settle(replies, push)
+    assert links.routing_gets == 1, "routing 2 is newer than the push's 1: nothing to ask server 0"
+    again = links.sent[-1]
+    assert {s for s, _, _ in again} == {2} and all(h["routing"] == 2 for _, h, _ in again)
+    out = {n: np.zeros_like(g) for n, g in grads.items()}
+    dense.scatter(requests, replies, out)
+    for n in grads:
+        np.testing.assert_array_equal(out[n], grads[n] + 100)

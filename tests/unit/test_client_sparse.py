@@ -3,8 +3,10 @@ sent again, only that, and rows come back in the order asked (fake servers, no s
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from paramshard.client.sparse import SparseClient
+from paramshard.errors import DeadlineExceeded
 from paramshard.placement.partitions import Routing, rebalance
 
 P, DIM = 64, 2
@@ -81,3 +83,101 @@ def test_a_refused_push_reaches_every_server_of_the_routing_once():
             final.setdefault(s, []).extend(sent)
     assert sorted(i for sent in final.values() for i in sent) == ids.tolist(), "each id applied once"
     assert 2 in {s for s, _ in settled}
+
+
+class CountingServers(FakeServers):
+    """FakeServers whose server 0 counts the routing_get requests it answers."""
+
+    def __init__(self, truth: Routing, timeout: float = 5.0):
+        super().__init__(truth)
+        self.timeout = timeout
+        self.routing_gets = 0
+
+    def request(self, server, header, arrays=()):
+        self.routing_gets += 1
+        return super().request(server, header, arrays)
+
+
+def test_a_push_refused_after_a_pull_learnt_the_final_routing_goes_again_at_once():
+    """Issue 29: a push sent under routing 1 is in flight; the step's pull is refused and fetches
+    routing 2 (the move's last); then the push is refused. It goes again under routing 2 without
+    asking server 0 for a routing newer than 2, which never comes (the trainer stalled a timeout)."""
+    old = Routing.initial(P, ["a:1", "b:2"])
+    middle = old.moved_to(old.owners, addresses=["a:1", "b:2", "c:3"])
+    final = middle.moved_to(rebalance(old.owners, [0, 1, 2]))
+    links = CountingServers(final, timeout=0.5)
+    client = SparseClient(links, 3, middle)
+    ids = np.arange(0, 300, dtype=np.uint64)
+    push = client.push_requests("t", ids, np.ones((len(ids), DIM), np.float32), step=7)
+    assert {h["routing"] for _, h, _ in push} == {1}
+    pushed_replies = links.request_list(push)            # in flight: refused by the old owners
+    assert None in pushed_replies
+    pulled = client.pull_sparse("t", ids[::-1].copy(), DIM)     # refused, then settled under routing 2
+    np.testing.assert_array_equal(pulled[:, 0], ids[::-1].astype(np.float32))
+    assert client.routing.version == 2 and links.routing_gets == 1
+    client.settle(pushed_replies, push)
+    assert links.routing_gets == 1, "the push was sent under routing 1 and routing 2 is known: nothing to ask"
+    pushes = [(s, sent) for s, op, sent in links.sent if op == "push_sparse"]
+    assert len(pushes) > len(push), "the refused parts went again"
+    applied = [i for s, sent in pushes if not (final.servers_of(np.array(sent, np.uint64)) != s).any() for i in sent]
+    assert sorted(applied) == ids.tolist(), "each id's push applied once"
+
+
+def test_a_refusal_under_the_routing_server_0_still_holds_fails_fast_naming_the_server():
+    """Issue 29: server 1 refuses ids server 0's routing gives it (a move broke half-way): the push
+    fails within the patience, naming the server and the routing version, not after 101 timeouts."""
+    routing = Routing.initial(P, ["a:1", "b:2"]).moved_to(Routing.initial(P, ["a:1", "b:2"]).owners)
+    links = CountingServers(routing, timeout=0.05)
+    links.request_list = lambda requests: [None if s == 1 else ({}, []) for s, _, _ in requests]
+    client = SparseClient(links, 4, routing)
+    ids = np.arange(0, 50, dtype=np.uint64)
+    with pytest.raises(DeadlineExceeded) as caught:
+        client.push_sparse("t", ids, np.ones((len(ids), DIM), np.float32), step=0)
+    message = str(caught.value)
+    assert "trainer 4: server 1 refused its push_sparse of table 't' as moved" in message
+    assert "routing version 1" in message and "stop it and start it again" in message
+
+
+def test_a_joiner_learns_a_routing_with_a_retired_server_without_connecting_to_it():
+    """Issue 29: after 2 -> 3 -> 2 the routing names server 2 retired (""); a trainer that never knew
+    server 2 learns it and keeps a placeholder for index 2, connecting nothing (it died on 'tcp://')."""
+    first = Routing.initial(P, ["a:1", "b:2"])
+    up = first.moved_to(rebalance(first.owners, [0, 1, 2]), addresses=["a:1", "b:2", "c:3"])
+    down = up.moved_to(rebalance(up.owners, [0, 1]), addresses=["a:1", "b:2", ""])
+    links = RetiringServers(down)
+    client = SparseClient(links, 5, first)
+    client.refresh_routing()
+    assert links.added == [""] and links.retired == {2} and client.routing.version == 2
+    ids = np.arange(0, 400, dtype=np.uint64)
+    rows = client.pull_sparse("t", ids, DIM)
+    np.testing.assert_array_equal(rows[:, 0], ids.astype(np.float32))
+    client.push_sparse("t", ids, np.ones((len(ids), DIM), np.float32), step=0)
+    assert all(s in (0, 1) for s, _, _ in links.sent), "nothing goes to the retired server"
+    # A trainer that knew server 2 lets it go when it learns the routing that retires it.
+    knew = RetiringServers(down, count=3)
+    SparseClient(knew, 6, up).refresh_routing()
+    assert knew.added == [] and knew.retired == {2}
+
+
+class RetiringServers(FakeServers):
+    """FakeServers with ServerLinks' placeholders for retired servers."""
+
+    def __init__(self, truth: Routing, count: int = 2):
+        super().__init__(truth)
+        self.count, self.retired = count, set()
+
+    def add_server(self, address):
+        index = super().add_server(address)
+        if not address:
+            self.retired.add(index)
+        return index
+
+    def is_retired(self, index):
+        return index in self.retired
+
+    def retire(self, index):
+        self.retired.add(index)
+
+    def request_list(self, requests):
+        assert not any(s in self.retired for s, _, _ in requests), "a request to a retired server"
+        return super().request_list(requests)

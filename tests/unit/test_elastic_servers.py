@@ -39,7 +39,9 @@ def make(**kw):
         moves.append((list(addresses), list(servers)))
         gate.wait(5)
     launcher = FakeLauncher(**kw)
-    return launcher, ElasticServers(launcher, scale=scale), moves, gate
+    launcher.retired = []
+    return launcher, ElasticServers(launcher, scale=scale, retire=lambda env, a, removed, v: launcher.retired.append(
+        (list(a), removed)) or True), moves, gate
 
 
 def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_first_two():
@@ -63,6 +65,15 @@ def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_fi
     assert "moving the partitions of servers [1]" in servers.scale(1)
     servers.move.join(5)
     assert moves[-1][1] == [0] and launcher.told[-1][1]["server"] == 1 and launcher.told[-1][1]["live"] == 1
+    servers.retiring.join(5)
+    # Issue 29: each removed server is stopped once no trainer needs it, and the moves after it
+    # are given "" for it (nothing connects to a server that may have exited).
+    assert [removed for _, removed in launcher.retired] == [[2], [1]]
+    assert moves[-1][0] == ["127.0.0.1:1", "127.0.0.1:2", ""]
+    assert "started servers [3]" in servers.scale(2)
+    servers.move.join(5)
+    assert moves[-1] == (["127.0.0.1:1", "", "", "127.0.0.1:4"], [0, 3])
+    assert launcher.started[-1].env.servers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4")
 
 
 @pytest.mark.parametrize("kw, n, why", [

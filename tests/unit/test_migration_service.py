@@ -168,7 +168,8 @@ def test_retire_needs_an_empty_server_and_fixed_jobs_cannot_move():
         _call(service, "retire")
     _call(service, "routing_set", routing=routing.moved_to(rebalance(routing.owners, [0])).to_wire())
     service.ownership.owned[:] = False
-    assert _call(service, "retire")[0] == {"retired": True}
+    assert _call(service, "retire")[0] == {"retired": True} and not service.ctx.stopping
+    assert _call(service, "retire", exit=True)[0] == {"retired": True} and service.ctx.stopping
     fixed, _, _ = _server(0, Routing.initial(0, ADDRESSES))
     with pytest.raises(ConfigError, match="PARAMSHARD_PARTITIONS"):
         _call(fixed, "migrate_start", partitions=[0])
@@ -193,3 +194,24 @@ def test_pages_are_checked_against_the_tables_own_layout():
             (["ids", "ids"], [ids, ids], "once")):
         with pytest.raises(ConfigError, match=why):
             checked_page(table, parts, arrays)
+
+
+def test_server_0_says_the_routing_each_trainer_sends_by_and_routings_name_the_peers_to_watch():
+    """Issue 29: a removed server exits once every trainer's requests carry a routing that retires
+    it (server 0's routing_get says which each carried); a routing set on a server names the peer
+    servers it watches (added ones included, retired ones "")."""
+    routing = Routing.initial(P, ADDRESSES)
+    service, _, _ = _server(0, routing)
+    service.ctx.membership.note_request(0)
+    told = []
+    service.on_addresses = told.append
+    assert _call(service, "routing_get")[0]["trainers"] == [[0, -1]]      # arrived, no routing carried yet
+    hook = service.hooks()[0]
+    for version in (3, 1):
+        hook.admit(Incoming("push_dense", {"op": "push_dense", "trainer": 0, "routing": version}, 0))
+    assert _call(service, "routing_get")[0]["trainers"] == [[0, 3]]
+    retiring = routing.moved_to(rebalance(routing.owners, [0, 2]), addresses=["a:1", "", "c:3"])
+    _call(service, "routing_set", routing=retiring.to_wire())
+    assert told == [("a:1", "", "c:3")]
+    with pytest.raises(ConfigError, match="never retires"):
+        _call(service, "retire")

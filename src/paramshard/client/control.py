@@ -44,7 +44,7 @@ def read_stats(links: ServerLinks, server: int, timeout: float | None = None,
 def server_stats(links: ServerLinks) -> list[dict]:
     """Every server's ``stats`` reply by server index, checked (ServerStats.from_wire), in its
     wire form: what ``Trainer.server_stats()`` gives a script (plain dicts, JSON-ready)."""
-    replies = links.request_many({s: ({"op": "stats"}, ()) for s in range(len(links))})
+    replies = links.request_many({s: ({"op": "stats"}, ()) for s in links.live()})
     return [_parse(replies[s][0]).to_wire() for s in sorted(replies)]
 
 
@@ -55,8 +55,9 @@ def _parse(header: dict) -> ServerStats:
 
 
 def leave(links: ServerLinks, trainer_id: int, timeout: float | None = None) -> None:
-    """Tell every server this trainer is done: sync barriers stop waiting for it."""
-    links.request_many({s: ({"op": "leave", "trainer": trainer_id}, ()) for s in range(len(links))},
+    """Tell every server this trainer is done: sync barriers stop waiting for it. A server a scale
+    removed (retired in ``links``, which follow the routing) is not asked: it may have exited."""
+    links.request_many({s: ({"op": "leave", "trainer": trainer_id}, ()) for s in links.live()},
                        timeout=timeout)
 
 
@@ -69,9 +70,10 @@ def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monoton
     moved past that meanwhile answers ``joined`` false, and the trainer asks again (each
     server keeps the newest first step), until every server took it or ``timeout`` passed.
     ``barrier_counts``: filled with server 0's count of each barrier and broadcast name, where
-    this trainer's go on from (server/trainer_barrier.py)."""
+    this trainer's go on from (server/trainer_barrier.py). Servers a scale removed are not asked
+    (``links`` follow the job's routing first)."""
     deadline = clock() + timeout
-    everyone = range(len(links))
+    everyone = links.live()
     while True:
         probes = links.request_many({s: ({"op": "join", "trainer": trainer_id}, ()) for s in everyone},
                                     timeout=timeout)
@@ -170,7 +172,7 @@ def scale_learning_rate(links: ServerLinks, trainer_id: int, factor: float, dens
         header["min_version"] = min_version
     if epoch is not None:       # sent before a rollback: refused after it ("reset")
         header["epoch"] = epoch
-    replies = links.request_many({s: (header, ()) for s in range(len(links))})
+    replies = links.request_many({s: (header, ()) for s in links.live()})
     return [replies[s][0] for s in sorted(replies)]
 
 

@@ -9,8 +9,9 @@ sparse-table pushes in one fan-out.
 Elastic jobs (PARAMSHARD_PARTITIONS): blocks move between servers (docs/DESIGN.md 5f). The
 block -> server map comes with the job's Routing (its ``blocks``; empty: the plan's), which the
 SparseClient this client ``follow``s fetches; requests carry its version. A request refused as
-``moved`` (None from ``ServerLinks.collect``) is split again under a newer routing and sent to
-the new owners (``settle``).
+``moved`` (None from ``ServerLinks.collect``) is split again under the newest routing the trainer
+knows and sent to the new owners (``settle``); server 0 is asked for a newer one only when that
+is not newer than the routing the request was sent under (SparseClient.newer_than_refused).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ConfigError, DeadlineExceeded
+from ..errors import ConfigError
 from ..optim import OptimizerConfig
 from ..placement.sharding import Block, ShardPlan
 from ..transport.client import ServerLinks, check_reply_arrays
@@ -67,15 +68,14 @@ class DenseClient:
         replies = self.links.request_list(requests, timeout)
         return self.settle(replies, requests)
 
-    def settle(self, replies: list, requests: list, depth: int = 0) -> tuple[list, list]:
-        """(requests, replies) with those refused as ``moved`` (None) sent again, split by the
-        routing server 0 gives now (a request is refused whole, so nothing of it was applied)."""
+    def settle(self, replies: list, requests: list) -> tuple[list, list]:
+        """(requests, replies) with those refused as ``moved`` (None) sent again, split by a routing
+        newer than the one each was refused under (a request is refused whole, so nothing of it
+        was applied). Each round goes under a newer routing, so this ends with the move, or fails
+        naming the refusing server when no newer routing comes."""
         if all(r is not None for r in replies) or self.router is None:
             return requests, replies
-        if depth > 100:
-            raise DeadlineExceeded(f"trainer {self.trainer_id}: dense requests still refused as moved after "
-                                   f"{depth} routing updates")
-        self.router.refresh_routing(newer_than=self._version if self._version is not None else -1)
+        self.router.newer_than_refused([q for q, r in zip(requests, replies) if r is None])
         self._update()
         kept = [(q, r) for q, r in zip(requests, replies) if r is not None]
         again = []
@@ -89,7 +89,7 @@ class DenseClient:
                     again.append((s, {**header, "names": names, "routing": self._version},
                                   [by_name[n] for n in names] if arrays else ()))
         self.resent += len(again)
-        more_requests, more_replies = self.settle(self.links.request_list(again), again, depth + 1)
+        more_requests, more_replies = self.settle(self.links.request_list(again), again)
         return [q for q, _ in kept] + list(more_requests), [r for _, r in kept] + list(more_replies)
 
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,

@@ -4,8 +4,13 @@ Ids are owned by servers through a stable hash (paramshard.placement.sparse_hash
 every trainer sends each id to the same server whatever the table. In an elastic job
 (PARAMSHARD_PARTITIONS) the hash names a virtual partition and a versioned routing its
 server (placement/partitions.py): a request refused as ``moved`` (its partition went to
-another server) is split again under the routing server 0 gives now and sent again, only
-that part (``settle``); a server the routing names for the first time is connected then.
+another server) is split again under the newest routing this trainer knows and sent again,
+only that part (``settle``). Server 0 is asked for a newer routing only when the trainer
+knows none newer than the one the refused request was sent under (its header's
+``routing``): a pull may have fetched the move's last routing while a push sent under an
+older one was in flight, and that push must not wait for a routing that never comes. A
+server the routing names for the first time is connected then; one it names retired ("")
+is never connected to (transport/client.ServerLinks.retire).
 """
 from __future__ import annotations
 
@@ -20,6 +25,13 @@ from ..optim import OptimizerConfig
 from ..placement.partitions import Routing
 from ..tables import Admission, Eviction, check_row_format, check_table_settings, policy_to_wire
 from ..transport.client import ServerLinks
+
+# How long a request refused as ``moved`` under the routing server 0 still publishes waits for a
+# newer one. Server 0 publishes each hand-off's routing before the old owner refuses anything, so
+# in a move that works the newer routing is there at once (a sync switch armed just before it is
+# published takes a few requests more); a refusal under the current routing that outlasts this is a
+# server disowning ids the routing gives it (a move that stalled or broke), and waiting cannot fix it.
+MOVED_PATIENCE = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +96,7 @@ class SparseClient:
         self.routing = routing or Routing.initial(0, ("",) * len(links))
         self._last: dict[str, tuple[np.ndarray, Partition, int]] = {}   # table -> the last pull's ids
         self.resent = 0              # requests sent again after a ``moved``
+        self.moved_patience = MOVED_PATIENCE
 
     @property
     def num_servers(self) -> int:
@@ -99,36 +112,56 @@ class SparseClient:
         return part
 
     # -- routing (elastic jobs) ------------------------------------------------
-    def refresh_routing(self, newer_than: int = -1) -> Routing:
-        """The routing server 0 holds, once it is newer than ``newer_than`` (within the links'
-        timeout); servers it names for the first time are connected."""
-        deadline = time.monotonic() + self.links.timeout
+    def refresh_routing(self, newer_than: int = -1, patience: float | None = None) -> Routing:
+        """The routing server 0 holds, once it is newer than ``newer_than`` (or when ``patience``
+        seconds, at most the links' timeout, have passed: the caller checks the version). Servers
+        it names for the first time are connected, those it names retired are let go."""
+        wait = self.links.timeout if patience is None else min(patience, self.links.timeout)
+        deadline = time.monotonic() + wait
         while True:
             header, _ = self.links.request(0, {"op": "routing_get"})
             routing = Routing.from_wire(header["routing"])
             if routing.version > newer_than or time.monotonic() > deadline:
                 break
-            time.sleep(0.02)        # server 0 publishes before the old owner refuses: rarely taken
+            time.sleep(0.02)        # a sync switch armed before server 0 publishes: rarely taken
         if routing.partitions != self.routing.partitions and self.routing.partitions:
             raise ProtocolError(f"server 0 routes by {routing.partitions} partitions, this trainer by "
                                 f"{self.routing.partitions}: PARAMSHARD_PARTITIONS differs")
-        for index in range(len(self.links), len(routing.addresses)):
-            self.links.add_server(routing.addresses[index])
         if routing.version >= self.routing.version:
             self.routing = routing
+            follow_addresses(self.links, routing.addresses)
         return self.routing
 
-    def settle(self, replies: list, requests: list, depth: int = 0) -> list:
+    def newer_than_refused(self, refused: list) -> Routing:
+        """The routing to send ``refused`` [(server, header, arrays)] again under: the newest this
+        trainer knows if it is newer than every one they were sent under (their ``routing``;
+        none: older than any), else server 0's once it has a newer one; a DeadlineExceeded naming
+        the refusing server when server 0 has none within ``moved_patience``."""
+        sent = max(sent_under(header) for _, header, _ in refused)
+        if self.routing.version > sent:
+            return self.routing
+        self.refresh_routing(newer_than=sent, patience=self.moved_patience)
+        if self.routing.version > sent:
+            return self.routing
+        server, header, _ = next(r for r in refused if sent_under(r[1]) == sent)
+        what = header["op"] + (f" of table {header['table']!r}" if "table" in header else "")
+        raise DeadlineExceeded(
+            f"trainer {self.trainer_id}: server {server} refused its {what} as moved (ids or blocks it does not "
+            f"hold) under routing version {sent}, and server 0 still routes by version {self.routing.version} "
+            f"after {min(self.moved_patience, self.links.timeout):g} s, naming server {server} their owner: a "
+            f"move of partitions stalled or failed half-way (see the launcher's log and the run directory's "
+            f"scale_failed event); the job cannot go on with this routing: stop it and start it again")
+
+    def settle(self, replies: list, requests: list) -> list:
         """``replies`` with those refused as ``moved`` (None) replaced: their ids are split
-        under the new routing and sent again (pulls: the rows come back in their order)."""
+        under a newer routing and sent again (pulls: the rows come back in their order).
+        Each round goes under a routing newer than the one it was refused under, so this ends
+        with the move (or fails within ``moved_patience`` when no newer routing comes)."""
         if all(r is not None for r in replies):
             return replies
-        if depth > 100:
-            raise DeadlineExceeded(f"trainer {self.trainer_id}: requests still refused as moved after "
-                                   f"{depth} routing updates")
-        self.refresh_routing(newer_than=self.routing.version)
-        out = list(replies)
         refused = [slot for slot, reply in enumerate(replies) if reply is None]
+        self.newer_than_refused([requests[slot] for slot in refused])
+        out = list(replies)
         # A table's refused pushes go again as one push a server (a sync step takes one from each
         # trainer), to every server of the routing that had none, empty or not.
         pushed = {(h["table"], s) for (s, h, _), r in zip(requests, replies) if r is not None and
@@ -147,7 +180,7 @@ class SparseClient:
                      for s in range(self.num_servers)
                      if part.count(s) or (kind == "push" and s in self.routing.servers() and (name, s) not in pushed)]
             self.resent += len(again)
-            answers = self.settle(self.links.request_list(again), again, depth + 1)
+            answers = self.settle(self.links.request_list(again), again)
             for slot in slots:
                 out[slot] = ({}, [])
             if header["op"] == "pull_sparse" and again:
@@ -231,3 +264,19 @@ class SparseClient:
         requests = [(s, {"op": "import_sparse", "table": table}, [ids[part.part(s)], values[part.part(s)]])
                     for s in self.routing.servers()]
         self.settle(self.links.request_list(requests), requests)
+
+
+def sent_under(header: dict) -> int:
+    """The routing version a request was sent under (-1: none named, older than any)."""
+    version = header.get("routing")
+    return version if type(version) is int else -1
+
+
+def follow_addresses(links, addresses) -> None:
+    """Make ``links`` match a routing's ``addresses``: connect the servers it names for the first
+    time, let go of those it names retired (""), whose indices stay as placeholders."""
+    for index in range(len(links), len(addresses)):
+        links.add_server(addresses[index])
+    for index, address in enumerate(addresses):
+        if not address and not links.is_retired(index):
+            links.retire(index)

@@ -9,8 +9,11 @@ change how many servers hold its sparse tables while it trains:
   launch/server_scaling.scale_servers moves it its share of the partitions in the background;
 - down: scale_servers moves the partitions and dense blocks of the highest serving servers
   (server 0 stays: it holds the job's routing) to the others, the job's first servers
-  included; a server left with nothing keeps running, serving nothing, until the job ends (a
-  trainer that has not learnt the last routing yet still says ``leave`` to it).
+  included. The routing then names a removed server retired (""); once every trainer's
+  requests carry a routing version under which it owns nothing (server 0 says which each one
+  carried, ``routing_get``), no trainer will send it data again, and trainers fetch the routing
+  before they ``leave`` or ask every server, so it is told to exit (``retire`` with ``exit``: ``stop_when_unneeded``). Its index is never used again;
+  the moves that follow are given "" for it, so nothing connects to it.
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
 time. Changes are told to ``Launcher.membership_listeners`` (role
@@ -22,26 +25,72 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import time
+
 from ..errors import ConfigError
 from ..log import get_logger
+from ..placement.partitions import Routing
 from .api import RankSpec
 
 log = get_logger("launch")
 
+# How long a removed server waits for every trainer to route by a routing that names it retired,
+# in PARAMSHARD_TIMEOUTs (each training trainer sends server 0 a request a step; one evaluating or
+# in a long barrier sends none meanwhile). Past it the server keeps running, idle, to the job's end.
+RETIRE_PATIENCE_TIMEOUTS = 5
+RETIRE_POLL = 0.5
+
+
+def stop_when_unneeded(env, addresses, removed: list[int], version: int | None, clock=time.monotonic,
+                       sleep=time.sleep, patience: float | None = None) -> bool:
+    """Tell ``removed`` servers to exit once every trainer of the job routes by routing ``version``
+    (None: server 0's now) or later, which names them retired; False (they keep running) when some
+    trainer has not within ``patience`` seconds (RETIRE_PATIENCE_TIMEOUTS x the job's timeout)."""
+    from ..transport.client import ServerLinks
+    from ..transport.security import Security
+    wanted = [a if i == 0 or i in removed else "" for i, a in enumerate(addresses)]
+    patience = RETIRE_PATIENCE_TIMEOUTS * env.timeout if patience is None else patience
+    with ServerLinks(wanted, env.timeout, who="launcher (retiring servers)", security=Security.from_env(env)) as links:
+        deadline = clock() + patience
+        while True:
+            header, _ = links.request(0, {"op": "routing_get"})
+            routing = Routing.from_wire(header["routing"])
+            if version is None:
+                version = routing.version
+            named = [s for s in removed if s < len(routing.addresses) and routing.addresses[s]]
+            if named:
+                raise ConfigError(f"servers {named} are not retired in server 0's routing (version "
+                                  f"{routing.version}): they are not stopped")
+            behind = sorted(t for t, seen in header.get("trainers", []) if seen < version)
+            if not behind:
+                break
+            if clock() >= deadline:
+                log.warning("servers %s keep running, idle, until the job ends: trainers %s have sent no request "
+                            "under routing version %d (which removed them) within %g s", removed, behind, version,
+                            patience)
+                return False
+            sleep(RETIRE_POLL)
+        for s in removed:
+            links.request(s, {"op": "retire", "exit": True})
+    return True
+
 
 class ElasticServers:
-    def __init__(self, launcher, scale=None):
+    def __init__(self, launcher, scale=None, retire=None):
         self.launcher = launcher
         first = launcher.spec.servers[0]
         self.env = first.env
         self.initial = len(launcher.spec.servers)
         self.addresses = list(first.env.servers)     # every server the job ever had, by index
         self.serving = list(range(self.initial))     # the indices that own partitions now
+        self.retired: set[int] = set()               # removed by a scale: "" in the routing, never reused
+        self.retiring: threading.Thread | None = None
         self.move: threading.Thread | None = None
         self.last_error: str | None = None
         if scale is None:
             from .server_scaling import scale_servers as scale
         self._scale = scale
+        self._retire = stop_when_unneeded if retire is None else retire
 
     def check(self, n: int) -> None:
         if not self.env.partitions:
@@ -102,19 +151,43 @@ class ElasticServers:
         log.info("server %d starts at %s to join the running job", index, address)
         return index
 
+    def live_addresses(self) -> list[str]:
+        """Every server the job had, by index, "" for those a scale removed (as the routing names them)."""
+        return [a if i not in self.retired else "" for i, a in enumerate(self.addresses)]
+
     def _run(self, target: list[int], added: list[int], removed: list[int]) -> None:
         try:
-            self._scale(self.env, self.addresses, target, event=self.launcher._event)
+            record = self._scale(self.env, self.live_addresses(), target, event=self.launcher._event)
         except Exception as exc:       # noqa: BLE001 - reported, and the job goes on as it was
             self.last_error = f"moving partitions to servers {target} failed: {exc}"
             log.error("%s", self.last_error)
             self.launcher._event("scale_failed", self.last_error, servers=target)
             return
         self.serving = list(target)
+        self.retired.update(removed)
         for s in added:
             self._tell("added", f"server {s} ({self.addresses[s]}) holds its share of the partitions", s)
         for s in removed:
-            self._tell("removed", f"server {s} gave its partitions away; it serves nothing until the job ends", s)
+            self._tell("removed", f"server {s} gave its partitions away; it exits once every trainer routes "
+                                  f"without it", s)
+        if removed:
+            # The last hand-off's routing, one before the move's final one: under it the removed servers
+            # own no partition and no block, so a trainer that routes by it sends them no data. The final
+            # routing only names them retired (""); trainers learn it when they next ask server 0 (a
+            # refusal, and before they leave or read every server's stats: torch/backends/servers.py).
+            final = getattr(record, "routing_version", None)
+            version = final - 1 if final else None
+            addresses = list(self.addresses)
+            self.retiring = threading.Thread(target=self._stop_removed, args=(addresses, removed, version),
+                                             name="server-retire", daemon=True)
+            self.retiring.start()
+
+    def _stop_removed(self, addresses: list[str], removed: list[int], version: int | None) -> None:
+        try:
+            if self._retire(self.env, addresses, removed, version):
+                log.info("servers %s exit: no trainer routes to them any more", removed)
+        except Exception as exc:     # noqa: BLE001 - the job goes on; they stay, idle, as before
+            log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
 
     def _tell(self, change: str, text: str, server: int) -> None:
         log.info("%s", text)

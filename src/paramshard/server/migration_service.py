@@ -16,7 +16,11 @@ launch/server_scaling.py:
 4. ``migrate_finish`` (old owner): the rows of partitions handed away are dropped.
 
 Requests are checked by a RequestHook (partition_ownership.py). The routing every server
-knows is answered by ``routing_get``; server 0's is the job's.
+knows is answered by ``routing_get``; server 0's is the job's, and its reply also says the
+newest routing version each trainer's requests carried (``trainers``): a server a scale
+removed is stopped (``retire`` with ``exit``) once every trainer routes by a version that
+names it retired, so none will send it anything again (launch/elastic_servers.py). A routing
+set on a server also tells it which peer servers to watch (``ParameterServer.follow_peers``).
 """
 from __future__ import annotations
 
@@ -46,6 +50,10 @@ class MigrationHook:
 
     def admit(self, request: Incoming) -> Verdict:
         own = self.service.ownership
+        version, trainer = request.header.get("routing"), request.header.get("trainer")
+        if own.elastic and type(version) is int and type(trainer) is int:
+            seen = self.service.routing_seen
+            seen[trainer] = max(version, seen.get(trainer, -1))
         if not own.elastic or request.op not in DATA_OPS or request.held is None:
             return Verdict.ACCEPT
         step = None
@@ -78,6 +86,8 @@ class MigrationService:
         self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
         self.evicted_at_start: dict[str, int] = {}
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
+        self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried
+        self.on_addresses = None     # told every routing's addresses (ParameterServer.follow_peers)
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -99,10 +109,17 @@ class MigrationService:
 
     # -- routing ------------------------------------------------------------
     def handle_routing_get(self, header: dict, arrays: list) -> Reply:
-        return Reply({"routing": self.ownership.routing.to_wire()})
+        # The trainers that may still send requests (arrived, not left) and the newest routing
+        # version each one's requests carried (-1: none yet).
+        members = self.ctx.membership
+        training = sorted(set(members.live) - set(members.never_arrived()))
+        return Reply({"routing": self.ownership.routing.to_wire(),
+                      "trainers": [[t, self.routing_seen.get(t, -1)] for t in training]})
 
     def handle_routing_set(self, header: dict, arrays: list) -> Reply:
         self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
+        if self.on_addresses is not None:
+            self.on_addresses(self.ownership.routing.addresses)
         return Reply({"version": self.ownership.routing.version})
 
     def handle_migrate_switch(self, header: dict, arrays: list) -> Reply:
@@ -273,14 +290,22 @@ class MigrationService:
         return Reply()
 
     def handle_retire(self, header: dict, arrays: list) -> Reply:
+        """A server a scale removed: it must serve nothing. With ``exit``: no trainer needs it any
+        more (launch/elastic_servers.py checked): it stops once this reply is out (exit code 0)."""
+        if self.ctx.server_id == 0:
+            raise ConfigError("retire: server 0 holds the job's routing and services: it never retires")
         if self.ownership.owned.any() or self.ownership.incoming.any():
             raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
+        if header.get("exit") is True:
+            self.ctx.stop_after_replies()
         return Reply({"retired": True})
 
 
 def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> MigrationService:
     """Every server of a job can hand partitions on; with PARAMSHARD_PARTITIONS=0 it refuses to."""
     service = MigrationService(server.context, sparse, Routing.initial(env.partitions, env.servers))
+    if env.partitions:
+        service.on_addresses = server.follow_peers
     server.add_service(service)
     from .dense_migration import attach_dense_migration
     attach_dense_migration(server, service)      # dense blocks move with the partitions

@@ -120,6 +120,7 @@ class ParameterServer:
         self._connections = TrainerConnections()
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._poller: zmq.Poller | None = None      # serve_forever's (follow_peers adds and removes peers)
         self._thread: threading.Thread | None = None
         # Where a request's time goes: decoding, each op's handler, encoding and sending the reply.
         self.phase_seconds: Counter = Counter()
@@ -154,6 +155,21 @@ class ParameterServer:
         self._peers = PeerWatch(self._ctx, peers, grace=self.timeout, secure=self._secure_peer, me=self.server_id)
         self.membership.places = dict(places or {})     # trainer -> the engine's name for it ("rank 3 on node7")
 
+    def follow_peers(self, addresses) -> None:
+        """The job's servers changed (a routing naming every index it had, "" for a removed one):
+        watch those added by a scale like the others, stop watching those it removed. Called
+        from a handler, so on the serving thread, which owns the poller."""
+        poller = self._poller
+
+        def watch(monitor) -> None:
+            if poller is not None:
+                poller.register(monitor, zmq.POLLIN)
+
+        def unwatch(monitor) -> None:
+            if poller is not None:
+                poller.unregister(monitor)
+        self._peers.follow(addresses, watch, unwatch)
+
     # -- lifecycle ------------------------------------------------------
     def start(self) -> "ParameterServer":
         if self._sock is None:
@@ -183,7 +199,7 @@ class ParameterServer:
         """Serve until the job ends; returns the exit code (0: every trainer left)."""
         log.info("%s serving on %s (%s mode, %d trainers)", self.name, self.address,
                  self.mode, self.num_trainers)
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         for monitor in self._peers.monitors:

@@ -77,17 +77,42 @@ class PeerWatch:
         self.me = me
         self._report = (report or launcher_report()) if me is not None else None
         self._reported: tuple[float, frozenset[int], frozenset[int]] | None = None   # (when, unreachable, unseen) last said
+        self._ctx, self._secure = ctx, secure
         self.peers: list[_Peer] = []
         for index, address in sorted(peers.items()):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-            if secure is not None:
-                secure(sock)
-            peer = _Peer(index, address, sock)
-            sock.connect(f"tcp://{address}")
-            self.peers.append(peer)
+            self.peers.append(self._connect(index, address))
+
+    def _connect(self, index: int, address: str) -> _Peer:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if self._secure is not None:
+            self._secure(sock)
+        peer = _Peer(index, address, sock)
+        sock.connect(f"tcp://{address}")
+        return peer
+
+    def follow(self, addresses: Sequence[str], watch: Callable[[zmq.Socket], None] = lambda m: None,
+               unwatch: Callable[[zmq.Socket], None] = lambda m: None) -> None:
+        """The job's servers as a routing names them (every index it had, "" for one a scale
+        removed): watch the servers added since, stop watching the removed ones, which exit
+        once no trainer needs them and are no loss. ``watch``/``unwatch``: told of each peer's
+        monitor socket before it is used or closed (the server's poller)."""
+        by_index = {p.index: p for p in self.peers}
+        for index, address in enumerate(addresses):
+            if index == self.me:
+                continue
+            peer = by_index.get(index)
+            if not address and peer is not None:
+                unwatch(peer.monitor)
+                close_monitored(peer.sock, peer.monitor)
+                self.peers.remove(peer)
+            elif address and peer is None:
+                peer = self._connect(index, address)
+                self.peers.append(peer)
+                watch(peer.monitor)
+        self.peers.sort(key=lambda p: p.index)
 
     @property
     def monitors(self) -> Sequence[zmq.Socket]:

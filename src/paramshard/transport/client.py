@@ -9,6 +9,11 @@ only once its ZMTP handshake succeeded (a stopped process's kernel still
 accepts TCP connections), and any loss of the connection while a request is
 pending fails that request, even when libzmq has reconnected since.
 
+Retired servers: a server a scale removed keeps its index (the job's routing names it "",
+placement/partitions.Routing) but has nothing to connect to: its link is a placeholder
+(``retire``, or ``add_server("")``), skipped by the calls that ask every server (``live``), and
+a request for it fails at once naming it.
+
 Security: with a Security (PARAMSHARD_SECRET / PARAMSHARD_KEYS_DIR) every
 socket is a CurveZMQ client; a server that refuses our handshake fails the
 call at once with HandshakeRefused, saying which setting to fix.
@@ -44,6 +49,8 @@ REFUSALS_IN_A_ROW = 3
 
 
 class _Link:
+    retired = False
+
     def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes,
                  security: Security | None = None):
         self.index, self.address = index, address
@@ -117,6 +124,25 @@ class _Link:
             close_monitored(self.sock, self.monitor)
 
 
+class _RetiredLink:
+    """The place of a server a scale removed (its index stays; nothing to connect to or ask)."""
+    retired = True
+    sock = None
+    connected = ever_connected = reached = False
+    losses = 0
+    refusal = None
+
+    def __init__(self, index: int, address: str = ""):
+        self.index, self.address = index, address
+        self.name = f"server {index} (removed by a scale{', was ' + address if address else ''})"
+
+    def poll_events(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
     """Close a socket and its monitor without lingering (the monitor first, so
     libzmq has no event pipe left to block on)."""
@@ -174,6 +200,14 @@ class Requests:
         """
         return self.collect(self.submit(requests, timeout))
 
+    def is_retired(self, server: int) -> bool:
+        """A server a scale removed (its index stays, nothing is sent to it)."""
+        return False
+
+    def live(self) -> list[int]:
+        """The indices of the servers that are not retired: whom ``leave``, ``join``, ``stats`` ask."""
+        return [s for s in range(len(self)) if not self.is_retired(s)]
+
 
 class ServerLinks(Requests):
     """Talks to every server of the job. Not thread-safe: one per trainer thread."""
@@ -190,11 +224,15 @@ class ServerLinks(Requests):
         self.security = security
         self._ctx = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
-        self.links = [_Link(self._ctx, i, a, identity, security) for i, a in enumerate(addresses)]
+        self._identity = identity
+        self.links = [_Link(self._ctx, i, a, identity, security) if a else _RetiredLink(i)
+                      for i, a in enumerate(addresses)]
         self._inflight: dict[int, Ticket] = {}     # request id -> the ticket awaiting its reply
+        self._retiring: set[int] = set()           # retired while a reply from it was awaited
         self._poller = zmq.Poller()
         for link in self.links:
-            self._poller.register(link.sock, zmq.POLLIN)
+            if not link.retired:
+                self._poller.register(link.sock, zmq.POLLIN)
 
     @classmethod
     def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
@@ -211,16 +249,40 @@ class ServerLinks(Requests):
         return len(self.links)
 
     def add_server(self, address: str) -> int:
-        """Talk to one more server (one added while the job runs); its index."""
-        identity = self.links[0].sock.getsockopt(zmq.IDENTITY) if self.links else f"{self.who}-{os.getpid()}".encode()
-        link = _Link(self._ctx, len(self.links), address, identity, self.security)
+        """Talk to one more server (one added while the job runs); its index. ``""``: a server
+        added and removed since this process started (a retired index: a placeholder)."""
+        if not address:
+            self.links.append(_RetiredLink(len(self.links)))
+            return len(self.links) - 1
+        link = _Link(self._ctx, len(self.links), address, self._identity, self.security)
         self.links.append(link)
         self._poller.register(link.sock, zmq.POLLIN)
         return link.index
 
+    def is_retired(self, server: int) -> bool:
+        return 0 <= server < len(self.links) and self.links[server].retired
+
+    def retire(self, server: int) -> None:
+        """Server ``server`` was removed by a scale: stop talking to it (its socket closes once no
+        reply from it is awaited: an answer in flight, e.g. a refusal as moved, still arrives)."""
+        if not 0 <= server < len(self.links) or self.links[server].retired:
+            return
+        self._retiring.add(server)
+        self._close_retiring()
+
+    def _close_retiring(self) -> None:
+        awaited = {srv for ticket in self._inflight.values() for _, srv, _ in ticket.pending.values()}
+        for server in sorted(self._retiring - awaited):
+            link = self.links[server]
+            if not link.given_up:       # a given-up link left the poller already
+                self._poller.unregister(link.sock)
+            link.close()
+            self.links[server] = _RetiredLink(server, link.address)
+            self._retiring.discard(server)
+
     def wait_ready(self, timeout: float = 30.0) -> list[dict]:
-        """Block until every server answers (its hello), or raise naming the silent ones."""
-        replies = self.request_many({s: ({"op": "hello"}, ()) for s in range(len(self.links))}, timeout)
+        """Block until every server not retired answers (its hello), or raise naming the silent ones."""
+        replies = self.request_many({s: ({"op": "hello"}, ()) for s in self.live()}, timeout)
         return [replies[s][0] for s in sorted(replies)]
 
     def submit(self, requests: Sequence[tuple], timeout: float | None = None, retry: bool = True) -> "Ticket":
@@ -239,6 +301,12 @@ class ServerLinks(Requests):
         # pending fails them, whatever libzmq reconnected since.
         for server in {server for server, _, _ in requests}:
             link = self.links[server]
+            if link.retired:
+                exc = ServerUnavailable(f"{self.who}: {link.name} is no server of the job any more; nothing is "
+                                        f"sent to it (the caller's routing is older than the one that removed it: "
+                                        f"fetch the routing from server 0)")
+                exc.server = server
+                raise exc
             link.poll_events()
             self._check_refused(link)   # before sending: a given-up link has no peer, a send would block
             ticket.losses[server] = link.losses
@@ -293,7 +361,7 @@ class ServerLinks(Requests):
         """Take the replies that have arrived, without waiting (``Ticket.done`` then says
         which tickets need no wait)."""
         for link in self.links:
-            if not link.sock.closed:
+            if not link.retired and not link.sock.closed:
                 self._receive(link)
 
     def discard(self, ticket: "Ticket") -> None:
@@ -302,6 +370,8 @@ class ServerLinks(Requests):
             self._inflight.pop(request_id, None)
         ticket.pending.clear()
         ticket.sent.clear()
+        if self._retiring:
+            self._close_retiring()
 
     def _receive(self, link: _Link) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""

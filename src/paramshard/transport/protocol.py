@@ -128,7 +128,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "dense_import": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
                      "plan_fingerprint": int, "lr_scale": float},
     "dense_finish": {},
-    "retire": {},
+    "retire": {"exit": Optional(bool)},
 }
 
 
