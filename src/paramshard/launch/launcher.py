@@ -259,7 +259,14 @@ class Launcher:
         log.error("%s", failure_summary(exits[first], others, stopped=stopped, why=hung.get(first)))
         return exits[first].status or 1
 
+    def job_ended(self) -> bool:
+        """Every trainer has exited: the job is over, its servers stop (a move of partitions
+        failing now failed for that: launch/elastic_servers.py)."""
+        return bool(self.trainers) and all(t.poll() is not None for t in self.trainers)
+
     def _finish(self, succeeded: int, poll_interval: float) -> int:
+        if self.control is not None:        # `paramshard scale` hears at once that the job ended
+            self.control.close("its trainers finished")
         # Servers exit on their own once every trainer has left.
         deadline = time.monotonic() + 10
         while any(s.poll() is None for s in self.servers) and time.monotonic() < deadline:
