@@ -4,6 +4,7 @@ if asked, the report. One object, so the launcher's own code stays about
 starting and supervising processes."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from ..errors import ParamshardError
@@ -59,7 +60,11 @@ class JobWatch:
         self._stop_monitor()            # a restarted job has new servers
         env = launcher.config.base_env(launcher.addresses)
         self._links = control.connect(env, who="launcher (run directory)", timeout=10.0)
-        self.monitor = Monitor(self.run, self._links, self.progress).start()
+        # An elastic job's servers may change (`paramshard scale --servers`): follow its routing.
+        connect_one = (lambda address: control.connect(dataclasses.replace(env, servers=(address,)),
+                                                       who="launcher (run directory)", timeout=10.0)) \
+            if getattr(launcher.config, "partitions", 0) else None
+        self.monitor = Monitor(self.run, self._links, self.progress, connect_one=connect_one).start()
 
     def _stop_monitor(self) -> None:
         if self.monitor is not None:
