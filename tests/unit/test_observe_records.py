@@ -157,3 +157,15 @@ def test_trainer_records_say_when_the_last_step_ended_and_that_the_trainer_is_do
     rec = TrainerRecords(1, emit=out.append, every=1.0, clock=clock, wall=lambda: wall[0])
     rec.close()                                     # done before any step: said too
     assert (out[-1]["step"], out[-1]["step_end_t"], out[-1]["done"]) == (0, None, True)
+
+
+def test_a_job_launched_into_a_used_run_directory_is_not_taken_for_ended(tmp_path):
+    from paramshard.launch.control_channel import ended
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"ended": 1.0, "exit_code": 0}))
+    assert ended(tmp_path / "run")
+    run = RunDir(tmp_path / "run", "job-y")             # a new job there: its summary comes at its end
+    assert ended(tmp_path / "run") is None
+    run.write_summary(0, [])
+    run.close()
+    assert "exit code 0" in ended(tmp_path / "run")

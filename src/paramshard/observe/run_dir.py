@@ -50,6 +50,9 @@ class RunDir:
         self.path = Path(path)
         self.job_id = job_id
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        # A summary says the job is over (`paramshard scale`, `paramshard report` read it so): one
+        # left by an earlier job launched into this directory is not this job's.
+        (self.path / "summary.json").unlink(missing_ok=True)
         self.records = RecordWriter(self.path / "metrics.jsonl")
         self.tensorboard = TensorBoardWriter(self.path / TENSORBOARD_DIR)    # the same records, for TensorBoard
         self._carries: dict[int, CounterCarry] = {}     # server -> its counters across restarts
