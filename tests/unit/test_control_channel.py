@@ -155,3 +155,17 @@ def test_a_summary_written_while_waiting_ends_the_wait(tmp_path):
     with pytest.raises(ConfigError, match=r"ended at .* \(exit code 1\) before it took this request"):
         send(tmp_path, "trainers", 2, clock=clock, sleep=ends)
     assert clock.now < 1.0 and list((tmp_path / "control").iterdir()) == []
+
+
+def test_a_request_that_comes_once_every_trainer_exited_is_not_acted_on(tmp_path):
+    """The trainers exited but the launcher's loop has not seen it yet: a server started for
+    the request would be stopped with the job at once; it is answered "the job ended"."""
+    over, acted = [False], []
+    channel = ControlChannel(tmp_path, {"servers": lambda n: acted.append(n) or f"{n} servers"},
+                             ending=lambda: over[0])
+    clock = Clock()
+    assert send(tmp_path, "servers", 3, clock=clock, sleep=polling(channel, clock)) == "3 servers"
+    over[0] = True
+    with pytest.raises(ConfigError, match=r"ended \(its trainers finished\) before this request was acted on"):
+        send(tmp_path, "servers", 2, clock=clock, sleep=polling(channel, clock))
+    assert acted == [3]

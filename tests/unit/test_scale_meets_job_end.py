@@ -49,3 +49,35 @@ def test_a_move_failing_while_the_job_runs_is_still_an_error(caplog):
     assert [r.levelno for r in caplog.records if "moving partitions" in r.getMessage()] == [logging.ERROR]
     [((event, _), fields)] = launcher.events
     assert event == "scale_failed" and "job_ended" not in fields
+
+
+def test_a_move_still_under_way_as_the_job_ends_is_said_once_as_the_jobs_end(tmp_path, caplog):
+    import io
+    import json
+    import threading
+
+    from paramshard.observe.job_watch import JobWatch
+
+    gate = threading.Event()
+    launcher = FakeLauncher()
+    launcher.trainers = [Trainer(0)]
+    launcher.job_ended = lambda: Launcher.job_ended(launcher)
+
+    def move_cut_late(env, addresses, servers, event):
+        gate.wait(5)
+        failing_move(env, addresses, servers, event)
+    servers = ElasticServers(launcher, scale=move_cut_late)
+    launcher.elastic_servers = servers
+    watch = JobWatch(tmp_path / "run", "job-m", out=io.StringIO())
+    with caplog.at_level(logging.INFO, logger="paramshard.launch"):
+        servers.scale(3)
+        watch._unfinished_move(launcher)          # the job ends while the move still runs
+        gate.set()
+        servers.move.join(5)                      # then the move fails as its servers stop
+    watch.run.close()
+    told = [r for r in caplog.records if "the job ended during the move" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.INFO], caplog.text      # once, and not an error
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["job_ended"]) for e in events] == [("scale_failed", True)]
+    assert launcher.events == []                  # the move's own failure added nothing

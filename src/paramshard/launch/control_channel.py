@@ -116,8 +116,13 @@ def send(run_dir, kind: str, value: int | str, timeout: float = 30.0, clock=time
 class ControlChannel:
     """The launcher's side: ``handlers`` maps a request kind to what acts on it."""
 
-    def __init__(self, run_dir, handlers: dict[str, Handler] | None = None):
+    def __init__(self, run_dir, handlers: dict[str, Handler] | None = None, ending: Callable[[], bool] | None = None):
+        """``ending``: whether the job is over already (every trainer exited): a request that
+        comes then is answered "the job ended", never acted on (a server started for it
+        would be stopped with the job at once)."""
         self.folder = Path(run_dir) / CONTROL
+        self.ending = ending
+        self.closed: str | None = None          # why no request is acted on any more (close)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ENDED).unlink(missing_ok=True)       # a job run again in its run directory
         self.handlers: dict[str, Handler] = dict(handlers or {})
@@ -139,18 +144,16 @@ class ControlChannel:
         """No more requests will be acted on (the launcher's loop ends: ``reason``): mark the
         folder so that every command, waiting or to come, says the job ended at once, and
         answer those already waiting so."""
-        _write_whole(self.folder / ENDED, {"t": time.time(), "reason": reason})
-        self.handlers = {}
-        for path in sorted(self.folder.glob("request-*.json")):
-            ident = path.name[len("request-"):-len(".json")]
-            if ident.isalnum():
-                message = f"the job ended ({reason}) before this request was acted on: nothing was changed"
-                _write_whole(self.folder / f"reply-{ident}.json", {"ok": False, "message": message})
-                self.requests.append(("?", -1, False, message))
-            path.unlink(missing_ok=True)
+        if self.closed is None:
+            self.closed = reason
+            _write_whole(self.folder / ENDED, {"t": time.time(), "reason": reason})
+        self.poll()
 
     def poll(self) -> int:
         """Answer every request waiting; returns how many."""
+        if self.closed is None and self.ending is not None and self.ending():
+            self.close("its trainers finished")
+            return 0
         answered = 0
         for path in sorted(self.folder.glob("request-*.json")):
             ident = path.name[len("request-"):-len(".json")]
@@ -165,6 +168,9 @@ class ControlChannel:
     def _answer(self, path: Path) -> dict:
         kind = None
         try:
+            if self.closed is not None:
+                raise ConfigError(f"the job ended ({self.closed}) before this request was acted on: nothing "
+                                  f"was changed")
             request = _read_small_json(path)
             kind, value = request.get("kind"), request.get("value")
             handler = self.handlers.get(kind) if isinstance(kind, str) else None

@@ -92,7 +92,7 @@ class Launcher:
             self.elastic = ElasticTrainers(self, self.min_trainers)
         if self.control_dir is not None:
             self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
-                                                             "servers": self._scale_servers})
+                                                             "servers": self._scale_servers}, ending=self.job_ended)
 
     def _scale_trainers(self, n: int) -> str:
         if self.elastic is None:

@@ -46,6 +46,20 @@ class JobWatch:
         self.run.event("membership", text, role="trainer", rank=f"trainer {trainer}", change=change,
                        trainer=trainer, **fields)
 
+    def _unfinished_move(self, launcher) -> None:
+        """A move of partitions (`paramshard scale --servers`) still under way as the job ends
+        stops unfinished with the servers: say so, once, as what it is (the job's end, not an
+        error to restart for), unless the move already said it (launch/elastic_servers.py)."""
+        servers = getattr(launcher, "elastic_servers", None)
+        move = getattr(servers, "move", None)
+        if move is None or not move.is_alive() or getattr(servers, "end_told", False):
+            return
+        servers.end_told = True
+        servers.last_error = (f"the job ended during the move of partitions a `paramshard scale --servers` asked "
+                              f"for: the move stopped unfinished with the servers (nothing to restart)")
+        log.info("%s", servers.last_error)
+        self.run.event("scale_failed", servers.last_error, job_ended=True)
+
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
         ("job" for all of them), when (the record's time) and why."""
@@ -76,6 +90,7 @@ class JobWatch:
 
     def finished(self, code: int, launcher) -> None:
         self._stop_monitor()
+        self._unfinished_move(launcher)
         if launcher is not None:
             launcher.engine.out = sys.stdout      # anything printed after the live table goes
         self.progress.close()
