@@ -129,3 +129,12 @@ def test_once_the_trainers_finished_scale_is_told_the_job_ended_without_waiting(
     with pytest.raises(ConfigError, match=r"the job ended at .* \(its trainers finished\)"):
         send(tmp_path, "servers", 3, sleep=no_wait)
     assert launcher.job_ended()
+
+
+def test_a_dead_trainer_does_not_close_the_control_channel():
+    """Dead trainers of an elastic job may be replaced: only trainers that all succeeded end it."""
+    launcher = Launcher(Engine({"trainer 0": (0, ()), "trainer 1": (-signal.SIGKILL, ())}))
+    launcher.start_job(_spec())
+    assert launcher.job_ended() and not launcher.trainers_done()
+    launcher.trainers[1].code = 0
+    assert launcher.trainers_done()

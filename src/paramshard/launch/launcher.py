@@ -92,7 +92,7 @@ class Launcher:
             self.elastic = ElasticTrainers(self, self.min_trainers)
         if self.control_dir is not None:
             self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
-                                                             "servers": self._scale_servers}, ending=self.job_ended)
+                                                             "servers": self._scale_servers}, ending=self.trainers_done)
 
     def _scale_trainers(self, n: int) -> str:
         if self.elastic is None:
@@ -263,6 +263,11 @@ class Launcher:
         """Every trainer has exited: the job is over, its servers stop (a move of partitions
         failing now failed for that: launch/elastic_servers.py)."""
         return bool(self.trainers) and all(t.poll() is not None for t in self.trainers)
+
+    def trainers_done(self) -> bool:
+        """Every trainer succeeded: the job finishes at this loop's next look (a dead one may
+        still be replaced: not this)."""
+        return bool(self.trainers) and all(t.poll() == 0 for t in self.trainers)
 
     def _finish(self, succeeded: int, poll_interval: float) -> int:
         if self.control is not None:        # `paramshard scale` hears at once that the job ended
