@@ -117,9 +117,9 @@ class ControlChannel:
     """The launcher's side: ``handlers`` maps a request kind to what acts on it."""
 
     def __init__(self, run_dir, handlers: dict[str, Handler] | None = None, ending: Callable[[], bool] | None = None):
-        """``ending``: whether the job is over already (every trainer exited): a request that
-        comes then is answered "the job ended", never acted on (a server started for it
-        would be stopped with the job at once)."""
+        """``ending``: whether the job is over already (every trainer succeeded, the loop has
+        not seen it yet): a request that comes then is answered "the job ended", never acted
+        on (a server started for it would be stopped with the job at once)."""
         self.folder = Path(run_dir) / CONTROL
         self.ending = ending
         self.closed: str | None = None          # why no request is acted on any more (close)
