@@ -108,6 +108,13 @@ def test_scale_refuses_clearly(tmp_path):
         assert job.proc.wait(timeout=30) == 0, job.text()[-5000:]
     finally:
         job.close()
+    # The job ended: its run directory says so, and scale says it at once (no wait for a launcher).
+    asked = time.monotonic()
+    done = subprocess.run([PARAMSHARD, "scale", str(job.run_dir), "--servers", "2", "--wait", "60"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2 and re.search(r"the job \S+ ended at .* \(exit code 0, after \d+ s\): there is "
+                                              r"nothing to change", done.stderr), done.stderr
+    assert time.monotonic() - asked < 30, "scale waited for a launcher of a job that ended"
 
 
 @pytest.fixture

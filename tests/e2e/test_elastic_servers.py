@@ -46,6 +46,10 @@ def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
         (up,) = wait_for_event(job, "scale_end", 1)
         assert up["servers_before"] == [0, 1] and up["servers_after"] == [0, 1, 2] and up["partitions"] > 0
         at = job.wait_for(r"trainer 0 at step \d+", at)          # still training after the move
+        shown = subprocess.run([PARAMSHARD, "stats", str(job.run_dir), "--once"], capture_output=True, text=True,
+                               timeout=60, cwd=REPO)
+        assert shown.returncode == 0 and [line.split(":")[0] for line in shown.stdout.splitlines()] == \
+            ["server 0", "server 1", "server 2"], shown.stdout + shown.stderr      # the added one too
         assert "moving the partitions of servers [2]" in scale(job, 2)
         down = wait_for_event(job, "scale_end", 2)[1]
         assert down["servers_after"] == [0, 1] and down["partitions"] == up["partitions"]
@@ -63,3 +67,6 @@ def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
         job.close()
     changes = [(e["rank"], e["change"], e["live"]) for e in events(job.run_dir, "membership")]
     assert changes == [("server 2", "added", 3), ("server 2", "removed", 2), ("server 1", "removed", 1)], changes
+    # the launcher's watcher followed the routing: the added server has records of its own
+    assert any(r.get("kind") == "server" and r.get("server") == 2
+               for r in map(json.loads, (job.run_dir / "metrics.jsonl").read_text().splitlines()))

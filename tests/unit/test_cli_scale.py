@@ -43,3 +43,35 @@ def test_on_names_the_host_of_new_servers_and_needs_servers(sent, tmp_path):
     assert sent == [("add_host", "10.0.0.3"), ("servers", 3, "10.0.0.3")]
     with pytest.raises(ConfigError, match="--on HOST places new servers: give it with --servers N"):
         scale.run(parse(str(tmp_path), "--trainers", "2", "--on", "10.0.0.3"))
+
+
+def write_config(run_dir, **launch):
+    import json
+    (run_dir / "control").mkdir(exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"job_id": "j", "launch": launch}))
+
+
+def test_a_job_not_launched_elastic_is_told_how_to_launch_one_without_asking_the_launcher(sent, tmp_path):
+    write_config(tmp_path, trainers=2, min_trainers=None, partitions=0)
+    with pytest.raises(ConfigError, match=r"--trainers 3: this job is not elastic; launch it with --trainers MIN:MAX "
+                                          r"\(e.g. --trainers 1:3\) .*launched with --trainers 2"):
+        scale.run(parse(str(tmp_path), "--trainers", "3"))
+    with pytest.raises(ConfigError, match=r"--servers 3: .*fixed hash; launch it with --partitions P"):
+        scale.run(parse(str(tmp_path), "--servers", "3"))
+    assert sent == []
+    write_config(tmp_path, trainers=3, min_trainers=1, partitions=1024)      # elastic both ways: asked
+    scale.run(parse(str(tmp_path), "--trainers", "2"))
+    scale.run(parse(str(tmp_path), "--servers", "2"))
+    assert sent == [("trainers", 2), ("servers", 2)]
+
+
+def test_an_ended_job_is_answered_with_its_end_without_asking(sent, tmp_path):
+    import json
+    write_config(tmp_path, trainers=3, min_trainers=1, partitions=1024)
+    (tmp_path / "summary.json").write_text(json.dumps({"job_id": "j", "ended": 1_790_000_000.0, "exit_code": 0,
+                                                       "duration_s": 12.3}))
+    for argv in (("--servers", "3"), ("--trainers", "2"), ("--add-host", "h")):
+        with pytest.raises(ConfigError, match=r"the job j ended at .* \(exit code 0, after 12 s\): there is nothing "
+                                              r"to change"):
+            scale.run(parse(str(tmp_path), *argv))
+    assert sent == []

@@ -55,7 +55,7 @@ def test_no_launcher_answers_the_command_gives_up_at_its_deadline(tmp_path):
 
     def sleep(seconds):
         clock.now += seconds
-    with pytest.raises(DeadlineExceeded, match="is the job still running"):
+    with pytest.raises(DeadlineExceeded, match="the job has not ended there .*was its `paramshard launch` killed"):
         send(tmp_path, "trainers", 2, timeout=1.0, clock=clock, sleep=sleep)
     assert list((tmp_path / "control").iterdir()) == []      # the unanswered request is taken back
 
@@ -112,3 +112,60 @@ def test_a_host_reaches_only_the_kinds_that_place_on_one(tmp_path):
     channel.poll()
     assert "host must be 1 to 256 characters of text" in json.loads(
         (tmp_path / "control" / "reply-d4.json").read_text())["message"]
+
+
+def no_wait(seconds):
+    raise AssertionError("the command waited for a launcher although the run directory says the job ended")
+
+
+def test_a_job_that_ended_is_answered_at_once_with_its_end(tmp_path):
+    ControlChannel(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"job_id": "job7", "ended": 1_790_000_000.0,
+                                                       "duration_s": 42.0, "exit_code": 0}))
+    with pytest.raises(ConfigError, match=r"the job job7 ended at 20\d\d-.* \(exit code 0, after 42 s\)"):
+        send(tmp_path, "servers", 3, sleep=no_wait)
+    assert list((tmp_path / "control").iterdir()) == []         # nothing was asked
+
+
+def test_a_request_racing_the_end_is_answered_the_job_ended(tmp_path):
+    """The launcher's loop stops answering when the trainers finish (ControlChannel.close): a
+    request waiting then, and any after, is answered "the job ended", never left to time out."""
+    channel = ControlChannel(tmp_path, {"trainers": lambda n: "ok"})
+    clock = Clock()
+
+    def finishing(seconds):          # the job ends while the command waits
+        clock.now += seconds
+        channel.close("its trainers finished")
+    with pytest.raises(ConfigError, match=r"ended \(its trainers finished\) before this request was acted on"):
+        send(tmp_path, "trainers", 2, clock=clock, sleep=finishing)
+    with pytest.raises(ConfigError, match=r"the job ended at .* \(its trainers finished\)"):
+        send(tmp_path, "trainers", 2, sleep=no_wait)
+    assert [p.name for p in (tmp_path / "control").iterdir()] == ["ended.json"]
+    ControlChannel(tmp_path, {"trainers": lambda n: f"now {n}"})      # the job run again here: it answers
+    assert not (tmp_path / "control" / "ended.json").exists()
+
+
+def test_a_summary_written_while_waiting_ends_the_wait(tmp_path):
+    ControlChannel(tmp_path)            # a launcher that never polls (e.g. stuck in its last seconds)
+    clock = Clock()
+
+    def ends(seconds):
+        clock.now += seconds
+        (tmp_path / "summary.json").write_text(json.dumps({"ended": 1_790_000_000.0, "exit_code": 1}))
+    with pytest.raises(ConfigError, match=r"ended at .* \(exit code 1\) before it took this request"):
+        send(tmp_path, "trainers", 2, clock=clock, sleep=ends)
+    assert clock.now < 1.0 and list((tmp_path / "control").iterdir()) == []
+
+
+def test_a_request_that_comes_once_every_trainer_exited_is_not_acted_on(tmp_path):
+    """The trainers exited but the launcher's loop has not seen it yet: a server started for
+    the request would be stopped with the job at once; it is answered "the job ended"."""
+    over, acted = [False], []
+    channel = ControlChannel(tmp_path, {"servers": lambda n: acted.append(n) or f"{n} servers"},
+                             ending=lambda: over[0])
+    clock = Clock()
+    assert send(tmp_path, "servers", 3, clock=clock, sleep=polling(channel, clock)) == "3 servers"
+    over[0] = True
+    with pytest.raises(ConfigError, match=r"ended \(its trainers finished\) before this request was acted on"):
+        send(tmp_path, "servers", 2, clock=clock, sleep=polling(channel, clock))
+    assert acted == [3]

@@ -94,3 +94,50 @@ def test_trainer_records_carry_the_longest_step_since_the_previous_record():
     records.on_step(40, None, 0.0, 0.0)
     records.flush()
     assert abs(emitted[-1]["step_max_s"] - 0.3) < 1e-9     # reset after each record
+
+
+def _stepped(t, trainer, step, longest, last_step_at=None, **more):
+    """A record as trainers write them now: when their last step ended (step_end_t)."""
+    return {**_trainer(t, trainer, step, longest), "step_end_t": T0 + (t if last_step_at is None else last_step_at),
+            **more}
+
+
+def stalled_run(root):
+    """A move from 30.0 to 30.2 s. Trainer 1 is stuck in it from its last step at 29.9 and writes
+    nothing more until the job ends at 95 (a 65.1 s stall); trainer 3 from its step at 20 until it
+    is lost at 40; trainer 0 goes on, with one 1.5 s step in the move; trainer 2 finished at 10."""
+    records = [_event(0, "start"),
+               *[_stepped(t, 0, 10 * t, 0.05) for t in range(1, 30)],
+               _stepped(30.5, 0, 300, 1.5), _stepped(31.5, 0, 320, 0.05),
+               _stepped(60, 0, 900, 0.05, done=True),
+               _stepped(1, 1, 10, 0.1), _stepped(29.9, 1, 290, 0.1),
+               _stepped(5, 2, 50, 0.1), _stepped(10, 2, 100, 0.1, done=True),
+               _stepped(20, 3, 200, 0.1),
+               _event(30.2, "scale_end", servers_before=[0, 1], servers_after=[0, 1, 2], partitions=86, rows=10,
+                      bytes=640, seconds=0.2),
+               _event(40, "membership", role="trainer", rank="trainer 3", change="lost", live=3, trainer=3)]
+    root.mkdir()
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["t"])))
+    write_json(root / "config.json", {"job_id": "st", "launch": {"trainers": 4, "servers": 2}})
+    write_json(root / "summary.json", {"job_id": "st", "started": T0, "ended": T0 + 95, "exit_code": 0})
+    return load_run(root)
+
+
+def test_a_trainer_stuck_in_a_move_counts_to_the_jobs_end_and_steps_over_1_s_are_flagged(tmp_path):
+    run = stalled_run(tmp_path / "run")
+    ended = ev.job_end(run.summary, run.events, run.trainers)
+    assert ended == T0 + 95
+    (move,) = ev.moves(run.events, run.trainers, run.t0, ended)
+    assert abs(move.longest_step - 65.1) < 1e-6, move           # not trainer 0's 1.5 s step, nor 0.05
+    assert [(t, round(s, 3)) for t, s in move.slow] == [(0, 1.5), (1, 65.1), (3, 20.0)]
+    assert {t: round(s, 3) for t, s in ev.longest_steps(run.trainers, run.events, ended).items()} == \
+        {0: 1.5, 1: 65.1, 2: 0.1, 3: 20.0}
+    page = render_index(run, [], tmp_path)
+    assert "Trainer steps over 1 s during a move" in page and "trainer 1 65.10 s" in page and "65.10 (over 1 s)" in page
+
+
+def test_a_move_no_trainer_waited_on_is_not_flagged(tmp_path):
+    run = elastic_run(tmp_path / "run")
+    (move,) = ev.moves(run.events, run.trainers, run.t0, ev.job_end(run.summary, run.events, run.trainers))
+    assert move.longest_step == 0.5 and move.slow == ()
+    assert "during a move:" not in render_index(run, [], tmp_path)

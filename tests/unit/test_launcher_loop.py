@@ -110,3 +110,31 @@ def test_an_in_place_restart_is_told_to_the_listeners_with_the_rank_and_why():
     assert [rank for rank, _ in told] == ["server 1"]
     why = told[0][1]
     assert f"exited with code {-signal.SIGKILL}" in why and "restarting it in place" in why and "step-00000005" in why
+
+
+def test_once_the_trainers_finished_scale_is_told_the_job_ended_without_waiting(tmp_path):
+    import pytest
+
+    from paramshard.errors import ConfigError
+    from paramshard.launch.control_channel import send
+
+    plan = {"trainer 0": (0, ()), "trainer 1": (0, ()), "server 0": (0, ()), "server 1": (0, ())}
+    launcher = Launcher(Engine(plan))
+    launcher.control_dir = tmp_path
+    launcher.start_job(_spec())
+    assert launcher.wait(poll_interval=0) == 0
+
+    def no_wait(seconds):
+        raise AssertionError("scale waited for a launcher that had stopped answering")
+    with pytest.raises(ConfigError, match=r"the job ended at .* \(its trainers finished\)"):
+        send(tmp_path, "servers", 3, sleep=no_wait)
+    assert launcher.job_ended()
+
+
+def test_a_dead_trainer_does_not_close_the_control_channel():
+    """Dead trainers of an elastic job may be replaced: only trainers that all succeeded end it."""
+    launcher = Launcher(Engine({"trainer 0": (0, ()), "trainer 1": (-signal.SIGKILL, ())}))
+    launcher.start_job(_spec())
+    assert launcher.job_ended() and not launcher.trainers_done()
+    launcher.trainers[1].code = 0
+    assert launcher.trainers_done()

@@ -113,3 +113,59 @@ def test_run_dir_keeps_job_totals_across_a_server_restart_and_records_the_restar
     assert run.latest()[1][1]["restarts"] == 1
     event = stored[-1]
     assert event["event"] == "restart" and event["rank"] == "server 1" and "t" in event
+
+
+def test_a_trainer_with_no_step_for_over_2_s_is_shown_stalled_not_at_its_last_speed():
+    """A trainer stuck on a move sends no record: its last speed was shown on and on. Its last
+    step's end is read on the launcher's clock (the trainers' clocks, here 4000 s apart, do
+    not matter)."""
+    clock, out = Clock(), io.StringIO()
+    p = Progress(out, tty=False, every=0, clock=clock)
+
+    def record(t, step, last_step_before=0.0, **more):
+        return {"t": t, "step_end_t": t - last_step_before, "step": step, "samples_per_s": 100.0,
+                "steps_per_s": 10.0, "total_steps": 1000, "loss": 0.5, **more}
+    stuck = record(5000.0, 40, last_step_before=0.5)        # its last step ended 0.5 s before it sent this
+    p.update({0: record(1000.0, 40), 1: stuck}, {})
+    assert "stalled" not in out.getvalue()
+    clock.now = 1.6                                           # trainer 1: 2.1 s without a step
+    p.update({0: record(1001.6, 56), 1: stuck}, {})
+    now = out.getvalue().splitlines()[-3:]
+    assert now == ["progress | trainer 0: step 56/1000  100 samples/s  loss 0.5000",
+                   "progress | trainer 1: step 40/1000  stalled: no step for 2.1 s  loss 0.5000",
+                   "progress | all trainers: 100 samples/s  (1 stalled: trainer 1)"], now
+    clock.now = 2.0
+    p.update({0: record(1002.0, 60, done=True), 1: record(5001.9, 41)}, {})    # 1 went on, 0 finished
+    now = out.getvalue().splitlines()[-3:]
+    assert now == ["progress | trainer 0: step 60/1000  done  loss 0.5000",
+                   "progress | trainer 1: step 41/1000  100 samples/s  loss 0.5000",
+                   "progress | all trainers: 100 samples/s  ETA 96 s"], now
+
+
+def test_trainer_records_say_when_the_last_step_ended_and_that_the_trainer_is_done():
+    clock, out, wall = Clock(), [], [1_790_000_000.0]
+    rec = TrainerRecords(0, emit=out.append, every=1.0, clock=clock, wall=lambda: wall[0])
+    for step in range(1, 4):
+        clock.now += 0.6
+        wall[0] += 0.6
+        rec.on_step(step, None, 0.0, 0.0)
+    assert [(r["step"], r["step_end_t"], r.get("done")) for r in out] == [(2, 1_790_000_001.2, None)]
+    wall[0] += 5.0                                  # no step since: the last record still says 1.8
+    rec.close()
+    rec.close()                                     # once
+    assert [(r["step"], r["step_end_t"], r.get("done")) for r in out[1:]] == [(3, 1_790_000_001.8, True)]
+    rec = TrainerRecords(1, emit=out.append, every=1.0, clock=clock, wall=lambda: wall[0])
+    rec.close()                                     # done before any step: said too
+    assert (out[-1]["step"], out[-1]["step_end_t"], out[-1]["done"]) == (0, None, True)
+
+
+def test_a_job_launched_into_a_used_run_directory_is_not_taken_for_ended(tmp_path):
+    from paramshard.launch.control_channel import ended
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"ended": 1.0, "exit_code": 0}))
+    assert ended(tmp_path / "run")
+    run = RunDir(tmp_path / "run", "job-y")             # a new job there: its summary comes at its end
+    assert ended(tmp_path / "run") is None
+    run.write_summary(0, [])
+    run.close()
+    assert "exit code 0" in ended(tmp_path / "run")

@@ -1,11 +1,19 @@
 """`paramshard scale JOB --trainers N | --servers N | --add-host HOST`: change a running job's
 trainers (an elastic job, launched with --trainers MIN:MAX), its servers (launched with
 --partitions P), or add a host to a running SSH job, through the launcher's run directory
-(launch/control_channel.py)."""
+(launch/control_channel.py).
+
+What the run directory already tells is answered at once, without asking the launcher: a job
+that ended (control_channel.ended), and one that was not launched elastic in the way asked
+(config.json's launch settings: ``min_trainers`` for --trainers, ``partitions`` for --servers).
+"""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..errors import ConfigError
-from ..launch.control_channel import resolve_run_dir, send
+from ..launch.control_channel import ended, resolve_run_dir, send
 
 HELP = ("change the trainers or servers of a running elastic job, or add a host to a running SSH job "
         "(new ranks then go there)")
@@ -35,6 +43,32 @@ def add_arguments(p):
                    help="seconds to wait for each of the launcher's answers")
 
 
+def launch_settings(run_dir) -> dict | None:
+    """The job's launch settings from RUN_DIR/config.json; None before the launcher wrote it
+    (the job is starting) or if it cannot be read: the launcher then answers for itself."""
+    try:
+        data = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    launch = data.get("launch") if isinstance(data, dict) else None
+    return launch if isinstance(launch, dict) else None
+
+
+def not_elastic(launch: dict | None, kind: str, value: int) -> str | None:
+    """Why a job launched with ``launch`` cannot change its ``kind`` (trainers, servers), or None."""
+    if launch is None:
+        return None
+    if kind == "trainers" and launch.get("min_trainers") is None:
+        n = launch.get("trainers")
+        return (f"--trainers {value}: this job is not elastic; launch it with --trainers MIN:MAX (e.g. --trainers "
+                f"1:{max(value, n if isinstance(n, int) else 1)}) to change its trainers while it runs (it was "
+                f"launched with --trainers {n})")
+    if kind == "servers" and not launch.get("partitions"):
+        return (f"--servers {value}: this job routes sparse ids by a fixed hash; launch it with --partitions P "
+                f"(virtual partitions, a power of two, e.g. 1024) to add or remove servers while it runs")
+    return None
+
+
 def run(args) -> int:
     asked = [(kind, value) for kind, value in (("trainers", args.trainers), ("servers", args.servers))
              if value is not None]
@@ -43,6 +77,15 @@ def run(args) -> int:
     if args.on and args.servers is None:
         raise ConfigError("--on HOST places new servers: give it with --servers N")
     run_dir = resolve_run_dir(args.job)
+    over = ended(run_dir)
+    if over:
+        raise ConfigError(f"{over}: there is nothing to change; launch it again to train more "
+                          f"(`paramshard report {run_dir}` tells what it did)")
+    launch = launch_settings(run_dir)
+    for kind, value in asked:
+        why = not_elastic(launch, kind, value)
+        if why:
+            raise ConfigError(why)
     if args.add_host:         # first: the ranks asked for next may go there
         print(send(run_dir, "add_host", args.add_host, timeout=args.wait))
     for kind, value in asked:

@@ -1,6 +1,9 @@
-"""`paramshard stats`: a live table of a running job's servers."""
+"""`paramshard stats`: a live table of a running job's servers: every one it has now, those a
+`paramshard scale --servers` added included (the routing server 0 holds names them:
+observe/server_list.py), those a scale removed shown so."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -12,6 +15,7 @@ from ..errors import ConfigError, ParamshardError
 from ..observe.monitor import server_record
 from ..observe.progress import server_line
 from ..observe.run_dir import read_secret
+from ..observe.server_list import JobServers
 from ..observe.terminal import is_live_terminal
 from ..mode import Mode
 
@@ -64,13 +68,14 @@ def _target(args) -> ClusterEnv:
                       keys_dir=keys_dir, job_id=data.get("job_id"), timeout=outer.timeout)
 
 
-def _table(links, before: dict) -> tuple[list[str], list[dict]]:
+def _table(servers: JobServers, before: dict) -> tuple[list[str], list[dict]]:
+    servers.refresh(timeout=5.0)
     lines, raw = [], []
     now = time.time()
     records = {}
-    for s in range(len(links)):
+    for s in servers.live():
         try:
-            stats = control.read_stats(links, s, timeout=5.0)
+            stats = control.read_stats(*servers.link(s), timeout=5.0)
         except ParamshardError as exc:
             lines.append(f"server {s}: no answer ({exc})")
             continue
@@ -78,6 +83,7 @@ def _table(links, before: dict) -> tuple[list[str], list[dict]]:
         old, then = before.get(s, (None, None))
         records[s] = server_record(stats, old, now, then)
         before[s] = (stats, now)
+    lines += [f"server {s}: removed by a scale: serves nothing until the job ends" for s in sorted(servers.removed)]
     total = sum(r.get("elements", 0) for r in records.values())
     return [server_line(s, r, total) for s, r in sorted(records.items())] + lines, raw
 
@@ -85,29 +91,38 @@ def _table(links, before: dict) -> tuple[list[str], list[dict]]:
 def run(args) -> int:
     env = _target(args)
     with control.connect(env, who="paramshard stats", timeout=10.0) as links:
-        before: dict = {}
-        if args.json:
-            _, raw = _table(links, before)
-            print(json.dumps(raw, indent=1))
+        servers = JobServers(links, lambda address: control.connect(
+            dataclasses.replace(env, servers=(address,)), who="paramshard stats", timeout=10.0))
+        try:
+            return _show(args, servers)
+        finally:
+            servers.close()
+
+
+def _show(args, servers: JobServers) -> int:
+    before: dict = {}
+    if args.json:
+        _, raw = _table(servers, before)
+        print(json.dumps(raw, indent=1))
+        return 0
+    if args.once:
+        print("\n".join(_table(servers, before)[0]))
+        return 0
+    if not is_live_terminal(sys.stdout):
+        # A file, a pipe, a rank's forwarded output: a plain table every few seconds rather
+        # than a screen redrawn in place (escape codes a file would keep).
+        try:
+            while True:
+                print("\n".join(_table(servers, before)[0]) + "\n", flush=True)
+                time.sleep(args.every)
+        except KeyboardInterrupt:
             return 0
-        if args.once:
-            print("\n".join(_table(links, before)[0]))
+    from rich.live import Live
+    from rich.text import Text
+    with Live(refresh_per_second=1) as live:
+        try:
+            while True:
+                live.update(Text("\n".join(_table(servers, before)[0])))
+                time.sleep(args.every)
+        except KeyboardInterrupt:
             return 0
-        if not is_live_terminal(sys.stdout):
-            # A file, a pipe, a rank's forwarded output: a plain table every few seconds rather
-            # than a screen redrawn in place (escape codes a file would keep).
-            try:
-                while True:
-                    print("\n".join(_table(links, before)[0]) + "\n", flush=True)
-                    time.sleep(args.every)
-            except KeyboardInterrupt:
-                return 0
-        from rich.live import Live
-        from rich.text import Text
-        with Live(refresh_per_second=1) as live:
-            try:
-                while True:
-                    live.update(Text("\n".join(_table(links, before)[0])))
-                    time.sleep(args.every)
-            except KeyboardInterrupt:
-                return 0

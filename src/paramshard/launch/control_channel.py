@@ -9,8 +9,11 @@ handler: ``trainers``, ``servers``, ``add_host``...) and ``value`` (a whole numb
 the kinds registered so: ``add_host``'s host), and for the kinds registered ``takes_host`` an
 optional ``host`` (text: where the new ranks go, ``scale --servers N --on HOST``). A handler returns the
 text of its reply, or raises ConfigError, whose message the command shows as the error.
-No launcher polling (the job ended, or never ran here): the command gives up at its
-deadline saying so.
+The command answers by itself, at once, when no launcher will: the job ended (``ENDED``:
+written by the channel when the launcher's loop stops answering, or ``summary.json``: written
+when the job is over), checked before the request is written and while its reply is awaited,
+so a request racing the job's end is answered "the job ended" within a poll. Otherwise, with
+no launcher polling (its launcher was killed, or never ran here), it gives up at its deadline.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ CONTROL = "control"
 
 Handler = Callable[[int], str]     # or Callable[[str], str] for a kind registered with value_type=str
 MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
+ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
+SUMMARY = "summary.json"       # in the run directory: the job is over (observe/run_dir.py)
 
 
 def _write_whole(path: Path, data: dict) -> None:
@@ -46,23 +51,60 @@ def _read_small_json(path: Path) -> dict:
     return data
 
 
+def _when(t) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "?"
+
+
+def ended(run_dir) -> str | None:
+    """Why no launcher will answer a request in ``run_dir`` any more, or None while one may: the
+    job's summary (its end time and exit code), else the channel's ENDED mark (its loop stopped
+    polling: the job is finishing)."""
+    run_dir = Path(run_dir)
+    for path in (run_dir / SUMMARY, run_dir / CONTROL / ENDED):
+        try:
+            data = _read_small_json(path) if path.name == ENDED else json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, ConfigError):
+            data = {}                               # being written, or damaged: it ended all the same
+        if not isinstance(data, dict):
+            data = {}
+        if path.name == SUMMARY:
+            job = f"the job {data['job_id']}" if data.get("job_id") else "the job"
+            code, duration = data.get("exit_code"), data.get("duration_s")
+            after = f", after {duration:,.0f} s" if isinstance(duration, (int, float)) else ""
+            return (f"{job} ended at {_when(data.get('ended'))} (exit code "
+                    f"{code if code is not None else '?'}{after})")
+        return f"the job ended at {_when(data.get('t'))} ({data.get('reason') or 'its launcher stopped answering'})"
+    return None
+
+
 def send(run_dir, kind: str, value: int | str, timeout: float = 30.0, clock=time.monotonic,
          sleep=time.sleep, host: str | None = None) -> str:
     """Ask the launcher of ``run_dir`` to act (``kind``, ``value``) and return its reply's text;
-    ConfigError with the launcher's message if it refused, DeadlineExceeded if none answered."""
+    ConfigError with the launcher's message if it refused, or saying when the job ended if it
+    did (before or while asking: no wait), DeadlineExceeded if no launcher answered."""
     folder = Path(run_dir) / CONTROL
+    over = ended(run_dir)
+    if over:
+        raise ConfigError(f"{over}: there is nothing to change (`paramshard report {run_dir}` tells what it did)")
     if not folder.is_dir():
         raise ConfigError(f"{run_dir} has no {CONTROL}/ directory: not the run directory of a job launched "
                           f"by this version of `paramshard launch` (see `paramshard launch --run-dir`)")
     ident = secrets.token_hex(8)
-    reply = folder / f"reply-{ident}.json"
-    _write_whole(folder / f"request-{ident}.json", {"kind": kind, "value": value, **({"host": host} if host else {})})
+    request, reply = folder / f"request-{ident}.json", folder / f"reply-{ident}.json"
+    _write_whole(request, {"kind": kind, "value": value, **({"host": host} if host else {})})
     deadline = clock() + timeout
     while not reply.exists():
+        over = ended(run_dir)
+        if over and not reply.exists():     # the launcher's last poll may still have answered it
+            request.unlink(missing_ok=True)
+            raise ConfigError(f"{over} before it took this request: nothing was changed")
         if clock() >= deadline:
-            (folder / f"request-{ident}.json").unlink(missing_ok=True)
-            raise DeadlineExceeded(f"no launcher answered within {timeout:g} s in {run_dir}: is the job still "
-                                   f"running? (`paramshard launch` polls its run directory while the job runs)")
+            request.unlink(missing_ok=True)
+            raise DeadlineExceeded(f"no launcher answered within {timeout:g} s in {run_dir}, and the job has not "
+                                   f"ended there (no {SUMMARY}): was its `paramshard launch` killed? "
+                                   f"(it answers within a second while the job runs)")
         sleep(0.05)
     answer = _read_small_json(reply)
     reply.unlink(missing_ok=True)
@@ -74,9 +116,15 @@ def send(run_dir, kind: str, value: int | str, timeout: float = 30.0, clock=time
 class ControlChannel:
     """The launcher's side: ``handlers`` maps a request kind to what acts on it."""
 
-    def __init__(self, run_dir, handlers: dict[str, Handler] | None = None):
+    def __init__(self, run_dir, handlers: dict[str, Handler] | None = None, ending: Callable[[], bool] | None = None):
+        """``ending``: whether the job is over already (every trainer succeeded, the loop has
+        not seen it yet): a request that comes then is answered "the job ended", never acted
+        on (a server started for it would be stopped with the job at once)."""
         self.folder = Path(run_dir) / CONTROL
+        self.ending = ending
+        self.closed: str | None = None          # why no request is acted on any more (close)
         self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / ENDED).unlink(missing_ok=True)       # a job run again in its run directory
         self.handlers: dict[str, Handler] = dict(handlers or {})
         self.value_types: dict[str, type] = {}     # kind -> the type of its value (int unless registered)
         self.takes_host: set[str] = set()           # kinds whose handler takes host=... (where new ranks go)
@@ -92,8 +140,20 @@ class ControlChannel:
         else:
             self.takes_host.discard(kind)
 
+    def close(self, reason: str) -> None:
+        """No more requests will be acted on (the launcher's loop ends: ``reason``): mark the
+        folder so that every command, waiting or to come, says the job ended at once, and
+        answer those already waiting so."""
+        if self.closed is None:
+            self.closed = reason
+            _write_whole(self.folder / ENDED, {"t": time.time(), "reason": reason})
+        self.poll()
+
     def poll(self) -> int:
         """Answer every request waiting; returns how many."""
+        if self.closed is None and self.ending is not None and self.ending():
+            self.close("its trainers finished")
+            return 0
         answered = 0
         for path in sorted(self.folder.glob("request-*.json")):
             ident = path.name[len("request-"):-len(".json")]
@@ -108,6 +168,9 @@ class ControlChannel:
     def _answer(self, path: Path) -> dict:
         kind = None
         try:
+            if self.closed is not None:
+                raise ConfigError(f"the job ended ({self.closed}) before this request was acted on: nothing "
+                                  f"was changed")
             request = _read_small_json(path)
             kind, value = request.get("kind"), request.get("value")
             handler = self.handlers.get(kind) if isinstance(kind, str) else None

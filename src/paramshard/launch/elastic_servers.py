@@ -159,6 +159,16 @@ class ElasticServers:
         try:
             record = self._scale(self.env, self.live_addresses(), target, event=self.launcher._event)
         except Exception as exc:       # noqa: BLE001 - reported, and the job goes on as it was
+            if getattr(self.launcher, "job_ended", lambda: False)():
+                # Its servers stopped with the job: nothing failed that a restart would mend.
+                if getattr(self, "end_told", False):    # said already, as the job ended (observe/job_watch.py)
+                    return
+                self.end_told = True
+                self.last_error = (f"the job ended during the move of partitions to servers {target}: the move "
+                                   f"stopped unfinished (nothing to restart)")
+                log.info("%s", self.last_error)
+                self.launcher._event("scale_failed", self.last_error, servers=target, job_ended=True)
+                return
             self.last_error = f"moving partitions to servers {target} failed: {exc}"
             log.error("%s", self.last_error)
             self.launcher._event("scale_failed", self.last_error, servers=target)

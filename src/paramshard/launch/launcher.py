@@ -92,7 +92,7 @@ class Launcher:
             self.elastic = ElasticTrainers(self, self.min_trainers)
         if self.control_dir is not None:
             self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
-                                                             "servers": self._scale_servers})
+                                                             "servers": self._scale_servers}, ending=self.trainers_done)
 
     def _scale_trainers(self, n: int) -> str:
         if self.elastic is None:
@@ -259,7 +259,19 @@ class Launcher:
         log.error("%s", failure_summary(exits[first], others, stopped=stopped, why=hung.get(first)))
         return exits[first].status or 1
 
+    def job_ended(self) -> bool:
+        """Every trainer has exited: the job is over, its servers stop (a move of partitions
+        failing now failed for that: launch/elastic_servers.py)."""
+        return bool(self.trainers) and all(t.poll() is not None for t in self.trainers)
+
+    def trainers_done(self) -> bool:
+        """Every trainer succeeded: the job finishes at this loop's next look (a dead one may
+        still be replaced: not this)."""
+        return bool(self.trainers) and all(t.poll() == 0 for t in self.trainers)
+
     def _finish(self, succeeded: int, poll_interval: float) -> int:
+        if self.control is not None:        # `paramshard scale` hears at once that the job ended
+            self.control.close("its trainers finished")
         # Servers exit on their own once every trainer has left.
         deadline = time.monotonic() + 10
         while any(s.poll() is None for s in self.servers) and time.monotonic() < deadline:

@@ -12,7 +12,13 @@ Events (observe/records.py) an elastic job writes:
   the bounded-loss replica keeper's ``replica`` events (``what: restored``, ``recovery_s``,
   ``updates_lost_estimate``).
 Trainers' records carry ``step_max_s``: the longest wall time of one step since their
-previous record, which is what a stall is (a trainer waiting on a move or a lost peer).
+previous record, which is what a stall is (a trainer waiting on a move or a lost peer), and
+``step_end_t``: when their last step ended, so the steps of a record lie between the previous
+record's ``step_end_t`` and its own. A trainer's last record marked ``done`` was written as it
+closed; a trainer whose records stop without one (stuck at a move, then killed or stopped
+with the job) is in a step that never ended: from its last step's end to when it was lost or
+left, else to the job's end. That open step counts for the moves it overlaps (a trainer stuck
+at the last move writes nothing more, and its 65 s stall would otherwise not show).
 """
 from __future__ import annotations
 
@@ -64,6 +70,10 @@ def membership_series(events: list[dict], start: dict[str, int | None], t0: floa
     return out
 
 
+SLOW_STEP_S = 1.0      # a trainer step longer than this during a move is flagged in the report
+ENDS = ("left", "lost", "replaced")     # membership changes after which a trainer's process is gone
+
+
 @dataclass(frozen=True)
 class Move:
     started: float         # seconds since t0
@@ -73,45 +83,93 @@ class Move:
     rows: int | None
     bytes: int | None
     longest_step: float | None    # the longest trainer step that overlapped the move
+    # (trainer, its longest step) for each trainer with a step over SLOW_STEP_S overlapping it
+    slow: tuple[tuple[int, float], ...] = ()
 
 
-def _step_spans(trainers: dict[int, list[dict]]) -> list[tuple[float, float]]:
-    """(start, end) of each trainer record's longest step, placed as late as it can be:
-    it ended at most at the record's time."""
-    spans = []
-    for records in trainers.values():
+def job_end(summary: dict | None, events: list[dict], trainers: dict[int, list[dict]]) -> float | None:
+    """When the job ended: summary.json's ``ended``, else its ``end`` event, else the latest
+    time the run directory knows (a job still running, or whose launcher was killed)."""
+    ended = _number(summary.get("ended")) if isinstance(summary, dict) else None
+    if ended is not None:
+        return ended
+    ends = [e["t"] for e in events if e.get("event") == "end" and _number(e.get("t")) is not None]
+    if ends:
+        return ends[-1]
+    times = [r["t"] for r in (*events, *(r for rs in trainers.values() for r in rs)) if _number(r.get("t")) is not None]
+    return max(times) if times else None
+
+
+def _gone_at(events: list[dict], trainer: int, after: float) -> float | None:
+    """When trainer ``trainer``'s process was lost or left after ``after`` (membership events)."""
+    for e in membership_events(events):
+        if e["role"] == "trainer" and e.get("change") in ENDS and e["t"] >= after and \
+                (e.get("trainer") == trainer or e.get("rank") == f"trainer {trainer}"):
+            return e["t"]
+    return None
+
+
+def step_windows(trainers: dict[int, list[dict]], events: list[dict] = (),
+                 ended: float | None = None) -> list[tuple[int, float, float, float]]:
+    """(trainer, start, end, longest step) of each stretch of a trainer's steps: a record's steps
+    ended after the previous record's last one (its ``step_end_t``; the record's time in records
+    without one) and by its own; its longest (``step_max_s``) lies in there. Then, for a trainer
+    whose records stop without ``done``, the step it never finished (see the module's doc)."""
+    out = []
+    for trainer, records in trainers.items():
+        previous = None
         for r in records:
             longest = _number(r.get("step_max_s"))
+            end = _number(r.get("step_end_t"))
+            end = _number(r.get("t")) if end is None else end
+            if end is None:
+                continue
             if longest is not None:
-                spans.append((r["t"] - longest, r["t"]))
-    return spans
+                out.append((trainer, end - longest if previous is None else min(previous, end - longest), end, longest))
+            previous = end
+        last = records[-1] if records else {}
+        began = _number(last.get("step_end_t"))
+        if began is None:          # no step yet, or records from before steps were timed
+            continue
+        stop = _number(last.get("t")) if last.get("done") else _gone_at(list(events), trainer, began)
+        stop = ended if stop is None else stop
+        if stop is not None and stop > began:
+            out.append((trainer, began, stop, stop - began))
+    return out
 
 
-def moves(events: list[dict], trainers: dict[int, list[dict]], t0: float) -> list[Move]:
-    spans = _step_spans(trainers)
+def moves(events: list[dict], trainers: dict[int, list[dict]], t0: float, ended: float | None = None) -> list[Move]:
+    """Each move of partitions with the longest trainer step that overlapped it (a step within a
+    stretch that overlaps the move is counted: it can only overstate a stall, by a record's second
+    at most) and the trainers with a step over SLOW_STEP_S then. ``ended``: the job's end
+    (job_end), up to which a step a trainer never finished lasts."""
+    windows = step_windows(trainers, events, ended)
     out = []
     for e in events:
         seconds = _number(e.get("seconds"))
         if e.get("event") not in ("move", "scale_end") or _number(e.get("t")) is None or seconds is None:
             continue
         begin, end = e["t"] - seconds, e["t"]
-        # A record's step_max_s is the longest step of a whole second or so: a record
-        # overlapping the move is counted, which can only overstate the stall.
-        longest = [length for (a, b) in spans if a <= end and b >= begin for length in [b - a]]
+        during = [(trainer, length) for trainer, a, b, length in windows if a <= end and b >= begin]
+        slow: dict[int, float] = {}
+        for trainer, length in during:
+            if length > SLOW_STEP_S:
+                slow[trainer] = max(length, slow.get(trainer, 0.0))
         servers = e.get("servers") if "servers" in e else [e.get("servers_before"), e.get("servers_after")]
         out.append(Move(begin - t0, seconds, "->".join(map(str, servers)) if isinstance(servers, list)
                         else str(servers or "?"), _count(e.get("partitions")), _count(e.get("rows")),
-                        _count(e.get("bytes")), max(longest) if longest else None))
+                        _count(e.get("bytes")), max(length for _, length in during) if during else None,
+                        tuple(sorted(slow.items()))))
     return out
 
 
-def longest_steps(trainers: dict[int, list[dict]]) -> dict[int, float]:
-    """Each trainer's longest step over the run (its worst stall), where recorded."""
-    out = {}
-    for trainer, records in trainers.items():
-        values = [v for v in (_number(r.get("step_max_s")) for r in records) if v is not None]
-        if values:
-            out[trainer] = max(values)
+def longest_steps(trainers: dict[int, list[dict]], events: list[dict] = (),
+                  ended: float | None = None) -> dict[int, float]:
+    """Each trainer's longest step over the run (its worst stall), where recorded, a step it
+    never finished included (step_windows)."""
+    out: dict[int, float] = {}
+    for trainer, _, _, length in step_windows(trainers, events, ended):
+        out[trainer] = max(length, out.get(trainer, 0.0))
     return out
 
 

@@ -172,19 +172,27 @@ def _elastic(run: RunData) -> str:
             ["s since first record", "role", "rank", "change", "live after", "text"],
             [[f"{e['t'] - t0:,.1f}", e["role"], e.get("rank", "—"), e.get("change", "?"), _num(e.get("live")),
               e.get("text", "")] for e in changes], numeric={0, 4})
-    moved = ev.moves(run.events, run.trainers, t0)
+    ended = ev.job_end(run.summary, run.events, run.trainers)
+    moved = ev.moves(run.events, run.trainers, t0, ended)
     if moved:
-        out += "<h3>Moves</h3>\n" + _table(
+        out += "<h3>Moves</h3>\n"
+        slow = [m for m in moved if m.slow]
+        if slow:        # what a move is not meant to do: stop the trainers
+            out += (f'<p class="warn">Trainer steps over {ev.SLOW_STEP_S:g} s during a move: ' + "; ".join(
+                f"the move at {m.started:,.1f} s ({_e(m.servers)}): " + ", ".join(
+                    f"trainer {t} {s:,.2f} s" for t, s in m.slow) for m in slow) + ".</p>\n")
+        out += _table(
             ["started (s)", "servers", "seconds", "partitions", "rows", "bytes", "longest trainer step during it (s)"],
             [[f"{m.started:,.1f}", m.servers, f"{m.seconds:,.2f}", _num(m.partitions), _num(m.rows), _bytes(m.bytes),
-              "—" if m.longest_step is None else f"{m.longest_step:,.2f}"] for m in moved], numeric={0, 2, 3, 4, 6})
+              "—" if m.longest_step is None else f"{m.longest_step:,.2f}" + (" (over 1 s)" if m.slow else "")]
+             for m in moved], numeric={0, 2, 3, 4, 6})
     recovered = ev.recoveries(run.events)
     if recovered:
         out += "<h3>Server recoveries</h3>\n" + _table(
             ["s since first record", "rank", "serving again after (s)", "updates lost", "text"],
             [[f"{e['t'] - t0:,.1f}", e.get("rank", "—"), _num(e.get("seconds")), _num(e.get("lost_updates")),
               e.get("text", "")] for e in recovered], numeric={0, 2, 3})
-    stalls = ev.longest_steps(run.trainers)
+    stalls = ev.longest_steps(run.trainers, run.events, ended)
     if stalls:
         out += "<h3>Longest step of each trainer</h3>\n" + _table(
             ["trainer", "longest step (s)"], [[t, f"{s:,.3f}"] for t, s in stalls.items()], numeric={0, 1})

@@ -4,6 +4,7 @@ if asked, the report. One object, so the launcher's own code stays about
 starting and supervising processes."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from ..errors import ParamshardError
@@ -45,6 +46,20 @@ class JobWatch:
         self.run.event("membership", text, role="trainer", rank=f"trainer {trainer}", change=change,
                        trainer=trainer, **fields)
 
+    def _unfinished_move(self, launcher) -> None:
+        """A move of partitions (`paramshard scale --servers`) still under way as the job ends
+        stops unfinished with the servers: say so, once, as what it is (the job's end, not an
+        error to restart for), unless the move already said it (launch/elastic_servers.py)."""
+        servers = getattr(launcher, "elastic_servers", None)
+        move = getattr(servers, "move", None)
+        if move is None or not move.is_alive() or getattr(servers, "end_told", False):
+            return
+        servers.end_told = True
+        servers.last_error = (f"the job ended during the move of partitions a `paramshard scale --servers` asked "
+                              f"for: the move stopped unfinished with the servers (nothing to restart)")
+        log.info("%s", servers.last_error)
+        self.run.event("scale_failed", servers.last_error, job_ended=True)
+
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
         ("job" for all of them), when (the record's time) and why."""
@@ -59,7 +74,11 @@ class JobWatch:
         self._stop_monitor()            # a restarted job has new servers
         env = launcher.config.base_env(launcher.addresses)
         self._links = control.connect(env, who="launcher (run directory)", timeout=10.0)
-        self.monitor = Monitor(self.run, self._links, self.progress).start()
+        # An elastic job's servers may change (`paramshard scale --servers`): follow its routing.
+        connect_one = (lambda address: control.connect(dataclasses.replace(env, servers=(address,)),
+                                                       who="launcher (run directory)", timeout=10.0)) \
+            if getattr(launcher.config, "partitions", 0) else None
+        self.monitor = Monitor(self.run, self._links, self.progress, connect_one=connect_one).start()
 
     def _stop_monitor(self) -> None:
         if self.monitor is not None:
@@ -71,6 +90,7 @@ class JobWatch:
 
     def finished(self, code: int, launcher) -> None:
         self._stop_monitor()
+        self._unfinished_move(launcher)
         if launcher is not None:
             launcher.engine.out = sys.stdout      # anything printed after the live table goes
         self.progress.close()

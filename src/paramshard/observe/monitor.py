@@ -17,6 +17,7 @@ from ..errors import ParamshardError
 from ..log import get_logger
 from ..transport.server_stats import ServerStats
 from .records import SERVER_EVERY
+from .server_list import JobServers
 
 log = get_logger("launch")
 PUSH_OPS = ("push_dense", "push_sparse")
@@ -73,8 +74,12 @@ def _tier_record(stats: ServerStats) -> dict:
 
 
 class Monitor:
-    def __init__(self, run_dir, links, progress=None, every: float = SERVER_EVERY):
+    """``connect_one`` (address -> links to that server): an elastic job, whose servers a scale
+    may add: each poll follows the routing server 0 holds (observe/server_list.py)."""
+
+    def __init__(self, run_dir, links, progress=None, every: float = SERVER_EVERY, connect_one=None):
         self.run_dir, self.links, self.progress, self.every = run_dir, links, progress, every
+        self.servers = JobServers(links, connect_one) if connect_one is not None else None
         self._stop = threading.Event()
         self._before: dict[int, tuple[ServerStats, float]] = {}
         self._plan_written = False
@@ -96,11 +101,14 @@ class Monitor:
             self._stop.wait(min(0.5, self.every))
 
     def poll(self) -> None:
-        for server in range(len(self.links)):
+        if self.servers is not None:
+            self.servers.refresh(timeout=min(5.0, self.every * 2), cancel=self._stop)
+        for server in (self.servers.live() if self.servers is not None else range(len(self.links))):
+            links, index = self.servers.link(server) if self.servers is not None else (self.links, server)
             try:
                 # A stop (the job ended or was stopped) ends the wait at once: a server stopped
                 # before it ever answered would otherwise hold the launcher's exit for the deadline.
-                stats = control.read_stats(self.links, server, timeout=min(5.0, self.every * 2), cancel=self._stop)
+                stats = control.read_stats(links, index, timeout=min(5.0, self.every * 2), cancel=self._stop)
             except ParamshardError:
                 continue                  # down, busy, stopping or garbled: the supervision loop reports dead servers
             now = time.time()
@@ -118,5 +126,7 @@ class Monitor:
         before the plain progress's first line is due)."""
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.servers is not None:
+            self.servers.close()
         if self.progress is not None:
             self.progress.update(*self.run_dir.latest(), force=True)

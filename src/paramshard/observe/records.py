@@ -27,8 +27,9 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "phases": {"pull": s, "compute": s, "push": s} (mean seconds per step since the
   trainer's previous record), "staleness_max": k | None, "step_max_s": s (the longest
   time between two consecutive step ends since the previous record: a stall on a move,
-  a lost peer or an evaluation shows here)}``: a trainer's progress,
-  about once a second and at its last step;
+  a lost peer or an evaluation shows here), "step_end_t": unix s | None (when its last
+  step ended), "done": true (only on its last record, written as it closes)}``: a
+  trainer's progress, about once a second and as it closes;
 - ``{"kind": "server", "server": 0, "rows": n, "elements": n, "bytes_in": n,
   "bytes_out": n, "requests": n (cumulative over the job: a server restarted in place
   starts its own counters again from 0, and its records add what it counted before;

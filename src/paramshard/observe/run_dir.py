@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..launch.control_channel import CONTROL, ENDED
 from .counter_carry import CounterCarry
 from .records import MARK, RecordWriter, write_json
 from .tensorboard_writer import TENSORBOARD_DIR, TensorBoardWriter
@@ -50,6 +51,10 @@ class RunDir:
         self.path = Path(path)
         self.job_id = job_id
         (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        # A summary says the job is over (`paramshard scale`, `paramshard report` read it so): one
+        # left by an earlier job launched into this directory is not this job's.
+        (self.path / "summary.json").unlink(missing_ok=True)
+        (self.path / CONTROL / ENDED).unlink(missing_ok=True)      # nor its launcher's "no more requests"
         self.records = RecordWriter(self.path / "metrics.jsonl")
         self.tensorboard = TensorBoardWriter(self.path / TENSORBOARD_DIR)    # the same records, for TensorBoard
         self._carries: dict[int, CounterCarry] = {}     # server -> its counters across restarts

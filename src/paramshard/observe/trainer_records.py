@@ -35,8 +35,9 @@ def logged_values(values: dict) -> dict[str, float]:
 
 
 class TrainerRecords:
-    def __init__(self, trainer_id: int, emit=None, every: float = TRAINER_EVERY, clock=time.monotonic):
-        self.trainer_id, self.every, self.clock = trainer_id, every, clock
+    def __init__(self, trainer_id: int, emit=None, every: float = TRAINER_EVERY, clock=time.monotonic,
+                 wall=time.time):
+        self.trainer_id, self.every, self.clock, self.wall = trainer_id, every, clock, wall
         self.emit = emit or _print_record
         self.samples = 0
         self.batch: int | None = None          # samples of the last forward (pre-hook)
@@ -52,9 +53,11 @@ class TrainerRecords:
         self._rates = (0.0, 0.0)                        # (samples/s, steps/s) of the last record
         self.step = 0
         self._step_at: float | None = None              # clock of the previous step's end
+        self._step_end_t: float | None = None           # wall time of the last step's end (unix s)
         self.step_max_s = 0.0                           # longest step since the last record (a stall)
         self.staleness_max: int | None = None
         self._hook = None
+        self._closed = False
 
     def watch(self, model: torch.nn.Module) -> None:
         def note(samples: int) -> None:
@@ -89,6 +92,7 @@ class TrainerRecords:
         if self._step_at is not None:
             self.step_max_s = max(self.step_max_s, now - self._step_at)
         self._step_at = now
+        self._step_end_t = self.wall()
         self.samples += self.logged_samples or self.batch or 0
         self.logged_samples = None
         if loss is not None:
@@ -99,17 +103,20 @@ class TrainerRecords:
         if self.clock() - self._last_t >= self.every:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, done: bool = False) -> None:
+        """A record of what happened since the previous one; ``done``: the trainer's last (its
+        steps are over), written even with nothing new, so a reader knows it finished rather
+        than stalled."""
         now = self.clock()
         steps = self.step - self._last_step
-        if steps <= 0 and not self._logged:
+        if steps <= 0 and not self._logged and not done:
             return
         dt = max(now - self._last_t, 1e-9)
         per = max(steps, 1)         # values logged after the last step: a record with no new step
         pull = (self._waits[0] - self._last_waits[0]) / per
         push = (self._waits[1] - self._last_waits[1]) / per
         record = {
-            "kind": "trainer", "t": time.time(), "trainer": self.trainer_id, "step": self.step,
+            "kind": "trainer", "t": self.wall(), "trainer": self.trainer_id, "step": self.step,
             "samples": self.samples,
             # A record of values logged after the last step keeps the rates of the one before.
             "samples_per_s": round((self.samples - self._last_samples) / dt, 2) if steps else self._rates[0],
@@ -120,6 +127,10 @@ class TrainerRecords:
                        "push": round(push, 6)},
             "staleness_max": self.staleness_max,
             "step_max_s": round(self.step_max_s, 6),
+            # When the last step ended: with step_max_s, where each record's steps lie in time, and
+            # for a trainer whose records stop, since when it has not finished a step.
+            "step_end_t": None if self._step_end_t is None else round(self._step_end_t, 3),
+            **({"done": True} if done else {}),
             "logged": self._log_calls,
         }
         self.emit(record)
@@ -130,7 +141,9 @@ class TrainerRecords:
         self._last_waits = self._waits
 
     def close(self) -> None:
-        self.flush()
+        if not self._closed:
+            self._closed = True
+            self.flush(done=True)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
