@@ -85,6 +85,9 @@ class FakeLinks:
     def __len__(self):
         return 1
 
+    def live(self):
+        return [0]
+
     def request_many(self, requests, timeout=None):
         self.timeouts.append(timeout)
         if self.fail:

@@ -83,7 +83,7 @@ def _table(servers: JobServers, before: dict) -> tuple[list[str], list[dict]]:
         old, then = before.get(s, (None, None))
         records[s] = server_record(stats, old, now, then)
         before[s] = (stats, now)
-    lines += [f"server {s}: removed by a scale: serves nothing until the job ends" for s in sorted(servers.removed)]
+    lines += [f"server {s}: removed by a scale (it exits once no trainer routes to it)" for s in sorted(servers.removed)]
     total = sum(r.get("elements", 0) for r in records.values())
     return [server_line(s, r, total) for s, r in sorted(records.items())] + lines, raw
 

@@ -2,7 +2,7 @@
 launcher's Monitor): the ones it started with, and any a `paramshard scale --servers` added
 since. The job's routing, held by server 0 (``routing_get``), names them: its ``addresses``
 are every server the job ever had, by index, "" for one a scale removed (it serves nothing
-until the job ends). A server named for the first time gets a link of its own (one address:
+and exits once no trainer routes to it). A server named for the first time gets a link of its own (one address:
 its index there is 0), so the links to the first ones stay as they were.
 """
 from __future__ import annotations

@@ -173,7 +173,7 @@ class ServerBackend:
     def _follow_routing(self) -> None:
         # Before asking every server: one a scale removed (and stopped) is skipped only once the
         # trainer has the routing naming it retired (no refusal may have brought it).
-        if self.sparse.routing.elastic:
+        if self.sparse is not None and self.sparse.routing.elastic:
             self.sparse.refresh_routing()
 
     def server_stats(self) -> list[dict]:
