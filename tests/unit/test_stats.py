@@ -83,7 +83,7 @@ def test_stats_lists_the_servers_a_scale_added_and_says_which_it_removed():
     servers.links.addresses = ["h:0", "h:1", "", "h:3"]
     lines, raw = stats._table(servers, {})
     assert [line.split(":")[0] for line in lines] == ["server 0", "server 1", "server 3", "server 2"], lines
-    assert lines[-1] == "server 2: removed by a scale: serves nothing until the job ends"
+    assert lines[-1] == "server 2: removed by a scale (it exits once no trainer routes to it)"
     assert [r["server"] for r in raw] == [0, 1, 3]
     servers.close()
     assert all(links.closed for links in connected.values())
