@@ -185,6 +185,19 @@ class DenseMigration:
         self.ctx.resubmit(self._take_held())        # admitted again: held again if still waiting
         return Reply({"blocks": len(names)})
 
+    # -- an aborted move (the sparse MigrationService's migrate_abort / handoff_undo) ------------
+    def abort_incoming(self, names: list) -> list:
+        """Stop expecting ``names``; those of them held here (imported before the abort)."""
+        self.incoming.difference_update(names)
+        self.ctx.resubmit(self._take_held())
+        return [n for n in names if n in self.dense.blocks and n not in self.gone]
+
+    def undo_freeze(self, names: list) -> list:
+        """Serve again the frozen ``names`` no new owner took; those taken back."""
+        back = [n for n in names if n in self.gone]
+        self.gone.difference_update(back)
+        return back
+
     def _check_elastic(self, what: str) -> None:
         if not self.elastic:
             raise ConfigError(f"{what}: this job routes by a fixed hash (PARAMSHARD_PARTITIONS=0): its dense "

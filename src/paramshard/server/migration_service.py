@@ -78,12 +78,13 @@ class MigrationService:
         self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
         self.evicted_at_start: dict[str, int] = {}
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
+        self.dense_moves = None      # the DenseMigration beside it (an abort undoes both)
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("routing_get", "routing_set", "migrate_switch", "migrate_tables", "migrate_tables_in", "migrate_start",
                  "migrate_expect", "migrate_page", "migrate_stage", "handoff_freeze", "handoff_rows",
-                 "handoff_in", "handoff_done", "migrate_finish", "retire")}
+                 "handoff_in", "handoff_done", "migrate_finish", "migrate_abort", "handoff_undo", "retire")}
 
     def hooks(self) -> list:
         return [MigrationHook(self)]
@@ -272,6 +273,22 @@ class MigrationService:
         self.ctx.resubmit(self.ownership.adopt(parts))
         return Reply()
 
+    # -- an aborted move (placement/move_plan.py) ----------------------------------
+    def handle_migrate_abort(self, header: dict, arrays: list) -> Reply:
+        """The new owner's side: stop expecting these partitions and blocks (their staged rows
+        go); the reply says which of them are served here (handed off before the abort)."""
+        owned, held = self.ownership.abort_incoming(header["partitions"])
+        self.intake.forget(np.asarray(header["partitions"], np.int64))
+        blocks = self.dense_moves.abort_incoming(header["names"]) if self.dense_moves is not None else []
+        self.ctx.resubmit(held)          # admitted again: refused as moved, or held for what is still coming
+        return Reply({"owned": owned.tolist(), "blocks": blocks})
+
+    def handle_handoff_undo(self, header: dict, arrays: list) -> Reply:
+        """The old owner's side: serve again the frozen partitions and blocks that no new owner took."""
+        back = self.ownership.undo_freeze(header["partitions"])
+        blocks = self.dense_moves.undo_freeze(header["names"]) if self.dense_moves is not None else []
+        return Reply({"restored": back.tolist(), "blocks": blocks})
+
     def handle_retire(self, header: dict, arrays: list) -> Reply:
         if self.ownership.owned.any() or self.ownership.incoming.any():
             raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
@@ -283,5 +300,5 @@ def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> Migratio
     service = MigrationService(server.context, sparse, Routing.initial(env.partitions, env.servers))
     server.add_service(service)
     from .dense_migration import attach_dense_migration
-    attach_dense_migration(server, service)      # dense blocks move with the partitions
+    service.dense_moves = attach_dense_migration(server, service)      # dense blocks move with the partitions
     return service

@@ -52,6 +52,13 @@ class PartitionIntake:
     def clear(self) -> None:
         self.staged, self.handed = {}, {}
 
+    def forget(self, parts: np.ndarray) -> None:
+        """An aborted move: the staged rows of ``parts`` and any hand-off in progress go."""
+        self.handed = {}
+        for staged in self.staged.values():
+            for p in parts.tolist():
+                staged.pop(p, None)
+
     def stage(self, table, page: dict, expected: np.ndarray) -> None:
         parts = self.partitions_of(page["ids"])
         if not expected[parts].all():

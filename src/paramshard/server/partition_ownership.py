@@ -168,6 +168,22 @@ class PartitionOwnership:
         self.lost[parts] = False
         return self.take_held()
 
+    def abort_incoming(self, parts) -> tuple[np.ndarray, list]:
+        """An aborted move (the new owner's side): stop expecting ``parts``; (those of them served
+        here, the held requests to run again: refused or held by what is left incoming)."""
+        parts = self._check(parts, "migrate_abort")
+        self.incoming[parts] = False
+        return parts[self.owned[parts]], self.take_held()
+
+    def undo_freeze(self, parts) -> np.ndarray:
+        """An aborted move (the old owner's side): serve again the frozen ``parts`` that no new owner
+        took (the coordinator knows which); the rest are skipped. Those taken back."""
+        parts = self._check(parts, "handoff_undo")
+        back = parts[self.lost[parts]]
+        self.owned[back] = True
+        self.lost[back] = False
+        return back
+
     def finish(self) -> np.ndarray:
         """The move is over: the partitions whose rows to drop; tracking stops."""
         lost = self.lost.copy()
