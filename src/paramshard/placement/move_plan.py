@@ -143,7 +143,7 @@ class MovePlan:
         self.addresses, self.servers = list(addresses), sorted(int(s) for s in servers)
         self.per_handoff, self.page_rows, self.switch_margin = per_handoff, page_rows, switch_margin
         self.clock, self.monotonic = clock, monotonic
-        self.record: MoveRecord | None = None
+        self.record = MoveRecord([], self.servers, started=clock())      # filled in once the routing is read
         self.progress = _Progress()
         self._error: Exception | None = None
         self._ready: Ready | None = None
@@ -189,7 +189,13 @@ class MovePlan:
         except StopIteration:
             self._ready = None
             return
-        except (MoveFailed, ConfigError, StepFailed) as exc:
+        except StepFailed as exc:      # before anything changed: nothing to undo
+            self._ready = None
+            self._error = MoveFailed(f"the move to servers {self.servers} did not start: {exc.step} did not "
+                                     f"succeed ({exc.cause}); nothing was changed. Fix the server named, then "
+                                     f"scale again", exc.step, self.record, undone=True)
+            return
+        except (MoveFailed, ConfigError) as exc:
             self._ready, self._error = None, exc
             return
         self._count += 1
@@ -448,13 +454,17 @@ class MovePlan:
                 took |= doubtful & set(reply["owned"])
                 took_blocks |= doubtful_blocks & set(reply["blocks"])
         served_new = p.adopted | took | in_doubt          # partitions the new owners (may) serve
+        stuck: set = set()                                 # frozen on an old owner that did not take them back
         blocks_new = p.imported | took_blocks
         # 2. Old owners take back what they froze and no new owner took.
         for source in sorted(set(p.frozen) | set(p.dense_frozen)):
             parts = sorted(p.frozen.get(source, set()) - served_new)
             names = sorted(p.dense_frozen.get(source, set()) - blocks_new)
             if parts or names:
-                yield from attempt("abort", Step(source, {"op": "handoff_undo", "partitions": parts, "names": names}))
+                reply = yield from attempt("abort", Step(source, {"op": "handoff_undo", "partitions": parts,
+                                                                  "names": names}))
+                if reply is None:
+                    stuck |= set(parts)
         # 3. Server 0 names who serves now: the old owners, but for what was handed off.
         owners = w.routing.owners.copy()        # the routing before the group that failed
         back = np.asarray(sorted(served_new), np.int64)
@@ -484,11 +494,17 @@ class MovePlan:
         if in_doubt:
             message += (f"; partitions {sorted(in_doubt)[:8]} are in doubt (their hand-off was sent but never "
                         f"confirmed): they stay frozen on the old owner; check the new owner's log")
+        if stuck:
+            message += (f"; partitions {sorted(stuck)[:8]} stay frozen on their old owner (it did not take them "
+                        f"back)")
         if unanswered:
             message += "; undo steps that failed too: " + "; ".join(unanswered[:4])
         message += ". Fix the server named, then scale again"
-        raise MoveFailed(message, failed.step, record, undone=not in_doubt and not unanswered,
-                         in_doubt=sorted(in_doubt), unanswered=unanswered)
+        # Clean: every partition is served by one server and server 0 names it (an undo step that
+        # only tidies, e.g. migrate_abort on a new owner with nothing in doubt, may fail).
+        clean = not in_doubt and not stuck and (published or p.published is None)
+        raise MoveFailed(message, failed.step, record, undone=clean, in_doubt=sorted(in_doubt | stuck),
+                         unanswered=unanswered)
 
 
 @dataclasses.dataclass
