@@ -222,8 +222,9 @@ class DictRowStore:
             out["last_seen"] = np.array([r[4] for r in picked], np.int64)
         return out
 
-    def ids(self):
-        return np.array([row[0] for row in self.rows], np.uint64)
+    def ids(self, start=0, count=None):
+        end = len(self.rows) if count is None else start + count
+        return np.array([row[0] for row in self.rows[start:end]], np.uint64)
 
     def page(self, start, count):
         rows = self.rows[start:start + count]

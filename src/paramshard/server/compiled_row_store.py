@@ -268,8 +268,9 @@ class CompiledRowStore(RowStateArrays):
         self.index.rebuild(self.keys, self._rows)
         return evicted
 
-    def ids(self) -> np.ndarray:
-        return self.keys[:self._rows].copy()
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        end = self._rows if count is None else min(self._rows, start + count)
+        return self.keys[start:max(start, end)].copy()
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)

@@ -209,8 +209,9 @@ class NumpyRowStore(RowStateArrays):
         self.index.rebuild(ids_by_row[kept])
         return evicted
 
-    def ids(self) -> np.ndarray:
-        return self.index.ids_by_row().copy()
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        end = self._rows if count is None else min(self._rows, start + count)
+        return self.index.ids_by_row()[start:max(start, end)].copy()
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)

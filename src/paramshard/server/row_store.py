@@ -132,8 +132,8 @@ class RowStore(Protocol):
     def state_of(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The state of rows ``rows`` (handles, any order) by part name, as ``page`` gives it."""
 
-    def ids(self) -> np.ndarray:
-        """Every id with a row, in row order (a copy)."""
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        """The ids of rows start..start+count-1 (every row: the default), in row order (a copy)."""
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         """Rows start..start+count-1 as named arrays: ``ids``, ``values``, then the state parts
