@@ -30,7 +30,7 @@ from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kern
 from .kernels.update_kernels import rule_kernel
 from .row_state import RowStateArrays
 from .row_formats import STOCHASTIC, check_row_format, code_of, round_salt, version_key
-from .row_store import swap_plan
+from .row_store import distinct_sorted, swap_plan
 
 COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
 _loaded: set[tuple] = set()    # (rule, eviction, admission counting, half rows) whose kernels are loaded here
@@ -243,7 +243,7 @@ class CompiledRowStore(RowStateArrays):
 
     def drop(self, ids: np.ndarray) -> int:
         rows = self.lookup(ids)
-        rows = np.unique(rows[rows >= 0])
+        rows = distinct_sorted(rows[rows >= 0])
         if not len(rows):
             return 0
         holes, movers, left = swap_plan(rows, self._rows)

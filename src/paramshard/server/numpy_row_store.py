@@ -16,7 +16,7 @@ from ..update_rules import Rule
 from .id_index import IdIndex
 from .row_formats import check_row_format, from_storage, rounding_words, storage_dtype, to_storage
 from .row_state import RowStateArrays
-from .row_store import lookup_or_create_in_parts, swap_plan
+from .row_store import distinct_sorted, lookup_or_create_in_parts, swap_plan
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
 
@@ -182,7 +182,7 @@ class NumpyRowStore(RowStateArrays):
 
     def drop(self, ids: np.ndarray) -> int:
         rows = self.lookup(ids)
-        rows = np.unique(rows[rows >= 0])
+        rows = distinct_sorted(rows[rows >= 0])
         if not len(rows):
             return 0
         holes, movers, left = swap_plan(rows, self._rows)

@@ -164,10 +164,18 @@ def swap_plan(dropped: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, i
     rows: (holes, movers, rows left). The rows that stay past the new end (movers, ascending)
     move to the dropped places below it (holes, ascending), pairwise; every store does the same,
     so their handles stay the same."""
-    dropped = np.unique(np.asarray(dropped, np.int64))
+    dropped = distinct_sorted(dropped)
     left = rows - len(dropped)
     holes = dropped[dropped < left]
     tail = np.ones(rows - left, bool)
     tail[dropped[dropped >= left] - left] = False
     movers = np.flatnonzero(tail).astype(np.int64) + left
     return holes, movers, left
+
+
+def distinct_sorted(handles: np.ndarray) -> np.ndarray:
+    """The distinct values of ``handles``, ascending (a sort: np.unique's hash is slower on these)."""
+    out = np.sort(np.asarray(handles, np.int64))
+    if len(out) > 1:
+        out = out[np.concatenate(([True], out[1:] != out[:-1]))]
+    return out
