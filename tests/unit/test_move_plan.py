@@ -381,3 +381,29 @@ def test_a_stuck_step_aborts_the_move_and_the_old_owners_serve_again(stuck_op, h
         assert set(failed.step.header["partitions"]) <= set(handed)
     for q in handed:
         assert [s.index for s in servers if q in s.rows] == [2], f"partition {q}: rows on two servers or none"
+
+
+def test_a_late_reply_to_a_step_given_up_is_ignored_and_too_close_arms_a_later_step():
+    """Sync: a server that says the switch step is too close gets a later one (not an abort);
+    replies fed to a Ready that is no longer the current one change nothing."""
+    addresses, routing, servers = _cluster(2, 3, sync=True)
+    refusals = []
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=50)
+    while (ready := plan.ready()) is not None:
+        replies = []
+        for index, step in enumerate(ready.steps):
+            if step.op == "migrate_switch" and not refusals:
+                refusals.append(step.header["step"])
+                plan.fail(ready.number, index, RemoteError(f"server {step.server}", "invalid",
+                                                           f"migrate_switch: step {step.header['step']} is too "
+                                                           f"close, tables are at {{'emb': 9}}"))
+                break
+            replies.append(servers[step.server].handle(step.header, step.arrays))
+        else:
+            plan.feed(ready.number, replies)
+            plan.feed(ready.number, replies)          # again, late: that Ready is over
+            assert plan.ready() is None or plan.ready().number == ready.number + 1
+    record = plan.result()
+    assert refusals and record.switch_step == refusals[0] + 2 and record.arm_tries == 2
+    assert {s.switch for s in servers} == {(record.switch_step, routing.version + 1)}
+    assert np.array_equal(servers[0].routing.owners, rebalance(routing.owners, [0, 1, 2]))
