@@ -275,15 +275,24 @@ class CheckingLinks(FakeLinks):
 SCENARIOS = [(2, [0, 1, 2]), (3, [0, 1]), (3, [0, 2]), (2, [0, 1, 2, 3]), (4, [0, 3])]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAULTS = st.sampled_from(["refuse", "lost", "late", "kill"])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=st.sampled_from(SCENARIOS), per_handoff=st.sampled_from([1, 3, 16]),
        page_rows=st.sampled_from([2, 5, 64]), sync=st.booleans(),
-       fates=st.lists(st.sampled_from(["ok"] * 12 + ["refuse", "lost", "late", "kill"]), max_size=200))
-def test_every_interleaving_of_faults_ends_done_or_cleanly_aborted(scenario, per_handoff, page_rows, sync, fates):
+       first=st.one_of(st.none(), st.tuples(st.integers(0, 160), FAULTS)),
+       after_first=st.dictionaries(st.integers(1, 12), FAULTS, max_size=3))
+def test_every_interleaving_of_faults_ends_done_or_cleanly_aborted(scenario, per_handoff, page_rows, sync, first,
+                                                                    after_first):
+    """The fate of the n-th step sent (every other step is answered): a first fault anywhere in
+    the move (a move is 60-160 steps) or none, then a few within the next dozen steps, which are
+    the abort's own when the first one aborted the move."""
+    faults = {} if first is None else {first[0]: first[1], **{first[0] + k: f for k, f in after_first.items()}}
     before, after = scenario
     addresses, routing, servers = _cluster(before, max(after) + 1, sync)
-    queue = iter(fates)
-    links = CheckingLinks(servers, lambda: next(queue, "ok"))
+    sent = iter(range(10**6))
+    links = CheckingLinks(servers, lambda: faults.get(next(sent), "ok"))
     target = rebalance(routing.owners, after)
     moving = set(np.flatnonzero(target != routing.owners).tolist())
     plan = MovePlan(addresses, after, per_handoff=per_handoff, page_rows=page_rows)
@@ -310,11 +319,21 @@ def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routi
     assert f"{failed.step.op} on server {failed.step.server}" in str(failed)
     assert (failed.step.server, failed.step.op) in [(s, op) for s, op, what in links.log if what != "ok"]
     _check_never_served_twice(servers)
+    if failed.moved:
+        # Only finishing failed: every partition is on its new owner, and server 0 says so.
+        target = rebalance(routing.owners, failed.record.servers_after)
+        for q in range(P):
+            assert [s.index for s in servers if q in s.owned] == [int(target[q])], f"partition {q}"
+        assert np.array_equal(servers[0].routing.owners, target)
+        return
     if not failed.undone:
         # Not clean: only because some server (dead, or refusing the undo too) left partitions in doubt.
         assert failed.in_doubt or failed.unanswered
         return
     now = servers[0].routing
+    armed = {s.switch[1] for s in servers if s.switch is not None}
+    assert not armed or now.version >= max(armed), \
+        f"a switch armed for routing version {max(armed)}, server 0 routes by {now.version}: sync requests refused"
     for q in range(P):
         holders = [s.index for s in servers if q in s.owned]
         assert len(holders) == 1, f"partition {q} is served by {holders} after a clean abort"
@@ -339,13 +358,14 @@ def test_a_move_without_faults_is_the_scale_and_every_step_is_typed():
 
 
 @pytest.mark.parametrize("stuck_op", ["migrate_start", "migrate_expect", "migrate_page", "migrate_stage",
-                                      "routing_set", "dense_freeze", "dense_export", "dense_import",
+                                      "migrate_switch", "routing_set", "dense_freeze", "dense_export", "dense_import",
                                       "handoff_freeze", "handoff_rows", "handoff_in", "handoff_done"])
 @pytest.mark.parametrize("how", ["lost", "refuse", "late"])
 def test_a_stuck_step_aborts_the_move_and_the_old_owners_serve_again(stuck_op, how):
     """The first ``stuck_op`` (of the second hand-off for the hand-off steps: one group is handed
-    off before) is not answered in time, refused, or answered late; every other step succeeds."""
-    addresses, routing, servers = _cluster(2, 3, sync=False)
+    off before) is not answered in time, refused, or answered late; every other step succeeds.
+    (migrate_switch: a sync job's, whose abort must still publish a routing the switch takes.)"""
+    addresses, routing, servers = _cluster(2, 3, sync=stuck_op == "migrate_switch")
     skip = 1 if stuck_op.startswith("handoff") else 0
     seen = []
 
@@ -407,3 +427,35 @@ def test_a_late_reply_to_a_step_given_up_is_ignored_and_too_close_arms_a_later_s
     assert refusals and record.switch_step == refusals[0] + 2 and record.arm_tries == 2
     assert {s.switch for s in servers} == {(record.switch_step, routing.version + 1)}
     assert np.array_equal(servers[0].routing.owners, rebalance(routing.owners, [0, 1, 2]))
+
+
+def _steps_of_a_clean_move(before, after, sync, per_handoff, page_rows) -> int:
+    addresses, _, servers = _cluster(before, max(after) + 1, sync)
+    links = FakeLinks(servers, lambda: "ok")
+    run_move(links, MovePlan(addresses, after, per_handoff=per_handoff, page_rows=page_rows), timeout=1.0)
+    return len(links.log)
+
+
+@pytest.mark.parametrize("before, after, sync", [(2, [0, 1, 2], False), (2, [0, 1, 2], True), (3, [0, 1], False)],
+                         ids=["2-3-async", "2-3-sync", "3-2-async"])
+def test_every_single_and_double_fault_at_every_step(before, after, sync):
+    """Exhaustive, beside the random interleavings: each step of the move in turn fails in each
+    way, alone, or followed by a lost reply to one of the next eight steps (the abort's own)."""
+    length = _steps_of_a_clean_move(before, after, sync, per_handoff=3, page_rows=4)
+    cases = [{i: kind} for i in range(length) for kind in ("refuse", "lost", "late", "kill")]
+    cases += [{i: "late", i + k: "lost"} for i in range(length) for k in range(1, 9)]
+    outcomes = {"done": 0, "clean": 0, "in doubt": 0, "finish failed": 0}
+    for faults in cases:
+        addresses, routing, servers = _cluster(before, max(after) + 1, sync)
+        sent = iter(range(10**6))
+        links = CheckingLinks(servers, lambda: faults.get(next(sent), "ok"))
+        target = rebalance(routing.owners, after)
+        moving = set(np.flatnonzero(target != routing.owners).tolist())
+        try:
+            run_move(links, MovePlan(addresses, after, per_handoff=3, page_rows=4), timeout=1.0)
+            outcomes["done"] += 1
+        except MoveFailed as failed:
+            _check_aborted(failed, servers, links, routing, moving)
+            outcomes["finish failed" if failed.moved else "clean" if failed.undone else "in doubt"] += 1
+    # Every fault before the last hand-off aborts the move; those after it leave it done or finishing.
+    assert outcomes["clean"] > len(cases) // 3 and outcomes["finish failed"] > 0, outcomes

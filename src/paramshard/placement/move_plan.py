@@ -103,11 +103,12 @@ class StepFailed(ParamshardError):
 class MoveFailed(ParamshardError):
     """A move that stopped at ``step``. ``undone``: aborted cleanly (the job goes on under the
     routing published last); ``in_doubt``: partitions left frozen because whether their new owner
-    took them is unknown."""
+    took them is unknown; ``moved``: it failed after every partition reached its new owner (only
+    finishing failed: old owners' drops, the final routing, retire)."""
 
     def __init__(self, message: str, step: Step, record: MoveRecord, undone: bool,
-                 in_doubt: Sequence[int] = (), unanswered: Sequence[str] = ()):
-        self.step, self.record, self.undone = step, record, undone
+                 in_doubt: Sequence[int] = (), unanswered: Sequence[str] = (), moved: bool = False):
+        self.step, self.record, self.undone, self.moved = step, record, undone, moved
         self.in_doubt, self.unanswered = list(in_doubt), list(unanswered)
         super().__init__(message)
 
@@ -129,6 +130,7 @@ class _Progress:
     import_sent: dict = dataclasses.field(default_factory=dict)      # block -> new owner: dense_import sent
     imported: set = dataclasses.field(default_factory=set)           # blocks dense_import answered
     published: Routing | None = None                                  # the last routing_set sent to server 0
+    armed: int | None = None           # sync: the routing version a migrate_switch was sent for
     joined: list = dataclasses.field(default_factory=list)            # servers sent routing_set join
 
 
@@ -261,7 +263,7 @@ class MovePlan:
             raise MoveFailed(f"the move to servers {servers} is done (routing version {work.routing.version} "
                              f"names every new owner) but finishing it failed: {failed.step} did not succeed "
                              f"({failed.cause}); the old owners may still hold rows they handed away",
-                             failed.step, record, undone=False) from None
+                             failed.step, record, undone=False, moved=True) from None
         record.ended = self.clock()
 
     def _block_maps(self, routing: Routing, before: list[int]) -> Generator:
@@ -344,6 +346,7 @@ class MovePlan:
         for attempt in range(1, SWITCH_TRIES + 1):
             replies = yield "arm", [Step(s, {"op": "migrate_tables"}) for s in servers]
             step = max(t["version"] for header, _ in replies for t in header["tables"]) + margin
+            self.progress.armed = version
             try:
                 for s in servers:
                     yield "arm", [Step(s, {"op": "migrate_switch", "step": step, "version": version})]
@@ -471,10 +474,13 @@ class MovePlan:
         owners[back] = w.owners[back]
         blocks = {b: (w.new_blocks[b] if b in blocks_new else w.dense_moves[b][0] if b in w.dense_moves else s)
                   for b, s in (w.routing.blocks or {}).items()}
-        newest = max(w.routing.version, p.published.version if p.published is not None else 0)
+        # Sync: a switch armed for version V refuses requests of its step that carry an older
+        # routing, so the restored one is at least V even when nothing was published yet.
+        newest = max(w.routing.version, p.published.version if p.published is not None else 0,
+                     p.armed - 1 if p.armed is not None else 0)
         restored = w.routing.moved_to(owners, version=newest + 1, blocks=blocks)
         published = False
-        if p.published is not None:      # (the other servers' routing is only the job's once the move ends)
+        if p.published is not None or p.armed is not None:   # (other servers' routing counts once the move ends)
             published = (yield from attempt("abort", Step(0, {"op": "routing_set",
                                                               "routing": restored.to_wire()}))) is not None
         # 4. Old owners stop tracking and drop only what was handed off.
@@ -502,7 +508,7 @@ class MovePlan:
         message += ". Fix the server named, then scale again"
         # Clean: every partition is served by one server and server 0 names it (an undo step that
         # only tidies, e.g. migrate_abort on a new owner with nothing in doubt, may fail).
-        clean = not in_doubt and not stuck and (published or p.published is None)
+        clean = not in_doubt and not stuck and (published or (p.published is None and p.armed is None))
         raise MoveFailed(message, failed.step, record, undone=clean, in_doubt=sorted(in_doubt | stuck),
                          unanswered=unanswered)
 
