@@ -331,6 +331,10 @@ def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routi
         assert failed.in_doubt or failed.unanswered
         return
     now = servers[0].routing
+    blocks = [b for s in servers for b in s.blocks - s.gone]
+    assert sorted(blocks) == BLOCKS, f"after a clean abort every dense block is served once: {sorted(blocks)}"
+    assert all(now.blocks.get(b, s.index) == s.index for s in servers for b in s.blocks - s.gone), \
+        "server 0's routing names another holder of a dense block"
     armed = {s.switch[1] for s in servers if s.switch is not None}
     assert not armed or now.version >= max(armed), \
         f"a switch armed for routing version {max(armed)}, server 0 routes by {now.version}: sync requests refused"
@@ -340,6 +344,7 @@ def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routi
         assert int(now.owners[q]) == holders[0], f"partition {q}: server 0 routes it to {now.owners[q]}, " \
                                                  f"served by {holders[0]}"
         handed = any(q in s.adoptions for s in servers)
+        assert q not in failed.in_doubt
         if q not in moving or not handed:
             assert holders == [int(routing.owners[q])], f"partition {q} not handed off, yet on {holders}"
         if holders[0] not in links.dead:

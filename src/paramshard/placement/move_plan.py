@@ -442,7 +442,7 @@ class MovePlan:
                 return None
 
         # 1. New owners stop expecting; they say which partitions/blocks in doubt they serve.
-        took, took_blocks, in_doubt = set(), set(), set()
+        took, took_blocks, in_doubt, blocks_in_doubt = set(), set(), set(), set()
         for dest in sorted(set(p.expecting) | set(p.dense_expecting)):
             parts = sorted(p.expecting.get(dest, set()) - p.adopted)
             names = sorted(p.dense_expecting.get(dest, set()) - p.imported)
@@ -452,6 +452,7 @@ class MovePlan:
             doubtful_blocks = {b for b in names if p.import_sent.get(b) == dest}
             if reply is None:
                 in_doubt |= doubtful
+                blocks_in_doubt |= doubtful_blocks
                 took_blocks |= doubtful_blocks      # not taken back: the new owner may serve them
             else:
                 took |= doubtful & set(reply["owned"])
@@ -468,6 +469,7 @@ class MovePlan:
                                                                   "names": names}))
                 if reply is None:
                     stuck |= set(parts)
+                    blocks_in_doubt |= set(names)
         # 3. Server 0 names who serves now: the old owners, but for what was handed off.
         owners = w.routing.owners.copy()        # the routing before the group that failed
         back = np.asarray(sorted(served_new), np.int64)
@@ -503,12 +505,15 @@ class MovePlan:
         if stuck:
             message += (f"; partitions {sorted(stuck)[:8]} stay frozen on their old owner (it did not take them "
                         f"back)")
+        if blocks_in_doubt:
+            message += f"; dense blocks {sorted(blocks_in_doubt)[:4]} may be served by nobody"
         if unanswered:
             message += "; undo steps that failed too: " + "; ".join(unanswered[:4])
         message += ". Fix the server named, then scale again"
         # Clean: every partition is served by one server and server 0 names it (an undo step that
         # only tidies, e.g. migrate_abort on a new owner with nothing in doubt, may fail).
-        clean = not in_doubt and not stuck and (published or (p.published is None and p.armed is None))
+        clean = not in_doubt and not stuck and not blocks_in_doubt and (
+            published or (p.published is None and p.armed is None))
         raise MoveFailed(message, failed.step, record, undone=clean, in_doubt=sorted(in_doubt | stuck),
                          unanswered=unanswered)
 
