@@ -25,14 +25,21 @@ def scale_servers(env, addresses: Sequence[str], servers: Sequence[int], event: 
     """The launcher's call: after it started a new server process (scale up; ``addresses`` names it)
     or before it stops one (scale down; ``servers`` leaves it out). ``env``: a ClusterEnv with the
     job's security (PARAMSHARD_SECRET/keys, as `paramshard stats` reads them) and timeout.
-    ``event``: RunDir.event, given ``scale_start`` and ``scale_end`` (the MoveRecord's details)."""
+    ``event``: RunDir.event, given ``scale_start`` and ``scale_end`` (the MoveRecord's details), or
+    ``scale_failed`` (the server and the step at fault) before a MoveFailed is raised."""
     from ..transport.security import Security
     addresses = list(addresses)
     if event is not None:
         event("scale_start", f"servers -> {sorted(servers)}", servers=sorted(servers))
     with ServerLinks(addresses, env.timeout, who="scaler", security=Security.from_env(env)) as links:
         links.wait_ready(env.timeout)
-        record = move_partitions(links, addresses, servers, **options)
+        try:
+            record = move_partitions(links, addresses, servers, **options)
+        except MoveFailed as failed:
+            if event is not None:       # the run directory says why the servers did not change
+                event("scale_failed", str(failed), server=failed.step.server, op=failed.step.op,
+                      undone=failed.undone, moved=failed.moved, in_doubt=failed.in_doubt[:16])
+            raise
     if event is not None:
         event("scale_end", f"{record.partitions} partitions, {record.rows} rows moved in "
                            f"{record.ended - record.started:.2f} s", **record.details())
