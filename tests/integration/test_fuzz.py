@@ -280,6 +280,8 @@ class Gen:
             return self.head(r, op, tables=[]), []
         if op in ("migrate_start", "migrate_expect", "handoff_freeze", "handoff_done"):
             return self.head(r, op, partitions=[parts]), []
+        if op in ("migrate_abort", "handoff_undo"):
+            return self.head(r, op, partitions=[parts], names=self.some_names(r)), []
         if op == "migrate_page":
             return self.head(r, op, table=TABLE, start=0, count=r.randint(1, 100)), []
         if op == "handoff_rows":

@@ -199,12 +199,18 @@ class DictRowStore:
         return evicted
 
     def drop(self, ids):
+        """The contract's order (row_store.swap_plan), one row at a time: the last row that stays
+        fills the lowest place of a row that goes."""
         gone = set(np.asarray(ids, np.uint64).tolist())
-        kept = [row for row in self.rows if row[0] not in gone]
-        dropped = len(self.rows) - len(kept)
-        self.rows = kept
-        self.row_of = {row[0]: r for r, row in enumerate(kept)}
-        return dropped
+        doomed = sorted(self.row_of[i] for i in gone if i in self.row_of)
+        left = len(self.rows) - len(doomed)
+        holes = [r for r in doomed if r < left]
+        movers = [r for r in range(left, len(self.rows)) if r not in set(doomed)]
+        for hole, mover in zip(holes, movers):
+            self.rows[hole] = self.rows[mover]
+        self.rows = self.rows[:left]
+        self.row_of = {row[0]: r for r, row in enumerate(self.rows)}
+        return len(doomed)
 
     def state_of(self, rows):
         picked = [self.rows[r] for r in np.asarray(rows).tolist()]
@@ -216,8 +222,9 @@ class DictRowStore:
             out["last_seen"] = np.array([r[4] for r in picked], np.int64)
         return out
 
-    def ids(self):
-        return np.array([row[0] for row in self.rows], np.uint64)
+    def ids(self, start=0, count=None):
+        end = len(self.rows) if count is None else start + count
+        return np.array([row[0] for row in self.rows[start:end]], np.uint64)
 
     def page(self, start, count):
         rows = self.rows[start:start + count]

@@ -119,3 +119,29 @@ def test_a_job_without_partitions_cannot_move_blocks():
     assert _admit(service, "push_dense", ["w"]) is Verdict.ACCEPT
     with pytest.raises(ConfigError, match="PARAMSHARD_PARTITIONS=0"):
         service.handle_dense_expect({"names": ["w"]}, [])
+
+
+def test_one_hold_queue_for_partitions_and_blocks_released_by_either_and_expiring_together():
+    """server/move_holds.py: a request held for a block and one held for a partition share the
+    server's one queue. Either arrival admits every held request again (the other is held
+    again, its thing still coming); a stalled move stops expecting both at once."""
+    clock = [0.0]
+    new, _, resubmitted = _server(1)
+    sparse = new.migration
+    sparse.ownership.holds.clock = lambda: clock[0]
+    assert new.holds is sparse.ownership.holds, "one queue"
+    sparse.ownership.set_routing(sparse.ownership.routing, join=True)
+    sparse.handle_migrate_expect({"partitions": [3]}, [])
+    new.handle_dense_expect({"names": ["w"]}, [])
+    assert _admit(new, "pull_dense", ["w"]) is Verdict.HOLD
+    sparse.ownership.hold("a sparse request")
+    assert len(new.holds) == 2
+    sparse.ownership.adopt([3])                    # the partition arrived: both are admitted again
+    assert len(new.holds) == 0 and sparse.ownership.owned[3]
+    clock[0] = 1.0
+    assert _admit(new, "pull_dense", ["w"]) is Verdict.HOLD      # the block is still coming: held again
+    assert new.expired(5.0) == [] and new.incoming == {"w"}
+    sparse.handle_migrate_expect({"partitions": [5]}, [])
+    clock[0] = 7.0
+    assert len(new.expired(5.0)) == 1, "held past the timeout: admitted again"
+    assert not new.incoming and not sparse.ownership.incoming.any(), "the stalled move expects nothing any more"

@@ -80,6 +80,29 @@ def _call(service, op, arrays=(), **fields):
     return reply.fields, reply.arrays
 
 
+def _drop_in_slices(service, sparse, traffic=None, slice_rows=64):
+    """migrate_finish only marks what to drop: the hook's ticks drop it a slice at a time, with
+    requests served in between; no slice reads more than its rows."""
+    from paramshard.server import sparse_table
+    table = sparse.table(TABLE)
+    assert table.dropping, "migrate_finish dropped nothing at once"
+    slices = 0
+    original = sparse_table.DROP_SLICE
+    sparse_table.SparseTable.drop_some.__defaults__ = (slice_rows,)
+    try:
+        while table.dropping:
+            rows = table.num_rows
+            service.drop_some(budget_s=0.0)            # one slice a tick
+            assert rows - table.num_rows <= slice_rows
+            slices += 1
+            if traffic is not None:
+                traffic(1)
+            assert slices < 10_000
+    finally:
+        sparse_table.SparseTable.drop_some.__defaults__ = (original,)
+    assert slices > 1, "dropped in one go"
+
+
 def _rows_by_id(table, ids):
     rows = table.store.lookup(ids)
     assert (rows >= 0).all()
@@ -98,9 +121,9 @@ def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once(unseen_
     all_ids = np.arange(4000, dtype=np.uint64)
     mine = all_ids[routing.servers_of(all_ids) == 0]
 
-    def traffic(n):
+    def traffic(n, pool=mine):
         for _ in range(n):
-            ids = np.unique(rng.choice(mine, 40))
+            ids = np.unique(rng.choice(pool, 40))
             grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
             for service, sparse in ((old, old_sparse), (None, oracle)):
                 if service is None:
@@ -138,6 +161,8 @@ def test_a_move_keeps_every_row_and_its_state_and_applies_each_push_once(unseen_
     _call(new, "handoff_done", partitions=moving)
     assert len(held) == 1, "the held pull runs again once the rows are in"
     _call(old, "migrate_finish")
+    # Served between slices (with eviction on, the oracle's clock would then run ahead of the new owner's).
+    _drop_in_slices(old, old_sparse, lambda n: traffic(n, mine[~in_moving]) if unseen_steps >= 1000 else None)
 
     moved_ids = mine[in_moving]
     stayed = mine[~in_moving]
@@ -215,3 +240,55 @@ def test_server_0_says_the_routing_each_trainer_sends_by_and_routings_name_the_p
     assert told == [("a:1", "", "c:3")]
     with pytest.raises(ConfigError, match="never retires"):
         _call(service, "retire")
+
+
+def test_an_aborted_hand_off_gives_the_partitions_back_to_the_old_owner_untouched():
+    """The new owner stops answering after the freeze: migrate_abort (the new owner gives up what it
+    expected, its held requests run again and are refused), handoff_undo (the old owner serves the
+    frozen partitions again) and migrate_finish leave the old owner's rows as an unmoved table's."""
+    routing = Routing.initial(P, ADDRESSES)
+    old, old_sparse, _ = _server(0, routing)
+    new, new_sparse, held = _server(1, routing)
+    oracle = SparseService("async", Membership(1, grace=5.0), store=NumpyRowStore)
+    for s in (old_sparse, new_sparse, oracle):
+        _register(s)
+    all_ids = np.arange(2000, dtype=np.uint64)
+    mine = all_ids[routing.servers_of(all_ids) == 0]
+    rng = np.random.default_rng(3)
+
+    def push(service, sparse, ids):
+        grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        assert _serve(service, sparse, "pull_sparse", ids) == "done"
+        assert _serve(service, sparse, "push_sparse", ids, grads) == "done"
+        oracle.table(TABLE).pull(ids, 0)
+        oracle.handle_push_sparse({"table": TABLE, "trainer": 0, "step": 0, "distinct": True}, [ids, grads])
+
+    for _ in range(5):
+        push(old, old_sparse, np.unique(rng.choice(mine, 40)))
+    moving = [0, 2, 4]
+    in_moving = np.isin(partition_of(mine, P), moving)
+    _call(new, "routing_set", routing=routing.to_wire(), join=True)
+    _call(old, "migrate_start", partitions=moving)
+    _call(new, "migrate_expect", partitions=moving)
+    fields, arrays = _call(old, "migrate_page", table=TABLE, start=0, count=10_000)
+    _call(new, "migrate_stage", arrays, table=TABLE, parts=fields["parts"])
+    assert _serve(new, new_sparse, "pull_sparse", mine[in_moving][:3]) == "held"
+    _call(old, "handoff_freeze", partitions=moving)
+    fields, arrays = _call(old, "handoff_rows", table=TABLE, partitions=moving)
+    _call(new, "handoff_in", arrays, table=TABLE, parts=fields["parts"])
+    # ... and handoff_done never comes: the move is aborted.
+    assert _call(new, "migrate_abort", partitions=moving, names=[])[0] == {"owned": [], "blocks": []}
+    assert len(held) == 1, "the held pull is run again (and refused: the partitions are not coming)"
+    with pytest.raises(Moved):
+        _serve(new, new_sparse, "pull_sparse", mine[in_moving][:3])
+    assert new_sparse.table(TABLE).num_rows == 0, "nothing staged became rows"
+    with pytest.raises(ConfigError, match="not expecting"):
+        _call(new, "handoff_done", partitions=moving)      # a late hand-off cannot land any more
+    assert _call(old, "handoff_undo", partitions=moving + [1], names=[])[0] == {"restored": moving, "blocks": []}
+    _call(old, "migrate_finish")
+    push(old, old_sparse, mine[in_moving][:30])             # served again, by the old owner
+    ids = mine[oracle.table(TABLE).store.lookup(mine) >= 0]
+    want, got = _rows_by_id(oracle.table(TABLE), ids), _rows_by_id(old_sparse.table(TABLE), ids)
+    assert old_sparse.table(TABLE).num_rows == len(ids), "the old owner dropped no row"
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)

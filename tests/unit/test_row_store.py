@@ -3,6 +3,8 @@ dict-and-loop oracle, call for call, for every update rule and row format (float
 rounded to nearest or stochastically); the one creation path's all-or-nothing; snapshot pages
 that restore into an equal store; what stochastic rounding keeps of updates smaller than a gap."""
 import numpy as np
+
+import paramshard as ps
 import pytest
 
 from paramshard.optim import FTRL, SGD, Adagrad, Adam, Momentum, RowWiseAdagrad, scaled
@@ -175,6 +177,41 @@ def test_drop_and_state_of_match_the_oracle(optimizer, kind):
     fresh = np.array([10**12 + 1], np.uint64)           # rows can still be made after a drop
     for store in (fast, oracle):
         store.create(fresh, np.ones((1, DIM), np.float32), version=4)
+    same(fast, oracle)
+
+
+@each_store
+def test_drops_between_growths_and_first_touches_keep_every_handle_right(kind):
+    """Drops cost per id dropped (row_store.swap_plan): the index forgets ids (MOVED / tombstone
+    buckets) and repoints the rows moved into the gaps, while it grows, drains and takes new ids
+    (first touches and creates, a small capacity so the buckets grow often). Call for call, the
+    store equals the one-row-at-a-time oracle, and every id ever made is found exactly where it is."""
+    rng = np.random.default_rng(11)
+    fast, oracle = stores(ps.optim.Adagrad(lr=0.1), kind=kind, capacity=4)
+    alive: set[int] = set()
+    for round_ in range(60):
+        new = np.unique(rng.integers(0, 5000, int(rng.integers(1, 300))).astype(np.uint64))
+        if round_ % 2:
+            for store in (fast, oracle):
+                store.lookup_or_create(new, round_, seed=3, init_scale=0.1)
+        else:
+            new = new[~np.isin(new, np.fromiter(alive, np.uint64, len(alive)))]
+            for store in (fast, oracle):
+                store.create(new, np.full((len(new), DIM), round_, np.float32), version=round_)
+        alive |= set(new.tolist())
+        known = np.fromiter(alive, np.uint64, len(alive))
+        gone = rng.choice(known, int(rng.integers(0, len(known) // 2 + 1)), replace=False)
+        gone = np.concatenate([gone, gone[:3], np.array([10**15], np.uint64)])   # repeats, one never made
+        assert fast.drop(gone) == oracle.drop(gone) == len(np.unique(gone)) - 1
+        alive -= set(gone.tolist())
+        same(fast, oracle)
+        everything = np.arange(5000, dtype=np.uint64)
+        np.testing.assert_array_equal(fast.lookup(everything), oracle.lookup(everything))
+        rows = fast.lookup(np.fromiter(alive, np.uint64, len(alive)))
+        assert sorted(rows.tolist()) == list(range(len(alive))), "a live id lost its row or shares one"
+        fast.update(rows[:50], np.ones((len(rows[:50]), DIM), np.float32), scale=1.0, version=round_)
+        oracle.update(oracle.lookup(np.fromiter(alive, np.uint64, len(alive)))[:50],
+                      np.ones((len(rows[:50]), DIM), np.float32), scale=1.0, version=round_)
     same(fast, oracle)
 
 

@@ -30,6 +30,7 @@ from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kern
 from .kernels.update_kernels import rule_kernel
 from .row_state import RowStateArrays
 from .row_formats import STOCHASTIC, check_row_format, code_of, round_salt, version_key
+from .row_store import distinct_sorted, swap_plan
 
 COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
 _loaded: set[tuple] = set()    # (rule, eviction, admission counting, half rows) whose kernels are loaded here
@@ -242,9 +243,18 @@ class CompiledRowStore(RowStateArrays):
 
     def drop(self, ids: np.ndarray) -> int:
         rows = self.lookup(ids)
-        keep = np.ones(self._rows, bool)
-        keep[rows[rows >= 0]] = False
-        return self._keep(np.flatnonzero(keep).astype(np.int64)) if not keep.all() else 0
+        rows = distinct_sorted(rows[rows >= 0])
+        if not len(rows):
+            return 0
+        holes, movers, left = swap_plan(rows, self._rows)
+        self.index.delete(self.keys, rows)          # before the ids under them are overwritten
+        for a in self._per_row_arrays():
+            a[holes] = a[movers]
+        self.index.repoint(self.keys, movers, holes)
+        self._rows = left
+        for a in self._per_row_arrays():
+            arena.release(a, left)
+        return len(rows)
 
     def _keep(self, kept: np.ndarray) -> int:
         """Keep rows ``kept`` (ascending), in that order; how many went."""
@@ -258,8 +268,9 @@ class CompiledRowStore(RowStateArrays):
         self.index.rebuild(self.keys, self._rows)
         return evicted
 
-    def ids(self) -> np.ndarray:
-        return self.keys[:self._rows].copy()
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        end = self._rows if count is None else min(self._rows, start + count)
+        return self.keys[start:max(start, end)].copy()
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)

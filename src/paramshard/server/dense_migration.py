@@ -23,6 +23,7 @@ from ..optim import from_wire
 from .context import ServerContext
 from .dense_store import DenseStore
 from .hooks import Incoming, Verdict
+from .move_holds import MoveHolds
 from .replies import Deferred, Reply
 
 DENSE_OPS = ("pull_dense", "push_dense")
@@ -59,8 +60,9 @@ class DenseMigration:
         self.ctx, self.dense, self.migration, self.clock = context, dense, migration, clock
         self.incoming: set[str] = set()
         self.gone: set[str] = set()          # handed away (dropped at dense_finish, refused from the freeze)
-        self.held: list = []
-        self.held_since: float | None = None
+        # The server's one queue of requests a move holds (shared with the sparse partitions').
+        self.holds = migration.ownership.holds if migration is not None else MoveHolds(clock)
+        self.holds.on_expire.append(self.incoming.clear)
 
     @property
     def elastic(self) -> bool:
@@ -109,21 +111,19 @@ class DenseMigration:
             return Verdict.HOLD
         return Verdict.ACCEPT
 
+    @property
+    def held(self) -> list:
+        return self.holds.held
+
     def hold(self, request) -> None:
-        if self.held_since is None:
-            self.held_since = self.clock()
-        self.held.append(request)
+        self.holds.hold(request)
 
     def _take_held(self) -> list:
-        held, self.held, self.held_since = self.held, [], None
-        return held
+        return self.holds.take()
 
     def expired(self, timeout: float) -> list:
-        """Held longer than ``timeout`` (the move stalled): stop expecting, run them again (refused)."""
-        if self.held_since is None or self.clock() - self.held_since < timeout:
-            return []
-        self.incoming.clear()
-        return self._take_held()
+        """Held longer than ``timeout`` (the move stalled): nothing is expected, run them again (refused)."""
+        return self.holds.expired(timeout)
 
     # -- the coordinator's view ------------------------------------------------
     def handle_dense_held(self, header: dict, arrays: list) -> Reply:
@@ -184,6 +184,19 @@ class DenseMigration:
         self.incoming.difference_update(names)
         self.ctx.resubmit(self._take_held())        # admitted again: held again if still waiting
         return Reply({"blocks": len(names)})
+
+    # -- an aborted move (the sparse MigrationService's migrate_abort / handoff_undo) ------------
+    def abort_incoming(self, names: list) -> list:
+        """Stop expecting ``names``; those of them held here (imported before the abort)."""
+        self.incoming.difference_update(names)
+        self.ctx.resubmit(self._take_held())
+        return [n for n in names if n in self.dense.blocks and n not in self.gone]
+
+    def undo_freeze(self, names: list) -> list:
+        """Serve again the frozen ``names`` no new owner took; those taken back."""
+        back = [n for n in names if n in self.gone]
+        self.gone.difference_update(back)
+        return back
 
     def _check_elastic(self, what: str) -> None:
         if not self.elastic:

@@ -16,10 +16,14 @@ MAX_LOAD = 0.75
 GROWTH = 1.25      # the ids array grows by a quarter, like a table's rows
 
 
+TOMBSTONE = -2    # a bucket emptied by ``delete``: lookups probe past it, inserts never reuse it
+
+
 class IdIndex:
     def __init__(self, capacity: int = 1024):
         self.ids = np.empty(max(capacity, 16), np.uint64)
         self.size = 0
+        self.tombstones = 0       # they fill the buckets as ids do, until the next rehash drops them
         self._alloc(self._buckets_for(capacity))
 
     @staticmethod
@@ -40,13 +44,14 @@ class IdIndex:
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` ids without growing: the id store and buckets sized now (the
         table's capacity hint), so filling never rehashes. Built aside, then swapped in."""
-        if rows <= len(self.ids) and self._buckets_for(rows) <= len(self.buckets):
+        if rows <= len(self.ids) and self._buckets_for(rows + self.tombstones) <= len(self.buckets):
             return
         store = np.empty(max(rows, len(self.ids)), np.uint64)
         store[:self.size] = self.ids[:self.size]
         buckets = np.full(max(self._buckets_for(rows), len(self.buckets)), -1, np.int32)
         self._place(store, buckets, np.arange(self.size))
         self.ids, self.buckets, self.mask = store, buckets, np.uint64(len(buckets) - 1)
+        self.tombstones = 0
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where absent."""
@@ -61,7 +66,7 @@ class IdIndex:
             hit = occupied.copy()
             hit[occupied] = self.ids[rows[occupied]] == ids[active[occupied]]
             out[active[hit]] = rows[hit]
-            go_on = occupied & ~hit
+            go_on = (occupied & ~hit) | (rows == TOMBSTONE)
             active = active[go_on]
             pos[active] = (p[go_on] + np.uint64(1)) & self.mask
         return out
@@ -79,9 +84,10 @@ class IdIndex:
             store[:first] = self.ids[:first]
         store[first:first + n] = ids      # beyond ``size``: invisible until committed
         rows = np.arange(first, first + n)
-        if first + n > MAX_LOAD * len(self.buckets):
+        if first + n + self.tombstones > MAX_LOAD * len(self.buckets):
             buckets = np.full(self._buckets_for(first + n), -1, np.int32)
             self._place(store, buckets, np.arange(first + n))
+            self.tombstones = 0
         else:
             buckets = self.buckets
             try:
@@ -101,12 +107,36 @@ class IdIndex:
         active = np.arange(len(rows))
         while active.size:
             p = pos[active]
-            free = buckets[p] < 0
+            free = buckets[p] == -1
             claim = active[free]
             buckets[pos[claim]] = rows32[claim]           # colliding claims: one write wins
             won = buckets[pos[claim]] == rows32[claim]
             active = np.concatenate([active[~free], claim[~won]])
             pos[active] = (pos[active] + np.uint64(1)) & mask
+
+    def _bucket_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The bucket of each of ``rows`` (indexed, distinct)."""
+        out = np.empty(len(rows), np.int64)
+        pos = mix64(self.ids[rows]) & self.mask
+        active = np.arange(len(rows))
+        while active.size:
+            hit = self.buckets[pos[active]] == rows[active]
+            out[active[hit]] = pos[active[hit]].astype(np.int64)
+            active = active[~hit]
+            pos[active] = (pos[active] + np.uint64(1)) & self.mask
+        return out
+
+    def delete(self, rows: np.ndarray) -> None:
+        """Unindex rows ``rows`` (distinct; their ids still in ``ids``): per row, not per table."""
+        self.buckets[self._bucket_of_rows(np.asarray(rows, np.int64))] = TOMBSTONE
+        self.tombstones += len(rows)
+
+    def move_rows(self, movers: np.ndarray, holes: np.ndarray, size: int) -> None:
+        """Rows ``movers`` now live at ``holes``; the index holds ``size`` rows."""
+        where = self._bucket_of_rows(np.asarray(movers, np.int64))
+        self.ids[holes] = self.ids[movers]
+        self.buckets[where] = np.asarray(holes, np.int32)
+        self.size = size
 
     def rebuild(self, ids_by_row: np.ndarray) -> None:
         """Start over holding ids_by_row[i] -> i (after rows were compacted)."""

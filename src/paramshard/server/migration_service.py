@@ -1,7 +1,7 @@
 """Moving sparse partitions between servers while training goes on (the server's side).
 
 A move of partitions (placement/partitions.py) from an old owner to a new one, driven by
-launch/server_scaling.py:
+placement/move_plan.py (run by client/move_runner.py):
 
 1. ``migrate_start`` (old owner): begin tracking the ids requests touch in those partitions;
    ``migrate_expect`` (new owner): hold requests for them until their rows are here.
@@ -13,7 +13,12 @@ launch/server_scaling.py:
    ``moved`` from now on), ``handoff_rows`` -> ``handoff_in`` (the partitions' current ids and
    the dirty rows, whole), ``handoff_done`` (new owner: staged rows still current and not
    dirty, plus the dirty ones, become rows; the held requests run).
-4. ``migrate_finish`` (old owner): the rows of partitions handed away are dropped.
+4. ``migrate_finish`` (old owner): the rows of partitions handed away are dropped, a slice at
+   a time between requests (SparseTable.drop_later / drop_some), so no request waits on it.
+
+An aborted move (placement/move_plan.py): ``migrate_abort`` (new owner: stop expecting, say
+which partitions it took) and ``handoff_undo`` (old owner: serve again what it froze and
+nobody took).
 
 Requests are checked by a RequestHook (partition_ownership.py). The routing every server
 knows is answered by ``routing_get``; server 0's is the job's, and its reply also says the
@@ -23,6 +28,8 @@ names it retired, so none will send it anything again (launch/elastic_servers.py
 set on a server also tells it which peer servers to watch (``ParameterServer.follow_peers``).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -40,6 +47,7 @@ from .sparse_service import SparseService
 
 DATA_OPS = ("pull_sparse", "push_sparse", "import_sparse")
 MAX_PAGE_ROWS = 1 << 20
+DROP_BUDGET_S = 0.02       # a tick's share of a drop under way (ticks come about 10 times a second)
 
 
 class MigrationHook:
@@ -71,6 +79,7 @@ class MigrationHook:
 
     def tick(self) -> None:
         self.service.ctx.resubmit(self.service.ownership.expired(self.service.ctx.timeout))
+        self.service.drop_some()
 
 
 def _ids_of(request: Incoming) -> np.ndarray:
@@ -88,12 +97,13 @@ class MigrationService:
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
         self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried
         self.on_addresses = None     # told every routing's addresses (ParameterServer.follow_peers)
+        self.dense_moves = None      # the DenseMigration beside it (an abort undoes both)
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("routing_get", "routing_set", "migrate_switch", "migrate_tables", "migrate_tables_in", "migrate_start",
                  "migrate_expect", "migrate_page", "migrate_stage", "handoff_freeze", "handoff_rows",
-                 "handoff_in", "handoff_done", "migrate_finish", "retire")}
+                 "handoff_in", "handoff_done", "migrate_finish", "migrate_abort", "handoff_undo", "retire")}
 
     def hooks(self) -> list:
         return [MigrationHook(self)]
@@ -162,6 +172,12 @@ class MigrationService:
 
     # -- the old owner -------------------------------------------------------
     def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
+        fixed = [n for n, t in self.sparse.tables.items() if not t.movable]
+        if fixed:
+            raise ConfigError(f"migrate_start: tables {fixed} have a memory budget (disk tier): their rows cannot "
+                              f"move to another server yet; scale servers only in jobs whose tables keep every row "
+                              f"in RAM")
+        self._settle_drops()        # a drop of the last move still under way: its rows go now
         self.ownership.start_copy(header["partitions"])
         self._row_partitions = {}
         self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
@@ -172,9 +188,8 @@ class MigrationService:
         start, count = header["start"], header["count"]
         if start < 0 or not 0 < count <= MAX_PAGE_ROWS:
             raise ConfigError(f"migrate_page: start >= 0 and count in 1..{MAX_PAGE_ROWS}, got {start}, {count}")
-        page = table.store.page(start, count)
-        mine = self.ownership.copying[self.ownership.partitions(page["ids"])]
-        page = {k: v[mine] for k, v in page.items()}       # admission counters travel at the hand-off
+        # Admission counters travel at the hand-off.
+        page = table.page(start, count, keep=lambda ids: self.ownership.copying[self.ownership.partitions(ids)])
         return self._page_reply(page, total=table.num_rows)
 
     def handle_handoff_freeze(self, header: dict, arrays: list) -> Reply | Deferred:
@@ -203,20 +218,18 @@ class MigrationService:
         table = self.sparse.table(header["table"])
         page = {}
         if table.evicted != self.evicted_at_start.get(table.name, table.evicted):
-            ids = table.store.ids()
+            ids = table.ids_by_row()
             in_group = np.zeros(len(self.ownership.owned), bool)
             in_group[parts] = True
             dirty = page["current"] = ids[in_group[self._partitions_by_row(table, ids)]]
         else:
             dirty = self.ownership.dirty_ids(table.name, parts)
         self.ownership.forget_dirty(table.name, parts)
-        rows = table.store.lookup(dirty)
-        dirty, rows = dirty[rows >= 0], rows[rows >= 0]
-        page.update({"ids": dirty, "values": table.store.gather(rows), **table.store.state_of(rows)})
+        page.update(table.rows_of(dirty))
         mask = np.zeros(len(self.ownership.owned), bool)
         mask[parts] = True
-        page.update(self._counters(table, mask))
-        reply = self._page_reply(page, total=len(dirty))
+        page.update(table.counters_of(lambda ids: mask[self.ownership.partitions(ids)]))
+        reply = self._page_reply(page, total=len(page["ids"]))
         # The step the new owner starts at: in sync mode the switch's (this table may have gone
         # on with step S where the moving partitions are not touched), else this table's count.
         switch = self.ownership.switch
@@ -234,31 +247,34 @@ class MigrationService:
         self._row_partitions[table.name] = (table.evicted, known)
         return known
 
-    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply | Deferred:
-        def finish() -> Reply:
-            lost = self.ownership.finish()
-            dropped = 0
-            if lost.any():
-                for table in self.sparse.tables.values():
-                    ids = table.store.ids()
-                    dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
-                    table._last_pull.clear()          # row handles changed
-            self.intake.clear()
-            self._row_partitions = {}
-            return Reply({"dropped": dropped})
+    def handle_migrate_finish(self, header: dict, arrays: list) -> Reply:
+        """The move is over: the rows of partitions handed away go, a slice at a time between
+        requests (``drop_some``, from the hook's tick), never all at once: no request waits on it.
+        Until then they are never served: their partitions are refused before reaching a table."""
+        lost = self.ownership.finish()
+        tables = 0
+        if lost.any():
+            doomed = (lambda lost: lambda ids: lost[self.ownership.partitions(ids)])(lost.copy())
+            for table in self.sparse.tables.values():
+                table.drop_later(doomed)
+                tables += 1
+        self.intake.clear()
+        self._row_partitions = {}
+        return Reply({"dropped": 0, "dropping": tables})
 
-        # Dropping rows moves the others: not while a sync step holds row handles of pushes
-        # that wait for the other trainers (right after a step completes, none does).
-        return Deferred(ready=lambda: not any(t._pending for t in self.sparse.tables.values()),
-                        make_reply=finish, describe=lambda: "a sync step to complete before dropping rows")
+    def drop_some(self, budget_s: float = DROP_BUDGET_S) -> int:
+        """Slices of the drops under way, for about ``budget_s`` (at least one slice); rows dropped."""
+        began, dropped = time.perf_counter(), 0
+        for table in self.sparse.tables.values():
+            while table.dropping:
+                dropped += table.drop_some()
+                if time.perf_counter() - began >= budget_s:
+                    return dropped
+        return dropped
 
-    def _counters(self, table, mask: np.ndarray) -> dict:
-        counters = table.store.counters()
-        if counters is None:
-            return {}
-        ids, counts = counters
-        mine = mask[self.ownership.partitions(ids)]
-        return {"counted_ids": ids[mine], "counts": counts[mine].astype(np.int64)}
+    def _settle_drops(self) -> None:
+        for table in self.sparse.tables.values():
+            table.settle_drops()
 
     def _page_reply(self, page: dict, total: int) -> Reply:
         names = list(page)
@@ -268,6 +284,7 @@ class MigrationService:
 
     # -- the new owner -------------------------------------------------------
     def handle_migrate_expect(self, header: dict, arrays: list) -> Reply:
+        self._settle_drops()        # rows of these partitions from an earlier stay here go first
         self.ownership.expect(header["partitions"])
         return Reply()
 
@@ -289,6 +306,22 @@ class MigrationService:
         self.ctx.resubmit(self.ownership.adopt(parts))
         return Reply()
 
+    # -- an aborted move (placement/move_plan.py) ----------------------------------
+    def handle_migrate_abort(self, header: dict, arrays: list) -> Reply:
+        """The new owner's side: stop expecting these partitions and blocks (their staged rows
+        go); the reply says which of them are served here (handed off before the abort)."""
+        owned, held = self.ownership.abort_incoming(header["partitions"])
+        self.intake.forget(np.asarray(header["partitions"], np.int64))
+        blocks = self.dense_moves.abort_incoming(header["names"]) if self.dense_moves is not None else []
+        self.ctx.resubmit(held)          # admitted again: refused as moved, or held for what is still coming
+        return Reply({"owned": owned.tolist(), "blocks": blocks})
+
+    def handle_handoff_undo(self, header: dict, arrays: list) -> Reply:
+        """The old owner's side: serve again the frozen partitions and blocks that no new owner took."""
+        back = self.ownership.undo_freeze(header["partitions"])
+        blocks = self.dense_moves.undo_freeze(header["names"]) if self.dense_moves is not None else []
+        return Reply({"restored": back.tolist(), "blocks": blocks})
+
     def handle_retire(self, header: dict, arrays: list) -> Reply:
         """A server a scale removed: it must serve nothing. With ``exit``: no trainer needs it any
         more (launch/elastic_servers.py checked): it stops once this reply is out (exit code 0)."""
@@ -308,5 +341,5 @@ def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> Migratio
         service.on_addresses = server.follow_peers
     server.add_service(service)
     from .dense_migration import attach_dense_migration
-    attach_dense_migration(server, service)      # dense blocks move with the partitions
+    service.dense_moves = attach_dense_migration(server, service)      # dense blocks move with the partitions
     return service

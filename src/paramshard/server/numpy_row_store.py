@@ -16,7 +16,7 @@ from ..update_rules import Rule
 from .id_index import IdIndex
 from .row_formats import check_row_format, from_storage, rounding_words, storage_dtype, to_storage
 from .row_state import RowStateArrays
-from .row_store import lookup_or_create_in_parts
+from .row_store import distinct_sorted, lookup_or_create_in_parts, swap_plan
 
 GROWTH = 1.25   # row storage grows by a quarter: little slack at 10^8 rows
 
@@ -182,9 +182,17 @@ class NumpyRowStore(RowStateArrays):
 
     def drop(self, ids: np.ndarray) -> int:
         rows = self.lookup(ids)
-        keep = np.ones(self._rows, bool)
-        keep[rows[rows >= 0]] = False
-        return self._keep(np.flatnonzero(keep)) if not keep.all() else 0
+        rows = distinct_sorted(rows[rows >= 0])
+        if not len(rows):
+            return 0
+        holes, movers, left = swap_plan(rows, self._rows)
+        self.index.delete(rows)
+        for a in (self.values, *self.slots, self.steps, self.last_seen):
+            if a is not None:
+                a[holes] = a[movers]
+        self.index.move_rows(movers, holes, left)
+        self._rows = left
+        return len(rows)
 
     def _keep(self, kept: np.ndarray) -> int:
         """Keep rows ``kept`` (ascending), in that order; how many went."""
@@ -201,8 +209,9 @@ class NumpyRowStore(RowStateArrays):
         self.index.rebuild(ids_by_row[kept])
         return evicted
 
-    def ids(self) -> np.ndarray:
-        return self.index.ids_by_row().copy()
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        end = self._rows if count is None else min(self._rows, start + count)
+        return self.index.ids_by_row()[start:max(start, end)].copy()
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         end = min(self._rows, start + count)

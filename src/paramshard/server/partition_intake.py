@@ -20,7 +20,7 @@ def checked_page(table, parts: list, arrays: list) -> dict[str, np.ndarray]:
     """A page's arrays by name, as the table's own pages are (RowStore.page), copied."""
     if len(parts) != len(arrays) or "ids" not in parts or len(set(parts)) != len(parts):
         raise ConfigError("a page must name each of its arrays once, ids among them")
-    layout = table.store.page(0, 0)           # the names, dtypes and row shapes of this table's pages
+    layout = table.page_layout()             # the names, dtypes and row shapes of this table's pages
     page = dict(zip(parts, arrays))
     n = len(page["ids"])
     for name, a in page.items():
@@ -51,6 +51,13 @@ class PartitionIntake:
 
     def clear(self) -> None:
         self.staged, self.handed = {}, {}
+
+    def forget(self, parts: np.ndarray) -> None:
+        """An aborted move: the staged rows of ``parts`` and any hand-off in progress go."""
+        self.handed = {}
+        for staged in self.staged.values():
+            for p in parts.tolist():
+                staged.pop(p, None)
 
     def stage(self, table, page: dict, expected: np.ndarray) -> None:
         parts = self.partitions_of(page["ids"])
@@ -97,13 +104,7 @@ class PartitionIntake:
 
     @staticmethod
     def _create(table, rows: dict, handed: dict) -> None:
-        table.version = max(table.version, handed["version"])      # a joining server: the step it starts at
-        stale = table.store.lookup(rows["ids"])
-        if (stale >= 0).any():       # left from an earlier stay of these partitions here
-            table.store.drop(rows["ids"][stale >= 0])
-            table._last_pull.clear()
-        state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
-        table.reserve(table.num_rows + len(rows["ids"]))
-        table._create(rows["ids"], rows["values"], table.version, state)
-        if "counted_ids" in handed and len(handed["counted_ids"]):
-            table.store.restore_counts(handed["counted_ids"], handed["counts"].astype(np.uint32))
+        # A joining server starts at the hand-off's step; rows left from an earlier stay of these
+        # partitions here go first (SparseTable.adopt_rows).
+        counters = (handed["counted_ids"], handed["counts"]) if "counted_ids" in handed else None
+        table.adopt_rows(rows, handed["version"], counters)

@@ -22,19 +22,21 @@ import numpy as np
 from ..errors import ConfigError, Moved
 from ..placement.partitions import Routing, partition_of
 from .hooks import Verdict
+from .move_holds import MoveHolds
 
 
 class PartitionOwnership:
     def __init__(self, me: int, routing: Routing, clock: Callable[[], float] = time.monotonic):
         self.me, self.routing, self.clock = me, routing, clock
+        # Requests held for incoming partitions, in the server's one queue of a move (dense blocks too).
+        self.holds = MoveHolds(clock)
+        self.holds.on_expire.append(self._stop_expecting)
         p = routing.partitions
         self.owned = routing.owners == me
         self.incoming = np.zeros(p, bool)
         self.copying = np.zeros(p, bool)
         self.lost = np.zeros(p, bool)              # handed away: rows to drop once the move ends
         self.dirty: dict[str, list[np.ndarray]] = collections.defaultdict(list)
-        self.held: list = []
-        self.held_since: float | None = None
         # Sync mode: (step S, routing version V): requests of step S on must carry routing V or
         # later (older ones are refused, so every trainer changes routing at the same step), and
         # a server taking partitions holds them all until the rows are here.
@@ -73,14 +75,15 @@ class PartitionOwnership:
                     f"{self.routing.version}, the request's {routing_version}): they moved to another server; "
                     f"fetch the routing (routing_get on server 0) and resend")
 
+    @property
+    def held(self) -> list:
+        return self.holds.held
+
     def hold(self, request) -> None:
-        if self.held_since is None:
-            self.held_since = self.clock()
-        self.held.append(request)
+        self.holds.hold(request)
 
     def take_held(self) -> list:
-        held, self.held, self.held_since = self.held, [], None
-        return held
+        return self.holds.take()
 
     def note_applied(self, table: str, ids: np.ndarray) -> None:
         """A request touched ``ids`` of ``table`` (rows made, updated, seen, counted)."""
@@ -168,6 +171,22 @@ class PartitionOwnership:
         self.lost[parts] = False
         return self.take_held()
 
+    def abort_incoming(self, parts) -> tuple[np.ndarray, list]:
+        """An aborted move (the new owner's side): stop expecting ``parts``; (those of them served
+        here, the held requests to run again: refused or held by what is left incoming)."""
+        parts = self._check(parts, "migrate_abort")
+        self.incoming[parts] = False
+        return parts[self.owned[parts]], self.take_held()
+
+    def undo_freeze(self, parts) -> np.ndarray:
+        """An aborted move (the old owner's side): serve again the frozen ``parts`` that no new owner
+        took (the coordinator knows which); the rest are skipped. Those taken back."""
+        parts = self._check(parts, "handoff_undo")
+        back = parts[self.lost[parts]]
+        self.owned[back] = True
+        self.lost[back] = False
+        return back
+
     def finish(self) -> np.ndarray:
         """The move is over: the partitions whose rows to drop; tracking stops."""
         lost = self.lost.copy()
@@ -178,7 +197,7 @@ class PartitionOwnership:
 
     def expired(self, timeout: float) -> list:
         """Held longer than ``timeout`` (the move stalled): stop expecting, run them again (refused)."""
-        if self.held_since is None or self.clock() - self.held_since < timeout:
-            return []
+        return self.holds.expired(timeout)
+
+    def _stop_expecting(self) -> None:
         self.incoming[:] = False
-        return self.take_held()

@@ -242,12 +242,12 @@ class ReplicationService:
             if budget[0] <= 0 and sent:
                 pages.give_back(dirty[i:])
                 break
-            got = table.store.page(page * PAGE_ROWS, PAGE_ROWS)
+            got = table.page(page * PAGE_ROWS, PAGE_ROWS)
             parts.append(list(got))
             out.extend(got.values())
             budget[0] -= sum(a.nbytes for a in got.values())
             sent.append(page)
-        counters = table.store.counters()
+        counters = table.counters()
         if counters is not None:
             out.extend(counters)
         spec = {"table": name, "dim": table.dim, "seed": table.seed, "optimizer": table.optimizer.to_wire(),

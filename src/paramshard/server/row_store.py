@@ -125,13 +125,15 @@ class RowStore(Protocol):
 
     def drop(self, ids: np.ndarray) -> int:
         """Drop the rows of ``ids`` (ids without a row are skipped): their partition moved to
-        another server (server/migration_service.py); how many went. Handles change."""
+        another server (server/migration_service.py); how many went. The work is per id dropped,
+        not per row held: the last rows that stay fill the places of the rows that go
+        (``swap_plan``), so only their handles change; the others keep theirs."""
 
     def state_of(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The state of rows ``rows`` (handles, any order) by part name, as ``page`` gives it."""
 
-    def ids(self) -> np.ndarray:
-        """Every id with a row, in row order (a copy)."""
+    def ids(self, start: int = 0, count: int | None = None) -> np.ndarray:
+        """The ids of rows start..start+count-1 (every row: the default), in row order (a copy)."""
 
     def page(self, start: int, count: int) -> dict[str, np.ndarray]:
         """Rows start..start+count-1 as named arrays: ``ids``, ``values``, then the state parts
@@ -155,3 +157,25 @@ def lookup_or_create_in_parts(store: RowStore, ids: np.ndarray, version: int, se
         made = store.create(new_ids, initial_rows(seed, new_ids, store.dim, init_scale), version)
         rows[missing] = made[codes]
     return rows
+
+
+def swap_plan(dropped: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """How ``drop`` closes the gaps of rows ``dropped`` (distinct handles) in a store of ``rows``
+    rows: (holes, movers, rows left). The rows that stay past the new end (movers, ascending)
+    move to the dropped places below it (holes, ascending), pairwise; every store does the same,
+    so their handles stay the same."""
+    dropped = distinct_sorted(dropped)
+    left = rows - len(dropped)
+    holes = dropped[dropped < left]
+    tail = np.ones(rows - left, bool)
+    tail[dropped[dropped >= left] - left] = False
+    movers = np.flatnonzero(tail).astype(np.int64) + left
+    return holes, movers, left
+
+
+def distinct_sorted(handles: np.ndarray) -> np.ndarray:
+    """The distinct values of ``handles``, ascending (a sort: np.unique's hash is slower on these)."""
+    out = np.sort(np.asarray(handles, np.int64))
+    if len(out) > 1:
+        out = out[np.concatenate(([True], out[1:] != out[:-1]))]
+    return out

@@ -12,6 +12,7 @@ here indexes a row array.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import time
 from typing import Callable
@@ -31,6 +32,15 @@ from .barrier import Membership, StepBarrier
 from .numpy_row_store import NumpyRowStore
 from .row_formats import check_row_format, rounded
 from .row_store import RowStore
+
+
+DROP_SLICE = 1 << 15       # rows a drop slice reads: a few ms, between two requests
+
+
+@dataclasses.dataclass
+class _Drop:
+    doomed: Callable[[np.ndarray], np.ndarray]      # ids -> mask of those to drop
+    position: int                                   # rows below it hold none of them
 
 
 class SparseTable:
@@ -65,7 +75,7 @@ class SparseTable:
                                      rounding=rounding, seed=seed, **tier)
         self.memory_budget = memory_budget
         self.version = 0                               # completed steps (sync) or pushes (async)
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads)
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads, ids)
         # trainer -> (ids, rows); trainer ids are checked against the job, so this stays small.
         # A few per trainer: a trainer that prefetches pulls batch k+1 (in up to two pieces)
         # before and around its push of batch k.
@@ -79,6 +89,7 @@ class SparseTable:
         # Bounded-loss recovery: rows made after the last copy died with their server, so a push may
         # name an id its trainer pulled from the old one: make the row (its first pull's) and apply.
         self.create_on_push = False
+        self._dropping: _Drop | None = None       # rows of partitions handed away, going a slice at a time
 
     # -- rows -------------------------------------------------------------
     @property
@@ -229,7 +240,7 @@ class SparseTable:
             self.version += 1
             self._maybe_evict()
             return
-        self._pending[trainer] = (rows, grads.copy())
+        self._pending[trainer] = (rows, grads.copy(), ids.copy())     # ids: to find the rows again after a drop
         self.barrier.arrive(trainer)
         self.maybe_finish_step()
 
@@ -250,7 +261,7 @@ class SparseTable:
     def maybe_finish_step(self) -> None:
         if not self.barrier.complete():
             return
-        parts = list(self._pending.values())
+        parts = [(rows, grads) for rows, grads, _ in self._pending.values()]
         if len(parts) == 1:
             rows, grads = parts[0]
         else:   # several trainers touched the same rows: sum them (then the rule averages)
@@ -289,6 +300,9 @@ class SparseTable:
         n = self.eviction.unseen_steps
         if not n or self.version % max(1, n // 2):
             return
+        # An eviction reads and compacts every row anyway: a drop under way is finished with it
+        # (a slice's scan position would not survive the compaction).
+        self.settle_drops()
         evicted = self.store.evict_unseen(self.version - n)
         if evicted:
             self.evicted += evicted
@@ -297,9 +311,11 @@ class SparseTable:
             self._last_pull.clear()                 # row numbers changed
 
     def ids_by_row(self) -> np.ndarray:
+        self.settle_drops()
         return self.store.ids()
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
+        self.settle_drops()
         ids = self.store.ids()
         return ids, self.store.gather(np.arange(len(ids)))
 
@@ -322,6 +338,7 @@ class SparseTable:
     def snapshot_page(self, start: int, count: int) -> dict[str, np.ndarray]:
         """Rows start..start+count-1 and their state by part name; the first page also
         carries the admission counters (``counted_ids``, ``counts``)."""
+        self.settle_drops()
         page = self.store.page(start, count)
         counters = self.store.counters() if start == 0 else None
         if counters is not None:
@@ -332,6 +349,7 @@ class SparseTable:
                      reserve: int = 0, counters: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Rows of a checkpoint page (new distinct ids, checked by the caller); ``reserve``:
         room for the rows of every page (the first page's hint), checked before anything."""
+        self.settle_drops()
         self.limits.check("max_rows", self.num_rows + len(ids), f"table {self.name!r}: rows on this server")
         if reserve < 0:
             raise ConfigError(f"restore_sparse: table {self.name!r}: reserve must be >= 0 rows, got {reserve}")
@@ -343,6 +361,119 @@ class SparseTable:
             self.store.restore_counts(*counters)
         self.version = max(self.version, version)
         self.evicted = max(self.evicted, evicted)
+
+    # -- partitions: a move between servers (migration_service.py, partition_intake.py) -------------
+    # The services that move rows go through these; none of them touches the store.
+    @property
+    def movable(self) -> bool:
+        """Whether this table's rows can move to another server (a disk tier cannot yet)."""
+        return self.memory_budget is None and not hasattr(self.store, "tier_stats")
+
+    def page_layout(self) -> dict[str, np.ndarray]:
+        """An empty page: the names, dtypes and row shapes of this table's pages."""
+        return self.store.page(0, 0)
+
+    def page(self, start: int, count: int, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
+        """Rows start..start+count-1 by part name (RowStore.page), only those whose ids ``keep``
+        says (a mask of the page's ids) when given."""
+        self.settle_drops()
+        page = self.store.page(start, count)
+        if keep is not None:
+            mine = keep(page["ids"])
+            page = {k: v[mine] for k, v in page.items()}
+        return page
+
+    def rows_of(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows of those ``ids`` that have one, whole (ids, values, state), as a page."""
+        rows = self.store.lookup(ids)
+        have = rows >= 0
+        rows = rows[have]
+        return {"ids": ids[have], "values": self.store.gather(rows), **self.store.state_of(rows)}
+
+    def counters_of(self, keep: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+        """The admission counters of the ids ``keep`` says, as a page's ``counted_ids``/``counts``."""
+        counters = self.store.counters()
+        if counters is None:
+            return {}
+        ids, counts = counters
+        mine = keep(ids)
+        return {"counted_ids": ids[mine], "counts": counts[mine].astype(np.int64)}
+
+    def counters(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.store.counters()
+
+    def adopt_rows(self, rows: dict[str, np.ndarray], version: int, counters=None) -> None:
+        """Rows handed over by their old owner (ids, values, state) made rows here, with their
+        admission counters ``(ids, counts)``; ids that still have a row from an earlier stay of
+        their partition here lose it first. The table starts at ``version`` if it is behind."""
+        self.settle_drops()
+        self.version = max(self.version, version)
+        stale = self.store.lookup(rows["ids"])
+        if (stale >= 0).any():
+            self.store.drop(rows["ids"][stale >= 0])
+            self._rows_moved()
+        state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
+        self.reserve(self.num_rows + len(rows["ids"]))
+        self._create(rows["ids"], rows["values"], self.version, state)
+        if counters is not None and len(counters[0]):
+            self.store.restore_counts(counters[0], counters[1].astype(np.uint32))
+
+    def drop_later(self, doomed: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Drop the rows whose ids ``doomed`` says (a mask), a slice at a time (``drop_some``),
+        so that no request waits on the whole drop. Until they are gone they are never served
+        (their partitions are refused before a request reaches the table) and any reader of
+        the whole table (``page``, ``export``, ``ids_by_row``, checkpoints) drops them first."""
+        if self._dropping is not None:
+            earlier = self._dropping.doomed
+            doomed = (lambda d, e: lambda ids: d(ids) | e(ids))(doomed, earlier)
+        self._dropping = _Drop(doomed, 0)
+
+    @property
+    def dropping(self) -> bool:
+        return self._dropping is not None
+
+    def drop_some(self, rows: int = DROP_SLICE) -> int:
+        """One slice of a drop: rows ``rows`` at most are read, and of those the doomed go (their
+        places filled by the last rows, RowStore.drop). How many rows went."""
+        d = self._dropping
+        if d is None:
+            return 0
+        if d.position >= self.num_rows:
+            self._dropping = None
+            return 0
+        ids = self.store.ids(d.position, rows)
+        doomed = ids[d.doomed(ids)]
+        if not len(doomed):
+            d.position += len(ids)         # this slice is clean; otherwise look again: rows moved into it
+            return 0
+        dropped = self.store.drop(doomed)
+        self._rows_moved()
+        return dropped
+
+    def settle_drops(self) -> int:
+        """Finish the drop under way now (a whole-table reader); how many rows went."""
+        if self._dropping is None:
+            return 0
+        d, self._dropping = self._dropping, None
+        ids = self.store.ids()
+        doomed = ids[d.doomed(ids)]
+        if not len(doomed):
+            return 0
+        dropped = self.store.drop(doomed)
+        self._rows_moved()
+        return dropped
+
+    def _rows_moved(self) -> None:
+        """Row handles changed (a drop moved rows into the gaps): a sync step's pushes waiting for
+        the other trainers find their rows again by id (none of them was dropped: a partition
+        handed away is refused before its pushes reach the table)."""
+        for trainer, (rows, grads, ids) in self._pending.items():
+            again = self.store.lookup(ids)
+            again[rows < 0] = -1            # not admitted when pushed: its gradient stays dropped
+            self._pending[trainer] = (again, grads, ids)
+        self._last_pull.clear()
+        if self.changes is not None:
+            self.changes.everything()
 
     # -- the reference store's arrays, for tests and benchmarks that look inside --
     @property

@@ -120,6 +120,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "handoff_in": {"table": str, "parts": _STR_LIST, "version": Optional(int)},
     "handoff_done": {"partitions": _INT_LIST},
     "migrate_finish": {},
+    "migrate_abort": {"partitions": _INT_LIST, "names": _STR_LIST},
+    "handoff_undo": {"partitions": _INT_LIST, "names": _STR_LIST},
     # Moving dense blocks (server/dense_migration.py).
     "dense_held": {},
     "dense_expect": {"names": _STR_LIST},

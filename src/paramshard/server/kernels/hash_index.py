@@ -138,6 +138,55 @@ def drain_kernel(buckets, old, keys, start, budget):
     return end
 
 
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _slot_of(buckets, keys, key, h, row):
+    """The bucket holding ``row`` (whose id is ``key``, hashing to ``h``), -1 if none."""
+    mask = np.uint64(len(buckets) - 1)
+    p = h & mask
+    while True:
+        e = buckets[p]
+        if e == EMPTY:
+            return -1
+        if e != MOVED and np.int64(e & LOW32) - 1 == row:
+            return np.int64(p)
+        p = (p + U1) & mask
+
+
+@numba.njit(cache=True, error_model="numpy")
+def delete_kernel(buckets, old, keys, rows):
+    """Unindex rows ``rows`` (their ids still in ``keys``): each bucket becomes MOVED, which probes
+    pass over, so the chains through it stay intact. How many of them were in ``buckets`` (there
+    they count against the load until the next growth drops them; in ``old`` they are as drained)."""
+    in_new = 0
+    for i in range(len(rows)):
+        r = rows[i]
+        h = mix64(keys[r])
+        p = _slot_of(buckets, keys, keys[r], h, r)
+        if p >= 0:
+            buckets[p] = MOVED
+            in_new += 1
+        elif len(old):
+            p = _slot_of(old, keys, keys[r], h, r)
+            if p >= 0:
+                old[p] = MOVED
+    return in_new
+
+
+@numba.njit(cache=True, error_model="numpy")
+def repoint_kernel(buckets, old, keys, movers, holes):
+    """Row movers[i] moved to holes[i] (its id is now in keys[holes[i]]): its bucket says so."""
+    for i in range(len(movers)):
+        key = keys[holes[i]]
+        h = mix64(key)
+        p = _slot_of(buckets, keys, key, h, movers[i])
+        if p >= 0:
+            buckets[p] = entry_of(holes[i], h)
+        elif len(old):
+            p = _slot_of(old, keys, key, h, movers[i])
+            if p >= 0:
+                old[p] = entry_of(holes[i], h)
+
+
 def buckets_for(rows: int, load: float = GROW_TO_LOAD) -> int:
     """A power of two holding ``rows`` ids at most ``load`` full."""
     return 1 << max(4, int(np.ceil(np.log2(max(rows, 1) / load))))
@@ -152,6 +201,9 @@ class HashIndex:
         self.drained = 0
         self.spare: np.ndarray | None = None     # the next growth's buckets, paged in ahead
         self.spare_ready = 0                      # ... up to this bucket
+        # Buckets of ``buckets`` emptied by ``delete`` (MOVED): they fill it as ids do until the
+        # next array replaces it (a growth drains only live entries).
+        self.tombstones = 0
 
     @property
     def nbytes(self) -> int:
@@ -176,7 +228,16 @@ class HashIndex:
 
     def room(self, rows: int) -> int:
         """Ids that can join the ``rows`` indexed before the buckets must grow."""
-        return max(0, int(MAX_LOAD * len(self.buckets)) - rows)
+        return max(0, int(MAX_LOAD * len(self.buckets)) - rows - self.tombstones)
+
+    def delete(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Unindex rows ``rows`` (distinct, their ids still in ``keys``): a cost per row, not per table."""
+        self.tombstones += int(delete_kernel(self.buckets, self.old, keys, np.ascontiguousarray(rows, np.int64)))
+
+    def repoint(self, keys: np.ndarray, movers: np.ndarray, holes: np.ndarray) -> None:
+        """Rows ``movers`` now live at ``holes`` (keys[holes] holds their ids)."""
+        repoint_kernel(self.buckets, self.old, keys, np.ascontiguousarray(movers, np.int64),
+                       np.ascontiguousarray(holes, np.int64))
 
     def prepare(self, rows: int, added: int) -> None:
         """After ``added`` ids joined (``rows`` now indexed): once the buckets are past
@@ -205,9 +266,11 @@ class HashIndex:
         MemoryError leaves the index as it was."""
         self.drain(keys, DRAIN_PER_INSERT * adding)
         total = rows + adding
-        if total <= MAX_LOAD * len(self.buckets):
+        if total + self.tombstones <= MAX_LOAD * len(self.buckets):
             return
-        size = 2 * len(self.buckets)
+        # Full of ids, or of MOVED buckets left by drops: then an array of the same size, drained
+        # into as a growth is, has room enough.
+        size = len(self.buckets) if total <= GROWN_LOAD * len(self.buckets) else 2 * len(self.buckets)
         while total > GROWN_LOAD * size:   # doubling is not enough for a batch this large
             size *= 2
         bigger = self._new_buckets(size)
@@ -216,9 +279,9 @@ class HashIndex:
             # here that fast), or a batch as large as the table: rebuilding costs no more
             # than the batch itself.
             place_kernel(bigger, keys, 0, rows)
-            self.buckets, self.old, self.drained = bigger, np.empty(0, np.uint64), 0
+            self.buckets, self.old, self.drained, self.tombstones = bigger, np.empty(0, np.uint64), 0, 0
             return
-        self.buckets, self.old, self.drained = bigger, self.buckets, 0
+        self.buckets, self.old, self.drained, self.tombstones = bigger, self.buckets, 0, 0
 
     def insert(self, keys: np.ndarray, first: int, count: int) -> None:
         """Index rows first..first+count-1, whose distinct, absent ids are already in ``keys``;
@@ -227,16 +290,16 @@ class HashIndex:
 
     def reserve(self, keys: np.ndarray, rows: int, indexed: int) -> None:
         """Buckets for ``rows`` ids now (a capacity hint): built aside, swapped in."""
-        if rows <= MAX_LOAD * len(self.buckets) and not self.draining:
+        if rows + self.tombstones <= MAX_LOAD * len(self.buckets) and not self.draining:
             return
         # Room for ``rows`` ids before the next growth: a capacity hint is the expected table
         # size, so sizing it at GROW_TO_LOAD would keep up to 4x the buckets it needs.
         bigger = arena.zeros(max(buckets_for(rows, MAX_LOAD), len(self.buckets)), np.uint64)
         place_kernel(bigger, keys, 0, indexed)
-        self.buckets, self.old, self.drained = bigger, np.empty(0, np.uint64), 0
+        self.buckets, self.old, self.drained, self.tombstones = bigger, np.empty(0, np.uint64), 0, 0
 
     def rebuild(self, keys: np.ndarray, rows: int) -> None:
         """Index exactly keys[0..rows-1] (after rows were compacted)."""
         fresh = arena.zeros(buckets_for(rows), np.uint64)
         place_kernel(fresh, keys, 0, rows)
-        self.buckets, self.old, self.drained = fresh, np.empty(0, np.uint64), 0
+        self.buckets, self.old, self.drained, self.tombstones = fresh, np.empty(0, np.uint64), 0, 0

@@ -1,0 +1,466 @@
+"""placement/move_plan.py + client/move_runner.py: every interleaving of refusals, killed servers
+and late replies ends in the move done or cleanly aborted, with every moving partition handed
+off exactly once.
+
+The servers are fakes that keep what the real ones keep about a move (server/partition_ownership.py,
+server/dense_migration.py): which partitions each owns, expects, copies out, froze, which rows it
+holds, which dense blocks; each op checks what the real handler checks and refuses the same
+misuse. The links are fakes of ServerLinks' submit/collect: a step can be answered, refused (an
+error reply, nothing applied), lost (no reply, nothing applied), late (applied, its reply past
+the deadline) or kill its server (nothing applied, every later step to it fails too).
+Oracles: no partition is ever served by two servers, none is adopted twice; a move that
+succeeds leaves every partition (rows and all) on its target owner and nothing else anywhere;
+a move that fails names the server and the op, and when it says it undid the move every
+partition is served by exactly one server, the one server 0's routing names, and rows were
+dropped only where they were handed off.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from paramshard.client.move_runner import run_move
+from paramshard.errors import ConfigError, DeadlineExceeded, RemoteError, ServerUnavailable
+from paramshard.placement.move_plan import MoveFailed, MovePlan
+from paramshard.placement.partitions import Routing, partition_of, rebalance
+from paramshard.transport.client import Ticket
+
+P = 16
+BLOCKS = ["b0", "b1", "b2", "b3"]
+
+
+def _one_id_per_partition() -> np.ndarray:
+    """An id in each partition: partition p's rows are that one row."""
+    ids, found = np.zeros(P, np.uint64), np.zeros(P, bool)
+    candidate = np.arange(1, 4096, dtype=np.uint64)
+    parts = partition_of(candidate, P)
+    for p in range(P):
+        ids[p] = candidate[np.flatnonzero(parts == p)[0]]
+        found[p] = True
+    return ids
+
+
+IDS = _one_id_per_partition()
+
+
+class FakeServer:
+    def __init__(self, index: int, routing: Routing, joining: bool, sync: bool):
+        self.index, self.routing, self.sync = index, routing, sync
+        self.owned = set() if joining else set(np.flatnonzero(routing.owners == index).tolist())
+        self.rows = set(self.owned)             # partitions whose rows are here
+        self.incoming, self.copying, self.lost, self.staged = set(), set(), set(), set()
+        self.blocks = set() if joining else {b for i, b in enumerate(BLOCKS) if i % 2 == index}
+        self.gone, self.blocks_in = set(), set()
+        self.adoptions: list[int] = []          # every handoff_done applied here, by partition
+        self.switch = None
+
+    def handle(self, header: dict, arrays) -> tuple[dict, list]:
+        op = header["op"]
+        return getattr(self, f"op_{op}")(header, list(arrays))
+
+    @staticmethod
+    def _refuse(why: str):
+        raise ConfigError(why)
+
+    def op_routing_get(self, h, a):
+        return {"routing": self.routing.to_wire()}, []
+
+    def op_routing_set(self, h, a):
+        routing = Routing.from_wire(h["routing"])
+        if routing.version < self.routing.version:
+            self._refuse(f"routing version {routing.version} is older than {self.routing.version}")
+        if h.get("join") and self.owned:
+            self._refuse("already serves partitions: cannot join")
+        self.routing = routing
+        return {"version": routing.version}, []
+
+    def op_dense_held(self, h, a):
+        return {"blocks": {b: 64 for b in self.blocks - self.gone}}, []
+
+    def op_migrate_tables(self, h, a):
+        return {"tables": [{"table": "emb", "version": 7}], "sync": self.sync}, []
+
+    def op_migrate_tables_in(self, h, a):
+        return {"tables": ["emb"]}, []
+
+    def op_migrate_switch(self, h, a):
+        self.switch = (h["step"], h["version"])
+        return {}, []
+
+    def op_migrate_start(self, h, a):
+        parts = set(h["partitions"])
+        if not parts <= self.owned:
+            self._refuse("migrate_start: does not own all of these partitions")
+        self.copying |= parts
+        return {"rows": {"emb": len(self.rows)}}, []
+
+    def op_migrate_expect(self, h, a):
+        parts = set(h["partitions"])
+        if parts & self.owned:
+            self._refuse("migrate_expect: already owns some")
+        self.incoming |= parts
+        return {}, []
+
+    def op_dense_expect(self, h, a):
+        if set(h["names"]) & (self.blocks - self.gone):
+            self._refuse("dense_expect: already holds some")
+        self.blocks_in |= set(h["names"])
+        return {}, []
+
+    def op_migrate_page(self, h, a):
+        rows = sorted(self.rows)
+        page = [q for q in rows[h["start"]:h["start"] + h["count"]] if q in self.copying]
+        return {"parts": ["ids", "values"], "total": len(rows)}, [IDS[page], np.zeros((len(page), 2), np.float32)]
+
+    def op_migrate_stage(self, h, a):
+        parts = set(partition_of(a[0], P).tolist())
+        if not parts <= self.incoming:
+            self._refuse("migrate_stage: rows of partitions this server does not expect")
+        self.staged |= parts
+        return {}, []
+
+    def op_handoff_freeze(self, h, a):
+        parts = set(h["partitions"])
+        if not parts <= (self.owned & self.copying):
+            self._refuse("handoff_freeze: not copying all of these out")
+        self.owned -= parts
+        self.lost |= parts
+        return {}, []
+
+    def op_handoff_rows(self, h, a):
+        parts = sorted(h["partitions"])
+        if not set(parts) <= self.lost:
+            self._refuse("handoff_rows: freeze first")
+        return {"parts": ["ids", "values"], "total": len(parts), "version": 7}, \
+            [IDS[parts], np.zeros((len(parts), 2), np.float32)]
+
+    def op_handoff_in(self, h, a):
+        return {}, []
+
+    def op_handoff_done(self, h, a):
+        parts = set(h["partitions"])
+        if not parts <= self.incoming:
+            self._refuse("handoff_done: was not expecting all of these partitions")
+        self.incoming -= parts
+        self.owned |= parts
+        self.rows |= parts
+        self.adoptions += sorted(parts)
+        return {}, []
+
+    def op_dense_freeze(self, h, a):
+        if not set(h["names"]) <= self.blocks:
+            self._refuse("dense_freeze: unknown block")
+        self.gone |= set(h["names"])
+        return {}, []
+
+    def op_dense_export(self, h, a):
+        names = h["names"]
+        if not set(names) <= self.gone:
+            self._refuse("dense_export: freeze first")
+        return ({"names": names, "versions": [0] * len(names), "slots": 0, "optimizer": {}, "plan_fingerprint": 1,
+                 "lr_scale": 1.0}, [np.zeros(16, np.float32) for _ in names])
+
+    def op_dense_import(self, h, a):
+        names = set(h["names"])
+        if not names <= self.blocks_in:
+            self._refuse("dense_import: not expecting all of these blocks")
+        self.blocks |= names
+        self.gone -= names
+        self.blocks_in -= names
+        return {"blocks": len(names)}, []
+
+    def op_migrate_finish(self, h, a):
+        self.rows -= self.lost
+        self.lost, self.copying = set(), set()
+        self.staged = set()
+        return {"dropped": 0}, []
+
+    def op_dense_finish(self, h, a):
+        self.blocks -= self.gone
+        self.gone = set()
+        return {}, []
+
+    def op_retire(self, h, a):
+        if self.owned or self.incoming:
+            self._refuse("retire: still serves partitions")
+        return {"retired": True}, []
+
+    def op_migrate_abort(self, h, a):
+        parts, names = set(h["partitions"]), set(h["names"])
+        self.incoming -= parts
+        self.staged -= parts
+        self.blocks_in -= names
+        return {"owned": sorted(parts & self.owned), "blocks": sorted(names & (self.blocks - self.gone))}, []
+
+    def op_handoff_undo(self, h, a):
+        back = set(h["partitions"]) & self.lost
+        self.owned |= back
+        self.lost -= back
+        blocks = set(h["names"]) & self.gone
+        self.gone -= blocks
+        return {"restored": sorted(back), "blocks": sorted(blocks)}, []
+
+
+class FakeLinks:
+    """ServerLinks' submit/collect/discard over FakeServers, each step's fate drawn by ``fate``."""
+
+    def __init__(self, servers: list[FakeServer], fate):
+        self.servers, self.fate = servers, fate
+        self.dead: set[int] = set()
+        self.log: list[tuple[int, str, str]] = []      # (server, op, what happened)
+
+    def __len__(self):
+        return len(self.servers)
+
+    def submit(self, requests, timeout=None):
+        (server, header, arrays), = requests
+        ticket = Ticket(1, 1.0, 0.0)
+        what = "dead" if server in self.dead else self.fate()
+        if what == "kill":
+            self.dead.add(server)
+        self.log.append((server, header["op"], what))
+        name = f"server {server}"
+        if what in ("dead", "kill"):
+            error = ServerUnavailable(f"scaler lost its connection to {name}")
+        elif what == "lost":
+            error = DeadlineExceeded(f"scaler waited 1 s for {name} [{header['op']}, connected]")
+        elif what == "refuse":
+            error = RemoteError(name, "invalid", f"{header['op']}: refused (fault injected)")
+        else:
+            try:
+                reply = self.servers[server].handle(header, arrays)
+            except ConfigError as exc:
+                error = RemoteError(name, "invalid", str(exc))
+            else:
+                error = None if what == "ok" else DeadlineExceeded(
+                    f"scaler waited 1 s for {name} [{header['op']}, connected]")     # late: applied, no reply
+                ticket.results[0] = reply
+        ticket.error = error
+        return ticket
+
+    def collect(self, ticket):
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.results
+
+    def discard(self, ticket):
+        pass
+
+
+def _cluster(before: int, after: int, sync: bool):
+    addresses = [f"127.0.0.1:{7000 + i}" for i in range(max(before, after))]
+    routing = Routing.initial(P, addresses[:before])
+    servers = [FakeServer(i, routing, joining=i >= before, sync=sync) for i in range(len(addresses))]
+    return addresses, routing, servers
+
+
+def _check_never_served_twice(servers: list[FakeServer]) -> None:
+    served = [q for s in servers for q in s.owned]
+    assert len(served) == len(set(served)), f"a partition served by two servers: {sorted(served)}"
+    adopted = [q for s in servers for q in s.adoptions]
+    assert len(adopted) == len(set(adopted)), f"a partition handed off twice: {sorted(adopted)}"
+    held = [b for s in servers for b in s.blocks - s.gone]
+    assert len(held) == len(set(held)), f"a dense block served by two servers: {sorted(held)}"
+
+
+class CheckingLinks(FakeLinks):
+    def submit(self, requests, timeout=None):
+        ticket = super().submit(requests, timeout)
+        _check_never_served_twice(self.servers)          # after every step, not only at the end
+        return ticket
+
+
+SCENARIOS = [(2, [0, 1, 2]), (3, [0, 1]), (3, [0, 2]), (2, [0, 1, 2, 3]), (4, [0, 3])]
+
+
+FAULTS = st.sampled_from(["refuse", "lost", "late", "kill"])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=st.sampled_from(SCENARIOS), per_handoff=st.sampled_from([1, 3, 16]),
+       page_rows=st.sampled_from([2, 5, 64]), sync=st.booleans(),
+       first=st.one_of(st.none(), st.tuples(st.integers(0, 160), FAULTS)),
+       after_first=st.dictionaries(st.integers(1, 12), FAULTS, max_size=3))
+def test_every_interleaving_of_faults_ends_done_or_cleanly_aborted(scenario, per_handoff, page_rows, sync, first,
+                                                                    after_first):
+    """The fate of the n-th step sent (every other step is answered): a first fault anywhere in
+    the move (a move is 60-160 steps) or none, then a few within the next dozen steps, which are
+    the abort's own when the first one aborted the move."""
+    faults = {} if first is None else {first[0]: first[1], **{first[0] + k: f for k, f in after_first.items()}}
+    before, after = scenario
+    addresses, routing, servers = _cluster(before, max(after) + 1, sync)
+    sent = iter(range(10**6))
+    links = CheckingLinks(servers, lambda: faults.get(next(sent), "ok"))
+    target = rebalance(routing.owners, after)
+    moving = set(np.flatnonzero(target != routing.owners).tolist())
+    plan = MovePlan(addresses, after, per_handoff=per_handoff, page_rows=page_rows)
+    try:
+        record = run_move(links, plan, timeout=1.0)
+    except MoveFailed as failed:
+        _check_aborted(failed, servers, links, routing, moving)
+        return
+    assert record.partitions == len(moving)
+    for q in range(P):
+        holders = [s.index for s in servers if q in s.owned]
+        assert holders == [int(target[q])], f"partition {q} is served by {holders}, its new owner is {target[q]}"
+        assert [s.index for s in servers if q in s.rows] == holders, f"partition {q}: rows left behind"
+    assert not any(s.incoming or s.copying or s.lost or s.blocks_in or s.gone for s in servers)
+    final = servers[0].routing
+    assert np.array_equal(final.owners, target) and final.version == record.routing_version
+    assert sorted(b for s in servers for b in s.blocks) == BLOCKS
+    assert set(final.blocks.values()) <= set(after)
+    assert sorted(q for s in servers for q in s.adoptions) == sorted(moving), "a moving partition not handed once"
+
+
+def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routing, moving: set) -> None:
+    # The error names the server and the step that failed, and that step did fail.
+    assert f"{failed.step.op} on server {failed.step.server}" in str(failed)
+    assert (failed.step.server, failed.step.op) in [(s, op) for s, op, what in links.log if what != "ok"]
+    _check_never_served_twice(servers)
+    if failed.moved:
+        # Only finishing failed: every partition is on its new owner, and server 0 says so.
+        target = rebalance(routing.owners, failed.record.servers_after)
+        for q in range(P):
+            assert [s.index for s in servers if q in s.owned] == [int(target[q])], f"partition {q}"
+        assert np.array_equal(servers[0].routing.owners, target)
+        return
+    if not failed.undone:
+        # Not clean: only because some server (dead, or refusing the undo too) left partitions in doubt.
+        assert failed.in_doubt or failed.unanswered
+        return
+    now = servers[0].routing
+    blocks = [b for s in servers for b in s.blocks - s.gone]
+    assert sorted(blocks) == BLOCKS, f"after a clean abort every dense block is served once: {sorted(blocks)}"
+    assert all(now.blocks.get(b, s.index) == s.index for s in servers for b in s.blocks - s.gone), \
+        "server 0's routing names another holder of a dense block"
+    armed = {s.switch[1] for s in servers if s.switch is not None}
+    assert not armed or now.version >= max(armed), \
+        f"a switch armed for routing version {max(armed)}, server 0 routes by {now.version}: sync requests refused"
+    for q in range(P):
+        holders = [s.index for s in servers if q in s.owned]
+        assert len(holders) == 1, f"partition {q} is served by {holders} after a clean abort"
+        assert int(now.owners[q]) == holders[0], f"partition {q}: server 0 routes it to {now.owners[q]}, " \
+                                                 f"served by {holders[0]}"
+        handed = any(q in s.adoptions for s in servers)
+        assert q not in failed.in_doubt
+        if q not in moving or not handed:
+            assert holders == [int(routing.owners[q])], f"partition {q} not handed off, yet on {holders}"
+        if holders[0] not in links.dead:
+            assert q in servers[holders[0]].rows, f"partition {q}: served by {holders[0]} without its rows"
+
+
+def test_a_move_without_faults_is_the_scale_and_every_step_is_typed():
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    links = CheckingLinks(servers, lambda: "ok")
+    record = run_move(links, MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3), timeout=1.0)
+    assert record.partitions == P // 3 and record.handoffs == -(-record.partitions // 2)
+    ops = [op for _, op, _ in links.log]
+    assert ops[0] == "routing_get" and ops[-1] == "routing_set"
+    assert ops.index("migrate_expect") < ops.index("migrate_page") < ops.index("handoff_freeze")
+    assert "migrate_abort" not in ops and "handoff_undo" not in ops
+
+
+@pytest.mark.parametrize("stuck_op", ["migrate_start", "migrate_expect", "migrate_page", "migrate_stage",
+                                      "migrate_switch", "routing_set", "dense_freeze", "dense_export", "dense_import",
+                                      "handoff_freeze", "handoff_rows", "handoff_in", "handoff_done"])
+@pytest.mark.parametrize("how", ["lost", "refuse", "late"])
+def test_a_stuck_step_aborts_the_move_and_the_old_owners_serve_again(stuck_op, how):
+    """The first ``stuck_op`` (of the second hand-off for the hand-off steps: one group is handed
+    off before) is not answered in time, refused, or answered late; every other step succeeds.
+    (migrate_switch: a sync job's, whose abort must still publish a routing the switch takes.)"""
+    addresses, routing, servers = _cluster(2, 3, sync=stuck_op == "migrate_switch")
+    skip = 1 if stuck_op.startswith("handoff") else 0
+    seen = []
+
+    class Stuck(CheckingLinks):
+        def submit(self, requests, timeout=None):
+            (server, header, _), = requests
+            if header["op"] == stuck_op and not header.get("join"):
+                seen.append(server)
+                if len(seen) == skip + 1:
+                    self.fate = lambda: how
+                    try:
+                        return super().submit(requests, timeout)
+                    finally:
+                        self.fate = lambda: "ok"
+            return super().submit(requests, timeout)
+
+    links = Stuck(servers, lambda: "ok")
+    with pytest.raises(MoveFailed) as caught:
+        run_move(links, MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3), timeout=1.0)
+    failed = caught.value
+    assert failed.step.server == seen[skip] and failed.step.op == stuck_op
+    assert f"{stuck_op} on server {seen[skip]}" in str(failed)
+    moving = set(np.flatnonzero(rebalance(routing.owners, [0, 1, 2]) != routing.owners).tolist())
+    _check_aborted(failed, servers, links, routing, moving)
+    assert failed.undone, str(failed)          # every server answers the undo steps: clean
+    # The old owners serve again all that was not handed off: no partition is frozen or expected anywhere.
+    assert not any(s.lost or s.incoming or s.copying or s.blocks_in or s.gone for s in servers)
+    handed = sorted(q for s in servers for q in s.adoptions)
+    if skip:
+        assert handed, "a hand-off was done before the stuck step"
+    if stuck_op == "handoff_done" and how == "late":
+        # Applied on the new owner (only its reply was late): it keeps the group, whose rows the old owner dropped.
+        assert set(failed.step.header["partitions"]) <= set(handed)
+    for q in handed:
+        assert [s.index for s in servers if q in s.rows] == [2], f"partition {q}: rows on two servers or none"
+
+
+def test_a_late_reply_to_a_step_given_up_is_ignored_and_too_close_arms_a_later_step():
+    """Sync: a server that says the switch step is too close gets a later one (not an abort);
+    replies fed to a Ready that is no longer the current one change nothing."""
+    addresses, routing, servers = _cluster(2, 3, sync=True)
+    refusals = []
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=50)
+    while (ready := plan.ready()) is not None:
+        replies = []
+        for index, step in enumerate(ready.steps):
+            if step.op == "migrate_switch" and not refusals:
+                refusals.append(step.header["step"])
+                plan.fail(ready.number, index, RemoteError(f"server {step.server}", "invalid",
+                                                           f"migrate_switch: step {step.header['step']} is too "
+                                                           f"close, tables are at {{'emb': 9}}"))
+                break
+            replies.append(servers[step.server].handle(step.header, step.arrays))
+        else:
+            plan.feed(ready.number, replies)
+            plan.feed(ready.number, replies)          # again, late: that Ready is over
+            assert plan.ready() is None or plan.ready().number == ready.number + 1
+    record = plan.result()
+    assert refusals and record.switch_step == refusals[0] + 2 and record.arm_tries == 2
+    assert {s.switch for s in servers} == {(record.switch_step, routing.version + 1)}
+    assert np.array_equal(servers[0].routing.owners, rebalance(routing.owners, [0, 1, 2]))
+
+
+def _steps_of_a_clean_move(before, after, sync, per_handoff, page_rows) -> int:
+    addresses, _, servers = _cluster(before, max(after) + 1, sync)
+    links = FakeLinks(servers, lambda: "ok")
+    run_move(links, MovePlan(addresses, after, per_handoff=per_handoff, page_rows=page_rows), timeout=1.0)
+    return len(links.log)
+
+
+@pytest.mark.parametrize("before, after, sync", [(2, [0, 1, 2], False), (2, [0, 1, 2], True), (3, [0, 1], False)],
+                         ids=["2-3-async", "2-3-sync", "3-2-async"])
+def test_every_single_and_double_fault_at_every_step(before, after, sync):
+    """Exhaustive, beside the random interleavings: each step of the move in turn fails in each
+    way, alone, or followed by a lost reply to one of the next eight steps (the abort's own)."""
+    length = _steps_of_a_clean_move(before, after, sync, per_handoff=3, page_rows=4)
+    cases = [{i: kind} for i in range(length) for kind in ("refuse", "lost", "late", "kill")]
+    cases += [{i: "late", i + k: "lost"} for i in range(length) for k in range(1, 9)]
+    outcomes = {"done": 0, "clean": 0, "in doubt": 0, "finish failed": 0}
+    for faults in cases:
+        addresses, routing, servers = _cluster(before, max(after) + 1, sync)
+        sent = iter(range(10**6))
+        links = CheckingLinks(servers, lambda: faults.get(next(sent), "ok"))
+        target = rebalance(routing.owners, after)
+        moving = set(np.flatnonzero(target != routing.owners).tolist())
+        try:
+            run_move(links, MovePlan(addresses, after, per_handoff=3, page_rows=4), timeout=1.0)
+            outcomes["done"] += 1
+        except MoveFailed as failed:
+            _check_aborted(failed, servers, links, routing, moving)
+            outcomes["finish failed" if failed.moved else "clean" if failed.undone else "in doubt"] += 1
+    # Every fault before the last hand-off aborts the move; those after it leave it done or finishing.
+    assert outcomes["clean"] > len(cases) // 3 and outcomes["finish failed"] > 0, outcomes
