@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ Handler = Callable[[int], str]     # or Callable[[str], str] for a kind register
 MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
 ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
 SUMMARY = "summary.json"       # in the run directory: the job is over (observe/run_dir.py)
+RUN_NAME = re.compile(r"\d{8}-\d{6}-(.+)")   # observe/records.default_run_dir: STAMP-JOBID
 MAX_SUMMARY_BYTES = 1 << 20    # a summary names every process: far less than this
 
 
@@ -247,7 +249,10 @@ def resolve_run_dir(job: str, runs: Path = Path("runs")) -> Path:
     path = Path(job)
     if path.is_dir():
         return path
-    found = sorted(runs.glob(f"*-{job}")) if runs.is_dir() and "/" not in job else []
+    # Exactly STAMP-JOB: never a glob (`job-a*` would pick another job) nor a suffix (`ab12` is
+    # not `job-ab12`).
+    found = sorted(p for p in runs.iterdir() if (m := RUN_NAME.fullmatch(p.name)) and m.group(1) == job) \
+        if runs.is_dir() and "/" not in job else []
     if not found:
         raise ConfigError(f"no such job: {job!r} is neither a run directory nor a job id with a run directory "
                           f"under {runs}/ (give the run directory `paramshard launch` printed)")
