@@ -167,3 +167,17 @@ def test_max_staleness_through_the_launcher(tmp_path, capsys):
     code, out, err = cli_in_process(capsys, "launch", "--servers", "1", "--trainers", "1", "--max-staleness", "1",
                                     SCRIPT, "--out", tmp_path)
     assert code != 0 and "--max-staleness 1: bounds async staleness" in err + out
+
+
+def test_a_run_directory_others_may_write_is_refused_before_any_process_starts(tmp_path):
+    """The real command, in a child process: the refusal reaches the user (exit 2, what is wrong
+    and how to fix it), and no rank ever started (the script wrote nothing, no log was opened)."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    run.mkdir()
+    run.chmod(0o777)
+    r = launch("--servers", "1", "--trainers", "1", "--mode", "async", "--run-dir", str(run), str(SCRIPT),
+               "--out", str(out), "--steps", "3", timeout=120)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"run directory {run} is writable by its group and by every user (mode 0777)" in r.stderr
+    assert f"`chmod go-w {run}`" in r.stderr
+    assert list(run.iterdir()) == [] and not out.exists()

@@ -88,3 +88,38 @@ def test_a_writer_killed_mid_save_leaves_the_previous_checkpoint_whole(tmp_path)
     # The next save goes through (the stale temporary directory is ignored).
     write(tmp_path, 5, 5.0)
     assert Checkpoint(tmp_path).step == 5
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs, unmounted after); skipped where mounting is not allowed."""
+    import shutil
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_names_the_file_and_the_bytes_it_needed(small_disk):
+    writer = CheckpointWriter(small_disk, 7)
+    writer.put("dense/p0.values.npy", np.zeros(1000, np.float32))
+    big = np.zeros(2_000_000, np.uint8)
+    with pytest.raises(CheckpointError) as err:
+        writer.put("dense/p1.values.npy", big)
+    message = str(err.value)
+    assert f"no space left writing {writer.tmp / 'dense/p1.values.npy'}: it needs about 2,000,128 bytes" in message
+    assert "bytes free there; this checkpoint had 4,128 bytes written before it" in message
+    assert "give a --checkpoint-dir with room (the previous checkpoint is kept whole)" in message
+    # The disk is full now: the manifest cannot be written either, and says so by its name.
+    with pytest.raises(CheckpointError, match=rf"no space left writing {writer.tmp / 'manifest.json'}: it needs"):
+        writer.commit({})
+    assert not [p for p in writer.tmp.iterdir() if p.name.endswith(".tmp")]    # no half manifest left
+    writer.abort()
+    assert checkpoints(small_disk) == [] and list(small_disk.iterdir()) == []

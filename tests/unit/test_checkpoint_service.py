@@ -183,3 +183,27 @@ def test_half_row_pages_carry_float32_and_restore_bit_identical(rounding):
     for before, after in zip(snapshot(checkpoints), snapshot(copy)):
         for a, b in zip(before.arrays, after.arrays):
             assert a.tobytes() == b.tobytes()
+
+
+def test_admission_counters_come_whole_or_are_refused_naming_the_missing_part():
+    """restore_sparse with ``counted_ids`` but no ``counts`` was a KeyError (an ``internal``
+    reply): now a refusal naming the part, before any row is stored."""
+    _, sparse, checkpoints = service_with_table(admission=Admission(min_count=2))
+    ids, values = np.array([1, 2], np.uint64), np.zeros((2, 3), np.float32)
+    slots = [np.zeros((2, 3), np.float32)] * 2
+    header = {"table": "t", "trainer": 0, "version": 0, "evicted": 0}
+    rows = ["ids", "values", "slot0", "slot1"]
+    counted, counts = np.array([7, 8], np.uint64), np.array([1, 1], np.int64)
+    for parts, extra, why in [
+            (["counted_ids"], [counted], "part 'counted_ids' comes without 'counts'"),
+            (["counts"], [counts], "part 'counts' comes without 'counted_ids'"),
+            (["counted_ids", "counts"], [counted, counts[:1]], r"counts must be integers, one per counted id \(2\)"),
+            (["counted_ids", "counts"], [counted, counts.astype(np.float32)], "counts must be integers"),
+            (["counted_ids", "counts"], [counted, -counts], "counts must be >= 0"),
+            (["counted_ids", "counts"], [counted.astype(np.int64), counts], r"counted_ids must be uint64\[n\]")]:
+        with pytest.raises(ConfigError, match=why):
+            checkpoints.handle_restore_sparse(dict(header, parts=rows + parts), [ids, values, *slots, *extra])
+    assert sparse.tables["t"].num_rows == 0
+    checkpoints.handle_restore_sparse(dict(header, parts=rows + ["counted_ids", "counts"]),
+                                      [ids, values, *slots, counted, counts])
+    assert sparse.tables["t"].num_rows == 2

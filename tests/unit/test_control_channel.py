@@ -169,3 +169,13 @@ def test_a_request_that_comes_once_every_trainer_exited_is_not_acted_on(tmp_path
     with pytest.raises(ConfigError, match=r"ended \(its trainers finished\) before this request was acted on"):
         send(tmp_path, "servers", 2, clock=clock, sleep=polling(channel, clock))
     assert acted == [3]
+
+
+def test_a_job_id_names_its_own_run_directory_exactly_never_by_a_pattern(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("20260101-000000-job-ab12", "20260102-000000-job-ab34", "20260103-000000-x-job-ab12"):
+        (runs / name).mkdir(parents=True)
+    assert resolve_run_dir("job-ab12", runs) == runs / "20260101-000000-job-ab12"   # not x-job-ab12's
+    for pattern in ("job-a*", "job-ab?2", "job-ab[13]4", "ab12", "*"):
+        with pytest.raises(ConfigError, match="no such job"):
+            resolve_run_dir(pattern, runs)

@@ -138,3 +138,105 @@ def test_a_dead_trainer_does_not_close_the_control_channel():
     assert launcher.job_ended() and not launcher.trainers_done()
     launcher.trainers[1].code = 0
     assert launcher.trainers_done()
+
+
+class _Keeper:
+    """A bounded-loss job's replica keeper that always has something to restore: a server the
+    loop takes for hung would be SIGKILLed and restarted."""
+    def latest(self):
+        from pathlib import Path
+        return Path("replica")
+
+    def note_lost(self, server, at):
+        pass
+
+    def stop(self):
+        pass
+
+
+def _exiting_servers(launcher, silent_for, said_stopping):
+    """The end of a job: server 1 stopped serving first (its peer watch closed: ``said_stopping``,
+    the lines a real PeerWatch writes) and takes long to exit, silent ``silent_for`` s; server 0,
+    still up, lost its heartbeat and names it."""
+    import time
+
+    import zmq
+
+    from paramshard.launch.status import PeerStatus
+    from paramshard.server.peers import PeerWatch
+
+    lines = []
+    ctx = zmq.Context()
+    try:
+        watch = PeerWatch(ctx, {0: "127.0.0.1:9"}, grace=60.0, me=1, report=lines.append)
+        watch.poll()
+        if said_stopping:
+            watch.close()
+        else:
+            for peer in watch.peers:
+                peer.sock.close(0)
+                peer.monitor.close(0)
+    finally:
+        ctx.term()
+    now = time.monotonic()
+    last = {1: (PeerStatus.parse(lines[-1]), now - silent_for), 0: (PeerStatus(0, {1: silent_for}), now)}
+    for i, server in enumerate(launcher.servers):
+        server.last_status = lambda i=i: last[i]
+
+
+def _trainers_exit_after_the_first_look(launcher):
+    """The interleaving: the loop's first look is taken while the trainers are still exiting;
+    they (and the servers) have exited by its next look."""
+    look, looks = launcher._peer_verdict, []
+
+    def verdict():
+        looks.append(1)
+        if len(looks) == 2:
+            for p in launcher.trainers + launcher.servers:
+                p.code = 0
+        return look()
+    launcher._peer_verdict = verdict
+
+
+def _ending_job(silent_for, said_stopping, trainers_exited):
+    from paramshard.launch.peer_loss import SILENT_AFTER
+    from paramshard.launch.restart_policy import RestartPolicy
+
+    launcher = Launcher(Engine({} if not trainers_exited else {"trainer 0": (0, ()), "trainer 1": (0, ())}),
+                        policy=RestartPolicy(max_restarts=2))
+    launcher.start_job(_spec())
+    launcher.keeper = _Keeper()
+    _exiting_servers(launcher, silent_for * SILENT_AFTER, said_stopping)
+    told = []
+    launcher.restart_listeners.append(lambda rank, why: told.append((rank, why)))
+    if not trainers_exited:
+        _trainers_exit_after_the_first_look(launcher)
+    return launcher, told
+
+
+def test_a_server_slow_to_exit_at_the_end_of_its_job_is_not_killed_as_hung():
+    """Issue 30 (7d): a bounded-loss job's normal end SIGKILLed an exiting server as "hung" and
+    restarted it: it had closed its peer watch (so server 0 named it at once), stopped writing
+    status lines, and took longer than SILENT_AFTER to exit while the trainers were exiting too.
+    Its last status line now says it is stopping."""
+    launcher, told = _ending_job(silent_for=2, said_stopping=True, trainers_exited=False)
+    server = launcher.servers[1]
+    assert launcher.wait(poll_interval=0) == 0
+    assert told == [] and launcher.restarts_used == 0 and launcher.servers[1] is server and server.code == 0
+
+
+def test_once_every_trainer_succeeded_a_silent_named_server_ends_with_the_job_not_restarted():
+    """The same end, seen only once the trainers have exited, from a server that never said it
+    stops (one of another version): the job is over, nothing is restarted for it."""
+    launcher, told = _ending_job(silent_for=2, said_stopping=False, trainers_exited=True)
+    assert launcher.wait(poll_interval=0) == 0
+    assert told == [] and launcher.restarts_used == 0
+
+
+def test_a_server_hung_while_the_trainers_still_train_is_still_killed_and_restarted():
+    """What the fix must not lose: silent, named, never said it stops, trainers still running."""
+    launcher, told = _ending_job(silent_for=2, said_stopping=False, trainers_exited=False)
+    hung = launcher.servers[1]
+    assert launcher.wait(poll_interval=0) == 0
+    assert hung.code == -signal.SIGKILL and [rank for rank, _ in told] == ["server 1"]
+    assert "was hung and is killed" in told[0][1]

@@ -129,6 +129,17 @@ def test_the_peer_watch_writes_a_status_line_each_second_and_at_once_on_a_change
     finally:
         peer.monitor = real_monitor
         watch.close()
+    # Its last word as it exits: what it said last (the peer it exits for too), and that it stops.
+    assert PeerStatus.parse(lines[-1]) == PeerStatus(0, {1: 3.25}, (1,), stopping=True)
+    said = len(lines)
+    watch.close()
+    assert len(lines) == said                                                   # said once
+
+
+def test_a_named_silent_server_that_said_it_stops_is_exiting_not_hung():
+    v = decide([ServerState(0, names={1: 4.0}, silent_for=0.1),
+                ServerState(1, silent_for=SILENT_AFTER + 5, stopping=True)])
+    assert v.hung == {} and v.restart == () and v.spared == {}
 
 
 class Silent:

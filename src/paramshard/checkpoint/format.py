@@ -25,6 +25,7 @@ with the manifest or with the file's size, before allocating anything (npy.py).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -44,6 +45,7 @@ from .paths import confined
 from .positions import check_position
 
 MANIFEST = "manifest.json"
+_NPY_HEADER = 128               # numpy's .npy header: 128 bytes for any array a checkpoint holds
 LATEST = "latest"
 _STEP_DIR = re.compile(r"step-([0-9]{8,})")     # fullmatch: no trailing newline, ASCII digits
 
@@ -72,13 +74,41 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def write_failed(path: Path, exc: OSError, needed: int, written: int = 0) -> CheckpointError:
+    """The error of a checkpoint file that could not be written: which file, and for a full disk
+    (or quota) the bytes it needed and those left, so the user knows where and how much to free."""
+    free = _free_bytes(path.parent)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "no space left" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+        so_far = f"; this checkpoint had {written:,} bytes written before it" if written else ""
+        left = f", {free:,} bytes free there" if free is not None else ""
+        return CheckpointError(f"checkpoint: {what} writing {path}: it needs about {needed:,} bytes{left}{so_far}; free "
+                               f"space on that file system or give a --checkpoint-dir with room (the previous "
+                               f"checkpoint is kept whole)")
+    return CheckpointError(f"checkpoint: cannot write {path} ({exc.strerror or exc}); the previous checkpoint is "
+                           f"kept whole")
+
+
 def write_json_atomically(path: Path, data) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(path, exc, len(text.encode())) from exc
 
 
 class CheckpointWriter:
@@ -97,11 +127,14 @@ class CheckpointWriter:
         path = self.tmp / relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         array = np.ascontiguousarray(array)
-        with open(path, "wb") as f:
-            w = _CrcWriter(f)
-            np.lib.format.write_array(w, array, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(path, "wb") as f:
+                w = _CrcWriter(f)
+                np.lib.format.write_array(w, array, allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:          # a full disk above all: which file, how many bytes
+            raise write_failed(path, exc, array.nbytes + _NPY_HEADER, self.bytes) from exc
         self.files[relpath] = {"bytes": w.bytes, "crc32": w.crc, "dtype": array.dtype.str,
                                "shape": list(array.shape)}
         self.bytes += w.bytes

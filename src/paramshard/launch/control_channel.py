@@ -14,17 +14,29 @@ written by the channel when the launcher's loop stops answering, or ``summary.js
 when the job is over), checked before the request is written and while its reply is awaited,
 so a request racing the job's end is answered "the job ended" within a poll. Otherwise, with
 no launcher polling (its launcher was killed, or never ran here), it gives up at its deadline.
+
+Nobody else steers it (safe_files.py): the launcher takes a run directory only if it is the
+user's and no other user can write it; every file is written under a random name with
+``O_EXCL | O_NOFOLLOW`` and renamed into place; a request is read only if it is a regular file
+of at most MAX_REQUEST_BYTES (``O_NOFOLLOW | O_NONBLOCK``): anything else named
+``request-*.json`` (a directory, a FIFO, a link to /dev/zero) is refused with a warning, removed
+when it can be, and the launcher's loop goes on watching its job.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, DeadlineExceeded
+from ..log import get_logger
+from ..safe_files import UnsafeFile, check_private_dir, read_small, write_whole
+
+log = get_logger("launch")
 
 MAX_REQUEST_BYTES = 4096       # a request is a few fields: anything bigger is not one of ours
 CONTROL = "control"
@@ -33,19 +45,18 @@ Handler = Callable[[int], str]     # or Callable[[str], str] for a kind register
 MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
 ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
 SUMMARY = "summary.json"       # in the run directory: the job is over (observe/run_dir.py)
+RUN_NAME = re.compile(r"\d{8}-\d{6}-(.+)")   # observe/records.default_run_dir: STAMP-JOBID
+MAX_SUMMARY_BYTES = 1 << 20    # a summary names every process: far less than this
 
 
 def _write_whole(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(data) + "\n")
 
 
-def _read_small_json(path: Path) -> dict:
-    """A request or reply from disk, checked to be a small JSON object before it is parsed."""
-    if path.stat().st_size > MAX_REQUEST_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_REQUEST_BYTES} bytes, not a control request")
-    data = json.loads(path.read_text())
+def _read_small_json(path: Path, limit: int = MAX_REQUEST_BYTES) -> dict:
+    """A request or reply from disk, checked to be a small regular file holding a JSON object
+    before it is parsed (UnsafeFile if it is no regular file or too big; ValueError: not JSON)."""
+    data = json.loads(read_small(path, limit))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: not a JSON object")
     return data
@@ -62,7 +73,7 @@ def ended(run_dir) -> str | None:
     run_dir = Path(run_dir)
     for path in (run_dir / SUMMARY, run_dir / CONTROL / ENDED):
         try:
-            data = _read_small_json(path) if path.name == ENDED else json.loads(path.read_text())
+            data = _read_small_json(path, MAX_REQUEST_BYTES if path.name == ENDED else MAX_SUMMARY_BYTES)
         except FileNotFoundError:
             continue
         except (OSError, ValueError, ConfigError):
@@ -123,7 +134,11 @@ class ControlChannel:
         self.folder = Path(run_dir) / CONTROL
         self.ending = ending
         self.closed: str | None = None          # why no request is acted on any more (close)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        check_private_dir(run_dir)              # whoever can write it could ask for anything
+        if not self.folder.exists():
+            self.folder.mkdir(mode=0o755)
+        check_private_dir(self.folder, "control folder")
+        self._refused: set[tuple[str, int]] = set()     # (name, inode) of entries refused, warned about once
         (self.folder / ENDED).unlink(missing_ok=True)       # a job run again in its run directory
         self.handlers: dict[str, Handler] = dict(handlers or {})
         self.value_types: dict[str, type] = {}     # kind -> the type of its value (int unless registered)
@@ -158,20 +173,48 @@ class ControlChannel:
         for path in sorted(self.folder.glob("request-*.json")):
             ident = path.name[len("request-"):-len(".json")]
             if not ident.isalnum():
-                path.unlink(missing_ok=True)
+                self._discard(path, f"{path.name}: not a request name `paramshard scale` writes")
                 continue
-            _write_whole(self.folder / f"reply-{ident}.json", self._answer(path))
+            try:
+                request: dict | Exception = _read_small_json(path)
+            except UnsafeFile as exc:
+                if not path.is_file() or path.is_symlink():     # no `paramshard scale` wrote it: nobody waits
+                    self._discard(path, str(exc))
+                    continue
+                request = exc                                   # a request too big: its sender hears why
+            except (ValueError, OSError) as exc:                # not JSON, or gone meanwhile
+                request = exc
+            _write_whole(self.folder / f"reply-{ident}.json", self._answer(request))
             path.unlink(missing_ok=True)
             answered += 1
         return answered
 
-    def _answer(self, path: Path) -> dict:
+    def _discard(self, path: Path, why: str) -> None:
+        """Something in control/ that no `paramshard scale` wrote: refused, never read, removed if it
+        can be (a directory with files in it stays, ignored), warned about once."""
+        try:
+            key = (path.name, os.lstat(path).st_ino)
+        except OSError:
+            return
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+        except OSError:
+            pass
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning("control request refused: %s (the job goes on)", why)
+
+    def _answer(self, request: dict | Exception) -> dict:
         kind = None
         try:
             if self.closed is not None:
                 raise ConfigError(f"the job ended ({self.closed}) before this request was acted on: nothing "
                                   f"was changed")
-            request = _read_small_json(path)
+            if isinstance(request, Exception):
+                raise request
             kind, value = request.get("kind"), request.get("value")
             handler = self.handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
@@ -206,7 +249,10 @@ def resolve_run_dir(job: str, runs: Path = Path("runs")) -> Path:
     path = Path(job)
     if path.is_dir():
         return path
-    found = sorted(runs.glob(f"*-{job}")) if runs.is_dir() and "/" not in job else []
+    # Exactly STAMP-JOB: never a glob (`job-a*` would pick another job) nor a suffix (`ab12` is
+    # not `job-ab12`).
+    found = sorted(p for p in runs.iterdir() if (m := RUN_NAME.fullmatch(p.name)) and m.group(1) == job) \
+        if runs.is_dir() and "/" not in job else []
     if not found:
         raise ConfigError(f"no such job: {job!r} is neither a run directory nor a job id with a run directory "
                           f"under {runs}/ (give the run directory `paramshard launch` printed)")

@@ -117,7 +117,8 @@ class Launcher:
         for i, p in enumerate(self.servers):
             status, at = p.last_status()
             states.append(ServerState(i, p.poll(), dict(status.unreachable) if status else {},
-                                      status.gone if status else (), None if at is None else now - at))
+                                      status.gone if status else (), None if at is None else now - at,
+                                      bool(status and status.stopping)))
         return states
 
     def _peer_verdict(self) -> Verdict:
@@ -214,12 +215,15 @@ class Launcher:
                 tolerated = self.elastic.tolerated(failed) if self.elastic else []
                 failed = [p for p in failed if p not in tolerated]
                 verdict = self._peer_verdict()
+                # Every trainer succeeded: the job is over, and its servers are exiting. One that a
+                # peer names and that has been silent a while is slow to exit, not hung: nothing
+                # needs it any more (close() stops it if it never exits). A failed rank still counts.
+                if not failed and all(t.poll() == 0 or t in tolerated for t in self.trainers):
+                    return self._finish(len(self.trainers) - len(tolerated), poll_interval)
                 if (failed or verdict.hung) and self._restart_in_place(failed, verdict):
                     continue
                 if failed:
                     return self._fail(failed, verdict)
-                if all(t.poll() == 0 or t in tolerated for t in self.trainers):
-                    return self._finish(len(self.trainers) - len(tolerated), poll_interval)
                 time.sleep(poll_interval)
         except (KeyboardInterrupt, StopSignal) as exc:
             return self.stop_on_signal(signal_number(exc))

@@ -9,6 +9,8 @@ each server's heartbeat to the launcher, over the launcher's own pipe, so:
 
 - named, alive, and silent to the launcher too (no status line for
   ``SILENT_AFTER`` s): **hung**. The launcher SIGKILLs it and restarts it in place;
+  unless its last line said it is stopping: a server exiting at the end of its job (its
+  peers name it as soon as it closes its sockets) may take seconds to exit, silent;
 - named, alive, still writing status lines: not hung. If it names its accuser
   back, the two are **partitioned** from each other; nobody is killed (killing
   both blindly would lose two servers for a network fault, and killing one is a
@@ -44,6 +46,7 @@ class ServerState:
     names: Mapping[int, float] = dataclasses.field(default_factory=dict)   # peers it lost -> seconds unreachable
     gone: tuple[int, ...] = ()                           # peers it exited for (its last status line)
     silent_for: float | None = None                      # seconds since its last status line; None: none yet
+    stopping: bool = False                               # its last status line said it exits (launch/status.py)
 
     @property
     def alive(self) -> bool:
@@ -95,6 +98,10 @@ def decide(servers: Sequence[ServerState], just_restarted: Collection[int] = ())
         s = by_index[index]
         if not s.alive:
             continue                                       # dead: counted below
+        if s.stopping:
+            # It said it exits (the end of its job: a peer that stopped first, or still stopping,
+            # names it): its silence is its exit, however slow, not a hang; nothing worth a warning.
+            continue
         if s.silent_for is not None and s.silent_for >= SILENT_AFTER:
             lost = " and ".join(f"server {a}" for a in by)
             hung[index] = f"hung: {lost} lost its heartbeat, and it has said nothing to the launcher for {s.silent_for:.1f} s"

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..safe_files import make_private_dir
 from ..transport.server_stats import ServerStats
 from .monitor import server_record
 from .counter_carry import carry_series
@@ -39,6 +40,7 @@ def run_dir_of(env) -> Path | None:
 
 def write_rank(run_dir: Path, name: str, env) -> None:
     environ = {k: ("<redacted>" if "SECRET" in k else v) for k, v in env.to_environ().items()}
+    make_private_dir(run_dir)        # like `paramshard launch`'s: the user's own, writable by nobody else
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "ranks" / f"{name.replace(' ', '-')}.json",
                {"name": name, "host": socket.gethostname(), "pid": os.getpid(), "environ": environ})
@@ -49,6 +51,7 @@ class TrainerSink:
     tensorboard/trainer-N/ (observe/tensorboard_writer.py)."""
 
     def __init__(self, run_dir: Path, trainer_id: int):
+        make_private_dir(run_dir)
         self.records = RecordWriter(run_dir / "metrics" / f"trainer-{trainer_id}.jsonl")
         self.tensorboard = TensorBoardWriter(run_dir / TENSORBOARD_DIR)
 

@@ -59,11 +59,12 @@ moved in between). Sync pushes have none.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Iterator
+
+from ..safe_files import open_append, write_whole
 
 SERVER_EVERY = 2.0           # seconds between server records
 TRAINER_EVERY = 1.0          # seconds between a trainer's records
@@ -81,7 +82,7 @@ class RecordWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)
+        self._file = open_append(self.path)       # never through a link planted in its place
         self._lock = threading.Lock()
 
     def write(self, record: dict) -> None:
@@ -107,6 +108,5 @@ def read_records(path: Path) -> Iterator[dict]:
 
 
 def write_json(path: Path, data) -> None:
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n")
-    os.replace(tmp, path)
+    """``data`` into ``path`` whole: a new file (O_EXCL, no link followed) renamed into place."""
+    write_whole(path, json.dumps(data, indent=1, default=float) + "\n")

@@ -6,17 +6,20 @@ launcher reads every child's output anyway (launch/processes.py), so the
 records travel the same way over SSH as locally, and nothing needs a shared
 file system. The tap takes them out of the output and writes every other line
 to the process's own log file.
+
+The run directory must be the user's own, writable by nobody else (safe_files.py: checked
+before anything is written), and every file in it is opened without following links.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
 from ..launch.control_channel import CONTROL, ENDED
+from ..safe_files import check_private_dir, make_private_dir, open_append, write_whole
 from .counter_carry import CounterCarry
 from .records import MARK, RecordWriter, write_json
 from .tensorboard_writer import TENSORBOARD_DIR, TensorBoardWriter
@@ -26,16 +29,9 @@ SECRET_FILE = "secret"      # the generated secret of a `paramshard launch` job 
 
 
 def write_private(path: Path, text: str) -> None:
-    """``text`` into ``path``, mode 0600 from the start (no moment when others may read it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``text`` into ``path``, mode 0600 from the start (no moment when others may read it), through
+    a new file (never an existing one or a link planted in its place)."""
+    write_whole(path, text, mode=0o600)
 
 
 def read_secret(run_dir) -> str | None:
@@ -50,7 +46,11 @@ class RunDir:
     def __init__(self, path, job_id: str):
         self.path = Path(path)
         self.job_id = job_id
-        (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        # Before anything is written: a directory others can write would let them steer the job.
+        make_private_dir(self.path)
+        if not (self.path / "logs").exists():
+            (self.path / "logs").mkdir(mode=0o755)
+        check_private_dir(self.path / "logs", "log folder")
         # A summary says the job is over (`paramshard scale`, `paramshard report` read it so): one
         # left by an earlier job launched into this directory is not this job's.
         (self.path / "summary.json").unlink(missing_ok=True)
@@ -67,8 +67,7 @@ class RunDir:
     # -- what the processes print ----------------------------------------------
     def tap_for(self, rank) -> "callable":
         """A Child tap for ``rank``: its lines into logs/<name>.log, its records into metrics.jsonl."""
-        log = open(self.path / "logs" / f"{rank.name.replace(' ', '-')}.log", "a", buffering=1,
-                   errors="replace")
+        log = open_append(self.path / "logs" / f"{rank.name.replace(' ', '-')}.log")   # never through a link
         self._logs.append(log)
 
         def tap(line: str) -> bool:

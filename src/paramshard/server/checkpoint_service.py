@@ -187,13 +187,34 @@ class CheckpointService:
         # per page. The hint is checked like register_sparse's, before anything is allocated.
         state = {name: got[name] for name in (*(f"slot{i}" for i in range(len(slots))), "steps", "last_seen")
                  if name in got}
-        counters = (got["counted_ids"], got["counts"]) if "counted_ids" in got else None
+        counters = _counters(table.name, got)
         lr_scale = check_lr_scale(header.get("lr_scale", 1.0), f"restore_sparse: table {table.name!r}")
         scaled(table.optimizer, lr_scale)   # checked before any row is stored
         table.restore_rows(ids, values, state, header["version"], header["evicted"],
                            header.get("reserve", 0), counters)
         table.set_lr_scale(lr_scale)
         return Reply({"rows": table.num_rows})
+
+
+def _counters(table: str, got: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """The admission counters of a restore_sparse page (parts ``counted_ids`` and ``counts``, both
+    or neither), checked like its rows before anything is stored: a refusal naming what is wrong,
+    never an internal error."""
+    ids, counts = got.get("counted_ids"), got.get("counts")
+    if ids is None and counts is None:
+        return None
+    if ids is None or counts is None:
+        have, missing = ("counted_ids", "counts") if counts is None else ("counts", "counted_ids")
+        raise ConfigError(f"restore_sparse: table {table!r}: part {have!r} comes without {missing!r}: the "
+                          f"admission counters need both (one entry of {missing!r} per entry of {have!r})")
+    if ids.ndim != 1 or ids.dtype != np.uint64:
+        raise ConfigError(f"restore_sparse: table {table!r}: counted_ids must be uint64[n]")
+    if counts.shape != ids.shape or counts.dtype.kind not in "iu":
+        raise ConfigError(f"restore_sparse: table {table!r}: counts must be integers, one per counted id "
+                          f"({len(ids)}), got {counts.dtype}{list(counts.shape)}")
+    if len(counts) and counts.min() < 0:
+        raise ConfigError(f"restore_sparse: table {table!r}: counts must be >= 0")
+    return ids, counts
 
 
 def attach_checkpoints(server) -> CheckpointService:

@@ -17,6 +17,7 @@ the same heartbeat) wait for it to come back, and can replace it in time.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -77,6 +78,7 @@ class PeerWatch:
         self.me = me
         self._report = (report or launcher_report()) if me is not None else None
         self._reported: tuple[float, frozenset[int], frozenset[int]] | None = None   # (when, unreachable, unseen) last said
+        self._said: PeerStatus | None = None        # the last status line written
         self._ctx, self._secure = ctx, secure
         self.peers: list[_Peer] = []
         for index, address in sorted(peers.items()):
@@ -152,9 +154,16 @@ class PeerWatch:
                 and now - last[0] < STATUS_EVERY):
             return
         self._reported = (now, frozenset(down), frozenset(unseen))
-        self._report(PeerStatus(self.me, down, tuple(p.index for p in gone), unseen).line())
+        self._said = PeerStatus(self.me, down, tuple(p.index for p in gone), unseen)
+        self._report(self._said.line())
 
     def close(self) -> None:
+        """Stop watching. A server that wrote status lines says, in one last line, that it stops
+        (what it said last, ``stopping`` set): the launcher, which counts a server silent for a few
+        seconds and named by a peer as hung, then knows its silence is its exit (launch/status.py)."""
+        if self._report is not None and self._said is not None:
+            self._report(dataclasses.replace(self._said, stopping=True).line())
+            self._said = None
         for peer in self.peers:
             close_monitored(peer.sock, peer.monitor)
         self.peers = []
