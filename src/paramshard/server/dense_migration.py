@@ -97,7 +97,7 @@ class DenseMigration:
                 raise Moved(f"server {self.ctx.server_id}: from step {switch[0]} on the job routes by routing "
                             f"version {switch[1]}, this dense request is of version {routing_version}; fetch "
                             f"the routing (routing_get on server 0) and resend")
-            if self.incoming:
+            if self.incoming and self.migration.ownership.holding:     # this move's switch (see there)
                 return Verdict.HOLD
         # Only blocks handed away are refused: a name never here is a model that differs from the
         # chief's, which the handler reports as such (a client never learns of a block on a
@@ -169,6 +169,7 @@ class DenseMigration:
         here = [n for n in names if n in self.dense.blocks and n not in self.gone]
         if here:
             raise ConfigError(f"dense_expect: server {self.ctx.server_id} already holds blocks {here[:3]}")
+        self.migration.ownership.expecting()
         self.incoming.update(names)
         return Reply()
 

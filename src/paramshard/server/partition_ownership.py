@@ -41,6 +41,12 @@ class PartitionOwnership:
         # later (older ones are refused, so every trainer changes routing at the same step), and
         # a server taking partitions holds them all until the rows are here.
         self.switch: tuple[int, int] | None = None
+        # Whether the armed switch is the move under way's (the hold above applies): from its arm
+        # until a later move expects partitions or blocks here. The refusal of older routings stays
+        # (a push of step >= S built under an older routing would miss a server), but holding
+        # everything of step >= S for a later move's incoming partitions would hold the steps
+        # before that move's switch, which its hand-off waits for: a deadlock (issue 29).
+        self.holding = False
 
     @property
     def elastic(self) -> bool:
@@ -60,7 +66,7 @@ class PartitionOwnership:
                 raise Moved(f"server {self.me}: from step {self.switch[0]} on the job routes by routing version "
                             f"{self.switch[1]}, this request is of version {routing_version}; fetch the routing "
                             f"(routing_get on server 0) and resend")
-            if self.incoming.any():
+            if self.holding and self.incoming.any():
                 return Verdict.HOLD
         if not len(ids):
             return Verdict.ACCEPT
@@ -134,6 +140,7 @@ class PartitionOwnership:
         if self.switch is not None and self.switch[1] > version:
             raise ConfigError(f"migrate_switch: routing version {version} is older than the one armed")
         self.switch = (step, version)
+        self.holding = True
 
     def start_copy(self, parts) -> None:
         parts = self._check(parts, "migrate_start")
@@ -141,8 +148,14 @@ class PartitionOwnership:
             raise ConfigError(f"migrate_start: server {self.me} does not own all of partitions {parts[:5].tolist()}..")
         self.copying[parts] = True
 
+    def expecting(self) -> None:
+        """A move is to hand partitions or blocks here (before it arms its switch, if sync): an
+        earlier move's switch holds nothing any more."""
+        self.holding = False
+
     def expect(self, parts) -> None:
         parts = self._check(parts, "migrate_expect")
+        self.expecting()
         if self.owned[parts].any():
             raise ConfigError(f"migrate_expect: server {self.me} already owns some of these partitions")
         self.incoming[parts] = True
