@@ -145,3 +145,18 @@ def test_one_hold_queue_for_partitions_and_blocks_released_by_either_and_expirin
     clock[0] = 7.0
     assert len(new.expired(5.0)) == 1, "held past the timeout: admitted again"
     assert not new.incoming and not sparse.ownership.incoming.any(), "the stalled move expects nothing any more"
+
+
+def test_a_later_moves_new_owner_holds_blocks_only_from_its_own_switch():
+    """Sync 2 -> 3 -> 2 (see test_partition_ownership): server 0 expects a block in the second move;
+    requests of steps past the first move's switch naming blocks it holds are served until the
+    second move arms its own switch."""
+    service, _, _ = _server(0, Mode.SYNC)
+    own = service.migration.ownership
+    own.arm(2, 1)
+    own.set_routing(own.routing.moved_to(own.routing.owners, version=2))     # the first move's end
+    service.handle_dense_expect({"names": ["w"]}, [])
+    assert _admit(service, "push_dense", ["v"], step=3, routing=2) is Verdict.ACCEPT
+    assert _admit(service, "push_dense", ["w"], step=3, routing=2) is Verdict.HOLD    # the block on its way
+    own.arm(5, 3)
+    assert _admit(service, "push_dense", ["v"], step=5, routing=3) is Verdict.HOLD

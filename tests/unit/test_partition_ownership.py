@@ -91,3 +91,27 @@ def test_held_requests_run_again_when_a_move_stalls():
     assert own.expired(10.0) == []
     clock.now = 10.0
     assert own.expired(10.0) == ["r1"] and not own.incoming.any()
+
+
+def test_a_later_moves_new_owner_holds_only_from_its_own_switch():
+    """Sync 2 -> 3 -> 2: server 0 is armed for the first move (it takes nothing then) and takes
+    partitions in the second. Before the second move arms its switch, requests of steps past the
+    first switch are served (holding them would hold the steps that move's hand-off waits for);
+    a routing older than the first switch's is still refused; from the second switch on, all wait."""
+    base = Routing.initial(P, ["a:1", "b:2"])
+    own = PartitionOwnership(0, base)
+    own.arm(10, 1)
+    own.set_routing(base.moved_to(base.owners, version=1))          # the first move's hand-off
+    own.set_routing(base.moved_to(base.owners, version=2))          # and its final routing
+    own.expect([1])                                                  # the second move begins
+    assert own.verdict(_ids_in(0), routing_version=2, step=12) is Verdict.ACCEPT
+    with pytest.raises(Moved, match="routing version 1"):
+        own.verdict(_ids_in(0), routing_version=0, step=12)
+    own.arm(20, 3)
+    assert own.verdict(_ids_in(0), routing_version=2, step=19) is Verdict.ACCEPT
+    assert own.verdict(_ids_in(0), routing_version=3, step=20) is Verdict.HOLD
+    own.set_routing(base.moved_to(base.owners, version=3))          # published: still holding
+    assert own.verdict(_ids_in(2), routing_version=3, step=21) is Verdict.HOLD
+    own.adopt([1])
+    own.set_routing(base.moved_to(base.owners, version=4))
+    assert own.verdict(np.concatenate([_ids_in(0), _ids_in(1)]), routing_version=3, step=25) is Verdict.ACCEPT

@@ -41,16 +41,20 @@ class PartitionOwnership:
         # later (older ones are refused, so every trainer changes routing at the same step), and
         # a server taking partitions holds them all until the rows are here.
         self.switch: tuple[int, int] | None = None
-        # Whether the armed switch is the move under way's (the hold above applies): from its arm
-        # until a later move expects partitions or blocks here. The refusal of older routings stays
-        # (a push of step >= S built under an older routing would miss a server), but holding
-        # everything of step >= S for a later move's incoming partitions would hold the steps
-        # before that move's switch, which its hand-off waits for: a deadlock (issue 29).
-        self.holding = False
 
     @property
     def elastic(self) -> bool:
         return self.routing.elastic
+
+    @property
+    def holding(self) -> bool:
+        """Sync: whether the armed switch still holds every request of step >= S while partitions
+        (or dense blocks) are on their way here: until this server is told a routing newer than
+        the switch's (the move's final one, set on every server at its end). The refusal of older
+        routings stays (a push of step >= S built under an older routing would miss a server),
+        but a later move's new owner holding the steps before its own switch for this one would
+        hold what that move's hand-off waits for: a deadlock (issue 29, 2 -> 3 -> 2)."""
+        return self.switch is not None and self.routing.version <= self.switch[1]
 
     def partitions(self, ids: np.ndarray) -> np.ndarray:
         return partition_of(ids, self.routing.partitions)
@@ -140,7 +144,6 @@ class PartitionOwnership:
         if self.switch is not None and self.switch[1] > version:
             raise ConfigError(f"migrate_switch: routing version {version} is older than the one armed")
         self.switch = (step, version)
-        self.holding = True
 
     def start_copy(self, parts) -> None:
         parts = self._check(parts, "migrate_start")
@@ -148,14 +151,8 @@ class PartitionOwnership:
             raise ConfigError(f"migrate_start: server {self.me} does not own all of partitions {parts[:5].tolist()}..")
         self.copying[parts] = True
 
-    def expecting(self) -> None:
-        """A move is to hand partitions or blocks here (before it arms its switch, if sync): an
-        earlier move's switch holds nothing any more."""
-        self.holding = False
-
     def expect(self, parts) -> None:
         parts = self._check(parts, "migrate_expect")
-        self.expecting()
         if self.owned[parts].any():
             raise ConfigError(f"migrate_expect: server {self.me} already owns some of these partitions")
         self.incoming[parts] = True
