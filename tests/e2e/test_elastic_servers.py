@@ -70,3 +70,53 @@ def test_scale_servers_up_and_down_while_the_trainers_train(tmp_path):
     # the launcher's watcher followed the routing: the added server has records of its own
     assert any(r.get("kind") == "server" and r.get("server") == 2
                for r in map(json.loads, (job.run_dir / "metrics.jsonl").read_text().splitlines()))
+
+
+def trainer_steps(run_dir) -> dict[int, int]:
+    """The latest step each trainer's records in the run directory name."""
+    path, steps = run_dir / "metrics.jsonl", {}
+    for r in map(json.loads, path.read_text().splitlines() if path.exists() else []):
+        if r.get("kind") == "trainer" and "step" in r:
+            steps[r["trainer"]] = max(r["step"], steps.get(r["trainer"], 0))
+    return steps
+
+
+def wait_for_steps(job, step, deadline=60.0):
+    """Both trainers past ``step`` (a trainer that froze, as one did after a sync switch, never is)."""
+    end = time.monotonic() + deadline
+    while len(trainer_steps(job.run_dir)) < 2 or min(trainer_steps(job.run_dir).values()) < step:
+        assert time.monotonic() < end and job.proc.poll() is None, \
+            f"the trainers stopped at {trainer_steps(job.run_dir)}, short of step {step}:\n{job.text()[-4000:]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(240)
+def test_a_sync_job_with_prefetching_scales_2_3_2(tmp_path):
+    """examples/ctr_wide_deep.py (trainer.prefetching, two tables, sync) scaled 2 -> 3 -> 2: each move
+    changes routing at one step with sparse partitions and dense blocks moving, the trainers go on
+    past each switch, and the job ends as an unscaled one does (every step, test AUC, rc 0). Its
+    rows equal an unscaled run's: tests/integration/test_server_scaling_sync.py."""
+    job = Job(tmp_path, "--trainers", "2", "--mode", "sync", "--partitions", "64", servers="2",
+              script=str(REPO / "examples" / "ctr_wide_deep.py"),
+              args=["--train-rows", "150000", "--test-rows", "2000", "--batch-size", "64",
+                    "--workdir", str(tmp_path / "data")])
+    try:
+        job.wait_for(r"epoch 1 \[", deadline=120)            # data written, training
+        assert "started servers [2]" in scale(job, 3)
+        (up,) = wait_for_event(job, "scale_end", 1)
+        assert up["servers_after"] == [0, 1, 2] and up["partitions"] > 0 and up["blocks"] > 0, up
+        assert up["switch_step"] is not None, up
+        wait_for_steps(job, up["switch_step"] + 20)
+        assert "moving the partitions of servers [2]" in scale(job, 2)
+        down = wait_for_event(job, "scale_end", 2)[1]
+        assert down["servers_after"] == [0, 1] and down["partitions"] == up["partitions"] and down["blocks"] > 0
+        assert down["switch_step"] is not None and down["switch_step"] > up["switch_step"], down
+        wait_for_steps(job, down["switch_step"] + 20)
+        assert job.proc.wait(timeout=150) == 0, job.text()[-5000:]
+    finally:
+        job.close()
+    total = 150000 // (64 * 2)
+    assert trainer_steps(job.run_dir) == {0: total, 1: total}, trainer_steps(job.run_dir)
+    assert "epoch 1: train loss" in job.text() and "gave up" not in job.text(), job.text()[-5000:]
+    changes = [(e["rank"], e["change"]) for e in events(job.run_dir, "membership")]
+    assert changes == [("server 2", "added"), ("server 2", "removed")], changes
