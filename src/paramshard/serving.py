@@ -133,6 +133,9 @@ def snapshot_model(trainer, out) -> dict:
     from .client.checkpoint import gather_table     # the network side: imported only for a live job
 
     trainer.backend.flush()        # this trainer's pushes are on the servers
+    follow = getattr(trainer.backend, "follow_routing", None)
+    if follow is not None:         # elastic servers: one a scale removed (and stopped) is not asked
+        follow()
     step = trainer.step_count
     # Copies: the trainer's values are its parameters' memory, and training goes on.
     dense = {name: trainer._values[name].reshape(p.shape).copy() for name, p in trainer._params}

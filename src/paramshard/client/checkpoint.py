@@ -79,7 +79,7 @@ def gather_table(links: ServerLinks, name: str, min_version: int = 0,
     pieces: dict[str, list[np.ndarray]] = {}
     version = evicted = 0
     scales = set()
-    for server in range(len(links)):
+    for server in links.live():     # a server a scale removed holds no rows, and may have exited
         start = 0
         while True:
             (header, arrays), = links.request_list(

@@ -150,7 +150,7 @@ class ServerBackend:
         if self.trainer_id != 0 or not (dense or tables):
             return
         self.steps.flush()
-        self._follow_routing()
+        self.follow_routing()
         control.scale_learning_rate(self.links, self.trainer_id, factor, dense, tables,
                                     min_version=step if self._versions_are_steps else None, epoch=self.links.epoch)
 
@@ -170,14 +170,14 @@ class ServerBackend:
     def explain_failure(self, exc, step):
         return None
 
-    def _follow_routing(self) -> None:
+    def follow_routing(self) -> None:
         # Before asking every server: one a scale removed (and stopped) is skipped only once the
         # trainer has the routing naming it retired (no refusal may have brought it).
         if self.sparse is not None and self.sparse.routing.elastic:
             self.sparse.refresh_routing()
 
     def server_stats(self) -> list[dict]:
-        self._follow_routing()
+        self.follow_routing()
         return control.server_stats(self.links)
 
     def export_table(self, name):
@@ -188,7 +188,7 @@ class ServerBackend:
 
     # -- end --------------------------------------------------------------------------
     def leave(self, timeout: float) -> None:
-        self._follow_routing()
+        self.follow_routing()
         control.leave(self.links, self.trainer_id, timeout)
 
     def hang_up(self) -> None:
