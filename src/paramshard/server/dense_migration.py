@@ -169,6 +169,7 @@ class DenseMigration:
         here = [n for n in names if n in self.dense.blocks and n not in self.gone]
         if here:
             raise ConfigError(f"dense_expect: server {self.ctx.server_id} already holds blocks {here[:3]}")
+        self.migration.ownership.expecting()      # an earlier move's switch holds nothing any more
         self.incoming.update(names)
         return Reply()
 

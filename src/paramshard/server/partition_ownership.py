@@ -41,20 +41,17 @@ class PartitionOwnership:
         # later (older ones are refused, so every trainer changes routing at the same step), and
         # a server taking partitions holds them all until the rows are here.
         self.switch: tuple[int, int] | None = None
+        # Whether that hold applies: from the arm until the next move expects partitions or blocks
+        # here (a move expects before it arms; an aborted one stops expecting). The refusal of
+        # older routings stays (a push of step >= S built under an older routing would miss a
+        # server), but a later move's new owner holding the steps before its own switch for the
+        # switch of the move before would hold what its hand-off waits for: a deadlock (issue 29,
+        # a sync job scaled 2 -> 3 -> 2).
+        self.holding = False
 
     @property
     def elastic(self) -> bool:
         return self.routing.elastic
-
-    @property
-    def holding(self) -> bool:
-        """Sync: whether the armed switch still holds every request of step >= S while partitions
-        (or dense blocks) are on their way here: until this server is told a routing newer than
-        the switch's (the move's final one, set on every server at its end). The refusal of older
-        routings stays (a push of step >= S built under an older routing would miss a server),
-        but a later move's new owner holding the steps before its own switch for this one would
-        hold what that move's hand-off waits for: a deadlock (issue 29, 2 -> 3 -> 2)."""
-        return self.switch is not None and self.routing.version <= self.switch[1]
 
     def partitions(self, ids: np.ndarray) -> np.ndarray:
         return partition_of(ids, self.routing.partitions)
@@ -144,6 +141,7 @@ class PartitionOwnership:
         if self.switch is not None and self.switch[1] > version:
             raise ConfigError(f"migrate_switch: routing version {version} is older than the one armed")
         self.switch = (step, version)
+        self.holding = True
 
     def start_copy(self, parts) -> None:
         parts = self._check(parts, "migrate_start")
@@ -151,8 +149,14 @@ class PartitionOwnership:
             raise ConfigError(f"migrate_start: server {self.me} does not own all of partitions {parts[:5].tolist()}..")
         self.copying[parts] = True
 
+    def expecting(self) -> None:
+        """A move is to hand partitions or blocks here, before it arms its own switch (if sync):
+        an earlier move's switch holds nothing any more."""
+        self.holding = False
+
     def expect(self, parts) -> None:
         parts = self._check(parts, "migrate_expect")
+        self.expecting()
         if self.owned[parts].any():
             raise ConfigError(f"migrate_expect: server {self.me} already owns some of these partitions")
         self.incoming[parts] = True
