@@ -117,7 +117,9 @@ def _train(steps: int, moves: tuple = (), prefetch: bool = False) -> tuple[dict,
             reach(SCALE_AT, "before any move")
             with ServerLinks(addresses[:2], timeout=TIMEOUT) as links:
                 for servers in moves:
-                    records.append(move_partitions(links, addresses, servers, page_rows=200))
+                    # Small pages: the copy takes many round trips, so the trainers step between a
+                    # move's expect and its arm (where a later move's new owner once held them all).
+                    records.append(move_partitions(links, addresses, servers, page_rows=50))
                     # Training goes on past the switch (a trainer once froze two steps after it).
                     reach(records[-1].switch_step + 10, f"after the switch at step {records[-1].switch_step}")
             moved.set()
