@@ -72,22 +72,27 @@ def test_a_server_a_trainer_reached_keeps_serving(server_log):
     assert not any("no trainer ever reached" in r.getMessage() for r in server_log.records)
 
 
-def test_requests_of_a_job_restart_the_count(server_log):
-    server = start_server(1.0)
+def test_a_hello_starts_the_count_again_and_a_job_request_ends_the_watch(server_log):
+    probed, moved = start_server(1.0), start_server(1.0)
     try:
-        with ServerLinks([server.address], timeout=5) as links:
-            # A launcher or replica keeper reading the server (no trainer named): it is not idle.
+        with ServerLinks([probed.address], timeout=5) as to_probed, \
+                ServerLinks([moved.address], timeout=5) as to_moved:
+            # A launcher's readiness checks (trainers still starting): each starts the count again.
+            # A read of the job's state (as a launcher or replica keeper makes) ends the watch.
+            to_moved.request(0, {"op": "snapshot_dense"})
             end = time.monotonic() + 3.0
             while time.monotonic() < end:
-                links.request(0, {"op": "snapshot_dense"})
-                assert server._thread.is_alive()
+                to_probed.request(0, {"op": "hello"})
+                assert probed._thread.is_alive()
                 time.sleep(0.2)
-        wait_stopped(server)
+        wait_stopped(probed)
+        assert moved._thread.is_alive()
     finally:
-        server.close()
-    assert server.exit_code == 1
+        probed.close()
+        moved.close()
+    assert probed.exit_code == 1 and moved.exit_code == 0
     [line] = [r.getMessage() for r in server_log.records if "no trainer ever reached" in r.getMessage()]
-    assert "other request(s) of a job, none for the last 1 s" in line
+    assert "hello(s) checking it was up, none for the last 1 s" in line
 
 
 def test_paramshard_server_without_a_secret_warns_and_exits_when_nobody_comes(tmp_path):

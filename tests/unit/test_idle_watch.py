@@ -24,33 +24,32 @@ def test_monitoring_does_not_keep_a_server_alive():
     watch = IdleWatch(5.0, clock)
     for _ in range(10):
         clock.now += 1.0
-        watch.note("stats", None)
-        watch.note("routing_get", None)
-    assert watch.expired() and watch.requests == 0
+        watch.note("stats")
+        watch.note("routing_get")
+    assert watch.expired() and watch.probes == 0
 
 
-def test_a_job_request_restarts_the_count_and_a_trainer_ends_the_watch():
+def test_a_hello_starts_the_count_again():
     clock = Clock()
     watch = IdleWatch(5.0, clock)
     clock.now += 4.0
-    watch.note("migrate_expect", None)      # a launcher moving partitions to a server a scale added
+    watch.note("hello")                 # a launcher checking the server is up, its trainers still starting
     clock.now += 4.0
     assert not watch.expired()
     clock.now += 1.0
-    assert watch.expired()
-    watch.note("register_dense", 0)         # a trainer of the job arrived: its rules take over
-    clock.now += 1e6
-    assert not watch.expired()
+    assert watch.expired() and watch.probes == 1
 
 
-def test_a_trainer_refused_for_now_still_counts_as_reached():
-    # A restarted server refuses a trainer's push until the chief restores it: the request
-    # is noted before the hooks refuse it, so the waiting server is not killed.
-    clock = Clock()
-    watch = IdleWatch(5.0, clock)
-    watch.note("push_dense", 1)
-    clock.now += 60.0
-    assert not watch.expired()
+def test_a_request_of_the_job_ends_the_watch():
+    # A trainer's (even one refused for now, a restarted server waiting for its restore), a
+    # launcher moving partitions to a server a scale added, a replica keeper's read.
+    for op in ("register_dense", "push_dense", "migrate_expect", "restore_sparse", "replica_delta"):
+        clock = Clock()
+        watch = IdleWatch(5.0, clock)
+        clock.now += 4.0
+        watch.note(op)
+        clock.now += 1e6
+        assert not watch.expired(), op
 
 
 def test_no_limit_never_expires():

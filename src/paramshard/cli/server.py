@@ -24,8 +24,8 @@ def add_arguments(p) -> None:
                         "every row in RAM)")
     p.add_argument("--idle-exit", metavar="SECONDS", default=None,
                    type=_idle_seconds,
-                   help="exit (code 1, naming what it waited for) when no trainer has reached this server this "
-                        "long after its start, or after the last request of a job (default: PARAMSHARD_IDLE_EXIT, "
+                   help="exit (code 1, naming what it waited for) when nothing of its job (a trainer, a launcher's "
+                        "move, a restore) has reached this server this long after its start or its last hello (default: PARAMSHARD_IDLE_EXIT, "
                         "else PARAMSHARD_TIMEOUT but at least 60; 0: wait for ever)")
 
 

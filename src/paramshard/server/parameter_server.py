@@ -13,8 +13,8 @@ The server also ends with its job: once no trainer can push again (every one
 left, or lost its connection for longer than the timeout) or a peer server is
 gone, it stops, with exit code 1 and a line naming the lost ones if any (69,
 peers.PEER_LOST_EXIT_CODE, for a lost peer server). One that no trainer ever
-reaches stops too, after ``idle_exit`` seconds without any request of a job
-(server/idle_watch.py), with exit code 1 and a line naming what it waited for.
+reaches stops too, after ``idle_exit`` seconds in which no request of a job
+came (server/idle_watch.py), with exit code 1 and a line naming what it waited for.
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ class ParameterServer:
         trainer's process: server/in_process.py).
         ``peers``: index -> address of the job's other servers, watched so this one
         does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP.
-        ``idle_exit``: seconds after which a server no trainer reached stops, counted from its
-        start and from each request of a job since (server/idle_watch.py); None: never."""
+        ``idle_exit``: seconds after which a server nothing of its job reached stops, counted from
+        its start and from each ``hello`` since (server/idle_watch.py); None: never."""
         self.server_id = server_id
         self.name = f"server {server_id}"
         self.mode = mode = Mode.parse(mode)
@@ -284,9 +284,9 @@ class ParameterServer:
     def _idle_message(self) -> str:
         """Why a server that nothing reached stops, and what to do about it."""
         idle = self.idle
-        since = (f"in the {idle.waited():.0f} s since it started" if not idle.requests else
-                 f"in {idle.waited():.0f} s ({idle.requests} other request(s) of a job, none for the last "
-                 f"{idle.limit:g} s)")
+        since = (f"in the {idle.waited():.0f} s since it started" if not idle.probes else
+                 f"in {idle.waited():.0f} s (only {idle.probes} hello(s) checking it was up, none for the "
+                 f"last {idle.limit:g} s)")
         unseen = self._peers.never_reached()
         peers = (f"; peer servers it never reached either: {', '.join(unseen)}" if unseen else
                  "; every peer server was reached" if self._peers.peers else "")
@@ -378,8 +378,8 @@ class ParameterServer:
                 raise ProtocolError(f"{request.op}: field 'trainer' must be int, got {type(trainer).__name__}")
             self.membership.check_trainer(trainer)
         # Before the hooks: a trainer refused for now (a stale epoch while a restarted server
-        # waits for its restore) still reached this server.
-        self.idle.note(request.op, trainer)
+        # waits for its restore) still found this server.
+        self.idle.note(request.op)
         for hook in self._hooks:
             if hook.admit(request) is Verdict.HOLD:
                 return Verdict.HOLD
