@@ -18,6 +18,9 @@ member of zeros becomes 2 GiB). So, before torch.load:
 - every compressed member is inflated once, by a bounded reader that stops the moment it
   passes the member's cap, whatever its header claims, without keeping what it read.
 
+A table export (.npz, export.load_table) gets the same central-directory and bounded-reader
+checks, with each .npy member's own header (dtype and shape) as its cap (``check_npz``).
+
 What passes cannot make torch.load allocate more than the file holds (times
 ``MAX_EXPANSION`` for a compressed member). Errors are ModelArchiveError naming the file
 and the field or member; the caller (serving.read_model) adds what to do.
@@ -151,18 +154,25 @@ def _describe(n: int) -> str:
 class _Members:
     """The archive's central directory, checked against the file's own size."""
 
-    def __init__(self, path: Path, zf: zipfile.ZipFile):
+    def __init__(self, path: Path, zf: zipfile.ZipFile, torch_save: bool = True):
+        """``torch_save``: torch.save's layout (a pickle and its storages), else numpy's .npz
+        (one .npy member per array)."""
         self.path, self.zf = path, zf
         self.file_bytes = os.path.getsize(path)
         self.by_name = {info.filename: info for info in zf.infolist()}
-        names = list(self.by_name)
-        pickles = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
-        if len(pickles) != 1:
-            raise ModelArchiveError(f"{len(pickles)} data.pkl members (torch.save writes one)")
-        self.pickle = pickles[0]
-        self.prefix = self.pickle[:-len("data.pkl")]
+        self.pickle = self.prefix = None
+        if torch_save:
+            pickles = [n for n in self.by_name if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pickles) != 1:
+                raise ModelArchiveError(f"{len(pickles)} data.pkl members (torch.save writes one)")
+            self.pickle = pickles[0]
+            self.prefix = self.pickle[:-len("data.pkl")]
         for info in zf.infolist():
             self._check(info)
+
+    def holds_data(self, name: str) -> bool:
+        """A member of array data, held to the size its description states (not a fixed cap)."""
+        return name.startswith(self.prefix + "data/") if self.prefix is not None else name.endswith(".npy")
 
     def _check(self, info: zipfile.ZipInfo) -> None:
         name = info.filename
@@ -182,8 +192,8 @@ class _Members:
                                     f"(a compression bomb, or not a model file)")
         if name == self.pickle:
             cap, what = MAX_PICKLE_BYTES, "the pickle"
-        elif name.startswith(self.prefix + "data/"):
-            return          # a storage: held to what the pickle says (check_model_archive)
+        elif self.holds_data(name):
+            return          # held to what the pickle or its .npy header says (check_model_archive, check_npz)
         else:
             cap, what = MAX_RECORD_BYTES, "a record"
         if info.file_size > cap:
@@ -270,3 +280,41 @@ def check_model_archive(path) -> None:
             if info.compress_type != zipfile.ZIP_STORED:
                 members.read_bounded(info, keep=False)
 
+
+def check_npz(path) -> None:
+    """Raise ModelArchiveError unless every size in the .npz at ``path`` holds: the central
+    directory as for a model file, and each .npy member's header (dtype and shape, read from
+    its first bytes) states exactly the bytes the member holds; no object arrays."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    path = Path(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise NotAnArchive(f"not a zip archive as numpy.savez writes ({exc})") from None
+    with zf:
+        members = _Members(path, zf, torch_save=False)
+        for info in zf.infolist():
+            if not members.holds_data(info.filename):
+                continue
+            try:
+                with zf.open(info) as f:        # inflates only what is read: the header's few bytes
+                    major, _ = npy.read_magic(f)
+                    if major == 1:
+                        shape, _, dtype = npy.read_array_header_1_0(f, max_header_size=MAX_RECORD_BYTES)
+                    else:
+                        shape, _, dtype = npy.read_array_header_2_0(f, max_header_size=MAX_RECORD_BYTES)
+                    header = f.tell()
+            except Exception as exc:     # noqa: BLE001 - any malformed header is a damaged file
+                raise ModelArchiveError(f"member {info.filename}: not a .npy array ({str(exc)[:200]})") from None
+            if dtype.hasobject:
+                raise ModelArchiveError(f"member {info.filename}: an array of Python objects ({dtype})")
+            need = header + int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if need != info.file_size:
+                raise ModelArchiveError(f"{info.filename[:-len('.npy')]!r}: its header says {dtype} {list(shape)} "
+                                        f"({_describe(need)} with the header), but that member holds "
+                                        f"{_describe(info.file_size)}")
+        for info in zf.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                members.read_bounded(info, keep=False)

@@ -70,17 +70,34 @@ def stored(name: str, data: bytes) -> Member:
     return Member(name, data, len(data), zlib.crc32(data))
 
 
-def deflated_zeros(name: str, total: int, stated: int | None = None) -> Member:
-    """``total`` zero bytes DEFLATE-compressed (~1/1000 of it), stating ``stated`` (default: total)."""
+def deflated_zeros(name: str, total: int, stated: int | None = None, prefix: bytes = b"") -> Member:
+    """``prefix`` then ``total`` zero bytes DEFLATE-compressed (~1/1000 of it), stating ``stated``
+    (default: the true size)."""
     chunk = 1 << 20
     assert total % chunk == 0
+    head = zlib.compressobj(9, zlib.DEFLATED, -15)
+    first = head.compress(prefix) + head.flush(zlib.Z_FULL_FLUSH) if prefix else b""
     segment = zlib.compressobj(9, zlib.DEFLATED, -15)
     block = segment.compress(bytes(chunk)) + segment.flush(zlib.Z_FULL_FLUSH)
-    raw = block * (total // chunk) + b"\x03\x00"      # + an empty final block
-    crc, zeros = 0, bytes(chunk)
-    for _ in range(total // chunk):
-        crc = zlib.crc32(zeros, crc)
-    return Member(name, raw, total if stated is None else stated, crc, zlib.DEFLATED)
+    raw = first + block * (total // chunk) + b"\x03\x00"      # + an empty final block
+    size = len(prefix) + total
+    # The CRC of what the headers state: a lying size passes a reader that trusts it (zipfile's).
+    crc, zeros, left = zlib.crc32(prefix), bytes(chunk), (size if stated is None else stated) - len(prefix)
+    while left > 0:
+        crc = zlib.crc32(zeros[:min(chunk, left)], crc)
+        left -= chunk
+    return Member(name, raw, size if stated is None else stated, crc, zlib.DEFLATED)
+
+
+def npy_header(dtype, shape) -> bytes:
+    """The header numpy writes before an array's bytes in a .npy file."""
+    import io
+    import numpy as np
+    from numpy.lib import format as npy
+    out = io.BytesIO()
+    npy.write_array_header_1_0(out, {"descr": npy.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+                                     "shape": tuple(shape)})
+    return out.getvalue()
 
 
 def write_zip(path, members) -> None:

@@ -20,8 +20,10 @@ from paramshard.data.schema import Column, Label, Schema
 from paramshard.models import build_model, hashed_embedding
 from paramshard.serving import ModelFileError, model_dict, sparse_entry, write_model_file
 from paramshard.torch.sparse_embedding import tables_of
-from tests.integration.hostile_model_files import (TensorRef, StorageRef, deflated_zeros, take_apart,
-                                                   write_model)
+from paramshard.errors import ConfigError
+from paramshard.export import load_table, save_table
+from tests.integration.hostile_model_files import (TensorRef, StorageRef, deflated_zeros, npy_header, stored,
+                                                   take_apart, write_model, write_zip)
 
 SCHEMA = Schema(Label("y"), [Column("x"), Column("c", "categorical"), Column("d", "categorical")])
 GiB = 1 << 30
@@ -163,3 +165,47 @@ def test_paramshard_predict_refuses_the_bomb_cleanly(bomb_files, tmp_path):
     assert "export-model" in proc.stderr
     # The child's peak: the interpreter and torch, not 2 GiB of zeros.
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1 << 20, "a child's peak RSS passed 1 GiB"
+
+
+def npz_members(tmp_path) -> dict:
+    """The members of a real table export, by name."""
+    import zipfile
+    save_table(tmp_path / "real.npz", {"name": "t", "dim": 2, "seed": 0, "init_scale": 0.01},
+               np.array([1, 5], np.uint64), np.ones((2, 2), np.float32))
+    with zipfile.ZipFile(tmp_path / "real.npz") as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+def refused_table(path, match):
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=match):
+            load_table(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak:,} bytes traced while refusing {path}"
+
+
+def test_a_table_export_whose_header_claims_more_rows_than_it_holds_is_refused(tmp_path):
+    members = npz_members(tmp_path)
+    assert load_table(tmp_path / "real.npz").values.shape == (2, 2)         # the oracle: the real one loads
+    members["values.npy"] = npy_header("<f4", (10 ** 11, 2)) + np.ones((2, 2), np.float32).tobytes()
+    write_zip(tmp_path / "t.npz", [stored(n, data) for n, data in members.items()])
+    refused_table(tmp_path / "t.npz", r"t.npz: refused before reading it: 'values': its header says float32 "
+                                      r"\[100000000000, 2\] .* but that member holds 144 bytes")
+
+
+def test_a_table_export_bomb_is_refused(tmp_path):
+    members = npz_members(tmp_path)
+    rest = [stored(n, data) for n, data in members.items() if n != "values.npy"]
+    header = npy_header("<f4", (2 * GiB // 8, 2))
+    write_zip(tmp_path / "bomb.npz", rest + [deflated_zeros("values.npy", 2 * GiB, prefix=header)])
+    refused_table(tmp_path / "bomb.npz", r"bomb.npz: refused before reading it: member values.npy states it "
+                                         r"inflates to 2,147,483,\d+ bytes .* past the limit of 64x")
+    # Header and directory agree on 2 rows (16 bytes); the stream goes on for 2 GiB.
+    header = npy_header("<f4", (2, 2))
+    write_zip(tmp_path / "liar.npz", rest + [deflated_zeros("values.npy", 2 * GiB, prefix=header,
+                                                            stated=len(header) + 16)])
+    refused_table(tmp_path / "liar.npz", r"liar.npz: refused before reading it: member values.npy inflates past "
+                                         r"the \d+ bytes it states .*stopped there")
