@@ -181,3 +181,48 @@ class RetiringServers(FakeServers):
     def request_list(self, requests):
         assert not any(s in self.retired for s, _, _ in requests), "a request to a retired server"
         return super().request_list(requests)
+
+
+class SwitchReArmed(FakeServers):
+    """Sync, a move's switch armed at a step on server 1, then moved to a later step there (server
+    2 had said "too close"), while server 0 publishes no newer routing: server 1 refuses a push of
+    that step under the old routing ``refusals`` times, then takes it."""
+
+    def __init__(self, truth: Routing, refusals: int):
+        super().__init__(truth)
+        self.refusals = refusals
+
+    def request_list(self, requests):
+        replies = []
+        for server, header, arrays in requests:
+            self.sent.append((server, header["op"], arrays[0].tolist()))
+            if server == 1 and self.refusals:
+                self.refusals -= 1
+                replies.append(None)
+            else:
+                replies.append(({}, []))
+        return replies
+
+
+def test_a_refusal_while_server_0_has_no_newer_routing_is_sent_again_as_it_was():
+    """Issue 29 (a sync switch armed on some servers, then re-armed later when another said "too
+    close"): the trainer resends the refused push under the same routing, and it is taken; before,
+    it waited for a newer routing that never came and failed after moved_patience."""
+    routing = Routing.initial(P, ["a:1", "b:2"])
+    links = SwitchReArmed(routing, refusals=3)
+    client = SparseClient(links, 0, routing)
+    client.moved_patience = 5.0
+    ids = np.arange(64, dtype=np.uint64)
+    client.push_sparse("t", ids, np.ones((64, DIM), np.float32), step=7)
+    to_1 = [sent for s, op, sent in links.sent if s == 1]
+    assert len(to_1) == 4 and all(sent == to_1[0] for sent in to_1), "the same push, four times"
+    assert links.refusals == 0 and client.routing.version == 0
+
+
+def test_a_refusal_that_lasts_still_fails_within_the_patience():
+    routing = Routing.initial(P, ["a:1", "b:2"])
+    links = SwitchReArmed(routing, refusals=10 ** 6)
+    client = SparseClient(links, 0, routing)
+    client.moved_patience = 1.0
+    with pytest.raises(DeadlineExceeded, match="server 1 refused its push_sparse of table 't' as moved"):
+        client.push_sparse("t", np.arange(64, dtype=np.uint64), np.ones((64, DIM), np.float32), step=7)

@@ -32,6 +32,7 @@ from ..transport.client import ServerLinks
 # published takes a few requests more); a refusal under the current routing that outlasts this is a
 # server disowning ids the routing gives it (a move that stalled or broke), and waiting cannot fix it.
 MOVED_PATIENCE = 10.0
+RESEND_AFTER = 0.25     # no newer routing yet: how long to wait for one before resending as it was
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,7 @@ class SparseClient:
         self._last: dict[str, tuple[np.ndarray, Partition, int]] = {}   # table -> the last pull's ids
         self.resent = 0              # requests sent again after a ``moved``
         self.moved_patience = MOVED_PATIENCE
+        self._stalled: tuple[int, float] | None = None     # (routing version refused under, give up at)
 
     @property
     def num_servers(self) -> int:
@@ -135,14 +137,26 @@ class SparseClient:
     def newer_than_refused(self, refused: list) -> Routing:
         """The routing to send ``refused`` [(server, header, arrays)] again under: the newest this
         trainer knows if it is newer than every one they were sent under (their ``routing``;
-        none: older than any), else server 0's once it has a newer one; a DeadlineExceeded naming
-        the refusing server when server 0 has none within ``moved_patience``."""
+        none: older than any), else server 0's once it has a newer one. While server 0 has none,
+        the same routing every RESEND_AFTER s: a refusal need not last (a sync switch armed on
+        some servers, then re-armed at a later step when another said "too close", lets those
+        steps through again) and nothing of a refused request was applied. A DeadlineExceeded
+        naming the refusing server when that goes on for ``moved_patience``."""
         sent = max(sent_under(header) for _, header, _ in refused)
         if self.routing.version > sent:
+            self._stalled = None
             return self.routing
-        self.refresh_routing(newer_than=sent, patience=self.moved_patience)
+        now = time.monotonic()
+        if self._stalled is None or self._stalled[0] != sent:
+            self._stalled = (sent, now + min(self.moved_patience, self.links.timeout))
+        give_up = self._stalled[1]
+        self.refresh_routing(newer_than=sent, patience=max(0.0, min(RESEND_AFTER, give_up - now)))
         if self.routing.version > sent:
+            self._stalled = None
             return self.routing
+        if time.monotonic() < give_up:
+            return self.routing
+        self._stalled = None
         server, header, _ = next(r for r in refused if sent_under(r[1]) == sent)
         what = header["op"] + (f" of table {header['table']!r}" if "table" in header else "")
         raise DeadlineExceeded(
@@ -155,8 +169,9 @@ class SparseClient:
     def settle(self, replies: list, requests: list) -> list:
         """``replies`` with those refused as ``moved`` (None) replaced: their ids are split
         under a newer routing and sent again (pulls: the rows come back in their order).
-        Each round goes under a routing newer than the one it was refused under, so this ends
-        with the move (or fails within ``moved_patience`` when no newer routing comes)."""
+        A round goes under a routing newer than the one it was refused under, or under the same
+        one while server 0 has no newer (``newer_than_refused``), so this ends with the move or
+        fails within ``moved_patience``."""
         if all(r is not None for r in replies):
             return replies
         refused = [slot for slot, reply in enumerate(replies) if reply is None]
