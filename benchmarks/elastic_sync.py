@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -109,7 +110,7 @@ def stop_at(records: list[dict], now_margin_s: float, least: int = 200) -> int:
     recent = [r for r in trainer if r["t"] >= latest - 10.0]
     span = max(r["t"] for r in recent) - min(r["t"] for r in recent)
     rate = (max(r["step"] for r in recent) - min(r["step"] for r in recent)) / span if span > 0 else 0.0
-    return last + max(least, int(rate * now_margin_s))
+    return last + max(least, math.ceil(rate * now_margin_s))
 
 
 # -- the job -------------------------------------------------------------------------------------
