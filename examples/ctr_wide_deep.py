@@ -5,6 +5,9 @@
     python examples/ctr_wide_deep.py --table-dtype float16    # half-precision rows on the servers
     paramshard launch --servers 2 --trainers 2 --checkpoint-dir runs/ckpt examples/ctr_wide_deep.py
                                         # keeps the trained model: see examples/evaluate.py
+    paramshard launch --servers 2 --trainers 2:3 --partitions 1024 examples/ctr_wide_deep.py
+                                        # elastic: `paramshard scale RUN --trainers N / --servers N`;
+                                        # the shard service hands out the data (DynamicShards)
 
 With no --data, trainer 0 generates synthetic Criteo-like data from a hidden
 logistic model (so the best possible AUC is known) and splits it into one

@@ -90,6 +90,17 @@ def save_table(path, meta: dict, ids: np.ndarray, values: np.ndarray) -> None:
 
 
 def load_table(path) -> ExportedTable:
+    from .model_archive import ModelArchiveError, NotAnArchive, check_npz
+    try:
+        check_npz(path)          # before np.load believes a shape in it (model_archive.py)
+    except NotAnArchive as exc:
+        raise ConfigError(f"{path}: not a paramshard table export ({exc})") from None
+    except ModelArchiveError as exc:
+        raise ConfigError(f"{path}: refused before reading it: {exc}. Nothing was allocated for it; export the "
+                          f"table again (`paramshard export --table`): a file that was sent or edited is not "
+                          f"trusted") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: not a paramshard table export ({exc})") from None
     try:
         with np.load(Path(path), allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))

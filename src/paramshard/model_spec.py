@@ -24,6 +24,9 @@ import json
 
 ATTRIBUTE = "paramshard_spec"
 KEYS = ("model", "args", "schema", "embedding")
+# An architecture argument's list (hidden widths, cross layers) is a few numbers: one of a
+# million entries would make a million layers before any size could be compared to the file's.
+MAX_ARG_ITEMS = 4096
 EMBEDDING_KINDS = ("hashed",)
 
 
@@ -78,6 +81,10 @@ def check_spec(spec) -> dict:
         raise SpecError(f"the model spec's 'model' must be a non-empty name, got {spec.get('model')!r:.60}")
     if not isinstance(spec.get("args"), dict) or not all(isinstance(k, str) for k in spec["args"]):
         raise SpecError("the model spec's 'args' must be an object of argument names")
+    for name, value in spec["args"].items():
+        if isinstance(value, (list, dict)) and len(value) > MAX_ARG_ITEMS:
+            raise SpecError(f"the model spec's args.{name} has {len(value)} entries (at most {MAX_ARG_ITEMS}: "
+                            f"an architecture's arguments are a few numbers)")
     if spec.get("schema") is not None:
         from .data.schema import Schema      # no pandas: schema.py is plain dataclasses
         from .errors import ConfigError

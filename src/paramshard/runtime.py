@@ -22,6 +22,7 @@ from .settings.process_variables import OMP_THREADS
 from .server.parameter_server import ParameterServer
 from .transport.client import ServerLinks
 from .server.in_process import LocalLinks
+from .server.idle_watch import default_limit
 from .transport.security import Security
 
 log = get_logger("runtime")
@@ -108,7 +109,8 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=_peers_of(env) if watch_peers else None,
                              limits=env.limits, min_trainers=env.min_trainers,
-                             recovering=env.recovering, max_staleness=env.max_staleness)
+                             recovering=env.recovering, max_staleness=env.max_staleness,
+                             idle_exit=None if in_process else default_limit(env.idle_exit, env.timeout))
     _attach_optional_services(server, env)
     return server
 

@@ -20,7 +20,10 @@ float32, exactly); an id without a row reads its initial row rounded the same wa
 file without it (written before half rows existed) means float32.
 
 Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=True)``
-reads it without running any pickled code. ``load_model(module, file)`` copies the
+reads it without running any pickled code, and only once its sizes were checked
+(model_archive.py: no tensor larger than the data the file holds, no compression
+bomb); a recorded spec is built on the meta device first and must fit the file's
+tensors before anything is allocated for it. ``load_model(module, file)`` copies the
 dense parameters into the module and gives every SparseEmbedding a local table;
 ``load_model(file)`` builds the module from the file's spec first.
 ``snapshot_model(trainer, file)`` writes the same file from a live job.
@@ -40,6 +43,7 @@ import torch
 from .checkpoint.format import Checkpoint, CheckpointError
 from .errors import ConfigError
 from .export import replaced_into_place
+from .model_archive import ModelArchiveError, NotAnArchive, check_model_archive
 from .model_spec import SpecError, check_spec, spec_of
 from .placement.sparse_hash import admitted_by_probability, initial_rows
 from .server.row_formats import rounded
@@ -207,6 +211,14 @@ def read_model(path) -> ModelFile:
     if not path.is_file():
         raise ModelFileError(f"{path}: {'not a file' if path.exists() else 'no such file'}; {MAKE_ONE}")
     try:
+        check_model_archive(path)       # before torch.load believes a single size in it
+    except NotAnArchive as exc:
+        raise ModelFileError(f"{path}: not a paramshard model file ({exc}); {MAKE_ONE}") from None
+    except ModelArchiveError as exc:
+        raise ModelFileError(f"{path}: refused before reading it: {exc}. Nothing was allocated for it; if it "
+                             f"should be a model file, {MAKE_ONE} again from the checkpoint (a file that was "
+                             f"sent or edited is not trusted)") from None
+    try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:     # zip, pickle and torch errors alike: the file is not ours
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -279,7 +291,38 @@ def build_from_file(path, unknown: str = "initial", classes: dict | None = None)
         raise ModelFileError(f"{model.path}: this model file has no recorded model (its model was not built by "
                              f"paramshard.models.build_model and declares no paramshard_spec, or the file "
                              f"predates them): pass the module, ps.load_model(module, FILE)")
+    _check_spec_fits(model, classes)
     return _load_into(build_from_spec(model.spec, classes=classes), model, unknown)
+
+
+def _check_spec_fits(model: ModelFile, classes: dict | None) -> None:
+    """The module the spec describes, built on the meta device (shapes, no memory), must
+    have the file's parameters and tables: a spec whose sizes were made huge (args, hashed
+    buckets) is refused here instead of being allocated."""
+    from .models import MODELS, build_from_spec
+    from .torch.sparse_embedding import tables_of
+
+    spec = model.spec
+    embedding = None
+    if "embedding" in spec:        # the hashed tables' shapes, without computing their initial rows
+        buckets = spec["embedding"]["buckets"]
+        embedding = lambda name, dim: torch.nn.EmbeddingBag(buckets, dim, mode="sum")    # noqa: E731
+    about = f"its recorded model spec (model {spec['model']!r}, args {str(spec['args'])[:300]})"
+    try:
+        with torch.device("meta"):
+            outline = build_from_spec(spec, embedding=embedding, classes=classes)
+    except ConfigError:
+        raise
+    except Exception as exc:       # noqa: BLE001 - sizes no module can have (negative, past int64, ...)
+        if spec["model"] in (classes or {}) and spec["model"] not in MODELS:
+            return                 # your class: it may not build on the meta device; it is your code
+        raise ModelFileError(f"{model.path}: {about} cannot be built ({type(exc).__name__}: {str(exc)[:200]}); "
+                             f"the spec was damaged or edited: {MAKE_ONE}") from None
+    problems = _mismatches(dict(outline.named_parameters()), tables_of(outline), model)
+    if problems:
+        raise ModelFileError(f"{model.path}: {about} does not fit the tensors the file holds (\"here\": as the "
+                             f"spec builds it): " + "; ".join(problems[:5]) +
+                             f"; the spec or the tensors were changed after export: {MAKE_ONE}")
 
 
 def _load_into(module: torch.nn.Module, model: ModelFile, unknown: str) -> torch.nn.Module:

@@ -163,6 +163,27 @@ def test_a_wrong_ids_guess_stops_prefetching_with_a_warning(cluster, caplog):
     assert any("went unused 3 batches in a row" in r.getMessage() for r in caplog.records)
 
 
+def test_empty_batches_fetch_nothing_and_do_not_stop_prefetching(cluster, caplog):
+    """Sync DynamicShards steps a trainer without a task on empty batches, with no forward: they
+    are neither prefetched (nothing to fetch) nor counted as unused, and a loop that starts on
+    them still learns where the ids are from its first real batch (before, three empty batches
+    in a row turned prefetching off for the rest of the epoch, with a warning)."""
+    c = cluster(servers=1, trainers=1, mode="sync")
+    model = LinearInGrads()
+    real = make_batches(8, seed=5)
+    empty = (torch.zeros(8), torch.zeros((0, 5), dtype=torch.int64))
+    batches = [empty, empty] + real[:4] + [empty] * 4 + real[4:]
+    with caplog.at_level(logging.INFO, logger="paramshard.trainer"):
+        with Trainer(model, ps.optim.SGD(lr=LR), env=c.trainer_env(0)) as trainer:
+            for x, ids in trainer.prefetching(batches):
+                trainer.step(model(x, ids) if len(ids) else None)
+            stats = trainer.pipeline_stats()
+    assert not [r for r in caplog.records if "went unused" in r.getMessage() or "cannot tell" in r.getMessage()]
+    # The first two real batches are pulled (where the ids are is learnt from the first's forward),
+    # as at the start of any loop; every other real batch was fetched ahead.
+    assert (stats["prefetch_hits"], stats["prefetch_misses"], stats["pulls"]) == (6, 0, 2), stats
+
+
 def test_servers_report_where_their_time_goes(cluster):
     """Per-phase seconds for the benchmark's profile; rows_updated counts every pushed row."""
     c = cluster(servers=1, trainers=1, mode="async")

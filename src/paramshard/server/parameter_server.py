@@ -12,7 +12,9 @@ now or deferred, becomes an error reply and the loop goes on serving.
 The server also ends with its job: once no trainer can push again (every one
 left, or lost its connection for longer than the timeout) or a peer server is
 gone, it stops, with exit code 1 and a line naming the lost ones if any (69,
-peers.PEER_LOST_EXIT_CODE, for a lost peer server).
+peers.PEER_LOST_EXIT_CODE, for a lost peer server). One that no trainer ever
+reaches stops too, after ``idle_exit`` seconds in which no request of a job
+came (server/idle_watch.py), with exit code 1 and a line naming what it waited for.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from .control_handlers import ControlHandlers
 from .dense_store import DenseStore
 from .dense_handlers import DenseHandlers
 from .hooks import Incoming, RequestHook, Verdict
+from .idle_watch import IdleWatch
 from .outbox import GO, HELD, Outbox, describe_identity
 from .peers import PEER_LOST_EXIT_CODE, PeerWatch
 from .replies import Deferred, Reply
@@ -73,12 +76,14 @@ class ParameterServer:
     def __init__(self, server_id: int, bind: str | None, num_trainers: int, mode: str | Mode = Mode.SYNC,
                  timeout: float = 120.0, exit_when_trainers_leave: bool = True, security: Security | None = None,
                  peers: dict[int, str] | None = None, limits: Limits = Limits(), min_trainers: int | None = None,
-                 recovering: bool = False, max_staleness: int | None = None):
+                 recovering: bool = False, max_staleness: int | None = None, idle_exit: float | None = None):
         """``bind`` is host:port; port 0 picks a free port (see ``address``). ``bind=None``: no
         socket at all, requests come only through ``handle_local`` (a server inside the
         trainer's process: server/in_process.py).
         ``peers``: index -> address of the job's other servers, watched so this one
-        does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP."""
+        does not outlive them. ``security``: the job's CurveZMQ keys, None for plain TCP.
+        ``idle_exit``: seconds after which a server nothing of its job reached stops, counted from
+        its start and from each ``hello`` since (server/idle_watch.py); None: never."""
         self.server_id = server_id
         self.name = f"server {server_id}"
         self.mode = mode = Mode.parse(mode)
@@ -87,6 +92,7 @@ class ParameterServer:
         self.exit_when_trainers_leave = exit_when_trainers_leave
         self.membership = Membership(num_trainers, grace=timeout, min_trainers=min_trainers)
         self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
+        self.idle = IdleWatch(idle_exit)
         # Requests answered later, from the socket and from a trainer in this process alike.
         self.waiting = WaitingList(self.name, self.membership, timeout, self.stats)
         self.context = ServerContext(server_id, mode, self.membership, timeout, self.waiting,
@@ -199,6 +205,10 @@ class ParameterServer:
         """Serve until the job ends; returns the exit code (0: every trainer left)."""
         log.info("%s serving on %s (%s mode, %d trainers)", self.name, self.address,
                  self.mode, self.num_trainers)
+        self.idle = IdleWatch(self.idle.limit)      # counted from serving's start, not the object's
+        if self.idle.limit is not None:
+            log.info("%s: exits if no trainer reaches it within %g s (--idle-exit / PARAMSHARD_IDLE_EXIT; "
+                     "0: wait for ever)", self.name, self.idle.limit)
         poller = self._poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
@@ -254,6 +264,10 @@ class ParameterServer:
             log.error("%s: stopping because %s is gone (unreachable for %g s); the job cannot go on "
                       "without it", self.name, ", ".join(gone_peers), self.timeout)
             return True
+        if self.idle.expired():
+            self.exit_code = 1
+            log.error("%s", self._idle_message())
+            return True
         if not self.exit_when_trainers_leave or not self.membership.job_over():
             return False
         if self.membership.enough_left():
@@ -266,6 +280,21 @@ class ParameterServer:
         else:
             log.info("%s: every trainer left", self.name)
         return True
+
+    def _idle_message(self) -> str:
+        """Why a server that nothing reached stops, and what to do about it."""
+        idle = self.idle
+        since = (f"in the {idle.waited():.0f} s since it started" if not idle.probes else
+                 f"in {idle.waited():.0f} s (only {idle.probes} hello(s) checking it was up, none for the "
+                 f"last {idle.limit:g} s)")
+        unseen = self._peers.never_reached()
+        peers = (f"; peer servers it never reached either: {', '.join(unseen)}" if unseen else
+                 "; every peer server was reached" if self._peers.peers else "")
+        return (f"{self.name}: stopping: no trainer ever reached it on {self.address} {since}: it expected "
+                f"{self.num_trainers} trainer(s) (PARAMSHARD_TRAINERS) to connect and register{peers}. Start "
+                f"the trainers with PARAMSHARD_SERVERS naming this address, check that they can reach it (host, "
+                f"port, firewall, the same PARAMSHARD_SECRET), or give them longer: --idle-exit SECONDS / "
+                f"PARAMSHARD_IDLE_EXIT (now {idle.limit:g}; 0: wait for ever)")
 
     # -- request handling -----------------------------------------------
     def _poll_ms(self) -> int:
@@ -348,6 +377,9 @@ class ParameterServer:
             if type(trainer) is not int:
                 raise ProtocolError(f"{request.op}: field 'trainer' must be int, got {type(trainer).__name__}")
             self.membership.check_trainer(trainer)
+        # Before the hooks: a trainer refused for now (a stale epoch while a restarted server
+        # waits for its restore) still found this server.
+        self.idle.note(request.op)
         for hook in self._hooks:
             if hook.admit(request) is Verdict.HOLD:
                 return Verdict.HOLD

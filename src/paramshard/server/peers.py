@@ -120,6 +120,11 @@ class PeerWatch:
     def monitors(self) -> Sequence[zmq.Socket]:
         return [p.monitor for p in self.peers]
 
+    def never_reached(self) -> list[str]:
+        """Names of the peers this server never completed a handshake with (not up yet, a
+        wrong address, another secret): what a server that nothing reached names on exit."""
+        return [peer.name for peer in self.peers if not peer.ever_reachable]
+
     def poll(self) -> list[str]:
         """Names of peers gone for longer than the grace period (after having been reachable)."""
         return [peer.name for peer in self._poll()]

@@ -189,6 +189,12 @@ CONTRACT: tuple[Setting, ...] = (
                         type=argtypes.seconds("--timeout"), default=DEFAULT_TIMEOUT),
                    flag("run", "--timeout", "deadline of any single wait, the rendezvous included (default: "
                         "PARAMSHARD_TIMEOUT, else 120)", type=float, metavar="SECONDS"))),
+    Setting("PARAMSHARD_IDLE_EXIT", "servers: seconds a server waits for its job, counted from its start and from each "
+            "`hello` since; past them, with no other request ever (a trainer's, a launcher's move, a restore), it "
+            "exits with code 1 naming what it waited for (`paramshard server --idle-exit`; 0: wait "
+            "for ever; default: PARAMSHARD_TIMEOUT, at least 60)", "idle_exit", None, "float | None", float,
+            " is not a number", check=lambda v: f"PARAMSHARD_IDLE_EXIT={v}: must be >= 0 seconds (0: wait for ever)"
+            if v is not None and not v >= 0 else None),
     Setting("PARAMSHARD_BIND", "address a server binds to (default: the host of its own entry in "
             "PARAMSHARD_SERVERS)", "bind"),
     Setting("PARAMSHARD_SECRET", "shared secret: every connection is encrypted and authenticated with CurveZMQ, "

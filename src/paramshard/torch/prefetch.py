@@ -79,8 +79,11 @@ class InputFinder:
         """After a batch's forward: match each table's last input with the batch's tensors."""
         if self.learned:
             return
+        leaves = list(integer_leaves(batch))
+        if not any(t.numel() for _, t in leaves):
+            return          # an empty batch (sync, no task left): the loop runs no forward on it
         self.learned = True
-        keys = {input_key(t): path for path, t in integer_leaves(batch)}
+        keys = {input_key(t): path for path, t in leaves}
         keys.pop(None, None)
         for name, table in self.tables.items():
             path = keys.get(table.last_input_key)
@@ -106,7 +109,8 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
             upcoming = next(iterator, _END)
             if finder is not None and upcoming is not _END and upcoming is not LATER and trainer.model.training:
                 for name, tensor in finder.inputs(upcoming).items():
-                    trainer.prefetch_rows(tables[name], tensor, fresh_rows)
+                    if tensor.numel():      # an empty batch (sync, no task left) has no rows to fetch
+                        trainer.prefetch_rows(tables[name], tensor, fresh_rows)
             recoveries = trainer.recoveries
             yield current
             if trainer.recoveries != recoveries:
