@@ -202,21 +202,26 @@ def run(args) -> tuple[list[dict], dict, dict]:
         log("\n".join(filled))
         training = time.time()
         time.sleep(args.gap)
-        asked = {}
-        for repeat in range(args.repeats):
-            for servers in (3, 2):
-                end = job.scale(servers, args.move_timeout)
-                asked[end["t"]] = end["asked"]
-                log(f"repeat {repeat}: {direction(end)} servers {end['seconds']:.2f} s "
-                    f"({end['t'] - end['asked']:.2f} s from the scale command), {end['partitions']} partitions, "
-                    f"{end['rows']:,} rows, {end.get('blocks', 0)} blocks, switch step {end.get('switch_step')}")
-                time.sleep(args.gap)
-        stop = stop_at(job.records(), 5.0)
-        tmp = job.stop.with_suffix(".tmp")
-        tmp.write_text(str(stop))
-        os.replace(tmp, job.stop)
-        log(f"the trainers stop at step {stop}; trainer 0 checks every row")
-        check = job.finish(args.move_timeout + args.fill_timeout)
+        asked, failure, check = {}, None, None
+        try:
+            for repeat in range(args.repeats):
+                for servers in (3, 2):
+                    end = job.scale(servers, args.move_timeout)
+                    asked[end["t"]] = end["asked"]
+                    log(f"repeat {repeat}: {direction(end)} servers {end['seconds']:.2f} s "
+                        f"({end['t'] - end['asked']:.2f} s from the scale command), {end['partitions']} partitions,"
+                        f" {end['rows']:,} rows, {end.get('blocks', 0)} blocks, switch step {end.get('switch_step')}")
+                    time.sleep(args.gap)
+        except (RuntimeError, TimeoutError) as exc:     # a move failed or stuck: report the moves before it
+            failure = str(exc)
+            log(f"FAILED: {failure}")
+        if failure is None:
+            stop = stop_at(job.records(), 5.0)
+            tmp = job.stop.with_suffix(".tmp")
+            tmp.write_text(str(stop))
+            os.replace(tmp, job.stop)
+            log(f"the trainers stop at step {stop}; trainer 0 checks every row")
+            check = job.finish(args.move_timeout + args.fill_timeout)
         stopped = time.time()
     finally:
         job.close()
@@ -236,7 +241,7 @@ def run(args) -> tuple[list[dict], dict, dict]:
     windows = elastic_view.step_windows(data.trainers, data.events, ended)
     first_move = min((e["t"] - e["seconds"] for e in move_events(data.events)), default=stopped)
     extra = {"baseline": baseline_step(windows, training, first_move), "run_dir": str(run_dir),
-             "filled": filled}
+             "filled": filled, "failure": failure}
     return moves, check, extra
 
 
@@ -266,7 +271,7 @@ def main(argv=None) -> int:
     worst_move = max((m["seconds"] for m in moves), default=None)
     steps = [m["longest_step"] for m in moves if m["longest_step"] is not None]
     worst_step = max(steps) if steps else None
-    problems = check_problems(check, args.rows)
+    problems = check_problems(check, args.rows) if check is not None else ["not checked"]
     verdict = lambda ok: "met" if ok else "NOT met"   # noqa: E731
     notes = [
         f"`elastic_sync.py --rows {args.rows} --dim {args.dim} --hot {args.hot} --batch {args.batch} "
@@ -278,13 +283,19 @@ def main(argv=None) -> int:
         f"{check['rows_held']:,} rows on servers {check['servers']}; lost, doubled or split updates (hot rows "
         f"whose accumulator differs): {check['hot_rows_wrong']} of {check['hot_rows']:,}; "
         f"untouched rows changed: {check['cold_rows_touched']}; ids missing {check['ids_missing']}, "
-        f"held twice {check['ids_held_twice']}",
+        f"held twice {check['ids_held_twice']}" if check is not None else
+        f"FAILED after {len(moves)} moves (no check; the job's output is on stderr): "
+        f"{extra['failure'].splitlines()[0][:800]}",
         f"goal: every move <= {GOAL_MOVE_S:g} s: {verdict(worst_move is not None and worst_move <= GOAL_MOVE_S)} "
         f"(max {seconds(worst_move)} s); longest step overlapping any move <= {GOAL_STEP_S:g} s: "
-        f"{verdict(worst_step is not None and worst_step <= GOAL_STEP_S)} (max {seconds(worst_step)} s); "
-        f"no lost or doubled update: {verdict(not problems)}" + (f" ({', '.join(problems)})" if problems else ""),
+        f"{verdict(worst_step is not None and worst_step <= GOAL_STEP_S)} (max {seconds(worst_step)} s); " +
+        (f"no lost or doubled update: {verdict(not problems)}" + (f" ({', '.join(problems)})" if problems else "")
+         if check is not None else "lost or doubled updates: not checked"),
         f"run directory: {extra['run_dir']}",
     ]
+    if check is not None and check.get("examples"):
+        notes.insert(-2, "wrong hot rows (accumulator minus the oracle's, the steps that touched them; switch steps "
+                         f"{[m['switch_step'] for m in moves]}): {json.dumps(check['examples'])}")
     C.emit(args.markdown, [
         ("Each move", ["#", "move", "seconds", "from `scale`", "partitions", "rows moved", "MiB", "dense blocks",
                        "switch step", "longest trainer step overlapping (s)"],

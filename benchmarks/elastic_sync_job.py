@@ -80,6 +80,21 @@ def compare(ids: np.ndarray, acc: np.ndarray, hot: np.ndarray, want: np.ndarray,
             "cold_rows_touched": wrong_cold, "hot_rows": int(len(hot))}
 
 
+def wrong_examples(ids, acc, hot, want, seed, trainers, steps, size, first, most=5) -> list[dict]:
+    """For a few hot rows whose accumulator differs: by how much, and the steps that touched them
+    (absolute step numbers): evidence of where an update went wrong."""
+    order = np.argsort(ids, kind="stable")
+    ids, acc = ids[order], acc[order]
+    where = np.minimum(np.searchsorted(ids, hot), len(ids) - 1)
+    bad = np.flatnonzero((ids[where] != hot) | ~np.all(acc[where] == want.astype(np.float32), axis=1))[:most]
+    out = []
+    for h in bad.tolist():
+        touched = [first + k for k in range(steps)
+                   if any(h in batch(seed, t, k, len(hot), size, want.shape[1])[0] for t in range(trainers))]
+        out.append({"id": int(hot[h]), "got_minus_want": (acc[where[h]] - want[h]).tolist(), "steps": touched})
+    return out
+
+
 def read_accumulators(trainer) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Every live server's rows of the table: (ids, Adagrad accumulators, servers), page by page
     (only the ids and the slot are kept)."""
@@ -190,6 +205,8 @@ def main() -> int:
         want = expected_accumulators(args.seed, trainers, trained, len(hot), args.batch, args.dim)
         check = {"steps": trained, "first_step": first, "trainers": trainers, "servers": servers,
                  **compare(ids, acc, hot, want, args.rows), "check_s": round(time.monotonic() - began, 1)}
+        if check["hot_rows_wrong"]:
+            check["examples"] = wrong_examples(ids, acc, hot, want, args.seed, trainers, trained, args.batch, first)
         tmp = args.result + ".tmp"
         with open(tmp, "w") as f:
             json.dump(check, f)
