@@ -73,3 +73,14 @@ def test_moves_are_summarized_by_direction_max_and_median():
     assert [S.direction(e) for e in S.move_events(events)] == ["2->3"]
     windows = [(0, 1.0, 2.0, 0.3), (1, 1.5, 4.0, 0.9), (0, 2.0, 3.0, 0.2)]
     assert S.baseline_step(windows, 1.0, 3.0) == 0.3 and S.baseline_step(windows, 5.0, 6.0) is None
+
+
+def test_a_wrong_row_is_shown_with_the_steps_that_touched_it():
+    seed, steps, hot_n, size, dim, first = 0, 5, 100, 20, 4, 10
+    hot = J.hot_ids(1000, hot_n, seed)
+    want = J.expected_accumulators(seed, 2, steps, hot_n, size, dim)
+    acc = want.astype(np.float32)
+    acc[3, 1] += 0.25
+    (shown,) = J.wrong_examples(hot.copy(), acc, hot, want, seed, 2, steps, size, first)
+    touched = [first + k for k in range(steps) if any(3 in J.batch(seed, t, k, hot_n, size, dim)[0] for t in range(2))]
+    assert shown == {"id": int(hot[3]), "got_minus_want": [0.0, 0.25, 0.0, 0.0], "steps": touched}
