@@ -50,10 +50,6 @@ class ElasticServers:
         if self.env.recovery == "bounded-loss":
             raise ConfigError(f"--servers {n}: a job with --recovery bounded-loss cannot change its servers yet "
                               f"(the replica keeper copies a fixed set of servers)")
-        if self.env.checkpoint_dir:
-            raise ConfigError(f"--servers {n}: a job that writes checkpoints cannot change its servers yet (a "
-                              f"checkpoint taken during a move, or a rollback after one, is not made consistent "
-                              f"with it); launch without --checkpoint-dir to scale servers")
         if self.move is not None and self.move.is_alive():
             raise ConfigError(f"--servers {n}: a move of partitions is under way; ask again when it ended "
                               f"(a scale_end event in the run directory)")

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..checkpoint.turns import move_turn
 from ..errors import ConfigError
 from ..placement.block_map import rebalance_blocks
 from ..placement.partitions import Routing, partition_of, rebalance
@@ -139,6 +140,30 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
     groups = [moving[start:start + per_handoff] for start in range(0, len(moving), per_handoff)]
     if dense_moves and not groups:
         groups = [moving[:0]]
+    # From the first hand-off to the final routing, checkpoints wait (and this waits for one in
+    # progress): a checkpoint reads the routing before the hand-offs or the final one, never rows
+    # half handed over (checkpoint/turns.py). Nothing in it waits for a trainer's next step.
+    with move_turn(links, record.switch_step):
+        final = _hand_offs(links, routing, owners, groups, tables, record, new_blocks, dense_moves, moving,
+                           address_list, before, servers)
+    # Old owners drop what they handed away (a checkpoint reads only the owners' rows and blocks,
+    # and an old owner holds the drop while a checkpoint pages its rows: server/checkpoint_service.py).
+    began = time.monotonic()
+    for s in before:
+        links.request(s, {"op": "migrate_finish"})
+    for s in sorted({source for source, _ in dense_moves.values()}):
+        links.request(s, {"op": "dense_finish"})
+    record.finish_s = time.monotonic() - began
+    for s in before:
+        if s not in servers:
+            links.request(s, {"op": "retire"})
+    record.routing_version = final.version
+    record.ended = clock()
+    return record
+
+
+def _hand_offs(links, routing, owners, groups, tables, record, new_blocks, dense_moves, moving,
+               address_list, before, servers) -> Routing:
     for number, group in enumerate(groups):
         began = time.monotonic()
         # The first hand-off's routing names the blocks' new owners too; they move right after it.
@@ -149,22 +174,11 @@ def move_partitions(links: ServerLinks, addresses: Sequence[str], servers: Seque
         record.handoffs_s += time.monotonic() - began
     if len(moving) == 0 and routing.addresses != tuple(address_list):
         routing = routing.moved_to(routing.owners, addresses=address_list)
-    began = time.monotonic()
-    for s in before:
-        links.request(s, {"op": "migrate_finish"})
-    for s in sorted({source for source, _ in dense_moves.values()}):
-        links.request(s, {"op": "dense_finish"})
-    record.finish_s = time.monotonic() - began
     final = routing.moved_to(owners, addresses=[a if (i in servers) else "" for i, a in enumerate(address_list)],
                              blocks=new_blocks)
     for s in sorted(set(servers) | set(before)):
         links.request(s, {"op": "routing_set", "routing": final.to_wire()})
-    for s in before:
-        if s not in servers:
-            links.request(s, {"op": "retire"})
-    record.routing_version = final.version
-    record.ended = clock()
-    return record
+    return final
 
 
 def _arm(links, servers: list[int], version: int, margin: int, tries: int = 20) -> tuple[int, int]:

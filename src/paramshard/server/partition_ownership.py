@@ -39,6 +39,9 @@ class PartitionOwnership:
         # later (older ones are refused, so every trainer changes routing at the same step), and
         # a server taking partitions holds them all until the rows are here.
         self.switch: tuple[int, int] | None = None
+        # The first routing version whose requests may come here: past the one a server joined
+        # under mid-job (it owned nothing in it); the async checkpoint's cut reads it.
+        self.joined_at = 0
 
     @property
     def elastic(self) -> bool:
@@ -124,6 +127,7 @@ class PartitionOwnership:
             if self.owned.any() and self.routing.version > 0:
                 raise ConfigError(f"server {self.me} already serves partitions: it cannot join again")
             self.owned[:] = False
+            self.joined_at = routing.version + 1
         self.routing = routing
 
     def arm(self, step: int, version: int) -> None:

@@ -89,6 +89,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "pause_pushes": {},
     "cut_pushes": {"cut": list},
     "resume_pushes": {},
+    "exclude_begin": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int), "after_step": Optional(int)},
+    "exclude_end": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int)},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
     "join": {"trainer": int, "first_step": Optional(int)},
