@@ -123,16 +123,17 @@ class MigrationService:
         for name, t in self.sparse.tables.items():
             tables.append({"table": name, "dim": t.dim, "seed": t.seed, "optimizer": t.optimizer.to_wire(),
                            "policy": policy_to_wire(t.admission, t.eviction, t.init_scale), "dtype": t.dtype,
-                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale})
+                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale,
+                           **({"memory_budget": t.memory_budget} if t.memory_budget is not None else {})})
         return Reply({"tables": tables, "sync": self.ctx.mode.waits_every_step})
 
     def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
         fields = {"table", "dim", "seed", "optimizer", "policy", "dtype", "rounding", "version", "lr_scale"}
         for entry in header["tables"]:
-            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve"}:
+            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve", "memory_budget"}:
                 raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry (and a reserve)")
             register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding",
-                                              "reserve") if k in entry}
+                                              "reserve", "memory_budget") if k in entry}
             protocol.validate_request({"op": "register_sparse", "trainer": 0, **register})
             self.sparse.handle_register_sparse({"trainer": 0, **register}, [])
             table = self.sparse.table(entry["table"])
