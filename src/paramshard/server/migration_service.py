@@ -102,7 +102,13 @@ class MigrationService:
         return Reply({"routing": self.ownership.routing.to_wire()})
 
     def handle_routing_set(self, header: dict, arrays: list) -> Reply:
-        self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
+        routing = Routing.from_wire(header["routing"])
+        if header.get("restored") is True:       # bounded-loss: a restored server owns what the routing says
+            if self.ctx.epoch != -1:
+                raise ConfigError(f"routing_set restored: {self.ctx.name} was not restarted (epoch {self.ctx.epoch})")
+            self.ownership.restore(routing)
+        else:
+            self.ownership.set_routing(routing, join=header.get("join") is True)
         return Reply({"version": self.ownership.routing.version})
 
     def handle_migrate_switch(self, header: dict, arrays: list) -> Reply:
@@ -227,6 +233,8 @@ class MigrationService:
                     ids = table.store.ids()
                     dropped += table.store.drop(ids[lost[self.ownership.partitions(ids)]])
                     table._last_pull.clear()          # row handles changed
+                    if table.changes is not None:     # bounded-loss: handles moved, the next copy is whole
+                        table.changes.everything()
             self.intake.clear()
             self._row_partitions = {}
             return Reply({"dropped": dropped})

@@ -102,8 +102,13 @@ class PartitionIntake:
         if (stale >= 0).any():       # left from an earlier stay of these partitions here
             table.store.drop(rows["ids"][stale >= 0])
             table._last_pull.clear()
+            if table.changes is not None:
+                table.changes.everything()
         state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
         table.reserve(table.num_rows + len(rows["ids"]))
+        before = table.num_rows
         table._create(rows["ids"], rows["values"], table.version, state)
+        if table.changes is not None:        # bounded-loss: the replica takes the adopted rows too
+            table.changes.grew(before, table.num_rows)
         if "counted_ids" in handed and len(handed["counted_ids"]):
             table.store.restore_counts(handed["counted_ids"], handed["counts"].astype(np.uint32))

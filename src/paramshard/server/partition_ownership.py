@@ -130,6 +130,14 @@ class PartitionOwnership:
             self.joined_at = routing.version + 1
         self.routing = routing
 
+    def restore(self, routing: Routing) -> None:
+        """A server restarted in place and restored from its replica (bounded-loss recovery): it
+        owns what ``routing`` (the job's current one) gives it, and no move is under way here."""
+        self.set_routing(routing)
+        self.owned = routing.owners == self.me
+        self.incoming[:] = self.copying[:] = self.lost[:] = False
+        self.dirty.clear()
+
     def arm(self, step: int, version: int) -> None:
         """Sync mode: the routing changes at ``step`` (routing ``version``)."""
         if self.switch is not None and self.switch[1] > version:

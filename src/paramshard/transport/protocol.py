@@ -109,7 +109,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "shard_restore": {"trainer": int, "state": dict, "epoch": Optional(int)},
     # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
     "routing_get": {},
-    "routing_set": {"routing": dict, "join": Optional(bool)},
+    "routing_set": {"routing": dict, "join": Optional(bool), "restored": Optional(bool)},
     "migrate_switch": {"step": int, "version": int},
     "migrate_tables": {},
     "migrate_tables_in": {"tables": list},
