@@ -153,6 +153,12 @@ class MigrationService:
     # -- the old owner -------------------------------------------------------
     def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
         self.ownership.start_copy(header["partitions"])
+        # Sync: a push received before the copy began is applied when its step completes, maybe
+        # after its rows were copied: its rows are dirty from now on, as if it came now.
+        for name, table in self.sparse.tables.items():
+            pending = [rows for rows, _ in table._pending.values() if len(rows)]
+            if pending:
+                self.ownership.note_applied(name, table.store.ids()[np.unique(np.concatenate(pending))])
         self._row_partitions = {}
         self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
         return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})
