@@ -8,7 +8,9 @@ blocks (2 -> 3). Oracles, from the sync determinism (tests/integration/test_serv
   without the scale holds (rows with their optimizer slots, dense values and slots), the ones
   taken while the partitions were handed off included;
 - resuming from a checkpoint written by 3 servers on a fresh job of 2 servers and training to
-  the end gives the model of the uninterrupted run, bit for bit.
+  the end gives the model of the uninterrupted run, bit for bit;
+- a rollback of the scaled job (every server reset) restores its latest checkpoint onto the 3
+  servers, rows and dense blocks where the routing places them now.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 import paramshard as ps
 from paramshard.checkpoint.format import Checkpoint, step_dir_name
 from paramshard.client.checkpoint import restore_checkpoint, save_checkpoint
+from paramshard.client.recovery import roll_back
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
@@ -114,11 +117,32 @@ def _run(tmp_path, name: str, scale: bool = False, resume: str | None = None):
             final.follow(router)
             dense_values = {k: np.zeros_like(a) for k, a in START.items()}
             final.pull_dense(dense_values, STEPS)
+        rolled = _roll_back(chief, addresses, root) if scale else None
         chief.close()
         assert len(np.unique(ids)) == len(ids)
-        return dict(zip(ids.tolist(), values)), dense_values, records, root
+        return dict(zip(ids.tolist(), values)), dense_values, records, root, rolled
     finally:
         stop_all(children, grace=3)
+
+
+def _roll_back(chief: ServerLinks, addresses, root) -> tuple[dict, dict]:
+    """The chief rolls the scaled job back to its latest checkpoint (as after a failure: every
+    server reset, the checkpoint restored where the routing says rows and blocks live now); the
+    model the servers then hold."""
+    router = SparseClient(chief, 0, Routing.initial(PARTITIONS, addresses[:2]))
+    router.refresh_routing()                 # as the backend does before a rollback
+    roll_back(chief, PLAN, DENSE_OPT, {TABLE: SPEC}, root, True, 0, TIMEOUT, routing=router.routing)
+    ids, values = _export_all(chief, len(addresses))
+    dense = DenseClient(chief, PLAN, 0)
+    dense.follow(router)
+    got = {k: np.zeros_like(a) for k, a in START.items()}
+    dense.pull_dense(got, 0)
+    return dict(zip(ids.tolist(), values)), got
+
+
+def _export_all(links: ServerLinks, servers: int):
+    parts = [links.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(servers)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 def _contents(path) -> tuple[dict, dict]:
@@ -139,8 +163,8 @@ def _contents(path) -> tuple[dict, dict]:
 
 @pytest.mark.timeout(240)
 def test_checkpoints_during_a_scale_hold_the_step_and_resume_on_fewer_servers(tmp_path):
-    scaled_rows, scaled_dense, records, scaled_root = _run(tmp_path, "scaled", scale=True)
-    plain_rows, plain_dense, _, plain_root = _run(tmp_path, "plain")
+    scaled_rows, scaled_dense, records, scaled_root, rolled = _run(tmp_path, "scaled", scale=True)
+    plain_rows, plain_dense, _, plain_root, _ = _run(tmp_path, "plain")
     (record,) = records
     switch = record.switch_step
     assert record.partitions == PARTITIONS // 3 and record.blocks > 0, record
@@ -154,10 +178,19 @@ def test_checkpoints_during_a_scale_hold_the_step_and_resume_on_fewer_servers(tm
         assert not differ, f"step {step} (switch {switch}): {len(differ)} rows differ, e.g. id {differ[0]}"
         for f in want_dense:
             np.testing.assert_array_equal(dense[f], want_dense[f], err_msg=f"step {step}: {f}")
+    # A rollback after the scale (the latest checkpoint, back onto the 3 servers where the routing
+    # places rows and blocks now) restores what the checkpoint holds.
+    latest_rows, latest_dense = _contents(scaled_root / step_dir_name(SCALE_AT + WINDOW))
+    rolled_rows, rolled_dense = rolled
+    assert latest_rows and all(np.array_equal(rolled_rows[i], v[:DIM]) for i, v in latest_rows.items()), \
+        "the rollback restored other rows"
+    ckpt = Checkpoint(scaled_root / step_dir_name(SCALE_AT + WINDOW))
+    for d in ckpt.manifest["dense"]:
+        np.testing.assert_array_equal(rolled_dense[d["name"]], ckpt.array(d["files"]["values"]).reshape(-1))
     after = Checkpoint(scaled_root / step_dir_name(switch + 1))
     assert len(Routing.from_wire(after.manifest["routing"]).servers()) == 3, "taken under the 3-server routing"
     # Written by 3 servers (after the switch step), resumed on 2: the uninterrupted run's model.
-    resumed_rows, resumed_dense, _, _ = _run(tmp_path, "resumed", resume=str(after.path))
+    resumed_rows, resumed_dense, _, _, _ = _run(tmp_path, "resumed", resume=str(after.path))
     assert sorted(resumed_rows) == sorted(plain_rows) == sorted(scaled_rows)
     differ = [i for i in plain_rows if not (np.array_equal(resumed_rows[i], plain_rows[i])
                                             and np.array_equal(scaled_rows[i], plain_rows[i]))]
