@@ -9,8 +9,8 @@ blocks (2 -> 3). Oracles, from the sync determinism (tests/integration/test_serv
   taken while the partitions were handed off included;
 - resuming from a checkpoint written by 3 servers on a fresh job of 2 servers and training to
   the end gives the model of the uninterrupted run, bit for bit;
-- a rollback of the scaled job (every server reset) restores its latest checkpoint onto the 3
-  servers, rows and dense blocks where the routing places them now.
+- a rollback of the scaled job after servers 0 and 2 were restarted in place restores its
+  latest checkpoint onto the 3 servers, rows and dense blocks where the routing places them now.
 """
 from __future__ import annotations
 
@@ -45,11 +45,12 @@ DENSE_OPT = ps.optim.Adam(lr=0.01)
 START = {"w": np.linspace(-1, 1, 256).astype(np.float32), "b": np.zeros(48, np.float32)}
 
 
-def _servers(addresses, known: list[int]) -> list[Child]:
+def _servers(addresses, known: list[int], recovering: bool = False, first: int = 0) -> list[Child]:
     children = []
-    for i, n in enumerate(known):
+    for i, n in enumerate(known, start=first):
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:n]), num_trainers=TRAINERS,
-                         mode="sync", timeout=TIMEOUT, partitions=PARTITIONS, row_store="numpy")
+                         mode="sync", timeout=TIMEOUT, partitions=PARTITIONS, row_store="numpy",
+                         recovering=recovering)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
                               LocalLauncher._child_environ(env)))
     return children
@@ -117,7 +118,7 @@ def _run(tmp_path, name: str, scale: bool = False, resume: str | None = None):
             final.follow(router)
             dense_values = {k: np.zeros_like(a) for k, a in START.items()}
             final.pull_dense(dense_values, STEPS)
-        rolled = _roll_back(chief, addresses, root) if scale else None
+        rolled = _roll_back(chief, addresses, root, children) if scale else None
         chief.close()
         assert len(np.unique(ids)) == len(ids)
         return dict(zip(ids.tolist(), values)), dense_values, records, root, rolled
@@ -125,19 +126,45 @@ def _run(tmp_path, name: str, scale: bool = False, resume: str | None = None):
         stop_all(children, grace=3)
 
 
-def _roll_back(chief: ServerLinks, addresses, root) -> tuple[dict, dict]:
-    """The chief rolls the scaled job back to its latest checkpoint (as after a failure: every
-    server reset, the checkpoint restored where the routing says rows and blocks live now); the
-    model the servers then hold."""
+def _roll_back(chief: ServerLinks, addresses, root, children: list) -> tuple[dict, dict]:
+    """Servers 0 (it holds the routing) and 2 (the scale added it) are killed and started again
+    in place, as the launcher does; the chief rolls the scaled job back to its latest checkpoint
+    (every server reset, the checkpoint restored where the job's routing places rows and blocks
+    now, the restarted servers told that routing). The model the servers then hold."""
     router = SparseClient(chief, 0, Routing.initial(PARTITIONS, addresses[:2]))
-    router.refresh_routing()                 # as the backend does before a rollback
+    router.refresh_routing()                 # before the failure: the trainer knows the routing
+    for index, known in ((0, 2), (2, 3)):
+        children[index].proc.kill()
+        children[index].proc.wait(5)
+        children[index] = _servers(addresses, [known], recovering=True, first=index)[0]
+    _serving_restarted(addresses)
     roll_back(chief, PLAN, DENSE_OPT, {TABLE: SPEC}, root, True, 0, TIMEOUT, routing=router.routing)
-    ids, values = _export_all(chief, len(addresses))
+    ids, _ = _export_all(chief, len(addresses))
+    # Read as a trainer started now would: the routing server 0 gives, rows where it says.
+    reader = SparseClient(chief, 0, Routing.initial(PARTITIONS, addresses[:2]))
+    reader.refresh_routing()
+    values = reader.pull_sparse(TABLE, ids, DIM, min_version=0)
     dense = DenseClient(chief, PLAN, 0)
-    dense.follow(router)
+    dense.follow(reader)
     got = {k: np.zeros_like(a) for k, a in START.items()}
     dense.pull_dense(got, 0)
     return dict(zip(ids.tolist(), values)), got
+
+
+def _serving_restarted(addresses) -> None:
+    """Servers 0 and 2 answer again (in epoch -1: restarted, nothing restored yet)."""
+    import time
+    deadline = time.monotonic() + 30
+    for index in (0, 2):
+        with ServerLinks([addresses[index]], timeout=2.0, who="probe") as probe:
+            while True:
+                try:
+                    if probe.request(0, {"op": "hello"}, timeout=1.0)[0]["generation"] == -1:
+                        break
+                except ps.errors.ParamshardError:
+                    pass
+                assert time.monotonic() < deadline, f"server {index} did not start again"
+                time.sleep(0.05)
 
 
 def _export_all(links: ServerLinks, servers: int):

@@ -281,8 +281,28 @@ def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: Optimizer
     check_fits(ckpt, plan, optimizer, tables)
     with checkpoint_turn(links, trainer_id):      # no hand-off of a server move meanwhile
         if routing is not None and routing.elastic:
-            routing = job_routing(links)           # where rows and blocks live now (a scale may have run)
+            routing = _settle_routing(links, routing)
         _restore(links, plan, optimizer, tables, ckpt, trainer_id, routing)
+
+
+def _settle_routing(links: ServerLinks, routing: Routing) -> Routing:
+    """The job's routing for a restore: the newer of this trainer's and server 0's (a scale may
+    have run since this trainer looked; a server 0 restarted in place starts from the job's
+    first map), sent to every server it names (``restored``: a server restarted in place owns
+    the partitions the routing gives it, not those of the map it started with)."""
+    current = job_routing(links)
+    if current.version > routing.version:
+        routing = current
+    for index in range(len(links), len(routing.addresses)):
+        links.add_server(routing.addresses[index])
+    named = [s for s, address in enumerate(routing.addresses) if address]
+    for header, _ in links.request_many({s: ({"op": "routing_get"}, ()) for s in named}).values():
+        theirs = Routing.from_wire(header["routing"])      # one that took the last move's final map
+        if theirs.version > routing.version:
+            routing = theirs
+    links.request_many({s: ({"op": "routing_set", "routing": routing.to_wire(), "restored": True}, ())
+                        for s, address in enumerate(routing.addresses) if address})
+    return routing
 
 
 def _restore(links, plan, optimizer, tables, ckpt, trainer_id: int, routing) -> None:

@@ -103,9 +103,9 @@ class MigrationService:
 
     def handle_routing_set(self, header: dict, arrays: list) -> Reply:
         routing = Routing.from_wire(header["routing"])
-        if header.get("restored") is True:       # bounded-loss: a restored server owns what the routing says
-            if self.ctx.epoch != -1:
-                raise ConfigError(f"routing_set restored: {self.ctx.name} was not restarted (epoch {self.ctx.epoch})")
+        if header.get("restored") is True:
+            # Restored (the replica keeper's restore, a checkpoint's rollback): this server owns
+            # what the job's routing says, whatever map it started with (a restart in place).
             self.ownership.restore(routing)
         else:
             self.ownership.set_routing(routing, join=header.get("join") is True)
