@@ -131,12 +131,18 @@ class ReplicaKeeper:
         """A marker when every server has a whole copy of a registered model (the restart policy's
         "something to restore"), else None: a copy from before the chief registered restores nothing."""
         from pathlib import Path
-        followed = [self.replicas[s] for s in self.followed]
-        registered = any(r.dense is not None for r in followed)      # a server may hold no block (moved away)
-        return Path("replica") if registered and all(r.complete for r in followed) else None
+        return Path("replica") if all(self._restorable(s) for s in self.followed) else None
 
     def _restorable(self, server: int) -> bool:
-        return self.replicas[server].complete and any(self.replicas[s].dense is not None for s in self.followed)
+        """A whole copy of ``server`` with the registered model: its dense blocks, unless the job's
+        block map (a scale moved blocks) places none on it."""
+        replica = self.replicas[server]
+        if not replica.complete:
+            return False
+        blocks = (self.routing or {}).get("blocks")
+        holds_none = bool(blocks) and server not in _block_servers(self.routing)
+        return replica.dense is not None or (holds_none and any(self.replicas[s].dense is not None
+                                                                for s in self.followed))
 
     def note_lost(self, server: int, at: float) -> None:
         """The launcher saw ``server`` die at ``at`` (monotonic): loss and recovery count from then."""
@@ -273,6 +279,11 @@ class ReplicaKeeper:
                     median_s=statistics.median(seconds), median_bytes=statistics.median(sizes),
                     max_bytes=max(sizes), longest_gap_s=gap)
         self._log, self._gaps, self._summary_at = [], [0.0] * len(self._gaps), now
+
+
+def _block_servers(wire: dict) -> set[int]:
+    """The servers a routing's block map (its checked wire form) places dense blocks on."""
+    return set(wire.get("blocks", {}).values())
 
 
 def _s(seconds: float | None) -> str:
