@@ -43,3 +43,9 @@ def test_on_names_the_host_of_new_servers_and_needs_servers(sent, tmp_path):
     assert sent == [("add_host", "10.0.0.3"), ("servers", 3, "10.0.0.3")]
     with pytest.raises(ConfigError, match="--on HOST places new servers: give it with --servers N"):
         scale.run(parse(str(tmp_path), "--trainers", "2", "--on", "10.0.0.3"))
+
+
+def test_remove_host_is_refused_with_its_reason_before_anything_is_sent(sent, tmp_path):
+    with pytest.raises(ConfigError, match="a host cannot leave a running job yet"):
+        scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3"))
+    assert sent == []
