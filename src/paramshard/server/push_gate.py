@@ -40,12 +40,18 @@ class PushGate:
         self.paused_at: float | None = None
         self.cut: dict[int, int] | None = None
         self.held: list = []                              # frames, in arrival order
+        # Elastic jobs: per trainer the newest routing version its applied pushes carried. A server
+        # that joined mid-job gets a trainer's pushes only from the routing that first named it on;
+        # the chief waits at a server only for the trainers already routing to it (checkpoint_service).
+        self.routings: dict[int, int] = {}
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
 
-    def note_applied(self, stream: str, trainer: int, step: int) -> None:
+    def note_applied(self, stream: str, trainer: int, step: int, routing: int | None = None) -> None:
+        if routing is not None and routing > self.routings.get(trainer, -1):
+            self.routings[trainer] = routing
         seen = self.applied.setdefault(stream, {})
         if step > seen.get(trainer, -1):
             seen[trainer] = step
@@ -105,7 +111,7 @@ class PushGateHook:
         if request.op in PUSH_OPS:
             header = request.header
             self.gate.note_applied("dense" if request.op == "push_dense" else f"sparse:{header['table']}",
-                                   request.trainer, header["step"])
+                                   request.trainer, header["step"], header.get("routing"))
 
     def tick(self) -> None:
         if self.gate.expired():

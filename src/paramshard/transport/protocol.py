@@ -89,6 +89,8 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "pause_pushes": {},
     "cut_pushes": {"cut": list},
     "resume_pushes": {},
+    "exclude_begin": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int), "after_step": Optional(int)},
+    "exclude_end": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int)},
     "reset": {"epoch": int, "trainer": int},
     "leave": {"trainer": int},
     "join": {"trainer": int, "first_step": Optional(int)},
@@ -107,7 +109,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "shard_restore": {"trainer": int, "state": dict, "epoch": Optional(int)},
     # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
     "routing_get": {},
-    "routing_set": {"routing": dict, "join": Optional(bool)},
+    "routing_set": {"routing": dict, "join": Optional(bool), "restored": Optional(bool)},
     "migrate_switch": {"step": int, "version": int},
     "migrate_tables": {},
     "migrate_tables_in": {"tables": list},
