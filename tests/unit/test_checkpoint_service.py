@@ -257,4 +257,11 @@ def test_the_async_cut_reports_each_trainers_routing_for_servers_that_joined_mid
     hook = checkpoints.hooks()[0]
     hook.applied(Incoming("push_sparse", {"step": 3, "table": "t", "routing": 2}, 0))
     hook.applied(Incoming("push_sparse", {"step": 4, "table": "t", "routing": 5}, 1))
-    assert checkpoints.handle_pause_pushes({}, []).fields["routings"] == [[0, 2], [1, 5]]
+    hook.applied(Incoming("push_dense", {"step": 4, "routing": 6}, 1))
+    assert checkpoints.handle_pause_pushes({}, []).fields["routings"] == [["dense", 1, 6], ["sparse:t", 0, 2],
+                                                                           ["sparse:t", 1, 5]]
+    # The chief says which (stream, trainer) pairs route elsewhere: they are not waited for.
+    waits = checkpoints.handle_cut_pushes({"cut": [[0, 3], [1, 9]], "skip": [["sparse:t", 1]]}, [])
+    assert waits.ready()
+    with pytest.raises(ConfigError, match="skip"):
+        checkpoints.handle_cut_pushes({"cut": [[0, 3]], "skip": [[1, "sparse:t"]]}, [])

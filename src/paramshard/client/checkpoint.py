@@ -166,18 +166,24 @@ def _pause_at_a_cut(links: ServerLinks, servers=None) -> dict[int, int]:
     try:
         replies = links.request_many({s: ({"op": "pause_pushes"}, ()) for s in everyone})
         cut: dict[int, int] = {}
-        routings: dict[int, int] = {}
+        routings: dict[tuple[str, int], int] = {}
+        streams = set()
         for header, _ in replies.values():
-            for _stream, trainer, step in header["applied"]:
+            for stream, trainer, step in header["applied"]:
                 cut[trainer] = max(cut.get(trainer, -1), step)
-            for trainer, version in header.get("routings", ()):
-                routings[trainer] = max(routings.get(trainer, -1), version)
-        # A server that joined mid-job waits only for the trainers whose pushes already route to
-        # it (an async trainer learns a new routing when one of its requests is refused): the
-        # others' steps never come there, and hold none of its rows.
-        links.request_many({s: ({"op": "cut_pushes", "cut": [
-            [t, k] for t, k in sorted(cut.items()) if routings.get(t, 0) >= replies[s][0].get("since", 0)]}, ())
-            for s in everyone})
+                streams.add(stream)
+            for stream, trainer, version in header.get("routings", ()):
+                routings[stream, trainer] = max(routings.get((stream, trainer), -1), version)
+                streams.add(stream)
+        # A server that joined mid-job waits, per stream, only for the trainers whose pushes of it
+        # already route there (an async trainer learns a new routing when one of its requests is
+        # refused, maybe mid-step): the others' pushes never come there, and hold none of its rows.
+        def skip(server: int) -> list:
+            since = replies[server][0].get("since", 0)
+            return [[stream, t] for stream in sorted(streams) for t in sorted(cut)
+                    if since and routings.get((stream, t), 0) < since]
+        links.request_many({s: ({"op": "cut_pushes", "cut": [[t, k] for t, k in sorted(cut.items())],
+                                 **({"skip": skip(s)} if skip(s) else {})}, ()) for s in everyone})
     except BaseException:
         links.request_many({s: ({"op": "resume_pushes"}, ()) for s in everyone})
         raise

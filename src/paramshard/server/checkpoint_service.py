@@ -90,9 +90,10 @@ class CheckpointService:
 
     def handle_pause_pushes(self, header: dict, arrays: list) -> Reply:
         # ``since``: the first routing version whose pushes reach this server (0, or past the one it
-        # joined under); ``routings``: per trainer the newest version its pushes here carried.
+        # joined under); ``routings``: per stream and trainer the newest version its pushes here carried.
         return Reply({"applied": self.gate.pause(), "since": self._joined_at(),
-                      "routings": [[t, v] for t, v in sorted(self.gate.routings.items())]})
+                      "routings": [[stream, t, v] for stream, by in sorted(self.gate.routings.items())
+                                   for t, v in sorted(by.items())]})
 
     def _joined_at(self) -> int:
         for service in self.ctx.services:
@@ -108,7 +109,10 @@ class CheckpointService:
         gate = self.gate
         if not gate.paused:
             raise ConfigError("cut_pushes before pause_pushes")
-        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}))
+        skip = header.get("skip") or []
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int for p in skip):
+            raise ConfigError("cut_pushes: 'skip' must be a list of [stream, trainer] pairs")
+        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}, [(a, b) for a, b in skip]))
 
         def describe():
             late = gate.missing(self._streams())

@@ -87,7 +87,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "replica_delta": {"since": int},
     "replica_resume": {"epoch": int, "steps": dict},
     "pause_pushes": {},
-    "cut_pushes": {"cut": list},
+    "cut_pushes": {"cut": list, "skip": Optional(list)},
     "resume_pushes": {},
     "exclude_begin": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int), "after_step": Optional(int)},
     "exclude_end": {"who": OneOf("checkpoint", "move"), "trainer": Optional(int)},
