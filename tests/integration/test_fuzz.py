@@ -255,6 +255,10 @@ class Gen:
         w, parts = self.w, r.randint(0, 63)
         if op in ("routing_get", "migrate_tables", "migrate_finish", "dense_held", "dense_finish", "retire"):
             return self.head(r, op), []
+        if op == "exclude_begin":     # legit, a checkpoint's turn would stop moves: only ever sent broken
+            return self.head(r, op, who="checkpoint", trainer=0), []
+        if op == "exclude_end":
+            return self.head(r, op, who="checkpoint", trainer=0), []
         if op == "replica_delta":
             return self.head(r, op, since=0), []
         if op == "replica_resume":

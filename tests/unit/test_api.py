@@ -18,6 +18,6 @@ def test_every_service_of_a_full_server_keeps_the_contract():
         assert [m for m in members if not callable(getattr(service, m, None))] == [], type(service).__name__
     assert server.context.services == server.services     # leave and reset reach every one
     kinds = [type(h).__name__ for h in server._hooks]
-    assert kinds == ["EpochCheck", "PushGateHook"]          # in the order their services were added
+    assert kinds == ["EpochCheck", "PushGateHook", "DropGuard"]        # in the order their services were added
     with pytest.raises(ValueError, match="served twice"):
         server.add_service(SparseService(server.context.mode, server.context.membership))

@@ -95,10 +95,11 @@ def test_a_sync_snapshot_waits_for_the_step_it_asks_for():
 
 def test_the_async_cut_holds_pushes_and_releases_them_through_the_context():
     ctx, _, checkpoints = service_with_table()
-    hook, = checkpoints.hooks()
+    hook = checkpoints.hooks()[0]
     push = Incoming("push_sparse", {"step": 4, "table": "t"}, 0, held="frames of step 4")
     hook.applied(Incoming("push_sparse", {"step": 3, "table": "t"}, 0))
-    assert checkpoints.handle_pause_pushes({}, []).fields == {"applied": [["sparse:t", 0, 3]]}
+    assert checkpoints.handle_pause_pushes({}, []).fields == {"applied": [["sparse:t", 0, 3]], "since": 0,
+                                                              "routings": []}
     assert hook.admit(push) is Verdict.HOLD
     with pytest.raises(ConfigError, match="list of \\[trainer, step\\] pairs"):
         checkpoints.handle_cut_pushes({"cut": [[0]]}, [])
@@ -207,3 +208,60 @@ def test_admission_counters_come_whole_or_are_refused_naming_the_missing_part():
     checkpoints.handle_restore_sparse(dict(header, parts=rows + ["counted_ids", "counts"]),
                                       [ids, values, *slots, counted, counts])
     assert sparse.tables["t"].num_rows == 2
+
+
+def test_checkpoints_and_moves_take_turns_on_server_0():
+    _, sparse, checkpoints = service_with_table(Mode.SYNC)
+    begin, end = checkpoints.handle_exclude_begin, checkpoints.handle_exclude_end
+    begin({"who": "checkpoint", "trainer": 0}, [])                      # free: granted at once
+    move = begin({"who": "move"}, [])
+    assert isinstance(move, Deferred) and not move.ready() and "trainer 0's checkpoint" in move.describe()
+    end({"who": "checkpoint", "trainer": 0}, [])
+    assert move.ready()
+    move.make_reply()
+    ckpt = begin({"who": "checkpoint", "trainer": 0}, [])
+    assert isinstance(ckpt, Deferred) and not ckpt.ready() and "hand-off phase" in ckpt.describe()
+    end({"who": "move"}, [])
+    assert ckpt.ready()
+    ckpt.make_reply()
+    checkpoints.on_leave(0)                          # a chief gone mid-checkpoint holds no turn
+    assert checkpoints.turns.checkpoint is None
+
+
+def test_a_sync_moves_turn_waits_for_the_step_before_its_switch():
+    # Holding the turn earlier would keep the chief from checkpointing the steps before, and the
+    # hand-off waits for that step anyway: the two would wait for each other.
+    _, sparse, checkpoints = service_with_table(Mode.SYNC)
+    move = checkpoints.handle_exclude_begin({"who": "move", "after_step": 2}, [])
+    assert isinstance(move, Deferred) and not move.ready() and "step 1 is not complete" in move.describe()
+    train(sparse, steps=2)
+    assert move.ready()
+
+
+def test_a_moves_drop_waits_for_a_snapshot_read_in_pages():
+    ctx, sparse, checkpoints = service_with_table()
+    train(sparse)
+    guard = checkpoints.hooks()[1]
+    checkpoints.handle_snapshot_sparse({"table": "t", "start": 0, "count": 3}, [])       # more pages follow
+    finish = Incoming("migrate_finish", {}, None, held="frames of migrate_finish")
+    assert guard.admit(finish) is Verdict.HOLD and ctx.resubmitted == []
+    rows = sparse.table("t").num_rows
+    checkpoints.handle_snapshot_sparse({"table": "t", "start": 3, "count": rows}, [])     # the last page
+    guard.tick()
+    assert ctx.resubmitted == ["frames of migrate_finish"]
+    assert guard.admit(finish) is Verdict.ACCEPT
+
+
+def test_the_async_cut_reports_each_trainers_routing_for_servers_that_joined_mid_job():
+    _, _, checkpoints = service_with_table()
+    hook = checkpoints.hooks()[0]
+    hook.applied(Incoming("push_sparse", {"step": 3, "table": "t", "routing": 2}, 0))
+    hook.applied(Incoming("push_sparse", {"step": 4, "table": "t", "routing": 5}, 1))
+    hook.applied(Incoming("push_dense", {"step": 4, "routing": 6}, 1))
+    assert checkpoints.handle_pause_pushes({}, []).fields["routings"] == [["dense", 1, 6], ["sparse:t", 0, 2],
+                                                                           ["sparse:t", 1, 5]]
+    # The chief says which (stream, trainer) pairs route elsewhere: they are not waited for.
+    waits = checkpoints.handle_cut_pushes({"cut": [[0, 3], [1, 9]], "skip": [["sparse:t", 1]]}, [])
+    assert waits.ready()
+    with pytest.raises(ConfigError, match="skip"):
+        checkpoints.handle_cut_pushes({"cut": [[0, 3]], "skip": [[1, "sparse:t"]]}, [])

@@ -75,3 +75,9 @@ def test_an_ended_job_is_answered_with_its_end_without_asking(sent, tmp_path):
                                               r"to change"):
             scale.run(parse(str(tmp_path), *argv))
     assert sent == []
+
+
+def test_remove_host_is_refused_with_its_reason_before_anything_is_sent(sent, tmp_path):
+    with pytest.raises(ConfigError, match="a host cannot leave a running job yet"):
+        scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3"))
+    assert sent == []

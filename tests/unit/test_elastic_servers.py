@@ -78,8 +78,6 @@ def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_fi
 
 @pytest.mark.parametrize("kw, n, why", [
     ({"partitions": 0}, 3, "launch it with --partitions P"),
-    ({"recovery": "bounded-loss"}, 3, "bounded-loss cannot change its servers"),
-    ({"checkpoint_dir": "/tmp/ckpt"}, 3, "a job that writes checkpoints cannot change its servers yet"),
     ({}, 0, "keeps at least one server"),
     ({"partitions": 2}, 3, "more servers than the job's 2 partitions"),
     ({"can_start": False}, 3, "cannot start a server mid-job"),
@@ -89,6 +87,16 @@ def test_refusals_say_why(kw, n, why):
     with pytest.raises(ConfigError, match=why):
         servers.scale(n)
     assert moves == []
+
+
+def test_a_job_that_writes_checkpoints_or_keeps_replicas_scales_its_servers():
+    # Checkpoints and moves take turns on server 0 (checkpoint/turns.py), and the replica keeper
+    # follows the job's routing (launch/replica_keeper.py): neither is refused any more.
+    launcher, servers, moves, gate = make(checkpoint_dir="/tmp/ckpt", recovery="bounded-loss")
+    gate.set()
+    assert "started servers [2]" in servers.scale(3)
+    servers.move.join(5)
+    assert moves[-1][1] == [0, 1, 2]
 
 
 def test_a_failed_move_is_recorded_and_changes_nothing():

@@ -55,6 +55,7 @@ class FakeServer:
         self.gone, self.blocks_in = set(), set()
         self.adoptions: list[int] = []          # every handoff_done applied here, by partition
         self.switch = None
+        self.turn = False                       # server 0: a move holds the turn (checkpoints wait)
 
     def handle(self, header: dict, arrays) -> tuple[dict, list]:
         op = header["op"]
@@ -187,6 +188,18 @@ class FakeServer:
             self._refuse("retire: still serves partitions")
         return {"retired": True}, []
 
+    def op_exclude_begin(self, h, a):
+        if self.index != 0:
+            self._refuse("exclude_begin: server 0 keeps the turns")
+        if self.turn:
+            self._refuse("exclude_begin: a move holds the turn already")     # one move at a time
+        self.turn = True
+        return {}, []
+
+    def op_exclude_end(self, h, a):
+        self.turn = False
+        return {}, []
+
     def op_migrate_abort(self, h, a):
         parts, names = set(h["partitions"]), set(h["names"])
         self.incoming -= parts
@@ -312,6 +325,7 @@ def test_every_interleaving_of_faults_ends_done_or_cleanly_aborted(scenario, per
     assert sorted(b for s in servers for b in s.blocks) == BLOCKS
     assert set(final.blocks.values()) <= set(after)
     assert sorted(q for s in servers for q in s.adoptions) == sorted(moving), "a moving partition not handed once"
+    assert not servers[0].turn, "the move ended holding the turn: checkpoints would wait for ever"
 
 
 def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routing, moving: set) -> None:
@@ -319,6 +333,11 @@ def _check_aborted(failed: MoveFailed, servers, links: FakeLinks, routing: Routi
     assert f"{failed.step.op} on server {failed.step.server}" in str(failed)
     assert (failed.step.server, failed.step.op) in [(s, op) for s, op, what in links.log if what != "ok"]
     _check_never_served_twice(servers)
+    # The turn is released unless server 0 never heard the exclude_end (then the error says so).
+    ended = [what for s, op, what in links.log if s == 0 and op == "exclude_end"]
+    assert not servers[0].turn or (ended and ended[-1] not in ("ok", "late")), "an ended move holds the turn"
+    if servers[0].turn:
+        assert any("exclude_end on server 0" in u for u in failed.unanswered) or failed.step.op == "exclude_end"
     if failed.moved:
         # Only finishing failed: every partition is on its new owner, and server 0 says so.
         target = rebalance(routing.owners, failed.record.servers_after)
@@ -357,13 +376,20 @@ def test_a_move_without_faults_is_the_scale_and_every_step_is_typed():
     record = run_move(links, MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3), timeout=1.0)
     assert record.partitions == P // 3 and record.handoffs == -(-record.partitions // 2)
     ops = [op for _, op, _ in links.log]
-    assert ops[0] == "routing_get" and ops[-1] == "routing_set"
+    assert ops[0] == "routing_get" and ops[-1] in ("migrate_finish", "dense_finish")
     assert ops.index("migrate_expect") < ops.index("migrate_page") < ops.index("handoff_freeze")
+    # The turn (checkpoints wait) from before the first hand-off until after the final routing;
+    # the drops come after it.
+    last_routing = len(ops) - 1 - ops[::-1].index("routing_set")
+    assert ops.index("exclude_begin") < ops.index("handoff_freeze") and ops.count("exclude_begin") == 1
+    assert ops.index("exclude_begin") < ops.index("routing_set", ops.index("migrate_page"))
+    assert last_routing < ops.index("exclude_end") < ops.index("migrate_finish")
+    assert not servers[0].turn
     assert "migrate_abort" not in ops and "handoff_undo" not in ops
 
 
 @pytest.mark.parametrize("stuck_op", ["migrate_start", "migrate_expect", "migrate_page", "migrate_stage",
-                                      "migrate_switch", "routing_set", "dense_freeze", "dense_export", "dense_import",
+                                      "migrate_switch", "exclude_begin", "routing_set", "dense_freeze", "dense_export", "dense_import",
                                       "handoff_freeze", "handoff_rows", "handoff_in", "handoff_done"])
 @pytest.mark.parametrize("how", ["lost", "refuse", "late"])
 def test_a_stuck_step_aborts_the_move_and_the_old_owners_serve_again(stuck_op, how):
@@ -396,6 +422,7 @@ def test_a_stuck_step_aborts_the_move_and_the_old_owners_serve_again(stuck_op, h
     moving = set(np.flatnonzero(rebalance(routing.owners, [0, 1, 2]) != routing.owners).tolist())
     _check_aborted(failed, servers, links, routing, moving)
     assert failed.undone, str(failed)          # every server answers the undo steps: clean
+    assert not servers[0].turn, "an aborted move holds the turn: checkpoints would wait for ever"
     # The old owners serve again all that was not handed off: no partition is frozen or expected anywhere.
     assert not any(s.lost or s.incoming or s.copying or s.blocks_in or s.gone for s in servers)
     handed = sorted(q for s in servers for q in s.adoptions)
@@ -464,3 +491,133 @@ def test_every_single_and_double_fault_at_every_step(before, after, sync):
             outcomes["finish failed" if failed.moved else "clean" if failed.undone else "in doubt"] += 1
     # Every fault before the last hand-off aborts the move; those after it leave it done or finishing.
     assert outcomes["clean"] > len(cases) // 3 and outcomes["finish failed"] > 0, outcomes
+
+
+def _drive(plan, servers, answer=None):
+    """Run ``plan`` against the fake servers; ``answer(step)``: an exception to fail the step
+    with, or None to let the server handle it. The ops sent, in order."""
+    sent = []
+    while (ready := plan.ready()) is not None:
+        replies = []
+        for index, step in enumerate(ready.steps):
+            sent.append((step.server, step.op))
+            error = answer(step) if answer is not None else None
+            if error is not None:
+                plan.fail(ready.number, index, error)
+                break
+            replies.append(servers[step.server].handle(step.header, step.arrays))
+        else:
+            plan.feed(ready.number, replies)
+    return sent
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_the_move_takes_its_turn_before_the_first_hand_off_and_ends_it_after_the_final_routing(sync):
+    """Checkpoints and the hand-off phase take turns on server 0 (server/move_exclusion.py): the
+    turn is asked once the copy (and in sync mode the arm) is done, before the first routing that
+    names a new owner, and ended after the final routing, before the old owners drop anything."""
+    addresses, routing, servers = _cluster(2, 3, sync=sync)
+    seen = []
+
+    def answer(step):
+        seen.append((step, servers[0].turn, servers[0].routing.version))
+        return None
+
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3)
+    ops = [op for _, op in _drive(plan, servers, answer)]
+    record = plan.result()
+    begin = ops.index("exclude_begin")
+    assert ops.count("exclude_begin") == ops.count("exclude_end") == 1
+    assert "migrate_page" in ops[:begin] and "handoff_freeze" not in ops[:begin]
+    if sync:
+        assert "migrate_switch" in ops[:begin]
+        assert seen[begin][0].header["after_step"] == record.switch_step
+    # Every hand-off step (and every routing but the joiner's) runs while the move holds the turn.
+    for step, turn, _ in seen[begin + 1:ops.index("exclude_end")]:
+        assert turn, f"{step} sent outside the move's turn"
+    end = ops.index("exclude_end")
+    finals = {step.server for step, _, _ in seen[:end]
+              if step.op == "routing_set" and step.header["routing"]["version"] == record.routing_version}
+    assert ops[end - 1] == "routing_set" and finals == {0, 1, 2}, "the final routing reached every server first"
+    assert servers[0].routing.version == record.routing_version
+    assert set(ops[end + 1:]) <= {"migrate_finish", "dense_finish", "retire"} and "migrate_finish" in ops[end + 1:]
+    assert not servers[0].turn
+
+
+def test_a_turn_refused_as_timeout_is_asked_again_until_the_patience_passes():
+    """Server 0 refuses exclude_begin as "timeout" while a checkpoint outlasts its timeout: the
+    move asks again (it does not abort); once ``turn_patience`` passed it aborts, cleanly, and
+    ends the turn it may hold."""
+    now = [0.0]
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    asked = []
+
+    def checkpoint_for(seconds):
+        def answer(step):
+            if step.op != "exclude_begin":
+                return None
+            asked.append(now[0])
+            if now[0] < seconds:
+                now[0] += 30.0                   # each refusal comes after server 0's timeout
+                return RemoteError("server 0", "timeout", "exclude_begin: the move's turn: trainer 0's "
+                                                          "checkpoint is in progress")
+            return None
+        return answer
+
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3, monotonic=lambda: now[0], turn_patience=100)
+    _drive(plan, servers, checkpoint_for(90))
+    assert len(asked) == 4 and plan.result().partitions == P // 3          # granted at the 4th: done
+    assert not servers[0].turn
+
+    now[0], asked[:] = 0.0, []
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3, monotonic=lambda: now[0], turn_patience=100)
+    ops = _drive(plan, servers, checkpoint_for(1000))
+    with pytest.raises(MoveFailed, match=r"exclude_begin on server 0 did not succeed .*checkpoint is in progress") \
+            as caught:
+        plan.result()
+    assert len(asked) == 4 and caught.value.undone        # asked at 0, 30, 60, 90; refused at 120 > 100: given up
+    assert (0, "exclude_end") in ops and not servers[0].turn
+    assert not any(s.lost or s.incoming or s.copying for s in servers)
+    assert np.array_equal(servers[0].routing.owners, routing.owners)      # the old owners serve again
+
+
+@pytest.mark.parametrize("failing", ["handoff_rows", "handoff_done", "dense_import"])
+def test_an_aborted_move_ends_its_turn(failing):
+    """A move aborted in its hand-off phase ends its turn on server 0 (after publishing the routing
+    that names who serves now): otherwise every later checkpoint would wait for it for ever."""
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=2, page_rows=3)
+    failed_once = []
+
+    def answer(step):
+        if step.op == failing and not failed_once:
+            failed_once.append(step)
+            return RemoteError(f"server {step.server}", "invalid", f"{failing}: refused (fault injected)")
+        return None
+
+    ops = _drive(plan, servers, answer)
+    with pytest.raises(MoveFailed) as caught:
+        plan.result()
+    assert caught.value.undone and caught.value.step.op == failing
+    end = ops.index((0, "exclude_end"))
+    assert ops.index((0, "exclude_begin")) < ops.index((failed_once[0].server, failing)) < end
+    assert not servers[0].turn
+    # The restored routing reaches server 0 before the turn ends.
+    assert max(i for i, (s, op) in enumerate(ops) if (s, op) == (0, "routing_set")) < end
+
+
+def test_a_failed_final_routing_still_ends_the_turn():
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=16, page_rows=3)
+
+    def answer(step):      # server 1 (an old owner) is sent only the final routing
+        if step.op == "routing_set" and step.server == 1:
+            return DeadlineExceeded("scaler waited 1 s for server 1 [routing_set, connected]")
+        return None
+
+    ops = _drive(plan, servers, answer)
+    with pytest.raises(MoveFailed) as caught:
+        plan.result()
+    assert caught.value.moved and caught.value.step.op == "routing_set"
+    assert (0, "exclude_end") in ops and not servers[0].turn

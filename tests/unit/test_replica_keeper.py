@@ -120,3 +120,38 @@ def test_bounded_loss_needs_async_and_restarts(tmp_path):
         _checkpoint_fields(flags)
     flags.max_restarts = 1            # no checkpoint directory needed: the replica is what comes back
     assert _checkpoint_fields(flags) == {"checkpoint_keep": 3}
+
+
+def test_keeper_follows_the_routing_servers_join_and_leave_and_one_without_blocks_counts_as_whole():
+    from paramshard.placement.partitions import Routing
+
+    class Links(FakeLinks):
+        def add_server(self, address):
+            self.added = getattr(self, "added", []) + [address]
+
+        def retire(self, index):
+            self.let_go = getattr(self, "let_go", []) + [index]
+
+    servers = [server(), server(), server()]
+    for s in servers[:2]:
+        register(s)
+    links = Links(servers)
+    routing = Routing.initial(64, ("a", "b"))
+    answers = {"routing": routing}
+    links.request = lambda s, header, arrays=(), timeout=None: (
+        ({"routing": answers["routing"].to_wire()}, []) if header["op"] == "routing_get"
+        else FakeLinks.request(links, s, header, arrays))
+    keeper = ReplicaKeeper(["a", "b"], 5.0, links=links, partitions=64)
+    keeper.follow_routing()
+    assert keeper.followed == [0, 1]
+    # A scale added server 2 (its blocks: none) and then removed server 1.
+    answers["routing"] = routing.moved_to(np.array([p % 2 * 2 for p in range(64)]), addresses=["a", "", "c"],
+                                          blocks={"w": 0})
+    keeper.follow_routing()
+    assert links.added == ["c"] and keeper.followed == [0, 2] and keeper.retired == {1} and links.let_go == [1]
+    for s in (0, 2):
+        keeper.refresh(s)
+    assert keeper.replicas[2].dense is None and keeper.latest() is not None     # it holds no block: whole
+    answers["routing"] = Routing.initial(64, ("a", "b"))      # a restarted server 0's first map: older, ignored
+    keeper.follow_routing()
+    assert keeper.routing["version"] == 1 and keeper.followed == [0, 2]

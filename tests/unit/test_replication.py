@@ -5,6 +5,7 @@ train, restored onto a restarted server, leaves that server equal to the origina
 counts, last-seen versions and admission counters, learning-rate scales, each trainer's
 last applied step), whatever the page size and however the replies are cut."""
 import numpy as np
+import zmq
 import pytest
 
 import paramshard as ps
@@ -185,6 +186,29 @@ def test_replay_guard_holds_steps_per_trainer_and_stream_in_any_order(monkeypatc
         push("push_dense", step)
     assert guard.floor["dense"][0] >= 4 and len(guard.recent["dense"][0]) <= 4   # bounded
     assert all(guard.holds("dense", 0, s) for s in range(9)) and not guard.holds("dense", 0, 9)
+
+
+def test_replay_guard_takes_the_parts_of_a_step_resent_after_a_move():
+    # An elastic job: parts of step 5's pushes refused as moved elsewhere go again to this server
+    # (other rows, other blocks, a newer routing); a replay of any of them is still refused.
+    guard = ReplayGuard()
+
+    def push(op, routing, what):
+        header = {"step": 5, "table": "t", "routing": routing, "names": what}
+        ids = np.array(what if op == "push_sparse" else [], np.uint64)
+        frames = ["identity", "header", zmq.Frame(ids.tobytes())]
+        request = Incoming(op, header, 0, held=frames)
+        guard.admit(request)
+        guard.applied(request)
+
+    pushes = [("push_sparse", 1, [1, 2]), ("push_sparse", 2, [3]), ("push_sparse", 2, [4]),
+              ("push_dense", 2, ["w/0"]), ("push_dense", 2, ["b/0"])]
+    for p in pushes:
+        push(*p)
+    for p in pushes:
+        with pytest.raises(AlreadyApplied, match="step 5"):
+            push(*p)
+    assert guard.wire() == {"sparse:t": [[0, 5]], "dense": [[0, 5]]}
 
 
 def test_replica_refuses_a_reply_whose_arrays_do_not_fit_and_keeps_nothing():

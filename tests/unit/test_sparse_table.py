@@ -204,3 +204,34 @@ def test_a_drop_in_slices_between_sync_pushes_keeps_every_other_row_exact(store)
     np.testing.assert_array_equal(dropping.store.gather(got), oracle.store.gather(want))
     for name, a in oracle.store.state_of(want).items():
         np.testing.assert_array_equal(dropping.store.state_of(got)[name], a, err_msg=name)
+
+
+def test_a_drop_in_a_tiered_table_is_one_compaction_with_the_pushes_pending(tmp_path):
+    """A table with a memory budget (disk tier) moves too: its store drops by compacting every row
+    (TieredRowStore.drop), so drop_some does the whole drop at once, not a compaction per slice;
+    a sync push pending meanwhile still updates the right rows (oracle: a table that never dropped)."""
+    from paramshard.server.row_stores import store_named
+    made = [SparseTable("t", 4, seed=3, optimizer=Adagrad(lr=0.1), admission=Admission(), eviction=Eviction(),
+                        init_scale=0.1, mode="sync", membership=Membership(2, grace=10.0),
+                        store=store_named("compiled"), **budget)
+            for budget in ({"memory_budget": 1 << 20, "tier_dir": tmp_path / "t"}, {})]
+    dropping, oracle = made
+    assert getattr(dropping.store, "drop_compacts", False) and not getattr(oracle.store, "drop_compacts", False)
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(0, 1 << 40, 3000).astype(np.uint64))
+    kept = ids[ids % 3 != 0]
+    for t in made:
+        t.pull(ids, 0)
+    pushed = np.unique(rng.choice(kept, 200))
+    grads = rng.standard_normal((len(pushed), 4)).astype(np.float32)
+    for t in made:
+        t.pull(pushed, 0)
+        t.push(0, 0, pushed, grads, distinct=True)          # waits for trainer 1: row handles held
+    dropping.drop_later(lambda some: some % 3 == 0)
+    assert dropping.drop_some(rows=100) == len(ids) - len(kept) and not dropping.dropping     # all at once
+    for t in made:
+        t.pull(pushed, 1)
+        t.push(1, 0, pushed, grads, distinct=True)
+    assert dropping.num_rows == len(kept) and (dropping.store.lookup(ids[ids % 3 == 0]) == -1).all()
+    got, want = dropping.store.lookup(kept), oracle.store.lookup(kept)
+    np.testing.assert_array_equal(dropping.store.gather(got), oracle.store.gather(want))

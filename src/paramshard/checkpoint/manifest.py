@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolError
 from .errors import CheckpointError
 from .paths import relpath_problem
 from .manifest_schema import Invalid, array, integer, lr_scale, obj, show, text
@@ -160,6 +160,12 @@ def _check_optional(manifest: dict) -> None:
             check_spec(manifest["model"])
         except SpecError as exc:
             raise Invalid(f"model: {exc}") from None
+    if "routing" in manifest:       # an elastic job's routing the checkpoint was taken under
+        from ..placement.partitions import Routing
+        try:
+            Routing.from_wire(obj(manifest["routing"], "routing"))
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            raise Invalid(f"routing: {exc}") from None
     for trainer, step in obj(manifest.get("cut", {}), "cut").items():
         if not re.fullmatch(r"[0-9]{1,9}", trainer):
             raise Invalid(f"cut: {show(trainer)} is not a trainer number")

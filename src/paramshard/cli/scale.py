@@ -36,6 +36,9 @@ def add_arguments(p):
                    help="SSH jobs: make HOST ([user@]host[:port] [slots=N]) one of the job's hosts first: the "
                         "launcher probes it and copies the workspace if the job dispatches one; new trainers and "
                         "servers go to the least loaded host, so the next ones go there")
+    p.add_argument("--remove-host", metavar="HOST",
+                   help="SSH jobs: not supported yet (refused with the reason): a host stays one of the job's "
+                        "hosts until the job ends")
     p.add_argument("--on", metavar="HOST", help="with --servers, SSH jobs: start the new servers on HOST (one of the "
                                                 "job's hosts, or the one --add-host adds) instead of the least "
                                                 "loaded host")
@@ -70,6 +73,12 @@ def not_elastic(launch: dict | None, kind: str, value: int) -> str | None:
 
 
 def run(args) -> int:
+    if args.remove_host:
+        # Not built yet: the host's servers would have to move their partitions away and stop, its
+        # trainers leave, and the SSH placement drop it; refused before anything is sent.
+        raise ConfigError(f"--remove-host {args.remove_host}: a host cannot leave a running job yet (its servers "
+                          f"would have to hand their partitions over and stop, its trainers leave); scale its "
+                          f"ranks down instead (--trainers N, --servers N: the highest ones go), the host stays")
     asked = [(kind, value) for kind, value in (("trainers", args.trainers), ("servers", args.servers))
              if value is not None]
     if len(asked) > 1 or not (asked or args.add_host):

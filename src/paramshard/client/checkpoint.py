@@ -13,6 +13,14 @@ next step without the chief's push, and the tables' snapshots wait until they
 completed the chief's last step (sparse pushes are answered before the step
 completes). In async mode the servers hold pushes at
 one cut while they are read (server/push_gate.py); the manifest records it.
+
+Elastic jobs (servers added and removed while they train): a checkpoint and a move's
+hand-offs take turns on server 0 (checkpoint/turns.py), so a checkpoint reads either the
+routing before the hand-offs or the one after them, never rows half handed over. It asks the
+servers that routing names (a server added since this trainer last looked included) and
+records it in the manifest; a restore re-partitions the rows by the routing of the job at hand
+and places the dense blocks where its block map says, so a checkpoint written by 3 servers
+resumes on 2 and the other way round.
 """
 from __future__ import annotations
 
@@ -22,22 +30,52 @@ from typing import Mapping
 import numpy as np
 
 from ..checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
+from ..checkpoint.turns import checkpoint_turn
 from ..errors import ConfigError
 from ..mode import Mode
 from ..optim import OptimizerConfig, from_wire
+from ..placement.partitions import Routing
 from ..placement.sharding import ShardPlan
 from ..tables import policy_from_wire, policy_to_wire
 from ..transport.client import ServerLinks
 from . import shards
-from .sparse import Partition, SparseClient, TableSpec
+from .sparse import Partition, SparseClient, TableSpec, follow_addresses
 
 SPARSE_PAGE_ROWS = 1 << 20        # rows per snapshot/restore message (~64 MB at dim 16 with Adagrad)
 
 
-def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict, dict, float]:
+def job_routing(links: ServerLinks) -> Routing:
+    """The routing server 0 holds now; servers it names that ``links`` does not know yet are
+    connected (as SparseClient.refresh_routing does: the same index for the same server)."""
+    wire = links.request(0, {"op": "routing_get"})[0]["routing"]
+    if isinstance(wire, dict) and wire.get("partitions") == 0:
+        return Routing.initial(0, ("",) * len(links))      # ids by a fixed hash: the servers never change
+    routing = Routing.from_wire(wire)
+    follow_addresses(links, routing.addresses)       # a retired server ("") may have exited
+    return routing
+
+
+def holders(routing: Routing, links: ServerLinks) -> list[int]:
+    """The servers holding the job's state under ``routing``: those owning partitions or dense
+    blocks (a server removed by a scale holds nothing, and may be gone); every server of a job
+    without virtual partitions."""
+    if not routing.elastic:
+        return list(range(len(links)))
+    named = set(routing.servers()) | set(routing.blocks.values())
+    if not routing.blocks:      # no block moved yet: the plan's servers hold them
+        named |= set(range(min(len(links), len(routing.addresses))))
+    return sorted(s for s in named if s < len(routing.addresses) and routing.addresses[s])
+
+
+def _gather_dense(links: ServerLinks, plan: ShardPlan, servers=None,
+                  routing: Routing | None = None) -> tuple[dict, dict, dict, dict, float]:
     """Per parameter: flat values, flat slots, version; the optimizer as the servers hold it and
-    the learning-rate scale they apply to it (Trainer.scale_learning_rate)."""
-    replies = links.request_many({s: ({"op": "snapshot_dense"}, ()) for s in range(len(links))})
+    the learning-rate scale they apply to it (Trainer.scale_learning_rate). ``routing``: an elastic
+    job's; a block is read only from the server its block map names (its old owner keeps a frozen
+    copy until the move's end)."""
+    servers = links.live() if servers is None else servers
+    placed = routing.blocks if routing is not None and routing.elastic else {}
+    replies = links.request_many({s: ({"op": "snapshot_dense"}, ()) for s in servers})
     by_name = {b.name: b for b in plan.blocks}
     values = {p.name: np.empty(p.numel, np.float32) for p in plan.params}
     slots: dict[str, list[np.ndarray]] = {}
@@ -49,6 +87,8 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict
             optimizer = header["optimizer"]
             scales.add(header.get("lr_scale", 1.0))     # a server without blocks has none to apply
         for i, (name, version) in enumerate(zip(header["blocks"], header["versions"])):
+            if placed.get(name, server) != server:
+                continue
             block = by_name.get(name)
             if block is None:
                 raise CheckpointError(f"server {server} holds block {name}, which is not in this model's plan")
@@ -71,21 +111,27 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan) -> tuple[dict, dict, dict
 
 
 def gather_table(links: ServerLinks, name: str, min_version: int = 0,
-                 only: tuple[str, ...] | None = None) -> tuple[dict[str, np.ndarray], int, int, float]:
+                 only: tuple[str, ...] | None = None, servers=None,
+                 routing: Routing | None = None) -> tuple[dict[str, np.ndarray], int, int, float]:
     """Every server's rows of table ``name``, pages joined, once the table has completed
     ``min_version`` steps (sync); its version, evicted count and learning-rate scale. ``only``:
     the parts to keep (e.g. ids and values for a model file: the optimizer's slots are dropped
-    page by page)."""
+    page by page). ``servers``: the servers to ask (default all); ``routing``: an elastic job's,
+    rows (and admission counters) are kept only from the server owning their partition (an old
+    owner keeps the rows it handed away until the move's end drops them)."""
     pieces: dict[str, list[np.ndarray]] = {}
     version = evicted = 0
     scales = set()
-    for server in links.live():     # a server a scale removed holds no rows, and may have exited
+    for server in (links.live() if servers is None else servers):     # a server a scale removed holds no rows
         start = 0
         while True:
             (header, arrays), = links.request_list(
                 [(server, {"op": "snapshot_sparse", "table": name, "start": start, "count": SPARSE_PAGE_ROWS,
                            "min_version": min_version}, ())])
-            for part, arr in zip(header["parts"], arrays):
+            page = dict(zip(header["parts"], arrays))
+            if routing is not None and routing.elastic:
+                page = _owned_part(page, routing, server)
+            for part, arr in page.items():
                 if only is None or part in only:
                     pieces.setdefault(part, []).append(arr)
             version, evicted = max(version, header["version"]), evicted + header["evicted"]
@@ -100,18 +146,44 @@ def gather_table(links: ServerLinks, name: str, min_version: int = 0,
     return {part: np.concatenate(arrs) for part, arrs in pieces.items()}, version, evicted, scale
 
 
-def _pause_at_a_cut(links: ServerLinks) -> dict[int, int]:
+def _owned_part(page: dict, routing: Routing, server: int) -> dict:
+    """The rows (and counters) of a snapshot page whose partitions ``server`` owns under ``routing``."""
+    mine = routing.servers_of(page["ids"]) == server
+    out = {}
+    for part, arr in page.items():
+        if part in ("counted_ids", "counts"):
+            counted = routing.servers_of(page["counted_ids"]) == server
+            out[part] = arr[counted]
+        else:
+            out[part] = arr if mine.all() else arr[mine]
+    return out
+
+
+def _pause_at_a_cut(links: ServerLinks, servers=None) -> dict[int, int]:
     """Async mode: hold pushes everywhere at one cut (server/push_gate.py). Returns the cut,
     per trainer the last step every server's state includes."""
-    everyone = range(len(links))
+    everyone = range(len(links)) if servers is None else servers
     try:
         replies = links.request_many({s: ({"op": "pause_pushes"}, ()) for s in everyone})
         cut: dict[int, int] = {}
+        routings: dict[tuple[str, int], int] = {}
+        streams = set()
         for header, _ in replies.values():
-            for _stream, trainer, step in header["applied"]:
+            for stream, trainer, step in header["applied"]:
                 cut[trainer] = max(cut.get(trainer, -1), step)
-        links.request_many({s: ({"op": "cut_pushes", "cut": [[t, k] for t, k in sorted(cut.items())]}, ())
-                            for s in everyone})
+                streams.add(stream)
+            for stream, trainer, version in header.get("routings", ()):
+                routings[stream, trainer] = max(routings.get((stream, trainer), -1), version)
+                streams.add(stream)
+        # A server that joined mid-job waits, per stream, only for the trainers whose pushes of it
+        # already route there (an async trainer learns a new routing when one of its requests is
+        # refused, maybe mid-step): the others' pushes never come there, and hold none of its rows.
+        def skip(server: int) -> list:
+            since = replies[server][0].get("since", 0)
+            return [[stream, t] for stream in sorted(streams) for t in sorted(cut)
+                    if since and routings.get((stream, t), 0) < since]
+        links.request_many({s: ({"op": "cut_pushes", "cut": [[t, k] for t, k in sorted(cut.items())],
+                                 **({"skip": skip(s)} if skip(s) else {})}, ()) for s in everyone})
     except BaseException:
         links.request_many({s: ({"op": "resume_pushes"}, ()) for s in everyone})
         raise
@@ -119,26 +191,30 @@ def _pause_at_a_cut(links: ServerLinks) -> dict[int, int]:
 
 
 def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, TableSpec], root, step: int,
-                    settings: Mapping, keep: int | None = None) -> tuple:
+                    settings: Mapping, keep: int | None = None, trainer_id: int = 0) -> tuple:
     """Write the servers' whole state as checkpoint ``step`` under ``root``.
     ``settings``: job facts for the manifest (mode, dispatch, ...). Returns (path, bytes, seconds)."""
     started = time.monotonic()
     writer = CheckpointWriter(root, step)
     cut = None
     try:
-        if settings.get("mode") == Mode.ASYNC:
-            cut = _pause_at_a_cut(links)
-        try:
-            values, slots, versions, optimizer, lr_scale = _gather_dense(links, plan)
-            # Sync: the chief's dense reply means every dense block finished this step, but sparse
-            # pushes are answered at once: the tables' snapshots wait for the same step.
-            min_version = step if settings.get("mode") == Mode.SYNC else 0
-            tables_state = {name: gather_table(links, name, min_version) for name in tables}
-            # The data-shard queue as of the same cut (client/shards.py): None without dynamic shards.
-            shard_state = shards.snapshot(links, settings.get("mode"), settings.get("trainers", 1), step, cut)
-        finally:
-            if cut is not None:
-                links.request_many({s: ({"op": "resume_pushes"}, ()) for s in range(len(links))})
+        with checkpoint_turn(links, trainer_id):      # no hand-off of a server move meanwhile
+            routing = job_routing(links)
+            servers = holders(routing, links)
+            if settings.get("mode") == Mode.ASYNC:
+                cut = _pause_at_a_cut(links, servers)
+            try:
+                values, slots, versions, optimizer, lr_scale = _gather_dense(links, plan, servers, routing)
+                # Sync: the chief's dense reply means every dense block finished this step, but sparse
+                # pushes are answered at once: the tables' snapshots wait for the same step.
+                min_version = step if settings.get("mode") == Mode.SYNC else 0
+                tables_state = {name: gather_table(links, name, min_version, servers=servers, routing=routing)
+                                for name in tables}
+                # The data-shard queue as of the same cut (client/shards.py): None without dynamic shards.
+                shard_state = shards.snapshot(links, settings.get("mode"), settings.get("trainers", 1), step, cut)
+            finally:
+                if cut is not None:
+                    links.request_many({s: ({"op": "resume_pushes"}, ()) for s in servers})
         dense = []
         for i, p in enumerate(plan.params):
             files = {"values": f"dense/p{i}.values.npy",
@@ -164,7 +240,9 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
             settings = {**settings, "cut": {str(t): k for t, k in sorted(cut.items())}}
         if shard_state is not None:
             settings = {**settings, "shards": shard_state}
-        path = writer.commit({**settings, "servers": plan.num_servers, "dispatch": plan.dispatch,
+        if routing.elastic:       # the routing it was taken under (a resume re-partitions by its own)
+            settings = {**settings, "routing": routing.to_wire()}
+        path = writer.commit({**settings, "servers": len(servers) if routing.elastic else plan.num_servers, "dispatch": plan.dispatch,
                               "optimizer": optimizer, "lr_scale": lr_scale, "plan": plan.to_json(), "dense": dense,
                               "sparse": sparse},
                              keep=keep)
@@ -209,6 +287,32 @@ def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: Optimizer
     """Load ``ckpt`` onto this job's fresh servers, cut for ``plan`` (chief only). Tables first:
     the other trainers' first dense pull waits for the dense restore, so they see every table whole."""
     check_fits(ckpt, plan, optimizer, tables)
+    with checkpoint_turn(links, trainer_id):      # no hand-off of a server move meanwhile
+        if routing is not None and routing.elastic:
+            routing = _settle_routing(links, routing)
+        _restore(links, plan, optimizer, tables, ckpt, trainer_id, routing)
+
+
+def _settle_routing(links: ServerLinks, routing: Routing) -> Routing:
+    """The job's routing for a restore: the newer of this trainer's and server 0's (a scale may
+    have run since this trainer looked; a server 0 restarted in place starts from the job's
+    first map), sent to every server it names (``restored``: a server restarted in place owns
+    the partitions the routing gives it, not those of the map it started with)."""
+    current = job_routing(links)
+    if current.version > routing.version:
+        routing = current
+    follow_addresses(links, routing.addresses)
+    named = [s for s, address in enumerate(routing.addresses) if address]
+    for header, _ in links.request_many({s: ({"op": "routing_get"}, ()) for s in named}).values():
+        theirs = Routing.from_wire(header["routing"])      # one that took the last move's final map
+        if theirs.version > routing.version:
+            routing = theirs
+    links.request_many({s: ({"op": "routing_set", "routing": routing.to_wire(), "restored": True}, ())
+                        for s, address in enumerate(routing.addresses) if address})
+    return routing
+
+
+def _restore(links, plan, optimizer, tables, ckpt, trainer_id: int, routing) -> None:
     if "shards" in ckpt.manifest:
         # First: a trainer's first dense pull waits for the dense restore, so none asks for a data
         # task before the queue is the checkpoint's.
@@ -221,7 +325,7 @@ def restore_checkpoint(links: ServerLinks, plan: ShardPlan, optimizer: Optimizer
         sparse_client.register_sparse(spec)
         parts = {part: ckpt.array(path) for part, path in entry["files"].items()}
         _restore_table(links, entry, parts, trainer_id, sparse_client.routing)
-    _restore_dense(links, plan, optimizer, ckpt, trainer_id)
+    _restore_dense(links, plan, optimizer, ckpt, trainer_id, routing)
 
 
 def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int, routing) -> None:
@@ -253,7 +357,7 @@ def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int
 
 
 def _restore_dense(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConfig, ckpt: Checkpoint,
-                   trainer_id: int) -> None:
+                   trainer_id: int, routing=None) -> None:
     entries = {d["name"]: d for d in ckpt.manifest["dense"]}
     flat = {name: (ckpt.array(d["files"]["values"]).reshape(-1),
                    [ckpt.array(f).reshape(-1) for f in d["files"]["slots"]]) for name, d in entries.items()}
@@ -262,10 +366,12 @@ def _restore_dense(links: ServerLinks, plan: ShardPlan, optimizer: OptimizerConf
         raise CheckpointError(f"{ckpt.path}: parameters carry different numbers of optimizer slots")
     slots = n_slots.pop() if n_slots else 0
     requests = []
+    moved = routing.blocks if routing is not None and routing.elastic else {}
+    placed: dict[int, list] = {}
     for server in range(plan.num_servers):
-        blocks = plan.for_server(server)
-        if not blocks:
-            continue
+        for b in plan.for_server(server):      # blocks moved by a scale go where the routing says
+            placed.setdefault(moved.get(b.name, server), []).append(b)
+    for server, blocks in sorted(placed.items()):
         arrays = []
         for b in blocks:
             values, ss = flat[b.param]

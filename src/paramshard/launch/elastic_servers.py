@@ -96,13 +96,6 @@ class ElasticServers:
         if not self.env.partitions:
             raise ConfigError(f"--servers {n}: this job routes ids by a fixed hash; launch it with --partitions P "
                               f"(virtual partitions, e.g. 1024) to add or remove servers while it runs")
-        if self.env.recovery == "bounded-loss":
-            raise ConfigError(f"--servers {n}: a job with --recovery bounded-loss cannot change its servers yet "
-                              f"(the replica keeper copies a fixed set of servers)")
-        if self.env.checkpoint_dir:
-            raise ConfigError(f"--servers {n}: a job that writes checkpoints cannot change its servers yet (a "
-                              f"checkpoint taken during a move, or a rollback after one, is not made consistent "
-                              f"with it); launch without --checkpoint-dir to scale servers")
         if self.move is not None and self.move.is_alive():
             raise ConfigError(f"--servers {n}: a move of partitions is under way; ask again when it ended "
                               f"(a scale_end event in the run directory)")

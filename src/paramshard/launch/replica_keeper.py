@@ -13,6 +13,14 @@ job's epoch) and the trainers, which wait for the server to serve again
 (transport/client.py), resend what failed. Lost: the pushes the dead server applied
 after its last copy, at most REFRESH_PERIOD plus one refresh's time of them.
 
+Elastic jobs (``--partitions P``: servers added and removed while they run): the keeper
+follows the job's routing, read from server 0 every round. A server the routing names for the
+first time (one a scale added, from its first hand-off on) is copied from then on; a server it
+names retired (empty address: a scale removed it, it holds nothing) is no longer copied nor
+waited for. A restore first sends the routing the keeper read last (``routing_set`` with
+``restored``), so the restarted server owns the partitions it held when it died, not those of
+the job's first map; server 0 restored gets the job's routing back that way too.
+
 Recorded among the run directory's events (``kind: event``, ``event: replica``):
 the first whole copy, a summary of the refreshes every SUMMARY_EVERY seconds
 (count, median seconds and bytes, longest gap between two copies of a server),
@@ -38,10 +46,16 @@ SUMMARY_EVERY = 10.0         # seconds between two refresh summaries in the run 
 
 class ReplicaKeeper:
     def __init__(self, addresses: Sequence[str], timeout: float, security=None,
-                 record: Callable[..., None] | None = None, period: float = REFRESH_PERIOD, links=None):
+                 record: Callable[..., None] | None = None, period: float = REFRESH_PERIOD, links=None,
+                 partitions: int = 0):
         """``record(event, text, **fields)``: where events go (the run directory's ``RunDir.event``).
-        ``links``: anything with ServerLinks' submit / collect / request / close (tests)."""
+        ``links``: anything with ServerLinks' submit / collect / request / close (tests), and
+        add_server for an elastic job. ``partitions``: the job's (PARAMSHARD_PARTITIONS); > 0: follow
+        its routing."""
         self.links = links or ServerLinks(addresses, timeout, who="launcher (replica keeper)", security=security)
+        self.elastic = partitions > 0
+        self.routing: dict | None = None                    # the job's routing as last read (wire form)
+        self.retired: set[int] = set()                      # servers a scale removed: not copied
         self.period, self.timeout = period, timeout
         self.record = record or (lambda *a, **k: None)
         n = len(addresses)
@@ -62,7 +76,44 @@ class ReplicaKeeper:
     @classmethod
     def for_env(cls, env, record=None) -> "ReplicaKeeper":
         from ..transport.security import Security
-        return cls(env.servers, env.timeout, Security.from_env(env), record)
+        return cls(env.servers, env.timeout, Security.from_env(env), record, partitions=env.partitions or 0)
+
+    @property
+    def followed(self) -> list[int]:
+        """The servers copied: every server of the job but those a scale removed."""
+        return [s for s in range(len(self.replicas)) if s not in self.retired]
+
+    def follow_routing(self) -> None:
+        """Elastic jobs: read server 0's routing; take the servers it names for the first time, stop
+        copying those it names retired. Server 0 unreachable (dead, restarting): keep the last read."""
+        from ..placement.partitions import Routing
+        try:
+            header, _ = self.links.request(0, {"op": "routing_get"}, timeout=min(self.timeout, 2.0))
+            routing = Routing.from_wire(header["routing"])
+        except ParamshardError:
+            return
+        if self.routing is not None and routing.version < self.routing["version"]:
+            return          # a restarted server 0 not restored yet: its first map is not the job's
+        for index in range(len(self.replicas), len(routing.addresses)):
+            # A server added and removed again between two reads keeps its index with a placeholder
+            # link (""): the links' indices are the job's server indices.
+            self.links.add_server(routing.addresses[index])
+            self.replicas.append(ServerReplica())
+            self.copied_at.append(None)
+            self._rate.append(0.0)
+            self._since.append(-1)
+            self._gaps.append(0.0)
+            if routing.addresses[index]:
+                log.info("replica keeper: server %d joined the job; copying it", index)
+        for index, address in enumerate(routing.addresses):
+            if not address and index not in self.retired:
+                self.retired.add(index)
+                self.links.retire(index)          # it exits once the trainers route without it
+                self.lost_at.pop(index, None)
+                log.info("replica keeper: server %d left the job; no longer copied", index)
+                self.record("replica", f"server {index} left the job: no longer copied", server=index,
+                            what="retired")
+        self.routing = routing.to_wire()
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> "ReplicaKeeper":
@@ -81,7 +132,18 @@ class ReplicaKeeper:
         """A marker when every server has a whole copy of a registered model (the restart policy's
         "something to restore"), else None: a copy from before the chief registered restores nothing."""
         from pathlib import Path
-        return Path("replica") if all(r.complete and r.dense is not None for r in self.replicas) else None
+        return Path("replica") if all(self._restorable(s) for s in self.followed) else None
+
+    def _restorable(self, server: int) -> bool:
+        """A whole copy of ``server`` with the registered model: its dense blocks, unless the job's
+        block map (a scale moved blocks) places none on it."""
+        replica = self.replicas[server]
+        if not replica.complete:
+            return False
+        blocks = (self.routing or {}).get("blocks")
+        holds_none = bool(blocks) and server not in _block_servers(self.routing)
+        return replica.dense is not None or (holds_none and any(self.replicas[s].dense is not None
+                                                                for s in self.followed))
 
     def note_lost(self, server: int, at: float) -> None:
         """The launcher saw ``server`` die at ``at`` (monotonic): loss and recovery count from then."""
@@ -91,8 +153,10 @@ class ReplicaKeeper:
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
+            if self.elastic:
+                self.follow_routing()
             # Every server's first request goes out at once: one slow server does not age the others' copies.
-            asked = {s: self._ask(s) for s in range(len(self.replicas))}
+            asked = {s: self._ask(s) for s in self.followed}
             for server, ticket in asked.items():
                 if self._stop.is_set():
                     return
@@ -127,7 +191,7 @@ class ReplicaKeeper:
                     raise ticket
                 [(header, arrays)] = self.links.collect(ticket)
                 if header["epoch"] == -1:          # restarted in place, empty: never copy it, restore it
-                    if replica.complete and replica.dense is not None:
+                    if self._restorable(server):
                         self.restore(server)
                     elif server not in self._nothing_to_restore:
                         self._nothing_to_restore.add(server)
@@ -175,6 +239,9 @@ class ReplicaKeeper:
         # A copy answered just before the death may be folded in just after it: age 0, not negative.
         age = max(0.0, lost_at - copied) if copied is not None else None
         try:
+            if self.routing is not None:       # the partitions it owned, before its rows come back
+                self.links.request(server, {"op": "routing_set", "routing": self.routing, "restored": True},
+                                   timeout=self.timeout)
             for header, arrays in replica.restore_requests():
                 self.links.request(server, header, arrays, timeout=self.timeout)
         except ParamshardError as exc:
@@ -213,6 +280,11 @@ class ReplicaKeeper:
                     median_s=statistics.median(seconds), median_bytes=statistics.median(sizes),
                     max_bytes=max(sizes), longest_gap_s=gap)
         self._log, self._gaps, self._summary_at = [], [0.0] * len(self._gaps), now
+
+
+def _block_servers(wire: dict) -> set[int]:
+    """The servers a routing's block map (its checked wire form) places dense blocks on."""
+    return set(wire.get("blocks", {}).values())
 
 
 def _s(seconds: float | None) -> str:

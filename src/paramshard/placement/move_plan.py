@@ -12,18 +12,25 @@ server/dense_migration.py):
    ``migrate_expect`` / ``dense_expect`` (new owners: hold requests for what comes);
 3. ``migrate_page`` -> ``migrate_stage``: the background copy, page by page;
 4. sync mode: ``migrate_switch`` armed on every server (a "too close" refusal: a later step);
-5. per group: ``routing_set`` on server 0 (names the new owners; the first also the blocks'),
+5. ``exclude_begin`` who=move on server 0: the hand-off phase takes its turn with checkpoints
+   (server/move_exclusion.py; sync: once server 0 completed the step before the switch,
+   ``after_step``); a "timeout" refusal (a checkpoint outlasting the server's timeout) is asked
+   again until ``turn_patience`` seconds passed;
+   per group: ``routing_set`` on server 0 (names the new owners; the first also the blocks'),
    the blocks' ``dense_freeze`` / ``dense_export`` -> ``dense_import``, then per old owner
    ``handoff_freeze``, ``handoff_rows`` -> ``handoff_in`` per table, ``handoff_done``;
-6. ``migrate_finish`` / ``dense_finish`` (old owners drop what they handed away), the final
-   routing on every server, ``retire`` to a removed server.
+6. the final routing on every server, ``exclude_end`` (checkpoints may run again: they read
+   the final routing), then ``migrate_finish`` / ``dense_finish`` (old owners drop what they
+   handed away; one holds its drop while a checkpoint pages its rows: server/snapshot_reads.py),
+   ``retire`` to a removed server.
 
 A step that fails before the last hand-off is done aborts the move cleanly (``_abort``): the
 new owners stop expecting (``migrate_abort``: it says which of the partitions and blocks in
 doubt they took), the old owners take back what they froze and nobody took
 (``handoff_undo``), server 0 publishes a newer routing naming the owners that serve now (groups
 handed off stay handed off: their rows are on the new owner, exactly once) and the old owners
-finish. The job goes on under that routing; ``MoveFailed`` names the server and the step. A
+finish; server 0 ends the move's turn (``exclude_end``: a checkpoint waiting for it would
+wait for ever otherwise). The job goes on under that routing; ``MoveFailed`` names the server and the step. A
 partition whose ``handoff_done`` was sent but never answered, on a new owner that does not
 answer ``migrate_abort`` either, is in doubt: it stays frozen on its old owner (taking it back
 could serve it twice) and the error says so.
@@ -36,12 +43,13 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ParamshardError
+from ..errors import ConfigError, ParamshardError, RemoteError
 from .block_map import rebalance_blocks
 from .partitions import Routing, partition_of, rebalance
 
 PAGE_ROWS = 65536
 SWITCH_TRIES = 20
+TURN_PATIENCE = 600.0     # seconds a move asks again for its turn (a large table's checkpoint outlasts a timeout)
 
 
 @dataclasses.dataclass
@@ -132,6 +140,7 @@ class _Progress:
     published: Routing | None = None                                  # the last routing_set sent to server 0
     armed: int | None = None           # sync: the routing version a migrate_switch was sent for
     joined: list = dataclasses.field(default_factory=list)            # servers sent routing_set join
+    turn: bool = False                 # exclude_begin sent to server 0 (maybe granted): exclude_end is owed
 
 
 class MovePlan:
@@ -141,10 +150,10 @@ class MovePlan:
 
     def __init__(self, addresses: Sequence[str], servers: Sequence[int], per_handoff: int = 16,
                  page_rows: int = PAGE_ROWS, switch_margin: int = 3, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, turn_patience: float = TURN_PATIENCE):
         self.addresses, self.servers = list(addresses), sorted(int(s) for s in servers)
         self.per_handoff, self.page_rows, self.switch_margin = per_handoff, page_rows, switch_margin
-        self.clock, self.monotonic = clock, monotonic
+        self.clock, self.monotonic, self.turn_patience = clock, monotonic, turn_patience
         self.record = MoveRecord([], self.servers, started=clock())      # filled in once the routing is read
         self.progress = _Progress()
         self._error: Exception | None = None
@@ -247,6 +256,10 @@ class MovePlan:
             groups = [moving[i:i + per_handoff] for i in range(0, len(moving), per_handoff)]
             if dense_moves and not groups:
                 groups = [moving[:0]]
+            # From the first hand-off to the final routing, checkpoints wait (and this waits for one
+            # in progress): a checkpoint reads the routing before the hand-offs or the final one,
+            # never rows half handed over. Nothing in the turn waits for a trainer's next step.
+            yield from self._take_turn(record.switch_step)
             for number, group in enumerate(groups):
                 began = self.monotonic()
                 yield from self._hand_off(work, group, dense=number == 0 and bool(dense_moves))
@@ -257,14 +270,36 @@ class MovePlan:
         except StepFailed as failed:
             yield from self._abort(work, failed, before)
         # Every partition and block is on its new owner: what is left cannot be undone, only finished.
+        unanswered: list[str] = []
         try:
-            yield from self._finish(work, before)
+            yield from self._finish(work, before, unanswered)
         except StepFailed as failed:
+            turn = ("; checkpoints wait until server 0 ends the move's turn: restart server 0 or roll the job back"
+                    if failed.step.op == "exclude_end" else "")
             raise MoveFailed(f"the move to servers {servers} is done (routing version {work.routing.version} "
                              f"names every new owner) but finishing it failed: {failed.step} did not succeed "
-                             f"({failed.cause}); the old owners may still hold rows they handed away",
-                             failed.step, record, undone=False, moved=True) from None
+                             f"({failed.cause}); the old owners may still hold rows they handed away{turn}"
+                             + "".join(f"; {u}" for u in unanswered),
+                             failed.step, record, undone=False, moved=True, unanswered=unanswered) from None
         record.ended = self.clock()
+
+    def _take_turn(self, after_step: int | None) -> Generator:
+        """``exclude_begin`` who=move on server 0 (server/move_exclusion.py): granted once no
+        checkpoint is in progress (sync: and server 0 completed step ``after_step - 1``). Server 0
+        refuses it as "timeout" when that took longer than its timeout: asked again until
+        ``turn_patience`` seconds passed, then the move aborts naming who held the turn."""
+        header = {"op": "exclude_begin", "who": "move"}
+        if after_step is not None:
+            header["after_step"] = after_step
+        deadline = self.monotonic() + self.turn_patience
+        while True:
+            self.progress.turn = True          # sent: a late grant holds the turn too
+            try:
+                yield "turn", [Step(0, header)]
+                return
+            except StepFailed as failed:
+                if not _timed_out(failed.cause) or self.monotonic() >= deadline:
+                    raise
 
     def _block_maps(self, routing: Routing, before: list[int]) -> Generator:
         """(where each dense block is now, where it goes). Before the first move the routing has
@@ -405,25 +440,48 @@ class MovePlan:
                 self.record.bytes += size
                 self.record.dense_bytes += size
 
-    def _finish(self, w: "_Work", before: list[int]) -> Generator:
+    def _finish(self, w: "_Work", before: list[int], unanswered: list) -> Generator:
         record, servers = self.record, self.servers
         routing = w.routing
         if len(w.moving) == 0 and routing.addresses != tuple(w.address_list):
             routing = routing.moved_to(routing.owners, addresses=w.address_list)
+        final = routing.moved_to(w.owners, addresses=[a if i in servers else "" for i, a in enumerate(w.address_list)],
+                                 blocks=w.new_blocks)
+        try:
+            yield "finish", [Step(s, {"op": "routing_set", "routing": final.to_wire()})
+                             for s in sorted(set(servers) | set(before))]
+        except StepFailed:
+            yield from self._end_turn(best_effort=True, noted=unanswered)     # the move failed: checkpoints may go on
+            raise
+        # The hand-off phase is over: checkpoints read the final routing from now on. Old owners
+        # drop what they handed away only after it (a checkpoint keeps only the owners' rows).
+        yield from self._end_turn()
         began = self.monotonic()
         yield "finish", [Step(s, {"op": "migrate_finish"}) for s in before]
         dense_sources = sorted({src for src, _ in w.dense_moves.values()})
         if dense_sources:
             yield "finish", [Step(s, {"op": "dense_finish"}) for s in dense_sources]
         record.finish_s = self.monotonic() - began
-        final = routing.moved_to(w.owners, addresses=[a if i in servers else "" for i, a in enumerate(w.address_list)],
-                                 blocks=w.new_blocks)
-        yield "finish", [Step(s, {"op": "routing_set", "routing": final.to_wire()})
-                         for s in sorted(set(servers) | set(before))]
         retired = [s for s in before if s not in servers]
         if retired:
             yield "finish", [Step(s, {"op": "retire"}) for s in retired]
         record.routing_version = final.version
+
+    def _end_turn(self, best_effort: bool = False, noted: list | None = None) -> Generator:
+        """``exclude_end`` who=move on server 0, if the move asked for its turn. A failure raises
+        (StepFailed), or with ``best_effort`` is only noted in ``noted``: a move that failed
+        already must not fail again on the way out."""
+        if not self.progress.turn:
+            return
+        self.progress.turn = False
+        try:
+            yield "turn", [Step(0, {"op": "exclude_end", "who": "move"})]
+        except StepFailed as again:
+            if not best_effort:
+                raise
+            if noted is not None:
+                noted.append(f"{again.step} ({again.cause}: checkpoints wait until server 0 ends the move's "
+                             f"turn; restart server 0 or roll the job back)")
 
     # -- a clean abort ----------------------------------------------------------------
     def _abort(self, w: "_Work", failed: StepFailed, before: list[int]) -> Generator:
@@ -485,6 +543,8 @@ class MovePlan:
         if p.published is not None or p.armed is not None:   # (other servers' routing counts once the move ends)
             published = (yield from attempt("abort", Step(0, {"op": "routing_set",
                                                               "routing": restored.to_wire()}))) is not None
+        # The hand-off phase is over (the routing above names who serves): checkpoints may run.
+        yield from self._end_turn(best_effort=True, noted=unanswered)
         # 4. Old owners stop tracking and drop only what was handed off.
         for s in sorted(p.copying):
             yield from attempt("abort", Step(s, {"op": "migrate_finish"}))
@@ -527,6 +587,11 @@ class _Work:
     dense_moves: dict             # block -> (old owner, new owner)
     new_blocks: dict              # block -> owner at the end
     address_list: list[str]
+
+
+def _timed_out(cause) -> bool:
+    """A refusal as "timeout": the server gave up waiting (a Deferred), nothing was applied."""
+    return isinstance(cause, RemoteError) and cause.code == "timeout"
 
 
 def _ints(a) -> list[int]:

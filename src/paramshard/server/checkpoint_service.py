@@ -14,6 +14,8 @@ the message says what it carries.
 - ``pause_pushes`` / ``cut_pushes`` / ``resume_pushes``: the consistent cut of an
   async checkpoint (server/push_gate.py), whose gate this service owns and declares
   as a request hook.
+- ``exclude_begin`` / ``exclude_end`` (server 0): a checkpoint and a move's hand-off phase
+  take turns (server/move_exclusion.py).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from ..errors import ConfigError
 from ..optim import check_lr_scale, from_wire, scaled
 from .context import ServerContext
 from .dense_store import DenseStore
+from .move_exclusion import MoveExclusion
+from .snapshot_reads import DropGuard, SnapshotReads
 from .push_gate import PushGate, PushGateHook
 from .replies import Deferred, Reply
 from .sparse_service import SparseService
@@ -36,14 +40,48 @@ class CheckpointService:
         self.sparse = sparse
         self.gate = PushGate(context.timeout)       # async checkpoints: holds pushes for a consistent cut
         self._gate_hook = PushGateHook(self.gate, context)
+        self.ctx = context
+        self.turns = MoveExclusion()               # server 0's: checkpoints and moves take turns
+        self.reads = SnapshotReads(context.timeout)  # a move's drop waits for a table read in pages
+        self._drop_guard = DropGuard(self.reads, context)
 
     def hooks(self) -> list:
-        return [self._gate_hook]
+        return [self._gate_hook, self._drop_guard]
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
                 ("snapshot_dense", "snapshot_sparse", "restore_dense", "restore_sparse",
-                 "pause_pushes", "cut_pushes", "resume_pushes")}
+                 "pause_pushes", "cut_pushes", "resume_pushes", "exclude_begin", "exclude_end")}
+
+    # -- checkpoints and moves take turns (server 0; server/move_exclusion.py) ---------------
+    def handle_exclude_begin(self, header: dict, arrays: list) -> Reply | Deferred:
+        who, trainer, after = header["who"], header.get("trainer"), header.get("after_step")
+        turns = self.turns
+        if self.ctx.server_id != 0:
+            raise ConfigError(f"exclude_begin: server 0 keeps the turns of checkpoints and moves, not server "
+                              f"{self.ctx.server_id}")
+        if who == "checkpoint":
+            if trainer is None:
+                raise ConfigError("exclude_begin: a checkpoint's turn names its trainer")
+            ready = lambda: turns.checkpoint_may_begin(trainer)                      # noqa: E731
+            take = lambda: (turns.begin_checkpoint(trainer), Reply())[1]             # noqa: E731
+        else:
+            ready = lambda: turns.move_may_begin(self._completed, after)             # noqa: E731
+            take = lambda: (turns.begin_move(), Reply())[1]                          # noqa: E731
+        if ready():
+            return take()
+        return Deferred(ready=ready, make_reply=take,
+                        describe=lambda: f"the {who}'s turn: {turns.holder()} is in progress"
+                                         + (f" or step {after - 1} is not complete" if after is not None else ""))
+
+    def handle_exclude_end(self, header: dict, arrays: list) -> Reply:
+        self.turns.end(header["who"], header.get("trainer"))
+        return Reply()
+
+    def _completed(self, step: int) -> bool:
+        """Sync: every table and dense block of this server completed the steps before ``step``."""
+        tables = self.sparse.tables.values() if self.sparse else ()
+        return all(t.version >= step for t in tables) and all(b.version >= step for b in self.dense.blocks.values())
 
     # -- the async cut (server/push_gate.py) ---------------------------------
     def _streams(self) -> list[str]:
@@ -51,7 +89,18 @@ class CheckpointService:
         return streams + [f"sparse:{name}" for name in (self.sparse.tables if self.sparse else ())]
 
     def handle_pause_pushes(self, header: dict, arrays: list) -> Reply:
-        return Reply({"applied": self.gate.pause()})
+        # ``since``: the first routing version whose pushes reach this server (0, or past the one it
+        # joined under); ``routings``: per stream and trainer the newest version its pushes here carried.
+        return Reply({"applied": self.gate.pause(), "since": self._joined_at(),
+                      "routings": [[stream, t, v] for stream, by in sorted(self.gate.routings.items())
+                                   for t, v in sorted(by.items())]})
+
+    def _joined_at(self) -> int:
+        for service in self.ctx.services:
+            ownership = getattr(service, "ownership", None)
+            if ownership is not None:
+                return getattr(ownership, "joined_at", 0)
+        return 0
 
     def handle_cut_pushes(self, header: dict, arrays: list) -> Deferred:
         cut = header["cut"]
@@ -60,7 +109,10 @@ class CheckpointService:
         gate = self.gate
         if not gate.paused:
             raise ConfigError("cut_pushes before pause_pushes")
-        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}))
+        skip = header.get("skip") or []
+        if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int for p in skip):
+            raise ConfigError("cut_pushes: 'skip' must be a list of [stream, trainer] pairs")
+        self._gate_hook.release(gate.set_cut({t: k for t, k in cut}, [(a, b) for a, b in skip]))
 
         def describe():
             late = gate.missing(self._streams())
@@ -78,10 +130,12 @@ class CheckpointService:
         return None
 
     def on_leave(self, trainer: int) -> None:
-        pass
+        self.turns.end("checkpoint", trainer)        # a chief gone mid-checkpoint holds no turn
 
     def reset(self) -> None:
         self._gate_hook.release(self.gate.resume())
+        self.turns.end("checkpoint", self.turns.checkpoint)   # a rollback voids the checkpoint in progress
+        self.reads.clear()
 
     # -- dense --------------------------------------------------------------
     def handle_snapshot_dense(self, header: dict, arrays: list) -> Reply:
@@ -153,6 +207,7 @@ class CheckpointService:
 
     def _page(self, table: SparseTable, start: int, count: int) -> Reply:
         page = table.snapshot_page(start, count)
+        self.reads.served(table.name, start, count, table.num_rows)
         return Reply({"rows": table.num_rows, "version": table.version, "evicted": table.evicted,
                       "lr_scale": table.lr_scale, "parts": list(page)}, list(page.values()))
 

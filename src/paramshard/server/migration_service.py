@@ -127,7 +127,13 @@ class MigrationService:
                       "trainers": [[t, self.routing_seen.get(t, -1)] for t in training]})
 
     def handle_routing_set(self, header: dict, arrays: list) -> Reply:
-        self.ownership.set_routing(Routing.from_wire(header["routing"]), join=header.get("join") is True)
+        routing = Routing.from_wire(header["routing"])
+        if header.get("restored") is True:
+            # Restored (the replica keeper's restore, a checkpoint's rollback): this server owns
+            # what the job's routing says, whatever map it started with (a restart in place).
+            self.ownership.restore(routing)
+        else:
+            self.ownership.set_routing(routing, join=header.get("join") is True)
         if self.on_addresses is not None:
             self.on_addresses(self.ownership.routing.addresses)
         return Reply({"version": self.ownership.routing.version})
@@ -150,16 +156,17 @@ class MigrationService:
         for name, t in self.sparse.tables.items():
             tables.append({"table": name, "dim": t.dim, "seed": t.seed, "optimizer": t.optimizer.to_wire(),
                            "policy": policy_to_wire(t.admission, t.eviction, t.init_scale), "dtype": t.dtype,
-                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale})
+                           "rounding": t.rounding, "version": t.version, "lr_scale": t.lr_scale,
+                           **({"memory_budget": t.memory_budget} if t.memory_budget is not None else {})})
         return Reply({"tables": tables, "sync": self.ctx.mode.waits_every_step})
 
     def handle_migrate_tables_in(self, header: dict, arrays: list) -> Reply:
         fields = {"table", "dim", "seed", "optimizer", "policy", "dtype", "rounding", "version", "lr_scale"}
         for entry in header["tables"]:
-            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve"}:
+            if not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"reserve", "memory_budget"}:
                 raise ConfigError("migrate_tables_in: each table must be a migrate_tables entry (and a reserve)")
             register = {k: entry[k] for k in ("table", "dim", "seed", "optimizer", "policy", "dtype", "rounding",
-                                              "reserve") if k in entry}
+                                              "reserve", "memory_budget") if k in entry}
             protocol.validate_request({"op": "register_sparse", "trainer": 0, **register})
             self.sparse.handle_register_sparse({"trainer": 0, **register}, [])
             table = self.sparse.table(entry["table"])
@@ -172,13 +179,14 @@ class MigrationService:
 
     # -- the old owner -------------------------------------------------------
     def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
-        fixed = [n for n, t in self.sparse.tables.items() if not t.movable]
-        if fixed:
-            raise ConfigError(f"migrate_start: tables {fixed} have a memory budget (disk tier): their rows cannot "
-                              f"move to another server yet; scale servers only in jobs whose tables keep every row "
-                              f"in RAM")
         self._settle_drops()        # a drop of the last move still under way: its rows go now
         self.ownership.start_copy(header["partitions"])
+        # Sync: a push received before the copy began is applied when its step completes, maybe
+        # after its rows were copied: its rows are dirty from now on, as if it came now.
+        for name, table in self.sparse.tables.items():
+            pending = [ids[rows >= 0] for rows, _, ids in table._pending.values() if len(rows)]
+            if pending:
+                self.ownership.note_applied(name, np.unique(np.concatenate(pending)))
         self._row_partitions = {}
         self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
         return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})

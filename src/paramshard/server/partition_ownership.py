@@ -48,6 +48,9 @@ class PartitionOwnership:
         # switch of the move before would hold what its hand-off waits for: a deadlock (issue 29,
         # a sync job scaled 2 -> 3 -> 2).
         self.holding = False
+        # The first routing version whose requests may come here: past the one a server joined
+        # under mid-job (it owned nothing in it); the async checkpoint's cut reads it.
+        self.joined_at = 0
 
     @property
     def elastic(self) -> bool:
@@ -134,7 +137,17 @@ class PartitionOwnership:
             if self.owned.any() and self.routing.version > 0:
                 raise ConfigError(f"server {self.me} already serves partitions: it cannot join again")
             self.owned[:] = False
+            self.joined_at = routing.version + 1
         self.routing = routing
+
+    def restore(self, routing: Routing) -> None:
+        """A server restarted in place and restored from its replica (bounded-loss recovery): it
+        owns what ``routing`` (the job's current one) gives it, and no move is under way here."""
+        self.set_routing(routing)
+        self.owned = routing.owners == self.me
+        self.incoming[:] = self.copying[:] = self.lost[:] = False
+        self.dirty.clear()
+        self.holding = False
 
     def arm(self, step: int, version: int) -> None:
         """Sync mode: the routing changes at ``step`` (routing ``version``)."""

@@ -40,12 +40,21 @@ class PushGate:
         self.paused_at: float | None = None
         self.cut: dict[int, int] | None = None
         self.held: list = []                              # frames, in arrival order
+        # Elastic jobs: per stream and trainer the newest routing version its applied pushes carried.
+        # A server that joined mid-job gets a trainer's pushes only from the routing that first named
+        # it on; the chief waits there only for the streams and trainers already routing to it
+        # (``skip``: the pairs not to wait for; client/checkpoint.py).
+        self.routings: dict[str, dict[int, int]] = {}
+        self.skip: set[tuple[str, int]] = set()
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
 
-    def note_applied(self, stream: str, trainer: int, step: int) -> None:
+    def note_applied(self, stream: str, trainer: int, step: int, routing: int | None = None) -> None:
+        versions = self.routings.setdefault(stream, {})
+        if routing is not None and routing > versions.get(trainer, -1):
+            versions[trainer] = routing
         seen = self.applied.setdefault(stream, {})
         if step > seen.get(trainer, -1):
             seen[trainer] = step
@@ -61,9 +70,11 @@ class PushGate:
             return False
         return self.cut is None or step > self.cut.get(trainer, -1)
 
-    def set_cut(self, cut: dict[int, int]) -> list:
-        """Take the cut; returns the held pushes that now go through (those up to the cut)."""
+    def set_cut(self, cut: dict[int, int], skip=()) -> list:
+        """Take the cut; returns the held pushes that now go through (those up to the cut).
+        ``skip``: (stream, trainer) pairs whose pushes do not come here (not waited for)."""
         self.cut = dict(cut)
+        self.skip = set(skip)
         release = [h for h in self.held if not self.should_hold(h[0], h[1])]
         self.held = [h for h in self.held if self.should_hold(h[0], h[1])]
         return release
@@ -75,13 +86,14 @@ class PushGate:
         out = []
         for stream in streams:
             seen = self.applied.get(stream, {})
-            out += [(stream, t, k) for t, k in sorted(self.cut.items()) if seen.get(t, -1) < k]
+            out += [(stream, t, k) for t, k in sorted(self.cut.items())
+                    if seen.get(t, -1) < k and (stream, t) not in self.skip]
         return out
 
     def resume(self) -> list:
         """Stop holding; returns every held push, in arrival order."""
         released, self.held = self.held, []
-        self.paused_at, self.cut = None, None
+        self.paused_at, self.cut, self.skip = None, None, set()
         return released
 
     def expired(self) -> bool:
@@ -105,7 +117,7 @@ class PushGateHook:
         if request.op in PUSH_OPS:
             header = request.header
             self.gate.note_applied("dense" if request.op == "push_dense" else f"sparse:{header['table']}",
-                                   request.trainer, header["step"])
+                                   request.trainer, header["step"], header.get("routing"))
 
     def tick(self) -> None:
         if self.gate.expired():

@@ -28,6 +28,8 @@ copy): refused with code ``applied``, which the resending trainer counts as done
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from ..errors import AlreadyApplied, ConfigError
@@ -110,23 +112,41 @@ class ReplayGuard:
     Held: every step up to ``floor`` (what a restored copy holds, or what fell out of the window),
     and the steps in ``recent`` above it. A set, not just the highest step: a trainer with pushes in
     flight resends the one the dead server never answered after a newer one already reached the
-    replacement, so steps may arrive out of order here."""
+    replacement, so steps may arrive out of order here.
+
+    Above the floor a push is known by its step and what it carries (routing version, the dense
+    blocks it names, a checksum of its sparse ids): in an elastic job parts of a step's pushes
+    refused as ``moved`` go again to their new owners (client/sparse.py, client/dense.py settle),
+    so one server may rightly take several pushes of one step, each with other rows or blocks;
+    a replay resends the very request, and is known by the same key."""
 
     WINDOW = 256        # steps kept above the floor; a push is never this far behind its trainer's newest
 
     def __init__(self):
         self.floor: dict[str, dict[int, int]] = {}          # stream -> trainer -> every step <= it is held
-        self.recent: dict[str, dict[int, set]] = {}         # stream -> trainer -> steps held above the floor
+        self.recent: dict[str, dict[int, set]] = {}         # stream -> trainer -> (step, routing) held above it
 
-    def holds(self, stream: str, trainer: int, step: int) -> bool:
+    def holds(self, stream: str, trainer: int, step: int, content=None) -> bool:
         return (step <= self.floor.get(stream, {}).get(trainer, -1)
-                or step in self.recent.get(stream, {}).get(trainer, ()))
+                or (step, content) in self.recent.get(stream, {}).get(trainer, ()))
+
+    @staticmethod
+    def content(request: Incoming):
+        """What tells two pushes of one step apart (None: a job whose servers never change)."""
+        header = request.header
+        if header.get("routing") is None:
+            return None
+        if request.op == "push_dense":
+            return header["routing"], tuple(header["names"])
+        frames = request.held
+        ids = zlib.crc32(frames[2].buffer) if frames is not None and len(frames) > 2 else None
+        return header["routing"], ids
 
     def admit(self, request: Incoming) -> Verdict:
         if request.op in PUSH_OPS:
             step, trainer = request.header["step"], request.trainer
             stream = stream_of(request.op, request.header)
-            if self.holds(stream, trainer, step):
+            if self.holds(stream, trainer, step, self.content(request)):
                 raise AlreadyApplied(f"{request.op} of trainer {trainer} step {step}: this server already holds "
                                      f"it (a push resent after a restore)")
         return Verdict.ACCEPT
@@ -136,11 +156,11 @@ class ReplayGuard:
             return
         stream, trainer = stream_of(request.op, request.header), request.trainer
         steps = self.recent.setdefault(stream, {}).setdefault(trainer, set())
-        steps.add(request.header["step"])
+        steps.add((request.header["step"], self.content(request)))
         if len(steps) > self.WINDOW:
-            floor = max(steps) - self.WINDOW // 2
+            floor = max(s for s, _ in steps) - self.WINDOW // 2
             self.floor.setdefault(stream, {})[trainer] = max(floor, self.floor.get(stream, {}).get(trainer, -1))
-            steps.difference_update([s for s in steps if s <= floor])
+            steps.difference_update([k for k in steps if k[0] <= floor])
 
     def tick(self) -> None:
         pass
@@ -151,9 +171,9 @@ class ReplayGuard:
         for table in (self.floor, self.recent):
             for stream, trainers in table.items():
                 for t, v in trainers.items():
-                    top = max(v) if isinstance(v, set) else v
                     if isinstance(v, set) and not v:
                         continue
+                    top = max(s for s, _ in v) if isinstance(v, set) else v
                     out.setdefault(stream, {})[t] = max(top, out.get(stream, {}).get(t, -1))
         return out
 

@@ -364,11 +364,6 @@ class SparseTable:
 
     # -- partitions: a move between servers (migration_service.py, partition_intake.py) -------------
     # The services that move rows go through these; none of them touches the store.
-    @property
-    def movable(self) -> bool:
-        """Whether this table's rows can move to another server (a disk tier cannot yet)."""
-        return self.memory_budget is None and not hasattr(self.store, "tier_stats")
-
     def page_layout(self) -> dict[str, np.ndarray]:
         """An empty page: the names, dtypes and row shapes of this table's pages."""
         return self.store.page(0, 0)
@@ -414,7 +409,10 @@ class SparseTable:
             self._rows_moved()
         state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
         self.reserve(self.num_rows + len(rows["ids"]))
+        before = self.num_rows
         self._create(rows["ids"], rows["values"], self.version, state)
+        if self.changes is not None:        # bounded-loss: the replica takes the adopted rows too
+            self.changes.grew(before, self.num_rows)
         if counters is not None and len(counters[0]):
             self.store.restore_counts(counters[0], counters[1].astype(np.uint32))
 
@@ -438,6 +436,10 @@ class SparseTable:
         d = self._dropping
         if d is None:
             return 0
+        if getattr(self.store, "drop_compacts", False):
+            # A disk-tiered store drops by compacting every row (TieredRowStore.drop, a piece at
+            # a time): one compaction for the whole drop, not one per slice.
+            return self.settle_drops()
         if d.position >= self.num_rows:
             self._dropping = None
             return 0

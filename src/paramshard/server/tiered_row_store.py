@@ -48,7 +48,6 @@ from pathlib import Path
 import numpy as np
 
 from ..budgets import show_bytes
-from ..errors import ConfigError
 from ..log import get_logger
 from .compiled_row_store import CompiledRowStore
 from .kernels import arena
@@ -462,16 +461,30 @@ class TieredRowStore(CompiledRowStore):
             return super().page(start, count)
         return {name: np.concatenate(parts) for name, parts in out.items()}
 
+    # A drop compacts every row (spilled ones paged in a piece at a time): SparseTable.drop_some
+    # does a move's whole drop at once rather than slice by slice.
+    drop_compacts = True
+
     def drop(self, ids):
-        raise ConfigError("a table with a memory budget (disk tier) cannot move to another server yet; "
-                          "scale servers only in jobs whose tables keep every row in RAM")
+        """The rows of ``ids`` out (a server move's old owner, once it handed them away): the
+        others compacted down as an eviction does, spilled ones included, a piece at a time."""
+        rows = self.lookup(ids)
+        keep = np.ones(self._rows, bool)
+        keep[rows[rows >= 0]] = False
+        return self._compact(np.flatnonzero(keep).astype(np.int64)) if not keep.all() else 0
 
     def evict_unseen(self, before):
         rows = self._rows
         kept = kept_rows_kernel(self.last_seen, rows, before)
-        evicted = rows - len(kept)
-        if not evicted:
+        if len(kept) == rows:
             self._respill(0, rows)
+            return 0
+        return self._compact(kept)
+
+    def _compact(self, kept: np.ndarray) -> int:
+        """Keep rows ``kept`` (ascending), in that order; how many went."""
+        evicted = self._rows - len(kept)
+        if not evicted:
             return 0
         compact_kernel(self.keys, kept)
         arena.release(self.keys, len(kept))
