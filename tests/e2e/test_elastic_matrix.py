@@ -30,6 +30,7 @@ from paramshard.export import load_table
 from .allpairs import all_pairs
 from .run_job import REPO, processes_marked, rank_pids
 from .test_elastic_launch import PARAMSHARD, Job
+from .test_elastic_servers import events, wait_for_event
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "matrix_job.py")
 ROWS = 16000
@@ -71,20 +72,6 @@ SMOKE = [
     {"mode": "async", "prefetch": "on", "servers": "up+down", "trainers": "kill", "checkpoints": "off",
      "recovery": "bounded-loss", "store": "tiered", "rows": "bfloat16", "script": "example"},
 ]
-
-
-def events(run_dir, kind):
-    path = run_dir / "metrics.jsonl"
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("event") == kind] \
-        if path.exists() else []
-
-
-def wait_for_event(job, kind, count, deadline=60.0):
-    end = time.monotonic() + deadline
-    while len(events(job.run_dir, kind)) < count:
-        assert time.monotonic() < end and job.proc.poll() is None, f"no {kind} #{count}:\n{job.text()[-4000:]}"
-        time.sleep(0.1)
-    return events(job.run_dir, kind)
 
 
 def scale(job, what, n):
