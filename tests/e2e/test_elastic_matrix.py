@@ -126,19 +126,21 @@ def check_oracles(case: dict, logs):
 
 
 def scale_while_training(job, case: dict, at: int) -> int:
-    """The case's moves and membership changes, in order: servers up, the trainers' change,
+    """The case's moves and membership changes, in order: a kill, servers up, a leave or a join,
     servers down. Returns the number of moves."""
     moves = 0
-    if case["servers"] != "none":
-        assert "started servers [2]" in scale(job, "servers", 3)
-        moves += 1
-        wait_for_event(job, "scale_end", moves)
     if case["trainers"] == "kill":
+        # First: a trainer paused between two steps holds a sync job's step until it is killed
+        # (and no move could reach its switch step meanwhile).
         at = job.wait_for(r"trainer 1 ready to be killed", at, deadline=60) if case["script"] == "example" else at
         [victim] = rank_pids(job.mark, "trainer", 1)
         os.kill(victim, signal.SIGKILL)
         at = job.wait_for(r"a new process takes slot 1 and joins the running job", at)
-    elif case["trainers"] in ("leave", "join"):
+    if case["servers"] != "none":
+        assert "started servers [2]" in scale(job, "servers", 3)
+        moves += 1
+        wait_for_event(job, "scale_end", moves)
+    if case["trainers"] in ("leave", "join"):
         assert "asked trainers [2] to leave" in scale(job, "trainers", 2)
         at = job.wait_for(r"trainer 2 left on request", at)
         if case["trainers"] == "join":
