@@ -159,10 +159,12 @@ class Gen:
     def other_trainer(self, r) -> int:
         return r.choice([1, 2, 7, 255, -1, -2, I64_MIN, I64_MAX, U64_MAX])
 
-    def wrong_step(self, r, current: set[int]) -> int:
-        """A step no block (or table) of the message is at."""
+    def wrong_step(self, r, current: set[int], next_waits: bool = False) -> int:
+        """A step no block (or table) of the message is at. ``next_waits``: a push of the step
+        after the one in progress is not wrong but waits for it (a sync table's: sparse_service)."""
         c = min(current)
-        options = [c + 1, c + 2, c + 10**9, -1, I64_MIN, I64_MAX, U64_MAX] + ([c - 1] if c > 0 else [])
+        options = [c + 2, c + 10**9, -1, I64_MIN, I64_MAX, U64_MAX] + ([c - 1] if c > 0 else [])
+        options += [] if next_waits else [c + 1]
         return r.choice([x for x in options if x not in current])
 
     def other_fingerprint(self, r) -> int:
@@ -758,7 +760,7 @@ class Gen:
         elif case == "wrong_trainer":
             h["trainer"] = self.other_trainer(r)
         elif case == "wrong_step":
-            h["step"] = self.wrong_step(r, {w.sparse_version})
+            h["step"] = self.wrong_step(r, {w.sparse_version}, next_waits=True)
         elif case == "grads_shape":
             n = len(ids)
             arrays[1] = r.choice([self.grads(r, n * (DIM + 1), (n, DIM + 1)),

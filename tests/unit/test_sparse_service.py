@@ -121,3 +121,40 @@ def test_a_table_of_half_rows_is_registered_once_with_its_format():
     exported = service.handle_export_sparse({"table": "t"}, [])
     assert exported.arrays[1].dtype == np.float32
     np.testing.assert_array_equal(exported.arrays[1][np.argsort(exported.arrays[0])], after)
+
+
+def test_a_sync_push_one_step_ahead_waits_for_the_step_in_progress_then_counts():
+    """Issue 29 (found by the combination matrix): trainer 1 finished step 0 on the servers holding
+    dense blocks and pushes step 1 here before trainer 0's push of step 0 reached this server
+    (nothing orders two trainers' messages to one server). Before, it was refused ("every trainer
+    must push every step once") and the job failed; now it waits, and the rows equal the in-order run."""
+    def run(early: bool):
+        service = SparseService("sync", Membership(2, grace=5.0))
+        register(service)
+        late_seen = []
+        service.on_late_push = lambda table, ids: late_seen.append((table, ids.tolist()))
+        pull(service, [1, 2]).make_reply()
+        push(service, [1], [[1.0, 2.0]], trainer=1, step=0)
+        if early:
+            ahead = push(service, [2], [[5.0, 5.0]], trainer=1, step=1)
+            assert isinstance(ahead, Deferred) and not ahead.ready() and ahead.waits_on() == [0]
+            assert "waits for step 0: trainers [0] have not pushed it here" in ahead.describe()
+            push(service, [1, 2], [[3.0, 4.0], [1.0, 1.0]], trainer=0, step=0)
+            assert ahead.ready()
+            ahead.make_reply()
+            assert late_seen == [("t", [2])]
+        else:
+            push(service, [1, 2], [[3.0, 4.0], [1.0, 1.0]], trainer=0, step=0)
+            push(service, [2], [[5.0, 5.0]], trainer=1, step=1)
+        push(service, [1], [[1.0, 1.0]], trainer=0, step=1)
+        assert service.tables["t"].version == 2
+        return pull(service, [1, 2], version=2).make_reply().arrays[0]
+
+    np.testing.assert_array_equal(run(early=True), run(early=False))
+
+
+def test_a_sync_push_two_steps_ahead_is_still_refused():
+    service = SparseService("sync", Membership(2, grace=5.0))
+    register(service)
+    with pytest.raises(ConfigError, match="every trainer must push every step once"):
+        push(service, [1], [[1.0, 1.0]], trainer=1, step=2)

@@ -91,6 +91,7 @@ def _ids_of(request: Incoming) -> np.ndarray:
 class MigrationService:
     def __init__(self, context: ServerContext, sparse: SparseService, routing: Routing):
         self.ctx, self.sparse = context, sparse
+        sparse.on_late_push = self._late_push
         self.ownership = PartitionOwnership(context.server_id, routing)
         self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
         self.evicted_at_start: dict[str, int] = {}
@@ -313,6 +314,12 @@ class MigrationService:
         self.intake.adopt(self.sparse.tables, parts)
         self.ctx.resubmit(self.ownership.adopt(parts))
         return Reply()
+
+    def _late_push(self, table: str, ids: np.ndarray) -> None:
+        """A sync push that waited for the step before it (sparse_service._early_push) was
+        applied after the admission hook saw it: its rows change now, maybe during a copy."""
+        if self.ownership.elastic:
+            self.ownership.note_applied(table, ids)
 
     # -- an aborted move (placement/move_plan.py) ----------------------------------
     def handle_migrate_abort(self, header: dict, arrays: list) -> Reply:

@@ -36,6 +36,9 @@ class SparseService:
         self.store = store or configured_store()
         self.tables: dict[str, SparseTable] = {}
         self.tiers = tiers or TierRoot(None, 0)
+        # (table, ids) of a sync push applied after its request was answered as deferred: the
+        # migration service marks them changed when a move is copying (migration_service.py)
+        self.on_late_push: Callable[[str, np.ndarray], None] | None = None
         self.server_budget = None
         if memory_budget is not None:
             if not takes_budgets(self.store):
@@ -132,14 +135,43 @@ class SparseService:
         return Deferred(ready=ready, make_reply=lambda: Reply({}, [self.table(name).pull(ids, trainer, create)]),
                         describe=describe, waits_on=waits_on)
 
-    def handle_push_sparse(self, header: dict, arrays: list) -> Reply:
-        table = self.table(header["table"])
+    def handle_push_sparse(self, header: dict, arrays: list) -> Reply | Deferred:
+        name, trainer, step = header["table"], header["trainer"], header["step"]
+        table = self.table(name)
         ids = self._ids(arrays, 2, "push_sparse")
         grads = arrays[1]
         if grads.dtype != np.float32:
             raise ConfigError(f"push_sparse: gradients must be float32, got {grads.dtype}")
-        table.push(header["trainer"], header["step"], ids, grads, distinct=header.get("distinct") is True)
+        distinct = header.get("distinct") is True
+        if self.mode.waits_every_step and type(step) is int and step == table.version + 1:
+            return self._early_push(name, trainer, step, ids.copy(), grads.copy(), distinct)
+        table.push(trainer, step, ids, grads, distinct=distinct)
         return Reply()
+
+    def _early_push(self, name: str, trainer: int, step: int, ids: np.ndarray, grads: np.ndarray,
+                    distinct: bool) -> Deferred:
+        """Sync: a push of the step after the one in progress. This trainer finished that step
+        elsewhere (its dense reply came from servers where every trainer had pushed it) while
+        another trainer's push of it to this server is still on its way: nothing orders two
+        trainers' messages to one server, and a server holding no dense block has no reply that
+        would. It waits here for the step in progress to complete, then counts as arrived."""
+        def ready():
+            table = self.tables.get(name)
+            return table is not None and table.version >= step
+
+        def apply() -> Reply:
+            self.table(name).push(trainer, step, ids, grads, distinct=distinct)
+            if self.on_late_push is not None:
+                self.on_late_push(name, ids)      # a move copying now must see these rows change
+            return Reply()
+
+        def describe():
+            late = self.tables[name].waiting_for() if name in self.tables else []
+            return (f"trainer {trainer}'s push of step {step} for table {name!r} waits for step {step - 1}: "
+                    f"trainers {late} have not pushed it here")
+
+        return Deferred(ready=ready, make_reply=apply, describe=describe,
+                        waits_on=lambda: self.tables[name].waiting_for() if name in self.tables else [])
 
     def handle_export_sparse(self, header: dict, arrays: list) -> Reply:
         table = self.table(header["table"])
