@@ -21,9 +21,9 @@ class Clock:
         return self.now
 
 
-def service(trainers=3, server_id=0, mode=Mode.ASYNC):
+def service(trainers=3, server_id=0, mode=Mode.ASYNC, min_trainers=None):
     clock = Clock()
-    membership = Membership(trainers, grace=5.0, clock=clock)
+    membership = Membership(trainers, grace=5.0, clock=clock, min_trainers=min_trainers)
     context = ServerContext(server_id, mode, membership, 5.0, WaitingList("s", membership, 5.0, {}))
     s = ShardService(context)
     for t in range(trainers):
@@ -121,3 +121,30 @@ def test_every_server_serves_the_ops_and_a_rollback_reset_empties_the_queue():
     assert service.queue.pass_ == 0 and not service.queue.owner
     with pytest.raises(StaleEpoch):
         server.handle_local({"op": "shard_next", "trainer": 1, "pass": 1, "epoch": 0}, [])
+
+
+def test_an_elastic_snapshot_does_not_wait_for_a_trainer_whose_connection_dropped():
+    """Issue 29 (the combination matrix: sync, checkpoints, a trainer killed): the steps up to the
+    chief's cut went on without the killed trainer, which will never report them; before, the
+    snapshot waited on it and failed as peer_lost, and the chief's checkpoint rolled the job back."""
+    s, membership, _ = service(min_trainers=2)
+    register(s)
+    nxt(s, 0)
+    nxt(s, 1)
+    call(s, "shard_progress", trainer=1, **{"pass": 1}, step=3, task=1, position=12, done=False)
+    membership.connection_lost(1)
+    s.on_leave(1)           # what the server does when an elastic job's trainer drops
+    call(s, "shard_progress", trainer=0, **{"pass": 1}, step=8, task=0, position=5, done=False)
+    state = call(s, "shard_snapshot", trainer=0, after=[[0, 8], [1, 8]])
+    assert not isinstance(state, Deferred), state.describe()
+    assert 1 in s.queue.pending and state["state"]["position"][1] == 12
+
+
+def test_a_fixed_job_snapshot_still_waits_for_a_lost_trainer_within_its_grace():
+    s, membership, _ = service()
+    register(s)
+    nxt(s, 1)
+    call(s, "shard_progress", trainer=1, **{"pass": 1}, step=3, task=0, position=4, done=False)
+    membership.connection_lost(1)
+    pending = call(s, "shard_snapshot", trainer=0, after=[[1, 8]])
+    assert isinstance(pending, Deferred) and pending.waits_on() == [1]

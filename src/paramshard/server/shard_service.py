@@ -117,7 +117,10 @@ class ShardService:
             if cut is None:
                 return []
             out = [t for t, k in cut.items() if t in self.queue.reported and self.queue.reported[t] < k]
-            return sorted(t for t in out if t not in membership.left and t not in membership.gone)
+            # Elastic: a trainer whose connection dropped is not waited for (its tasks went back to
+            # the queue from what it reported): the steps up to the cut went on without it.
+            lost = set(membership.lost_since) if membership.elastic else set()
+            return sorted(t for t in out if t not in membership.left and t not in membership.gone and t not in lost)
 
         make = lambda: Reply({"state": self.queue.snapshot(cut)})     # noqa: E731
         if not missing():
