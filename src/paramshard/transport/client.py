@@ -322,8 +322,30 @@ class ServerLinks(Requests):
                     # or after its restore); collect waits for it to serve, then sends (bounded-loss).
                     ticket.resend[server] = ServerUnavailable(f"{self.who}: {link.name} is not connected")
                     continue
-            link.sock.send_multipart(protocol.encode({**header, "id": request_id}, arrays), copy=False)
+            try:
+                self._send(link, protocol.encode({**header, "id": request_id}, arrays), ticket.deadline)
+            except BaseException:
+                for rid in ticket.pending:      # nothing of this ticket will be answered to anyone
+                    self._inflight.pop(rid, None)
+                raise
         return ticket
+
+    def _send(self, link: "_Link", frames: list, deadline: float) -> None:
+        """Queue one message on ``link`` without ever blocking past ``deadline``. A DEALER with no
+        peer yet (its CurveZMQ handshake under way, or failing) takes no message: a plain send
+        would wait there for ever if the handshake then fails, so the refusal is looked for while
+        waiting (a multipart message is queued whole once its first part is)."""
+        while True:
+            try:
+                link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                link.poll_events()
+                self._check_refused(link)
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"{self.who}: could not send to {link.name} in time: no connection to "
+                                           f"it (is it up and listening there? is it this job's server?)") from None
+                time.sleep(0.005)
 
     def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
         """Wait for every reply of ``ticket`` (until its deadline) and return them in
