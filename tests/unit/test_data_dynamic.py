@@ -115,3 +115,40 @@ def test_an_async_trainer_waiting_for_tasks_held_elsewhere_gives_up_only_when_no
     now[0] = 22.5
     with pytest.raises(DeadlineExceeded, match=r"trainer 0 has had no data task for 12 s.*trainers \[2\]"):
         stuck.check(Waiting((2,), 6), me=0)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_plain_loop_goes_on_through_a_rollback_and_reads_every_record_once(tmp_path, mode):
+    """Issue 29 leftover: a rollback (client/recovery.py: the chief resets the servers, restores the
+    checkpoint's queue; every trainer goes back to the checkpoint's step) under a plain ``for batch
+    in loader`` loop (elastic_matrix with prefetch off), which is not re-opened. Before, the loader
+    went on reading the task it held before the rollback and the next step's report named it: the
+    restored queue no longer gave it to this trainer and refused the report, failing the trainer
+    ("reported task N, which it does not hold"). Now the loader drops what it held when the trainer
+    rolled back and asks the restored queue again. Oracle: the steps of the final timeline (those
+    before the checkpoint, then the replayed ones) trained every record exactly once."""
+    from paramshard.client import shards
+    rows, save_at, fail_at = 90, 4, 9
+    (fake,), (loader,) = setup(tmp_path, mode, trainers=1, rows=rows)
+    fake.recoveries = 0
+    trained = {}        # step -> the records its batch trained (a replayed step replaces the old)
+    saved = None
+    for batch in loader:
+        step = fake.step_count
+        if step == fail_at and saved is not None:
+            # The push of this step fails (a server died): the rollback, as client/recovery.py does it.
+            server = fake.links.server
+            fake.links.epoch += 1
+            server.handle_local({"op": "reset", "epoch": fake.links.epoch, "trainer": 0}, [])
+            shards.restore(fake.links, saved)
+            fake.step_count, fake.recoveries = save_at, fake.recoveries + 1
+            saved = None
+            continue        # the failed step trained nothing
+        fake.step()
+        trained[step] = batch.ids[batch.offsets[:-1]].tolist()
+        if fake.step_count == save_at:          # a checkpoint after step save_at - 1
+            saved = shards.snapshot(fake.links, mode, 1, save_at, {0: save_at - 1} if mode == "async" else None)
+    assert fake.recoveries == 1
+    ids = [i for step in sorted(trained) for i in trained[step]]
+    assert sorted(ids) == list(range(rows)), (len(ids), len(set(ids)))

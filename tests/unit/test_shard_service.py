@@ -148,3 +148,33 @@ def test_a_fixed_job_snapshot_still_waits_for_a_lost_trainer_within_its_grace():
     membership.connection_lost(1)
     pending = call(s, "shard_snapshot", trainer=0, after=[[1, 8]])
     assert isinstance(pending, Deferred) and pending.waits_on() == [1]
+
+
+def test_a_late_report_for_a_task_a_rollback_took_away_is_dropped_not_an_error():
+    """Issue 29 leftover: trainer 1 reports task 0 (step 3), a rollback resets the queue and the
+    chief restores the checkpoint's (task 0 in the queue, nobody's), then trainer 1's report of task
+    0 arrives (a plain ``for batch in loader`` loop went on reading it after the rollback). Before,
+    the queue refused it ("reported task 0, which it does not hold"), and the rider's error failed
+    the trainer. Now the report is answered ``dropped`` (the trainer drops the task) and changes
+    nothing: the restored remainder of task 0 is handed out once, from the checkpoint's position."""
+    s, _, _ = service()
+    register(s)
+    given = nxt(s, 1)
+    assert given["task"] == [0, 0, 0, 10, 0]
+    lease = given.get("lease")              # what DynamicShards sends back with its reports
+    call(s, "shard_progress", trainer=1, **{"pass": 1}, step=3, task=0, position=4, done=False, lease=lease)
+    state = s.queue.snapshot({1: 3})
+    s.reset()                               # the chief's reset (the rollback) ...
+    assert call(s, "shard_restore", trainer=0, state=state)["pending"] == 2    # ... and its restore
+    late = call(s, "shard_progress", trainer=1, **{"pass": 1}, step=4, task=0, position=7, done=False,
+                lease=lease)
+    assert late.get("dropped") == [0]
+    assert s.queue.position[0] == 4 and 0 not in s.queue.owner
+    # The remainder from the checkpoint's position, once: to whoever asks first.
+    again = nxt(s, 2)
+    assert again["task"] == [0, 0, 4, 10, 0] and again["lease"] != lease
+    assert nxt(s, 1)["task"] == [1, 0, 10, 20, 0]
+    # A report of a task a trainer never held in this lease is still refused: a client bug.
+    with pytest.raises(ConfigError, match="does not hold"):
+        call(s, "shard_progress", trainer=1, **{"pass": 1}, step=5, task=0, position=8, done=False,
+             lease=again["lease"])

@@ -27,8 +27,9 @@ def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files:
     return header.get("registered", "")
 
 
-def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None]:
-    """("task", the task from its committed position) / ("finished", None) / ("wait", Waiting)."""
+def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None, int | None]:
+    """("task", the task from its committed position, its lease) / ("finished", None, None) /
+    ("wait", Waiting, None). The lease goes back with the task's reports (server/shard_queue.py)."""
     request = {"op": "shard_next", "trainer": trainer, "pass": pass_, "epoch": links.epoch}
     if step is not None:
         request["step"] = step
@@ -38,15 +39,18 @@ def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tu
         wire = header.get("task")
         if not (isinstance(wire, list) and len(wire) == 5 and all(type(x) is int for x in wire)):
             raise ProtocolError(f"shard_next reply: a task must be 5 integers, got {str(wire)[:80]}")
-        return verdict, Task.from_wire(wire[0], wire[1:])
+        lease = header.get("lease")
+        if lease is not None and type(lease) is not int:
+            raise ProtocolError(f"shard_next reply: the lease must be an integer, got {str(lease)[:80]}")
+        return verdict, Task.from_wire(wire[0], wire[1:]), lease
     if verdict == "wait":
         held_by, mark = header.get("held_by", []), header.get("mark", 0)
         if not (isinstance(held_by, list) and all(type(t) is int for t in held_by) and type(mark) is int):
             raise ProtocolError("shard_next reply: a wait must name the trainers holding tasks (integers) and a mark")
-        return verdict, Waiting(tuple(held_by[:64]), mark)
+        return verdict, Waiting(tuple(held_by[:64]), mark), None
     if verdict != "finished":
         raise ProtocolError(f"shard_next reply: unknown verdict {verdict!r}")
-    return verdict, None
+    return verdict, None, None
 
 
 class Waiting(NamedTuple):
@@ -57,10 +61,14 @@ class Waiting(NamedTuple):
 
 
 def progress_request(links: Requests, trainer: int, pass_: int, step: int, task: int, position: int,
-                     done: bool) -> tuple:
-    """The report of one step, sent in the step's fan-out (client/step.py riders)."""
-    return (SERVER, {"op": "shard_progress", "trainer": trainer, "pass": pass_, "step": step, "task": task,
-                     "position": position, "done": done, "epoch": links.epoch}, ())
+                     done: bool, lease: int | None = None) -> tuple:
+    """The report of one step, sent in the step's fan-out (client/step.py riders); ``lease``: the
+    one the task was handed out under (a report of an older one than the queue's is dropped)."""
+    header = {"op": "shard_progress", "trainer": trainer, "pass": pass_, "step": step, "task": task,
+              "position": position, "done": done, "epoch": links.epoch}
+    if lease is not None:
+        header["lease"] = lease
+    return (SERVER, header, ())
 
 
 def snapshot(links: Requests, mode, trainers: int, step: int, cut: dict[int, int] | None) -> dict | None:

@@ -70,8 +70,8 @@ class DynamicShards:
         self.epoch = -1            # passes started (a reader's convention: torch/loop.py)
         self.batches = 0
         self._next_epoch: int | None = None
-        # (pass, task id, next position, done) of each batch handed out and not yet stepped on;
-        # None for an empty (idle) batch. The rider pops one per step.
+        # (pass, task id, next position, done, lease) of each batch handed out and not yet stepped
+        # on; None for an empty (idle) batch. The rider pops one per step.
         self._unstepped: collections.deque = collections.deque()
         self._attached = None
         self._template = None
@@ -108,9 +108,9 @@ class DynamicShards:
         """The data-shard report of ``step``: the batch it trained (client/step.py rider)."""
         trainer = self.trainer
         info = self._unstepped.popleft() if self._unstepped else None
-        pass_, task, position, done = info if info is not None else (self.epoch + 1, -1, 0, False)
+        pass_, task, position, done, lease = info if info is not None else (self.epoch + 1, -1, 0, False, None)
         from ..client.shards import progress_request
-        return [progress_request(trainer.links, trainer.trainer_id, pass_, step, task, position, done)]
+        return [progress_request(trainer.links, trainer.trainer_id, pass_, step, task, position, done, lease)]
 
     # -- iteration ---------------------------------------------------------------------
     def __iter__(self):
@@ -129,10 +129,13 @@ class DynamicShards:
         shards.register(links, me, pass_, self.fingerprint, self.files, self.tasks, trainer.step_count)
         sync = Mode.parse(trainer.env.mode).server_mode is Mode.SYNC
         stuck = _Stuck(self._clock, stuck_after(trainer.env.timeout))
+        recoveries = _recoveries(trainer)
         while True:
+            if _recoveries(trainer) != recoveries:
+                recoveries = self._rolled_back(trainer, pass_)
             # The step that will train the next batch: batches handed out are stepped on in order.
             step = trainer.step_count + len(self._unstepped) if sync else None
-            verdict, task = shards.next_task(links, me, pass_, step)
+            verdict, task, lease = shards.next_task(links, me, pass_, step)
             if verdict == "finished":
                 return
             if verdict == "wait":
@@ -150,14 +153,29 @@ class DynamicShards:
                 continue
             stuck.reset()
             for batch, position, done in _with_last(self.reader.read_task(task), task.start):
+                if _recoveries(trainer) != recoveries:
+                    break               # rolled back while this task was read: the restored queue says
                 if batch is None:       # no record in the task (a range inside one line, bad lines only)
                     links.request_list([shards.progress_request(links, me, pass_, trainer.step_count - 1,
-                                                                task.id, position, True)])
+                                                                task.id, position, True, lease)])
                     continue
                 self._template = batch if self._template is None else self._template
-                self._unstepped.append((pass_, task.id, position, done))
+                self._unstepped.append((pass_, task.id, position, done, lease))
                 self.batches += 1
                 yield batch
+
+    def _rolled_back(self, trainer, pass_: int) -> int:
+        """The trainer rolled back (client/recovery.py) while this pass was read, in a loop that does
+        not open the loader again (``for batch in loader``; trainer.prefetching does): the chief
+        restored the checkpoint's queue, which hands the records after the checkpoint out again, so
+        what this loader held is dropped (its batches not stepped on, the rest of its task) and the
+        pass goes on with what the restored queue gives. Registering again tells the queue the
+        step this trainer is at now (sync mode waits for its reports from there)."""
+        from ..client import shards
+        self._unstepped.clear()
+        shards.register(trainer.links, trainer.trainer_id, pass_, self.fingerprint, self.files, self.tasks,
+                        trainer.step_count)
+        return _recoveries(trainer)
 
     def _empty(self):
         if self._template is not None:
@@ -165,6 +183,11 @@ class DynamicShards:
         if hasattr(self.reader, "encoder"):
             return self.reader.encoder.encode({c: np.empty(0, object) for c in self.reader.schema.used_columns})[0]
         return self.reader._parse(b"")[0]
+
+
+def _recoveries(trainer) -> int:
+    """Rollbacks the trainer went through so far (Trainer.recoveries)."""
+    return getattr(trainer, "recoveries", 0)
 
 
 def stuck_after(timeout: float) -> float:

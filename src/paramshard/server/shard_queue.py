@@ -9,10 +9,15 @@ the shard service (server/shard_service.py) puts it on server 0.
   ``finished`` (every task of the pass done) or ``wait`` (tasks in progress elsewhere may
   come back). A trainer may hold a few tasks at once (MAX_HELD): it asks for the next as
   soon as it has read one out, before the step that trains its last batch reports it done.
-- ``progress(trainer, step, task, position, done)``: sent with every step's push
+- ``progress(trainer, step, task, position, done, lease)``: sent with every step's push
   (client/step.py); the position is the next unread record, so a remainder handed to
   another trainer starts exactly there. A step without a task reports too (sync mode
   counts the reports, see ``sync_verdict``).
+- ``lease``: which queue a task was handed out by. A ``restore`` or ``reset`` (a rollback)
+  starts a new lease; a report of a task handed out under an older one (a trainer's step in
+  flight, or a loader still reading what it held, when the chief restored the checkpoint's
+  queue) is stale: it counts as a step without a task and ``progress`` returns False, never an
+  error, so the restored remainder is handed out once, from the checkpoint's position.
 - ``release(trainer)``: a trainer left or was lost: the remainders of its tasks go back to
   the front of the queue. So does a registration from another process (``session``) in the
   same trainer slot: a replacement, whose predecessor is gone.
@@ -54,8 +59,9 @@ class _Undo:
 
 
 class ShardQueue:
-    def __init__(self, num_trainers: int):
+    def __init__(self, num_trainers: int, lease: int = 0):
         self.num_trainers = num_trainers
+        self.lease = lease                           # bumped by restore() and reset(): see progress()
         self.pass_ = 0                   # 0: nothing registered yet
         self.fingerprint = ""
         self.files: list[str] = []
@@ -150,8 +156,16 @@ class ShardQueue:
         return [task, file, self.position[task], end, kind]
 
     # -- reports -----------------------------------------------------------------
-    def progress(self, trainer: int, pass_: int, step: int, task: int, position: int, done: bool) -> None:
-        """A step's report; ``task`` -1: the trainer held no task in that step."""
+    def progress(self, trainer: int, pass_: int, step: int, task: int, position: int, done: bool,
+                 lease: int | None = None) -> bool:
+        """A step's report; ``task`` -1: the trainer held no task in that step. False: the task was
+        handed out under an older ``lease`` (before a rollback restored the queue): the report
+        counts as one without a task and changes no task (the trainer drops it)."""
+        if task >= 0 and lease is not None and lease != self.lease:
+            # Not an error: the rollback's restore put the task back at the checkpoint's position
+            # (or someone else holds it now); this trainer's position is from the undone timeline.
+            self.reported[trainer] = max(step, self.reported.get(trainer, -1))
+            return False
         # The same step again is a task read out without a record (reported at once, data/dynamic.py).
         if step < self.reported.get(trainer, -1):
             raise ConfigError(f"trainer {trainer}: a shard report for step {step}, but it reported step "
@@ -172,6 +186,7 @@ class ShardQueue:
                 del self.owner[task]
                 self.holding[trainer].remove(task)
         self.reported[trainer] = max(step, self.reported.get(trainer, -1))
+        return True
 
     def release(self, trainer: int) -> list[int]:
         """``trainer`` is gone: the remainders of its tasks go to the front of the queue."""
@@ -230,14 +245,14 @@ class ShardQueue:
         if not isinstance(done, list) or not all(type(d) is int and 0 <= d < len(tasks) for d in done) \
                 or len(set(done)) != len(done):
             raise ConfigError("shard state: done must list distinct task ids")
-        self.__init__(self.num_trainers)
+        self.__init__(self.num_trainers, self.lease + 1)
         self.pass_, self.fingerprint, self.files = pass_, fingerprint, list(files)
         self.tasks, self.position = [list(t) for t in tasks], list(position)
         self.done_step = {d: -1 for d in done}
         self.pending = collections.deque(t for t in range(len(tasks)) if t not in self.done_step)
 
     def reset(self) -> None:
-        self.__init__(self.num_trainers)
+        self.__init__(self.num_trainers, self.lease + 1)
 
 
 def _check_list(files, tasks) -> None:

@@ -5,7 +5,9 @@ the wire. Client side: paramshard.client.shards, paramshard.data.DynamicShards.
 - ``shard_next``: a task, ``finished`` or ``wait``; in sync mode it names the step that will
   train the data and waits until every trainer's report of the step two before arrived
   (server/shard_queue.py says why two), so all of them get the same verdict for a step.
-- ``shard_progress``: a step's report (sent with the step's push, client/step.py).
+- ``shard_progress``: a step's report (sent with the step's push, client/step.py). It carries the
+  ``lease`` its task was handed out under (``shard_next`` replies name it); one of an older lease
+  (a rollback restored the queue since) is answered ``dropped`` and changes no task.
 - ``shard_snapshot`` / ``shard_restore``: the queue as JSON for a checkpoint (the chief,
   client/checkpoint.py); a snapshot leaves out reports past the checkpoint's cut and waits
   for the reports up to it.
@@ -90,7 +92,7 @@ class ShardService:
     def _next(self, trainer: int, pass_: int, step: int | None) -> Reply:
         verdict, task = self.queue.next(trainer, pass_, step)
         if verdict == TASK:
-            return Reply({"verdict": verdict, "task": task})
+            return Reply({"verdict": verdict, "task": task, "lease": self.queue.lease})
         if verdict == WAIT:
             held_by, mark = self.queue.waiting_on()
             return Reply({"verdict": verdict, "held_by": held_by, "mark": mark})
@@ -98,9 +100,13 @@ class ShardService:
 
     def handle_shard_progress(self, header: dict, arrays: list) -> Reply:
         trainer = self._check(header, arrays)
-        self.queue.progress(trainer, header["pass"], header["step"], header["task"], header["position"],
-                            header["done"])
-        return Reply()
+        taken = self.queue.progress(trainer, header["pass"], header["step"], header["task"], header["position"],
+                                    header["done"], header.get("lease"))
+        if taken:
+            return Reply()
+        log.info("%s: trainer %d reported data task %d handed out before the queue was restored (a rollback): "
+                 "dropped; the task goes on from the restored position", self.context.name, trainer, header["task"])
+        return Reply({"dropped": [header["task"]]})
 
     def handle_shard_snapshot(self, header: dict, arrays: list) -> Reply | Deferred:
         self._check(header, arrays)

@@ -104,7 +104,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
                        "step": Optional(int), "session": Optional(str), "epoch": Optional(int)},
     "shard_next": {"trainer": int, "pass": int, "step": Optional(int), "epoch": Optional(int)},
     "shard_progress": {"trainer": int, "pass": int, "step": int, "task": int, "position": int, "done": bool,
-                       "epoch": Optional(int)},
+                       "epoch": Optional(int), "lease": Optional(int)},
     "shard_snapshot": {"trainer": int, "after": Optional(list), "epoch": Optional(int)},
     "shard_restore": {"trainer": int, "state": dict, "epoch": Optional(int)},
     # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
