@@ -190,6 +190,12 @@ class ElasticServers:
             if self._retire(self.env, addresses, removed, version):
                 log.info("servers %s exit: no trainer routes to them any more", removed)
         except Exception as exc:     # noqa: BLE001 - the job goes on; they stay, idle, as before
+            servers = getattr(self.launcher, "servers", [])
+            if all(s < len(servers) and servers[s].poll() == 0 for s in removed):
+                # Every trainer closed its link to them (a retired server takes that as a leave) and
+                # they ended on their own before being told: what was asked for.
+                log.info("servers %s exited: no trainer routes to them any more", removed)
+                return
             log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
 
     def _tell(self, change: str, text: str, server: int) -> None:

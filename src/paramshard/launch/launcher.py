@@ -112,13 +112,18 @@ class Launcher:
 
     def _server_states(self, now: float) -> list[ServerState]:
         """Each server as launch/peer_loss.py sees it: exit code, the peers its last status
-        line names, and how long ago that line came."""
+        line names, and how long ago that line came. A server a scale removed
+        (launch/elastic_servers.py) is nobody's peer any more: a peer naming it unreachable (it
+        retired and exits, or lingers idle until the job ends) is not news, so it is left out of
+        every accusation, and it is taken as stopping."""
+        retired = set(getattr(self.elastic_servers, "retired", ()) or ())
         states = []
         for i, p in enumerate(self.servers):
             status, at = p.last_status()
-            states.append(ServerState(i, p.poll(), dict(status.unreachable) if status else {},
-                                      status.gone if status else (), None if at is None else now - at,
-                                      bool(status and status.stopping)))
+            names = {k: v for k, v in (status.unreachable if status else {}).items() if k not in retired}
+            gone = tuple(k for k in (status.gone if status else ()) if k not in retired)
+            states.append(ServerState(i, p.poll(), names, gone, None if at is None else now - at,
+                                      bool(status and status.stopping) or i in retired))
         return states
 
     def _peer_verdict(self) -> Verdict:

@@ -34,6 +34,9 @@ class ServerContext:
         self._snapshot_stats = snapshot_stats
         self.services: list = []            # every service, in the order added (leave and reset reach each)
         self.stopping = False               # set by shutdown: finish answering, then stop
+        # Removed by a scale (its routing names it "", or ``retire``): trainers and peers close their
+        # connections to it as they learn the routing, an orderly leave rather than a loss.
+        self.retired = False
 
     def resubmit(self, held: list) -> None:
         """Run requests a hook held back, in this order, as if they had just arrived."""

@@ -135,8 +135,12 @@ class MigrationService:
             self.ownership.restore(routing)
         else:
             self.ownership.set_routing(routing, join=header.get("join") is True)
+        addresses = self.ownership.routing.addresses
+        me = self.ctx.server_id
+        if me and me < len(addresses) and not addresses[me]:
+            self.ctx.retired = True         # the move's final routing removed this server
         if self.on_addresses is not None:
-            self.on_addresses(self.ownership.routing.addresses)
+            self.on_addresses(addresses)
         return Reply({"version": self.ownership.routing.version})
 
     def handle_migrate_switch(self, header: dict, arrays: list) -> Reply:
@@ -344,6 +348,7 @@ class MigrationService:
             raise ConfigError("retire: server 0 holds the job's routing and services: it never retires")
         if self.ownership.owned.any() or self.ownership.incoming.any():
             raise ConfigError(f"retire: server {self.ctx.server_id} still serves partitions; move them first")
+        self.ctx.retired = True
         if header.get("exit") is True:
             self.ctx.stop_after_replies()
         return Reply({"retired": True})

@@ -441,6 +441,14 @@ class ParameterServer:
             event = recv_monitor_message(self._monitor)
             trainer = self._connections.event(event["event"], int(event["value"]))
             if trainer is not None and self.membership.connection_lost(trainer):
+                if self.context.retired:
+                    # A scale removed this server: each trainer closes its link to it once it routes
+                    # without it, as it should. Not a loss: no warning (it exits once told to).
+                    log.info("%s: trainer %d closed its connection to this retired server", self.name, trainer)
+                    self.membership.leave(trainer)     # nothing to wait for: not lost, no grace period
+                    for service in self._services:
+                        service.on_leave(trainer)
+                    continue
                 if self.membership.elastic:
                     # An elastic job goes on without it: steps that only waited for it complete now.
                     log.warning("%s: trainer %d lost its connection without leaving%s; the job goes on "
