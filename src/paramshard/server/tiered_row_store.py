@@ -403,9 +403,9 @@ class TieredRowStore(CompiledRowStore):
         # In pieces, the same rows: new ids get rows in the order they first appear either way.
         ids = np.ascontiguousarray(ids, np.uint64)
         out = np.empty(len(ids), np.int64)
+        self._ensure_space(ids)            # all or nothing: a full disk makes none of the rows
         for s, e in self._pieces(len(ids)):
             first = self._rows
-            self._ensure_space(ids[s:e])
             out[s:e] = super().lookup_or_create(ids[s:e], version, seed, init_scale)
             self._stamp_new(first, self._rows)
             self._enforce()
