@@ -6,10 +6,12 @@ the checkpoint directory (a local one), else a private temporary directory
 (mode 0700, made by mkdtemp in TMPDIR). Every directory of the tier is made here with
 mode 0700 and a directory that must be new is made exclusively; an existing ``tier/`` is used
 only when it is a real directory of this user that nobody else may write into (``private``):
-another local user must not be able to plant, swap or read a server's rows. The files are scratch: they are removed with their table, and the
-whole directory when the server exits; one left by a killed server is removed
-when a server with the same id starts in the same place (temporary ones: when
-any server of the same user starts and their process is gone).
+another local user must not be able to plant, swap or read a server's rows.
+The files are scratch: they are removed with their table, and the whole
+directory when the server exits; one left by a killed server is removed when a
+server with the same id starts in the same place (temporary ones: when any
+server of the same user starts and their process is gone). Their disk is
+reserved before rows are written (tier_space.py).
 
 Table names come from trainers: a name that is not a plain file name component
 (checkpoint/paths.py's rule) is replaced by a hash of it, so no name reaches
@@ -47,8 +49,9 @@ def check_private(path: Path) -> None:
         raise TierDirError(f"disk tier directory {path}: {exc.strerror or exc}") from exc
     fix = "remove it, or give the servers another --checkpoint-dir / --run-dir"
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise TierDirError(f"disk tier directory {path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a directory'}; "
-                           f"the tier keeps its files only in a directory of its own: {fix}")
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise TierDirError(f"disk tier directory {path} is {what}; the tier keeps its files only in a "
+                           f"directory of its own: {fix}")
     if st.st_uid != os.getuid():
         raise TierDirError(f"disk tier directory {path} belongs to uid {st.st_uid}, not to this user (uid "
                            f"{os.getuid()}); another user could read or change the rows in it: {fix}")
