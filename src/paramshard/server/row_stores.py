@@ -19,7 +19,7 @@ from .row_store import RowStore
 VARIABLE = "PARAMSHARD_ROW_STORE"
 
 
-def _numpy(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwargs) -> RowStore:
+def _numpy(*args, memory_budget=None, tier_dir=None, server_budget=None, table_name=None, **kwargs) -> RowStore:
     if memory_budget is not None or tier_dir is not None or server_budget is not None:
         raise ConfigError(f"{VARIABLE}=numpy keeps every row in RAM: a memory budget (memory_budget=, "
                           f"PARAMSHARD_MEMORY_BUDGET) needs the compiled row store, which has the disk tier; "
@@ -28,13 +28,14 @@ def _numpy(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwarg
     return NumpyRowStore(*args, **kwargs)
 
 
-def _compiled(*args, memory_budget=None, tier_dir=None, server_budget=None, **kwargs) -> RowStore:
+def _compiled(*args, memory_budget=None, tier_dir=None, server_budget=None, table_name=None,
+              **kwargs) -> RowStore:
     """The compiled store; with a budget (the table's or the server's), its tiered form
     (tiered_row_store.py): rows in files under ``tier_dir``, RAM within the budget."""
     if memory_budget is not None or server_budget is not None:
         from .tiered_row_store import TieredRowStore
         return TieredRowStore(*args, memory_budget=memory_budget, tier_dir=tier_dir, server_budget=server_budget,
-                              **kwargs)
+                              table_name=table_name, **kwargs)
     from .compiled_row_store import CompiledRowStore
     return CompiledRowStore(*args, **kwargs)
 

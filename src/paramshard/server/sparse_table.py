@@ -69,6 +69,8 @@ class SparseTable:
         if tier and store is NumpyRowStore:
             raise ConfigError(f"table {name!r}: a memory budget needs the compiled row store (the numpy "
                               f"store keeps every row in RAM)")
+        if tier:
+            tier["table_name"] = name       # a full disk tier names its table (tier_space.py)
         self.store: RowStore = store(dim, self.rule, keep_last_seen=bool(eviction.unseen_steps),
                                      count_admissions=admission.min_count > 1,
                                      max_rows=limits.max_rows, capacity=capacity, value_dtype=dtype,

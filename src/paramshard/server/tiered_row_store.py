@@ -53,6 +53,7 @@ from .compiled_row_store import CompiledRowStore
 from .kernels import arena
 from .kernels.row_kernels import compact_kernel, kept_rows_kernel
 from .kernels.tier_kernels import compact_range_kernel, stamp_kernel, stamp_range_kernel
+from .tier_space import TierSpace
 
 log = get_logger("tier")
 
@@ -176,8 +177,10 @@ class TieredRowStore(CompiledRowStore):
     def __init__(self, dim, rule, keep_last_seen: bool, count_admissions: bool, max_rows: int,
                  capacity: int = 1024, value_dtype: str = "float32", rounding: str = "nearest", seed: int = 0,
                  _probe: bool = False, *, memory_budget: int | None = None,
-                 tier_dir: str | os.PathLike | None = None, server_budget: ServerBudget | None = None):
+                 tier_dir: str | os.PathLike | None = None, server_budget: ServerBudget | None = None,
+                 table_name: str | None = None):
         self.memory_budget, self.server_budget = memory_budget, server_budget
+        self.table_name = table_name        # for errors: a full disk names the table (tier_space.py)
         self.closed = False
         self._warned = False
         self._own_dir = tier_dir is None
@@ -237,6 +240,8 @@ class TieredRowStore(CompiledRowStore):
         self._pieces_stamped = 0
         # Where each array's row 0 is, for madvise by address (spills are many: no per-call lookups).
         self._spans = [(a.ctypes.data, a.strides[0]) for a in self._tier_arrays()]
+        # Disk for rows is taken before they are written (a write into a hole of a full disk is a SIGBUS).
+        self._space = TierSpace(list(self._named_tier_arrays()), self.tier_dir, self.table_name, self.region_rows)
         # New rows come in pieces of at most ~1% of the budget (a piece is enforced after it is made).
         budget = self.memory_budget or (self.server_budget.budget if self.server_budget else 1 << 30)
         self._chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, budget // 100 // self.bytes_per_row)))
@@ -378,11 +383,13 @@ class TieredRowStore(CompiledRowStore):
         n = len(ids)
         if n <= self._chunk:
             first = self._rows
+            self._space.ensure(first + n)
             made = super().create(ids, values, version, state)
             self._stamp_new(first, self._rows)
             self._enforce()
             return made
         self.reserve(self._rows + n)        # every allocation before the first row: all or nothing stays
+        self._space.ensure(self._rows + n)
         state = state or {}
         out = np.empty(n, np.int64)
         for s, e in self._pieces(n):
@@ -396,12 +403,20 @@ class TieredRowStore(CompiledRowStore):
         # In pieces, the same rows: new ids get rows in the order they first appear either way.
         ids = np.ascontiguousarray(ids, np.uint64)
         out = np.empty(len(ids), np.int64)
+        self._ensure_space(ids)            # all or nothing: a full disk makes none of the rows
         for s, e in self._pieces(len(ids)):
             first = self._rows
             out[s:e] = super().lookup_or_create(ids[s:e], version, seed, init_scale)
             self._stamp_new(first, self._rows)
             self._enforce()
         return out
+
+    def _ensure_space(self, ids: np.ndarray) -> None:
+        """Disk for every row ``ids`` may make, before any is made; near the edge of what is
+        reserved, only for the ids not yet held (a full disk still serves the rows it has)."""
+        if self._rows + len(ids) > self._space.reserved:
+            missing = ids[self.lookup(ids) < 0]
+            self._space.ensure(self._rows + len(np.unique(missing)) if len(missing) else 0)
 
     def gather(self, rows):
         rows = np.ascontiguousarray(rows, np.int64)
@@ -505,6 +520,7 @@ class TieredRowStore(CompiledRowStore):
                 dropped = below
         for array in arrays:
             arena.release(array, len(kept))
+        self._space.released(len(kept))
         self._rows = len(kept)
         self.index.rebuild(self.keys, self._rows)
         # Rows moved: the stamps meant other rows. What was dropped is spilled; the rest is new.

@@ -89,6 +89,11 @@ def reserve_file(path, rows: int, row_shape: tuple[int, ...], dtype, minimum: in
                          offset=offset).reshape((want,) + row_shape)
 
 
+def file_offset(array: np.ndarray) -> int:
+    """Where row 0 of a ``reserve_file`` array is in its file (the mapping starts at offset 0)."""
+    return array.ctypes.data - _address(_mapping_of(array))
+
+
 def _address(area: mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(area))
 
