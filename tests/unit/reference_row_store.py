@@ -157,6 +157,14 @@ class DictRowStore:
         for r, v in zip(rows, values):
             self.rows[r][1] = self._rounded(v)
 
+    def set_state(self, rows, version, state):
+        for k, r in enumerate(np.asarray(rows).tolist()):       # one row at a time, as create does
+            fresh = [s[0].copy() for s in self.rule.init_slots((1, self.dim))]
+            self.rows[r][2] = [state[f"slot{j}"][k].copy() if f"slot{j}" in state else fresh[j]
+                               for j in range(self.slot_count)]
+            self.rows[r][3] = int(state["steps"][k]) if "steps" in state else 0
+            self.rows[r][4] = int(state["last_seen"][k]) if "last_seen" in state else version
+
     def update(self, rows, grads, scale, version=0):
         for r, g in zip(rows, grads):
             row = self.rows[r]

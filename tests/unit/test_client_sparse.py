@@ -226,3 +226,26 @@ def test_a_refusal_that_lasts_still_fails_within_the_patience():
     client.moved_patience = 1.0
     with pytest.raises(DeadlineExceeded, match="server 1 refused its push_sparse of table 't' as moved"):
         client.push_sparse("t", np.arange(64, dtype=np.uint64), np.ones((64, DIM), np.float32), step=7)
+
+
+class HoldingBoth(FakeServers):
+    """Mid-move: both servers hold rows of the moving partitions (the new owner took the copied
+    pages in, the old one has not dropped them), each with its own values."""
+
+    def request_many(self, requests):
+        out = {}
+        for server, (header, _) in requests.items():
+            assert header["op"] == "export_sparse"
+            ids = np.arange(0, 300, dtype=np.uint64)
+            out[server] = ({"dim": DIM, "seed": 1, "init_scale": 0.1, "optimizer": {}},
+                           [ids, np.full((len(ids), DIM), server, np.float32)])
+        return out
+
+
+def test_an_export_takes_each_row_from_the_server_owning_its_partition():
+    first = Routing.initial(P, ["a:1", "b:2"])
+    moved = first.moved_to(rebalance(first.owners, [1]))           # every partition to server 1
+    client = SparseClient(HoldingBoth(moved), -1, first)
+    ids, values = client.export_sparse("t")
+    np.testing.assert_array_equal(ids, np.arange(0, 300, dtype=np.uint64))
+    assert (values == 1).all(), "server 0's copies are not the job's rows any more"

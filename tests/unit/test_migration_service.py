@@ -281,7 +281,9 @@ def test_an_aborted_hand_off_gives_the_partitions_back_to_the_old_owner_untouche
     assert len(held) == 1, "the held pull is run again (and refused: the partitions are not coming)"
     with pytest.raises(Moved):
         _serve(new, new_sparse, "pull_sparse", mine[in_moving][:3])
-    assert new_sparse.table(TABLE).num_rows == 0, "nothing staged became rows"
+    assert new_sparse.table(TABLE).dropping, "the rows taken in for the aborted partitions are strays"
+    new.drop_some(budget_s=10.0)
+    assert new_sparse.table(TABLE).num_rows == 0, "the strays went, a slice at a time"
     with pytest.raises(ConfigError, match="not expecting"):
         _call(new, "handoff_done", partitions=moving)      # a late hand-off cannot land any more
     assert _call(old, "handoff_undo", partitions=moving + [1], names=[])[0] == {"restored": moving, "blocks": []}
@@ -290,5 +292,50 @@ def test_an_aborted_hand_off_gives_the_partitions_back_to_the_old_owner_untouche
     ids = mine[oracle.table(TABLE).store.lookup(mine) >= 0]
     want, got = _rows_by_id(oracle.table(TABLE), ids), _rows_by_id(old_sparse.table(TABLE), ids)
     assert old_sparse.table(TABLE).num_rows == len(ids), "the old owner dropped no row"
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_pages_become_rows_as_they_come_and_the_hand_off_writes_only_rows_touched_since():
+    """A sync move hands every partition off at one step with the trainers waiting: the copied
+    pages are rows already (never served before the hand-off: a pull is held), and the hand-off
+    writes only the rows written since the copy began, however many rows the partitions hold."""
+    routing = Routing.initial(P, ADDRESSES)
+    old, old_sparse, _ = _server(0, routing)
+    new, new_sparse, held = _server(1, routing)
+    for s in (old_sparse, new_sparse):
+        _register(s)
+    all_ids = np.arange(4000, dtype=np.uint64)
+    mine = all_ids[routing.servers_of(all_ids) == 0]
+    for _ in range(2):          # admitted at the second sighting
+        _serve(old, old_sparse, "pull_sparse", mine)
+    moving = [0, 2, 4]
+    in_moving = np.isin(partition_of(mine, P), moving)
+    _call(new, "routing_set", routing=routing.to_wire(), join=True)
+    _call(old, "migrate_start", partitions=moving)
+    _call(new, "migrate_expect", partitions=moving)
+    fields, arrays = _call(old, "migrate_page", table=TABLE, start=0, count=10_000)
+    _call(new, "migrate_stage", arrays, table=TABLE, parts=fields["parts"])
+    table = new_sparse.table(TABLE)
+    assert table.num_rows == in_moving.sum(), "the page's rows are rows here already"
+    assert _serve(new, new_sparse, "pull_sparse", mine[in_moving][:3]) == "held", "but not served yet"
+    touched = np.concatenate([mine[in_moving][:5], np.array([10**9 + p for p in range(64)], np.uint64)])
+    touched = touched[np.isin(partition_of(touched, P), moving)]          # 5 old rows, some new ones
+    grads = np.ones((len(touched), DIM), np.float32)
+    for _ in range(2):
+        _serve(old, old_sparse, "pull_sparse", touched)
+    _serve(old, old_sparse, "push_sparse", touched, grads)
+    _call(old, "handoff_freeze", partitions=moving)
+    fields, arrays = _call(old, "handoff_rows", table=TABLE, partitions=moving)
+    written = []
+    for name in ("create", "set_values"):
+        real = getattr(table.store, name)
+        setattr(table.store, name, (lambda real: lambda rows, *a, **k: written.append(len(rows)) or real(rows, *a, **k))(real))
+    _call(new, "handoff_in", arrays, table=TABLE, parts=fields["parts"])
+    _call(new, "handoff_done", partitions=moving)
+    assert sum(written) == len(touched), "the hand-off wrote the touched rows, no other"
+    assert len(held) == 1
+    ids = np.concatenate([mine[in_moving], touched[5:]])
+    want, got = _rows_by_id(old_sparse.table(TABLE), ids), _rows_by_id(table, ids)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)

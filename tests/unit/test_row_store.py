@@ -181,6 +181,34 @@ def test_drop_and_state_of_match_the_oracle(optimizer, kind):
 
 
 @each_store
+@pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
+def test_set_state_makes_a_row_again_in_place_as_create_would(optimizer, kind):
+    """A moved partition's row arriving again (server/partition_intake.py): ``set_values`` and
+    ``set_state`` write it over in place, given parts as given, the others fresh, as ``create``
+    makes a row; its handle stays."""
+    rng = np.random.default_rng(5)
+    fast, oracle = stores(optimizer, kind=kind)
+    ids = np.unique(rng.integers(0, 500, 60).astype(np.uint64))
+    grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+    for store in (fast, oracle):
+        store.create(ids, np.ones((len(ids), DIM), np.float32), version=2)
+        store.update(store.lookup(ids), grads, 0.5, 3)
+    again = ids[::2]
+    page = fast.state_of(fast.lookup(again))
+    page = {name: (a + 1).astype(a.dtype) for name, a in page.items()}
+    partial = {name: a for name, a in page.items() if name != "slot0"}       # slot0 left out: fresh
+    handles = fast.lookup(again)
+    for store in (fast, oracle):
+        store.set_values(store.lookup(again), np.full((len(again), DIM), 7, np.float32))
+        store.set_state(store.lookup(again), 9, partial)
+    assert (fast.lookup(again) == handles).all(), "rows made again in place keep their handles"
+    same(fast, oracle)
+    written = fast.state_of(handles)
+    for name in partial:
+        np.testing.assert_array_equal(written[name], partial[name], err_msg=name)
+
+
+@each_store
 def test_drops_between_growths_and_first_touches_keep_every_handle_right(kind):
     """Drops cost per id dropped (row_store.swap_plan): the index forgets ids (MOVED / tombstone
     buckets) and repoints the rows moved into the gaps, while it grows, drains and takes new ids

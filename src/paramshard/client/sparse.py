@@ -262,11 +262,16 @@ class SparseClient:
 
     def export_sparse(self, table: str, with_meta: bool = False):
         """Every server's rows of ``table`` merged, sorted by id (and the table's
-        settings as the servers hold them, with ``with_meta``)."""
+        settings as the servers hold them, with ``with_meta``). An elastic job's rows are taken
+        from the server owning their partition under server 0's routing: during a move a new
+        owner holds the rows it is taking in, and an old owner those it has not dropped yet."""
+        routing = self.refresh_routing() if self.routing.elastic else self.routing
         replies = self.links.request_many({s: ({"op": "export_sparse", "table": table}, ())
-                                           for s in self.routing.servers()})
-        ids = np.concatenate([replies[s][1][0] for s in sorted(replies)])
-        values = np.concatenate([replies[s][1][1] for s in sorted(replies)])
+                                           for s in routing.servers()})
+        owned = {s: (routing.servers_of(replies[s][1][0]) == s) if routing.elastic else slice(None)
+                 for s in replies}
+        ids = np.concatenate([replies[s][1][0][owned[s]] for s in sorted(replies)])
+        values = np.concatenate([replies[s][1][1][owned[s]] for s in sorted(replies)])
         order = np.argsort(ids, kind="stable")
         if not with_meta:
             return ids[order], values[order]

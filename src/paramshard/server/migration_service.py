@@ -78,7 +78,10 @@ class MigrationHook:
             own.note_applied(request.header["table"], _ids_of(request))
 
     def tick(self) -> None:
-        self.service.ctx.resubmit(self.service.ownership.expired(self.service.ctx.timeout))
+        expired = self.service.ownership.expired(self.service.ctx.timeout)
+        if expired:
+            self.service.drop_strays()          # rows taken in for partitions no longer expected
+        self.service.ctx.resubmit(expired)
         self.service.drop_some()
 
 
@@ -99,6 +102,10 @@ class MigrationService:
         self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried
         self.on_addresses = None     # told every routing's addresses (ParameterServer.follow_peers)
         self.dense_moves = None      # the DenseMigration beside it (an abort undoes both)
+        # Restored from a replica: rows of partitions this server does not own may have come back
+        # with it (taken in for a move, or handed away and not dropped yet when it died); they go
+        # before any of those partitions is expected here again.
+        self._strays_unknown = False
 
     def ops(self) -> dict:
         return {op: getattr(self, f"handle_{op}") for op in
@@ -133,6 +140,7 @@ class MigrationService:
             # Restored (the replica keeper's restore, a checkpoint's rollback): this server owns
             # what the job's routing says, whatever map it started with (a restart in place).
             self.ownership.restore(routing)
+            self._strays_unknown = True
         else:
             self.ownership.set_routing(routing, join=header.get("join") is True)
         addresses = self.ownership.routing.addresses
@@ -285,6 +293,17 @@ class MigrationService:
                     return dropped
         return dropped
 
+    def drop_strays(self) -> None:
+        """Rows taken in for partitions no longer expected (an aborted or stalled move) go, a
+        slice at a time: they were never served, and never will be."""
+        for name, parts in self.intake.strays(self.ownership.incoming).items():
+            table = self.sparse.tables.get(name)
+            if table is not None:
+                doomed = np.zeros(len(self.ownership.owned), bool)
+                doomed[parts] = True
+                doomed &= ~self.ownership.owned
+                table.drop_later(lambda ids, m=doomed: m[self.ownership.partitions(ids)])
+
     def _settle_drops(self) -> None:
         for table in self.sparse.tables.values():
             table.settle_drops()
@@ -297,6 +316,11 @@ class MigrationService:
 
     # -- the new owner -------------------------------------------------------
     def handle_migrate_expect(self, header: dict, arrays: list) -> Reply:
+        if self._strays_unknown:
+            not_owned = ~self.ownership.owned
+            for table in self.sparse.tables.values():
+                table.drop_later(lambda ids, m=not_owned: m[self.ownership.partitions(ids)])
+            self._strays_unknown = False
         self._settle_drops()        # rows of these partitions from an earlier stay here go first
         self.ownership.expect(header["partitions"])
         return Reply()
@@ -315,7 +339,7 @@ class MigrationService:
         parts = np.asarray(header["partitions"], np.int64)
         if not self.ownership.incoming[self.ownership._check(parts, "handoff_done")].all():
             raise ConfigError(f"handoff_done: server {self.ctx.server_id} was not expecting all of these partitions")
-        self.intake.adopt(self.sparse.tables, parts)
+        self.intake.adopt(self.sparse.tables, parts, len(self.ownership.owned))
         self.ctx.resubmit(self.ownership.adopt(parts))
         return Reply()
 
@@ -330,7 +354,8 @@ class MigrationService:
         """The new owner's side: stop expecting these partitions and blocks (their staged rows
         go); the reply says which of them are served here (handed off before the abort)."""
         owned, held = self.ownership.abort_incoming(header["partitions"])
-        self.intake.forget(np.asarray(header["partitions"], np.int64))
+        self.intake.forget()
+        self.drop_strays()
         blocks = self.dense_moves.abort_incoming(header["names"]) if self.dense_moves is not None else []
         self.ctx.resubmit(held)          # admitted again: refused as moved, or held for what is still coming
         return Reply({"owned": owned.tolist(), "blocks": blocks})

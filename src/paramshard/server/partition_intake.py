@@ -1,14 +1,16 @@
 """The new owner's side of a partition move: pages checked, staged, and made rows at the hand-off.
 
-Pages arrive while the old owner still serves (``stage``); at the hand-off come the group's
-current ids and its dirty rows (``hand_in``); ``adopt`` makes rows of the staged ones still
-current and not dirty, plus the dirty ones, with their state (server/migration_service.py).
+Pages arrive while the old owner still serves and become rows at once, never served before
+the hand-off (``stage``); at the hand-off come the rows written since (and after an eviction
+on the old owner, the group's current ids with every row: ``hand_in``), which ``adopt`` writes
+over them (server/migration_service.py).
 A page comes from the job's own coordinator, yet is checked as any input: names, dtypes and
 shapes against the table's own page layout, before anything is kept.
 """
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
 
@@ -44,67 +46,77 @@ def checked_page(table, parts: list, arrays: list) -> dict[str, np.ndarray]:
 
 
 class PartitionIntake:
+    """Rows of a page become rows of the table as the page arrives (``SparseTable.take_rows``),
+    while the old owner still serves them: the hand-off then writes only the rows touched since
+    the copy began, however large the partitions (a sync move hands every partition off at one
+    step, with the trainers waiting on it). Rows taken in are never served before their
+    partition's hand-off: a request touching them is held or refused before it reaches a table.
+    A move that stops expecting them (aborted, or stalled) leaves them as strays, dropped a
+    slice at a time (``strays``: the migration service drops them)."""
+
     def __init__(self, partitions_of):
         self.partitions_of = partitions_of
-        self.staged: dict[str, dict[int, list[dict]]] = {}    # table -> partition -> pages
-        self.handed: dict[str, dict] = {}                     # table -> the hand-off's page and version
+        self.staged: dict[str, set[int]] = {}     # table -> partitions with rows taken in
+        self.handed: dict[str, dict] = {}         # table -> the hand-off's page and version
 
     def clear(self) -> None:
         self.staged, self.handed = {}, {}
 
-    def forget(self, parts: np.ndarray) -> None:
-        """An aborted move: the staged rows of ``parts`` and any hand-off in progress go."""
+    def forget(self) -> None:
+        """The move stops expecting partitions: any hand-off in progress goes (the rows taken in
+        for them are ``strays`` now)."""
         self.handed = {}
-        for staged in self.staged.values():
-            for p in parts.tolist():
-                staged.pop(p, None)
 
     def stage(self, table, page: dict, expected: np.ndarray) -> None:
         parts = self.partitions_of(page["ids"])
         if not expected[parts].all():
             raise ConfigError("migrate_stage: rows of partitions this server does not expect")
-        staged = self.staged.setdefault(table.name, {})
-        order = np.argsort(parts, kind="stable")          # one pass, not one mask per partition
-        by_partition = {k: v[order] for k, v in page.items()}
-        present, starts = np.unique(parts[order], return_index=True)
-        ends = np.append(starts[1:], len(order))
-        for p, lo, hi in zip(present.tolist(), starts.tolist(), ends.tolist()):
-            staged.setdefault(p, []).append({k: v[lo:hi] for k, v in by_partition.items()})
+        table.take_rows(page)
+        self.staged.setdefault(table.name, set()).update(np.unique(parts).tolist())
 
     def hand_in(self, table, page: dict, version: int) -> None:
         self.handed[table.name] = {**page, "version": version}
 
-    def adopt(self, tables: dict, parts: np.ndarray) -> None:
-        """Every handed table's rows of ``parts`` made rows here; checked for each table first."""
-        made = {name: self._rows(tables[name], parts, handed) for name, handed in self.handed.items()}
-        for name, (rows, handed) in made.items():
-            self._create(tables[name], rows, handed)
+    def adopt(self, tables: dict, parts: np.ndarray, partition_count: int) -> None:
+        """Every handed table's rows of ``parts`` as the old owner holds them now; checked for
+        each table before any changes."""
+        for name, handed in self.handed.items():
+            _check_current(tables[name], parts, handed)
+        in_parts = np.zeros(partition_count, bool)
+        in_parts[parts] = True
+        for name, handed in self.handed.items():
+            table = tables[name]
+            current = handed.get("current")
+            if current is not None:
+                # An eviction on the old owner during the copy: every row of the partitions came
+                # again; rows taken in from earlier pages that it no longer holds go.
+                current_ids = pd.Index(current)
+                table.drop_now(lambda ids: in_parts[self.partitions_of(ids)] & (current_ids.get_indexer(ids) < 0))
+            rows = {n: handed[n] for n in handed if n not in ("version", *_PER_ROW_EXTRA)}
+            counters = (handed["counted_ids"], handed["counts"]) if "counted_ids" in handed else None
+            table.adopt_rows(rows, handed["version"], counters)
         self.handed = {}
         for staged in self.staged.values():
-            for p in parts.tolist():
-                staged.pop(p, None)
+            staged.difference_update(parts.tolist())
 
-    def _rows(self, table, parts: np.ndarray, handed: dict):
-        """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
-        pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
-        current, dirty = handed.get("current"), handed["ids"]
-        names = [n for n in handed if n not in ("version", *_PER_ROW_EXTRA)]
-        if current is not None:       # an eviction during the copy: every row came again
-            rows = {n: handed[n] for n in names}
-        elif pages:
-            staged = {n: np.concatenate([pg[n] for pg in pages]) for n in names}
-            keep = ~np.isin(staged["ids"], dirty)
-            rows = {n: np.concatenate([staged[n][keep], handed[n]]) for n in names}
-        else:
-            rows = {n: handed[n] for n in names}
-        if current is not None and (len(rows["ids"]) != len(current) or not np.isin(current, rows["ids"]).all()):
-            raise ConfigError(f"handoff_done: table {table.name!r}: {len(current)} rows in partitions "
-                              f"{parts[:5].tolist()}, {len(rows['ids'])} staged or handed over: they must be the same")
-        return rows, handed
+    def strays(self, incoming: np.ndarray) -> dict[str, np.ndarray]:
+        """Per table, the partitions whose rows were taken in but are no longer expected."""
+        out = {}
+        for name, staged in self.staged.items():
+            gone = [p for p in staged if not incoming[p]]
+            if gone:
+                out[name] = np.asarray(gone, np.int64)
+                staged.difference_update(gone)
+        return out
 
-    @staticmethod
-    def _create(table, rows: dict, handed: dict) -> None:
-        # A joining server starts at the hand-off's step; rows left from an earlier stay of these
-        # partitions here go first (SparseTable.adopt_rows).
-        counters = (handed["counted_ids"], handed["counts"]) if "counted_ids" in handed else None
-        table.adopt_rows(rows, handed["version"], counters)
+
+def _check_current(table, parts: np.ndarray, handed: dict) -> None:
+    """After an eviction the hand-off names the partitions' ids (``current``) and sends each
+    of their rows: the two must be the same ids."""
+    current = handed.get("current")
+    if current is None:
+        return
+    ids = handed["ids"]
+    if len(ids) != len(current) or (pd.Index(ids).get_indexer(current) < 0).any():
+        raise ConfigError(f"handoff_done: table {table.name!r}: {len(current)} rows in partitions "
+                          f"{parts[:5].tolist()}, {len(ids)} handed over: they must be the same")

@@ -32,7 +32,7 @@ class RowStateArrays:
     def keeps_last_seen(self) -> bool:
         return self.last_seen is not None
 
-    def _write_state(self, new: slice, version: int, state: Mapping[str, np.ndarray]) -> None:
+    def _write_state(self, new: slice | np.ndarray, version: int, state: Mapping[str, np.ndarray]) -> None:
         """The state of rows ``new`` (being created): ``state``'s parts where given (a checkpoint
         page's), else fresh (the rule's initial state, 0 updates, last seen at ``version``)."""
         for i, (slot, initial) in enumerate(zip(self.slots, self._slot_initials)):
@@ -44,6 +44,12 @@ class RowStateArrays:
         if self.last_seen is not None:
             given = state.get("last_seen")
             self.last_seen[new] = version if given is None else given.astype(np.uint32)
+
+    def set_state(self, rows: np.ndarray, version: int, state: Mapping[str, np.ndarray]) -> None:
+        """Overwrite the state of existing rows ``rows`` (handles, distinct) as ``create`` sets a
+        new row's: ``state``'s parts where given, else fresh (a moved partition's rows arriving
+        again: server/partition_intake.py)."""
+        self._write_state(np.asarray(rows, np.int64), version, state)
 
     def _state_page(self, rows: slice) -> dict[str, np.ndarray]:
         """Rows ``rows``' state by part name (``slot0``.., ``steps``, ``last_seen``), copies."""

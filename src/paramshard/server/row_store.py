@@ -104,6 +104,11 @@ class RowStore(Protocol):
         update completes (SparseTable.version before it); only stochastic rounding reads it,
         so no row is ever rounded with the same random bits twice."""
 
+    def set_state(self, rows: np.ndarray, version: int, state: Mapping[str, np.ndarray]) -> None:
+        """Overwrite the state of distinct existing rows ``rows`` as ``create`` sets a new row's:
+        ``state``'s parts where given, else fresh (initial state, 0 updates, last seen at
+        ``version``). With ``set_values``, a row made again in place: its handle stays."""
+
     def set_rule(self, rule) -> None:
         """Update rows with ``rule`` from now on: the same kind of rule (same state arrays) at
         another learning rate (Trainer.scale_learning_rate)."""

@@ -399,24 +399,46 @@ class SparseTable:
     def counters(self) -> tuple[np.ndarray, np.ndarray] | None:
         return self.store.counters()
 
-    def adopt_rows(self, rows: dict[str, np.ndarray], version: int, counters=None) -> None:
-        """Rows handed over by their old owner (ids, values, state) made rows here, with their
-        admission counters ``(ids, counts)``; ids that still have a row from an earlier stay of
-        their partition here lose it first. The table starts at ``version`` if it is behind."""
+    def take_rows(self, rows: dict[str, np.ndarray]) -> None:
+        """Rows of a partition on its way here (a move's copied page: ids, values, state) made
+        rows now, an id that has one already overwritten in place. They are not served before
+        the hand-off (their partitions are held or refused before a request reaches the table),
+        so the hand-off has only the rows written since the copy left to take (``adopt_rows``)."""
+        ids = rows["ids"]
+        if len(pd.unique(ids)) != len(ids):
+            raise ConfigError(f"table {self.name!r}: a moved page names some ids twice")
         self.settle_drops()
-        self.version = max(self.version, version)
-        stale = self.store.lookup(rows["ids"])
-        if (stale >= 0).any():
-            self.store.drop(rows["ids"][stale >= 0])
-            self._rows_moved()
+        handles = self.store.lookup(ids)
+        have = handles >= 0
         state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
-        self.reserve(self.num_rows + len(rows["ids"]))
-        before = self.num_rows
-        self._create(rows["ids"], rows["values"], self.version, state)
-        if self.changes is not None:        # bounded-loss: the replica takes the adopted rows too
-            self.changes.grew(before, self.num_rows)
+        if have.any():
+            # In place, so no row moves: a whole-table copy (replication) goes on by page.
+            self.store.set_values(handles[have], rows["values"][have])
+            self.store.set_state(handles[have], self.version, {n: a[have] for n, a in state.items()})
+            if self.changes is not None:
+                self.changes.rows(handles[have])
+        if not have.all():
+            new = ~have
+            self.reserve(self.num_rows + int(new.sum()))
+            before = self.num_rows
+            self._create(ids[new], rows["values"][new], self.version, {n: a[new] for n, a in state.items()})
+            if self.changes is not None:        # bounded-loss: the replica takes these rows too
+                self.changes.grew(before, self.num_rows)
+
+    def adopt_rows(self, rows: dict[str, np.ndarray], version: int, counters=None) -> None:
+        """The hand-off: rows written since the copy (or every row of the partitions, after an
+        eviction) made rows here as ``take_rows`` does, with the admission counters ``(ids,
+        counts)``. The table starts at ``version`` if it is behind."""
+        self.version = max(self.version, version)
+        self.take_rows(rows)
         if counters is not None and len(counters[0]):
             self.store.restore_counts(counters[0], counters[1].astype(np.uint32))
+
+    def drop_now(self, doomed: Callable[[np.ndarray], np.ndarray]) -> int:
+        """Drop the rows whose ids ``doomed`` says, at once (rare: a move's rows that an eviction
+        on their old owner made stale); how many went."""
+        self.drop_later(doomed)
+        return self.settle_drops()
 
     def drop_later(self, doomed: Callable[[np.ndarray], np.ndarray]) -> None:
         """Drop the rows whose ids ``doomed`` says (a mask), a slice at a time (``drop_some``),

@@ -435,6 +435,11 @@ class TieredRowStore(CompiledRowStore):
         for s, e in self._stamped(rows):
             super().set_values(rows[s:e], values[s:e])
 
+    def set_state(self, rows, version, state):
+        rows = np.ascontiguousarray(rows, np.int64)
+        for s, e in self._stamped(rows):
+            super().set_state(rows[s:e], version, {k: v[s:e] for k, v in state.items()})
+
     def update(self, rows, grads, scale, version=0):
         rows = np.ascontiguousarray(rows, np.int64)
         for s, e in self._stamped(rows):
