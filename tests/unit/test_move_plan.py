@@ -621,3 +621,20 @@ def test_a_failed_final_routing_still_ends_the_turn():
         plan.result()
     assert caught.value.moved and caught.value.step.op == "routing_set"
     assert (0, "exclude_end") in ops and not servers[0].turn
+
+
+def test_the_copy_is_pipelined_every_source_pages_while_the_new_owners_take_pages_in():
+    """One round trip a page: a copy Ready asks every source for its next page and gives the new
+    owner the pages the round before brought (2 -> 3: servers 0 and 1 both give to server 2)."""
+    addresses, routing, servers = _cluster(2, 3, sync=False)
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=4, page_rows=3)
+    copies = []
+    while (ready := plan.ready()) is not None:
+        if ready.phase == "copy":
+            copies.append(sorted((step.server, step.op) for step in ready.steps))
+        plan.feed(ready.number, [servers[step.server].handle(step.header, step.arrays) for step in ready.steps])
+    plan.result()
+    assert copies[0] == [(0, "migrate_page"), (1, "migrate_page")], "the sources page side by side"
+    pages = {s: sum(step == (s, "migrate_page") for c in copies for step in c) for s in (0, 1)}
+    assert len(copies) == max(pages.values()) + 1, "a round per page, and one to take the last pages in"
+    assert any((2, "migrate_stage") in c and (0, "migrate_page") in c for c in copies)

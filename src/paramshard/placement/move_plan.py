@@ -345,34 +345,54 @@ class MovePlan:
             yield "prepare", [Step(s, {"op": "dense_expect", "names": mine})]
 
     def _copy(self, w: "_Work") -> Generator:
-        """Every moving partition's rows, page by page, from its owner to its new one (staged there)."""
-        for source in sorted(set(w.routing.owners[w.moving].tolist())):
-            for table in w.tables:
-                start = 0
-                while True:
-                    (header, arrays), = yield "copy", [Step(source, {"op": "migrate_page", "table": table,
-                                                                     "start": start, "count": self.page_rows})]
-                    yield from self._forward(w, "migrate_stage", table, header["parts"], arrays)
-                    start += self.page_rows
-                    if start >= header["total"]:
-                        break
+        """Every moving partition's rows, page by page, from its owner to its new one (rows there
+        at once, served from the hand-off on). Pipelined: each round asks every source for its
+        next page and gives the new owners the pages the round before brought, so sources page
+        and new owners take pages in at the same time (one round trip a page, not two, and the
+        sources side by side)."""
+        work = {source: [[table, 0] for table in w.tables]
+                for source in sorted(set(w.routing.owners[w.moving].tolist()))}
+        brought: list[tuple[str, list, list]] = []          # (table, parts, arrays) of the last round
+        while work or brought:
+            asks = [(source, *todo[0]) for source, todo in work.items()]
+            steps = [Step(source, {"op": "migrate_page", "table": table, "start": start, "count": self.page_rows})
+                     for source, table, start in asks]
+            for table, parts, arrays in brought:
+                steps.extend(self._split(w, "migrate_stage", table, parts, arrays))
+            if not steps:
+                break
+            replies = yield "copy", steps
+            brought = []
+            for (source, table, start), (header, arrays) in zip(asks, replies):
+                brought.append((table, header["parts"], arrays))
+                todo = work[source]
+                todo[0][1] = start + self.page_rows
+                if todo[0][1] >= header["total"]:
+                    todo.pop(0)
+                    if not todo:
+                        del work[source]
 
     def _forward(self, w: "_Work", op: str, table: str, parts: list, arrays: list, to: int | None = None,
                  **fields) -> Generator:
         """A page's rows to the servers their partitions go to (or all of it to ``to``)."""
+        steps = self._split(w, op, table, parts, arrays, to, **fields)
+        if steps:
+            yield ("handoff" if to is not None else "copy"), steps
+
+    def _split(self, w: "_Work", op: str, table: str, parts: list, arrays: list, to: int | None = None,
+               **fields) -> list[Step]:
+        """The steps that give a page's rows to the servers their partitions go to (or all of it to
+        ``to``), one per server; counted in the record."""
         named = dict(zip(parts, arrays))
         self.record.bytes += sum(a.nbytes for a in arrays)
         if to is not None:
-            yield "handoff", [Step(to, {"op": op, "table": table, "parts": list(parts), **fields}, tuple(arrays))]
-            return
+            return [Step(to, {"op": op, "table": table, "parts": list(parts), **fields}, tuple(arrays))]
         if not len(named["ids"]):
-            return
+            return []
         self.record.rows += len(named["ids"])
         dest = w.owners[partition_of(named["ids"], w.routing.partitions)]
-        for s in np.unique(dest).tolist():
-            mine = dest == s
-            yield "copy", [Step(s, {"op": op, "table": table, "parts": list(parts)},
-                                tuple(named[k][mine] for k in parts))]
+        return [Step(s, {"op": op, "table": table, "parts": list(parts)}, tuple(named[k][dest == s] for k in parts))
+                for s in np.unique(dest).tolist()]
 
     def _arm(self, servers: list[int], version: int) -> Generator:
         """Sync: the step at which routing ``version`` takes over, armed on every server: ``margin``
