@@ -418,8 +418,9 @@ class SparseTable:
             if self.changes is not None:
                 self.changes.rows(handles[have])
         if not have.all():
+            # No reserve(): it rebuilds the index at once past its load, a stall of seconds on a
+            # server of millions of rows that also serves; create() grows it a slice at a time.
             new = ~have
-            self.reserve(self.num_rows + int(new.sum()))
             before = self.num_rows
             self._create(ids[new], rows["values"][new], self.version, {n: a[new] for n, a in state.items()})
             if self.changes is not None:        # bounded-loss: the replica takes these rows too
