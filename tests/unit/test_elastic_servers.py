@@ -121,3 +121,38 @@ def test_a_named_host_reaches_the_engines_address_and_only_when_servers_start():
     assert "started servers [2]" in servers.scale(3, host="10.0.0.3")
     servers.move.join(5)
     assert asked == ["10.0.0.3"] and launcher.started[-1].env.servers[2] == "10.0.0.3:9"
+
+
+def test_remove_moves_away_exactly_the_servers_named_not_the_highest():
+    """scale --remove-host: server 1 of three (its host goes) gives its share to servers 0 and 2, then
+    retires as a scale down's removed server does; the next scale counts from what serves."""
+    launcher, servers, moves, gate = make()
+    assert "started servers [2]" in servers.scale(3)
+    gate.set()
+    servers.move.join(5)
+    with pytest.raises(ConfigError, match=r"servers \[0\]: only serving servers other than server 0"):
+        servers.remove([0])
+    with pytest.raises(ConfigError, match=r"servers \[5\]: only serving servers"):
+        servers.remove([5])
+    assert servers.remove([1]) == [0, 2]
+    servers.move.join(5)
+    assert moves[-1] == (["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 2])
+    assert servers.serving == [0, 2] and servers.retired == {1}
+    assert launcher.told[-1][0][0] == "removed" and launcher.told[-1][1]["server"] == 1
+    servers.retiring.join(5)
+    assert launcher.retired[-1] == (["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [1])
+    assert "moving the partitions of servers [2]" in servers.scale(1)
+    servers.move.join(5)
+    assert moves[-1] == (["127.0.0.1:1", "", "127.0.0.1:3"], [0])
+
+
+def test_remove_is_refused_during_a_move_and_without_partitions():
+    launcher, servers, moves, gate = make()
+    servers.scale(3)
+    with pytest.raises(ConfigError, match="a move of partitions is under way"):
+        servers.remove([1])
+    gate.set()
+    servers.move.join(5)
+    _, fixed, _, _ = make(partitions=0)
+    with pytest.raises(ConfigError, match=r"servers \[1\]: this job routes ids by a fixed hash"):
+        fixed.remove([1])

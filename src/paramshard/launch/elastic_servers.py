@@ -96,7 +96,7 @@ class ElasticServers:
         if not self.env.partitions:
             raise ConfigError(f"--servers {n}: this job routes ids by a fixed hash; launch it with --partitions P "
                               f"(virtual partitions, e.g. 1024) to add or remove servers while it runs")
-        if self.move is not None and self.move.is_alive():
+        if self.moving():
             raise ConfigError(f"--servers {n}: a move of partitions is under way; ask again when it ended "
                               f"(a scale_end event in the run directory)")
         if n < 1:
@@ -121,12 +121,36 @@ class ElasticServers:
         else:
             added, target = [], before[:n]
         removed = [s for s in before if s not in target]
-        self.move = threading.Thread(target=self._run, args=(target, added, removed), name="server-move",
-                                     daemon=True)
-        self.move.start()
+        self._begin(target, added, removed)
         what = (f"started servers {added}; moving their partitions to them" if added else
                 f"moving the partitions of servers {removed} to the others")
         return f"{what} in the background ({len(before)} -> {n} servers; a scale_end event marks the end)"
+
+    def moving(self) -> bool:
+        return self.move is not None and self.move.is_alive()
+
+    def remove(self, servers: list[int]) -> list[int]:
+        """Move the partitions and dense blocks of exactly ``servers`` (serving ones, not server 0)
+        to the other serving servers, in the background; they then retire and exit as the highest
+        ones a scale down removes do. Returns the servers that keep serving. The caller checked
+        the request (launch/host_removal.py); these checks guard the move itself."""
+        if not self.env.partitions:
+            raise ConfigError(f"servers {servers}: this job routes ids by a fixed hash; they cannot give their "
+                              f"ids away (launch it with --partitions P)")
+        if self.moving():
+            raise ConfigError(f"a move of partitions is under way; ask again when it ended (a scale_end event in "
+                              f"the run directory)")
+        if 0 in servers or not set(servers) <= set(self.serving):
+            raise ConfigError(f"servers {servers}: only serving servers other than server 0 can be removed "
+                              f"(serving: {self.serving})")
+        target = [s for s in self.serving if s not in servers]
+        self._begin(target, [], sorted(servers))
+        return target
+
+    def _begin(self, target: list[int], added: list[int], removed: list[int]) -> None:
+        self.move = threading.Thread(target=self._run, args=(target, added, removed), name="server-move",
+                                     daemon=True)
+        self.move.start()
 
     def _start_server(self, host: str | None = None) -> int:
         index = len(self.addresses)
