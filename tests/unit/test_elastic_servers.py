@@ -156,3 +156,36 @@ def test_remove_is_refused_during_a_move_and_without_partitions():
     _, fixed, _, _ = make(partitions=0)
     with pytest.raises(ConfigError, match=r"servers \[1\]: this job routes ids by a fixed hash"):
         fixed.remove([1])
+
+
+class Ended:
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_a_removed_server_that_stopped_by_itself_is_said_to_exit_not_to_keep_running(caplog):
+    """The retire request finds the removed server gone (it stopped once no trainer was connected:
+    seen on `scale --remove-host`, its host's trainer leaving as it retired): it exited, and the log
+    says so instead of "keep running, idle"."""
+    launcher, servers, _, gate = make()
+    gate.set()
+
+    def gone(env, addresses, removed, version):
+        raise ConnectionError("launcher (retiring servers) lost its connection to server 1")
+    servers._retire = gone
+    launcher.servers = ["p0", Ended(0)]
+    caplog.set_level("INFO", logger="paramshard.launch")
+    servers.scale(1)
+    servers.move.join(5)
+    servers.retiring.join(5)
+    assert "servers [1] exit: they stopped by themselves" in caplog.text and "keep running" not in caplog.text
+    servers._exited = lambda removed: False                   # still running: it does keep running
+    servers.scale(2)
+    servers.move.join(5)
+    servers.scale(1)
+    servers.move.join(5)
+    servers.retiring.join(5)
+    assert "keep running, idle, until the job ends: launcher (retiring servers) lost" in caplog.text

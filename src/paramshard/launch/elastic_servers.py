@@ -214,7 +214,24 @@ class ElasticServers:
             if self._retire(self.env, addresses, removed, version):
                 log.info("servers %s exit: no trainer routes to them any more", removed)
         except Exception as exc:     # noqa: BLE001 - the job goes on; they stay, idle, as before
-            log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
+            # A removed server also stops by itself once no trainer is connected to it: trainers drop
+            # their links to a retired server, and one that left counts as gone (seen when a removed
+            # host's trainers leave as its servers retire). The retire request then finds it gone.
+            if self._exited(removed):
+                log.info("servers %s exit: they stopped by themselves once no trainer was connected to them",
+                         removed)
+            else:
+                log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
+
+    def _exited(self, servers: list[int], patience: float = 10.0, clock=time.monotonic) -> bool:
+        """Whether the processes of ``servers`` all ended, given ``patience`` seconds to (an SSH
+        rank's end reaches the launcher when its ssh session closes)."""
+        deadline = clock() + patience
+        while True:
+            ended = [getattr(self.launcher.servers[s], "poll", lambda: None)() is not None for s in servers]
+            if all(ended) or clock() >= deadline:
+                return all(ended)
+            time.sleep(0.1)
 
     def _tell(self, change: str, text: str, server: int) -> None:
         log.info("%s", text)
