@@ -13,7 +13,9 @@ change how many servers hold its sparse tables while it trains:
   requests carry a routing version under which it owns nothing (server 0 says which each one
   carried, ``routing_get``), no trainer will send it data again, and trainers fetch the routing
   before they ``leave`` or ask every server, so it is told to exit (``retire`` with ``exit``: ``stop_when_unneeded``). Its index is never used again;
-  the moves that follow are given "" for it, so nothing connects to it.
+  the moves that follow are given "" for it, so nothing connects to it;
+- remove (``scale --remove-host HOST``: launch/host_removal.py): the same move and retirement for
+  exactly the servers named (those on the host), whatever their index.
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
 time. Changes are told to ``Launcher.membership_listeners`` (role
