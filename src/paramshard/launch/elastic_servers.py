@@ -194,6 +194,9 @@ class ElasticServers:
             return
         self.serving = list(target)
         self.retired.update(removed)
+        if getattr(record, "unfinished", None):
+            log.info("the move is done; removed servers did not answer its tidying (they may have stopped by "
+                     "themselves, owning nothing): %s", "; ".join(record.unfinished))
         for s in added:
             self._tell("added", f"server {s} ({self.addresses[s]}) holds its share of the partitions", s)
         for s in removed:
