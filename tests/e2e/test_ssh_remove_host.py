@@ -107,6 +107,7 @@ def test_removing_a_host_moves_its_servers_ids_away_and_its_trainers_out_and_sum
                 os.killpg(launcher.pid, 9)
                 launcher.wait()
         wait_until_none(hosts, [0, 1], job, deadline=15)
+    assert events(run_dir, "scale_failed") == []
     (removed,) = events(run_dir, "host_removed")
     assert (removed["host"], removed["servers"], removed["servers_after"], removed["trainers"]) == \
         (h2, [1, 3], [0, 2], [1]), removed
