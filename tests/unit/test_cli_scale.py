@@ -77,7 +77,51 @@ def test_an_ended_job_is_answered_with_its_end_without_asking(sent, tmp_path):
     assert sent == []
 
 
-def test_remove_host_is_refused_with_its_reason_before_anything_is_sent(sent, tmp_path):
-    with pytest.raises(ConfigError, match="a host cannot leave a running job yet"):
+def test_remove_host_is_sent_alone_and_the_launchers_answer_shown(sent, tmp_path, capsys):
+    write_config(tmp_path, trainers=3, min_trainers=1, partitions=1024)
+    assert scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3")) == 0
+    assert sent == [("remove_host", "10.0.0.3")] and capsys.readouterr().out == "ok\n"
+
+
+@pytest.mark.parametrize("extra", [("--trainers", "2"), ("--servers", "2"), ("--add-host", "h"),
+                                   ("--servers", "2", "--on", "h")])
+def test_remove_host_with_another_change_is_refused_before_anything_is_sent(sent, tmp_path, extra):
+    with pytest.raises(ConfigError, match=r"--remove-host 10.0.0.3: give it alone \(not with --.*\); once its "
+                                          r"trainers left, `scale --trainers N` starts others on the remaining hosts"):
+        scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3", *extra))
+    assert sent == []
+
+
+def test_remove_host_on_an_ended_job_is_answered_without_asking(sent, tmp_path):
+    import json
+    write_config(tmp_path, trainers=3, min_trainers=1, partitions=1024)
+    (tmp_path / "summary.json").write_text(json.dumps({"job_id": "j", "ended": 1_790_000_000.0, "exit_code": 0}))
+    with pytest.raises(ConfigError, match=r"the job j ended at .*: there is nothing to change"):
         scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3"))
     assert sent == []
+
+
+def test_the_launchers_refusal_of_remove_host_reaches_the_user(tmp_path):
+    """Through the real channel: a launcher that is not an SSH one (the base Launcher's handler)
+    answers why, and the command shows it as its error."""
+    import threading
+    from paramshard.launch.control_channel import ControlChannel
+    from paramshard.launch.launcher import Launcher
+    tmp_path.chmod(0o700)
+    write_config(tmp_path, trainers=3, min_trainers=1, partitions=1024)
+    channel = ControlChannel(tmp_path)
+    channel.register("remove_host", Launcher(engine=None)._remove_host, value_type=str)
+    stop = threading.Event()
+
+    def launcher_loop():
+        while not stop.is_set():
+            channel.poll()
+            stop.wait(0.02)
+    poller = threading.Thread(target=launcher_loop)
+    poller.start()
+    try:
+        with pytest.raises(ConfigError, match=r"--remove-host 10.0.0.3: this job was not launched over SSH"):
+            scale.run(parse(str(tmp_path), "--remove-host", "10.0.0.3", "--wait", "10"))
+    finally:
+        stop.set()
+        poller.join(5)

@@ -121,3 +121,71 @@ def test_a_named_host_reaches_the_engines_address_and_only_when_servers_start():
     assert "started servers [2]" in servers.scale(3, host="10.0.0.3")
     servers.move.join(5)
     assert asked == ["10.0.0.3"] and launcher.started[-1].env.servers[2] == "10.0.0.3:9"
+
+
+def test_remove_moves_away_exactly_the_servers_named_not_the_highest():
+    """scale --remove-host: server 1 of three (its host goes) gives its share to servers 0 and 2, then
+    retires as a scale down's removed server does; the next scale counts from what serves."""
+    launcher, servers, moves, gate = make()
+    assert "started servers [2]" in servers.scale(3)
+    gate.set()
+    servers.move.join(5)
+    with pytest.raises(ConfigError, match=r"servers \[0\]: only serving servers other than server 0"):
+        servers.remove([0])
+    with pytest.raises(ConfigError, match=r"servers \[5\]: only serving servers"):
+        servers.remove([5])
+    assert servers.remove([1]) == [0, 2]
+    servers.move.join(5)
+    assert moves[-1] == (["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [0, 2])
+    assert servers.serving == [0, 2] and servers.retired == {1}
+    assert launcher.told[-1][0][0] == "removed" and launcher.told[-1][1]["server"] == 1
+    servers.retiring.join(5)
+    assert launcher.retired[-1] == (["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], [1])
+    assert "moving the partitions of servers [2]" in servers.scale(1)
+    servers.move.join(5)
+    assert moves[-1] == (["127.0.0.1:1", "", "127.0.0.1:3"], [0])
+
+
+def test_remove_is_refused_during_a_move_and_without_partitions():
+    launcher, servers, moves, gate = make()
+    servers.scale(3)
+    with pytest.raises(ConfigError, match="a move of partitions is under way"):
+        servers.remove([1])
+    gate.set()
+    servers.move.join(5)
+    _, fixed, _, _ = make(partitions=0)
+    with pytest.raises(ConfigError, match=r"servers \[1\]: this job routes ids by a fixed hash"):
+        fixed.remove([1])
+
+
+class Ended:
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+
+def test_a_removed_server_that_stopped_by_itself_is_said_to_exit_not_to_keep_running(caplog):
+    """The retire request finds the removed server gone (it stopped once no trainer was connected:
+    seen on `scale --remove-host`, its host's trainer leaving as it retired): it exited, and the log
+    says so instead of "keep running, idle"."""
+    launcher, servers, _, gate = make()
+    gate.set()
+
+    def gone(env, addresses, removed, version):
+        raise ConnectionError("launcher (retiring servers) lost its connection to server 1")
+    servers._retire = gone
+    launcher.servers = ["p0", Ended(0)]
+    caplog.set_level("INFO", logger="paramshard.launch")
+    servers.scale(1)
+    servers.move.join(5)
+    servers.retiring.join(5)
+    assert "servers [1] exit: they stopped by themselves" in caplog.text and "keep running" not in caplog.text
+    servers._exited = lambda removed: False                   # still running: it does keep running
+    servers.scale(2)
+    servers.move.join(5)
+    servers.scale(1)
+    servers.move.join(5)
+    servers.retiring.join(5)
+    assert "keep running, idle, until the job ends: launcher (retiring servers) lost" in caplog.text

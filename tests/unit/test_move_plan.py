@@ -315,14 +315,20 @@ def test_every_interleaving_of_faults_ends_done_or_cleanly_aborted(scenario, per
         _check_aborted(failed, servers, links, routing, moving)
         return
     assert record.partitions == len(moving)
+    # A removed server that did not answer its tidying (dead, or it stopped by itself) may keep rows
+    # and blocks it handed away: it owns nothing and nobody routes to it. Only a removed one.
+    untidy = {int(u.split(" on server ")[1].split()[0]) for u in record.unfinished}
+    assert untidy <= set(range(len(servers))) - set(after), record.unfinished
     for q in range(P):
         holders = [s.index for s in servers if q in s.owned]
         assert holders == [int(target[q])], f"partition {q} is served by {holders}, its new owner is {target[q]}"
-        assert [s.index for s in servers if q in s.rows] == holders, f"partition {q}: rows left behind"
-    assert not any(s.incoming or s.copying or s.lost or s.blocks_in or s.gone for s in servers)
+        assert [s.index for s in servers if q in s.rows and s.index not in untidy] == holders, \
+            f"partition {q}: rows left behind"
+    assert not any(s.incoming or s.copying or s.lost or s.blocks_in or s.gone for s in servers
+                   if s.index not in untidy)
     final = servers[0].routing
     assert np.array_equal(final.owners, target) and final.version == record.routing_version
-    assert sorted(b for s in servers for b in s.blocks) == BLOCKS
+    assert sorted(b for s in servers for b in s.blocks - (s.gone if s.index in untidy else set())) == BLOCKS
     assert set(final.blocks.values()) <= set(after)
     assert sorted(q for s in servers for q in s.adoptions) == sorted(moving), "a moving partition not handed once"
     assert not servers[0].turn, "the move ended holding the turn: checkpoints would wait for ever"
@@ -638,3 +644,32 @@ def test_the_copy_is_pipelined_every_source_pages_while_the_new_owners_take_page
     pages = {s: sum(step == (s, "migrate_page") for c in copies for step in c) for s in (0, 1)}
     assert len(copies) == max(pages.values()) + 1, "a round per page, and one to take the last pages in"
     assert any((2, "migrate_stage") in c and (0, "migrate_page") in c for c in copies)
+
+
+@pytest.mark.parametrize("removed, after", [(2, [0, 1]), (1, [0, 2])])
+def test_a_removed_server_gone_before_its_tidying_leaves_the_move_done(removed, after):
+    """`scale --remove-host`: a removed server may stop by itself once the final routing lets its
+    trainers go (some left, the others let go of it), before it is sent migrate_finish and retire.
+    It owns nothing by then: the move is done, the steps it missed are noted, the others finish."""
+    addresses, routing, servers = _cluster(3, 3, sync=False)
+    plan = MovePlan(addresses, after, per_handoff=16, page_rows=3)
+    final_sent = []
+
+    def answer(step):
+        if step.op == "routing_set" and step.header["routing"]["addresses"][removed] == "":
+            final_sent.append(step.server)
+        if step.server == removed and removed in final_sent and step.op != "routing_set":   # it stopped since
+            return ServerUnavailable(f"scaler lost its connection to server {removed}")
+        return None
+
+    ops = _drive(plan, servers, answer)
+    record = plan.result()
+    assert record.servers_after == after and record.partitions > 0
+    missed = [u.split(" (")[0] for u in record.unfinished]
+    assert missed[0] == f"migrate_finish on server {removed}" and missed[-1] == f"retire on server {removed}"
+    assert all(m.endswith(f" on server {removed}") for m in missed) and len(missed) <= 3, missed
+    kept = [s for s in range(3) if s != removed]
+    assert all((s, "migrate_finish") in ops for s in kept) and (0, "exclude_end") in ops
+    for s in kept:
+        assert not servers[s].copying and not servers[s].gone
+    assert not servers[0].turn

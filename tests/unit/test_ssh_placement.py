@@ -147,3 +147,22 @@ def test_a_new_server_goes_to_the_host_a_request_names_if_the_job_may_use_it():
     placement.add_host("10.0.0.9")
     assert placement.new_server_address("10.0.0.9").startswith("10.0.0.9:")
     assert [p for p in fakes.probed if p[1] == 1] == [("u@10.0.0.2", 1)] * 2 + [("10.0.0.9", 1)]
+
+
+def test_a_removed_host_is_never_placed_on_again_and_may_be_added_back():
+    placement, fakes = make(["10.0.0.1", "10.0.0.1"], hosts="10.0.0.1,root@10.0.0.2")
+    assert placement.find("10.0.0.2").target == "root@10.0.0.2"
+    assert placement.find("root@10.0.0.2").host == "10.0.0.2"
+    with pytest.raises(ConfigError, match=r"--remove-host other@10.0.0.2: not one of this job's hosts "
+                                          r"\(10.0.0.1, root@10.0.0.2\)"):
+        placement.find("other@10.0.0.2")
+    assert placement.pick("trainer").host == "10.0.0.2"          # the least loaded, until removed
+    placement.remove_host(placement.find("10.0.0.2"))
+    assert placement.pick("trainer").host == "10.0.0.1" and placement.pick("server").host == "10.0.0.1"
+    with pytest.raises(ConfigError, match="not one of the hosts this job may start a server on"):
+        placement.new_server_address("10.0.0.2")
+    with pytest.raises(ConfigError, match="10.0.0.2 was removed from this job already"):
+        placement.find("10.0.0.2")
+    assert "10.0.0.2" in placement.engine_hosts       # its ranks still running are stopped through it
+    assert "added to the job" in placement.add_host("root@10.0.0.2")
+    assert placement.pick("trainer").host == "10.0.0.2"

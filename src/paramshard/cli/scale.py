@@ -1,7 +1,7 @@
-"""`paramshard scale JOB --trainers N | --servers N | --add-host HOST`: change a running job's
-trainers (an elastic job, launched with --trainers MIN:MAX), its servers (launched with
---partitions P), or add a host to a running SSH job, through the launcher's run directory
-(launch/control_channel.py).
+"""`paramshard scale JOB --trainers N | --servers N | --add-host HOST | --remove-host HOST`: change a
+running job's trainers (an elastic job, launched with --trainers MIN:MAX), its servers (launched with
+--partitions P), or add a host to a running SSH job or take one off it, through the launcher's run
+directory (launch/control_channel.py).
 
 What the run directory already tells is answered at once, without asking the launcher: a job
 that ended (control_channel.ended), and one that was not launched elastic in the way asked
@@ -16,11 +16,12 @@ from ..errors import ConfigError
 from ..launch.control_channel import ended, resolve_run_dir, send
 
 HELP = ("change the trainers or servers of a running elastic job, or add a host to a running SSH job "
-        "(new ranks then go there)")
+        "(new ranks then go there) or remove one")
 EXAMPLE = ("paramshard scale runs/20261123-181500-job-ab12cd34ef56 --trainers 4",
            "paramshard scale job-ab12cd34ef56 --servers 3",
            "paramshard scale job-ab12cd34ef56 --add-host 10.0.0.7 --trainers 4",
-           "paramshard scale job-ab12cd34ef56 --servers 4 --on 10.0.0.5")
+           "paramshard scale job-ab12cd34ef56 --servers 4 --on 10.0.0.5",
+           "paramshard scale job-ab12cd34ef56 --remove-host 10.0.0.7")
 
 
 def add_arguments(p):
@@ -37,8 +38,10 @@ def add_arguments(p):
                         "launcher probes it and copies the workspace if the job dispatches one; new trainers and "
                         "servers go to the least loaded host, so the next ones go there")
     p.add_argument("--remove-host", metavar="HOST",
-                   help="SSH jobs: not supported yet (refused with the reason): a host stays one of the job's "
-                        "hosts until the job ends")
+                   help="SSH jobs: take HOST off the running job: its servers hand their partitions and dense "
+                        "blocks to the others and exit, its trainers leave at their next step boundary (the job "
+                        "runs that many fewer: --trainers N starts others), and no new rank goes there; refused "
+                        "if it runs server 0 or trainer 0, or its trainers leaving would go below the minimum")
     p.add_argument("--on", metavar="HOST", help="with --servers, SSH jobs: start the new servers on HOST (one of the "
                                                 "job's hosts, or the one --add-host adds) instead of the least "
                                                 "loaded host")
@@ -74,11 +77,7 @@ def not_elastic(launch: dict | None, kind: str, value: int) -> str | None:
 
 def run(args) -> int:
     if args.remove_host:
-        # Not built yet: the host's servers would have to move their partitions away and stop, its
-        # trainers leave, and the SSH placement drop it; refused before anything is sent.
-        raise ConfigError(f"--remove-host {args.remove_host}: a host cannot leave a running job yet (its servers "
-                          f"would have to hand their partitions over and stop, its trainers leave); scale its "
-                          f"ranks down instead (--trainers N, --servers N: the highest ones go), the host stays")
+        return remove_host(args)
     asked = [(kind, value) for kind, value in (("trainers", args.trainers), ("servers", args.servers))
              if value is not None]
     if len(asked) > 1 or not (asked or args.add_host):
@@ -99,4 +98,21 @@ def run(args) -> int:
         print(send(run_dir, "add_host", args.add_host, timeout=args.wait))
     for kind, value in asked:
         print(send(run_dir, kind, value, timeout=args.wait, host=args.on))
+    return 0
+
+
+def remove_host(args) -> int:
+    """``--remove-host HOST``, alone: the launcher checks it whole (launch/host_removal.py) and answers
+    what it moved and asked; replacements for the host's trainers are a later ``--trainers N`` (their
+    slots are free once they left)."""
+    others = [flag for flag, value in (("--trainers", args.trainers), ("--servers", args.servers),
+                                       ("--add-host", args.add_host), ("--on", args.on)) if value is not None]
+    if others:
+        raise ConfigError(f"--remove-host {args.remove_host}: give it alone (not with {', '.join(others)}); once "
+                          f"its trainers left, `scale --trainers N` starts others on the remaining hosts")
+    run_dir = resolve_run_dir(args.job)
+    over = ended(run_dir)
+    if over:
+        raise ConfigError(f"{over}: there is nothing to change (`paramshard report {run_dir}` tells what it did)")
+    print(send(run_dir, "remove_host", args.remove_host, timeout=args.wait))
     return 0

@@ -13,7 +13,9 @@ change how many servers hold its sparse tables while it trains:
   requests carry a routing version under which it owns nothing (server 0 says which each one
   carried, ``routing_get``), no trainer will send it data again, and trainers fetch the routing
   before they ``leave`` or ask every server, so it is told to exit (``retire`` with ``exit``: ``stop_when_unneeded``). Its index is never used again;
-  the moves that follow are given "" for it, so nothing connects to it.
+  the moves that follow are given "" for it, so nothing connects to it;
+- remove (``scale --remove-host HOST``: launch/host_removal.py): the same move and retirement for
+  exactly the servers named (those on the host), whatever their index.
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
 time. Changes are told to ``Launcher.membership_listeners`` (role
@@ -96,7 +98,7 @@ class ElasticServers:
         if not self.env.partitions:
             raise ConfigError(f"--servers {n}: this job routes ids by a fixed hash; launch it with --partitions P "
                               f"(virtual partitions, e.g. 1024) to add or remove servers while it runs")
-        if self.move is not None and self.move.is_alive():
+        if self.moving():
             raise ConfigError(f"--servers {n}: a move of partitions is under way; ask again when it ended "
                               f"(a scale_end event in the run directory)")
         if n < 1:
@@ -121,12 +123,36 @@ class ElasticServers:
         else:
             added, target = [], before[:n]
         removed = [s for s in before if s not in target]
-        self.move = threading.Thread(target=self._run, args=(target, added, removed), name="server-move",
-                                     daemon=True)
-        self.move.start()
+        self._begin(target, added, removed)
         what = (f"started servers {added}; moving their partitions to them" if added else
                 f"moving the partitions of servers {removed} to the others")
         return f"{what} in the background ({len(before)} -> {n} servers; a scale_end event marks the end)"
+
+    def moving(self) -> bool:
+        return self.move is not None and self.move.is_alive()
+
+    def remove(self, servers: list[int]) -> list[int]:
+        """Move the partitions and dense blocks of exactly ``servers`` (serving ones, not server 0)
+        to the other serving servers, in the background; they then retire and exit as the highest
+        ones a scale down removes do. Returns the servers that keep serving. The caller checked
+        the request (launch/host_removal.py); these checks guard the move itself."""
+        if not self.env.partitions:
+            raise ConfigError(f"servers {servers}: this job routes ids by a fixed hash; they cannot give their "
+                              f"ids away (launch it with --partitions P)")
+        if self.moving():
+            raise ConfigError(f"a move of partitions is under way; ask again when it ended (a scale_end event in "
+                              f"the run directory)")
+        if 0 in servers or not set(servers) <= set(self.serving):
+            raise ConfigError(f"servers {servers}: only serving servers other than server 0 can be removed "
+                              f"(serving: {self.serving})")
+        target = [s for s in self.serving if s not in servers]
+        self._begin(target, [], sorted(servers))
+        return target
+
+    def _begin(self, target: list[int], added: list[int], removed: list[int]) -> None:
+        self.move = threading.Thread(target=self._run, args=(target, added, removed), name="server-move",
+                                     daemon=True)
+        self.move.start()
 
     def _start_server(self, host: str | None = None) -> int:
         index = len(self.addresses)
@@ -168,6 +194,9 @@ class ElasticServers:
             return
         self.serving = list(target)
         self.retired.update(removed)
+        if getattr(record, "unfinished", None):
+            log.info("the move is done; removed servers did not answer its tidying (they may have stopped by "
+                     "themselves, owning nothing): %s", "; ".join(record.unfinished))
         for s in added:
             self._tell("added", f"server {s} ({self.addresses[s]}) holds its share of the partitions", s)
         for s in removed:
@@ -190,13 +219,24 @@ class ElasticServers:
             if self._retire(self.env, addresses, removed, version):
                 log.info("servers %s exit: no trainer routes to them any more", removed)
         except Exception as exc:     # noqa: BLE001 - the job goes on; they stay, idle, as before
-            servers = getattr(self.launcher, "servers", [])
-            if all(s < len(servers) and servers[s].poll() == 0 for s in removed):
-                # Every trainer closed its link to them (a retired server takes that as a leave) and
-                # they ended on their own before being told: what was asked for.
-                log.info("servers %s exited: no trainer routes to them any more", removed)
-                return
-            log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
+            # A removed server also stops by itself once no trainer is connected to it: trainers drop
+            # their links to a retired server, and one that left counts as gone (seen when a removed
+            # host's trainers leave as its servers retire). The retire request then finds it gone.
+            if self._exited(removed):
+                log.info("servers %s exit: they stopped by themselves once no trainer was connected to them",
+                         removed)
+            else:
+                log.warning("servers %s keep running, idle, until the job ends: %s", removed, exc)
+
+    def _exited(self, servers: list[int], patience: float = 10.0, clock=time.monotonic) -> bool:
+        """Whether the processes of ``servers`` all ended, given ``patience`` seconds to (an SSH
+        rank's end reaches the launcher when its ssh session closes)."""
+        deadline = clock() + patience
+        while True:
+            ended = [getattr(self.launcher.servers[s], "poll", lambda: None)() is not None for s in servers]
+            if all(ended) or clock() >= deadline:
+                return all(ended)
+            time.sleep(0.1)
 
     def _tell(self, change: str, text: str, server: int) -> None:
         log.info("%s", text)

@@ -87,7 +87,7 @@ class ElasticTrainers:
         if not self.minimum <= n <= self.maximum:
             raise ConfigError(f"--trainers {n}: this job runs {self.minimum} to {self.maximum} trainers "
                               f"(launched with --trainers {self.minimum}:{self.maximum})")
-        staying = [s for s in self.running() if self.launcher.trainers[s] not in self.leaving]
+        staying = self.staying()
         self._tell("scale", f"asked for {n} trainers ({len(staying)} running)", None, trainers=n)
         if n > len(staying):
             free = [s for s, p in enumerate(self.launcher.trainers) if p.poll() is not None]
@@ -99,17 +99,26 @@ class ElasticTrainers:
                 self._tell("joined", f"trainer {slot} starts and joins the running job", slot)
             return f"starting trainers {free[:n - len(staying)]}: {n} trainers"
         if n < len(staying):
-            ask = getattr(self.launcher.engine, "ask_to_leave", None)
-            if ask is None:
-                raise ConfigError(f"--trainers {n}: this engine cannot ask a trainer to leave yet (local jobs can)")
             going = sorted(staying)[n:]
-            for slot in going:
-                p = self.launcher.trainers[slot]
-                self.leaving.add(p)
-                ask(p)
-                self._tell("asked to leave", f"trainer {slot} asked to leave at its next step boundary", slot)
+            self.ask_to_leave(going, f"--trainers {n}")
             return f"asked trainers {going} to leave at their next step boundary: {n} trainers"
         return f"already {n} trainers"
+
+    def staying(self) -> list[int]:
+        """The slots running and not asked to leave."""
+        return [s for s in self.running() if self.launcher.trainers[s] not in self.leaving]
+
+    def ask_to_leave(self, slots: list[int], asked: str) -> None:
+        """Ask the trainers of ``slots`` to leave at their next step boundary (``asked``: the request,
+        for the error when this engine cannot ask; ``scale --trainers N``, ``--remove-host HOST``)."""
+        ask = getattr(self.launcher.engine, "ask_to_leave", None)
+        if ask is None:
+            raise ConfigError(f"{asked}: this engine cannot ask a trainer to leave yet (local and SSH jobs can)")
+        for slot in slots:
+            p = self.launcher.trainers[slot]
+            self.leaving.add(p)
+            ask(p)
+            self._tell("asked to leave", f"trainer {slot} asked to leave at its next step boundary", slot)
 
     # -- helpers ---------------------------------------------------------------
     def _start(self, slot: int) -> None:

@@ -93,6 +93,20 @@ class Launcher:
         if self.control_dir is not None:
             self.control = ControlChannel(self.control_dir, {"trainers": self._scale_trainers,
                                                              "servers": self._scale_servers}, ending=self.trainers_done)
+            self.control.register("remove_host", self._remove_host, value_type=str)
+
+    def _remove_host(self, text: str) -> str:
+        """``scale --remove-host HOST``: SSH jobs only (SshLauncher); this job's ranks all run here."""
+        raise ConfigError(f"--remove-host {text}: this job was not launched over SSH (paramshard launch --hosts "
+                          f"...); its ranks all run on this machine. Scale them down instead (--trainers N, "
+                          f"--servers N)")
+
+    def server_scaler(self):
+        """The job's ElasticServers (launch/elastic_servers.py), made the first time it is needed."""
+        if self.elastic_servers is None:
+            from .elastic_servers import ElasticServers
+            self.elastic_servers = ElasticServers(self)
+        return self.elastic_servers
 
     def _scale_trainers(self, n: int) -> str:
         if self.elastic is None:
@@ -101,10 +115,7 @@ class Launcher:
         return self.elastic.scale(n)
 
     def _scale_servers(self, n: int, **where) -> str:
-        if self.elastic_servers is None:
-            from .elastic_servers import ElasticServers
-            self.elastic_servers = ElasticServers(self)
-        return self.elastic_servers.scale(n, **where)      # where: host=... (SSH: scale --servers N --on HOST)
+        return self.server_scaler().scale(n, **where)      # where: host=... (SSH: scale --servers N --on HOST)
 
     def _event(self, event: str, text: str, **fields) -> None:
         for listener in self.event_listeners:

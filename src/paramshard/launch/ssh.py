@@ -308,9 +308,43 @@ class SshLauncher(Launcher):
                              threads=self._threads(found))
         self._placement(found)
         self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
-        if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST`
+        if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST` (--remove-host: Launcher)
             self.control.register("add_host", self.placement.add_host, value_type=str)
             self.control.register("servers", self._scale_servers, takes_host=True)     # --on HOST
         log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
                  ",".join(self.addresses), self.config.trainers, len(used))
         return self
+
+    def _remove_host(self, text: str) -> str:
+        """``scale --remove-host HOST``: checked whole first (launch/host_removal.py: nothing moves on a
+        refusal), then the host's servers give their partitions and blocks to the others in the
+        background (they retire and exit as removed servers do), its trainers leave at their step
+        boundary, and no rank started later goes there."""
+        from .host_removal import plan_removal
+        host = self.placement.find(text)
+        elastic = self.elastic
+        scaler = self.elastic_servers
+        serving = scaler.serving if scaler is not None else list(range(len(self.servers)))
+        staying = elastic.staying() if elastic is not None else \
+            [slot for slot, p in enumerate(self.trainers) if p.poll() is None]
+        plan = plan_removal(host.host, {s: self.servers[s].host.host for s in serving},
+                            {t: self.trainers[t].host.host for t in staying},
+                            partitions=self.spec.servers[0].env.partitions, min_trainers=self.min_trainers,
+                            max_trainers=len(self.trainers), moving=scaler is not None and scaler.moving())
+        done = []
+        if plan.servers:
+            self.server_scaler().remove(plan.servers)
+            done.append(f"moving the partitions and dense blocks of servers {plan.servers} to servers "
+                        f"{plan.servers_after} in the background (a scale_end event marks the end; they exit "
+                        f"once no trainer routes to them)")
+        if plan.trainers:
+            elastic.ask_to_leave(plan.trainers, f"--remove-host {text}")
+            done.append(f"asked trainers {plan.trainers} to leave at their next step boundary "
+                        f"({len(staying)} -> {plan.trainers_after} trainers)")
+        self.placement.remove_host(host)
+        message = (f"host {host.target} removed from the job: " + "; ".join(done or ["it ran no rank"]) +
+                   f"; no rank started from now on goes there")
+        log.info("%s", message)
+        self._event("host_removed", message, host=host.target, servers=plan.servers,
+                    servers_after=plan.servers_after, trainers=plan.trainers, trainers_after=plan.trainers_after)
+        return message

@@ -12,6 +12,9 @@
   and that machine has no copy yet (hosts on one machine share its file system); from then on it
   is one of the job's hosts for both roles and, running nothing, the first choice of the next
   new rank. Nothing moves to it by itself: ``scale --trainers`` / ``--servers`` put ranks there.
+- ``remove_host(host)`` (``scale --remove-host HOST``, once its ranks were asked to go:
+  launch/host_removal.py): the host leaves both pools, so no rank started later goes there; it stays
+  an engine host (its ranks still running there are stopped through it).
 
 The probe and the copy run in the launcher's loop (a request is answered when they end: a few
 seconds, or the copy's time for a large workspace the first time).
@@ -45,6 +48,7 @@ class SshPlacement:
         self.machines = set(machines)
         self.live_hosts, self.probe, self.dispatch, self.record = live_hosts, probe, dispatch, record
         self.server_host: dict[str, Host] = {}      # a new server's address -> the host it was asked of
+        self.removed: list[Host] = []                # `scale --remove-host`: never placed on again
 
     def pick(self, role: str) -> Host:
         """The least loaded host a new ``role`` rank may go to."""
@@ -84,7 +88,7 @@ class SshPlacement:
         """Make ``text`` ([user@]host[:port] [slots=N]) one of the job's hosts; ConfigError naming
         what is wrong (a bad entry, a host of the job already, ssh or the remote Python failing)."""
         host = parse_host(text)
-        if host.host in self.engine_hosts:
+        if host.host in self.engine_hosts and not any(r.host == host.host for r in self.removed):
             raise ConfigError(f"--add-host {text}: {host.host} is one of this job's hosts already; new ranks "
                               f"go to the least loaded host by themselves")
         found = self.probe(host, 0)
@@ -93,6 +97,7 @@ class SshPlacement:
             sent = self.dispatch(host)
         self.machines.add(found.machine)
         self.added.append(host)
+        self.removed = [r for r in self.removed if r.host != host.host]     # a removed host may come back
         self.engine_hosts[host.host] = host
         copied = ("workspace copied" if sent is not None else
                   "workspace already there (same machine)" if self.dispatch is not None else "no workspace to copy")
@@ -101,3 +106,29 @@ class SshPlacement:
         log.info("%s", text)
         self.record("host_added", text, host=host.target, cpus=found.cpus, files_sent=sent)
         return text
+
+    def job_hosts(self) -> list[Host]:
+        """The hosts new ranks may go to, each once: both pools and those added, in the job's order."""
+        out: dict[str, Host] = {}
+        for h in [*self.server_pool, *self.trainer_pool, *self.added]:
+            out.setdefault(h.host, h)
+        return list(out.values())
+
+    def find(self, text: str) -> Host:
+        """The job's host that ``text`` (host, user@host, [user@]host[:port]) names; ConfigError if none."""
+        wanted = parse_host(text)
+        for h in self.job_hosts():
+            if h.host == wanted.host and wanted.user in (None, h.user) and wanted.port in (None, h.port):
+                return h
+        if any(h.host == wanted.host for h in self.removed):
+            raise ConfigError(f"--remove-host {text}: {wanted.host} was removed from this job already")
+        raise ConfigError(f"--remove-host {text}: not one of this job's hosts "
+                          f"({', '.join(h.target for h in self.job_hosts())})")
+
+    def remove_host(self, host: Host) -> None:
+        """No rank started from now on goes to ``host`` (scale --trainers/--servers, replacements, --on)."""
+        self.server_pool = [h for h in self.server_pool if h.host != host.host]
+        self.trainer_pool = [h for h in self.trainer_pool if h.host != host.host]
+        self.added = [h for h in self.added if h.host != host.host]
+        self.removed.append(host)
+        log.info("host %s removed from the job's placement: no new rank goes there", host.target)

@@ -72,6 +72,7 @@ class MoveRecord:
     blocks: int = 0                     # dense blocks moved
     dense_bytes: int = 0                # their values and optimizer slots
     arm_tries: int = 0
+    unfinished: list = dataclasses.field(default_factory=list)   # steps a removed server did not answer
 
     def details(self) -> dict:
         return {**dataclasses.asdict(self), "seconds": round(self.ended - self.started, 3)}
@@ -477,15 +478,30 @@ class MovePlan:
         # drop what they handed away only after it (a checkpoint keeps only the owners' rows).
         yield from self._end_turn()
         began = self.monotonic()
-        yield "finish", [Step(s, {"op": "migrate_finish"}) for s in before]
+        # A removed server owns nothing from the final routing on: what it is sent now (drop what it
+        # handed away, retire) is tidying, not the move. It may already have stopped by itself (its
+        # trainers gone: some left, the others let go of it on the final routing), so a step it does
+        # not answer is noted (record.unfinished), not a failed move; the launcher stops it if not.
+        yield "finish", [Step(s, {"op": "migrate_finish"}) for s in before if s in servers]
         dense_sources = sorted({src for src, _ in w.dense_moves.values()})
-        if dense_sources:
-            yield "finish", [Step(s, {"op": "dense_finish"}) for s in dense_sources]
-        record.finish_s = self.monotonic() - began
+        if any(s in servers for s in dense_sources):
+            yield "finish", [Step(s, {"op": "dense_finish"}) for s in dense_sources if s in servers]
         retired = [s for s in before if s not in servers]
-        if retired:
-            yield "finish", [Step(s, {"op": "retire"}) for s in retired]
+        for s in retired:
+            yield from self._tidy(Step(s, {"op": "migrate_finish"}))
+            if s in dense_sources:
+                yield from self._tidy(Step(s, {"op": "dense_finish"}))
+        record.finish_s = self.monotonic() - began
+        for s in retired:
+            yield from self._tidy(Step(s, {"op": "retire"}))
         record.routing_version = final.version
+
+    def _tidy(self, step: Step) -> Generator:
+        """Send ``step`` to a removed server; a failure is noted in the record, the move goes on."""
+        try:
+            yield "finish", [step]
+        except StepFailed as failed:
+            self.record.unfinished.append(f"{failed.step} ({failed.cause})")
 
     def _end_turn(self, best_effort: bool = False, noted: list | None = None) -> Generator:
         """``exclude_end`` who=move on server 0, if the move asked for its turn. A failure raises
