@@ -34,6 +34,7 @@ class ServerContext:
         self._snapshot_stats = snapshot_stats
         self.services: list = []            # every service, in the order added (leave and reset reach each)
         self.stopping = False               # set by shutdown: finish answering, then stop
+        self.budget = None                  # the server's MemoryBudget (memory_budget.py); None in-process
 
     def resubmit(self, held: list) -> None:
         """Run requests a hook held back, in this order, as if they had just arrived."""

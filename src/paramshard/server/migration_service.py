@@ -93,7 +93,8 @@ class MigrationService:
         self.ctx, self.sparse = context, sparse
         sparse.on_late_push = self._late_push
         self.ownership = PartitionOwnership(context.server_id, routing)
-        self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
+        # The new owner's staged rows, counted in the server's memory budget (spilled past half of it).
+        self.intake = PartitionIntake(self.ownership.partitions, lambda: context.budget)
         self.evicted_at_start: dict[str, int] = {}
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
         self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried

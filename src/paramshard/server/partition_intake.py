@@ -5,8 +5,17 @@ current ids and its dirty rows (``hand_in``); ``adopt`` makes rows of the staged
 current and not dirty, plus the dirty ones, with their state (server/migration_service.py).
 A page comes from the job's own coordinator, yet is checked as any input: names, dtypes and
 shapes against the table's own page layout, before anything is kept.
+
+Staged pages count in the server's memory budget (server/memory_budget.py), in RAM up to half of
+it; a page that does not fit is written to a spill file (plain .npz, no pickle) in a temporary
+directory and read back at the hand-off, so a move of a table bigger than the budget still
+completes. Every staged page goes (from RAM or disk) when its partitions are adopted or forgotten.
 """
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -43,21 +52,68 @@ def checked_page(table, parts: list, arrays: list) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in page.items()}
 
 
+class _Spilled:
+    """A staged piece written to a file (the budget had no room for it in RAM)."""
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def load(self) -> dict[str, np.ndarray]:
+        with np.load(self.path, allow_pickle=False) as saved:
+            return {name: saved[name] for name in saved.files}
+
+
 class PartitionIntake:
-    def __init__(self, partitions_of):
+    def __init__(self, partitions_of, budget_of=lambda: None):
         self.partitions_of = partitions_of
-        self.staged: dict[str, dict[int, list[dict]]] = {}    # table -> partition -> pages
+        self.budget_of = budget_of      # the server's MemoryBudget (None: no budget, all in RAM)
+        self.staged: dict[str, dict[int, list]] = {}           # table -> partition -> pieces (dict or _Spilled)
         self.handed: dict[str, dict] = {}                     # table -> the hand-off's page and version
+        self.spilled = 0                                      # pieces written to files (stats, tests)
+        self._spill_dir: str | None = None
+        self._spill_count = 0
 
     def clear(self) -> None:
+        for staged in self.staged.values():
+            for p in list(staged):
+                self._drop(staged.pop(p))
         self.staged, self.handed = {}, {}
+        if self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
 
     def forget(self, parts: np.ndarray) -> None:
         """An aborted move: the staged rows of ``parts`` and any hand-off in progress go."""
         self.handed = {}
         for staged in self.staged.values():
             for p in parts.tolist():
-                staged.pop(p, None)
+                self._drop(staged.pop(p, []))
+
+    def _drop(self, pieces: list) -> None:
+        """Staged pieces that go: their bytes leave the budget, their spill files the disk."""
+        budget = self.budget_of()
+        for piece in pieces:
+            if isinstance(piece, _Spilled):
+                try:
+                    os.unlink(piece.path)
+                except FileNotFoundError:
+                    pass
+            elif budget is not None:
+                budget.unstage(_nbytes(piece))
+
+    def _keep(self, piece: dict[str, np.ndarray]):
+        """The piece itself if the budget has room for it in RAM, else its spill file."""
+        budget = self.budget_of()
+        if budget is None or budget.stage(_nbytes(piece)):
+            return piece
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.mkdtemp(prefix="paramshard-staged-")
+        self._spill_count += 1
+        path = os.path.join(self._spill_dir, f"{self._spill_count}.npz")
+        np.savez(path, **piece)
+        self.spilled += 1
+        return _Spilled(path)
 
     def stage(self, table, page: dict, expected: np.ndarray) -> None:
         parts = self.partitions_of(page["ids"])
@@ -69,7 +125,8 @@ class PartitionIntake:
         present, starts = np.unique(parts[order], return_index=True)
         ends = np.append(starts[1:], len(order))
         for p, lo, hi in zip(present.tolist(), starts.tolist(), ends.tolist()):
-            staged.setdefault(p, []).append({k: v[lo:hi] for k, v in by_partition.items()})
+            # A copy: a slice would keep the whole page alive after the other partitions' went.
+            staged.setdefault(p, []).append(self._keep({k: v[lo:hi].copy() for k, v in by_partition.items()}))
 
     def hand_in(self, table, page: dict, version: int) -> None:
         self.handed[table.name] = {**page, "version": version}
@@ -82,11 +139,12 @@ class PartitionIntake:
         self.handed = {}
         for staged in self.staged.values():
             for p in parts.tolist():
-                staged.pop(p, None)
+                self._drop(staged.pop(p, []))
 
     def _rows(self, table, parts: np.ndarray, handed: dict):
         """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
-        pages = [pg for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
+        pages = [pg.load() if isinstance(pg, _Spilled) else pg
+                 for p in parts.tolist() for pg in self.staged.get(table.name, {}).get(p, [])]
         current, dirty = handed.get("current"), handed["ids"]
         names = [n for n in handed if n not in ("version", *_PER_ROW_EXTRA)]
         if current is not None:       # an eviction during the copy: every row came again
@@ -108,3 +166,7 @@ class PartitionIntake:
         # partitions here go first (SparseTable.adopt_rows).
         counters = (handed["counted_ids"], handed["counts"]) if "counted_ids" in handed else None
         table.adopt_rows(rows, handed["version"], counters)
+
+
+def _nbytes(piece: dict[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in piece.values())
