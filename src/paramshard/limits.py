@@ -50,6 +50,11 @@ class Limits:
             least = 0 if field.name == "max_server_bytes" else 1      # 0: derived (server_bytes)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"{SPEC[field.name][0]}={value!r}: must be a whole number >= {least}")
+        if self.max_server_bytes and self.max_server_bytes < 2 * self.max_message_bytes:
+            # Any message must fit in the half of the budget a move's staged pages leave free.
+            raise ConfigError(f"PARAMSHARD_MAX_SERVER_BYTES={self.max_server_bytes}: at least twice "
+                              f"PARAMSHARD_MAX_MESSAGE_BYTES ({self.max_message_bytes}), or 0 for "
+                              f"{SERVER_BYTES_PER_MESSAGE} x it")
         if self.max_rows > (1 << 31) - 1:
             # Row numbers are int32 in the id index.
             raise ConfigError(f"PARAMSHARD_MAX_ROWS={self.max_rows}: at most {(1 << 31) - 1} rows per table "

@@ -17,13 +17,16 @@ What is counted, exactly as the loop knows it (``used``):
 Requests answered later (``Deferred``: a sync step's barrier) are not counted: their number is
 bounded by the trainers, and counting them could refuse the very push that completes the step.
 
-Admission, before a request is decoded (``admit``): a request of ``n`` bytes is refused with
-the error code ``busy`` when ``used + n`` passes the budget. A small request (at most
-SMALL_REQUEST bytes: control ops, acknowledgements) is judged only by the replies queued and the
-requests held for connections: staged pages and hook-held requests are freed by small
-requests (``handoff_done``, ``migrate_abort``, a checkpoint's resume), which must not wait for
-themselves. The loop is single-threaded, so a request admitted under the budget adds at most
-its reply: the count stays under the budget plus one message (PARAMSHARD_MAX_MESSAGE_BYTES).
+Admission, before a request is decoded (``fits``): a request of ``n`` bytes is refused with
+the error code ``busy`` when ``used + n`` passes the budget. Staged pages take at most half of
+it and the budget is at least twice the largest message, so a move's next page never waits for
+the pages before it (only its hand-off frees them). A small request (at most SMALL_REQUEST bytes: control ops, acknowledgements) is judged
+only by the replies queued and the requests held for connections: staged pages and hook-held
+requests are freed by small requests (``handoff_done``, ``migrate_abort``, a checkpoint's
+resume), which must not wait for themselves. The loop is single-threaded, so a request admitted
+under the budget adds at most its reply: the count stays under the budget plus one message
+(PARAMSHARD_MAX_MESSAGE_BYTES; the budget is at least twice that, so any message fits once the
+connections' replies drain).
 Clients retry a busy refusal after a short backoff until their deadline (transport/busy.py).
 
 A client that does not read (raw TCP, a stopped process, a hostile one) would otherwise hold
@@ -83,9 +86,14 @@ class MemoryBudget:
 
     # -- admission ----------------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
+        """Room for a request of ``nbytes`` (see the module docstring)?"""
+        connections = self.outbox.queued_total + self.outbox.held_total
         if nbytes <= SMALL_REQUEST:
-            return self.outbox.queued_total + self.outbox.held_total + nbytes <= self.limit
-        return self.used() + nbytes <= self.limit
+            return connections + nbytes <= self.limit
+        # Staged pages take at most half the budget and a message at most the other half
+        # (Limits): a move's next page never waits for the pages before it (only its hand-off
+        # frees them), only for what the connections hold.
+        return connections + self.hook_held + self.staged + nbytes <= self.limit
 
     def busy_message(self, server_name: str, nbytes: int) -> str:
         return (f"{server_name} is busy: it holds {self.used()} bytes for its clients (replies queued "
