@@ -24,9 +24,10 @@ the pages before it (only its hand-off frees them). A small request (at most SMA
 only by the replies queued and the requests held for connections: staged pages and hook-held
 requests are freed by small requests (``handoff_done``, ``migrate_abort``, a checkpoint's
 resume), which must not wait for themselves. The loop is single-threaded, so a request admitted
-under the budget adds at most its reply: the count stays under the budget plus one message
-(PARAMSHARD_MAX_MESSAGE_BYTES; the budget is at least twice that, so any message fits once the
-connections' replies drain).
+under the budget adds at most its own reply: the count stays under the budget plus one reply
+(a request's bytes are at most PARAMSHARD_MAX_MESSAGE_BYTES; a reply is as big as what was
+asked, e.g. a snapshot of the model; the budget is at least twice the largest message, so any
+request fits once the connections' replies drain).
 Clients retry a busy refusal after a short backoff until their deadline (transport/busy.py).
 
 A client that does not read (raw TCP, a stopped process, a hostile one) would otherwise hold

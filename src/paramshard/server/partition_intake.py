@@ -89,6 +89,14 @@ class PartitionIntake:
         for staged in self.staged.values():
             for p in parts.tolist():
                 self._drop(staged.pop(p, []))
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """No piece left on disk: the spill directory goes."""
+        if self._spill_dir is not None and not any(isinstance(piece, _Spilled) for staged in self.staged.values()
+                                                   for pieces in staged.values() for piece in pieces):
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
 
     def _drop(self, pieces: list) -> None:
         """Staged pieces that go: their bytes leave the budget, their spill files the disk."""
@@ -140,6 +148,7 @@ class PartitionIntake:
         for staged in self.staged.values():
             for p in parts.tolist():
                 self._drop(staged.pop(p, []))
+        self._tidy()
 
     def _rows(self, table, parts: np.ndarray, handed: dict):
         """Staged rows still current and not dirty, and the dirty rows: the partitions' rows."""
