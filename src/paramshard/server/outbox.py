@@ -200,9 +200,9 @@ class Outbox:
             self.queued_total -= self._conns.pop(identity).queued     # an untracked tail, if anything
 
     def note_fd(self, identity: bytes, fd: int) -> None:
-        conn = self._conns.get(identity)
-        if conn is not None:
-            conn.fd = fd
+        """The connection ``identity``'s requests come over (from its first request on: a client
+        that sends one request with a large reply and never reads can be closed too)."""
+        self.connection(identity).fd = fd
 
     def stuck(self, seconds: float) -> list[tuple[bytes, int, int]]:
         """(identity, descriptor, bytes queued) of the connections whose oldest reply libzmq has held
