@@ -1,7 +1,6 @@
 """The server-wide memory budget (server/memory_budget.py), the outbox totals it reads, the
 limit's setting, and the client's busy retry schedule (transport/busy.py): pure logic."""
 import gc
-import time
 
 import numpy as np
 import pytest

@@ -20,12 +20,13 @@ bounded by the trainers, and counting them could refuse the very push that compl
 Admission, before a request is decoded (``fits``): a request of ``n`` bytes is refused with
 the error code ``busy`` when ``used + n`` passes the budget. Staged pages take at most half of
 it and the budget is at least twice the largest message, so a move's next page never waits for
-the pages before it (only its hand-off frees them). A small request (at most SMALL_REQUEST bytes: control ops, acknowledgements) is judged
+the pages before it (only its hand-off frees them). A small request (at most SMALL_REQUEST
+bytes: control ops, acknowledgements) is judged
 only by the replies queued and the requests held for connections: staged pages and hook-held
 requests are freed by small requests (``handoff_done``, ``migrate_abort``, a checkpoint's
 resume), which must not wait for themselves. The loop is single-threaded, so a request admitted
 under the budget adds at most its own reply: the count stays under the budget plus one reply
-(a request's bytes are at most PARAMSHARD_MAX_MESSAGE_BYTES; a reply is as big as what was
+(plus the small requests a hook held meanwhile; a request's bytes are at most PARAMSHARD_MAX_MESSAGE_BYTES; a reply is as big as what was
 asked, e.g. a snapshot of the model; the budget is at least twice the largest message, so any
 request fits once the connections' replies drain).
 Clients retry a busy refusal after a short backoff until their deadline (transport/busy.py).
