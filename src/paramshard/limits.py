@@ -23,7 +23,16 @@ SPEC = {
     "max_queued_bytes": ("PARAMSHARD_MAX_QUEUED_BYTES", 128 << 20,
                          "bytes of replies one connection may leave unread on a server; its next requests "
                          "wait for them to drain and are refused after PARAMSHARD_TIMEOUT"),
+    # One budget per server, whatever the number of connections (server/memory_budget.py).
+    "max_server_bytes": ("PARAMSHARD_MAX_SERVER_BYTES", 0,
+                         "bytes one server may hold in all for its connections: replies queued, requests received "
+                         "and not yet handled, partition pages staged by a move; beyond it requests are refused "
+                         "as busy and clients retry until their deadline (0: 4 x PARAMSHARD_MAX_MESSAGE_BYTES)"),
 }
+
+# The server-wide budget when PARAMSHARD_MAX_SERVER_BYTES is 0: room for a few of the largest
+# messages at once (one being handled, one reply queued, one staged page) and then some.
+SERVER_BYTES_PER_MESSAGE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +42,28 @@ class Limits:
     max_rows: int = SPEC["max_rows"][1]
     max_dim: int = SPEC["max_dim"][1]
     max_queued_bytes: int = SPEC["max_queued_bytes"][1]
+    max_server_bytes: int = SPEC["max_server_bytes"][1]
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{SPEC[field.name][0]}={value!r}: must be a whole number >= 1")
+            least = 0 if field.name == "max_server_bytes" else 1      # 0: derived (server_bytes)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"{SPEC[field.name][0]}={value!r}: must be a whole number >= {least}")
+        if self.max_server_bytes and self.max_server_bytes < 2 * self.max_message_bytes:
+            # Any message must fit in the half of the budget a move's staged pages leave free.
+            raise ConfigError(f"PARAMSHARD_MAX_SERVER_BYTES={self.max_server_bytes}: at least twice "
+                              f"PARAMSHARD_MAX_MESSAGE_BYTES ({self.max_message_bytes}), or 0 for "
+                              f"{SERVER_BYTES_PER_MESSAGE} x it")
         if self.max_rows > (1 << 31) - 1:
             # Row numbers are int32 in the id index.
             raise ConfigError(f"PARAMSHARD_MAX_ROWS={self.max_rows}: at most {(1 << 31) - 1} rows per table "
                               f"per server; spread a bigger table over more servers")
+
+    @property
+    def server_bytes(self) -> int:
+        """The server-wide memory budget in force (PARAMSHARD_MAX_SERVER_BYTES, or its default)."""
+        return self.max_server_bytes or SERVER_BYTES_PER_MESSAGE * self.max_message_bytes
 
     def check(self, field: str, value: int, what: str) -> None:
         """Raise LimitExceeded when ``value`` passes the limit ``field``."""

@@ -96,7 +96,7 @@ class MigrationService:
         self.ctx, self.sparse = context, sparse
         sparse.on_late_push = self._late_push
         self.ownership = PartitionOwnership(context.server_id, routing)
-        self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's staged rows
+        self.intake = PartitionIntake(self.ownership.partitions)     # the new owner's side: pages become rows
         self.evicted_at_start: dict[str, int] = {}
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
         self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried

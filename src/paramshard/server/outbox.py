@@ -69,11 +69,13 @@ def describe_identity(identity: bytes) -> str:
 
 
 class _Connection:
-    __slots__ = ("sent", "tail", "queued", "last_sent", "held", "held_bytes", "gone", "warned_drop",
-                 "warned_refuse")
+    __slots__ = ("box", "sent", "tail", "queued", "last_sent", "held", "held_bytes", "gone", "warned_drop",
+                 "warned_refuse", "fd")
 
-    def __init__(self):
-        # (tracker, bytes of the tracked reply and the untracked ones before it), oldest first
+    def __init__(self, box: "Outbox"):
+        self.box = box      # its running totals (the server-wide budget reads them: memory_budget.py)
+        self.fd = -1        # the descriptor of the connection its last request came over (libzmq's SRCFD)
+        # (tracker, bytes of the tracked reply and the untracked ones before it, when sent), oldest first
         self.sent: collections.deque = collections.deque()
         self.tail = 0                                          # bytes of untracked replies after the last tracked one
         self.queued = 0                                        # every byte not known released (tail included)
@@ -87,8 +89,14 @@ class _Connection:
         """Forget the replies libzmq has released (they go in order); the bytes still queued."""
         sent = self.sent
         while sent and sent[0][0].done:
-            self.queued -= sent.popleft()[1]
+            nbytes = sent.popleft()[1]
+            self.queued -= nbytes
+            self.box.queued_total -= nbytes
         return self.queued
+
+    def waiting_since(self) -> float | None:
+        """When the oldest reply libzmq still holds was sent (None: none tracked)."""
+        return self.sent[0][2] if self.prune() and self.sent else None
 
     def forgettable(self, now: float) -> bool:
         return not self.held and self.prune() == 0 or (not self.sent and not self.held
@@ -103,6 +111,8 @@ class Outbox:
         self.hold_seconds = hold_seconds
         self._conns: dict[bytes, _Connection] = {}
         self._holding: set[bytes] = set()      # connections with held requests
+        self.queued_total = 0                  # bytes of replies not known released, every connection
+        self.held_total = 0                    # bytes of requests held, every connection
 
     def __len__(self) -> int:
         return len(self._conns)
@@ -110,7 +120,7 @@ class Outbox:
     def connection(self, identity: bytes) -> _Connection:
         conn = self._conns.get(identity)
         if conn is None:
-            conn = self._conns[identity] = _Connection()
+            conn = self._conns[identity] = _Connection(self)
         return conn
 
     def queued(self, identity: bytes) -> int:
@@ -128,6 +138,7 @@ class Outbox:
             return REFUSED
         conn.held.append((time.monotonic() + self.hold_seconds, frames, nbytes))
         conn.held_bytes += nbytes
+        self.held_total += nbytes
         self._holding.add(identity)
         return HELD
 
@@ -155,6 +166,7 @@ class Outbox:
                     break
                 conn.held.popleft()
                 conn.held_bytes -= nbytes
+                self.held_total -= nbytes
                 act(frames)
                 if act is handle:
                     handled = True
@@ -171,19 +183,34 @@ class Outbox:
 
     def sent(self, identity: bytes, tracker: zmq.MessageTracker | None, nbytes: int) -> None:
         conn = self.connection(identity)
+        now = time.monotonic()
         if tracker is None:
             conn.tail += nbytes
         else:
-            conn.sent.append((tracker, conn.tail + nbytes))
+            conn.sent.append((tracker, conn.tail + nbytes, now))
             conn.tail = 0
         conn.queued += nbytes
-        conn.last_sent = time.monotonic()
+        self.queued_total += nbytes
+        conn.last_sent = now
 
     def sweep(self) -> None:
         """Forget connections with nothing in flight (see the module docstring)."""
         now = time.monotonic()
         for identity in [i for i, c in self._conns.items() if c.forgettable(now)]:
-            del self._conns[identity]
+            self.queued_total -= self._conns.pop(identity).queued     # an untracked tail, if anything
+
+    def note_fd(self, identity: bytes, fd: int) -> None:
+        """The connection ``identity``'s requests come over (from its first request on: a client
+        that sends one request with a large reply and never reads can be closed too)."""
+        self.connection(identity).fd = fd
+
+    def stuck(self, seconds: float) -> list[tuple[bytes, int, int]]:
+        """(identity, descriptor, bytes queued) of the connections whose oldest reply libzmq has held
+        for ``seconds`` or more, most bytes first: peers that read nothing (memory_budget.py)."""
+        now = time.monotonic()
+        found = [(identity, c.fd, c.queued) for identity, c in list(self._conns.items())
+                 if (since := c.waiting_since()) is not None and now - since >= seconds]
+        return sorted(found, key=lambda f: -f[2])
 
     def refusal(self, identity: bytes, server_name: str) -> str:
         conn = self._conns.get(identity)

@@ -18,6 +18,7 @@ came (server/idle_watch.py), with exit code 1 and a line naming what it waited f
 """
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import traceback
@@ -42,6 +43,7 @@ from .dense_store import DenseStore
 from .dense_handlers import DenseHandlers
 from .hooks import Incoming, RequestHook, Verdict
 from .idle_watch import IdleWatch
+from .memory_budget import SMALL_REQUEST, STUCK_SECONDS, MemoryBudget
 from .outbox import GO, HELD, Outbox, describe_identity
 from .peers import PEER_LOST_EXIT_CODE, PeerWatch
 from .replies import Deferred, Reply
@@ -96,7 +98,7 @@ class ParameterServer:
         # Requests answered later, from the socket and from a trainer in this process alike.
         self.waiting = WaitingList(self.name, self.membership, timeout, self.stats)
         self.context = ServerContext(server_id, mode, self.membership, timeout, self.waiting,
-                                     epoch=-1 if recovering else 0, resubmit=self._handle,
+                                     epoch=-1 if recovering else 0, resubmit=self._resubmitted,
                                      snapshot_stats=self.snapshot_stats)
         applies_on_arrival = not mode.waits_every_step      # async: the staleness bound applies
         self.dense = DenseStore(mode, self.membership, max_staleness if applies_on_arrival else None)
@@ -119,6 +121,10 @@ class ParameterServer:
         # Replies each connection has not read yet, and its requests held back meanwhile:
         # what one client can make this server hold is bounded (server/outbox.py).
         self._outbox = Outbox(limits.max_queued_bytes, hold_seconds=timeout)
+        # ... and what all of them together can (server/memory_budget.py): beyond it requests are
+        # refused as busy. Services that keep bytes for clients (a move's staged pages) reach it here.
+        self.budget = self.context.budget = MemoryBudget(limits.server_bytes, self._outbox)
+        self._live_fds: set[int] = set()        # connections accepted and not reported closed since
         self._releasing = False     # the outbox let a held request through: more may follow at once
         # Which connection each trainer talks over, to notice a trainer that dies (trainer_connections.py).
         self._monitor = self._sock.get_monitor_socket(
@@ -307,19 +313,70 @@ class ParameterServer:
             return longest
         return max(0, min(longest, int((soonest - time.monotonic()) * 1000) + 1))
 
-    def _handle(self, frames: list) -> None:
-        """A request off the socket: handled now, or held while its connection has too many
+    def _handle(self, frames: list, resubmitted: bool = False) -> None:
+        """A request off the socket: refused as busy when the server's memory budget cannot take
+        it (server/memory_budget.py), else handled now, or held while its connection has too many
         unread replies (server/outbox.py), or refused when it holds too much already."""
         self.stats["requests"] += 1
         nbytes = sum(len(f) for f in frames[1:])
         self.stats["bytes_in"] += nbytes
-        admitted = self._outbox.admit(frames[0].bytes, frames, nbytes)
+        identity = frames[0].bytes
+        if len(frames) > 1:
+            self._outbox.note_fd(identity, frames[1].get(zmq.SRCFD))
+        if not resubmitted and not self._budget_admits(nbytes):
+            self._refuse_busy(frames, nbytes)
+            return
+        admitted = self._outbox.admit(identity, frames, nbytes)
         if admitted == GO:
             self._process(frames)
         elif admitted == HELD:
             self.stats["requests_held"] += 1
         else:
             self._refuse(frames)
+
+    def _resubmitted(self, frames: list) -> None:
+        """A request a hook held goes on (context.resubmit): it was admitted already."""
+        self._handle(frames, resubmitted=True)
+
+    def _budget_admits(self, nbytes: int) -> bool:
+        """Room for a request of ``nbytes``? If not, the connections that read nothing go first."""
+        budget = self.budget
+        if budget.fits(nbytes):
+            return True
+        for identity, fd, queued in self._outbox.stuck(STUCK_SECONDS):
+            self._evict(identity, fd, queued)
+            if budget.fits(nbytes):
+                return True
+        return False
+
+    def _evict(self, identity: bytes, fd: int, queued: int) -> None:
+        """Close a connection whose replies have waited STUCK_SECONDS (its peer reads nothing):
+        shutting its socket down makes libzmq end the connection and free what was queued to it.
+        Only a descriptor the monitor reported accepted and not closed since: never another one."""
+        if fd not in self._live_fds:
+            return
+        try:
+            with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as dup:   # a duplicate: ours to close
+                dup.shutdown(socket.SHUT_RDWR)
+        except OSError as exc:
+            log.warning("%s: could not close the connection of client %s: %s", self.name,
+                        describe_identity(identity), exc)
+            return
+        self._live_fds.discard(fd)
+        self.budget.evicted += 1
+        log.warning("%s: closed the connection of client %s: %d bytes of replies it has not read for %g s "
+                    "held the memory budget (PARAMSHARD_MAX_SERVER_BYTES=%d) other requests need", self.name,
+                    describe_identity(identity), queued, STUCK_SECONDS, self.budget.limit)
+
+    def _refuse_busy(self, frames: list, nbytes: int) -> None:
+        """Answer ``busy``: the client retries after a short backoff (transport/busy.py)."""
+        self.budget.refused += 1
+        message = self.budget.busy_message(self.name, nbytes)
+        if self.budget.refused == 1 or self.budget.refused % 1000 == 0:
+            log.warning("%s: refused a request as busy (%d so far): %s", self.name, self.budget.refused, message)
+        request_id = protocol.request_id_of(frames[1].buffer) if len(frames) > 1 else -1
+        del frames[1:]          # its bytes go now, not after the reply is queued
+        self._send(frames[0], protocol.error_header(request_id, "busy", message))
 
     def _refuse(self, frames: list) -> None:
         """Answer a request of a connection over PARAMSHARD_MAX_QUEUED_BYTES with an error naming it
@@ -351,7 +408,10 @@ class ParameterServer:
             self.stats[f"op_{op}"] += 1
             request = Incoming(op, header, header.get("trainer"), held=frames)
             if self._admit(request) is Verdict.HOLD:
-                return          # a hook keeps it and hands it back through context.resubmit
+                # A hook keeps it and hands it back through context.resubmit: counted in the budget
+                # until its frames are freed.
+                self.budget.hold(frames[-1], sum(len(f) for f in rest))
+                return
             trainer = request.trainer
             started = time.perf_counter()
             arrays = protocol.decode_arrays(header, rest[1:])
@@ -439,6 +499,10 @@ class ParameterServer:
     def _note_disconnects(self) -> None:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._live_fds.add(int(event["value"]))
+            else:
+                self._live_fds.discard(int(event["value"]))
             trainer = self._connections.event(event["event"], int(event["value"]))
             if trainer is not None and self.membership.connection_lost(trainer):
                 if self.context.retired:
@@ -495,6 +559,8 @@ class ParameterServer:
                             "stats replies_dropped)", self.name, describe_identity(key), why)
             return
         self._outbox.sent(key, tracker if track else None, nbytes)
+        if nbytes > SMALL_REQUEST:
+            self.budget.note_peak()
 
     @property
     def services(self) -> list[Service]:
@@ -519,5 +585,6 @@ class ParameterServer:
             [self._outbox.stats(), *(service.stats() for service in self._services)],
             server=self.server_id, address=self.address, uptime_s=round(time.time() - self.started_at, 3),
             trainers=TrainerStates(tuple(sorted(m.live)), tuple(sorted(m.left)), tuple(sorted(m.failed))),
-            phase_seconds={k: round(v, 6) for k, v in self.phase_seconds.items()}, counters=dict(self.stats),
+            phase_seconds={k: round(v, 6) for k, v in self.phase_seconds.items()},
+            counters={**self.stats, **self.budget.stats()},
         ).to_wire()

@@ -17,6 +17,9 @@ a request for it fails at once naming it.
 Security: with a Security (PARAMSHARD_SECRET / PARAMSHARD_KEYS_DIR) every
 socket is a CurveZMQ client; a server that refuses our handshake fails the
 call at once with HandshakeRefused, saying which setting to fix.
+
+Busy servers: a request a server refused as ``busy`` (its memory budget is full) goes again
+after a short backoff until the ticket's deadline (transport/busy.py).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import Cancelled, DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
 from . import protocol
+from .busy import BusyRequests
 from .security import FIX_HINT, HandshakeRefused, Security
 
 HEARTBEAT_IVL_MS = 1000
@@ -157,7 +161,7 @@ def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
 class Ticket:
     """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
     __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed",
-                 "moved")
+                 "moved", "busy")
 
     def __init__(self, count: int, wait: float, deadline: float):
         self.results: list = [None] * count
@@ -171,6 +175,7 @@ class Ticket:
         self.resend: dict[int, Exception] = {}   # server -> why its requests go again
         self.replayed: set[int] = set()      # request ids that are resent ones
         self.moved: list[int] = []           # slots refused with ``moved`` (their result stays None)
+        self.busy = BusyRequests()           # refused as busy: sent again after a backoff (transport/busy.py)
 
     @property
     def done(self) -> bool:
@@ -315,8 +320,8 @@ class ServerLinks(Requests):
             link = self.links[server]
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
+            ticket.sent[request_id] = (server, header, arrays)      # to send again (busy, bounded-loss)
             if ticket.retry:
-                ticket.sent[request_id] = (server, header, arrays)
                 if link.ever_connected and not link.connected:
                     # Known dead: queue nothing for its replacement (it would get it on connecting, before
                     # or after its restore); collect waits for it to serve, then sends (bounded-loss).
@@ -358,12 +363,16 @@ class ServerLinks(Requests):
             while ticket.pending and ticket.error is None:
                 for server, cause in list(ticket.resend.items()):      # bounded-loss: once it serves again
                     self._resend(ticket, server, cause)
+                for request_id in ticket.busy.due():
+                    self._send_again(ticket, request_id)
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"{self.who} stopped waiting for {len(ticket.pending)} replies")
                 remaining = ticket.deadline - time.monotonic()
                 if remaining <= 0:
-                    self._raise_deadline(ticket.pending, ticket.wait)
-                ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1)))
+                    self._raise_deadline(ticket.pending, ticket.wait, ticket.busy)
+                busy_ms = ticket.busy.next_ms()
+                ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1,
+                                                   busy_ms if busy_ms is not None else 250)))
                 for link in self.links:
                     if link.sock in ready:
                         self._receive(link)
@@ -395,6 +404,19 @@ class ServerLinks(Requests):
         if self._retiring:
             self._close_retiring()
 
+    def _send_again(self, ticket: "Ticket", request_id: int) -> None:
+        """A request refused as busy, once its backoff is over: the same request under a new id."""
+        if request_id not in ticket.pending:
+            return          # sent again already, to a restarted server (bounded-loss recovery)
+        slot, server, op = ticket.pending.pop(request_id)
+        self._inflight.pop(request_id, None)
+        _, header, arrays = ticket.sent.pop(request_id)
+        new_id = next(_ids)
+        ticket.pending[new_id] = (slot, server, op)
+        ticket.sent[new_id] = (server, header, arrays)
+        self._inflight[new_id] = ticket
+        self._send(self.links[server], protocol.encode({**header, "id": new_id}, arrays), ticket.deadline)
+
     def _receive(self, link: _Link) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""
         while True:
@@ -411,6 +433,13 @@ class ServerLinks(Requests):
                 continue   # a late answer to a request that timed out or was discarded
             slot, server, op = ticket.pending.pop(header["id"])
             sent = ticket.sent.pop(header["id"], None)
+            if not header.get("ok") and header.get("code") == "busy" and sent is not None:
+                # Refused before anything was done (the server's memory budget): again after a backoff.
+                ticket.pending[header["id"]] = (slot, server, op)
+                ticket.sent[header["id"]] = sent
+                self._inflight[header["id"]] = ticket
+                ticket.busy.refused(header["id"], slot, str(header.get("message")))
+                continue
             if not header.get("ok") and sent is not None and self.retry is not None:
                 code = str(header.get("code"))
                 if code == "applied" and header["id"] in ticket.replayed and not sent[1].get("reply_values"):
@@ -489,12 +518,13 @@ class ServerLinks(Requests):
             f"{self.who} cannot talk to {link.name}: the server refused the connection "
             f"handshake ({link.refusal}); {FIX_HINT} (this process uses {uses})")
 
-    def _raise_deadline(self, pending: dict, waited: float) -> None:
+    def _raise_deadline(self, pending: dict, waited: float, busy: BusyRequests | None = None) -> None:
         parts = []
-        for _, server, op in pending.values():
+        for request_id, (slot, server, op) in pending.items():
             link = self.links[server]
             link.poll_events()
-            state = "connected" if link.connected else (
+            refused = busy.describe(request_id, slot) if busy is not None else None
+            state = refused if refused is not None else "connected" if link.connected else (
                 "disconnected" if link.ever_connected else
                 "reachable, but its handshake never completed (hung?)" if link.reached else
                 "never reachable: is it running, is the address right?")
