@@ -1,7 +1,8 @@
 """Servers added and removed under training: 2 -> 3 -> 2 servers holding a big table (issue 24, item 3).
 
-Three ``python -m paramshard server`` subprocesses (async, PARAMSHARD_PARTITIONS=``--partitions``):
-servers 0 and 1 form the job, server 2 is started as the launcher would start an added one.
+``python -m paramshard server`` subprocesses (async, PARAMSHARD_PARTITIONS=``--partitions``):
+servers 0 and 1 form the job, and before each 2 -> 3 one more is started under a new index, as
+the launcher starts an added one (a removed server's index is never used again).
 The chief fills a table of ``--rows`` rows (dim ``--dim``, Adagrad, rows at 0) by pulls; then
 ``--trainers`` trainer threads (each its own ServerLinks) pull and push integer gradients on
 ``--hot`` ids of the table while the coordinator (launch/server_scaling.move_partitions) moves
@@ -43,11 +44,12 @@ from paramshard.transport.client import ServerLinks  # noqa: E402
 TABLE, GRAD, TIMEOUT = "big", 3, 120.0
 
 
-def start_servers(children: Children, addresses: list[str], trainers: int, partitions: int) -> None:
-    for i, known in ((0, 2), (1, 2), (2, 3)):
-        env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=trainers + 1,
-                         mode="async", timeout=TIMEOUT, partitions=partitions)
-        children.spawn(f"server {i}", [sys.executable, "-m", "paramshard", "server"], LocalLauncher._child_environ(env))
+def start_server(children: Children, addresses: list[str], i: int, trainers: int, partitions: int) -> None:
+    """Server ``i``: 0 and 1 form the job; each later one is added by a scale, under a new index as
+    the launcher adds one (a removed server's index is never used again)."""
+    env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:max(2, i + 1)]), num_trainers=trainers + 1,
+                     mode="async", timeout=TIMEOUT, partitions=partitions)
+    children.spawn(f"server {i}", [sys.executable, "-m", "paramshard", "server"], LocalLauncher._child_environ(env))
 
 
 class Trainer(threading.Thread):
@@ -121,10 +123,11 @@ def main() -> int:
     p.add_argument("--per-handoff", type=int, default=16)
     args = p.parse_args()
     children = Children()
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2 + args.repeats)]
     routing = Routing.initial(args.partitions, addresses[:2])
     try:
-        start_servers(children, addresses, args.trainers, args.partitions)
+        for i in range(2):
+            start_server(children, addresses, i, args.trainers, args.partitions)
         chief = ServerLinks(addresses[:2], timeout=TIMEOUT)
         chief.wait_ready(60)
         sparse = SparseClient(chief, 0, routing)
@@ -147,10 +150,14 @@ def main() -> int:
         mover = ServerLinks(addresses[:2], timeout=TIMEOUT)
         moves = []
         for repeat in range(args.repeats):
-            for target in ([0, 1, 2], [0, 1]):
+            added = 2 + repeat
+            start_server(children, addresses, added, args.trainers, args.partitions)
+            with ServerLinks([addresses[added]], timeout=TIMEOUT) as fresh:
+                fresh.wait_ready(60)        # its start is not the move's time
+            for target in ([0, 1, added], [0, 1]):
                 for tr in trainers:
                     tr.window()
-                record = move_partitions(mover, addresses, target, per_handoff=args.per_handoff,
+                record = move_partitions(mover, addresses[:added + 1], target, per_handoff=args.per_handoff,
                                          page_rows=args.page_rows)
                 stall = max(tr.window() for tr in trainers)
                 errors = [tr.error for tr in trainers if tr.error]

@@ -673,3 +673,16 @@ def test_a_removed_server_gone_before_its_tidying_leaves_the_move_done(removed, 
     for s in kept:
         assert not servers[s].copying and not servers[s].gone
     assert not servers[0].turn
+
+
+def test_a_removed_servers_index_is_never_given_partitions_again():
+    """Trainers and peers let go of a removed server for good: a server added again takes a new
+    index, as the launcher's scale does (a benchmark that reused index 2 failed its trainers with
+    'server 2 (removed by a scale) is no server of the job any more')."""
+    addresses, routing, servers = _cluster(3, 3, sync=False)
+    run_move(CheckingLinks(servers, lambda: "ok"), MovePlan(addresses, [0, 1], per_handoff=64, page_rows=50),
+             timeout=1.0)
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=64, page_rows=50)
+    _drive(plan, servers)
+    with pytest.raises(ConfigError, match=r"servers \[2\] were removed .* new index \(the next is 3\)"):
+        plan.result()

@@ -225,6 +225,12 @@ class MovePlan:
                               "cannot change; start it with PARAMSHARD_PARTITIONS=1024 to scale it")
         if 0 not in servers:
             raise ConfigError("server 0 holds the job's routing and services: it cannot be removed")
+        revived = [s for s in servers if s < len(routing.addresses) and not routing.addresses[s]]
+        if revived:
+            # Trainers, peers and the replica keeper let go of a removed server for good (its
+            # index stays a placeholder): a server added again is a new index, as the launcher does.
+            raise ConfigError(f"servers {revived} were removed by an earlier scale: an added server takes a "
+                              f"new index (the next is {len(routing.addresses)}), never a removed one's")
         before = routing.servers()
         record = self.record = MoveRecord(before, list(servers), started=self.clock())
         address_list = list(routing.addresses) + self.addresses[len(routing.addresses):]
