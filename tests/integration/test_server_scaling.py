@@ -168,7 +168,7 @@ def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, remove
     """Issue 29: a trainer that starts now (a joiner, a replacement) knows the job's first two
     servers only and learns a routing naming ``removed`` retired (""): it connects to nothing for
     it (a joiner died of 'tcp://'), reads every row right, and joins and leaves without it. Once
-    every trainer's requests carry that routing, the launcher's step stops the removed server."""
+    every trainer let go of it, the removed server exits."""
     from paramshard.client import control
     links = ServerLinks(addresses[:2], timeout=TIMEOUT)
     try:
@@ -180,10 +180,10 @@ def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, remove
             rows = SparseClient(links, t, joiner.routing).pull_sparse(TABLE, shared, DIM, create=False)
             assert np.array_equal(rows.astype(np.int64), np.stack([want[int(i)] for i in shared]))
         assert len(control.server_stats(links)) == 2
-        from paramshard.launch.elastic_servers import stop_when_unneeded
-        job = ClusterEnv(role=None, servers=tuple(addresses[:2]), num_trainers=TRAINERS, mode="async",
-                         timeout=TIMEOUT, partitions=PARTITIONS)
-        assert stop_when_unneeded(job, addresses, [removed], version, patience=10.0)
+        # Every trainer let go of it (their links closed; the joiner never connected to it): a retired
+        # server takes their going as leaves, not losses, and exits by itself, before the launcher's
+        # step would tell it to (launch/elastic_servers.py: stop_when_unneeded, for one a trainer
+        # still holds a link to).
         assert children[removed].proc.wait(timeout=15) == 0, f"server {removed} did not exit once retired"
         assert all(c.proc.poll() is None for i, c in enumerate(children) if i != removed)
     finally:

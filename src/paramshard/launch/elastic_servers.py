@@ -215,6 +215,11 @@ class ElasticServers:
             self.retiring.start()
 
     def _stop_removed(self, addresses: list[str], removed: list[int], version: int | None) -> None:
+        running = [s for s in removed if getattr(self.launcher.servers[s], "poll", lambda: None)() is None]
+        if not running:
+            log.info("servers %s exit: they stopped by themselves once no trainer was connected to them", removed)
+            return
+        removed = running
         try:
             if self._retire(self.env, addresses, removed, version):
                 log.info("servers %s exit: no trainer routes to them any more", removed)

@@ -191,8 +191,12 @@ class MigrationService:
         return Reply({"tables": sorted(self.sparse.tables)})
 
     # -- the old owner -------------------------------------------------------
-    def handle_migrate_start(self, header: dict, arrays: list) -> Reply:
-        self._settle_drops()        # a drop of the last move still under way: its rows go now
+    def handle_migrate_start(self, header: dict, arrays: list) -> Reply | Deferred:
+        # A drop of the last move still under way finishes first, a slice a tick (the pages are
+        # read by row position); the move waits for it, not the requests served meanwhile.
+        return self._after_drops(lambda: self._start_copy(header), "migrate_start")
+
+    def _start_copy(self, header: dict) -> Reply:
         self.ownership.start_copy(header["partitions"])
         # Sync: a push received before the copy began is applied when its step completes, maybe
         # after its rows were copied: its rows are dirty from now on, as if it came now.
@@ -203,6 +207,18 @@ class MigrationService:
         self._row_partitions = {}
         self.evicted_at_start = {n: t.evicted for n, t in self.sparse.tables.items()}
         return Reply({"rows": {n: t.num_rows for n, t in self.sparse.tables.items()}})
+
+    def _after_drops(self, then, op: str) -> Reply | Deferred:
+        """``then()`` once no drop is under way here. A move right after another (3 -> 2 right after
+        2 -> 3) met the last one's drop still going: finishing it at once stalled every request
+        for a second on millions of rows; the hook's ticks finish it a slice at a time instead,
+        and the move waits."""
+        dropping = lambda: any(t.dropping for t in self.sparse.tables.values())    # noqa: E731
+        if not dropping():
+            return then()
+        return Deferred(ready=lambda: not dropping(), make_reply=then,
+                        describe=lambda: f"{op}: the rows handed away by the last move to be dropped first "
+                                         f"({sum(t.num_rows for t in self.sparse.tables.values())} rows held)")
 
     def handle_migrate_page(self, header: dict, arrays: list) -> Reply:
         table = self.sparse.table(header["table"])
@@ -304,10 +320,6 @@ class MigrationService:
                 doomed &= ~self.ownership.owned
                 table.drop_later(lambda ids, m=doomed: m[self.ownership.partitions(ids)])
 
-    def _settle_drops(self) -> None:
-        for table in self.sparse.tables.values():
-            table.settle_drops()
-
     def _page_reply(self, page: dict, total: int) -> Reply:
         names = list(page)
         out = [np.ascontiguousarray(page[n]) for n in names]
@@ -315,13 +327,16 @@ class MigrationService:
         return Reply({"parts": names, "total": total}, out)
 
     # -- the new owner -------------------------------------------------------
-    def handle_migrate_expect(self, header: dict, arrays: list) -> Reply:
+    def handle_migrate_expect(self, header: dict, arrays: list) -> Reply | Deferred:
         if self._strays_unknown:
             not_owned = ~self.ownership.owned
             for table in self.sparse.tables.values():
                 table.drop_later(lambda ids, m=not_owned: m[self.ownership.partitions(ids)])
             self._strays_unknown = False
-        self._settle_drops()        # rows of these partitions from an earlier stay here go first
+        # Rows of these partitions from an earlier stay here go first (a slice a tick: the move waits).
+        return self._after_drops(lambda: self._expect(header), "migrate_expect")
+
+    def _expect(self, header: dict) -> Reply:
         self.ownership.expect(header["partitions"])
         return Reply()
 
