@@ -216,7 +216,14 @@ class MigrationService:
         dropping = lambda: any(t.dropping for t in self.sparse.tables.values())    # noqa: E731
         if not dropping():
             return then()
-        return Deferred(ready=lambda: not dropping(), make_reply=then,
+
+        def ready() -> bool:
+            # A move waits on it: a slice every turn of the loop (between batches of requests,
+            # about DROP_BUDGET_S each), not only every tick.
+            if dropping():
+                self.drop_some()
+            return not dropping()
+        return Deferred(ready=ready, make_reply=then,
                         describe=lambda: f"{op}: the rows handed away by the last move to be dropped first "
                                          f"({sum(t.num_rows for t in self.sparse.tables.values())} rows held)")
 
