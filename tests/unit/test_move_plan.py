@@ -686,3 +686,24 @@ def test_a_removed_servers_index_is_never_given_partitions_again():
     _drive(plan, servers)
     with pytest.raises(ConfigError, match=r"servers \[2\] were removed .* new index \(the next is 3\)"):
         plan.result()
+
+
+class NoTables(FakeServer):
+    """A job with dense blocks and no sparse table yet."""
+
+    def op_migrate_tables(self, h, a):
+        return {"tables": [], "sync": self.sync}, []
+
+    def op_migrate_tables_in(self, h, a):
+        return {"tables": []}, []
+
+
+def test_a_job_without_sparse_tables_moves_its_dense_blocks():
+    """The pipelined copy has no page to ask for (it failed with an IndexError on no table)."""
+    addresses, routing, _ = _cluster(2, 3, sync=False)
+    servers = [NoTables(i, routing, joining=i >= 2, sync=False) for i in range(3)]
+    plan = MovePlan(addresses, [0, 1, 2], per_handoff=64, page_rows=50)
+    ops = _drive(plan, servers)
+    record = plan.result()
+    assert record.blocks > 0 and not any(op == "migrate_page" for _, op in ops)
+    assert servers[2].blocks and not servers[2].blocks_in, "the new server took its blocks"

@@ -358,7 +358,7 @@ class MovePlan:
         and new owners take pages in at the same time (one round trip a page, not two, and the
         sources side by side)."""
         work = {source: [[table, 0] for table in w.tables]
-                for source in sorted(set(w.routing.owners[w.moving].tolist()))}
+                for source in sorted(set(w.routing.owners[w.moving].tolist())) if w.tables}   # dense only: none
         brought: list[tuple[str, list, list]] = []          # (table, parts, arrays) of the last round
         while work or brought:
             asks = [(source, *todo[0]) for source, todo in work.items()]
