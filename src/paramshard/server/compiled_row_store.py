@@ -120,6 +120,11 @@ class CompiledRowStore(RowStateArrays):
         if self.count_index is not None:
             self.count_index.label = text
 
+    def _room_rows(self) -> int:
+        """Rows the arrays have room for: the ids' (a tiered store's grow alone) and the values'
+        (grown last) the shortest."""
+        return min(len(self.keys), len(self.values))
+
     def _ensure_capacity(self, rows: int, exact: bool = False) -> None:
         """Room for ``rows`` rows: the arrays grow to twice their rows (``exact``: to ``rows``), within
         the row limit and the address-space limit (kernels/arena.py). Rows never move in memory
@@ -187,7 +192,7 @@ class CompiledRowStore(RowStateArrays):
     def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.uint64)
         first = self._rows
-        if min(self.index.room(first), len(self.values) - first) < len(ids):
+        if min(self.index.room(first), self._room_rows() - first) < len(ids):
             # Room for every id to be new, made before any row is: a MemoryError leaves the store
             # as it was. (Only within a batch of the next growth: then it comes a little early.)
             self._ensure_capacity(first + len(ids))
@@ -195,7 +200,7 @@ class CompiledRowStore(RowStateArrays):
         else:
             self.index.drain(self.keys, 0)
         rows = np.empty(len(ids), np.int64)
-        room = min(self.index.room(first), len(self.values) - first)
+        room = min(self.index.room(first), self._room_rows() - first)
         made, done = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, 0, first,
                                         room, seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows,
                                         self._scratch, self._fmt)
