@@ -163,3 +163,15 @@ def test_regions_are_huge_page_aligned_when_large():
     a = arena.reserve(1 << 18, (4,), np.float32)      # 4 MiB
     assert a.ctypes.data % arena.HUGE == 0
     assert ctypes.sizeof(arena._holder(a)) == 4 << 20
+
+
+def test_paging_ahead_the_next_buckets_past_the_limit_does_not_fail_the_rows_already_made(monkeypatch):
+    """``prepare`` runs after a request's rows were made: it skips paging ahead instead of raising."""
+    store = _store(dim=4)
+    store.reserve(300_000)          # rows and 524,288 buckets: no growth below
+    store.lookup_or_create(np.arange(1, 260_001, dtype=np.uint64), 0, seed=3, init_scale=0.1)
+    assert store.index.spare is None
+    monkeypatch.setattr(arena, "address_space_limit", lambda: arena.mapped_bytes() + arena.HEADROOM + (1 << 20))
+    # Past load 0.5 (262,144 ids) the next growth's buckets (8 MiB) would be paged in now.
+    made = store.lookup_or_create(np.arange(260_001, 270_001, dtype=np.uint64), 0, seed=3, init_scale=0.1)
+    assert store.num_rows == 270_000 and (made >= 260_000).all() and store.index.spare is None

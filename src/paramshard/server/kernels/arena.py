@@ -99,20 +99,20 @@ def mapped_bytes() -> int:
         return int(f.read().split()[0]) * PAGE
 
 
-def check_room(nbytes: int, what: str, rows: int) -> None:
-    """Refuse (OutOfAddressSpace) ``nbytes`` more of address space for ``rows`` rows of
+def check_room(nbytes: int, what: str, rows: int, unit: str = "rows") -> None:
+    """Refuse (OutOfAddressSpace) ``nbytes`` more of address space for ``rows`` rows (``unit``) of
     ``what`` when they would pass the limit less HEADROOM."""
     limit = address_space_limit()
     if limit is None:
         return
     used = mapped_bytes()
     if used + nbytes > limit - HEADROOM:
-        raise OutOfAddressSpace(what, rows, nbytes, limit, used, HEADROOM)
+        raise OutOfAddressSpace(what, rows, nbytes, limit, used, HEADROOM, unit=unit)
 
 
-def _refused(what: str, rows: int, nbytes: int, err: int) -> OutOfAddressSpace:
+def _refused(what: str, rows: int, nbytes: int, err: int, unit: str = "rows") -> OutOfAddressSpace:
     limit = address_space_limit()
-    return OutOfAddressSpace(what, rows, nbytes, limit, mapped_bytes(), HEADROOM, os.strerror(err))
+    return OutOfAddressSpace(what, rows, nbytes, limit, mapped_bytes(), HEADROOM, os.strerror(err), unit)
 
 
 # -- mappings -------------------------------------------------------------------------------------
@@ -134,14 +134,14 @@ def _pages(nbytes: int) -> int:
     return max(PAGE, -(-nbytes // PAGE) * PAGE)
 
 
-def _map(length: int, what: str, rows: int) -> int:
+def _map(length: int, what: str, rows: int, unit: str = "rows") -> int:
     """A fresh RW mapping of ``length`` bytes (whole pages), on a huge-page boundary when it is
     that large (so its pages can be huge: the kernel only makes huge pages of aligned 2 MiB)."""
     align = HUGE if length >= HUGE else PAGE
     span = length + align - PAGE
     address = _libc.mmap(None, span, _PROT_RW, _ANON, -1, 0)
     if address in (None, _FAILED):
-        raise _refused(what, rows, length, ctypes.get_errno())
+        raise _refused(what, rows, length, ctypes.get_errno(), unit)
     start = -(-address // align) * align
     if start > address:
         _libc.munmap(address, start - address)
@@ -165,14 +165,15 @@ def _row_bytes(row_shape: tuple, dtype) -> int:
     return int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16, what: str = "a row store") -> np.ndarray:
+def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16, what: str = "a row store",
+            unit: str = "rows") -> np.ndarray:
     """A zero-filled array of ``max(rows, minimum)`` rows, backed by pages committed on first
-    write; OutOfAddressSpace when it does not fit the address-space limit."""
+    write; OutOfAddressSpace (counting ``unit``) when it does not fit the address-space limit."""
     dtype = np.dtype(dtype)
     rows = max(rows, minimum)
     length = _pages(rows * _row_bytes(row_shape, dtype))
-    check_room(length, what, rows)
-    return _array(_Region(_map(length, what, rows), length), rows, tuple(row_shape), dtype)
+    check_room(length, what, rows, unit)
+    return _array(_Region(_map(length, what, rows, unit), length), rows, tuple(row_shape), dtype)
 
 
 def _holder(array: np.ndarray):
@@ -238,7 +239,7 @@ def zeros(count: int, dtype, what: str = "an id index") -> np.ndarray:
     into 256 MB of fresh buckets)."""
     if count * np.dtype(dtype).itemsize < (4 << 20):
         return np.zeros(count, dtype)
-    return reserve(count, (), dtype, minimum=count, what=what)
+    return reserve(count, (), dtype, minimum=count, what=what, unit="buckets")
 
 
 # -- pages given back -------------------------------------------------------------------------------

@@ -253,7 +253,14 @@ class HashIndex:
         if rows < SPARE_LOAD * len(self.buckets) or self.draining:
             return
         if self.spare is None or len(self.spare) != 2 * len(self.buckets):
-            self.spare, self.spare_ready = self._zeros(2 * len(self.buckets)), 0
+            try:
+                self.spare, self.spare_ready = self._zeros(2 * len(self.buckets)), 0
+            except MemoryError:
+                # Past the address-space limit (kernels/arena.py): no paging ahead. This runs after
+                # the rows were made, so it must not fail the request; the growth itself
+                # (make_room) is refused cleanly, before any row, if it still does not fit.
+                self.spare, self.spare_ready = None, 0
+                return
         end = min(len(self.spare), self.spare_ready + max(SPARE_MIN_BYTES, SPARE_BYTES_PER_INSERT * added) // 8)
         self.spare[self.spare_ready:end] = 0      # writing is what pages it in
         self.spare_ready = end
