@@ -3,8 +3,9 @@
 A store's per-row arrays (the ids, values, optimizer state, update counts, last-seen
 versions, admission counters) each live in one anonymous private mapping with
 MAP_NORESERVE: the kernel commits a page only when a row on it is first written.
-A mapping holds the rows the table has, with room to double (``grow``): its address
-space is in proportion to the table, at most about twice its bytes. (It used to be
+A mapping holds the rows the table has, with room to double (``grow``), in whole huge
+pages (2 MiB, see ``_pages``): its address space is in proportion to the table, at most
+about twice its bytes, at least 2 MiB an array. (It used to be
 reserved for the whole row limit up front, PARAMSHARD_MAX_ROWS: 42 GB of address space
 for a dim-4 table, 545 GB for dim 64. Under an address-space limit, ``ulimit -v``, a
 server then died at its next thread stack (a libzmq abort); under vm.overcommit_memory=2
@@ -131,13 +132,19 @@ class _Region:
 
 
 def _pages(nbytes: int) -> int:
-    return max(PAGE, -(-nbytes // PAGE) * PAGE)
+    """A mapping's length for ``nbytes``: whole huge pages (2 MiB). Faults in a huge-page-advised
+    mapping then take a whole huge page each, as they did in the one large reservation of every
+    row (a table's arrays cost at least one huge page each, in address space and, once written,
+    in memory, as they did then); and a mapping grown by a move ends on a huge-page boundary
+    where the fresh part starts, so the fresh part's huge pages are whole. (Mappings in 4 KiB
+    pages, a fault each, took 1.3-1.6x as long to fill a table from 1,024 rows to 100,000.)"""
+    return max(HUGE, -(-nbytes // HUGE) * HUGE)
 
 
 def _map(length: int, what: str, rows: int, unit: str = "rows") -> int:
     """A fresh RW mapping of ``length`` bytes (whole pages), on a huge-page boundary when it is
     that large (so its pages can be huge: the kernel only makes huge pages of aligned 2 MiB)."""
-    align = HUGE if length >= HUGE else PAGE
+    align = HUGE
     span = length + align - PAGE
     address = _libc.mmap(None, span, _PROT_RW, _ANON, -1, 0)
     if address in (None, _FAILED):
@@ -147,7 +154,7 @@ def _map(length: int, what: str, rows: int, unit: str = "rows") -> int:
         _libc.munmap(address, start - address)
     if address + span > start + length:
         _libc.munmap(start + length, address + span - start - length)
-    if _MADV_HUGEPAGE is not None and length >= HUGE:
+    if _MADV_HUGEPAGE is not None:
         # Huge pages, as numpy asks for its own large arrays: random row access over
         # gigabytes otherwise spends more time in TLB misses than in reading (measured 2.5x).
         _libc.madvise(start, length, _MADV_HUGEPAGE)
@@ -213,7 +220,7 @@ def grow(array: np.ndarray, rows: int, used: int, what: str = "a row store") -> 
     check_room(length - old, what, rows)
     if _libc.mremap(region.address, old, length, 0, None) not in (None, _FAILED):
         region.length = length            # grown where it is: every array over it stays valid
-        if _MADV_HUGEPAGE is not None and length >= HUGE:
+        if _MADV_HUGEPAGE is not None:
             _libc.madvise(region.address, length, _MADV_HUGEPAGE)
         return _array(region, rows, row_shape, dtype)
     check_room(length + HUGE, what, rows)
