@@ -22,17 +22,33 @@ def pytest_configure(config):
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-class Cluster:
-    """Real server processes on free loopback ports; trainers are made by the test."""
+# ``python -c`` of a server under an address-space limit (RLIMIT_AS, as ``ulimit -v`` sets it),
+# given as argv[1] in bytes: set before paramshard is imported, as a shell's ulimit would be.
+_UNDER_LIMIT = ("import resource, runpy, sys; limit = int(sys.argv.pop(1)); "
+                "resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); sys.argv[0] = 'paramshard'; "
+                "runpy.run_module('paramshard', run_name='__main__', alter_sys=True)")
 
-    def __init__(self, servers: int, trainers: int, mode: str, timeout: float, **env_fields):
+
+def server_argv(address_space: int | None = None) -> list[str]:
+    """``paramshard server``, under an address-space limit of ``address_space`` bytes when given."""
+    if address_space is None:
+        return [sys.executable, "-m", "paramshard", "server"]
+    return [sys.executable, "-c", _UNDER_LIMIT, str(address_space), "server"]
+
+
+class Cluster:
+    """Real server processes on free loopback ports; trainers are made by the test.
+    ``address_space``: each server's RLIMIT_AS in bytes (None: the test process's own)."""
+
+    def __init__(self, servers: int, trainers: int, mode: str, timeout: float, address_space: int | None = None,
+                 **env_fields):
         addresses = [f"127.0.0.1:{p}" for p in free_ports(servers)]
         self.base = ClusterEnv(role=None, servers=tuple(addresses), num_trainers=trainers, mode=mode,
                                timeout=timeout, **env_fields)
         self.children = []
         for i in range(servers):
             env = dataclasses.replace(self.base, role="server", server_id=i)
-            self.children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
+            self.children.append(Child(f"server {i}", server_argv(address_space),
                                        LocalLauncher._child_environ(env)))
 
     def trainer_env(self, trainer_id: int, **overrides) -> ClusterEnv:
@@ -46,8 +62,8 @@ class Cluster:
 def cluster():
     made = []
 
-    def make(servers=2, trainers=1, mode="sync", timeout=20.0, **env_fields):
-        c = Cluster(servers, trainers, mode, timeout, **env_fields)
+    def make(servers=2, trainers=1, mode="sync", timeout=20.0, address_space=None, **env_fields):
+        c = Cluster(servers, trainers, mode, timeout, address_space, **env_fields)
         made.append(c)
         return c
 

@@ -51,3 +51,20 @@ class Cancelled(ParamshardError):
 
 class LimitExceeded(ConfigError):
     """A request passed one of the server's resource limits (paramshard.limits)."""
+
+
+class OutOfAddressSpace(LimitExceeded, MemoryError):
+    """Rows that would pass the server's address-space limit (RLIMIT_AS, ``ulimit -v``):
+    refused before anything changed (server/kernels/arena.py)."""
+
+    def __init__(self, what: str, rows: int, nbytes: int, limit: int | None, used: int, headroom: int,
+                 reason: str = "", unit: str = "rows"):
+        from .budgets import show_bytes
+        self.what, self.rows, self.nbytes, self.limit = what, rows, nbytes, limit
+        limit_text = "no limit" if limit is None else f"the {show_bytes(limit)} limit"
+        because = f" ({reason})" if reason else ""
+        super().__init__(
+            f"{what}: {rows} {unit} need {show_bytes(nbytes)} more address space, which does not fit: the "
+            f"process maps {show_bytes(used)} of {limit_text} on its address space (RLIMIT_AS, ulimit -v; "
+            f"{show_bytes(headroom)} of it kept for threads and buffers){because}. Reserve fewer rows, "
+            f"spread the table over more servers, or raise the servers' address-space limit")

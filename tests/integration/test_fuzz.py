@@ -54,6 +54,10 @@ SEED = int(os.environ.get("PARAMSHARD_FUZZ_SEED", "20240611"))
 FAST_MESSAGES = int(os.environ.get("PARAMSHARD_FUZZ_FAST", "600"))
 FULL_MESSAGES = int(os.environ.get("PARAMSHARD_FUZZ_FULL", "10000"))
 VERBOSE = os.environ.get("PARAMSHARD_FUZZ_VERBOSE", "") not in ("", "0")   # print what each kind got back
+# The server's address-space limit in GiB (RLIMIT_AS, as `ulimit -v` sets it; unset: none), e.g.
+# PARAMSHARD_FUZZ_ADDRESS_SPACE_GIB=6: the fuzzer's tables and reserves must be refused, not abort it.
+ADDRESS_SPACE = (int(float(os.environ["PARAMSHARD_FUZZ_ADDRESS_SPACE_GIB"]) * (1 << 30))
+                 if os.environ.get("PARAMSHARD_FUZZ_ADDRESS_SPACE_GIB") else None)
 CHECK_EVERY = 500
 RSS_SLACK_KB = 64 * 1024
 REPLY_DEADLINE_S = 5.0
@@ -1126,7 +1130,7 @@ class Fuzzer:
 
 
 def run_fuzz(cluster, mode: str, count: int):
-    c = cluster(servers=1, trainers=1, mode=mode, timeout=10.0)
+    c = cluster(servers=1, trainers=1, mode=mode, timeout=10.0, address_space=ADDRESS_SPACE)
     log = TailLog()
     c.children[0].out = log          # keep the server's log for the report instead of printing 10^4 warnings
     failures = Failures()

@@ -89,5 +89,5 @@ def test_reserved_rows_read_zero_and_released_pages_read_zero_again():
     a[:5000] = 1.0
     arena.release(a, 100)
     assert (a[:100] == 1).all() and not a[2000:5000].any()
-    b = arena.grown(a, (1 << 20) + 10, 100)
+    b = arena.grow(a, (1 << 20) + 10, 100)
     assert len(b) > 1 << 20 and (b[:100] == 1).all()

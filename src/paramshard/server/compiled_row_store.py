@@ -4,8 +4,10 @@ What the numpy store does with batch-sized temporaries, this one does in one
 pass of compiled code (server/kernels/): a first touch finds or makes every row
 of a pull in one loop (initial values written in place), a push updates each
 row where it lives, and the id index grows a slice at a time instead of
-rehashing the table. The row arrays are reserved for the table's whole row
-limit up front (kernels/arena.py), so growing never copies them.
+rehashing the table. The row arrays are mappings sized to the rows held, with
+room to double (kernels/arena.py): growing moves their pages, never copies the
+rows, and checks the process's address-space limit first, so a table too large
+for it is refused (OutOfAddressSpace) with the store left as it was.
 
 Half-precision rows (row_formats.py) are uint16 bits converted in the kernels
 (kernels/half.py): 2 bytes a value.
@@ -21,10 +23,11 @@ from typing import Mapping
 
 import numpy as np
 
+from ..errors import OutOfAddressSpace
 from ..update_rules import Rule
 from .kernels import arena
 from .kernels.half import from_bits, to_bits
-from .kernels.hash_index import DRAIN_PER_INSERT, HashIndex
+from .kernels.hash_index import DRAIN_PER_INSERT, MAX_LOAD, HashIndex, buckets_for
 from .kernels.initial_rows import seed_salt
 from .kernels.row_kernels import compact_kernel, first_touch_kernel, gather_kernel, kept_rows_kernel
 from .kernels.update_kernels import rule_kernel
@@ -32,7 +35,7 @@ from .row_state import RowStateArrays
 from .row_formats import STOCHASTIC, check_row_format, code_of, round_salt, version_key
 from .row_store import distinct_sorted, swap_plan
 
-COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted (address space only)
+COUNTER_ROWS = 1 << 31     # admission counters: ids seen but not admitted, at most
 _loaded: set[tuple] = set()    # (rule, eviction, admission counting, half rows) whose kernels are loaded here
 
 
@@ -53,16 +56,21 @@ class CompiledRowStore(RowStateArrays):
         self.slot_count = len(self._slot_initials)
         self._update = rule_kernel(rule)
         self._rows = 0
-        self.keys = arena.reserve(max_rows, (), np.uint64)
-        self.values = arena.reserve(max_rows, (dim,), np.uint16 if self._half else np.float32)
-        self.slots = [arena.reserve(max_rows, s.shape[1:], np.float32) for s in self._slot_initials]
-        self.steps = arena.reserve(max_rows, (), np.uint32) if rule.uses_step else None
-        self.last_seen = arena.reserve(max_rows, (), np.uint32) if keep_last_seen else None
+        self._label = getattr(self, "_label", "a row store")     # kept by clear()
+        # Room for ``capacity`` rows to start with; the arrays grow as rows come (_ensure_capacity).
+        start, what = min(max(capacity, 16), max(max_rows, 16)), self._label
+        self.keys = arena.reserve(start, (), np.uint64, what=what)
+        self.values = arena.reserve(start, (dim,), np.uint16 if self._half else np.float32, what=what)
+        self.slots = [arena.reserve(start, s.shape[1:], np.float32, what=what) for s in self._slot_initials]
+        self.steps = arena.reserve(start, (), np.uint32, what=what) if rule.uses_step else None
+        self.last_seen = arena.reserve(start, (), np.uint32, what=what) if keep_last_seen else None
         self.index = HashIndex(capacity)
+        self.index.label = what
         if count_admissions:
-            self.count_keys = arena.reserve(COUNTER_ROWS, (), np.uint64)
-            self.count_values = arena.reserve(COUNTER_ROWS, (), np.uint32)
+            self.count_keys = arena.reserve(1024, (), np.uint64, what=what)
+            self.count_values = arena.reserve(1024, (), np.uint32, what=what)
             self.count_index: HashIndex | None = HashIndex(16)
+            self.count_index.label = what
             self._counted = 0
         else:
             self.count_index = None
@@ -101,20 +109,63 @@ class CompiledRowStore(RowStateArrays):
             counters = self._counted * 12 + self.count_index.nbytes
         return self._rows * self.bytes_per_row + self.index.nbytes + counters
 
-    def _ensure_capacity(self, rows: int) -> None:
-        """Only where the reservation was refused (arena.py) do the arrays ever move."""
+    @property
+    def label(self) -> str:
+        """What the store's errors call it (SparseTable sets "table 'name'")."""
+        return self._label
+
+    @label.setter
+    def label(self, text: str) -> None:
+        self._label = self.index.label = text
+        if self.count_index is not None:
+            self.count_index.label = text
+
+    def _room_rows(self) -> int:
+        """Rows the arrays have room for: the ids' (a tiered store's grow alone) and the values'
+        (grown last) the shortest."""
+        return min(len(self.keys), len(self.values))
+
+    def _ensure_capacity(self, rows: int, exact: bool = False) -> None:
+        """Room for ``rows`` rows: the arrays grow to twice their rows (``exact``: to ``rows``), within
+        the row limit and the address-space limit (kernels/arena.py). Rows never move in memory
+        (their pages do, when a mapping cannot grow in place)."""
         if rows <= len(self.values):
             return
         if rows > self.max_rows:
-            raise MemoryError(f"{rows} rows: past the {self.max_rows} this store holds")
-        grow = lambda a: None if a is None else arena.grown(a, rows, self._rows)   # noqa: E731
-        # Every copy is made before any array is replaced: a MemoryError leaves the store whole.
-        keys, values, slots = grow(self.keys), grow(self.values), [grow(s) for s in self.slots]
-        steps, last_seen = grow(self.steps), grow(self.last_seen)
-        self.keys, self.values, self.slots, self.steps, self.last_seen = keys, values, slots, steps, last_seen
+            raise MemoryError(f"{self._label}: {rows} rows: past the {self.max_rows} this store holds")
+        target = rows if exact else min(self.max_rows, max(rows, 2 * len(self.values)))
+        self._grow_arrays(target, rows)
+
+    def _room_for(self, rows: int, index_rows: int = 0) -> int:
+        """Address space growing every per-row array to ``rows`` rows (and the id index to
+        buckets for ``index_rows`` ids) may take."""
+        need = sum(arena.room_needed(a, rows) for a in self._per_row_arrays())
+        return need + (buckets_for(index_rows, MAX_LOAD) * 8 if index_rows else 0)
+
+    def _grow_arrays(self, target: int, rows: int) -> None:
+        """Grow every per-row array to ``target`` rows, or, where that does not fit the address-space
+        limit, to the ``rows`` needed; checked for all of them before any grows."""
+        try:
+            arena.check_room(self._room_for(target), self._label, target)
+        except OutOfAddressSpace:
+            if target == rows:
+                raise
+            arena.check_room(self._room_for(rows), self._label, rows)
+            target = rows
+        grow = lambda a: None if a is None else arena.grow(a, target, self._rows, self._label)   # noqa: E731
+        # ``values`` last: its length is the store's capacity, so a failure half way (a mapping
+        # refused after the check passed) leaves a store whose other arrays are only larger.
+        self.keys = grow(self.keys)
+        self.slots = [grow(s) for s in self.slots]
+        self.steps, self.last_seen = grow(self.steps), grow(self.last_seen)
+        self.values = grow(self.values)
 
     def reserve(self, rows: int) -> None:
-        self._ensure_capacity(rows)
+        if rows > len(self.values) and rows <= self.max_rows:
+            # The rows and their index buckets, checked at once: a table reserved larger than the
+            # address space allows is refused before anything is made.
+            arena.check_room(self._room_for(rows, rows), self._label, rows)
+        self._ensure_capacity(rows, exact=True)
         self.index.reserve(self.keys, rows, self._rows)
 
     # -- rows -------------------------------------------------------------
@@ -141,7 +192,7 @@ class CompiledRowStore(RowStateArrays):
     def lookup_or_create(self, ids: np.ndarray, version: int, seed: int, init_scale: float) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.uint64)
         first = self._rows
-        if min(self.index.room(first), len(self.values) - first) < len(ids):
+        if min(self.index.room(first), self._room_rows() - first) < len(ids):
             # Room for every id to be new, made before any row is: a MemoryError leaves the store
             # as it was. (Only within a batch of the next growth: then it comes a little early.)
             self._ensure_capacity(first + len(ids))
@@ -149,7 +200,7 @@ class CompiledRowStore(RowStateArrays):
         else:
             self.index.drain(self.keys, 0)
         rows = np.empty(len(ids), np.int64)
-        room = min(self.index.room(first), len(self.values) - first)
+        room = min(self.index.room(first), self._room_rows() - first)
         made, done = first_touch_kernel(self.index.buckets, self.index.old, self.keys, self.values, ids, 0, first,
                                         room, seed_salt(seed), np.float32(2 * init_scale), np.float32(init_scale), rows,
                                         self._scratch, self._fmt)
@@ -207,9 +258,16 @@ class CompiledRowStore(RowStateArrays):
 
     def _add_counters(self, ids: np.ndarray) -> np.ndarray:
         first, n = self._counted, len(ids)
+        if first + n > COUNTER_ROWS:
+            raise MemoryError(f"{self._label}: admission counters: {first + n} ids seen and not admitted, "
+                              f"past the {COUNTER_ROWS} this store holds")
         if first + n > len(self.count_keys):
-            raise MemoryError(f"admission counters: {first + n} ids seen and not admitted, "
-                              f"past the {len(self.count_keys)} this store holds")
+            target = min(COUNTER_ROWS, max(first + n, 2 * len(self.count_keys)))
+            what = f"{self._label}: admission counters"
+            arena.check_room(arena.room_needed(self.count_keys, target) +
+                             arena.room_needed(self.count_values, target), what, target)
+            self.count_values = arena.grow(self.count_values, target, first, what)
+            self.count_keys = arena.grow(self.count_keys, target, first, what)
         self.count_index.make_room(self.count_keys, first, n)
         self.count_keys[first:first + n] = ids
         self.count_values[first:first + n] = 0

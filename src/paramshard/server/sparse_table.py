@@ -75,6 +75,8 @@ class SparseTable:
                                      count_admissions=admission.min_count > 1,
                                      max_rows=limits.max_rows, capacity=capacity, value_dtype=dtype,
                                      rounding=rounding, seed=seed, **tier)
+        if hasattr(self.store, "label"):
+            self.store.label = f"table {name!r}"      # named in its address-space errors
         self.memory_budget = memory_budget
         self.version = 0                               # completed steps (sync) or pushes (async)
         self._pending: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}   # trainer -> (rows, grads, ids)

@@ -209,7 +209,7 @@ class TieredRowStore(CompiledRowStore):
         for name, array in self._named_tier_arrays():
             path = str(self.tier_dir / f"{name}.rows")
             self._files.append(path)
-            moved[name] = arena.reserve_file(path, len(array), array.shape[1:], array.dtype, minimum=16)
+            moved[name] = arena.reserve_file(path, max_rows, array.shape[1:], array.dtype, minimum=16)
         self.values = moved["values"]
         self.slots = [moved[f"slot{i}"] for i in range(len(self.slots))]
         if self.steps is not None:
@@ -367,8 +367,8 @@ class TieredRowStore(CompiledRowStore):
                 "misses": self.misses, "spills": self.spills, "promotions": self.promotions}
 
     # -- capacity -----------------------------------------------------------------------------------
-    def _ensure_capacity(self, rows: int) -> None:
-        """The files are reserved once; only the ids (in RAM) may grow by copying."""
+    def _ensure_capacity(self, rows: int, exact: bool = False) -> None:
+        """The files are reserved once, for the row limit; only the ids (in RAM) grow (kernels/arena.py)."""
         if rows <= min(len(self.keys), len(self.values)):
             return
         if rows > self.max_rows:
@@ -376,7 +376,8 @@ class TieredRowStore(CompiledRowStore):
         room = min(len(a) for a in self._tier_arrays())
         if rows > room:
             raise MemoryError(f"{rows} rows: past the {room} the tier files in {self.tier_dir} were made for")
-        self.keys = arena.grown(self.keys, rows, self._rows)
+        self.keys = arena.grow(self.keys, min(self.max_rows, max(rows, 2 * len(self.keys))), self._rows,
+                               self._label)
 
     # -- rows: the compiled store's calls, a piece at a time, stamped and enforced -------------------------
     def create(self, ids, values, version, state=None):

@@ -1,7 +1,7 @@
 """Compiled kernels of the compiled row store (compiled_row_store.py), written with numba.
 
 Each module has one job: ``hash_index`` (uint64 id -> row, grown without a
-stall), ``arena`` (row arrays reserved as address space, filled on demand),
+stall), ``arena`` (row arrays mapped in proportion to a table, grown by mremap, filled on demand),
 ``initial_rows`` (a new row's values, bit for bit those of
 placement.sparse_hash.initial_rows), ``update_kernels`` (the update rules,
 bit for bit those of update_rules.rules, fused with the gather and scatter) and

@@ -195,8 +195,10 @@ def buckets_for(rows: int, load: float = GROW_TO_LOAD) -> int:
 class HashIndex:
     """The index of one store. It never owns the ids: every call takes ``keys``."""
 
+    label = "a row store"      # what address-space errors call the store (CompiledRowStore.label)
+
     def __init__(self, capacity: int = 0):
-        self.buckets = arena.zeros(buckets_for(capacity, MAX_LOAD), np.uint64)
+        self.buckets = self._zeros(buckets_for(capacity, MAX_LOAD))
         self.old = np.empty(0, np.uint64)       # the array being drained, empty when none is
         self.drained = 0
         self.spare: np.ndarray | None = None     # the next growth's buckets, paged in ahead
@@ -204,6 +206,9 @@ class HashIndex:
         # Buckets of ``buckets`` emptied by ``delete`` (MOVED): they fill it as ids do until the
         # next array replaces it (a growth drains only live entries).
         self.tombstones = 0
+
+    def _zeros(self, count: int) -> np.ndarray:
+        return arena.zeros(count, np.uint64, what=f"{self.label}: its id index")
 
     @property
     def nbytes(self) -> int:
@@ -248,7 +253,14 @@ class HashIndex:
         if rows < SPARE_LOAD * len(self.buckets) or self.draining:
             return
         if self.spare is None or len(self.spare) != 2 * len(self.buckets):
-            self.spare, self.spare_ready = arena.zeros(2 * len(self.buckets), np.uint64), 0
+            try:
+                self.spare, self.spare_ready = self._zeros(2 * len(self.buckets)), 0
+            except MemoryError:
+                # Past the address-space limit (kernels/arena.py): no paging ahead. This runs after
+                # the rows were made, so it must not fail the request; the growth itself
+                # (make_room) is refused cleanly, before any row, if it still does not fit.
+                self.spare, self.spare_ready = None, 0
+                return
         end = min(len(self.spare), self.spare_ready + max(SPARE_MIN_BYTES, SPARE_BYTES_PER_INSERT * added) // 8)
         self.spare[self.spare_ready:end] = 0      # writing is what pages it in
         self.spare_ready = end
@@ -258,7 +270,7 @@ class HashIndex:
             bigger, self.spare, self.spare_ready = self.spare, None, 0
             return bigger
         self.spare, self.spare_ready = None, 0
-        return arena.zeros(size, np.uint64)
+        return self._zeros(size)
 
     def make_room(self, keys: np.ndarray, rows: int, adding: int) -> None:
         """Before ``adding`` ids join the ``rows`` indexed: drain a slice, and start a larger
@@ -294,12 +306,12 @@ class HashIndex:
             return
         # Room for ``rows`` ids before the next growth: a capacity hint is the expected table
         # size, so sizing it at GROW_TO_LOAD would keep up to 4x the buckets it needs.
-        bigger = arena.zeros(max(buckets_for(rows, MAX_LOAD), len(self.buckets)), np.uint64)
+        bigger = self._zeros(max(buckets_for(rows, MAX_LOAD), len(self.buckets)))
         place_kernel(bigger, keys, 0, indexed)
         self.buckets, self.old, self.drained, self.tombstones = bigger, np.empty(0, np.uint64), 0, 0
 
     def rebuild(self, keys: np.ndarray, rows: int) -> None:
         """Index exactly keys[0..rows-1] (after rows were compacted)."""
-        fresh = arena.zeros(buckets_for(rows), np.uint64)
+        fresh = self._zeros(buckets_for(rows))
         place_kernel(fresh, keys, 0, rows)
         self.buckets, self.old, self.drained, self.tombstones = fresh, np.empty(0, np.uint64), 0, 0
