@@ -59,7 +59,9 @@ class DenseMigration:
         its armed switch is the sync step at which the routing changes)."""
         self.ctx, self.dense, self.migration, self.clock = context, dense, migration, clock
         self.incoming: set[str] = set()
-        self.gone: set[str] = set()          # handed away (dropped at dense_finish, refused from the freeze)
+        # Handed away (dropped at dense_finish, refused from the freeze): the store's own set, so its
+        # bounded-staleness replies see a freeze (server/dense_handlers.py).
+        self.gone: set[str] = dense.handed_away
         # The server's one queue of requests a move holds (shared with the sparse partitions').
         self.holds = migration.ownership.holds if migration is not None else MoveHolds(clock)
         self.holds.on_expire.append(self.incoming.clear)
@@ -180,7 +182,8 @@ class DenseMigration:
         # Blocks handed away earlier and coming back: the old copy goes first.
         self.dense.drop_blocks([n for n in names if n in self.gone])
         self.dense.import_blocks(names, header["versions"], header["slots"], list(arrays),
-                                 from_wire(header["optimizer"]), header["plan_fingerprint"], header["lr_scale"])
+                                 from_wire(header["optimizer"]), header["plan_fingerprint"], header["lr_scale"],
+                                 header.get("clocks"))
         self.gone.difference_update(names)
         self.incoming.difference_update(names)
         self.ctx.resubmit(self._take_held())        # admitted again: held again if still waiting
