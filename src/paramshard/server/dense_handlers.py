@@ -109,6 +109,9 @@ class DenseHandlers:
             return self._async_reply(names, header["reply_values"], staleness)
         if not header["reply_values"]:
             return Reply()
+        # A move cannot drop these blocks under this wait: their freeze waits for the step before
+        # the switch, this step or an earlier one (later ones are refused), and the pass that finds
+        # it ready answers this reply too (tests/unit/test_dense_move_deferred.py).
         return Deferred(
             ready=lambda: self.store.versions_reached(names, step + 1),
             make_reply=lambda: self._values_reply(names),

@@ -9,7 +9,8 @@ routing server 0 publishes first).
 
 A move of blocks (launch/server_scaling.py drives it): ``dense_expect`` on the new owner,
 ``dense_freeze`` on the old one (sync: once the blocks completed the step before the switch),
-``dense_export`` (values, optimizer slots, versions, plan, optimizer, learning-rate scale),
+``dense_export`` (values, optimizer slots, versions, plan, optimizer, learning-rate scale; async:
+the staleness clocks, so the new owner's bound counts the steps the blocks carry),
 ``dense_import`` on the new owner (its held requests run), ``dense_finish`` on the old owner
 (drops what it handed away). A block is frozen and exported whole at once: dense blocks are
 few and small next to tables, so there is no background copy.
