@@ -8,6 +8,7 @@ from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
 
 PLAN = make_plan([ParamSpec("w", (8, 2)), ParamSpec("b", (6,))], 2, min_block_size=4)
+SIZES = {b.name: b.size for b in PLAN.blocks}
 
 
 class FakeLinks:
@@ -28,7 +29,10 @@ class FakeLinks:
                 replies.append(None)        # ServerLinks.collect: refused as moved
                 continue
             assert all(self.owners[n] == server for n in header["names"]), (server, header["names"])
-            # The server's values: each block's value is its gradient plus 100, so the oracle is simple.
+            # The server's values: each block's value is its gradient plus 100, so the oracle is simple
+            # (a pull carries no gradient: 100).
+            if header["op"] == "pull_dense":
+                arrays = [np.zeros(SIZES[n], np.float32) for n in header["names"]]
             replies.append(({"versions": [1] * len(arrays)}, [a + 100 for a in arrays]))
         return replies
 
@@ -122,3 +126,40 @@ def test_a_push_refused_under_an_older_routing_goes_again_under_the_newest_known
     dense.scatter(requests, replies, out)
     for n in grads:
         np.testing.assert_array_equal(out[n], grads[n] + 100)
+
+
+def test_a_bounded_reply_saying_follow_becomes_a_gated_pull_at_the_blocks_owners():
+    """Issue 29: a move froze blocks while the bounded-staleness reply to their push waited on the
+    old owner; the reply says ``follow`` (the push is applied: it is not sent again). The trainer
+    pulls the blocks of that request from their owners under the newer routing, gated at the
+    same step, and the values land in place; the other replies stay as they came."""
+    base = Routing.initial(16, ["a:1", "b:2"])
+    before = {b.name: b.server for b in PLAN.blocks}
+    moved = dict(before)
+    on_one = sorted(n for n, s in before.items() if s == 1)
+    moved[on_one[0]] = 2
+    newer = base.moved_to(base.owners, version=2, addresses=["a:1", "b:2", "c:3"], blocks=moved)
+    links = FakeLinks(moved, refuse=set())
+    dense = DenseClient(links, PLAN, 0)
+    router = FakeRouter(base.moved_to(base.owners, blocks=before), newer)
+    dense.follow(router)
+    grads = {"w": np.arange(16, dtype=np.float32), "b": np.arange(6, dtype=np.float32) - 10}
+    push = dense.push_requests(grads, 4, want_values=True, resume_step=5)
+    replies = [({"staleness": 0, "follow": 5}, []) if s == 1 else
+               ({"versions": [1] * len(a), "staleness": 0}, [x + 100 for x in a]) for s, _, a in push]
+    requests, replies = dense.catch_up(push, replies)
+    pulls = links.sent[-1]
+    assert router.asked == [1], "the pushed routing is not newer than the reply's: server 0 is asked"
+    assert all(h["op"] == "pull_dense" and h["resume_step"] == 5 and h["routing"] == 2 for _, h, _ in pulls)
+    pulled = sorted(n for _, h, _ in pulls for n in h["names"])
+    assert pulled == sorted(n for n, s in before.items() if s == 1), "exactly the blocks of the follow reply"
+    assert all(moved[n] == s for s, h, _ in pulls for n in h["names"]), "each block from its new owner"
+    assert [h["op"] for _, h, _ in requests].count("push_dense") == len(push) - 1
+    # FakeLinks answers a pull with zeros + 100 (no gradient): the pulled blocks hold 100.
+    out = {n: np.full_like(g, -1) for n, g in grads.items()}
+    dense.scatter(requests, replies, out)
+    for block in PLAN.blocks:
+        got = out[block.param][block.offset:block.offset + block.size]
+        want = (grads[block.param][block.offset:block.offset + block.size] + 100 if before[block.name] != 1
+                else np.full(block.size, 100, np.float32))
+        np.testing.assert_array_equal(got, want)

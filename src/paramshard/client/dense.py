@@ -92,6 +92,35 @@ class DenseClient:
         more_requests, more_replies = self.settle(self.links.request_list(again), again)
         return [q for q, _ in kept] + list(more_requests), [r for _, r in kept] + list(more_replies)
 
+    def catch_up(self, requests: list, replies: list) -> tuple[list, list]:
+        """(requests, replies) with the bounded-staleness push replies that said ``follow`` (a move
+        froze their blocks while they waited: the push is applied, it must not be sent again)
+        replaced by a pull of the same blocks from their owners under a newer routing, gated at
+        the same step (``resume_step``), so the values hold what the gate promised."""
+        moved = [i for i, (header, _) in enumerate(replies) if header.get("follow") is not None]
+        if not moved:
+            return requests, replies
+        if self.router is None:
+            raise ConfigError(f"trainer {self.trainer_id}: a server said the dense blocks of its push moved, "
+                              f"but this trainer follows no routing (DenseClient.follow)")
+        self.router.newer_than_refused([requests[i] for i in moved])
+        self._update()
+        pulls = []
+        for i in moved:
+            names = set(requests[i][1]["names"])
+            for server, blocks in self._by_server.items():
+                mine = [b.name for b in blocks if b.name in names]
+                if mine:
+                    pulls.append((server, self._tag({
+                        "op": "pull_dense", "names": mine, "trainer": self.trainer_id, "min_version": 0,
+                        "plan_fingerprint": self.fingerprint, "epoch": self.links.epoch,
+                        "resume_step": replies[i][0]["follow"]}), ()))
+        self.resent += len(pulls)
+        pull_requests, pull_replies = self._request(pulls)
+        kept = [i for i in range(len(replies)) if i not in set(moved)]
+        return ([requests[i] for i in kept] + list(pull_requests),
+                [replies[i] for i in kept] + list(pull_replies))
+
     def register_dense(self, values: Mapping[str, np.ndarray], optimizer: OptimizerConfig,
                        timeout: float | None = None) -> None:
         requests = []

@@ -261,8 +261,10 @@ class StepClient:
             raise
         finally:
             self.stats["push_wait_s"] += time.perf_counter() - started
-        self.dense.scatter(requests, replies, push.values)
         seen = [header.get("staleness") for header, _ in replies if header.get("staleness") is not None]
+        # Blocks a move froze while their bounded-staleness reply waited: pulled from their owners.
+        requests, replies = self.dense.catch_up(requests, replies)
+        self.dense.scatter(requests, replies, push.values)
         if seen:
             self.last_staleness = max(seen)
 

@@ -459,6 +459,8 @@ class MovePlan:
                 names = [b for b in mine if moves[b][1] == dest]
                 (header, arrays), = yield "handoff", [Step(source, {"op": "dense_export", "names": names})]
                 fields = {k: header[k] for k in ("names", "versions", "slots", "optimizer", "plan_fingerprint")}
+                if "clocks" in header:       # async: the staleness clocks go with the blocks (dense_store)
+                    fields["clocks"] = header["clocks"]
                 p.import_sent.update(dict.fromkeys(names, dest))
                 yield "handoff", [Step(dest, {"op": "dense_import", **fields, "lr_scale": float(header["lr_scale"])},
                                        tuple(arrays))]

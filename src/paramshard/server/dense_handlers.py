@@ -1,7 +1,7 @@
 """Server side of the dense requests (client side: paramshard.client.dense)."""
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Moved
 from ..optim import from_wire
 from ..transport.server_stats import DenseStats
 from .dense_store import DenseStore, check_distinct
@@ -51,12 +51,37 @@ class DenseHandlers:
         check_distinct(names, "pull_dense")
         if self.store.registered:
             self.store.lookup(names)   # raises at once for names this server never had
+        resume = header.get("resume_step")
+        if resume is not None and not self.store.mode.waits_every_step:
+            return self._gated_pull(names, resume)
         return Deferred(
             ready=lambda: self.store.has_all(names) and self.store.versions_reached(names, version),
             make_reply=lambda: self._values_reply(names),
             describe=lambda: self._describe_wait(names, version),
             waits_on=lambda: self.store.waiting_for(names) if self.store.has_all(names) else [0],
         )
+
+    def _gated_pull(self, names: list[str], resume: int) -> Reply | Deferred:
+        """The values once every trainer may start step ``resume`` (the gate of a bounded-staleness
+        push reply that said ``follow``: its blocks moved while it waited)."""
+        clocks = self.store.clocks
+        if clocks.may_start(resume):
+            return self._values_reply(names)
+        return Deferred(
+            # Frozen again meanwhile (a second move): refused as moved on this ``follow`` too,
+            # nothing of a pull being applied, and the trainer asks the next owner.
+            ready=lambda: clocks.may_start(resume) or self._moving(names),
+            make_reply=lambda: (self._refuse_moved(names) if self._moving(names) else self._values_reply(names)),
+            describe=lambda: (f"a pull of dense blocks may be answered only when every trainer finished step "
+                              f"{resume - clocks.bound - 1} (--max-staleness {clocks.bound}); waiting for "
+                              f"trainers {clocks.laggards(resume)}"),
+            waits_on=lambda: clocks.laggards(resume),
+        )
+
+    def _refuse_moved(self, names: list[str]) -> Reply:
+        moving = [n for n in names if n in self.store.handed_away]
+        raise Moved(f"dense blocks {moving[:3]} moved to another server while this pull waited; fetch the "
+                    f"routing (routing_get on server 0) and resend")
 
     def handle_push_dense(self, header: dict, arrays: list) -> Reply | Deferred:
         names, step = header["names"], header["step"]
@@ -65,10 +90,17 @@ class DenseHandlers:
             staleness, clocks = self.store.last_staleness, self.store.clocks
             resume = header.get("resume_step")
             if resume is not None and not clocks.may_start(resume):
-                # Bounded staleness: this trainer is too far ahead; the reply lets it go on.
+                # Bounded staleness: this trainer is too far ahead; the reply lets it go on. If a
+                # move freezes one of these blocks meanwhile, the trainers' next pushes of it go to
+                # its new owner and never tick the clocks here: the reply then says ``follow`` (the
+                # push is applied, once; no values) and the trainer waits for the same gate with
+                # a pull at the blocks' owners, whose clocks carry these (dense_import). So the
+                # values it starts step ``resume`` with hold every trainer's steps up to
+                # resume - bound - 1, and the push is never resent (docs/DESIGN.md 5f).
                 return Deferred(
-                    ready=lambda: clocks.may_start(resume),
-                    make_reply=lambda: self._async_reply(names, header["reply_values"], staleness),
+                    ready=lambda: clocks.may_start(resume) or self._moving(names),
+                    make_reply=lambda: (self._follow_reply(resume, staleness) if self._moving(names) else
+                                        self._async_reply(names, header["reply_values"], staleness)),
                     describe=lambda: (f"trainer {header['trainer']} may start step {resume} only when every "
                                       f"trainer finished step {resume - clocks.bound - 1} (--max-staleness "
                                       f"{clocks.bound}); waiting for trainers {clocks.laggards(resume)}"),
@@ -77,12 +109,22 @@ class DenseHandlers:
             return self._async_reply(names, header["reply_values"], staleness)
         if not header["reply_values"]:
             return Reply()
+        # A move cannot drop these blocks under this wait: their freeze waits for the step before
+        # the switch, this step or an earlier one (later ones are refused), and the pass that finds
+        # it ready answers this reply too (tests/unit/test_dense_move_deferred.py).
         return Deferred(
             ready=lambda: self.store.versions_reached(names, step + 1),
             make_reply=lambda: self._values_reply(names),
             describe=lambda: self._describe_wait(names, step + 1),
             waits_on=lambda: self.store.waiting_for(names),
         )
+
+    def _moving(self, names: list[str]) -> bool:
+        return any(n in self.store.handed_away for n in names)
+
+    @staticmethod
+    def _follow_reply(resume: int, staleness: int | None) -> Reply:
+        return Reply({"staleness": staleness, "follow": resume})
 
     def _async_reply(self, names: list[str], values: bool, staleness: int | None) -> Reply:
         reply = self._values_reply(names) if values else Reply()

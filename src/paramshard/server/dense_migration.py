@@ -9,7 +9,8 @@ routing server 0 publishes first).
 
 A move of blocks (launch/server_scaling.py drives it): ``dense_expect`` on the new owner,
 ``dense_freeze`` on the old one (sync: once the blocks completed the step before the switch),
-``dense_export`` (values, optimizer slots, versions, plan, optimizer, learning-rate scale),
+``dense_export`` (values, optimizer slots, versions, plan, optimizer, learning-rate scale; async:
+the staleness clocks, so the new owner's bound counts the steps the blocks carry),
 ``dense_import`` on the new owner (its held requests run), ``dense_finish`` on the old owner
 (drops what it handed away). A block is frozen and exported whole at once: dense blocks are
 few and small next to tables, so there is no background copy.
@@ -59,7 +60,9 @@ class DenseMigration:
         its armed switch is the sync step at which the routing changes)."""
         self.ctx, self.dense, self.migration, self.clock = context, dense, migration, clock
         self.incoming: set[str] = set()
-        self.gone: set[str] = set()          # handed away (dropped at dense_finish, refused from the freeze)
+        # Handed away (dropped at dense_finish, refused from the freeze): the store's own set, so its
+        # bounded-staleness replies see a freeze (server/dense_handlers.py).
+        self.gone: set[str] = dense.handed_away
         # The server's one queue of requests a move holds (shared with the sparse partitions').
         self.holds = migration.ownership.holds if migration is not None else MoveHolds(clock)
         self.holds.on_expire.append(self.incoming.clear)
@@ -180,7 +183,8 @@ class DenseMigration:
         # Blocks handed away earlier and coming back: the old copy goes first.
         self.dense.drop_blocks([n for n in names if n in self.gone])
         self.dense.import_blocks(names, header["versions"], header["slots"], list(arrays),
-                                 from_wire(header["optimizer"]), header["plan_fingerprint"], header["lr_scale"])
+                                 from_wire(header["optimizer"]), header["plan_fingerprint"], header["lr_scale"],
+                                 header.get("clocks"))
         self.gone.difference_update(names)
         self.incoming.difference_update(names)
         self.ctx.resubmit(self._take_held())        # admitted again: held again if still waiting

@@ -46,6 +46,10 @@ class DenseStore:
         self.clocks = Clocks(membership, max_staleness)    # async only
         self.last_staleness: int | None = None
         self.blocks: dict[str, DenseBlock] = {}
+        # Blocks frozen for a move to another server (server/dense_migration.py keeps this set):
+        # requests naming them are refused, and a bounded-staleness reply waiting on them is
+        # answered with ``follow`` (server/dense_handlers.py).
+        self.handed_away: set[str] = set()
         self.plan_fingerprint: int | None = None
         self.optimizer: OptimizerConfig | None = None    # as registered: the base learning rate
         # The product of every learning-rate change so far (Trainer.scale_learning_rate): the
@@ -131,13 +135,20 @@ class DenseStore:
         fields = {"names": list(names), "versions": [b.version for b in blocks],
                   "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.optimizer.to_wire(),
                   "plan_fingerprint": self.plan_fingerprint, "lr_scale": self.lr_scale}
+        if not self.mode.waits_every_step:
+            fields["clocks"] = self.clocks.export()
         return fields, arrays
 
     def import_blocks(self, names: list[str], versions: list[int], n_slots: int, arrays: list[np.ndarray],
-                      optimizer: OptimizerConfig, plan_fingerprint: int, lr_scale: float) -> None:
+                      optimizer: OptimizerConfig, plan_fingerprint: int, lr_scale: float,
+                      clocks: list | None = None) -> None:
         """Take blocks another server exported (``export_blocks``). All checked before any is
-        stored; a server holding a model must hold the same plan, optimizer and scale."""
+        stored; a server holding a model must hold the same plan, optimizer and scale.
+        ``clocks`` (async): the exporter's staleness clocks, merged into this server's."""
         check_distinct(names, "dense_import")
+        if clocks is not None and not all(isinstance(p, list) and len(p) == 2 and all(
+                type(x) is int and x >= 0 for x in p) for p in clocks):
+            raise ConfigError("dense_import: clocks must be [trainer, clock] pairs of integers >= 0")
         per_block = 1 + n_slots
         if len(versions) != len(names) or len(arrays) != per_block * len(names):
             raise ConfigError(f"dense_import: {len(names)} blocks, {len(versions)} versions and {len(arrays)} "
@@ -169,6 +180,8 @@ class DenseStore:
             block.slots = [a.copy() for a in arrays[i + 1:i + per_block]]
             block.version = version
             self.blocks[name] = block
+        if clocks is not None and not self.mode.waits_every_step:
+            self.clocks.merge(clocks)
 
     def drop_blocks(self, names: list[str]) -> int:
         """Forget blocks handed to another server; the plan stays registered."""

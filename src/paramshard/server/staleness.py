@@ -35,6 +35,17 @@ class Clocks:
         self.histogram[staleness] += 1
         return staleness
 
+    def export(self) -> list[list[int]]:
+        """[[trainer, clock], ...]: what a new owner of dense blocks takes in (``merge``)."""
+        return [[t, c] for t, c in sorted(self.clock.items())]
+
+    def merge(self, pairs: list) -> None:
+        """Take in another server's clocks (the old owner of blocks imported here): a block's
+        values carry every step counted there, so a gate here must not wait for them again,
+        nor for a trainer whose latest push went there (docs/DESIGN.md 5f)."""
+        for trainer, clock in pairs:
+            self.clock[trainer] = max(self.clock.get(trainer, 0), clock)
+
     def slowest(self) -> int:
         required = self.membership.required
         return min((self._clock_of(t) for t in required), default=0)

@@ -66,7 +66,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "stats": {},
     "register_dense": {"names": _STR_LIST, "optimizer": dict, "plan_fingerprint": int, "trainer": int},
     "pull_dense": {"names": _STR_LIST, "min_version": int, "plan_fingerprint": int, "epoch": Optional(int),
-                   "routing": Optional(int)},
+                   "routing": Optional(int), "resume_step": Optional(int)},
     "push_dense": {"names": _STR_LIST, "step": int, "trainer": int, "reply_values": bool, "epoch": Optional(int),
                    "resume_step": Optional(int), "routing": Optional(int)},
     "register_sparse": {"table": str, "dim": int, "seed": int, "optimizer": dict, "policy": dict,
@@ -130,7 +130,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "dense_freeze": {"names": _STR_LIST},
     "dense_export": {"names": _STR_LIST},
     "dense_import": {"names": _STR_LIST, "versions": _INT_LIST, "slots": int, "optimizer": dict,
-                     "plan_fingerprint": int, "lr_scale": float},
+                     "plan_fingerprint": int, "lr_scale": float, "clocks": Optional(list)},
     "dense_finish": {},
     "retire": {"exit": Optional(bool)},
 }
