@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv warm bench clean
+.PHONY: demo test check venv warm bench clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,11 @@ demo: warm
 test: warm
 	bash scripts/install-test-engines.sh || echo "make: engine install failed; the engine tests (SSH, MPI, Slurm) will skip" >&2
 	$(PY) -m pytest -q
+
+# The quick stage: every test that neither kills a process nor needs an engine (no e2e, nothing
+# marked `processes`), servers as threads of the test process (tests/conftest.py Cluster).
+check: warm
+	PARAMSHARD_TEST_SERVERS=threads $(PY) -m pytest -q -m "not processes and not fuzz and not matrix" tests/unit tests/integration
 
 # Every peer runs under the malloc settings the launcher gives paramshard's processes.
 TUNABLES := glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483648

@@ -1,4 +1,5 @@
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -9,6 +10,7 @@ from paramshard.env import ClusterEnv
 from paramshard.launch.ports import free_ports
 from paramshard.launch.local import LocalLauncher
 from paramshard.launch.processes import Child, stop_all
+from paramshard.runtime import build_server
 
 
 def pytest_configure(config):
@@ -41,29 +43,45 @@ class Cluster:
     ``address_space``: each server's RLIMIT_AS in bytes (None: the test process's own)."""
 
     def __init__(self, servers: int, trainers: int, mode: str, timeout: float, address_space: int | None = None,
-                 **env_fields):
+                 in_process: bool | None = None, **env_fields):
         addresses = [f"127.0.0.1:{p}" for p in free_ports(servers)]
         self.base = ClusterEnv(role=None, servers=tuple(addresses), num_trainers=trainers, mode=mode,
                                timeout=timeout, **env_fields)
-        self.children = []
+        if in_process is None:
+            in_process = servers_as_threads() and address_space is None
+        self.children, self.threads = [], []
         for i in range(servers):
             env = dataclasses.replace(self.base, role="server", server_id=i)
-            self.children.append(Child(f"server {i}", server_argv(address_space),
-                                       LocalLauncher._child_environ(env)))
+            if in_process:
+                # Real sockets on loopback, served by a thread of this process: no process start
+                # (1-2 s of CPU each), the same wire and the same server (`make check`).
+                self.threads.append(build_server(env).start())
+            else:
+                self.children.append(Child(f"server {i}", server_argv(address_space),
+                                           LocalLauncher._child_environ(env)))
 
     def trainer_env(self, trainer_id: int, **overrides) -> ClusterEnv:
         return dataclasses.replace(self.base, role="trainer", trainer_id=trainer_id, **overrides)
 
     def close(self):
         stop_all(self.children, grace=3)       # together: one grace period, not one per server
+        for server in self.threads:
+            server.close()
+
+
+def servers_as_threads() -> bool:
+    """`make check` runs the suite's servers as threads of the test process
+    (PARAMSHARD_TEST_SERVERS=threads); a test that kills or signals a server asks for processes
+    (``cluster(..., in_process=False)``)."""
+    return os.environ.get("PARAMSHARD_TEST_SERVERS") == "threads"
 
 
 @pytest.fixture
 def cluster():
     made = []
 
-    def make(servers=2, trainers=1, mode="sync", timeout=20.0, address_space=None, **env_fields):
-        c = Cluster(servers, trainers, mode, timeout, address_space, **env_fields)
+    def make(servers=2, trainers=1, mode="sync", timeout=20.0, address_space=None, in_process=None, **env_fields):
+        c = Cluster(servers, trainers, mode, timeout, address_space, in_process, **env_fields)
         made.append(c)
         return c
 

@@ -13,6 +13,9 @@ from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.errors import RemoteError
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 LIMIT = 6 << 30
 TABLES = 50
 DIMS = (4, 8, 16, 32, 64)

@@ -5,6 +5,9 @@ import pytest
 
 from tests.integration.bounded_loss_harness import run
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 
 @pytest.mark.timeout(90)
 def test_a_killed_server_serves_again_and_loses_only_what_its_last_copy_missed(cluster):

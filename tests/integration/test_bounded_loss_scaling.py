@@ -36,6 +36,9 @@ from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.transport.client import ServerLinks
 from tests.integration.bounded_loss_harness import _serving
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT = 3, 64, 15.0
 TABLE, DIM, SHARED, GRAD, INITIAL = "emb", 4, 400, 3, 100
 PLAN = make_plan([ParamSpec("w", (96, 4)), ParamSpec("b", (64,))], 2, min_block_size=16)

@@ -33,6 +33,9 @@ from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT, SAVE_EVERY, MIN_STEPS = 3, 64, 20.0, 2, 30
 TABLE, DIM, VOCAB = "emb", 4, 3000
 PLAN = make_plan([ParamSpec("w", (96, 4)), ParamSpec("b", (64,))], 2, min_block_size=16)

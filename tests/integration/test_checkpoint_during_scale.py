@@ -37,6 +37,9 @@ from paramshard.transport.client import ServerLinks
 from paramshard.update_rules import make_rule
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT, STEPS, SCALE_AT, WINDOW = 2, 64, 20.0, 60, 5, 30
 TABLE, DIM = "emb", 8
 PLAN = make_plan([ParamSpec("w", (64, 4)), ParamSpec("b", (48,))], 2, min_block_size=16)

@@ -13,6 +13,9 @@ import pytest
 
 from tests.e2e.run_job import PARAMSHARD, REPO, run_job
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "mode_oracle.py")
 
 

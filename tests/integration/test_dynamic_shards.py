@@ -17,6 +17,9 @@ import pytest
 from paramshard.launch.local import LocalLauncher
 from paramshard.launch.processes import Child
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 ROWS, BATCH, TASK_BYTES = 1000, 4, 300
 
 TRAINER = textwrap.dedent("""

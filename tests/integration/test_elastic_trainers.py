@@ -18,6 +18,9 @@ import torch.nn as nn
 from paramshard.launch.local import LocalLauncher
 from paramshard.launch.processes import Child
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 LR = 0.1
 
 SCRIPT = textwrap.dedent("""

@@ -19,6 +19,9 @@ from paramshard.torch.trainer import Trainer
 from paramshard.transport import protocol
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 
 def model():
     torch.manual_seed(0)

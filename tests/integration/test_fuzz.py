@@ -50,6 +50,9 @@ from paramshard.tables import policy_to_wire
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 SEED = int(os.environ.get("PARAMSHARD_FUZZ_SEED", "20240611"))
 FAST_MESSAGES = int(os.environ.get("PARAMSHARD_FUZZ_FAST", "600"))
 FULL_MESSAGES = int(os.environ.get("PARAMSHARD_FUZZ_FULL", "10000"))

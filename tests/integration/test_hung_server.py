@@ -16,6 +16,9 @@ import pytest
 from paramshard.errors import ServerUnavailable
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRIALS = 6
 LIMIT_S = 10.0
 

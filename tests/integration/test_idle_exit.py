@@ -17,6 +17,9 @@ from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.runtime import build_server
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 IDLE = 0.5
 
 

@@ -18,6 +18,9 @@ from paramshard.launch.ports import free_ports
 from paramshard.launch.processes import Child
 from paramshard.launch.status import PEER_LOST_EXIT_CODE
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TIMEOUT = 4.0
 
 SCRIPT = textwrap.dedent("""

@@ -25,6 +25,9 @@ from paramshard.export import load_table, save_table
 from tests.integration.hostile_model_files import (TensorRef, StorageRef, deflated_zeros, npy_header, stored,
                                                    take_apart, write_model, write_zip)
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 SCHEMA = Schema(Label("y"), [Column("x"), Column("c", "categorical"), Column("d", "categorical")])
 GiB = 1 << 30
 ADMIT = types.SimpleNamespace(min_count=1, probability=1.0)

@@ -24,6 +24,9 @@ from paramshard.launch.server_scaling import scale_servers
 from paramshard.placement.partitions import Routing
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT, LOSS = 2, 64, 20.0, "lost its connection without leaving"
 
 

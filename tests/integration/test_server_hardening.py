@@ -20,6 +20,9 @@ from paramshard.placement.sparse_hash import initial_rows
 from paramshard.transport import protocol
 from paramshard.transport.client import ServerLinks
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 
 def start_server(mode="async", trainers=2, limits=Limits(), timeout=5.0):
     env = ClusterEnv(role="server", servers=("127.0.0.1:0",), server_id=0, num_trainers=trainers, mode=mode,

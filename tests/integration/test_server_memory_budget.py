@@ -31,6 +31,9 @@ from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 from tests.integration.test_server_hardening import non_reader, rss_kb, snapshot_request
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 MB = 1 << 20
 PLAN = make_plan([ParamSpec("w", (MB,))], 1)         # 4 MB of float32: each snapshot reply is that big
 

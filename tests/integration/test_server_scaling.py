@@ -31,6 +31,9 @@ from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT = 8, 256, 20.0
 TABLE, DIM, SHARED, OWN, GRAD, INITIAL = "emb", 4, 512, 32, 3, 100
 MIN_STEPS, MAX_STEPS = 30, 3000

@@ -14,6 +14,10 @@ from paramshard.data import TabularReader
 from paramshard.evaluation import predict
 from paramshard.serving import build_from_file, export_model, read_model, snapshot_model
 from tests.integration.tiny_ctr import ARGS, in_process_env, fitted_schema, train, write_rows
+import pytest
+
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
 
 
 def same_file(a: dict, b: dict) -> None:

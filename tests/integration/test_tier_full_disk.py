@@ -26,6 +26,9 @@ from paramshard.launch.ports import free_ports
 from paramshard.launch.processes import Child, stop_all
 from paramshard.torch.trainer import Trainer
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 DIM = 64
 NEW_IDS = 4000          # new rows a step: ~2 MiB of tier files (values, Adagrad's slot, last-seen)
 

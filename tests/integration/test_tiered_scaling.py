@@ -27,6 +27,9 @@ from paramshard.placement.partitions import Routing
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 TRAINERS, PARTITIONS, TIMEOUT = 3, 256, 30.0
 TABLE, DIM, ROWS, BATCH, GRAD, INITIAL = "emb", 8, 200_000, 256, 3, 100
 BUDGET = "8MiB"         # the smallest budget; the rows take more (values and slot: 64 bytes a row in the files)

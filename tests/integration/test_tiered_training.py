@@ -16,6 +16,9 @@ from paramshard.server.sparse_service import SparseService
 from paramshard.torch.trainer import Trainer
 from paramshard.transport.server_stats import ServerStats
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 DIM = 64
 
 

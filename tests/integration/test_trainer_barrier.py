@@ -31,6 +31,9 @@ from paramshard.torch.trainer import Trainer
 from paramshard.transport.client import ServerLinks
 from tests.conftest import run_in_threads
 
+# Starts, stops or kills server processes of its own: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 LR, FEATURES = 0.5, 6
 
 
