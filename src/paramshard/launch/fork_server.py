@@ -117,8 +117,10 @@ class ForkedProc:
 class ForkServer:
     """The launcher's side of one zygote."""
 
-    def __init__(self, environ: dict[str, str], python: str = sys.executable):
+    def __init__(self, environ: dict[str, str], python: str = sys.executable, preload=None):
+        """``preload``: the modules the zygote imports (default: zygote.PRELOAD)."""
         self.environ, self.python = environ, python
+        self.preload = None if preload is None else tuple(preload)
         self.pid: int | None = None
         self.problem: str | None = None          # set: it cannot fork (why), ranks start unforked
         self._sock: socket.socket | None = None
@@ -135,7 +137,7 @@ class ForkServer:
 
     def start(self, timeout: float = READY_TIMEOUT) -> "ForkServer":
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [self.python, "-m", "paramshard.launch.zygote", str(theirs.fileno())]
+        argv = [self.python, "-m", "paramshard.launch.zygote", str(theirs.fileno()), *(self.preload or ())]
         if threading.current_thread() is threading.main_thread() and sys.platform.startswith("linux"):
             argv = guarded_argv(argv)           # PR_SET_PDEATHSIG: it dies with this launcher
         started = time.monotonic()

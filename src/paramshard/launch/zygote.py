@@ -1,7 +1,7 @@
 """The fork server's own process (`paramshard launch --fork`); launch/fork_server.py is the
 launcher's side and says why it exists.
 
-    python -m paramshard.launch.zygote FD
+    python -m paramshard.launch.zygote FD [MODULE ...]     (the modules to import; default PRELOAD)
 
 FD is one end of a SOCK_SEQPACKET socket pair: one JSON object per packet, no pickle.
 
@@ -190,7 +190,8 @@ def _fresh_process_state() -> None:
     have it: torch's (and MKL's) thread pool size was read from the zygote's environment,
     numpy's global generator was seeded once in the zygote (Python's `random` reseeds
     itself after a fork)."""
-    threads = os.environ.get("OMP_NUM_THREADS", "")
+    from ..settings.process_variables import OMP_THREADS
+    threads = OMP_THREADS.read(os.environ) or ""
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))
     if "numpy" in sys.modules:
@@ -254,7 +255,8 @@ def finish(argv: list[str]):
     except SystemExit as exc:
         code = _system_exit_code(exc)
     except BaseException as exc:      # noqa: BLE001 - reported as the interpreter reports it
-        sys.excepthook(type(exc), exc, _own_frames_dropped(exc.__traceback__))
+        exc.__traceback__ = _own_frames_dropped(exc.__traceback__)    # the printer reads this one
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
     try:
         threading._shutdown()         # what the interpreter does first at exit: wait for non-daemon threads
@@ -277,7 +279,7 @@ def main() -> None:
     # Ctrl-C and hang-ups are the launcher's to handle; the zygote ends when its socket closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    preload()
+    preload(sys.argv[2:] or PRELOAD)
     # What was imported stays out of the collector's reach: a rank's collections would otherwise
     # write to (and so copy) every page of the zygote's objects.
     gc.freeze()
