@@ -35,8 +35,8 @@ from .processes import guarded_argv
 
 log = get_logger("launch")
 
-READY_TIMEOUT = 120.0      # the zygote's imports; seconds of CPU on a busy machine
-FORK_TIMEOUT = 30.0
+READY_TIMEOUT = 120.0      # the zygote's first imports; seconds of CPU on a busy machine
+FORK_TIMEOUT = 120.0       # a trainer's fork waits for the rest of them
 # Read once when the interpreter or a library loads: a rank whose value differs from the
 # zygote's would not get its own, so it starts as a new process instead.
 LOAD_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "JE_", "OPENBLAS_", "GOTO_", "NUMBA_", "KMP_", "CUDA_")
@@ -118,7 +118,7 @@ class ForkServer:
     """The launcher's side of one zygote."""
 
     def __init__(self, environ: dict[str, str], python: str = sys.executable, preload=None):
-        """``preload``: the modules the zygote imports (default: zygote.PRELOAD)."""
+        """``preload``: the modules the zygote imports (default: zygote.FIRST, then zygote.LATER)."""
         self.environ, self.python = environ, python
         self.preload = None if preload is None else tuple(preload)
         self.pid: int | None = None
@@ -182,11 +182,14 @@ class ForkServer:
                 return f"its {name} differs from the fork server's (read when the interpreter starts)"
         return None
 
-    def fork(self, argv, environ: dict[str, str], cwd: str | None = None,
+    def fork(self, argv, environ: dict[str, str], cwd: str | None = None, all_imports: bool = True,
              timeout: float = FORK_TIMEOUT) -> ForkedProc:
-        """Fork a rank running ``argv`` (its stdout and stderr: one pipe, ForkedProc.stdout)."""
+        """Fork a rank running ``argv`` (its stdout and stderr: one pipe, ForkedProc.stdout).
+        ``all_imports``: False forks it as soon as the zygote has what a server imports at start
+        (zygote.FIRST); True waits for the rest (zygote.LATER: torch, pandas, numba)."""
         read_end, write_end = os.pipe()
-        message = {"op": "fork", "argv": list(argv), "env": environ, "cwd": cwd or os.getcwd()}
+        message = {"op": "fork", "argv": list(argv), "env": environ, "cwd": cwd or os.getcwd(),
+                   "all_imports": all_imports}
         try:
             with self._fork_lock:
                 message["id"] = ident = next(self._ids)

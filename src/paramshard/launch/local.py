@@ -51,7 +51,8 @@ class LocalEngine:
         if why is not None:
             log.info("--fork: %s starts as a new process: %s", rank.tag, why)
             return None
-        return lambda: server.fork(rank.argv, environ)
+        # A server imports what it needs later, as it does unforked: it need not wait for torch.
+        return lambda: server.fork(rank.argv, environ, all_imports=rank.env.role != "server")
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)

@@ -1,18 +1,19 @@
 """The fork server's own process (`paramshard launch --fork`); launch/fork_server.py is the
 launcher's side and says why it exists.
 
-    python -m paramshard.launch.zygote FD [MODULE ...]     (the modules to import; default PRELOAD)
+    python -m paramshard.launch.zygote FD [MODULE ...]     (the modules to import; default FIRST, LATER)
 
 FD is one end of a SOCK_SEQPACKET socket pair: one JSON object per packet, no pickle.
 
-    launcher -> zygote   {"op": "fork", "id": N, "argv": [...], "env": {...}, "cwd": "..."}
+    launcher -> zygote   {"op": "fork", "id": N, "argv": [...], "env": {...}, "cwd": "...",
+                          "all_imports": B}     false: fork now (a server), true: after LATER
                          + SCM_RIGHTS: [stdout] or [stdout, stderr] (the rank's output pipe)
                          {"op": "reap", "pid": P}       the launcher has its exit status
-    zygote -> launcher   {"ready": true, "pid": P, "threads": [names]}   imports done
+    zygote -> launcher   {"ready": true, "pid": P, "threads": [names]}   FIRST imported
                          {"forked": N, "pid": P}  or  {"forked": N, "error": "..."}
                          {"exited": P, "code": C}       C as Popen's returncode
 
-It imports what ranks import (PRELOAD), then only waits: it starts no thread, socket
+It imports what ranks import (FIRST, LATER), then only waits: it starts no thread, socket
 or torch op, so a fork copies one thread in a quiet state. A child it reports exited
 stays a zombie until the launcher says "reap": until then its pid (and process group)
 cannot be reused, so the launcher may signal the group without racing the reuse.
@@ -31,12 +32,16 @@ import signal
 import socket
 import sys
 
-# What a server (`python -m paramshard server`) and a trainer script import; a module
-# that is missing is skipped (its importer will say so in the rank, as it would unforked).
-PRELOAD = ("numpy", "pandas", "torch", "torch.nn", "torch.nn.functional", "torch.optim", "zmq", "numba",
-           "paramshard", "paramshard.runtime", "paramshard.torch", "paramshard.cli.main", "paramshard.cli.server",
-           "paramshard.server.parameter_server", "paramshard.server.kernels.row_kernels",
-           "paramshard.server.kernels.update_kernels", "paramshard.server.kernels.tier_kernels")
+# What a server (`python -m paramshard server`) imports at start (FIRST), then what a trainer
+# script does and what servers load when they first need it (LATER). The zygote reports ready
+# after FIRST and imports LATER one module at a time between requests: servers are forked at
+# once, a trainer waits for LATER. A module that is missing is skipped (its importer will say so
+# in the rank, as it would unforked).
+FIRST = ("numpy", "zmq", "paramshard", "paramshard.runtime", "paramshard.cli.main", "paramshard.cli.server",
+         "paramshard.server.parameter_server")
+LATER = ("torch", "torch.nn", "torch.nn.functional", "torch.optim", "paramshard.torch", "pandas", "numba",
+         "paramshard.server.kernels.row_kernels", "paramshard.server.kernels.update_kernels",
+         "paramshard.server.kernels.tier_kernels")
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 22
@@ -57,12 +62,15 @@ def thread_names() -> list[str]:
     return names
 
 
-def preload(modules=PRELOAD) -> None:
+def preload(modules) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    # What was imported stays out of the collector's reach: a rank's collections would otherwise
+    # write to (and so copy) every page of the zygote's objects.
+    gc.freeze()
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -75,8 +83,9 @@ def _exit_code(info) -> int:
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, later=()):
         self.sock = sock
+        self.later = list(later)               # still to import, between requests
         self.pid = os.getpid()
         self.watching: dict[int, int] = {}     # pid -> pidfd, until its exit is reported
         self.zombies: set[int] = set()         # reported, not reaped yet (the launcher says when)
@@ -94,7 +103,11 @@ class Zygote:
         poller = select.poll()                 # poll, not epoll: no descriptor a child would inherit
         poller.register(self.sock, select.POLLIN)
         while True:
-            for fd, _ in poller.poll():
+            events = poller.poll(0 if self.later else None)
+            if not events and self.later:
+                preload([self.later.pop(0)])
+                continue
+            for fd, _ in events:
                 if fd != self.sock.fileno():
                     pid = next(p for p, f in self.watching.items() if f == fd)
                     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -121,9 +134,16 @@ class Zygote:
                     return argv
 
     def fork(self, message: dict, fds: list[int], poller) -> list[str] | None:
+        if message.get("all_imports", True) and self.later:
+            preload(self.later)
+            self.later = []
         sys.stdout.flush()
         sys.stderr.flush()
+        threads = thread_names()
         try:
+            if len(threads) > 1:
+                # A fork copies only the forking thread: a lock another one holds stays held for ever.
+                raise OSError(f"the fork server has {len(threads)} threads ({', '.join(threads)}) after its imports")
             pid = os.fork()
         except OSError as exc:
             for fd in fds:
@@ -279,12 +299,9 @@ def main() -> None:
     # Ctrl-C and hang-ups are the launcher's to handle; the zygote ends when its socket closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    preload(sys.argv[2:] or PRELOAD)
-    # What was imported stays out of the collector's reach: a rank's collections would otherwise
-    # write to (and so copy) every page of the zygote's objects.
-    gc.freeze()
+    preload(sys.argv[2:] or FIRST)
     _send(sock, {"ready": True, "pid": os.getpid(), "threads": thread_names()})
-    argv = Zygote(sock).serve()
+    argv = Zygote(sock, () if sys.argv[2:] else LATER).serve()
     if argv is None:
         os._exit(0)                 # nothing of the zygote's to finalize: its children are gone
     del sock
