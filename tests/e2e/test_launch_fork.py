@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from .run_job import MARK, ORACLE, PARAMSHARD, REPO, VENV_BIN, processes_marked, run_job
+from .run_job import MARK, ORACLE, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids, run_job
 
 
 def test_a_forked_job_passes_its_oracle():
@@ -26,8 +26,8 @@ def forked_children(zygote: int) -> list[int]:
 
 
 def test_a_killed_forked_rank_ends_the_job_as_an_unforked_one(tmp_path):
-    """PARAMSHARD_FORK=1 (the suite's switch); 1 server + 1 trainer, forked in that order.
-    SIGKILL the trainer: exit status 137 and the summary of tests/unit/test_rank_exit.py's kind."""
+    """PARAMSHARD_FORK=1 (the suite's switch); 1 server + 1 trainer, both forked. SIGKILL the
+    trainer: exit status 137 and the same summary as an unforked rank's (test_root_cause.py)."""
     mark, log_path = f"fork-kill-{time.time_ns()}", tmp_path / "out.txt"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen([PARAMSHARD, "launch", "--servers", "1", "--trainers", "1",
@@ -41,7 +41,10 @@ def test_a_killed_forked_rank_ends_the_job_as_an_unforked_one(tmp_path):
             assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-4000:]
             time.sleep(0.1)
         zygote = int(re.search(r"fork server \(pid (\d+)\) ready", log_path.read_text()).group(1))
-        server, trainer = forked_children(zygote)
+        # The tests' rank finder reads /proc/PID/environ: a forked rank shows its own there.
+        [server] = rank_pids(mark, "server", 0)
+        [trainer] = rank_pids(mark, "trainer", 0)
+        assert forked_children(zygote) == [server, trainer]
         os.kill(trainer, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:

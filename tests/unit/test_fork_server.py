@@ -65,11 +65,13 @@ def test_the_zygote_imported_everything_and_started_no_thread(server, tmp_path):
 def test_argv_environment_cwd_output_and_session_are_the_ranks(server, tmp_path):
     path = script(tmp_path, """
         import json, os, sys
+        proc_environ = [v.decode() for v in open("/proc/self/environ", "rb").read().split(b"\\0") if v]
         print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "x": os.environ.get("PSTEST_X"),
                           "y": os.environ.get("PSTEST_ZYGOTE_ONLY"), "name": __name__, "path0": sys.path[0],
                           "sid": os.getsid(0), "pgid": os.getpgid(0), "pid": os.getpid(),
                           "stdin": sys.stdin.read(), "threads": __import__("torch").get_num_threads(),
-                          "sigint": repr(__import__("signal").getsignal(2))}))
+                          "sigint": repr(__import__("signal").getsignal(2)),
+                          "proc_environ": proc_environ}))
         print("to stderr", file=sys.stderr)
     """)
     env = dict(ENV, PSTEST_X="forty-two", OMP_NUM_THREADS="2")
@@ -84,6 +86,9 @@ def test_argv_environment_cwd_output_and_session_are_the_ranks(server, tmp_path)
     assert seen["stdin"] == "" and seen["threads"] == 2              # stdin /dev/null; its own thread count
     assert "default_int_handler" in seen["sigint"]                    # Ctrl-C raises, as in a new python
     assert lines[1] == "to stderr"                                    # stderr merged into the same pipe
+    # What ps, tools and tests read of a process's environment is the rank's, not the zygote's.
+    shown = seen["proc_environ"]
+    assert shown.count("PSTEST_X=forty-two") == 1 and not any(v.startswith("PSFORK_ENV_ROOM=") for v in shown)
 
 
 def test_a_module_runs_as_python_m(server, tmp_path):

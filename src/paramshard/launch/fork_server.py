@@ -32,6 +32,7 @@ import time
 from ..errors import ConfigError
 from ..log import get_logger
 from .processes import guarded_argv
+from .zygote import ENV_ROOM
 
 log = get_logger("launch")
 
@@ -47,12 +48,13 @@ NOT_LOAD_TIME = ("PYTHONUNBUFFERED", "PYTHONHASHSEED")
 # forking thread). numpy's OpenBLAS starts a pool of OMP_NUM_THREADS - 1 threads at import, pyarrow
 # (pandas) a jemalloc background thread; a forked rank goes without both (numpy's BLAS runs on one
 # thread, jemalloc purges on its allocation paths instead).
+ENV_ROOM_BYTES = 32768
 QUIET_IMPORTS = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
 
 def _load_time(name: str) -> bool:
     return ((name.startswith(LOAD_TIME_PREFIXES) or name in LOAD_TIME)
-            and name not in NOT_LOAD_TIME and name not in QUIET_IMPORTS)
+            and name not in NOT_LOAD_TIME and name not in QUIET_IMPORTS and name != ENV_ROOM)
 
 
 def zygote_environ(rank_environ: dict[str, str]) -> dict[str, str]:
@@ -61,6 +63,9 @@ def zygote_environ(rank_environ: dict[str, str]) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     for name, value in QUIET_IMPORTS.items():
         env.setdefault(name, value)
+    # Room in the zygote's environment block for each rank's own, which a rank writes over it so
+    # that /proc/PID/environ shows its variables (zygote._show_environ).
+    env[ENV_ROOM] = "." * ENV_ROOM_BYTES
     return env
 
 
@@ -275,8 +280,10 @@ class ForkServer:
 
     _closing = False
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Close the socket: the zygote SIGKILLs the ranks still running and exits."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Close the socket: the zygote SIGKILLs the ranks still running and exits. One busy
+        importing notices only after that module: past ``timeout`` it is SIGKILLed, and what it
+        still had dies of its parent-death signal (their groups: of the guardian's EOF next)."""
         self._closing = True
         if self._sock is not None:
             try:
@@ -290,7 +297,7 @@ class ForkServer:
                 self._proc.kill()
                 self._proc.wait(5)
         if self._reader is not None:
-            self._reader.join(timeout)
+            self._reader.join(5)
         if self._sock is not None:
             self._sock.close()
 

@@ -187,8 +187,9 @@ class Zygote:
             signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.chdir(message["cwd"])
-        os.environ.clear()
+        os.environ.clear()                      # unsetenv, then setenv: libc's copies, all malloc'ed
         os.environ.update(message["env"])
+        _show_environ(message["env"])
         _fresh_process_state()
 
     def kill_all(self) -> None:
@@ -203,6 +204,26 @@ class Zygote:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+
+
+ENV_ROOM = "PSFORK_ENV_ROOM"      # the zygote's padding, see _show_environ
+
+
+def _show_environ(environ: dict[str, str]) -> None:
+    """Make /proc/PID/environ (`ps e`, tools and tests that find a rank by its variables) show
+    the rank's environment, not the zygote's. The kernel shows the block the process was
+    exec'd with, which a fork inherits: overwrite that block in place. Safe once os.environ has
+    been replaced (no pointer of libc's environ still points into the block); possible when the
+    new environment fits, which the zygote's padding variable (ENV_ROOM) is there for."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        start, end = int(fields[47]), int(fields[48])    # env_start, env_end (fields 50, 51)
+    except (OSError, IndexError, ValueError):
+        return
+    data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items())
+    if start and len(data) <= end - start:
+        ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
 
 
 def _fresh_process_state() -> None:
