@@ -20,6 +20,7 @@ from ..observe.records import default_run_dir
 from ..settings.argtypes import flag_error
 from ..settings.contract import WATCH
 from ..settings.flags import add_flags, launch_fields
+from ..settings.process_variables import FORK
 
 log = get_logger("launch")
 
@@ -106,13 +107,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
+def _fork(args) -> bool:
+    """--fork, or PARAMSHARD_FORK=1 (the test suite's switch): ranks forked (launch/fork_server.py).
+    Only the local engine forks: refused with --hosts, where the variable is only ignored."""
+    if args.hosts:
+        if args.fork:
+            raise ConfigError("--fork forks ranks on this machine; with --hosts they start over ssh on other "
+                              "hosts: drop --fork")
+        if FORK.read(os.environ):
+            log.warning("PARAMSHARD_FORK=1: this job runs over SSH (--hosts), where ranks are not forked; ignored")
+        return False
+    return bool(args.fork or FORK.read(os.environ))
+
+
 def _launcher(args, config_fields: dict):
     ssh_flags = [f for f in ("server_hosts", "trainer_hosts", "ssh_config", "dispatch_package", "workspace")
                  if getattr(args, f)]
     if not args.hosts:
         if ssh_flags:
             raise ConfigError(f"--{ssh_flags[0].replace('_', '-')} needs --hosts")
-        return LocalLauncher(LaunchConfig(**config_fields))
+        return LocalLauncher(LaunchConfig(**config_fields, fork=_fork(args)))
+    _fork(args)
     options = SshOptions(ssh_config=args.ssh_config, remote_python=args.remote_python,
                          workspace=args.workspace, dispatch_package=args.dispatch_package)
     # Without a package to copy, the script lives on the hosts (shared file system or deployed).

@@ -71,6 +71,7 @@ class LaunchConfig:
     host: str = "127.0.0.1"
     check_script: bool = True      # False when the script lives on other hosts only
     module: str | None = None      # a module, run as python -m (script_args are then its arguments)
+    fork: bool = False             # --fork: ranks forked from a pre-imported interpreter (local engine only)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", Mode.parse(self.mode))

@@ -29,15 +29,30 @@ log = get_logger("launch")
 
 
 class LocalEngine:
-    """Ranks as child processes of this one (Engine contract, launch/process.py)."""
+    """Ranks as child processes of this one (Engine contract, launch/process.py); with
+    ``fork``, forked from a pre-imported interpreter where they can be (launch/fork_server.py)."""
 
-    def __init__(self, out=None):
+    def __init__(self, out=None, fork: bool = False):
         self.out = out or sys.stdout
+        self.fork = fork
         self.tap_for = None          # rank -> Child tap (observe/run_dir.py), set by `paramshard launch`
 
     def start(self, rank: RankSpec) -> Child:
-        return Child(rank.tag, rank.argv, LocalLauncher._child_environ(rank.env, rank.extra_environ), self.out,
-                     tap=self.tap_for(rank) if self.tap_for else None)
+        environ = LocalLauncher._child_environ(rank.env, rank.extra_environ)
+        return Child(rank.tag, rank.argv, environ, self.out, tap=self.tap_for(rank) if self.tap_for else None,
+                     spawn=self._forked(rank, environ) if self.fork else None)
+
+    @staticmethod
+    def _forked(rank: RankSpec, environ: dict):
+        """How to fork this rank from the fork server, or None: it starts as a new process (logged)."""
+        from . import fork_server
+        server = fork_server.shared(environ)
+        why = server.reason_not_to_fork(rank.argv, environ)
+        if why is not None:
+            log.info("--fork: %s starts as a new process: %s", rank.tag, why)
+            return None
+        # A server imports what it needs later, as it does unforked: it need not wait for torch.
+        return lambda: server.fork(rank.argv, environ, all_imports=rank.env.role != "server")
 
     def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
         stop_all(processes, grace, hurry)
@@ -51,7 +66,7 @@ class LocalEngine:
 
 class LocalLauncher(Launcher):
     def __init__(self, config: LaunchConfig, out=None):
-        super().__init__(LocalEngine(out))
+        super().__init__(LocalEngine(out, fork=config.fork))
         self.config = config
         self.min_trainers = config.min_trainers
         self.checkpoint_dir = config.checkpoint_dir

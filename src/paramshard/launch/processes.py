@@ -199,16 +199,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_guardian._after_fork)
 
 
+class _GroupPopen(subprocess.Popen):
+    """A Popen that signals its process group (the child leads one: start_new_session)."""
+
+    def killpg(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 class Child:
     """One process whose merged stdout/stderr lines are printed as ``tag | line``."""
 
     def __init__(self, tag: str, argv: Sequence[str], env: dict, out: TextIO | None = None,
-                 stdin_text: str | None = None, tap=None):
+                 stdin_text: str | None = None, tap=None, spawn=None):
         """``stdin_text``: when given, the child's stdin is a pipe that gets this text
         and then stays open for the child's lifetime (an ssh channel whose remote
         side kills its processes when stdin closes, i.e. when this launcher goes).
         ``tap(line) -> bool``: sees every line first (the run directory's log file, metric
-        records); a line it returns True for is taken out of the output."""
+        records); a line it returns True for is taken out of the output.
+        ``spawn() -> process``: starts it instead of Popen (``--fork``: launch/fork_server.py's
+        ForkedProc, which has what is used here of a Popen, and ``killpg``)."""
         self.tag, self.argv, self.tap = tag, list(argv), tap
         self.out = out or sys.stdout
         # Its last lines, timed, for the launcher's failure summary (error_excerpt).
@@ -226,12 +238,13 @@ class Child:
         # PR_SET_PDEATHSIG fires when the forking thread exits: only the main
         # thread lives as long as the launcher. Other threads rely on the guardian.
         on_main = threading.current_thread() is threading.main_thread()
-        spawn = guarded_argv(self.argv) if _LINUX and on_main else self.argv
+        command = guarded_argv(self.argv) if _LINUX and on_main else self.argv
         # A session of its own: Ctrl-C reaches the launcher, which stops the
         # children in order, instead of every process dying half-way at once.
-        self.proc = subprocess.Popen(spawn, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
-                                     start_new_session=True, text=True, errors="replace", bufsize=1)
+        self.proc = spawn() if spawn is not None else _GroupPopen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+            start_new_session=True, text=True, errors="replace", bufsize=1)
         if stdin_text:
             try:
                 self.proc.stdin.write(stdin_text)
@@ -362,10 +375,7 @@ class Child:
         self.poll()
 
     def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        self.proc.killpg(sig)
 
 
 def stop_all(children: Iterable[Child], grace: float = 5.0, hurry: threading.Event | None = None) -> None:

@@ -226,6 +226,8 @@ def with_own_hosts(spec: JobSpec, addresses: dict[str, str]) -> JobSpec:
 class SshLauncher(Launcher):
     def __init__(self, config: LaunchConfig, hosts: list[Host], options: SshOptions,
                  server_hosts: list[Host] | None = None, trainer_hosts: list[Host] | None = None, out=None):
+        if config.fork:
+            raise ConfigError("--fork forks ranks on this machine; an SSH job starts them on other hosts: drop --fork")
         self.config, self.options = config, options
         self.on_servers, self.on_trainers = placement(config.servers, config.trainers, hosts,
                                                       server_hosts, trainer_hosts)

@@ -7,6 +7,7 @@ and the docs list it with the others.
 """
 from __future__ import annotations
 
+from .contract import _yes_no
 from .setting import Setting, flag
 
 SECRET_DIR = Setting(
@@ -50,7 +51,15 @@ GLIBC_TUNABLES = Setting(
 GLOO_IFNAME = Setting(
     "GLOO_SOCKET_IFNAME", "collective and hybrid modes: the network interface gloo uses; unset, each trainer "
     "sets it to the interface on the route towards trainer 0's store", scopes=frozenset())
+FORK = Setting(
+    "PARAMSHARD_FORK", "`1`: `paramshard launch` forks its local ranks from one interpreter that has imported "
+    "torch, pandas, numba and paramshard (launch/fork_server.py), as `--fork` does; a job over SSH (`--hosts`) "
+    "ignores it (with a warning), where `--fork` is refused", scopes=frozenset(), parse=_yes_no,
+    invalid=": expected 1 (yes) or 0 (no)", default=False,
+    flags=(flag("launch", "--fork", "start the ranks on this machine as forks of one interpreter that has imported "
+                "torch, pandas, numba and paramshard once, instead of each starting Python anew (also "
+                "PARAMSHARD_FORK=1); not with --hosts", action="store_true"),))
 
 # In docs/environment.md's order, after the contract.
 PROCESS: tuple[Setting, ...] = (SECRET_DIR, STORE_PORT, K8S_DELETE, K8S_NAMESPACE, K8S_API_URL, LOG_LEVEL, CACHE,
-                                OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME)
+                                OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME, FORK)
