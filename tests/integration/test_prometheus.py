@@ -101,7 +101,7 @@ def refused(port: int) -> bool:
 
 def test_server_and_trainer_endpoints_while_training(cluster):
     base = consecutive_free_ports(2)              # server 0 on base, trainer 0 on base + 1
-    c = cluster(servers=1, trainers=1, metrics_port=base)
+    c = cluster(servers=1, trainers=1, metrics_port=base, in_process=False)   # the endpoint is the process main's
     model, rng = Model(), np.random.default_rng(0)
     trainer = Trainer(model, ps.optim.SGD(lr=0.01), env=c.trainer_env(0))
     steps, loss = 0, None
