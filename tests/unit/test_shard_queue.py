@@ -218,3 +218,20 @@ def test_a_cut_before_the_report_that_finished_the_pass_gives_that_pass_back():
     assert (state["pass"], state["fingerprint"], state["position"], state["done"]) == (1, "f", [3, 4], [0])
     state = q.snapshot({0: 4, 1: 7})                     # pass 1 whole at the cut: pass 2 from its start
     assert (state["pass"], state["position"], state["done"]) == (2, [0], [])
+
+
+def test_a_trainer_that_left_is_not_waited_for_until_it_registers_again():
+    """An elastic app job (tests/e2e/test_ctr_app.py, sync): trainer 2 left at step ~200 and
+    another process joined in its slot at step 438; the other trainers' task for step 438 waited
+    for 'the shard reports of step 436 of trainers [2]' (the leaver's last report was 200) before
+    the joiner could register, while the joiner's first pull waited for their push: deadlock."""
+    q = registered([50] * 4, trainers=3)
+    for t in range(3):
+        q.register(1, "f", FILES, task_list([50] * 4), trainer=t, step=0, session=f"p{t}")
+    q.next(2, 1)
+    q.progress(2, 1, 200, 0, 7, False)
+    assert q.reports_missing(436, {0, 1, 2}) == [0, 1, 2]
+    q.release(2)                                    # it left: its task goes back
+    assert q.reports_missing(436, {0, 1, 2}) == [0, 1], "a trainer that left is not waited for"
+    q.register(1, "f", FILES, task_list([50] * 4), trainer=2, step=438, session="joiner")
+    assert q.reports_missing(436, {0, 1, 2}) == [0, 1] and q.reports_missing(438, {2}) == [2]

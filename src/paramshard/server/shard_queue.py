@@ -72,6 +72,7 @@ class ShardQueue:
         self.owner: dict[int, int] = {}              # task -> trainer holding it
         self.holding: dict[int, list[int]] = {}      # trainer -> its tasks, oldest first
         self.reported: dict[int, int] = {}           # trainer -> last step it reported
+        self.left: set[int] = set()                  # released and not registered again: not waited for
         self.sessions: dict[int, str] = {}           # trainer -> the process that registered last
         self._previous: dict | None = None           # the pass before, as it ended (snapshot())
         self._previous_undo: list[_Undo] = []
@@ -95,6 +96,7 @@ class ShardQueue:
             self.sessions[trainer] = session
         if step is not None:
             self.reported[trainer] = max(self.reported.get(trainer, -1), step - 1)
+        self.left.discard(trainer)          # waited for again, from its step on
         return got
 
     def _register(self, pass_: int, fingerprint: str, files: list, tasks: list) -> str:
@@ -186,10 +188,15 @@ class ShardQueue:
                 del self.owner[task]
                 self.holding[trainer].remove(task)
         self.reported[trainer] = max(step, self.reported.get(trainer, -1))
+        self.left.discard(trainer)          # it reports: waited for again
         return True
 
     def release(self, trainer: int) -> list[int]:
-        """``trainer`` is gone: the remainders of its tasks go to the front of the queue."""
+        """``trainer`` is gone: the remainders of its tasks go to the front of the queue, and its
+        reports are not waited for any more (``reports_missing``) until a process in its slot
+        registers or reports again (a joiner: sync steps waited for the leaver's reports while the joiner's
+        first pull waited for theirs)."""
+        self.left.add(trainer)
         tasks = self.holding.pop(trainer, [])
         for task in reversed(tasks):
             del self.owner[task]
@@ -199,7 +206,7 @@ class ShardQueue:
     def reports_missing(self, step: int, required) -> list[int]:
         """Trainers (of ``required``, among those that ever reported) whose report of ``step``
         has not arrived."""
-        return sorted(t for t in required if t in self.reported and self.reported[t] < step)
+        return sorted(t for t in required if t in self.reported and t not in self.left and self.reported[t] < step)
 
     # -- snapshots ---------------------------------------------------------------
     def snapshot(self, after: dict[int, int] | None = None) -> dict:
