@@ -37,7 +37,6 @@ class ServerContext:
         # Removed by a scale (its routing names it "", or ``retire``): trainers and peers close their
         # connections to it as they learn the routing, an orderly leave rather than a loss.
         self.retired = False
-        self.budget = None                  # the server's MemoryBudget (memory_budget.py); None in-process
 
     def resubmit(self, held: list) -> None:
         """Run requests a hook held back, in this order, as if they had just arrived."""

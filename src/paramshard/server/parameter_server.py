@@ -122,8 +122,8 @@ class ParameterServer:
         # what one client can make this server hold is bounded (server/outbox.py).
         self._outbox = Outbox(limits.max_queued_bytes, hold_seconds=timeout)
         # ... and what all of them together can (server/memory_budget.py): beyond it requests are
-        # refused as busy. Services that keep bytes for clients (a move's staged pages) reach it here.
-        self.budget = self.context.budget = MemoryBudget(limits.server_bytes, self._outbox)
+        # refused as busy.
+        self.budget = MemoryBudget(limits.server_bytes, self._outbox)
         self._live_fds: set[int] = set()        # connections accepted and not reported closed since
         self._releasing = False     # the outbox let a held request through: more may follow at once
         # Which connection each trainer talks over, to notice a trainer that dies (trainer_connections.py).
