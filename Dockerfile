@@ -19,7 +19,7 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 # Not root: the job needs no privilege. The user owns /app so scripts can write
 # their run directories (e.g. runs/) next to themselves. Its uid and gid, 10001, are the
 # runAsUser/runAsGroup/fsGroup of every pod `paramshard k8s` renders (RUN_AS_ID in
-# launch/k8s.py): Pod Security "restricted" wants runAsNonRoot, which needs a numeric user.
+# launch/engines/k8s.py): Pod Security "restricted" wants runAsNonRoot, which needs a numeric user.
 RUN groupadd --gid 10001 paramshard \
     && useradd --create-home --uid 10001 --gid 10001 paramshard \
     && mkdir /app && chown 10001:10001 /app

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 # The row store's kernels compile once into numba's cache (seconds; milliseconds when cached), so
 # no server compiles them while trainers wait on its first pull.
 warm: $(STAMP)
-	$(PY) -m paramshard.server.kernels.warm
+	$(PY) -m paramshard.server.storage.kernels.warm
 
 demo: warm
 	$(VENV)/bin/paramshard launch --servers 2 --trainers 2 --report examples/ctr_wide_deep.py

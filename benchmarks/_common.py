@@ -166,7 +166,7 @@ def start_paramshard_cluster(children: Children, num_servers: int, num_trainers:
     """``python -m paramshard server`` per server, configured by the environment
     contract only (``extra_env``: more variables for every server, e.g. PARAMSHARD_ROW_STORE).
     Returns the server addresses (readiness: see ``wait_servers``)."""
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     addresses = [f"{HOST}:{p}" for p in free_ports(num_servers, HOST)]
     for sid in range(num_servers):
         env = dict(os.environ, PARAMSHARD_ROLE="server", PARAMSHARD_SERVERS=",".join(addresses),
@@ -254,7 +254,7 @@ def emit(markdown: bool, tables: Sequence[tuple], notes: Sequence[str] = ()) -> 
             print()
         return
     from rich.console import Console
-    from paramshard.observe.terminal import is_live_terminal
+    from paramshard.observe.live.terminal import is_live_terminal
     # colours only for a terminal someone watches (not a file, nor a rank under mpirun)
     console = Console(width=max(Console().width, 120), force_terminal=is_live_terminal(sys.stdout))
     for title, headers, rows, right in tables:

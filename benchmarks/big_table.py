@@ -49,7 +49,7 @@ BIG, SMALL = "big", "small"
 SALT = {BIG: np.uint64(0x1234567890ABCDEF), SMALL: np.uint64(0x0FEDCBA987654321)}
 LR = 0.01
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-STORES = ("compiled", "numpy")            # paramshard.server.row_stores.STORES, checked in parse_args
+STORES = ("compiled", "numpy")            # paramshard.server.storage.row_stores.STORES, checked in parse_args
 COMPILED_INDEX_BYTES = 8 / 0.375          # a uint64 bucket per row, buckets at most 0.375 full after growing
 COMPILED_MARGIN = 1 * GiB                 # per server: the interpreter, numba, transients
 MEMORY_WAIT_S = 30.0                      # before the next store: for the last one's memory to come back
@@ -222,7 +222,7 @@ def table_stats(links, servers: int) -> list[dict]:
 def measure(store: str, args, log=print) -> dict:
     """The whole measurement on ``args.servers`` fresh servers holding their rows in ``store``."""
     from paramshard.client.sparse import SparseClient, TableSpec
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
     n, min_free = args.servers, int(args.min_free_gib * GiB)
     children = C.Children()
     links = None
@@ -402,7 +402,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--markdown", action="store_true", help="print markdown tables for RESULTS.md")
     args = p.parse_args(argv)
     args.store_list = [s.strip() for s in (args.stores if args.stores else args.store).split(",") if s.strip()]
-    from paramshard.server.row_stores import STORES as REGISTERED
+    from paramshard.server.storage.row_stores import STORES as REGISTERED
     for s in args.store_list:
         if s not in REGISTERED or s not in STORES:
             p.error(f"unknown row store {s!r}: one of {', '.join(STORES)}")

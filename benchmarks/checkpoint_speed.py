@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from paramshard.client.sparse import SparseClient, TableSpec
     from paramshard.optim import Adagrad
     from paramshard.placement.sharding import make_plan
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
     spec = TableSpec("big", args.dim, Adagrad(lr=0.05))
     plan = make_plan([], args.servers)
     root = args.dir or tempfile.mkdtemp(prefix="paramshard-ckpt-bench-")

@@ -94,7 +94,7 @@ class PsRun:
     def __init__(self, children: C.Children, model, mode: str):
         import paramshard as ps
         from paramshard.env import ClusterEnv
-        from paramshard.transport.client import ServerLinks
+        from paramshard.transport.links import ServerLinks
         (addr,) = C.start_paramshard_cluster(children, 1, 1, mode=mode)
         links = ServerLinks([addr], timeout=60.0, who="bench")
         try:
@@ -197,7 +197,7 @@ def backward_variants(items, dim: int, reps: int = 9) -> dict:
     import pandas as pd
     import torch
     import torch.nn.functional as F
-    from paramshard.data.presets import CRITEO_SPARSE
+    from paramshard.data.features.presets import CRITEO_SPARSE
     NUM_FIELDS = len(CRITEO_SPARSE)
     times = {"dense gradient (before)": [], "sparse=True + to_dense() (library now)": []}
     for k in range(reps + 1):

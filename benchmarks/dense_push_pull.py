@@ -81,7 +81,7 @@ class ParamshardCandidate:
         from paramshard.client.dense import DenseClient
         from paramshard.optim import SGD
         from paramshard.placement.sharding import ParamSpec, make_plan
-        from paramshard.transport.client import ServerLinks
+        from paramshard.transport.links import ServerLinks
         self.addresses = C.start_paramshard_cluster(children, num_servers)
         self.links = ServerLinks(self.addresses, timeout=60.0, who="bench")
         C.wait_servers(children, self.links)
@@ -163,7 +163,7 @@ class RawZmqCandidate:
 
 class GlooCandidate:
     def __init__(self, children: C.Children, sizes: list[int]):
-        from paramshard.launch.ports import free_ports
+        from paramshard.launch.engines.ports import free_ports
         (port,) = free_ports(1, C.HOST)
         self.conns = [children.start_mp(f"gloo rank {r}", gloo_worker, (r, port, sizes)) for r in (0, 1)]
         for r, conn in enumerate(self.conns):
@@ -235,7 +235,7 @@ def report(times: dict, sizes: list[int], cands: list[str], markdown: bool, note
         print(f"_{note}_")
     else:
         from rich.console import Console
-        from paramshard.observe.terminal import is_live_terminal
+        from paramshard.observe.live.terminal import is_live_terminal
         # colours only for a terminal someone watches (not a file, nor a rank under mpirun)
         console = Console(width=max(Console().width, 100), force_terminal=is_live_terminal(sys.stdout))
         console.print(C.rich_table("Dense push+pull vs raw pyzmq vs gloo", headers, rows, right))

@@ -35,11 +35,11 @@ from _common import Children  # noqa: E402
 import paramshard as ps  # noqa: E402
 from paramshard.client.sparse import SparseClient, TableSpec  # noqa: E402
 from paramshard.env import ClusterEnv  # noqa: E402
-from paramshard.launch.local import LocalLauncher  # noqa: E402
-from paramshard.launch.ports import free_ports  # noqa: E402
-from paramshard.launch.server_scaling import move_partitions  # noqa: E402
+from paramshard.launch.engines.local import LocalLauncher  # noqa: E402
+from paramshard.launch.engines.ports import free_ports  # noqa: E402
+from paramshard.launch.elastic.server_scaling import move_partitions  # noqa: E402
 from paramshard.placement.partitions import Routing  # noqa: E402
-from paramshard.transport.client import ServerLinks  # noqa: E402
+from paramshard.transport.links import ServerLinks  # noqa: E402
 
 TABLE, GRAD, TIMEOUT = "big", 3, 120.0
 

@@ -226,8 +226,8 @@ def run(args) -> tuple[list[dict], dict, dict]:
     finally:
         job.close()
     log(f"run directory: {run_dir}")
-    from paramshard.observe import elastic_view
-    from paramshard.observe.run_data import load_run
+    from paramshard.observe.run_records import elastic_view
+    from paramshard.observe.run_records.run_data import load_run
     data = load_run(run_dir)
     ended = elastic_view.job_end(data.summary, data.events, data.trainers)
     found = elastic_view.moves(data.events, data.trainers, data.t0, ended)

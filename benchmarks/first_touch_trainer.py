@@ -32,7 +32,7 @@ def run(store: str, batch: int, steps: int, timeout: float) -> dict:
     import paramshard as ps
     from paramshard.env import ClusterEnv
     from paramshard.placement.sparse_hash import mix64
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
 
     children = C.Children()
     try:

@@ -29,8 +29,8 @@ import _common as C  # noqa: E402
 
 class NumbaIndex:
     def __init__(self, ids):
-        from paramshard.server.kernels import arena
-        from paramshard.server.kernels.hash_index import HashIndex
+        from paramshard.server.storage.kernels import arena
+        from paramshard.server.storage.kernels.hash_index import HashIndex
         self.keys = arena.reserve(len(ids) * 2, (), np.uint64)
         self.index, self.rows = HashIndex(0), 0
         self.add(ids)
@@ -47,7 +47,7 @@ class NumbaIndex:
 
 class NumpyIndex:
     def __init__(self, ids):
-        from paramshard.server.id_index import IdIndex
+        from paramshard.server.storage.id_index import IdIndex
         self.index = IdIndex(16)
         self.index.insert(ids)
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
     from paramshard.placement.sparse_hash import mix64
-    from paramshard.server.kernels.warm import warm
+    from paramshard.server.storage.kernels.warm import warm
     warm()
     print(C.machine_note(), flush=True)
     base = mix64(np.arange(args.rows, dtype=np.uint64))

@@ -1,7 +1,7 @@
 """The CTR app's model trained in one plain PyTorch process: the twin of a paramshard run.
 
 The same model class (paramshard.models.build_model), the same schema and
-TabularReader encoding, the same metrics (paramshard.evaluation.evaluate); only
+TabularReader encoding, the same metrics (paramshard.inference.evaluation.evaluate); only
 the tables differ: local ``nn.EmbeddingBag(sparse=True)`` tables over a dense
 index of the ids the training rows hold (built in one pass before training),
 instead of SparseEmbedding tables on servers. A known id's row starts as
@@ -43,7 +43,7 @@ import numpy as np
 
 def training_ids(paths, schema, batch_size: int = 8192) -> np.ndarray:
     """Every distinct feature id of the training rows, sorted (the plain user's vocabulary)."""
-    from paramshard.data.tabular import TabularReader
+    from paramshard.data.readers.tabular import TabularReader
     seen = [np.unique(b.ids.reshape(-1)) for b in TabularReader(paths, schema, batch_size)]
     return np.unique(np.concatenate(seen)) if seen else np.empty(0, np.int64)
 
@@ -97,14 +97,14 @@ def optimizers(model, lr: float, table_lr: float):
 
 def steps(readers):
     """One pass: step k is batch k of every reader, together (readers with equal_steps: as many each)."""
-    from paramshard.data.batch import TabularBatch
+    from paramshard.data.features.batch import TabularBatch
     for parts in zip(*readers):
         yield parts[0] if len(parts) == 1 else TabularBatch.concat(parts)
 
 
 def train_epoch(model, readers, opts) -> float:
     import torch.nn.functional as F
-    from paramshard.data.batch import TabularBatch
+    from paramshard.data.features.batch import TabularBatch
     losses = []
     for b in steps(readers):
         t = TabularBatch.torch(b)
@@ -128,9 +128,9 @@ def selection(args):
 
 
 def run(args) -> dict:
-    from paramshard.data.schema import Schema
-    from paramshard.data.tabular import TabularReader
-    from paramshard.evaluation import evaluate
+    from paramshard.data.features.schema import Schema
+    from paramshard.data.readers.tabular import TabularReader
+    from paramshard.inference.evaluation import evaluate
     start = time.perf_counter()
     schema = Schema.load(args.schema)
     vocab = training_ids(args.train, schema)
@@ -141,7 +141,7 @@ def run(args) -> dict:
     history, scores, best_state, best_epoch, rule = [], [], None, None, selection(args)
     for epoch in range(1, args.epochs + 1):
         for r in readers:
-            # Pass e of each reader in epoch e, as the app's trainer.epochs() reads (torch/loop.py): the
+            # Pass e of each reader in epoch e, as the app's trainer.epochs() reads (trainer/loop.py): the
             # same shuffle. A bare loop would start at pass 0, the same rows in another order.
             r.restore({"epoch": epoch, "batches": 0})
         t0 = time.perf_counter()

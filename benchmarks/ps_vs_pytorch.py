@@ -436,7 +436,7 @@ def table_bytes(rows: int) -> tuple[int, int]:
 
 def start_big_server(children: C.Children, max_rows: int) -> tuple[str, object]:
     """One async server, configured by the environment contract; capacity capped at the largest table."""
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     (port,) = free_ports(1, C.HOST)
     address = f"{C.HOST}:{port}"
     env = dict(child_environ(), PARAMSHARD_ROLE="server", PARAMSHARD_SERVERS=address, PARAMSHARD_SERVER_ID="0",
@@ -470,7 +470,7 @@ def table_scaling(args, children: C.Children, log) -> dict:
 
     from paramshard.client.sparse import SparseClient, TableSpec
     from paramshard.optim import Adagrad
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
     sizes = sorted(args.table_sizes)
     avail = C.mem_available()
     need = sum(table_bytes(s)[0] for s in sizes[:-1]) + table_bytes(sizes[-1])[1] + int(args.min_free_gib * GiB)

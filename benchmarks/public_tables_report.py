@@ -1,6 +1,6 @@
 """The pure half of benchmarks/public_tables.py: reading a run's results, the verdicts the issue
 asks for (the best paramshard model vs scikit-learn's logistic regression; each model vs its
-plain PyTorch twin), medians over repetitions and the tables (tests/unit/test_benchmark_public_tables.py)."""
+plain PyTorch twin), medians over repetitions and the tables (tests/unit/benchmarks/test_benchmark_public_tables.py)."""
 from __future__ import annotations
 
 import os

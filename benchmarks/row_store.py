@@ -1,7 +1,7 @@
 """Row stores side by side: the store-level measures of the compiled-store issue (issue 22).
 
 Every store named by ``--stores`` (default: every store of
-``paramshard.server.row_stores.STORES``; without that module, the numpy store
+``paramshard.server.storage.row_stores.STORES``; without that module, the numpy store
 alone) holds the rows of an in-process ``SparseTable`` (async, 1 trainer, dim
 ``--dim``, default Admission/Eviction, init scale 0.01); no servers, no
 network. The measures, each its own function (``--only``):
@@ -72,11 +72,11 @@ MIN_FREE = 1 * GiB          # a fill stops (an error) when MemAvailable falls be
 def available_stores() -> tuple[dict[str, Callable], str]:
     """(name -> store factory, where the names came from)."""
     try:
-        from paramshard.server.row_stores import STORES
+        from paramshard.server.storage.row_stores import STORES
     except ImportError as exc:
-        from paramshard.server.numpy_row_store import NumpyRowStore
-        return {"numpy": NumpyRowStore}, f"numpy only (paramshard.server.row_stores: {exc})"
-    return dict(STORES), "paramshard.server.row_stores.STORES"
+        from paramshard.server.storage.numpy_row_store import NumpyRowStore
+        return {"numpy": NumpyRowStore}, f"numpy only (paramshard.server.storage.row_stores: {exc})"
+    return dict(STORES), "paramshard.server.storage.row_stores.STORES"
 
 
 def optimizer_kinds() -> tuple[str, ...]:
@@ -93,8 +93,8 @@ def optimizer(kind: str):
 
 
 def make_table(factory: Callable, kind: str, dim: int, capacity: int):
-    from paramshard.server.barrier import Membership
-    from paramshard.server.sparse_table import SparseTable
+    from paramshard.server.core.barrier import Membership
+    from paramshard.server.storage.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
     return SparseTable("t", dim, 0, optimizer(kind), Admission(), Eviction(), 0.01, "async",
                        Membership(1, grace=60.0), capacity=capacity, store=factory)

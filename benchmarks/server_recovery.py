@@ -110,10 +110,10 @@ def push_cost(reps: int) -> dict:
     import numpy as np
     import paramshard as ps
     from paramshard.mode import Mode
-    from paramshard.server.barrier import Membership
-    from paramshard.server.replication import DirtyPages
-    from paramshard.server.row_stores import store_named
-    from paramshard.server.sparse_table import SparseTable
+    from paramshard.server.core.barrier import Membership
+    from paramshard.server.elastic.replication import DirtyPages
+    from paramshard.server.storage.row_stores import store_named
+    from paramshard.server.storage.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
     rng = np.random.default_rng(0)
     batches = [np.unique(rng.integers(0, 1_000_000, 4096).astype(np.uint64)) for _ in range(200)]

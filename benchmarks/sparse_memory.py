@@ -56,7 +56,7 @@ def measure_server(children: C.Children, opt: str, dim: int, rows: int, chunk: i
     MALLOC_MMAP_THRESHOLD_=128 KiB: glibc then returns every freed array of >= 128 KiB to the OS
     instead of keeping freed heap (its default raises that threshold up to 32 MiB as arrays are freed)."""
     from paramshard.client.sparse import SparseClient, TableSpec
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
     saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     if fixed_mmap_threshold:
         os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
@@ -97,8 +97,8 @@ def measure_server(children: C.Children, opt: str, dim: int, rows: int, chunk: i
 
 def measure_parts(opt: str, dim: int, rows: int, chunk: int) -> dict:
     """The same fill on an in-process SparseTable, split into its arrays."""
-    from paramshard.server.barrier import Membership
-    from paramshard.server.sparse_table import SparseTable
+    from paramshard.server.core.barrier import Membership
+    from paramshard.server.storage.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
     table = SparseTable(TABLE, dim, 0, optimizer(opt), Admission(), Eviction(), 0.01, "async", Membership(1, grace=60.0))
     for ids in chunks_of(rows, chunk, seed=dim * 10 + len(opt)):

@@ -87,7 +87,7 @@ class PsCandidate:
     def __init__(self, children: C.Children, mode: str, prefill: np.ndarray):
         from paramshard.client.sparse import SparseClient, TableSpec
         from paramshard.optim import SGD
-        from paramshard.transport.client import ServerLinks
+        from paramshard.transport.links import ServerLinks
         self.mode = mode
         self.addresses = C.start_paramshard_cluster(children, 1, 1, mode=mode)
         self.links = ServerLinks(self.addresses, timeout=60.0, who="bench")
@@ -173,8 +173,8 @@ def breakdown(ps: PsCandidate, echo: RawEcho, all_ids: np.ndarray, subsets: list
               rng) -> tuple[dict, dict]:
     """Median (and mean) ms of each phase of pull+push: steady (async server) and first touch."""
     from paramshard.optim import SGD
-    from paramshard.server.barrier import Membership
-    from paramshard.server.sparse_table import SparseTable
+    from paramshard.server.core.barrier import Membership
+    from paramshard.server.storage.sparse_table import SparseTable
     from paramshard.tables import Admission, Eviction
     from paramshard.transport import protocol
     client = ps.client

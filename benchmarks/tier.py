@@ -1,4 +1,4 @@
-"""The disk tier (server/tiered_row_store.py): a table under a memory budget against the same
+"""The disk tier (server/storage/tiered_row_store.py): a table under a memory budget against the same
 table with every row in RAM, on a Zipf stream.
 
 Two spawned processes each hold one SparseTable (async, the compiled store, dim ``--dim``,
@@ -76,10 +76,10 @@ def worker(conn, variant: str, args: dict) -> None:
     """One table; answers ("run", first, count) with the round's figures, stops on None."""
     from paramshard.limits import Limits
     from paramshard.optim import KINDS
-    from paramshard.server.barrier import Membership
-    from paramshard.server.row_stores import store_named
-    from paramshard.server.sparse_table import SparseTable
-    from paramshard.server.tiered_row_store import ServerBudget
+    from paramshard.server.core.barrier import Membership
+    from paramshard.server.storage.row_stores import store_named
+    from paramshard.server.storage.sparse_table import SparseTable
+    from paramshard.server.storage.tiered_row_store import ServerBudget
     from paramshard.tables import Admission, Eviction
     tier = {}
     if variant == TIERED:

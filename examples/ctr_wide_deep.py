@@ -30,8 +30,8 @@ import torch.nn.functional as F
 import paramshard as ps
 from paramshard.data import CriteoReader, DynamicShards, criteo_schema, generate_criteo, shard_files, split_lines
 from paramshard.models import WideDeep
-from paramshard.observe.server_table import StepProgress, server_load_table
-from paramshard.torch.epochs import start_at
+from paramshard.observe.report.server_table import StepProgress, server_load_table
+from paramshard.trainer.epochs import start_at
 
 
 def prepare_synthetic(root: Path, train_rows: int, test_rows: int, shards: int, trainer_id: int,

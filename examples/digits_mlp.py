@@ -18,7 +18,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 import paramshard as ps
-from paramshard.observe.server_table import server_load_table
+from paramshard.observe.report.server_table import server_load_table
 
 
 def load_data(seed: int):

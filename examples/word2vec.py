@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard.observe.server_table import StepProgress
+from paramshard.observe.report.server_table import StepProgress
 
 QUERIES = ("money", "stock", "president", "market", "year", "company", "bank", "million", "japan", "said")
 

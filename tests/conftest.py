@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from paramshard.env import ClusterEnv
-from paramshard.launch.ports import free_ports
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child, stop_all
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.runtime import build_server
 
 
@@ -17,7 +17,7 @@ def pytest_configure(config):
     """The tests that signal a launcher need SIGINT and SIGHUP at their defaults. A runner that
     starts the suite in the background (``nohup make test &``, some CI runners) hands it those
     signals ignored; every child inherits that, and a launcher keeps an ignored signal ignored
-    (launch/signals.py: as a nohup'ed launcher should). Restore them for this session."""
+    (launch/supervision/signals.py: as a nohup'ed launcher should). Restore them for this session."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:

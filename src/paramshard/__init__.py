@@ -9,11 +9,11 @@
 """
 from importlib import metadata as _metadata
 
-from . import export, optim
-from .data.shard import shard
-from .errors import ParamshardError
-from .runtime import init
-from .tables import Admission, Eviction
+from paramshard import export, optim
+from paramshard.data.shards.shard import shard
+from paramshard.errors import ParamshardError
+from paramshard.runtime import init
+from paramshard.tables import Admission, Eviction
 
 __all__ = ["init", "barrier", "shard", "optim", "Trainer", "SparseEmbedding", "Admission", "Eviction",
            "evaluate", "predict", "export", "load_model", "ParamshardError", "__version__"]
@@ -27,7 +27,7 @@ except _metadata.PackageNotFoundError:   # run from a source tree that was never
 def barrier(name: str = "default", timeout: float | None = None) -> None:
     """Wait until every trainer of the job got to ``barrier(name)``: ``Trainer.barrier`` of
     the most recently built open Trainer of this process."""
-    from .torch.open_trainers import current_trainer
+    from paramshard.trainer.open_trainers import current_trainer
     current_trainer().barrier(name, timeout)
 
 
@@ -35,15 +35,15 @@ def __getattr__(name):
     # torch is imported only when a trainer-side name is used, so servers
     # (and `paramshard plan`) start fast.
     if name == "Trainer":
-        from .torch.trainer import Trainer
+        from paramshard.trainer.trainer import Trainer
         return Trainer
     if name == "SparseEmbedding":
-        from .torch.sparse_embedding import SparseEmbedding
+        from paramshard.trainer.sparse_embedding import SparseEmbedding
         return SparseEmbedding
     if name in ("evaluate", "predict"):
-        from . import evaluation
+        from paramshard.inference import evaluation
         return getattr(evaluation, name)
     if name == "load_model":
-        from .serving import load_model
+        from paramshard.inference.serving import load_model
         return load_model
     raise AttributeError(f"module 'paramshard' has no attribute {name!r}")

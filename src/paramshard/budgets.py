@@ -3,7 +3,7 @@
 A budget caps the memory a sparse table (``SparseEmbedding(..., memory_budget=)``)
 or a whole server (PARAMSHARD_MEMORY_BUDGET, ``paramshard server
 --memory-budget``) keeps in RAM; the rows past it live in a file tier
-(server/tiered_row_store.py). Decimal units are powers of 1000, binary ones
+(server/storage/tiered_row_store.py). Decimal units are powers of 1000, binary ones
 (KiB, MiB, GiB, TiB) powers of 1024; a bare ``K``/``M``/``G``/``T`` is binary, as
 ``ulimit`` and Kubernetes' ``Gi`` read it.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 MIN_BUDGET = 8 << 20          # below this a tier spills on every call: a typo more likely than a plan
 MAX_BUDGET = (1 << 63) - 1

@@ -1,6 +1,6 @@
 """``DenseSync``: how a trainer keeps its dense parameters in step with the job's.
 
-Two implementations, each held by the trainer backend of its modes (torch/backends/):
+Two implementations, each held by the trainer backend of its modes (trainer/backends/):
 
 - ``client.dense.DenseClient`` (sync and async modes): the parameters live on the
   servers, split into blocks; gradients are pushed there, the servers apply the
@@ -19,7 +19,7 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from .optim import OptimizerConfig
+from paramshard.optim import OptimizerConfig
 
 
 class DenseSync(Protocol):

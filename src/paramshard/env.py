@@ -14,14 +14,14 @@ import dataclasses
 import os
 from typing import Mapping
 
-from .errors import ConfigError
-from .mode import MODES, PS_MODES, Mode  # noqa: F401 - re-exported for the commands
-from .settings import fields as _fields
-from .settings.contract import (COLLECTIVE_BACKENDS, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT,  # noqa: F401
+from paramshard.errors import ConfigError
+from paramshard.mode import MODES, PS_MODES, Mode  # noqa: F401 - re-exported for the commands
+from paramshard.settings import fields as _fields
+from paramshard.settings.contract import (COLLECTIVE_BACKENDS, DEFAULT_MIN_BLOCK_SIZE, DEFAULT_TIMEOUT,  # noqa: F401
                                 DISPATCHERS, ROLES, first_int)
-from .settings.docs import engine_variables_markdown, variables_markdown  # noqa: F401
-from .settings.engines import ENGINE_VARIABLES  # noqa: F401
-from .settings.setting import JOB
+from paramshard.settings.docs import engine_variables_markdown, variables_markdown  # noqa: F401
+from paramshard.settings.engines import ENGINE_VARIABLES  # noqa: F401
+from paramshard.settings.setting import JOB
 
 
 @dataclasses.dataclass(frozen=True)

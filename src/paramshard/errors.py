@@ -30,13 +30,13 @@ class StaleEpoch(ParamshardError):
 
 
 class AlreadyApplied(ParamshardError):
-    """A push a restored server already holds (bounded-loss recovery, server/replication.py): its
+    """A push a restored server already holds (bounded-loss recovery, server/elastic/replication.py): its
     trainer resent it because the old server died before answering. Error code ``applied``."""
     wire_code = "applied"
 
 
 class Moved(ParamshardError):
-    """A request for ids whose partition this server no longer owns (server/migration_service.py):
+    """A request for ids whose partition this server no longer owns (server/elastic/migration_service.py):
     refused whole, before anything was applied; the client fetches the routing and resends."""
     wire_code = "moved"
 
@@ -55,11 +55,11 @@ class LimitExceeded(ConfigError):
 
 class OutOfAddressSpace(LimitExceeded, MemoryError):
     """Rows that would pass the server's address-space limit (RLIMIT_AS, ``ulimit -v``):
-    refused before anything changed (server/kernels/arena.py)."""
+    refused before anything changed (server/storage/kernels/arena.py)."""
 
     def __init__(self, what: str, rows: int, nbytes: int, limit: int | None, used: int, headroom: int,
                  reason: str = "", unit: str = "rows"):
-        from .budgets import show_bytes
+        from paramshard.budgets import show_bytes
         self.what, self.rows, self.nbytes, self.limit = what, rows, nbytes, limit
         limit_text = "no limit" if limit is None else f"the {show_bytes(limit)} limit"
         because = f" ({reason})" if reason else ""

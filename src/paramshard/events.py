@@ -26,7 +26,7 @@ class TrainerListener(Protocol):
 
 # A factory: (env, model) -> listener or None; or "module:attribute" naming one, imported when used.
 ListenerFactory = Callable[[Any, Any], "TrainerListener | None"]
-_trainer_factories: list[ListenerFactory | str] = ["paramshard.observe.trainer_watch:TrainerWatch"]
+_trainer_factories: list[ListenerFactory | str] = ["paramshard.observe.live.trainer_watch:TrainerWatch"]
 
 
 def register_trainer_listener(factory: ListenerFactory | str) -> None:
@@ -90,7 +90,7 @@ class ServerListener(Protocol):
 
 # A factory: (env, server) -> listener or None; or "module:attribute" naming one.
 ServerListenerFactory = Callable[[Any, Any], "ServerListener | None"]
-_server_factories: list[ServerListenerFactory | str] = ["paramshard.observe.server_watch:ServerWatch"]
+_server_factories: list[ServerListenerFactory | str] = ["paramshard.observe.live.server_watch:ServerWatch"]
 
 
 def register_server_listener(factory: ServerListenerFactory | str) -> None:

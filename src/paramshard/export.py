@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ConfigError
-from .placement.sparse_hash import initial_rows
+from paramshard.errors import ConfigError
+from paramshard.placement.sparse_hash import initial_rows
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ class ExportedTable:
 
 
 def _as_uint64(ids) -> np.ndarray:
-    """Feature ids as uint64, the convention of paramshard.torch.sparse_embedding.as_uint64
+    """Feature ids as uint64, the convention of paramshard.trainer.sparse_embedding.as_uint64
     (int64 bit patterns reinterpreted), without importing torch here."""
     if hasattr(ids, "detach") and hasattr(ids, "numpy"):    # a torch tensor
         ids = ids.detach().cpu().numpy()
@@ -90,9 +90,9 @@ def save_table(path, meta: dict, ids: np.ndarray, values: np.ndarray) -> None:
 
 
 def load_table(path) -> ExportedTable:
-    from .model_archive import ModelArchiveError, NotAnArchive, check_npz
+    from paramshard.inference.model_archive import ModelArchiveError, NotAnArchive, check_npz
     try:
-        check_npz(path)          # before np.load believes a shape in it (model_archive.py)
+        check_npz(path)          # before np.load believes a shape in it (inference/model_archive.py)
     except NotAnArchive as exc:
         raise ConfigError(f"{path}: not a paramshard table export ({exc})") from None
     except ModelArchiveError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 MAX_BYTES = 64 * 1024
 MAX_DEPTH = 32

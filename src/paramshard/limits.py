@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import ConfigError, LimitExceeded
+from paramshard.errors import ConfigError, LimitExceeded
 
 # field -> (environment variable, default, what it bounds)
 SPEC = {
@@ -23,7 +23,7 @@ SPEC = {
     "max_queued_bytes": ("PARAMSHARD_MAX_QUEUED_BYTES", 128 << 20,
                          "bytes of replies one connection may leave unread on a server; its next requests "
                          "wait for them to drain and are refused after PARAMSHARD_TIMEOUT"),
-    # One budget per server, whatever the number of connections (server/memory_budget.py).
+    # One budget per server, whatever the number of connections (server/core/memory_budget.py).
     "max_server_bytes": ("PARAMSHARD_MAX_SERVER_BYTES", 0,
                          "bytes one server may hold in all for its connections: replies queued, requests received "
                          "and not yet handled, partition pages staged by a move; beyond it requests are refused "

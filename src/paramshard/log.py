@@ -5,7 +5,7 @@ import logging
 import os
 import sys
 
-from .settings.process_variables import LOG_LEVEL
+from paramshard.settings.process_variables import LOG_LEVEL
 
 _configured = False
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

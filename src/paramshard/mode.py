@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 
 class Mode(enum.StrEnum):

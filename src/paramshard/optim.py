@@ -12,7 +12,7 @@ import typing
 
 import numpy as np
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@
 process, so one script can run every rank (mpirun, Kubernetes). With no
 cluster around (plain ``python train.py``) it makes a server inside this
 process, so a user can debug without launching anything; the Trainer calls it
-directly (server/in_process.py), without sockets or a thread.
+directly (server/core/in_process.py), without sockets or a thread.
 """
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import signal
 import sys
 import threading
 
-from .env import ClusterEnv
-from .events import ServerListeners
-from .log import configure, get_logger
-from .mode import Mode
-from .settings.process_variables import OMP_THREADS
-from .server.parameter_server import ParameterServer
-from .transport.client import ServerLinks
-from .server.in_process import LocalLinks
-from .server.idle_watch import default_limit
-from .transport.security import Security
+from paramshard.env import ClusterEnv
+from paramshard.events import ServerListeners
+from paramshard.log import configure, get_logger
+from paramshard.mode import Mode
+from paramshard.settings.process_variables import OMP_THREADS
+from paramshard.server.core.parameter_server import ParameterServer
+from paramshard.transport.links import ServerLinks
+from paramshard.server.core.in_process import LocalLinks
+from paramshard.server.core.idle_watch import default_limit
+from paramshard.transport.security import Security
 
 log = get_logger("runtime")
 _env: ClusterEnv | None = None
@@ -65,7 +65,7 @@ def take_thread_share(processes: int) -> None:
     the CTR app on 2 shared cores ran about 10x slower standalone than as a launched trainer
     (issue 23). ``torch.set_num_threads`` (it sizes MKL's pool too), since torch may be
     imported already; ``os.environ`` stays as the user set it, for the processes they start."""
-    from .launch.api import thread_environ, usable_cpus
+    from paramshard.launch.api import thread_environ, usable_cpus
     if os.environ.get(OMP_THREADS.env):
         return
     cpus = usable_cpus()
@@ -121,15 +121,15 @@ def _peers_of(env: ClusterEnv) -> dict[int, str]:
 
 
 def _attach_optional_services(server: ParameterServer, env: ClusterEnv) -> None:
-    from .server.checkpoint_service import attach_checkpoints
-    from .server.learning_rates import attach_learning_rates
-    from .server.sparse_service import attach_sparse
-    from .server.migration_service import attach_migration
+    from paramshard.server.services.checkpoint_service import attach_checkpoints
+    from paramshard.server.services.learning_rates import attach_learning_rates
+    from paramshard.server.services.sparse_service import attach_sparse
+    from paramshard.server.elastic.migration_service import attach_migration
     attach_migration(server, env, attach_sparse(server, env))
     attach_checkpoints(server)
     attach_learning_rates(server)
     if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server
-        from .server.replication import attach_replication
+        from paramshard.server.elastic.replication import attach_replication
         attach_replication(server)
 
 

@@ -24,7 +24,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 
 class UnsafeFile(ConfigError):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .errors import ConfigError
+from paramshard.errors import ConfigError
 
 MAX_SEED = (1 << 64) - 1   # seeds are mixed as uint64
 
-# How a table's rows are stored on the servers (server/row_formats.py): the maths is float32
+# How a table's rows are stored on the servers (server/storage/row_formats.py): the maths is float32
 # whatever the format; half rows are rounded to nearest, or stochastically, after each update.
 ROW_DTYPES = ("float32", "float16", "bfloat16")
 ROUNDINGS = ("nearest", "stochastic")

@@ -181,8 +181,8 @@ ELASTIC_ROWS, ELASTIC_EPOCHS = 6000, 6
 def elastic_data(d: Path):
     """A small CSV whose ``rid`` column is unique per row: the trained-log's id checksum then
     tells a row trained twice and another never from every row once."""
-    from paramshard.data.fit import fit_schema
-    from paramshard.data.schema import Column, Format, Label, Schema
+    from paramshard.data.features.fit import fit_schema
+    from paramshard.data.features.schema import Column, Format, Label, Schema
     rng = np.random.default_rng(0)
     for name, rows in (("train.csv", ELASTIC_ROWS), ("test.csv", 500)):
         cats = rng.integers(0, 20, rows)
@@ -199,8 +199,8 @@ def elastic_data(d: Path):
 def one_pass(d: Path, schema) -> tuple[int, int, int]:
     """(training rows, their id checksum, held-out rows) of --train, read statically."""
     from paramshard.apps.ctr.audit import id_sum
-    from paramshard.data.holdout import Holdout
-    from paramshard.data.tabular import TabularReader
+    from paramshard.data.shards.holdout import Holdout
+    from paramshard.data.readers.tabular import TabularReader
     rows = Holdout(0.1, seed=0, by="content")
     trained = list(TabularReader([d / "train.csv"], schema, 512, holdout=rows))
     held = sum(len(b) for b in TabularReader([d / "train.csv"], schema, 512, holdout=rows.other()))
@@ -210,8 +210,8 @@ def one_pass(d: Path, schema) -> tuple[int, int, int]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.timeout(240)
 def test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins(tmp_path, mode):
-    from .run_job import processes_marked
-    from .test_elastic_launch import Job
+    from tests.e2e.run_job import processes_marked
+    from tests.e2e.test_elastic_launch import Job
     schema = elastic_data(tmp_path)
     log, out = tmp_path / "trained", tmp_path / "out.json"
     job = Job(tmp_path, "--trainers", "2:3", "--mode", mode, script="-m", args=[

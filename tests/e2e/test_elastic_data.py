@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from .run_job import rank_pids
-from .test_elastic_launch import REPO, Job
+from tests.e2e.run_job import rank_pids
+from tests.e2e.test_elastic_launch import REPO, Job
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic_shards.py")
 ROWS = 4000

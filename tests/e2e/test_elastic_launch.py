@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from .run_job import MARK, PARAMSHARD, REPO, VENV_BIN, rank_pids
+from tests.e2e.run_job import MARK, PARAMSHARD, REPO, VENV_BIN, rank_pids
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic.py")
 

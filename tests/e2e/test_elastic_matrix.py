@@ -27,10 +27,10 @@ import pytest
 
 from paramshard.export import load_table
 
-from .allpairs import all_pairs
-from .run_job import REPO, processes_marked, rank_pids
-from .test_elastic_launch import PARAMSHARD, Job
-from .test_elastic_servers import events, wait_for_event
+from tests.e2e.allpairs import all_pairs
+from tests.e2e.run_job import REPO, processes_marked, rank_pids
+from tests.e2e.test_elastic_launch import PARAMSHARD, Job
+from tests.e2e.test_elastic_servers import events, wait_for_event
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "matrix_job.py")
 ROWS = 16000
@@ -170,7 +170,7 @@ def run_app_case(case: dict, tmp_path):
     """The CTR app (-m paramshard.apps.ctr) with its --trained-log: every epoch's rows and their id
     checksum, over all processes, equal one static pass of --train (a killed process logs nothing of
     its last epoch, so with a kill only the job's end and its epochs are checked)."""
-    from .test_ctr_app import elastic_data, one_pass
+    from tests.e2e.test_ctr_app import elastic_data, one_pass
     schema = elastic_data(tmp_path)
     log, out = tmp_path / "trained", tmp_path / "out.json"
     job = Job(tmp_path, *launch_flags(case, tmp_path), servers="2", script="-m", args=[

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .test_elastic_launch import PARAMSHARD, REPO, Job
+from tests.e2e.test_elastic_launch import PARAMSHARD, REPO, Job
 
 SCRIPT = str(REPO / "tests" / "e2e" / "scripts" / "elastic_sparse.py")
 

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from paramshard.cli.main import main
-from tests.unit.test_k8s_cleanup import FakeKubernetesApi
-from tests.unit.test_k8s_manifests import (TRAINER_POLICY, TRAINER_SERVICE, by_kind, kubelet_expand,
+from tests.unit.launch.engines.test_k8s_cleanup import FakeKubernetesApi
+from tests.unit.launch.engines.test_k8s_manifests import (TRAINER_POLICY, TRAINER_SERVICE, by_kind, kubelet_expand,
                                            pod_dns_names, pod_environ, server_pod, trainer_pod)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -131,7 +131,7 @@ def test_ctrl_c_stops_every_process_of_the_job(tmp_path):
 def test_one_script_runs_every_rank_under_openmpi_variables(tmp_path):
     """mpirun starts the same script on every rank; the first S ranks serve."""
     import os
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     port = free_ports(1)[0]
@@ -151,7 +151,7 @@ def test_one_script_runs_every_rank_under_openmpi_variables(tmp_path):
 
 
 def test_launcher_api_waits_for_its_servers_and_cleans_up(tmp_path):
-    from paramshard.launch.local import LaunchConfig, LocalLauncher
+    from paramshard.launch.engines.local import LaunchConfig, LocalLauncher
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     import io

@@ -1,4 +1,4 @@
-"""`paramshard launch --fork` (launch/fork_server.py): a job whose ranks are forked from one
+"""`paramshard launch --fork` (launch/engines/fork_server.py): a job whose ranks are forked from one
 pre-imported interpreter passes its own oracle, and a forked rank killed from outside ends the
 job as an unforked one does (the same status and summary), with nothing left behind."""
 import os
@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from .run_job import MARK, ORACLE, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids, run_job
+from tests.e2e.run_job import MARK, ORACLE, PARAMSHARD, REPO, VENV_BIN, processes_marked, rank_pids, run_job
 
 
 def test_a_forked_job_passes_its_oracle():

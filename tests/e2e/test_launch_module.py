@@ -13,7 +13,7 @@ import pytest
 
 from paramshard.errors import ConfigError
 from paramshard.launch.api import LaunchConfig, thread_environ, usable_cpus
-from paramshard.launch.target import split_attached_module
+from paramshard.launch.rank.target import split_attached_module
 from paramshard.cli.launch import add_arguments
 from tests.e2e.in_process import cli_in_process
 
@@ -160,7 +160,7 @@ def test_script_and_module_words_are_never_read_as_abbreviated_flags():
 
 
 def test_run_and_k8s_take_a_module_too():
-    from paramshard.launch.k8s import K8sJobSpec, job_doc
+    from paramshard.launch.engines.k8s import K8sJobSpec, job_doc
     spec = K8sJobSpec(script=None, module="pkg.train", script_args=("--epochs", "3"), image="img", servers=2,
                       trainers=3, existing_secret=True)
     assert job_doc(spec)["spec"]["template"]["spec"]["containers"][0]["args"] == [
@@ -168,8 +168,8 @@ def test_run_and_k8s_take_a_module_too():
 
 
 def test_ssh_hosts_of_one_machine_share_its_cpus():
-    from paramshard.launch.hosts import parse_hosts
-    from paramshard.launch.ssh import Probed, SshLauncher, SshOptions
+    from paramshard.launch.engines.hosts import parse_hosts
+    from paramshard.launch.engines.ssh import Probed, SshLauncher, SshOptions
     hosts = parse_hosts("127.0.0.2,127.0.0.3,10.0.0.9")
     launcher = SshLauncher(LaunchConfig(module="pkg.train", servers=2, trainers=4, check_script=False), hosts,
                            SshOptions())

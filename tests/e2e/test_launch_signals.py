@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from paramshard.launch import processes
+from paramshard.launch.engines import processes
 
 SERVERS, TRAINERS = 2, 2
 
@@ -188,7 +188,7 @@ def test_parent_death_signal_kills_a_child_whose_parent_is_sigkilled(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import subprocess, sys, time
-            from paramshard.launch.processes import guarded_argv
+            from paramshard.launch.engines.processes import guarded_argv
             child = subprocess.Popen(guarded_argv([sys.executable, "-c", "import time; time.sleep(60)"]))
             print(child.pid, flush=True)
             time.sleep(60)

@@ -13,8 +13,8 @@ import torch
 from paramshard.env import ClusterEnv
 from paramshard.export import load_table
 from paramshard.launch.api import LaunchConfig
-from paramshard.observe.rank_records import write_rank
-from paramshard.observe.run_dir import RunDir
+from paramshard.observe.run_records.rank_records import write_rank
+from paramshard.observe.run_records.run_dir import RunDir
 from tests.e2e.in_process import cli_in_process
 from tests.integration.test_serving_snapshot import same_file
 from tests.integration.tiny_ctr import SCORE_BATCH, STEPS, Job

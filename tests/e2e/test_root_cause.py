@@ -8,7 +8,7 @@ import time
 import pytest
 
 from paramshard.launch.api import failure_summary, first_failure
-from paramshard.launch.processes import error_excerpt
+from paramshard.launch.engines.processes import error_excerpt
 
 BOOM = textwrap.dedent("""
     import torch, torch.nn as nn

@@ -32,7 +32,7 @@ def test_srun_a_dead_trainer_ends_the_job_naming_its_rank(slurm):
 
 
 def test_srun_store_port_from_the_flag(slurm):
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     port = free_ports(1)[0]
     result = srun(slurm, 3, "--servers", "1", "--store-port", str(port), ORACLE)
     assert_trained(result, trainers=2)

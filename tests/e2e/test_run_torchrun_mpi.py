@@ -86,7 +86,7 @@ def test_explicit_contract_runs_each_role(tmp_path):
     """Kubernetes-style: every process is told its role and the addresses."""
     import sys
 
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     ports = free_ports(2)
     servers = ",".join(f"127.0.0.1:{p}" for p in ports)
     base = {"PARAMSHARD_SERVERS": servers, "PARAMSHARD_TRAINERS": "2", "PARAMSHARD_JOB_ID": "explicit",

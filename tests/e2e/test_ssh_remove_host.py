@@ -17,9 +17,9 @@ import pytest
 from tests.engines import alive, process_tree
 from tests.engines.sshd import SshHosts, require_engines
 
-from .run_job import REPO
-from .test_elastic_matrix import ROWS, check_oracles
-from .test_ssh_scale import Output, events, wait_for_event
+from tests.e2e.run_job import REPO
+from tests.e2e.test_elastic_matrix import ROWS, check_oracles
+from tests.e2e.test_ssh_scale import Output, events, wait_for_event
 
 SCRIPT = REPO / "tests" / "e2e" / "scripts" / "matrix_job.py"
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}      # the paramshard under test, not an installed one

@@ -15,8 +15,8 @@ import pytest
 from tests.engines.netns import NetnsLab, require_netns
 from tests.engines.sshd import SshHosts, require_engines
 
-from .run_job import REPO, VENV_BIN
-from .test_ssh_launch import rank_processes
+from tests.e2e.run_job import REPO, VENV_BIN
+from tests.e2e.test_ssh_launch import rank_processes
 
 SCRIPTS = REPO / "tests" / "e2e" / "scripts"
 

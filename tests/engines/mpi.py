@@ -65,7 +65,7 @@ from pathlib import Path
 
 import pytest
 
-from . import unavailable
+from tests.engines import unavailable
 
 INSTALL_HINT = ("install Open MPI with `sudo scripts/install-test-engines.sh` (package openmpi-bin) and mpi4py "
                 "into the venv (`pip install -e \".[test]\"` or `pip install 'mpi4py>=4'`)")

@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import start_time, stop_processes, unavailable
+from tests.engines import start_time, stop_processes, unavailable
 
 PREFIX = "pshd-"
 STATE_DIR = Path("/run/paramshard-netns")

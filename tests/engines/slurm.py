@@ -75,7 +75,7 @@ from pathlib import Path
 
 import pytest
 
-from . import alive, process_tree, stop_processes, stop_tree, unavailable
+from tests.engines import alive, process_tree, stop_processes, stop_tree, unavailable
 
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 INSTALL_HINT = ("install Slurm and munge with `sudo scripts/install-test-engines.sh` (packages slurm-wlm, munge) "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from . import process_tree, stop_tree, unavailable
+from tests.engines import process_tree, stop_tree, unavailable
 
 DEFAULT_ADDRESSES = ("127.0.0.2", "127.0.0.3")
 NETNS_PORT = 2222  # inside a fresh namespace nothing else listens

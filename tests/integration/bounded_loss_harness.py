@@ -30,12 +30,12 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.recovery import ServeAgain
 from paramshard.client.sparse import SparseClient, TableSpec
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child
-from paramshard.launch.replica_keeper import ReplicaKeeper
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.processes import Child
+from paramshard.launch.elastic.replica_keeper import ReplicaKeeper
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.placement.sparse_hash import server_of
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 TRAINERS, SERVERS, VICTIM = 4, 2, 1
 MIN_BLOCK_SIZE = 64

@@ -3,7 +3,7 @@
 Each sparse table used to reserve its whole row limit as address space when registered
 (42 GB for a dim-4 table, 545 GB for dim 64): under a limit the first table took most of it
 and the server soon died of a libzmq abort (a thread stack it could not map). Now a table
-maps what it holds (server/kernels/arena.py), and one that asks for more than the limit
+maps what it holds (server/storage/kernels/arena.py), and one that asks for more than the limit
 has room for is refused by name, while the server goes on serving the others."""
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ import pytest
 import paramshard as ps
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.errors import RemoteError
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

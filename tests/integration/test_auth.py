@@ -23,11 +23,11 @@ import zmq.auth
 import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.errors import ConfigError, ServerUnavailable
-from paramshard.server.parameter_server import ParameterServer
+from paramshard.server.core.parameter_server import ParameterServer
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from paramshard.transport import protocol
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from paramshard.transport.security import HandshakeRefused, Security
 
 FIX = "set the same PARAMSHARD_SECRET and PARAMSHARD_JOB_ID"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from paramshard.apps import ctr
-from paramshard.data.fit import fit_schema
-from paramshard.data.infer import infer_schema
+from paramshard.data.features.fit import fit_schema
+from paramshard.data.features.infer import infer_schema
 
-from ..unit.benchmark_scripts import import_script
-from .test_models_training import local_server  # noqa: F401  (the fixture)
+from tests.unit.benchmark_scripts import import_script
+from tests.integration.test_models_training import local_server  # noqa: F401  (the fixture)
 
 twin = import_script("plain_torch_ctr")
 

@@ -27,14 +27,14 @@ from paramshard.client.recovery import ServeAgain
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.errors import ServerUnavailable
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.replica_keeper import ReplicaKeeper
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.replica_keeper import ReplicaKeeper
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.integration.bounded_loss_harness import _serving
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import paramshard as ps
 from paramshard.checkpoint.format import Checkpoint
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 SHAPES = {"a": (40, 10), "b": (300,)}

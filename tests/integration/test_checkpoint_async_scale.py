@@ -7,7 +7,7 @@ checkpoint must hold, for every value, ``initial - the gradients of every traine
 the cut its manifest records``: a row read twice (an old owner's copy next to the new one's), a
 row missed in a hand-off, or a push one server applied past the cut and another did not,
 breaks the equality. The checkpoints taken while a server that joined mid-job held rows wait
-there only for the trainers already routing to it (server/checkpoint_service.py ``since``).
+there only for the trainers already routing to it (server/services/checkpoint_service.py ``since``).
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ from paramshard.client.checkpoint import save_checkpoint
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

@@ -27,13 +27,13 @@ from paramshard.client.recovery import roll_back
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from paramshard.update_rules import make_rule
 from tests.conftest import run_in_threads
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard.checkpoint.format import Checkpoint, CheckpointError
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 from tests.e2e.scripts.resumable import DIM, Model, batch   # the model and batches the e2e resume tests use

@@ -83,7 +83,7 @@ def test_launch_flags_of_collective_mode():
 def test_a_dead_trainer_is_named_by_the_others_within_seconds(tmp_path):
     """No launcher around (as on Kubernetes): trainer 1 dies at step 3; trainer 0's allreduce
     fails at once with an error naming it, not a hang until the timeout."""
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     oracle = str(REPO / "tests" / "e2e" / "scripts" / "sync_oracle.py")
     base = {k: v for k, v in os.environ.items() if not k.startswith("PARAMSHARD_")}
     base.update(PARAMSHARD_ROLE="trainer", PARAMSHARD_MODE="collective", PARAMSHARD_TRAINERS="2",
@@ -124,7 +124,7 @@ TINY = ("import paramshard as ps, torch\n"
 def test_trainers_exit_cleanly_every_time(tmp_path):
     """A DDP wrapper still holding the group at interpreter exit made gloo abort the process
     (exit 134) in about one run of ten; close() drops it before leaving the group."""
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     script = tmp_path / "tiny.py"
     script.write_text(TINY)
     for _ in range(8):
@@ -171,7 +171,7 @@ def test_collective_broadcast_and_rate_change_equal_one_process_changing_its_rat
     both replicas change their rate at step 3: one process on the combined batch, whose torch
     optimizer's rate changes at step 3, ends where they do (and not where it ends unchanged)."""
     import torch
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     script = tmp_path / "decide.py"
     script.write_text(DECIDE)
     base = _contract(f"127.0.0.1:{free_ports(1)[0]}")

@@ -1,4 +1,4 @@
-"""Trainer 0 decides, every trainer follows (torch/decisions.py): ``Trainer.broadcast`` and
+"""Trainer 0 decides, every trainer follows (trainer/decisions.py): ``Trainer.broadcast`` and
 ``Trainer.scale_learning_rate`` through real servers, trainers as threads of this process.
 
 Oracles: every trainer gets the chief's value of each broadcast (sync, and async with pushes in
@@ -17,8 +17,8 @@ from paramshard import runtime
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.placement.sparse_hash import initial_rows
-from paramshard.server.sparse_service import SparseService
-from paramshard.torch.trainer import Trainer
+from paramshard.server.services.sparse_service import SparseService
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 VOCAB, DIM, SEED, SCALE = 200, 4, 7, 0.1

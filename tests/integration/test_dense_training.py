@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 

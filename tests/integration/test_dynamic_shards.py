@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.processes import Child
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes
@@ -119,7 +119,7 @@ def train_in_thread(c, t, data, steps_log, task_bytes, save_at=None, ckpt=None, 
 
     import paramshard as ps
     from paramshard.data import DynamicShards, LibsvmReader
-    from paramshard.torch.trainer import Trainer
+    from paramshard.trainer.trainer import Trainer
     model = nn.Linear(1, 1)
     trainer = Trainer(model, ps.optim.SGD(lr=0.01), env=c.trainer_env(t), resume=resume)
     loader = DynamicShards(LibsvmReader(data, BATCH), task_bytes=task_bytes, trainer=trainer)

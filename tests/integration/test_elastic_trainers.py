@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.processes import Child
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

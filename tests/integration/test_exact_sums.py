@@ -28,7 +28,7 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 TRAINERS, SERVERS = 8, 2

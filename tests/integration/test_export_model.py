@@ -12,9 +12,9 @@ import torch.nn.functional as F
 import paramshard as ps
 from paramshard.cli.main import main as cli_main
 from paramshard.errors import ConfigError
-from paramshard.serving import ModelFileError, read_model
+from paramshard.inference.serving import ModelFileError, read_model
 from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import Cluster
 
 DIM, RARE_DIM, VOCAB, STEPS = 8, 4, 200, 8

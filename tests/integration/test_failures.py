@@ -14,8 +14,8 @@ import zmq
 import paramshard as ps
 from paramshard.client.control import wait_for_servers
 from paramshard.errors import DeadlineExceeded, RemoteError, ServerUnavailable
-from paramshard.server.parameter_server import ParameterServer
-from paramshard.torch.trainer import Trainer
+from paramshard.server.core.parameter_server import ParameterServer
+from paramshard.trainer.trainer import Trainer
 from paramshard.transport import protocol
 from tests.conftest import run_in_threads
 
@@ -151,7 +151,7 @@ def test_malformed_message_gets_an_error_reply_and_server_keeps_serving(server, 
 def test_wrong_gradient_shape_is_rejected_without_touching_the_block(server):
     from paramshard.client.dense import DenseClient
     from paramshard.placement.sharding import ParamSpec, make_plan
-    from paramshard.transport.client import ServerLinks
+    from paramshard.transport.links import ServerLinks
     plan = make_plan([ParamSpec("w", (100,))], 1)
     with ServerLinks([server.address], timeout=5) as links:
         client = DenseClient(links, plan, 0)
@@ -178,14 +178,14 @@ def test_a_trainer_that_dies_fails_the_others_barrier_within_seconds(cluster, tm
     script.write_text(textwrap.dedent("""
         import time, torch, torch.nn as nn
         import paramshard as ps
-        from paramshard.torch.trainer import Trainer
+        from paramshard.trainer.trainer import Trainer
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(64, 200), nn.Linear(200, 4))
         Trainer(m, ps.optim.SGD(lr=0.1))
         print("ready", flush=True)
         time.sleep(60)
     """))
-    from paramshard.launch.local import LocalLauncher
+    from paramshard.launch.engines.local import LocalLauncher
     child = subprocess.Popen([sys.executable, str(script)], env=LocalLauncher._child_environ(c.trainer_env(1)),
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -207,9 +207,9 @@ def test_a_trainer_started_before_its_servers_waits_for_them(tmp_path):
     """Start order does not matter: the servers come up 2 s after the trainer."""
     import dataclasses
     import sys
-    from paramshard.launch.local import LocalLauncher
-    from paramshard.launch.ports import free_ports
-    from paramshard.launch.processes import Child, stop_all
+    from paramshard.launch.engines.local import LocalLauncher
+    from paramshard.launch.engines.ports import free_ports
+    from paramshard.launch.engines.processes import Child, stop_all
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
     base = ps.env.ClusterEnv(role=None, servers=addresses, num_trainers=1, timeout=20.0, min_block_size=4096)
     servers = []

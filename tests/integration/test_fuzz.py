@@ -48,7 +48,7 @@ from paramshard.errors import ParamshardError
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.tables import policy_to_wire
 from paramshard.transport import protocol
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from paramshard.errors import ServerUnavailable
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes
@@ -96,8 +96,8 @@ def test_a_peer_names_the_stopped_server_in_its_status_lines_then_exits_for_it(c
     """Two real servers under a launcher's stdout (PARAMSHARD_RECORDS=stdout): SIGSTOP server 1;
     server 0's status lines name it within the heartbeat time, server 1 falls silent, server 0
     exits with PEER_LOST_EXIT_CODE naming it, and the launcher's verdict is: 1 hung, 0 a casualty."""
-    from paramshard.launch.peer_loss import ServerState, decide
-    from paramshard.launch.status import PEER_LOST_EXIT_CODE
+    from paramshard.launch.supervision.peer_loss import ServerState, decide
+    from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE
     c = cluster(servers=2, trainers=1, timeout=2.0, records="stdout")
     server0, server1 = c.children
     for child in c.children:

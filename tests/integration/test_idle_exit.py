@@ -12,10 +12,10 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.env import ClusterEnv
 from paramshard.errors import ParamshardError
-from paramshard.launch.ports import free_ports
+from paramshard.launch.engines.ports import free_ports
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.runtime import build_server
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

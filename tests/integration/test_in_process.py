@@ -1,5 +1,5 @@
 """A script run without a cluster trains against a server inside its own process
-(server/in_process.py): direct calls, no sockets. Oracle: it trains exactly as the
+(server/core/in_process.py): direct calls, no sockets. Oracle: it trains exactly as the
 same job against a server process does."""
 import numpy as np
 import pytest
@@ -12,9 +12,9 @@ from paramshard import runtime
 from paramshard.checkpoint.format import Checkpoint
 from paramshard.env import ClusterEnv
 from paramshard.errors import DeadlineExceeded, RemoteError
-from paramshard.server.in_process import LocalLinks
-from paramshard.server.sparse_service import SparseService
-from paramshard.torch.trainer import Trainer
+from paramshard.server.core.in_process import LocalLinks
+from paramshard.server.services.sparse_service import SparseService
+from paramshard.trainer.trainer import Trainer
 
 
 class Ctr(nn.Module):

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child
-from paramshard.launch.status import PEER_LOST_EXIT_CODE
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child
+from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

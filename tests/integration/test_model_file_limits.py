@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import paramshard as ps
-from paramshard.data.schema import Column, Label, Schema
+from paramshard.data.features.schema import Column, Label, Schema
 from paramshard.models import build_model, hashed_embedding
-from paramshard.serving import ModelFileError, model_dict, sparse_entry, write_model_file
-from paramshard.torch.sparse_embedding import tables_of
+from paramshard.inference.serving import ModelFileError, model_dict, sparse_entry, write_model_file
+from paramshard.trainer.sparse_embedding import tables_of
 from paramshard.errors import ConfigError
 from paramshard.export import load_table, save_table
 from tests.integration.hostile_model_files import (TensorRef, StorageRef, deflated_zeros, npy_header, stored,

@@ -14,7 +14,7 @@ import paramshard as ps
 from paramshard import log as ps_log
 from paramshard import runtime
 from paramshard.models import MODELS, build_model
-from paramshard.torch.sparse_embedding import tables_of
+from paramshard.trainer.sparse_embedding import tables_of
 
 F, EPOCHS = 4, 4
 

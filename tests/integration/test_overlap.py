@@ -1,4 +1,4 @@
-"""Overlapping communication with compute (client/step.py, torch/prefetch.py).
+"""Overlapping communication with compute (client/step.py, trainer/prefetch.py).
 
 Oracles: with gradients that do not depend on the parameters, what the servers
 hold after any interleaving of in-flight pushes is exactly the initial value
@@ -18,7 +18,7 @@ import torch.nn as nn
 import paramshard as ps
 from paramshard.errors import ConfigError
 from paramshard.placement.sparse_hash import initial_rows
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 DIM, SEED, SCALE, LR = 4, 3, 0.1, 0.01

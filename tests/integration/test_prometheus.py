@@ -1,4 +1,4 @@
-"""Prometheus /metrics of servers and trainers (observe/prometheus.py, PARAMSHARD_METRICS_PORT).
+"""Prometheus /metrics of servers and trainers (observe/live/prometheus.py, PARAMSHARD_METRICS_PORT).
 
 Oracles: a server's gauges equal what the `stats` op reports once training
 stopped, its request counter grows while training goes on, a trainer's step
@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 import paramshard as ps
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
-from paramshard.launch.ports import free_ports
-from paramshard.observe.prometheus import TrainerMetrics, serve_server_metrics
-from paramshard.server.parameter_server import ParameterServer
-from paramshard.torch.trainer import Trainer
+from paramshard.launch.engines.ports import free_ports
+from paramshard.observe.live.prometheus import TrainerMetrics, serve_server_metrics
+from paramshard.server.core.parameter_server import ParameterServer
+from paramshard.trainer.trainer import Trainer
 
 BATCH = 4
 

@@ -1,6 +1,6 @@
 """predict_files (`paramshard predict`): scores from a model file and data files, no code.
 Oracle: the trained model's own forward through the server, on the same rows in the same
-batches (tiny_ctr.Job.expected); AUC and log loss are paramshard.evaluation's over them."""
+batches (tiny_ctr.Job.expected); AUC and log loss are paramshard.inference.evaluation's over them."""
 import io
 
 import numpy as np
@@ -11,8 +11,8 @@ import torch
 from paramshard.data.errors import DataFormatError
 from paramshard.data.metrics import auc, logloss
 from paramshard.errors import ConfigError
-from paramshard.scoring import predict_files
-from paramshard.serving import ModelFileError, export_model
+from paramshard.inference.scoring import predict_files
+from paramshard.inference.serving import ModelFileError, export_model
 from tests.integration.tiny_ctr import SCORE_BATCH, Job
 
 

@@ -14,11 +14,11 @@ from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError, RemoteError
 from paramshard.limits import Limits
 from paramshard.runtime import build_server
-from paramshard.server.replies import Deferred, Reply
+from paramshard.server.core.replies import Deferred, Reply
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.transport import protocol
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

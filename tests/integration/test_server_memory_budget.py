@@ -19,15 +19,15 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.errors import DeadlineExceeded
-from paramshard.launch.ports import free_ports
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.limits import Limits
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.runtime import build_server
-from paramshard.server import parameter_server
+from paramshard.server.core import parameter_server
 from paramshard.transport import protocol
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 from tests.integration.test_server_hardening import non_reader, rss_kb, snapshot_request
 
@@ -163,7 +163,7 @@ def test_a_busy_refusal_reaches_the_client_and_a_retrying_client_gets_through_on
 
 def test_a_move_bigger_than_the_new_owners_budget_ends_with_exact_rows():
     """The new owner's budget (512 KB) is smaller than what the move brings it (~1.1 MB): its pages
-    become rows as they come (server/partition_intake.py), so nothing of the move waits in RAM
+    become rows as they come (server/elastic/partition_intake.py), so nothing of the move waits in RAM
     beside the table, and the budget holds."""
     partitions, dim, rows = 64, 32, 16000
     addresses = [f"127.0.0.1:{p}" for p in free_ports(2)]

@@ -22,13 +22,13 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions, scale_servers
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.server_scaling import move_partitions, scale_servers
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
@@ -185,7 +185,7 @@ def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, remove
         assert len(control.server_stats(links)) == 2
         # Every trainer let go of it (their links closed; the joiner never connected to it): a retired
         # server takes their going as leaves, not losses, and exits by itself, before the launcher's
-        # step would tell it to (launch/elastic_servers.py: stop_when_unneeded, for one a trainer
+        # step would tell it to (launch/elastic/elastic_servers.py: stop_when_unneeded, for one a trainer
         # still holds a link to).
         assert children[removed].proc.wait(timeout=15) == 0, f"server {removed} did not exit once retired"
         assert all(c.proc.poll() is None for i, c in enumerate(children) if i != removed)

@@ -23,12 +23,12 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
-from paramshard.launch.ports import free_ports
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.runtime import build_server
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 
 TRAINERS, PARTITIONS, TIMEOUT = 2, 256, 10.0
 PLAN = make_plan([ParamSpec("w", (96, 4)), ParamSpec("b", (64,))], 2, min_block_size=16)

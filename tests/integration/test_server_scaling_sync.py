@@ -28,13 +28,13 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

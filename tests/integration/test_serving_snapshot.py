@@ -11,8 +11,8 @@ import torch
 
 from paramshard import runtime
 from paramshard.data import TabularReader
-from paramshard.evaluation import predict
-from paramshard.serving import build_from_file, export_model, read_model, snapshot_model
+from paramshard.inference.evaluation import predict
+from paramshard.inference.serving import build_from_file, export_model, read_model, snapshot_model
 from tests.integration.tiny_ctr import ARGS, in_process_env, fitted_schema, train, write_rows
 import pytest
 
@@ -74,10 +74,10 @@ import torch
 import torch.nn.functional as F
 import paramshard as ps
 from paramshard.data import TabularReader
-from paramshard.evaluation import predict
-from paramshard.serving import snapshot_model
+from paramshard.inference.evaluation import predict
+from paramshard.inference.serving import snapshot_model
 from paramshard.models import build_model, hashed_embedding
-from paramshard.serving import build_from_file, read_model
+from paramshard.inference.serving import build_from_file, read_model
 from tests.integration.tiny_ctr import ARGS, fitted_schema, write_rows
 
 d = sys.argv[1]
@@ -103,7 +103,7 @@ print("snapshot ok", trainer.step_count, read_model(f"{d}/snap.pt").spec["embedd
 
 
 def test_a_collective_snapshot_holds_the_hashed_tables_and_builds_the_model_again(tmp_path):
-    from paramshard.launch.ports import free_ports
+    from paramshard.launch.engines.ports import free_ports
     (tmp_path / "snap.py").write_text(COLLECTIVE)
     root = Path(__file__).resolve().parents[2]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PARAMSHARD_")}

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard.placement.sparse_hash import initial_rows
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 VOCAB, DIM, SEED, SCALE = 500, 8, 7, 0.1

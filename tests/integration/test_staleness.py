@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import paramshard as ps
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
 
 STEPS = 30

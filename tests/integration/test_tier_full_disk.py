@@ -1,4 +1,4 @@
-"""A memory-budget table whose disk tier fills its file system (server/tier_space.py): a real
+"""A memory-budget table whose disk tier fills its file system (server/storage/tier_space.py): a real
 `paramshard server` process with --checkpoint-dir on an 8 MiB tmpfs (the tier lives in tier/
 under it), trained past that space with real pulls and pushes. The trainer gets the named
 error (code disk_full: the table, the directory, bytes needed and free); the server does not
@@ -21,10 +21,10 @@ import paramshard as ps
 from paramshard.budgets import MIN_BUDGET
 from paramshard.env import ClusterEnv
 from paramshard.errors import RemoteError
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.torch.trainer import Trainer
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.trainer.trainer import Trainer
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes

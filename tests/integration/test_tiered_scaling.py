@@ -1,6 +1,6 @@
 """A table with a memory budget moves between servers: exact sums across 2 -> 3 -> 2 (issue 29 item 4).
 
-As tests/integration/test_server_scaling.py, with the table tiered (server/tiered_row_store.py):
+As tests/integration/test_server_scaling.py, with the table tiered (server/storage/tiered_row_store.py):
 SGD(lr=1), integer rows and gradients, so every row must end exactly at
 ``initial - sum(gradients pushed)``. The table holds more rows than its budget keeps in RAM, so
 rows are spilled to the tier's files while they are copied, handed off and dropped; a third
@@ -19,12 +19,12 @@ import paramshard as ps
 from paramshard.client.control import server_stats
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.ports import free_ports
-from paramshard.launch.processes import Child, stop_all
-from paramshard.launch.server_scaling import move_partitions
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.ports import free_ports
+from paramshard.launch.engines.processes import Child, stop_all
+from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

@@ -1,4 +1,4 @@
-"""Training with a memory budget (server/tiered_row_store.py) through an in-process server:
+"""Training with a memory budget (server/storage/tiered_row_store.py) through an in-process server:
 the table's rows spill to the file tier and come back, and the job trains exactly as it does
 with every row in RAM (bit-identical weights, rows and optimizer state)."""
 import numpy as np
@@ -11,10 +11,10 @@ import paramshard as ps
 from paramshard import runtime
 from paramshard.budgets import MIN_BUDGET
 from paramshard.env import ClusterEnv
-from paramshard.observe.prometheus import ServerCollector
-from paramshard.server.sparse_service import SparseService
-from paramshard.torch.trainer import Trainer
-from paramshard.transport.server_stats import ServerStats
+from paramshard.observe.live.prometheus import ServerCollector
+from paramshard.server.services.sparse_service import SparseService
+from paramshard.trainer.trainer import Trainer
+from paramshard.messages.server_stats import ServerStats
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes
@@ -95,7 +95,7 @@ def test_training_with_a_memory_budget_equals_training_without(monkeypatch, tmp_
 
 
 def test_tier_figures_reach_metrics_and_records():
-    from paramshard.observe.monitor import server_record
+    from paramshard.observe.live.monitor import server_record
     wire = {"server": 0, "uptime_s": 0.0, "trainers": {"live": [], "left": [], "lost": []}, "phase_seconds": {},
             "sparse_rows": 10, "sparse_bytes": 100, "memory_budget": 1 << 30, "rss_bytes": 5 << 20,
             "tables": {"emb": {"rows": 10, "bytes": 100, "version": 3, "evicted": 0, "dim": 4, "rows_updated": 3,
@@ -124,7 +124,7 @@ def test_tier_figures_reach_metrics_and_records():
     assert record["tier"] == {"emb": {"budget": 8 << 20, "resident_bytes": 4096, "hit_rate": 0.75, "spills": 2,
                                       "promotions": 1}}
     assert record["memory_budget"] == 1 << 30 and record["rss_bytes"] == 5 << 20
-    from paramshard.observe.server_table import server_load_table
+    from paramshard.observe.report.server_table import server_load_table
     assert "tier 'emb' on server 0: hit rate 0.750, 0.0 of 8.0 MiB in RAM, 2 spills, 1 promotions" in \
         server_load_table([wire])
 
@@ -137,9 +137,9 @@ def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and
     import json
     import sys
 
-    from paramshard.launch.local import LocalLauncher
-    from paramshard.launch.ports import free_ports
-    from paramshard.launch.processes import Child, stop_all
+    from paramshard.launch.engines.local import LocalLauncher
+    from paramshard.launch.engines.ports import free_ports
+    from paramshard.launch.engines.processes import Child, stop_all
 
     run_dir = tmp_path / "run"
     base = ClusterEnv(role=None, servers=tuple(f"127.0.0.1:{p}" for p in free_ports(2)), num_trainers=1, mode="sync",

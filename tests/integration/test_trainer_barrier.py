@@ -1,5 +1,5 @@
 """paramshard.barrier(): no trainer goes on before every trainer that has not left got there
-(server/trainer_barrier.py, client/control.py).
+(server/services/trainer_barrier.py, client/control.py).
 
 Oracles: every trainer leaves a barrier after the last one entered it (times on one
 clock: the trainers are threads of this process with their own links, as processes
@@ -25,10 +25,10 @@ import torch.nn as nn
 import paramshard as ps
 from paramshard.client import control
 from paramshard.errors import DeadlineExceeded, RemoteError
-from paramshard.launch.local import LocalLauncher
-from paramshard.launch.processes import Child
-from paramshard.torch.trainer import Trainer
-from paramshard.transport.client import ServerLinks
+from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.processes import Child
+from paramshard.trainer.trainer import Trainer
+from paramshard.transport.links import ServerLinks
 from tests.conftest import run_in_threads
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

@@ -1,6 +1,6 @@
 """A tiny CTR job for the serving tests: a CSV with a numeric, a categorical and a
 multi-valued column, its fitted schema, and a DeepFM built by build_model trained a
-few steps against a server in this process (server/in_process.py)."""
+few steps against a server in this process (server/core/in_process.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,9 +12,9 @@ import paramshard as ps
 from paramshard import runtime
 from paramshard.data import Column, Label, Schema, TabularReader, fit_schema
 from paramshard.env import ClusterEnv
-from paramshard.evaluation import predict
+from paramshard.inference.evaluation import predict
 from paramshard.models import build_model
-from paramshard.torch.trainer import Trainer
+from paramshard.trainer.trainer import Trainer
 
 BATCH, ARGS, STEPS, SCORE_BATCH = 32, {"dim": 4, "hidden": [8, 4]}, 9, 16
 

@@ -1,4 +1,4 @@
-"""A RowStore (server/row_store.py) written the slow, obvious way: a dict and one Python call per
+"""A RowStore (server/storage/row_store.py) written the slow, obvious way: a dict and one Python call per
 row. The oracle for the contract: any store must give the same tables for the same calls.
 
 Half-precision rows are held as float32 values already rounded, one value at a time: float16
@@ -26,7 +26,7 @@ def mix64(z: int) -> int:
 
 
 def random_word(seed: int, key: int, version: int, column: int) -> int:
-    """The 32 random bits stochastic rounding uses for one value (server/row_formats.py)."""
+    """The 32 random bits stochastic rounding uses for one value (server/storage/row_formats.py)."""
     noise = mix64((mix64(key ^ mix64(seed ^ SALT_ROUND)) + (version + 1) * GOLDEN) & MASK)
     return mix64((noise + (column + 1) * GOLDEN) & MASK) >> 32
 

@@ -3,9 +3,9 @@ recorded ``resubmit``, and an Answer that records what a waiting request got. No
 from __future__ import annotations
 
 from paramshard.mode import Mode
-from paramshard.server.barrier import Membership
-from paramshard.server.context import ServerContext
-from paramshard.server.waiting import WaitingList
+from paramshard.server.core.barrier import Membership
+from paramshard.server.core.context import ServerContext
+from paramshard.server.core.waiting import WaitingList
 
 
 class Clock:
@@ -17,7 +17,7 @@ class Clock:
 
 
 class Recorded:
-    """An Answer (server/waiting.py) that keeps what it was given."""
+    """An Answer (server/core/waiting.py) that keeps what it was given."""
     def __init__(self):
         self.replies, self.errors, self.failures = [], [], []
 

@@ -63,9 +63,9 @@ def test_listeners_named_by_module_and_attribute_are_imported_when_used(no_defau
 
 
 def test_observe_is_what_the_registries_name_by_default():
-    assert "paramshard.observe.trainer_watch:TrainerWatch" in events._trainer_factories
-    assert "paramshard.observe.server_watch:ServerWatch" in events._server_factories
-    from paramshard.observe.server_watch import ServerWatch
-    from paramshard.observe.trainer_watch import TrainerWatch
+    assert "paramshard.observe.live.trainer_watch:TrainerWatch" in events._trainer_factories
+    assert "paramshard.observe.live.server_watch:ServerWatch" in events._server_factories
+    from paramshard.observe.live.server_watch import ServerWatch
+    from paramshard.observe.live.trainer_watch import TrainerWatch
     assert events._resolve(events._server_factories[0]) is ServerWatch
     assert events._resolve(events._trainer_factories[0]) is TrainerWatch

@@ -40,7 +40,7 @@ def test_nd_ids_give_ids_shape_plus_dim(shape):
 
 
 def test_int64_ids_are_uint64_bit_patterns_like_the_model():
-    from paramshard.torch.sparse_embedding import as_uint64
+    from paramshard.trainer.sparse_embedding import as_uint64
     t = table()
     ids = torch.tensor([[-1, 5], [1, -2]])
     np.testing.assert_array_equal(t.lookup(ids), t.lookup(as_uint64(ids)))

@@ -1,5 +1,5 @@
-"""A run directory nobody else can steer (safe_files.py, launch/control_channel.py,
-observe/run_dir.py): refused when another user owns it or may write it; files planted as
+"""A run directory nobody else can steer (safe_files.py, launch/elastic/control_channel.py,
+observe/run_records/run_dir.py): refused when another user owns it or may write it; files planted as
 another user (``setpriv`` to uid 65534 in a directory opened to it, then closed again) are
 never followed; control requests that are no regular file are refused and the launcher's
 poll goes on."""
@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from paramshard.errors import ConfigError
-from paramshard.launch.control_channel import ControlChannel
-from paramshard.observe.run_dir import RunDir
+from paramshard.launch.elastic.control_channel import ControlChannel
+from paramshard.observe.run_records.run_dir import RunDir
 from paramshard.safe_files import UnsafeFile, check_private_dir
 
 NOBODY = 65534

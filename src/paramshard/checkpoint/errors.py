@@ -2,7 +2,7 @@
 raises it, and paramshard.checkpoint.format re-exports it where callers import it)."""
 from __future__ import annotations
 
-from ..errors import ConfigError
+from paramshard.errors import ConfigError
 
 
 class CheckpointError(ConfigError):

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError     # callers import it from here too
-from .jsonfile import MAX_LATEST_BYTES, MAX_MANIFEST_BYTES, MAX_POSITION_BYTES, read_json
-from .manifest import FORMAT, FORMAT_VERSION, check_manifest
-from .npy import load_npy
-from .paths import confined
-from .positions import check_position
+from paramshard.checkpoint.errors import CheckpointError     # callers import it from here too
+from paramshard.checkpoint.jsonfile import MAX_LATEST_BYTES, MAX_MANIFEST_BYTES, MAX_POSITION_BYTES, read_json
+from paramshard.checkpoint.manifest import FORMAT, FORMAT_VERSION, check_manifest
+from paramshard.checkpoint.npy import load_npy
+from paramshard.checkpoint.paths import confined
+from paramshard.checkpoint.positions import check_position
 
 MANIFEST = "manifest.json"
 _NPY_HEADER = 128               # numpy's .npy header: 128 bytes for any array a checkpoint holds

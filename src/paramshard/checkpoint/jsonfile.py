@@ -9,8 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from .errors import CheckpointError
-from .paths import open_regular
+from paramshard.checkpoint.errors import CheckpointError
+from paramshard.checkpoint.paths import open_regular
 
 MAX_LATEST_BYTES = 4096
 MAX_POSITION_BYTES = 64 << 20      # a trainer's script state is the script's: generous

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import ConfigError, ProtocolError
-from .errors import CheckpointError
-from .paths import relpath_problem
-from .manifest_schema import Invalid, array, integer, lr_scale, obj, show, text
+from paramshard.errors import ConfigError, ProtocolError
+from paramshard.checkpoint.errors import CheckpointError
+from paramshard.checkpoint.paths import relpath_problem
+from paramshard.checkpoint.manifest_schema import Invalid, array, integer, lr_scale, obj, show, text
 
 FORMAT = "paramshard-checkpoint"
 FORMAT_VERSION = 1
@@ -88,9 +88,9 @@ def check_dense(entry, i: int, files: dict) -> str:
 
 
 def check_sparse(entry, i: int, files: dict) -> str:
-    from ..optim import from_wire                  # the readers' own checks, not a copy of them
-    from ..tables import check_row_format, check_table_settings, policy_from_wire
-    from ..update_rules import make_rule
+    from paramshard.optim import from_wire                  # the readers' own checks, not a copy of them
+    from paramshard.tables import check_row_format, check_table_settings, policy_from_wire
+    from paramshard.update_rules import make_rule
 
     what = f"sparse[{i}]"
     obj(entry, what, ("name", "dim", "seed", "init_scale", "optimizer", "policy", "rows", "version",
@@ -145,7 +145,7 @@ def _check_optional(manifest: dict) -> None:
     if manifest.get("job_id") is not None and not isinstance(manifest["job_id"], str):
         raise Invalid(f"job_id must be a string, got {show(manifest['job_id'])}")
     if manifest.get("optimizer") is not None:
-        from ..optim import from_wire
+        from paramshard.optim import from_wire
         try:
             from_wire(manifest["optimizer"])
         except ConfigError as exc:
@@ -154,14 +154,14 @@ def _check_optional(manifest: dict) -> None:
         lr_scale(manifest["lr_scale"], "lr_scale")
     if "plan" in manifest:
         obj(manifest["plan"], "plan")
-    if manifest.get("model") is not None:      # what built the model (model_spec.py); older ones have none
-        from ..model_spec import SpecError, check_spec
+    if manifest.get("model") is not None:      # what built the model (inference/model_spec.py); older ones have none
+        from paramshard.inference.model_spec import SpecError, check_spec
         try:
             check_spec(manifest["model"])
         except SpecError as exc:
             raise Invalid(f"model: {exc}") from None
     if "routing" in manifest:       # an elastic job's routing the checkpoint was taken under
-        from ..placement.partitions import Routing
+        from paramshard.placement.partitions import Routing
         try:
             Routing.from_wire(obj(manifest["routing"], "routing"))
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:

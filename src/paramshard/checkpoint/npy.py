@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npformat
 
-from .errors import CheckpointError
-from .jsonfile import first_line
-from .manifest import DTYPES
-from .paths import open_regular
+from paramshard.checkpoint.errors import CheckpointError
+from paramshard.checkpoint.jsonfile import first_line
+from paramshard.checkpoint.manifest import DTYPES
+from paramshard.checkpoint.paths import open_regular
 
 HEADER_LIMIT = 1 << 16          # numpy writes headers of a few hundred bytes (it refuses > 10000 itself)
 _CHUNK = 64 << 20

@@ -16,8 +16,8 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import CheckpointError
-from .manifest_schema import show
+from paramshard.checkpoint.errors import CheckpointError
+from paramshard.checkpoint.manifest_schema import show
 
 # One path component: what the writer produces (dense/p0.values.npy, sparse/t3/slot0.npy),
 # never "." / ".." / hidden names, never a separator or NUL.

@@ -1,6 +1,6 @@
 """The schema of a trainer's position file (trainers/step-N/trainer-K.json).
 
-Written by paramshard.torch.position.capture and given back to
+Written by paramshard.trainer.position.capture and given back to
 restore_random_streams on resume: a damaged or hostile file must be one
 CheckpointError naming the field before any of it reaches torch, numpy or
 ``random`` (whose own errors are tracebacks, and whose state setters would take
@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 
-from .errors import CheckpointError
-from .manifest_schema import Invalid, array, integer, obj, show
+from paramshard.checkpoint.errors import CheckpointError
+from paramshard.checkpoint.manifest_schema import Invalid, array, integer, obj, show
 
 MT_WORDS = 624                      # Mersenne Twister state: numpy's and Python's generators
 MAX_TORCH_STATE = 1 << 20           # base64 characters of torch's CPU generator state (5056 bytes today)

@@ -1,4 +1,4 @@
-"""Checkpoints and server moves take turns on server 0 (server/move_exclusion.py): the
+"""Checkpoints and server moves take turns on server 0 (server/elastic/move_exclusion.py): the
 checkpoint's side, as a context manager.
 
 ``checkpoint_turn``: a checkpoint (save or restore) waits while a move is handing partitions
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ..errors import RemoteError
+from paramshard.errors import RemoteError
 
 PATIENCE = 600.0
 

@@ -1,7 +1,7 @@
 """`paramshard dataset`: fetch a public tabular dataset as raw CSV files."""
 from __future__ import annotations
 
-from ..data.datasets import DATASETS, fetch
+from paramshard.data.datasets import DATASETS, fetch
 
 HELP = ("fetch a public tabular dataset as raw train/test CSV files (adult: UCI census income; movielens100k: "
         "ratings >= 4 with users and movies; bio_kdd04: KDD Cup 2004 protein homology)")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ..env import ClusterEnv, engine_variables_markdown, variables_markdown
-from ..settings.docs import environment_markdown
+from paramshard.env import ClusterEnv, engine_variables_markdown, variables_markdown
+from paramshard.settings.docs import environment_markdown
 
 HELP = "print the environment contract (all variables) or this process's reading of it"
 EXAMPLE = "PARAMSHARD_ROLE=trainer PARAMSHARD_SERVERS=10.0.0.1:6174 paramshard env --show"

@@ -1,12 +1,12 @@
 """`paramshard export`: a run's, a checkpoint's or a live job's model or sparse table as one file."""
 from __future__ import annotations
 
-from ..client.sparse import SparseClient
-from ..env import ClusterEnv
-from ..errors import ConfigError
-from ..export import load_table, save_table
-from ..transport.client import ServerLinks
-from ..transport.security import Security
+from paramshard.client.sparse import SparseClient
+from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
+from paramshard.export import load_table, save_table
+from paramshard.transport.links import ServerLinks
+from paramshard.transport.security import Security
 
 HELP = ("write a run's or checkpoint's model to one file (what export-model writes), or one sparse table to "
         "a .npz file from a checkpoint or from every server of a running job (or describe such a file)")
@@ -50,7 +50,7 @@ def run(args) -> int:
 
 
 def _from_checkpoint(args) -> int:
-    from ..export_sources import checkpoint_table, find_checkpoint
+    from paramshard.inference.export_sources import checkpoint_table, find_checkpoint
 
     if args.servers:
         raise ConfigError("give SOURCE (a run or checkpoint directory) or --servers (a running job), not both")
@@ -62,8 +62,8 @@ def _from_checkpoint(args) -> int:
         save_table(args.out, meta, ids, values)
         print(f"wrote {len(ids):,} rows of table {args.table!r} (dim {meta['dim']}) of {ckpt.path} to {args.out}")
         return 0
-    from .export_model import describe_written
-    from ..serving import export_model     # torch: imported only here
+    from paramshard.cli.export_model import describe_written
+    from paramshard.inference.serving import export_model     # torch: imported only here
 
     print(describe_written(export_model(ckpt.path, args.out), args.out))
     return 0

@@ -22,7 +22,7 @@ def describe_written(model: dict, out) -> str:
 
 
 def run(args) -> int:
-    from ..serving import export_model    # torch: imported only when this command runs
+    from paramshard.inference.serving import export_model    # torch: imported only when this command runs
 
     print(describe_written(export_model(args.checkpoint, args.out), args.out))
     return 0

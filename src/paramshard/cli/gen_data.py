@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data.synthetic import generate_criteo
-from ..errors import ConfigError
-from ..export import replaced_into_place
+from paramshard.data.synthetic import generate_criteo
+from paramshard.errors import ConfigError
+from paramshard.export import replaced_into_place
 
 HELP = "write synthetic Criteo-format data drawn from a hidden logistic model"
 EXAMPLE = "paramshard gen-data data/train.tsv --rows 100000 --seed 1"

@@ -8,13 +8,13 @@ import stat
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..launch import target
-from ..settings import argtypes
-from ..settings.contract import SECRET_SOURCE
-from ..settings.flags import add_flags, spec_fields
-from ..mode import Mode
-from ..launch.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8sJobSpec,
+from paramshard.errors import ConfigError
+from paramshard.launch.rank import target
+from paramshard.settings import argtypes
+from paramshard.settings.contract import SECRET_SOURCE
+from paramshard.settings.flags import add_flags, spec_fields
+from paramshard.mode import Mode
+from paramshard.launch.engines.k8s import (DEFAULT_COLLECTIVE_PORT, DEFAULT_PORT, SECRET_KEY, K8sJobSpec,
                            render_manifests, to_yaml)
 
 HELP = "print Kubernetes manifests (Service, StatefulSet of servers, Indexed Job of trainers) for a job"
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def preprocess(argv: list[str]) -> list[str]:
-    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
+    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/rank/target.py)."""
     return target.split_attached_module(argv, add_arguments)
 
 

@@ -5,22 +5,22 @@ import os
 import re
 import sys
 
-from ..checkpoint.format import Checkpoint
-from ..env import ClusterEnv
-from ..launch.hosts import parse_hosts
-from ..launch.local import LaunchConfig, LocalLauncher
-from ..launch.ssh import SshLauncher, SshOptions
-from ..launch.supervisor import Supervisor
-from ..launch import target
-from ..errors import ConfigError
-from ..log import configure, get_logger
-from ..mode import Mode
-from ..observe.job_watch import JobWatch
-from ..observe.records import default_run_dir
-from ..settings.argtypes import flag_error
-from ..settings.contract import WATCH
-from ..settings.flags import add_flags, launch_fields
-from ..settings.process_variables import FORK
+from paramshard.checkpoint.format import Checkpoint
+from paramshard.env import ClusterEnv
+from paramshard.launch.engines.hosts import parse_hosts
+from paramshard.launch.engines.local import LaunchConfig, LocalLauncher
+from paramshard.launch.engines.ssh import SshLauncher, SshOptions
+from paramshard.launch.supervision.supervisor import Supervisor
+from paramshard.launch.rank import target
+from paramshard.errors import ConfigError
+from paramshard.log import configure, get_logger
+from paramshard.mode import Mode
+from paramshard.observe.live.job_watch import JobWatch
+from paramshard.observe.run_records.records import default_run_dir
+from paramshard.settings.argtypes import flag_error
+from paramshard.settings.contract import WATCH
+from paramshard.settings.flags import add_flags, launch_fields
+from paramshard.settings.process_variables import FORK
 
 log = get_logger("launch")
 
@@ -63,7 +63,7 @@ def _server_count(text: str) -> int:
 def preprocess(argv: list[str]) -> list[str]:
     """`--resume SCRIPT ...` means the latest checkpoint, not a checkpoint named SCRIPT:
     argparse would take the script as --resume's value. A checkpoint is a directory.
-    `-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
+    `-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/rank/target.py)."""
     argv = list(argv)
     for i, token in enumerate(argv[:-1]):
         if token == "--resume" and os.path.isfile(argv[i + 1]):
@@ -108,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _fork(args) -> bool:
-    """--fork, or PARAMSHARD_FORK=1 (the test suite's switch): ranks forked (launch/fork_server.py).
+    """--fork, or PARAMSHARD_FORK=1 (the test suite's switch): ranks forked (launch/engines/fork_server.py).
     Only the local engine forks: refused with --hosts, where the variable is only ignored."""
     if args.hosts:
         if args.fork:
@@ -164,7 +164,7 @@ def _checkpoint_fields(args) -> dict:
 
 
 def _split_trainer_range(fields: dict) -> None:
-    """--trainers MIN:MAX: MAX trainer slots, elastic down to MIN (launch/elastic_trainers.py)."""
+    """--trainers MIN:MAX: MAX trainer slots, elastic down to MIN (launch/elastic/elastic_trainers.py)."""
     if isinstance(fields.get("trainers"), tuple):
         low, high = fields["trainers"]
         if fields.get("min_trainers") not in (None, low):

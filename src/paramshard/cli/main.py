@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from ..errors import ParamshardError
+from paramshard.errors import ParamshardError
 
 # subcommand -> module under paramshard.cli
 COMMANDS = {
@@ -50,7 +50,7 @@ def _epilog(example: str | tuple[str, ...]) -> str | None:
 
 
 def _version() -> str:
-    from .. import __version__
+    from paramshard import __version__
     return __version__
 
 

@@ -10,9 +10,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..env import DISPATCHERS, ClusterEnv
-from ..errors import ConfigError
-from ..placement.sharding import ParamSpec, ShardPlan, make_plan, parse_shape
+from paramshard.env import DISPATCHERS, ClusterEnv
+from paramshard.errors import ConfigError
+from paramshard.placement.sharding import ParamSpec, ShardPlan, make_plan, parse_shape
 
 HELP = "show how dense parameters are split into blocks and placed on servers"
 EXAMPLE = ("paramshard plan --servers 2 --param fc1.weight=784x512 --param fc1.bias=512",
@@ -89,8 +89,8 @@ def _balanced_hint(plan: ShardPlan, specs: list[ParamSpec], args) -> str | None:
 
 def _dense_specs(model) -> list[ParamSpec]:
     """What the Trainer would serve: its dense parameters, minus any under a SparseEmbedding."""
-    from ..torch.sparse_embedding import SparseEmbedding
-    from ..torch.trainer import Trainer
+    from paramshard.trainer.sparse_embedding import SparseEmbedding
+    from paramshard.trainer.trainer import Trainer
 
     sparse = [name + "." for name, m in model.named_modules() if isinstance(m, SparseEmbedding)]
     specs = [ParamSpec(name, tuple(p.shape)) for name, p in Trainer._dense_parameters(model)
@@ -142,9 +142,9 @@ def _script_params(script: str, script_args: list[str], args) -> list[ParamSpec]
     if not path.is_file():
         raise ConfigError(f"--script {script}: no such file")
     import paramshard
-    import paramshard.torch as torch_package
-    from .. import runtime
-    from ..torch import trainer as trainer_module
+    import paramshard.trainer as torch_package
+    from paramshard import runtime
+    from paramshard.trainer import trainer as trainer_module
 
     servers = tuple(f"127.0.0.1:{6174 + i}" for i in range(args.servers))
     env = ClusterEnv(role="trainer", servers=servers, num_trainers=1, trainer_id=0, dispatch=args.dispatch)
@@ -226,7 +226,7 @@ def _print_tables(plan: ShardPlan) -> None:
         share = n / total if total else 0.0
         servers.add_row(str(s), str(len(plan.for_server(s))), str(n), f"{n * 4 / 2**20:.3f}", f"{share:.1%}")
 
-    from ..observe.terminal import is_live_terminal
+    from paramshard.observe.live.terminal import is_live_terminal
     # Styles only for a terminal someone watches: a rank under mpirun sees a pseudo-terminal.
     console = Console(force_terminal=is_live_terminal(sys.stdout))
     console.print(blocks)

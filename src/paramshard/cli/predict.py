@@ -1,4 +1,4 @@
-"""`paramshard predict`: a model file scores data files, with no code (paramshard/scoring.py)."""
+"""`paramshard predict`: a model file scores data files, with no code (paramshard/inference/scoring.py)."""
 from __future__ import annotations
 
 import sys
@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..scoring import predict_files       # torch and pandas: imported only when this command runs
+    from paramshard.inference.scoring import predict_files       # torch and pandas: imported only when this command runs
 
     result = predict_files(args.model, args.data, args.out, args.batch_size)
     # With the scores on stdout, what is said about them goes to stderr.

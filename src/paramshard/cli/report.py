@@ -14,7 +14,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     # Imported here: `paramshard --help` and the other commands need not load matplotlib.
-    from ..observe.report_files import write_report
+    from paramshard.observe.report.report_files import write_report
 
     print(write_report(args.run_dir, args.out))
     return 0

@@ -1,8 +1,8 @@
 """`paramshard run --servers S SCRIPT|-m MODULE [ARGS]`: the one command any engine starts on every rank.
 
 This module reads the flags and the engine's world; joining the job (rendezvous,
-address exchange, the job's secret) is launch/bootstrap.py's, and starting the
-rank in this process (serve, or exec the script) is launch/this_rank.py's.
+address exchange, the job's secret) is launch/rank/bootstrap.py's, and starting the
+rank in this process (serve, or exec the script) is launch/rank/this_rank.py's.
 """
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import dataclasses
 import os
 import sys
 
-from ..env import ClusterEnv, check_server_count
-from ..errors import ConfigError
-from ..launch import target, this_rank
-# _job_and_secret, _check_same_keys, _SecretFile: importable from here as before (tests/unit/test_job_security.py).
-from ..launch.bootstrap import _check_same_keys, _job_and_secret, _SecretFile, join  # noqa: F401
-from ..launch.world import detect
-from ..log import configure
-from ..settings.flags import add_flags, contract_changes
+from paramshard.env import ClusterEnv, check_server_count
+from paramshard.errors import ConfigError
+from paramshard.launch.rank import target, this_rank
+# _job_and_secret, _check_same_keys, _SecretFile: importable from here as before (tests/unit/cli/test_job_security.py).
+from paramshard.launch.rank.bootstrap import _check_same_keys, _job_and_secret, _SecretFile, join  # noqa: F401
+from paramshard.launch.rank.world import detect
+from paramshard.log import configure
+from paramshard.settings.flags import add_flags, contract_changes
 
 HELP = "run one rank of a job started by mpirun, srun, torchrun or Kubernetes: serve or train"
 EXAMPLE = ("mpirun -np 4 paramshard run --servers 2 examples/ctr_wide_deep.py",
@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
 
 
 def preprocess(argv: list[str]) -> list[str]:
-    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/target.py)."""
+    """`-mMODULE` and `--module=MODULE` become `-m MODULE` (see launch/rank/target.py)."""
     return target.split_attached_module(argv, add_arguments)
 
 

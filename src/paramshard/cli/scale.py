@@ -1,7 +1,7 @@
 """`paramshard scale JOB --trainers N | --servers N | --add-host HOST | --remove-host HOST`: change a
 running job's trainers (an elastic job, launched with --trainers MIN:MAX), its servers (launched with
 --partitions P), or add a host to a running SSH job or take one off it, through the launcher's run
-directory (launch/control_channel.py).
+directory (launch/elastic/control_channel.py).
 
 What the run directory already tells is answered at once, without asking the launcher: a job
 that ended (control_channel.ended), and one that was not launched elastic in the way asked
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..launch.control_channel import ended, resolve_run_dir, send
+from paramshard.errors import ConfigError
+from paramshard.launch.elastic.control_channel import ended, resolve_run_dir, send
 
 HELP = ("change the trainers or servers of a running elastic job, or add a host to a running SSH job "
         "(new ranks then go there) or remove one")
@@ -102,7 +102,7 @@ def run(args) -> int:
 
 
 def remove_host(args) -> int:
-    """``--remove-host HOST``, alone: the launcher checks it whole (launch/host_removal.py) and answers
+    """``--remove-host HOST``, alone: the launcher checks it whole (launch/elastic/host_removal.py) and answers
     what it moved and asked; replacements for the host's trainers are a later ``--trainers N`` (their
     slots are free once they left)."""
     others = [flag for flag, value in (("--trainers", args.trainers), ("--servers", args.servers),

@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..data.fit import fit_schema
-from ..data.id_columns import ambiguity, without_doubt
-from ..data.infer import SAMPLE_ROWS, infer_schema
-from ..data.schema import Schema
+from paramshard.data.features.fit import fit_schema
+from paramshard.data.features.id_columns import ambiguity, without_doubt
+from paramshard.data.features.infer import SAMPLE_ROWS, infer_schema
+from paramshard.data.features.schema import Schema
 
 HELP = "describe a CSV/TSV/Parquet file's columns for the readers and models (infer, fit, show)"
 EXAMPLE = ("paramshard schema infer data/adult/train.csv --label income -o adult.schema.json",

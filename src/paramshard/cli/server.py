@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..budgets import parse_budget
-from ..env import ClusterEnv
-from ..errors import ConfigError
-from ..log import configure, get_logger
-from ..runtime import serve
-from ..settings.argtypes import flag_error
-from ..transport.security import Security
+from paramshard.budgets import parse_budget
+from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
+from paramshard.log import configure, get_logger
+from paramshard.runtime import serve
+from paramshard.settings.argtypes import flag_error
+from paramshard.transport.security import Security
 
 log = get_logger("server")
 

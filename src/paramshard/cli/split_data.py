@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import sys
 
-from ..data._reader import MAX_LINE_BYTES
-from ..data.split import SPLIT_BY, split_lines
-from ..errors import ConfigError
+from paramshard.data.readers._reader import MAX_LINE_BYTES
+from paramshard.data.shards.split import SPLIT_BY, split_lines
+from paramshard.errors import ConfigError
 
 HELP = "split input files into DIR/part-00000.. for the trainers (line i goes to part i mod N)"
 EXAMPLE = "paramshard split-data data/train.tsv --shards 4 --out data/shards"

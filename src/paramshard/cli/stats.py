@@ -1,6 +1,6 @@
 """`paramshard stats`: a live table of a running job's servers: every one it has now, those a
 `paramshard scale --servers` added included (the routing server 0 holds names them:
-observe/server_list.py), those a scale removed shown so."""
+observe/live/server_list.py), those a scale removed shown so."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,15 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..client import control
-from ..env import ClusterEnv
-from ..errors import ConfigError, ParamshardError
-from ..observe.monitor import server_record
-from ..observe.progress import server_line
-from ..observe.run_dir import read_secret
-from ..observe.server_list import JobServers
-from ..observe.terminal import is_live_terminal
-from ..mode import Mode
+from paramshard.client import control
+from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError, ParamshardError
+from paramshard.observe.live.monitor import server_record
+from paramshard.observe.live.progress import server_line
+from paramshard.observe.run_records.run_dir import read_secret
+from paramshard.observe.live.server_list import JobServers
+from paramshard.observe.live.terminal import is_live_terminal
+from paramshard.mode import Mode
 
 HELP = "a live table of a running job's servers (from its run directory or their addresses)"
 EXAMPLE = ("paramshard stats runs/20261123-181500-job-ab12cd34ef56",

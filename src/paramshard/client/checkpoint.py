@@ -1,4 +1,4 @@
-"""Checkpoints from the trainers' side (server side: paramshard.server.checkpoint_service).
+"""Checkpoints from the trainers' side (server side: paramshard.server.services.checkpoint_service).
 
 ``save_checkpoint`` asks every server for its state and writes one checkpoint
 (paramshard.checkpoint.format): dense parameters whole, one file per parameter
@@ -12,7 +12,7 @@ steps is a step boundary on every server: no block or table can complete the
 next step without the chief's push, and the tables' snapshots wait until they
 completed the chief's last step (sparse pushes are answered before the step
 completes). In async mode the servers hold pushes at
-one cut while they are read (server/push_gate.py); the manifest records it.
+one cut while they are read (server/services/push_gate.py); the manifest records it.
 
 Elastic jobs (servers added and removed while they train): a checkpoint and a move's
 hand-offs take turns on server 0 (checkpoint/turns.py), so a checkpoint reads either the
@@ -29,17 +29,17 @@ from typing import Mapping
 
 import numpy as np
 
-from ..checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
-from ..checkpoint.turns import checkpoint_turn
-from ..errors import ConfigError
-from ..mode import Mode
-from ..optim import OptimizerConfig, from_wire
-from ..placement.partitions import Routing
-from ..placement.sharding import ShardPlan
-from ..tables import policy_from_wire, policy_to_wire
-from ..transport.client import ServerLinks
-from . import shards
-from .sparse import Partition, SparseClient, TableSpec, follow_addresses
+from paramshard.checkpoint.format import Checkpoint, CheckpointError, CheckpointWriter
+from paramshard.checkpoint.turns import checkpoint_turn
+from paramshard.errors import ConfigError
+from paramshard.mode import Mode
+from paramshard.optim import OptimizerConfig, from_wire
+from paramshard.placement.partitions import Routing
+from paramshard.placement.sharding import ShardPlan
+from paramshard.tables import policy_from_wire, policy_to_wire
+from paramshard.transport.links import ServerLinks
+from paramshard.client import shards
+from paramshard.client.sparse import Partition, SparseClient, TableSpec, follow_addresses
 
 SPARSE_PAGE_ROWS = 1 << 20        # rows per snapshot/restore message (~64 MB at dim 16 with Adagrad)
 
@@ -160,7 +160,7 @@ def _owned_part(page: dict, routing: Routing, server: int) -> dict:
 
 
 def _pause_at_a_cut(links: ServerLinks, servers=None) -> dict[int, int]:
-    """Async mode: hold pushes everywhere at one cut (server/push_gate.py). Returns the cut,
+    """Async mode: hold pushes everywhere at one cut (server/services/push_gate.py). Returns the cut,
     per trainer the last step every server's state includes."""
     everyone = range(len(links)) if servers is None else servers
     try:

@@ -1,5 +1,5 @@
-"""Client side of the control requests (server side: server/control_handlers.py,
-server/trainer_barrier.py): for trainers, and for whoever else asks the servers
+"""Client side of the control requests (server side: server/core/control_handlers.py,
+server/services/trainer_barrier.py): for trainers, and for whoever else asks the servers
 (the launcher's watcher, `paramshard stats`), which call these instead of
 building requests themselves.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 import threading
 import time
 
-from .. import json_value
-from ..errors import ConfigError, DeadlineExceeded, ParamshardError, ProtocolError, RemoteError
-from ..transport.client import ServerLinks
-from ..transport.server_stats import ServerStats
+from paramshard import json_value
+from paramshard.errors import ConfigError, DeadlineExceeded, ParamshardError, ProtocolError, RemoteError
+from paramshard.transport.links import ServerLinks
+from paramshard.messages.server_stats import ServerStats
 
 # A barrier waits for the slowest trainer (its epoch, the chief's evaluation), which may take
 # far longer than one request: by default it waits this many PARAMSHARD_TIMEOUTs. A dead
@@ -36,7 +36,7 @@ def read_stats(links: ServerLinks, server: int, timeout: float | None = None,
     """Server ``server``'s counters and tables, parsed (ProtocolError if malformed). ``cancel``
     set: stop waiting at once (errors.Cancelled), e.g. a watcher told to stop."""
     ticket = links.submit([(server, {"op": "stats"}, ())], timeout=timeout)
-    # In-process links (server/in_process.py) answer before collect: they take no cancel.
+    # In-process links (server/core/in_process.py) answer before collect: they take no cancel.
     [(header, _)] = links.collect(ticket, cancel=cancel) if cancel is not None else links.collect(ticket)
     return _parse(header)
 
@@ -70,7 +70,7 @@ def join(links: ServerLinks, trainer_id: int, timeout: float, clock=time.monoton
     moved past that meanwhile answers ``joined`` false, and the trainer asks again (each
     server keeps the newest first step), until every server took it or ``timeout`` passed.
     ``barrier_counts``: filled with server 0's count of each barrier and broadcast name, where
-    this trainer's go on from (server/trainer_barrier.py). Servers a scale removed are not asked
+    this trainer's go on from (server/services/trainer_barrier.py). Servers a scale removed are not asked
     (``links`` follow the job's routing first)."""
     deadline = clock() + timeout
     everyone = links.live()
@@ -123,7 +123,7 @@ def barrier(links: ServerLinks, trainer_id: int, name: str, count: int, timeout:
     header = {"op": "barrier", "trainer": trainer_id, "name": name, "count": count}
     if epoch is not None:       # a server of another epoch (restarted, rolled back) refuses it: "reset"
         header["epoch"] = epoch
-    if resumed:                 # the count comes from a checkpoint (server/trainer_barrier.py)
+    if resumed:                 # the count comes from a checkpoint (server/services/trainer_barrier.py)
         header["resumed"] = True
     if broadcast:
         header["broadcast"] = True
@@ -164,7 +164,7 @@ def _value_of(reply: dict, name: str, count: int):
 def scale_learning_rate(links: ServerLinks, trainer_id: int, factor: float, dense: bool, tables: list[str],
                         min_version: int | None, epoch: int | None = None) -> list[dict]:
     """Trainer 0: every server multiplies the learning rate of its dense blocks (``dense``) and
-    of ``tables`` by ``factor`` (server/learning_rates.py), once it completed ``min_version``
+    of ``tables`` by ``factor`` (server/services/learning_rates.py), once it completed ``min_version``
     steps (sync; None: at once). Returns each server's reply: the scales it now applies."""
     header = {"op": "scale_lr", "factor": float(factor), "dense": dense, "tables": list(tables),
               "trainer": trainer_id}

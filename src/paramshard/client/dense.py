@@ -1,4 +1,4 @@
-"""Trainer side of the dense requests (server side: paramshard.server.dense_handlers).
+"""Trainer side of the dense requests (server side: paramshard.server.services.dense_handlers).
 
 Parameters are flat float32 numpy views (over torch tensors' memory, say).
 Every request carries all the blocks one server holds, so a step costs one
@@ -19,10 +19,10 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..optim import OptimizerConfig
-from ..placement.sharding import Block, ShardPlan
-from ..transport.client import ServerLinks, check_reply_arrays
+from paramshard.errors import ConfigError
+from paramshard.optim import OptimizerConfig
+from paramshard.placement.sharding import Block, ShardPlan
+from paramshard.transport.links import ServerLinks, check_reply_arrays
 
 
 class DenseClient:

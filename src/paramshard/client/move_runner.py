@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import ParamshardError
-from ..placement.move_plan import MovePlan, MoveRecord
-from ..transport.client import Requests
+from paramshard.errors import ParamshardError
+from paramshard.placement.move_plan import MovePlan, MoveRecord
+from paramshard.transport.links import Requests
 
 
 def run_move(links: Requests, plan: MovePlan, timeout: float | None = None) -> MoveRecord:

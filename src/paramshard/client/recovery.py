@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..checkpoint.format import Checkpoint
-from ..errors import DeadlineExceeded, RemoteError, ServerUnavailable
-from ..log import get_logger
-from ..transport.client import ServerLinks
+from paramshard.checkpoint.format import Checkpoint
+from paramshard.errors import DeadlineExceeded, RemoteError, ServerUnavailable
+from paramshard.log import get_logger
+from paramshard.transport.links import ServerLinks
 
 log = get_logger("recovery")
 
@@ -111,7 +111,7 @@ def roll_back(links: ServerLinks, plan, optimizer, tables, checkpoint_dir, is_ch
     """Bring every server back to the latest checkpoint (the chief does it, the others
     wait for it); returns the checkpoint when this trainer can read it. ``routing``: where the
     sparse rows go (an elastic job's current one; None: the fixed hash over ``links``)."""
-    from .checkpoint import open_for_resume, restore_checkpoint
+    from paramshard.client.checkpoint import open_for_resume, restore_checkpoint
     old = links.epoch
     if is_chief:
         ckpt = Checkpoint(checkpoint_dir)       # before the reset: no checkpoint, nothing to roll back to
@@ -128,8 +128,8 @@ class ServeAgain:
     """Bounded-loss recovery (PARAMSHARD_RECOVERY=bounded-loss, async): the retry policy of a
     trainer's ServerLinks. A request whose server died, or that a restarted server refused while
     not serving yet (``reset``), waits until the server answers in this trainer's epoch again (the
-    launcher restarted it and its replica keeper restored it: launch/replica_keeper.py), then goes
-    again (transport/client.py). No rollback: the job loses only what the dead server applied after
+    launcher restarted it and its replica keeper restored it: launch/elastic/replica_keeper.py), then goes
+    again (transport/links.py). No rollback: the job loses only what the dead server applied after
     its last copy. Deadline: the job's timeout from the failure; the error names the server."""
     codes = ("reset",)
 

@@ -1,4 +1,4 @@
-"""Client side of the data-shard service (server/shard_service.py, on server 0): the
+"""Client side of the data-shard service (server/elastic/shard_service.py, on server 0): the
 requests of paramshard.data.DynamicShards, and the queue's snapshot and restore for a
 checkpoint (client/checkpoint.py)."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import NamedTuple
 
 import secrets
 
-from ..data.tasks import Task
-from ..errors import ConfigError, ProtocolError
-from ..mode import Mode
-from ..transport.client import Requests
+from paramshard.data.shards.tasks import Task
+from paramshard.errors import ConfigError, ProtocolError
+from paramshard.mode import Mode
+from paramshard.transport.links import Requests
 
 SERVER = 0
 # This process, as the queue knows it: a replacement process in the same trainer slot registers
@@ -29,7 +29,7 @@ def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files:
 
 def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None, int | None]:
     """("task", the task from its committed position, its lease) / ("finished", None, None) /
-    ("wait", Waiting, None). The lease goes back with the task's reports (server/shard_queue.py)."""
+    ("wait", Waiting, None). The lease goes back with the task's reports (server/elastic/shard_queue.py)."""
     request = {"op": "shard_next", "trainer": trainer, "pass": pass_, "epoch": links.epoch}
     if step is not None:
         request["step"] = step

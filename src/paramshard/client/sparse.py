@@ -1,4 +1,4 @@
-"""Trainer side of the sparse-table requests (server side: paramshard.server.sparse_service).
+"""Trainer side of the sparse-table requests (server side: paramshard.server.services.sparse_service).
 
 Ids are owned by servers through a stable hash (paramshard.placement.sparse_hash), so
 every trainer sends each id to the same server whatever the table. In an elastic job
@@ -10,7 +10,7 @@ knows none newer than the one the refused request was sent under (its header's
 ``routing``): a pull may have fetched the move's last routing while a push sent under an
 older one was in flight, and that push must not wait for a routing that never comes. A
 server the routing names for the first time is connected then; one it names retired ("")
-is never connected to (transport/client.ServerLinks.retire).
+is never connected to (transport/links.ServerLinks.retire).
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ import time
 
 import numpy as np
 
-from ..budgets import parse_budget
-from ..errors import ConfigError, DeadlineExceeded, ProtocolError
-from ..optim import OptimizerConfig
-from ..placement.partitions import Routing
-from ..tables import Admission, Eviction, check_row_format, check_table_settings, policy_to_wire
-from ..transport.client import ServerLinks
+from paramshard.budgets import parse_budget
+from paramshard.errors import ConfigError, DeadlineExceeded, ProtocolError
+from paramshard.optim import OptimizerConfig
+from paramshard.placement.partitions import Routing
+from paramshard.tables import Admission, Eviction, check_row_format, check_table_settings, policy_to_wire
+from paramshard.transport.links import ServerLinks
 
 # How long a request refused as ``moved`` under the routing server 0 still publishes waits for a
 # newer one. Server 0 publishes each hand-off's routing before the old owner refuses anything, so
@@ -45,7 +45,7 @@ class TableSpec:
     admission: Admission = Admission()
     eviction: Eviction = Eviction()
     capacity: int = 0           # rows to make room for up front, over all servers (0: grow as ids come)
-    dtype: str = "float32"      # how the servers store rows: float32, float16, bfloat16 (server/row_formats.py)
+    dtype: str = "float32"      # how the servers store rows: float32, float16, bfloat16 (server/storage/row_formats.py)
     rounding: str = "nearest"   # how updated half rows are rounded: nearest, stochastic
     memory_budget: int | None = None    # bytes of RAM for the table on each server (None: every row in RAM)
 

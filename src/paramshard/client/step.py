@@ -32,9 +32,9 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from ..transport.client import ServerLinks, Ticket
-from .dense import DenseClient
-from .sparse import Partition, SparseClient
+from paramshard.transport.links import ServerLinks, Ticket
+from paramshard.client.dense import DenseClient
+from paramshard.client.sparse import Partition, SparseClient
 
 
 @dataclasses.dataclass

@@ -19,9 +19,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..optim import OptimizerConfig, check_dense, check_lr_scale, scaled
-from ..update_rules import make_rule
+from paramshard.errors import ConfigError
+from paramshard.optim import OptimizerConfig, check_dense, check_lr_scale, scaled
+from paramshard.update_rules import make_rule
 
 
 class AllreduceDenseSync:

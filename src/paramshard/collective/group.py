@@ -22,10 +22,10 @@ import time
 
 import torch.distributed as dist
 
-from ..env import ClusterEnv
-from ..settings.process_variables import GLOO_IFNAME
-from ..errors import ConfigError, ParamshardError
-from ..log import get_logger
+from paramshard.env import ClusterEnv
+from paramshard.settings.process_variables import GLOO_IFNAME
+from paramshard.errors import ConfigError, ParamshardError
+from paramshard.log import get_logger
 
 log = get_logger("collective")
 
@@ -147,7 +147,7 @@ def broadcast_json(trainer_id: int, value, timeout: float):
     in a uint8 tensor, its length first (so the others allocate only what is announced, within
     json_value.MAX_BYTES). Bytes, not torch's broadcast_object_list: that one pickles."""
     import torch
-    from .. import json_value
+    from paramshard import json_value
     data = json_value.encoded(value) if trainer_id == 0 else b""
     try:
         length = torch.tensor([len(data)], dtype=torch.int64)

@@ -2,16 +2,16 @@
 model's forward through DDP, and the DenseSync that updates this replica.
 
 The configuration (no checkpoints in these modes yet, no tables without servers)
-was validated before this joins anything (torch/trainer_config.py)."""
+was validated before this joins anything (trainer/trainer_config.py)."""
 from __future__ import annotations
 
 import torch
 
-from ..env import ClusterEnv
-from ..optim import OptimizerConfig
-from . import group
-from .allreduce_sync import AllreduceDenseSync
-from .data_parallel import DataParallelForward
+from paramshard.env import ClusterEnv
+from paramshard.optim import OptimizerConfig
+from paramshard.collective import group
+from paramshard.collective.allreduce_sync import AllreduceDenseSync
+from paramshard.collective.data_parallel import DataParallelForward
 
 
 def join_replicas(env: ClusterEnv, model: torch.nn.Module, params: list[tuple[str, torch.nn.Parameter]],

@@ -16,13 +16,13 @@ import importlib
 # server, launcher and rank) reaches paramshard.data for ps.shard, and importing every reader
 # here would load pandas and pyarrow (~0.6 s of CPU) into processes that never read a file.
 _WHERE = {
-    "TabularBatch": "batch", "CriteoBatch": "criteo", "CriteoReader": "criteo", "DataFormatError": "errors",
-    "fit_schema": "fit", "feature_ids": "hashing", "infer_schema": "infer", "LibsvmReader": "libsvm",
-    "SparseBatch": "libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
-    "auc": "metrics", "logloss": "metrics", "criteo_schema": "presets", "libsvm_schema": "presets",
-    "Column": "schema", "Format": "schema", "Label": "schema", "Schema": "schema", "shard_files": "split",
-    "split_lines": "split", "DynamicShards": "dynamic", "generate_criteo": "synthetic", "TabularReader": "tabular",
-    "count_records": "tabular",
+    "TabularBatch": "features.batch", "CriteoBatch": "readers.criteo", "CriteoReader": "readers.criteo", "DataFormatError": "errors",
+    "fit_schema": "features.fit", "feature_ids": "features.hashing", "infer_schema": "features.infer", "LibsvmReader": "readers.libsvm",
+    "SparseBatch": "readers.libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
+    "auc": "metrics", "logloss": "metrics", "criteo_schema": "features.presets", "libsvm_schema": "features.presets",
+    "Column": "features.schema", "Format": "features.schema", "Label": "features.schema", "Schema": "features.schema", "shard_files": "shards.split",
+    "split_lines": "shards.split", "DynamicShards": "shards.dynamic", "generate_criteo": "synthetic", "TabularReader": "readers.tabular",
+    "count_records": "readers.tabular",
 }
 
 

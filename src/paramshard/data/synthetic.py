@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from .criteo import MISSING, NUM_DENSE, NUM_SPARSE, CriteoBatch, dense_transform
-from .metrics import StreamingAUC
+from paramshard.errors import ConfigError
+from paramshard.data.readers.criteo import MISSING, NUM_DENSE, NUM_SPARSE, CriteoBatch, dense_transform
+from paramshard.data.metrics import StreamingAUC
 
 # Shaped like Criteo's fields (a few tiny, most 10^3-10^5) but small enough to learn from 10^5 rows.
 DEFAULT_VOCAB_SIZES = (1000, 500, 50000, 20000, 300, 20, 10000, 600, 3, 30000, 5000, 50000, 3000,

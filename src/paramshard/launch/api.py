@@ -2,12 +2,12 @@
 
 - ``LaunchConfig``: what the user asked for (script, counts, mode, security).
 - ``JobSpec``: every rank with its host and its environment contract.
-- ``Engine`` and ``Process`` (launch/process.py): starts one rank somewhere and
+- ``Engine`` and ``Process`` (launch/engines/process.py): starts one rank somewhere and
   hands back a process the loop can watch; the local engine and the SSH engine
   are two implementations.
-- ``Launcher`` (launch/launcher.py): one run of a job, restarting servers in
-  place; launch/supervisor.py runs the job again from a checkpoint when the
-  restart policy (launch/restart_policy.py) says so; launch/rank_exit.py says
+- ``Launcher`` (launch/supervision/launcher.py): one run of a job, restarting servers in
+  place; launch/supervision/supervisor.py runs the job again from a checkpoint when the
+  restart policy (launch/supervision/restart_policy.py) says so; launch/supervision/rank_exit.py says
   how each rank ended and writes the failure summary.
 """
 from __future__ import annotations
@@ -16,14 +16,14 @@ import dataclasses
 import os
 from typing import Mapping, Sequence
 
-from ..env import ClusterEnv, check_server_count
-from ..errors import ConfigError
-from ..mode import Mode
-from ..settings.fields import launched, with_fields
-from ..settings.process_variables import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
-from ..settings.setting import LAUNCH
-from ..transport.security import new_secret
-from .target import check as check_target, command_words
+from paramshard.env import ClusterEnv, check_server_count
+from paramshard.errors import ConfigError
+from paramshard.mode import Mode
+from paramshard.settings.fields import launched, with_fields
+from paramshard.settings.process_variables import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
+from paramshard.settings.setting import LAUNCH
+from paramshard.transport.security import new_secret
+from paramshard.launch.rank.target import check as check_target, command_words
 
 # libzmq mallocs every received message. With glibc's defaults a big message
 # gets fresh pages (mmap, or a heap that was just trimmed), so page faults
@@ -176,13 +176,13 @@ class JobSpec:
 
 # The supervision loop and what it reads of a rank's exit live in their own modules;
 # their names stay importable from here.
-from .process import Engine, Process  # noqa: E402
-from .rank_exit import exit_status, failure_summary, first_failure, lost_a_peer  # noqa: E402
+from paramshard.launch.engines.process import Engine, Process  # noqa: E402
+from paramshard.launch.supervision.rank_exit import exit_status, failure_summary, first_failure, lost_a_peer  # noqa: E402
 
 
 def __getattr__(name: str):
-    # launch/launcher.py imports this module (RankSpec, JobSpec): Launcher is looked up lazily.
+    # launch/supervision/launcher.py imports this module (RankSpec, JobSpec): Launcher is looked up lazily.
     if name == "Launcher":
-        from .launcher import Launcher
+        from paramshard.launch.supervision.launcher import Launcher
         return Launcher
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

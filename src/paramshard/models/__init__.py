@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import inspect
 
-from ..errors import ConfigError
-from ..model_spec import ATTRIBUTE, make_spec
-from .dcn import DCN
-from .deepfm import DeepFM
-from .hashed import HashedEmbeddingBag, hashed_embedding
-from .lr import LogisticRegression
-from .wide_deep import WideDeep
+from paramshard.errors import ConfigError
+from paramshard.inference.model_spec import ATTRIBUTE, make_spec
+from paramshard.models.dcn import DCN
+from paramshard.models.deepfm import DeepFM
+from paramshard.models.hashed import HashedEmbeddingBag, hashed_embedding
+from paramshard.models.lr import LogisticRegression
+from paramshard.models.wide_deep import WideDeep
 
 MODELS = {"lr": LogisticRegression, "widedeep": WideDeep, "deepfm": DeepFM, "dcn": DCN}
 
@@ -28,7 +28,7 @@ NOT_ARCHITECTURE = ("schema", "embedding", "table_optimizer", "capacity")
 
 def build_model(name: str, schema, **kw):
     """``MODELS[name](schema, **kw)``; ConfigError naming the valid names for any other name.
-    The module carries what built it as ``paramshard_spec`` (paramshard/model_spec.py: the
+    The module carries what built it as ``paramshard_spec`` (paramshard/inference/model_spec.py: the
     name, the architecture's arguments with the class's defaults filled in, the schema), so
     a checkpoint or model file can build it again. None is recorded for a model with an
     ``embedding=`` factory of your own (not ``hashed_embedding``: nothing could build its
@@ -54,7 +54,7 @@ def build_from_spec(spec: dict, embedding=None, classes: dict | None = None):
     as ``cls(schema, **args)``, or ``cls(**args)`` when the spec has no schema) are looked
     up first, then paramshard's MODELS. ``embedding``: the tables' factory (default: the
     spec's hashed tables, else SparseEmbedding modules)."""
-    from ..data.schema import Schema
+    from paramshard.data.features.schema import Schema
 
     cls = (classes or {}).get(spec["model"]) or MODELS.get(spec["model"])
     if cls is None:

@@ -8,16 +8,16 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
+from paramshard.errors import ConfigError
 
 EmbeddingFactory = Callable[[str, int], nn.Module]
 
 
 def default_embedding(table_optimizer=None, capacity: int = 0) -> EmbeddingFactory:
-    """Tables on the parameter servers. Imported here, not at the top: paramshard.torch
+    """Tables on the parameter servers. Imported here, not at the top: paramshard.trainer
     pulls in the trainer and its clients, which building a model does not need."""
     def make(name: str, dim: int) -> nn.Module:
-        from ..torch.sparse_embedding import SparseEmbedding
+        from paramshard.trainer.sparse_embedding import SparseEmbedding
         # A seed per table: with one shared seed, an id's "wide" weight would start equal to
         # column 0 of its "deep" row (initial rows depend only on seed, id and column).
         return SparseEmbedding(name, dim, optimizer=table_optimizer, capacity=capacity,
@@ -27,7 +27,7 @@ def default_embedding(table_optimizer=None, capacity: int = 0) -> EmbeddingFacto
 
 def lookup(table: nn.Module, ids: torch.Tensor, offsets, weights, batch: int, fields: int) -> torch.Tensor:
     """[B, F, dim] field embeddings, from ONE call of ``table`` with the whole batch's ids:
-    the prefetcher (torch/prefetch.py) fetches a table's rows for the tensor its last forward
+    the prefetcher (trainer/prefetch.py) fetches a table's rows for the tensor its last forward
     read, so a table called per field or on a copy of the ids would miss every prefetch.
     ``reshape`` of the contiguous batch tensor is a view: the same memory, as it needs."""
     if offsets is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
-from ._common import EmbeddingFactory, FieldModel, dense_linear, mlp, out_width
+from paramshard.errors import ConfigError
+from paramshard.models._common import EmbeddingFactory, FieldModel, dense_linear, mlp, out_width
 
 
 class DCN(FieldModel):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .wide_deep import WideDeep
+from paramshard.models.wide_deep import WideDeep
 
 
 def fm_interaction(v: torch.Tensor) -> torch.Tensor:

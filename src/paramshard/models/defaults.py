@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from ..errors import ConfigError
+from paramshard.errors import ConfigError
 
 ARCHITECTURE = ("dim", "hidden", "cross_layers")
 

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
-from ..placement.sparse_hash import initial_rows, mix64
+from paramshard.errors import ConfigError
+from paramshard.placement.sparse_hash import initial_rows, mix64
 
 DEFAULT_INIT_SCALE = 0.01      # SparseEmbedding's default: rows start in [-0.01, 0.01)
 
@@ -38,7 +38,7 @@ class HashedEmbeddingBag(nn.EmbeddingBag):
         if buckets < 1 or buckets & (buckets - 1):
             raise ConfigError(f"hashed table {name!r}: buckets={buckets} must be a power of two")
         if optimizer is not None:
-            from ..optim import OptimizerConfig
+            from paramshard.optim import OptimizerConfig
             if not isinstance(optimizer, OptimizerConfig):
                 raise ConfigError(f"hashed table {name!r}: optimizer must be a paramshard.optim config "
                                   f"(e.g. paramshard.optim.Adagrad(lr=0.05)), got {type(optimizer).__name__}")
@@ -66,7 +66,7 @@ def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE, optim
     rows, trained by ``optimizer`` (None: the Trainer's dense optimizer)."""
     def make(name: str, dim: int) -> nn.Module:
         return HashedEmbeddingBag(name, buckets, dim, init_scale, optimizer)
-    # What build_model records (model_spec.py), so a model file can build these tables again
+    # What build_model records (inference/model_spec.py), so a model file can build these tables again
     # (their optimizer is how they train, not what they compute: not recorded).
     make.paramshard_spec = {"kind": "hashed", "buckets": int(buckets), "init_scale": float(init_scale)}
     return make

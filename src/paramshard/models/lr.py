@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import EmbeddingFactory, FieldModel, dense_linear
+from paramshard.models._common import EmbeddingFactory, FieldModel, dense_linear
 
 
 class LogisticRegression(FieldModel):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import EmbeddingFactory, FieldModel, dense_linear, mlp
+from paramshard.models._common import EmbeddingFactory, FieldModel, dense_linear, mlp
 
 
 class WideDeep(FieldModel):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import heapq
 from typing import Mapping, Sequence
 
-from ..errors import ProtocolError
-from .sharding import ShardPlan
+from paramshard.errors import ProtocolError
+from paramshard.placement.sharding import ShardPlan
 
 MAX_BLOCKS = 1 << 20
 

@@ -4,8 +4,8 @@ No socket, no clock of its own, no sleep: like etcd's raft package, the machine 
 send (``ready()``: a ``Ready`` of typed ``Step``s, each one wire request to one server) and is
 fed what came back (``feed``: the replies; ``fail``: a step that was refused, timed out or
 lost its server). A runner (client/move_runner.py) does the sending. The wire ops and their
-order are those of docs/DESIGN.md section 5f (server/migration_service.py,
-server/dense_migration.py):
+order are those of docs/DESIGN.md section 5f (server/elastic/migration_service.py,
+server/elastic/dense_migration.py):
 
 1. ``routing_get`` (server 0), ``dense_held`` (every holder), ``migrate_tables``;
 2. ``migrate_start`` (old owners: track), joiners ``routing_set join`` + ``migrate_tables_in``,
@@ -13,7 +13,7 @@ server/dense_migration.py):
 3. ``migrate_page`` -> ``migrate_stage``: the background copy, page by page;
 4. sync mode: ``migrate_switch`` armed on every server (a "too close" refusal: a later step);
 5. ``exclude_begin`` who=move on server 0: the hand-off phase takes its turn with checkpoints
-   (server/move_exclusion.py; sync: once server 0 completed the step before the switch,
+   (server/elastic/move_exclusion.py; sync: once server 0 completed the step before the switch,
    ``after_step``); a "timeout" refusal (a checkpoint outlasting the server's timeout) is asked
    again until ``turn_patience`` seconds passed;
    per group: ``routing_set`` on server 0 (names the new owners; the first also the blocks'),
@@ -21,7 +21,7 @@ server/dense_migration.py):
    ``handoff_freeze``, ``handoff_rows`` -> ``handoff_in`` per table, ``handoff_done``;
 6. the final routing on every server, ``exclude_end`` (checkpoints may run again: they read
    the final routing), then ``migrate_finish`` / ``dense_finish`` (old owners drop what they
-   handed away; one holds its drop while a checkpoint pages its rows: server/snapshot_reads.py),
+   handed away; one holds its drop while a checkpoint pages its rows: server/storage/snapshot_reads.py),
    ``retire`` to a removed server.
 
 A step that fails before the last hand-off is done aborts the move cleanly (``_abort``): the
@@ -43,9 +43,9 @@ from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ParamshardError, RemoteError
-from .block_map import rebalance_blocks
-from .partitions import Routing, partition_of, rebalance
+from paramshard.errors import ConfigError, ParamshardError, RemoteError
+from paramshard.placement.block_map import rebalance_blocks
+from paramshard.placement.partitions import Routing, partition_of, rebalance
 
 PAGE_ROWS = 65536
 SWITCH_TRIES = 20
@@ -291,7 +291,7 @@ class MovePlan:
         record.ended = self.clock()
 
     def _take_turn(self, after_step: int | None) -> Generator:
-        """``exclude_begin`` who=move on server 0 (server/move_exclusion.py): granted once no
+        """``exclude_begin`` who=move on server 0 (server/elastic/move_exclusion.py): granted once no
         checkpoint is in progress (sync: and server 0 completed step ``after_step - 1``). Server 0
         refuses it as "timeout" when that took longer than its timeout: asked again until
         ``turn_patience`` seconds passed, then the move aborts naming who held the turn."""

@@ -15,9 +15,9 @@ import dataclasses
 
 import numpy as np
 
-from ..errors import ProtocolError
-from .block_map import blocks_from_wire, blocks_to_wire
-from .sparse_hash import _SALT_SERVER, mix64, server_of
+from paramshard.errors import ProtocolError
+from paramshard.placement.block_map import blocks_from_wire, blocks_to_wire
+from paramshard.placement.sparse_hash import _SALT_SERVER, mix64, server_of
 
 MAX_PARTITIONS = 1 << 20
 

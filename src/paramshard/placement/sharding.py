@@ -13,8 +13,8 @@ import math
 import zlib
 from typing import Sequence
 
-from ..env import DEFAULT_MIN_BLOCK_SIZE, DISPATCHERS
-from ..errors import ConfigError
+from paramshard.env import DEFAULT_MIN_BLOCK_SIZE, DISPATCHERS
+from paramshard.errors import ConfigError
 
 
 def stable_hash(text: str) -> int:

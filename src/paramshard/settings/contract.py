@@ -8,11 +8,11 @@ from __future__ import annotations
 import uuid
 from typing import Mapping
 
-from ..errors import ConfigError
-from ..limits import SPEC as LIMIT_SPEC, Limits
-from ..mode import MODES, Mode
-from . import argtypes
-from .setting import JOB, K8S, LAUNCH, Setting, flag
+from paramshard.errors import ConfigError
+from paramshard.limits import SPEC as LIMIT_SPEC, Limits
+from paramshard.mode import MODES, Mode
+from paramshard.settings import argtypes
+from paramshard.settings.setting import JOB, K8S, LAUNCH, Setting, flag
 
 MODE_NAMES = tuple(m.value for m in MODES)      # argparse shows its choices with repr(): plain strings
 
@@ -92,12 +92,12 @@ def _yes_no(text: str) -> bool:
     raise ValueError(text)
 
 
-RECOVERIES = ("rollback", "bounded-loss")   # launch/replica_keeper.py: bounded-loss
-ROW_STORES = ("compiled", "numpy")     # server/row_stores.py STORES
+RECOVERIES = ("rollback", "bounded-loss")   # launch/elastic/replica_keeper.py: bounded-loss
+ROW_STORES = ("compiled", "numpy")     # server/storage/row_stores.py STORES
 
 
 def _budget(value, what: str):
-    from ..budgets import parse_budget
+    from paramshard.budgets import parse_budget
     if isinstance(value, str):
         value = value.strip() or None
     return parse_budget(value, what)

@@ -1,9 +1,9 @@
 """docs/environment.md, generated from the table (`paramshard env --markdown` prints it;
-tests/unit/test_settings.py fails when the file is out of date)."""
+tests/unit/settings/test_settings.py fails when the file is out of date)."""
 from __future__ import annotations
 
-from . import table
-from .engines import ENGINE_VARIABLES
+from paramshard.settings import table
+from paramshard.settings.engines import ENGINE_VARIABLES
 
 TITLE = "# The environment contract"
 INTRO = """\

@@ -1,8 +1,8 @@
-"""The engines' own variables `paramshard run` reads (launch/world.py, launch/rendezvous.py):
+"""The engines' own variables `paramshard run` reads (launch/rank/world.py, launch/rank/rendezvous.py):
 not settings of paramshard's, listed in docs/environment.md all the same."""
 from __future__ import annotations
 
-# What `paramshard run` reads from each engine (launch/world.py, launch/rendezvous.py):
+# What `paramshard run` reads from each engine (launch/rank/world.py, launch/rank/rendezvous.py):
 # (engine, variable, what paramshard takes from it).
 ENGINE_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("openmpi", "OMPI_COMM_WORLD_RANK", "rank"),

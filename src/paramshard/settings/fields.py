@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import table
-from .setting import JOB, LAUNCH, Setting
+from paramshard.settings import table
+from paramshard.settings.setting import JOB, LAUNCH, Setting
 
 
 def _name(setting: Setting, scope: str) -> str:

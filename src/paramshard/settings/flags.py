@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from . import table
-from .setting import JOB, K8S, LAUNCH
+from paramshard.settings import table
+from paramshard.settings.setting import JOB, K8S, LAUNCH
 
 
 def add_flags(parser: argparse.ArgumentParser, command: str, groups: dict | None = None) -> dict:

@@ -7,8 +7,8 @@ and the docs list it with the others.
 """
 from __future__ import annotations
 
-from .contract import _yes_no
-from .setting import Setting, flag
+from paramshard.settings.contract import _yes_no
+from paramshard.settings.setting import Setting, flag
 
 SECRET_DIR = Setting(
     "PARAMSHARD_SECRET_DIR", "`paramshard run` under srun or torchrun without PARAMSHARD_SECRET: the directory, "
@@ -53,7 +53,7 @@ GLOO_IFNAME = Setting(
     "sets it to the interface on the route towards trainer 0's store", scopes=frozenset())
 FORK = Setting(
     "PARAMSHARD_FORK", "`1`: `paramshard launch` forks its local ranks from one interpreter that has imported "
-    "torch, pandas, numba and paramshard (launch/fork_server.py), as `--fork` does; a job over SSH (`--hosts`) "
+    "torch, pandas, numba and paramshard (launch/engines/fork_server.py), as `--fork` does; a job over SSH (`--hosts`) "
     "ignores it (with a warning), where `--fork` is refused", scopes=frozenset(), parse=_yes_no,
     invalid=": expected 1 (yes) or 0 (no)", default=False,
     flags=(flag("launch", "--fork", "start the ranks on this machine as forks of one interpreter that has imported "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError
+from paramshard.errors import ConfigError
 
 # Where a setting applies (``Setting.scopes``):
 JOB = "job"          # a field of every rank's contract, ClusterEnv (read from and written to the environment)

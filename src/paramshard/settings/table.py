@@ -7,9 +7,9 @@ launcher passes it on with LAUNCH, a flag with ``flags=``) or in process.py, the
 """
 from __future__ import annotations
 
-from .contract import CONTRACT
-from .process_variables import PROCESS
-from .setting import JOB, Setting
+from paramshard.settings.contract import CONTRACT
+from paramshard.settings.process_variables import PROCESS
+from paramshard.settings.setting import JOB, Setting
 
 SETTINGS: tuple[Setting, ...] = CONTRACT + PROCESS
 

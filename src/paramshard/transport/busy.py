@@ -1,7 +1,7 @@
-"""A server's ``busy`` refusal, retried by the client (ServerLinks, transport/client.py).
+"""A server's ``busy`` refusal, retried by the client (ServerLinks, transport/links.py).
 
 A server refuses a request as busy, before decoding it, when its memory budget
-(PARAMSHARD_MAX_SERVER_BYTES, server/memory_budget.py) cannot take it: nothing of it was applied,
+(PARAMSHARD_MAX_SERVER_BYTES, server/core/memory_budget.py) cannot take it: nothing of it was applied,
 so sending it again is always safe. The request stays pending on its ticket and goes again
 after a backoff (doubling from FIRST_BACKOFF_S to MAX_BACKOFF_S, jittered so that many clients
 refused together do not come back together), as often as needed until the ticket's deadline;

@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
-from ..budgets import MAX_BUDGET, MIN_BUDGET
-from .. import json_value
-from ..errors import ConfigError, ProtocolError
-from ..tables import ROUNDINGS, ROW_DTYPES
+from paramshard.budgets import MAX_BUDGET, MIN_BUDGET
+from paramshard import json_value
+from paramshard.errors import ConfigError, ProtocolError
+from paramshard.tables import ROUNDINGS, ROW_DTYPES
 
 PROTOCOL_VERSION = 1
 
@@ -99,7 +99,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "scale_lr": {"factor": float, "dense": bool, "tables": _STR_LIST, "trainer": int, "min_version": Optional(int),
                  "epoch": Optional(int)},
     "shutdown": {},
-    # the data-shard service (server/shard_service.py); sizes are checked by server/shard_queue.py
+    # the data-shard service (server/elastic/shard_service.py); sizes are checked by server/elastic/shard_queue.py
     "shard_register": {"trainer": int, "pass": int, "fingerprint": str, "files": _STR_LIST, "tasks": list,
                        "step": Optional(int), "session": Optional(str), "epoch": Optional(int)},
     "shard_next": {"trainer": int, "pass": int, "step": Optional(int), "epoch": Optional(int)},
@@ -107,7 +107,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
                        "epoch": Optional(int), "lease": Optional(int)},
     "shard_snapshot": {"trainer": int, "after": Optional(list), "epoch": Optional(int)},
     "shard_restore": {"trainer": int, "state": dict, "epoch": Optional(int)},
-    # Moving sparse partitions between servers (server/migration_service.py, launch/server_scaling.py).
+    # Moving sparse partitions between servers (server/elastic/migration_service.py, launch/elastic/server_scaling.py).
     "routing_get": {},
     "routing_set": {"routing": dict, "join": Optional(bool), "restored": Optional(bool)},
     "migrate_switch": {"step": int, "version": int},
@@ -124,7 +124,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "migrate_finish": {},
     "migrate_abort": {"partitions": _INT_LIST, "names": _STR_LIST},
     "handoff_undo": {"partitions": _INT_LIST, "names": _STR_LIST},
-    # Moving dense blocks (server/dense_migration.py).
+    # Moving dense blocks (server/elastic/dense_migration.py).
     "dense_held": {},
     "dense_expect": {"names": _STR_LIST},
     "dense_freeze": {"names": _STR_LIST},

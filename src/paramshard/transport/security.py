@@ -36,8 +36,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from ..errors import ConfigError, ServerUnavailable
-from ..log import get_logger
+from paramshard.errors import ConfigError, ServerUnavailable
+from paramshard.log import get_logger
 
 log = get_logger("security")
 

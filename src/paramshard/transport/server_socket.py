@@ -10,8 +10,8 @@ import threading
 
 import zmq
 
-from ..errors import ConfigError
-from .security import CurveContext, Security
+from paramshard.errors import ConfigError
+from paramshard.transport.security import CurveContext, Security
 
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
@@ -57,7 +57,7 @@ def bind_router(ctx: zmq.Context, bind: str, name: str, max_message_bytes: int |
     # that sends faster than the loop answers and then hangs up gets there. With no
     # inbound limit libzmq never stops reading, so that state cannot arise; the loop
     # never blocks (sends are NOBLOCK) and bounds what each connection costs instead
-    # (server/outbox.py).
+    # (server/core/outbox.py).
     sock.setsockopt(zmq.RCVHWM, 0)
     # Heartbeats towards every client: a trainer behind a silent partition (no FIN,
     # no RST) is disconnected after the timeout, so the server counts it as lost.

@@ -5,6 +5,6 @@ mode applies the same code to each trainer's replica after allreduce. Keeping
 them here (not under ``server/``) lets both import them without collective mode
 depending on the server package. The rules' configuration lives in ``paramshard.optim``.
 """
-from .rules import CHUNK, RULES, Rule, make_rule
+from paramshard.update_rules.rules import CHUNK, RULES, Rule, make_rule
 
 __all__ = ["CHUNK", "RULES", "Rule", "make_rule"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..optim import OptimizerConfig
+from paramshard.errors import ConfigError
+from paramshard.optim import OptimizerConfig
 
 CHUNK = 1 << 15   # elements: 128 KiB of float32 per operand
 

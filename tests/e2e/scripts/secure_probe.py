@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import paramshard as ps
-from paramshard.transport.client import ServerLinks
+from paramshard.transport.links import ServerLinks
 from paramshard.transport.security import HandshakeRefused
 
 env = ps.init()

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import sys
 
-from ...errors import ParamshardError
+from paramshard.errors import ParamshardError
 
 
 def main(argv=None) -> int:
-    from . import training as run_module
-    from .options import parser, resolve
+    from paramshard.apps.ctr import training as run_module
+    from paramshard.apps.ctr.options import parser, resolve
     import paramshard as ps
 
     args = resolve(parser(__doc__.split("\n\n")[0]).parse_args(argv))

@@ -1,5 +1,5 @@
 import sys
 
-from . import run
+from paramshard.apps.ctr import run
 
 sys.exit(run())

@@ -2,24 +2,24 @@
 
 - The data: the shard service on server 0 hands --train out as tasks (DynamicShards), so
   a trainer that leaves hands back what it did not train and one that joins takes a share;
-  the validation hold-out is by a hash of each row's fields (data/holdout.py
+  the validation hold-out is by a hash of each row's fields (data/shards/holdout.py
   ``by="content"``), which a task's reader can apply, so every row of --train is trained
   or held out, exactly once per epoch, whoever trained it. (A static job keeps its
   shards and its hold-out by row number: its results do not change.)
 - A trainer asked to leave ends its epoch's batch loop at the next step boundary and
   closes: it does not enter the epoch-end barrier, which the others would never reach in
   sync mode (each step waits for it) and async would wait on it needlessly.
-- A trainer that joins goes on at the job's barrier counts (server/trainer_barrier.py): the
+- A trainer that joins goes on at the job's barrier counts (server/services/trainer_barrier.py): the
   epoch whose selection is not yet decided is its epoch; if the others passed that
   epoch's end already (trainer 0 is evaluating), it only waits for the decision.
 - Trainer 0 cannot be replaced: it holds the run's validation history and best model.
 """
 from __future__ import annotations
 
-from ...data.dynamic import DynamicShards
-from ...data.holdout import Holdout
-from ...data.tabular import TabularReader, count_records
-from ...errors import ConfigError
+from paramshard.data.shards.dynamic import DynamicShards
+from paramshard.data.shards.holdout import Holdout
+from paramshard.data.readers.tabular import TabularReader, count_records
+from paramshard.errors import ConfigError
 
 END, SELECTION = "epoch-end", "selection"      # the names of the app's two per-epoch meetings
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 
-from ...errors import ConfigError
-from ...data.tasks import DEFAULT_TASK_BYTES
-from ...models import MODELS
-from ...models.defaults import architecture_defaults, training_defaults
-from .selection import MONITORS, Selection
+from paramshard.errors import ConfigError
+from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES
+from paramshard.models import MODELS
+from paramshard.models.defaults import architecture_defaults, training_defaults
+from paramshard.apps.ctr.selection import MONITORS, Selection
 
 DEFAULT_VALID_FRACTION = 0.1
 

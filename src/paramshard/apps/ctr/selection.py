@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ...errors import ConfigError
+from paramshard.errors import ConfigError
 
 MONITORS = {"auc": True, "logloss": False, "accuracy": True}     # name -> higher is better
 

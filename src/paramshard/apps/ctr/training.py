@@ -25,21 +25,21 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
-from ...torch.epochs import start_at
-from ...data.batch import TabularBatch
-from ...data.fit import fit_schema
-from ...data.input_check import check_inputs
-from ...data.schema import Schema
-from ...data.tabular import TabularReader
-from ...evaluation import evaluate
-from ...models import build_model, hashed_embedding
-from ...observe.server_table import StepProgress
-from . import elastic, loss_check
-from .audit import TrainedLog
-from .selection import Decision
+from paramshard.trainer.epochs import start_at
+from paramshard.data.features.batch import TabularBatch
+from paramshard.data.features.fit import fit_schema
+from paramshard.data.features.input_check import check_inputs
+from paramshard.data.features.schema import Schema
+from paramshard.data.readers.tabular import TabularReader
+from paramshard.inference.evaluation import evaluate
+from paramshard.models import build_model, hashed_embedding
+from paramshard.observe.report.server_table import StepProgress
+from paramshard.apps.ctr import elastic, loss_check
+from paramshard.apps.ctr.audit import TrainedLog
+from paramshard.apps.ctr.selection import Decision
 
 EVAL_BATCH = 8192
-BEST_MODEL = "best-model.pt"       # the best epoch's model (serving.py's format)
+BEST_MODEL = "best-model.pt"       # the best epoch's model (inference/serving.py's format)
 
 
 def load_schema(args, trainers: int, log) -> Schema:
@@ -146,8 +146,8 @@ class Run:
         progress = StepProgress(self.steps, f"epoch {epoch}") if self.chief else None
         losses, rows = [], 0
         # From where the job is in this epoch (a resume, a rollback): trainer.prefetching puts the
-        # reader back at that batch (torch/loop.py). An elastic trainer asked to leave: the loop
-        # ends after the step that just ran (torch/leave_request.py).
+        # reader back at that batch (trainer/loop.py). An elastic trainer asked to leave: the loop
+        # ends after the step that just ran (trainer/leave_request.py).
         for b in trainer.prefetching(reader, convert=TabularBatch.torch):
             if len(b["labels"]) == 0:
                 trainer.step()          # sync, DynamicShards: no task left for now, the step still counts
@@ -238,15 +238,15 @@ class Run:
 
 
 def snapshot(trainer, model, path: Path) -> None:
-    """The model as it is now, in a model file (serving.py's format): the best epoch's."""
-    from ...serving import snapshot_model
+    """The model as it is now, in a model file (inference/serving.py's format): the best epoch's."""
+    from paramshard.inference.serving import snapshot_model
     snapshot_model(trainer, path)
 
 
 def restore(path: Path):
     """The snapshot as a model of its own, built from the architecture it records, its tables
     held in this process (what `paramshard predict` loads too)."""
-    from ...serving import load_model
+    from paramshard.inference.serving import load_model
     return load_model(path)
 
 
@@ -307,7 +307,7 @@ def train(args, say) -> dict | None:
 
 
 def describe_run(args, schema, env, steps: int) -> str:
-    from .options import describe
+    from paramshard.apps.ctr.options import describe
     valid = (f"validation on {', '.join(args.valid)}" if args.valid else
              f"{args.valid_fraction:g} of --train held out for validation" if args.valid_fraction else "no validation")
     trainers = (f"{env.min_trainers} to {env.num_trainers} trainers (elastic: the shard service hands --train out), "

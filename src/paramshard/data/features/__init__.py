@@ -1,0 +1,1 @@
+"""A table's schema and what becomes of each column: inference, fitting, encoding, hashing."""

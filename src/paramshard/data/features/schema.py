@@ -1,0 +1,219 @@
+"""A table's columns and what becomes of each: the contract between a user's
+file and a model.
+
+A schema names the label, the numeric columns (with their transforms), the
+categorical columns (hashed to ids, one field each), the multi-valued ones
+(a separator splits them into a bag of ids) and the columns to drop. It is a
+JSON or YAML file the user can read and edit: ``paramshard schema infer``
+writes a first one from a sample, ``paramshard schema fit`` adds the
+statistics the transforms need (means, quantiles, vocabularies), computed
+once over the training data so every trainer transforms alike.
+
+What a reader makes of a row (data/features/encode.py):
+- dense features: per numeric column its transformed value, then its missing
+  indicator if asked for; ``num_dense`` of them in schema order;
+- fields: per categorical or multi-valued column one bag of ids, per
+  bucketized numeric column one id; ``num_fields`` of them in schema order.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from paramshard.errors import ConfigError
+
+KINDS = ("numeric", "categorical", "multi", "drop")
+TRANSFORMS = ("log", "standardize")
+FORMATS = ("csv", "tsv", "parquet", "libsvm")
+DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
+VERSION = 1
+
+
+@dataclass
+class Column:
+    name: str
+    kind: str = "numeric"
+    # numeric: transforms in order ("log": sign(x)*log1p(|x|); "standardize": (x - mean) / std,
+    # last if present); bucketize: n quantile buckets as one more field; dense: False keeps
+    # only the buckets; missing_indicator: one more dense feature, 1.0 where the value is missing.
+    transforms: list = field(default_factory=list)
+    bucketize: int = 0
+    dense: bool = True
+    missing_indicator: bool = False
+    # categorical / multi: values seen fewer than min_count times in the fitted data share one id.
+    min_count: int = 1
+    separator: str = "|"              # multi only
+    stats: dict | None = None         # written by `paramshard schema fit`
+    note: str = ""                    # why infer chose this (for the reader of the file)
+
+    def validate(self) -> None:
+        where = f"schema column {self.name!r}"
+        if self.kind not in KINDS:
+            raise ConfigError(f"{where}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind == "numeric":
+            bad = [t for t in self.transforms if t not in TRANSFORMS]
+            if bad:
+                raise ConfigError(f"{where}: unknown transform {bad[0]!r} (known: {', '.join(TRANSFORMS)}; "
+                                  f"buckets are `bucketize: N`)")
+            if "standardize" in self.transforms[:-1] or len(set(self.transforms)) != len(self.transforms):
+                raise ConfigError(f"{where}: transforms {self.transforms}: each at most once, standardize last")
+            if not isinstance(self.bucketize, int) or self.bucketize < 0 or self.bucketize == 1:
+                raise ConfigError(f"{where}: bucketize must be 0 (off) or a number of buckets >= 2")
+            if not self.dense and not self.bucketize:
+                raise ConfigError(f"{where}: dense: false needs bucketize, or the column adds nothing "
+                                  f"(use kind: drop to ignore it)")
+        if self.kind in ("categorical", "multi") and (not isinstance(self.min_count, int) or self.min_count < 1):
+            raise ConfigError(f"{where}: min_count must be a whole number >= 1")
+        if self.kind == "multi" and not self.separator:
+            raise ConfigError(f"{where}: a multi-valued column needs a separator")
+
+    @property
+    def needs_stats(self) -> bool:
+        """Whether encoding this column needs `schema fit` statistics."""
+        if self.kind == "numeric":
+            return "standardize" in self.transforms or self.bucketize > 0
+        return self.kind in ("categorical", "multi") and self.min_count > 1
+
+
+@dataclass
+class Label:
+    column: str
+    # Values that mean 1 and 0. Both empty: the label is a number, 0/1 or -1/+1. Otherwise any other value is a bad line, so a typo or a
+    # "<=50K." spelling in a test file is caught instead of read as negative.
+    positive: list = field(default_factory=list)
+    negative: list = field(default_factory=list)
+
+
+@dataclass
+class Format:
+    type: str = "csv"
+    delimiter: str = ","
+    header: bool = True
+    names: list = field(default_factory=list)     # the file's columns in order, when it has no header
+    missing: list = field(default_factory=lambda: list(DEFAULT_MISSING))
+
+
+@dataclass
+class Schema:
+    label: Label
+    columns: list
+    format: Format = field(default_factory=Format)
+    rows_fitted: int = 0
+    version: int = VERSION
+
+    def __post_init__(self):
+        names = [c.name for c in self.columns]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"schema: column {sorted(dup)[0]!r} is listed twice")
+        if self.label.column in names:
+            raise ConfigError(f"schema: the label column {self.label.column!r} is also listed as a feature")
+        for c in self.columns:
+            c.validate()
+        if self.format.type not in FORMATS:
+            raise ConfigError(f"schema format.type must be one of {', '.join(FORMATS)}, got {self.format.type!r}")
+        if not self.fields and not self.dense_names:
+            raise ConfigError("schema: no feature columns (every column is dropped)")
+
+    # -- what a batch holds -----------------------------------------------------
+    @property
+    def dense_names(self) -> list[str]:
+        out = []
+        for c in self.columns:
+            if c.kind == "numeric":
+                out += [c.name] if c.dense else []
+                out += [f"{c.name}:missing"] if c.missing_indicator else []
+        return out
+
+    @property
+    def fields(self) -> list[Column]:
+        """Columns that give one bag of ids each, in batch order."""
+        return [c for c in self.columns if c.kind in ("categorical", "multi") or (c.kind == "numeric" and c.bucketize)]
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense_names)
+
+    @property
+    def num_fields(self) -> int:
+        return len(self.fields)
+
+    @property
+    def used_columns(self) -> list[str]:
+        return [self.label.column] + [c.name for c in self.columns if c.kind != "drop"]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise ConfigError(f"schema has no column {name!r}")
+
+    def unfitted(self) -> list[str]:
+        """Columns whose transforms need statistics that are not there yet."""
+        return [c.name for c in self.columns if c.needs_stats and not c.stats]
+
+    # -- files --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "schema") -> "Schema":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top, got {type(data).__name__}")
+        try:
+            return cls(label=_make(Label, data["label"], f"{where}: label"),
+                       columns=[_make(Column, c, f"{where}: column") for c in data["columns"]],
+                       format=_make(Format, data.get("format", {}), f"{where}: format"),
+                       rows_fitted=int(data.get("rows_fitted", 0)), version=int(data.get("version", VERSION)))
+        except KeyError as exc:
+            raise ConfigError(f"{where}: missing {exc.args[0]!r} (a schema needs 'label' and 'columns'; "
+                              f"`paramshard schema infer FILE --label COL` writes one)") from None
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.to_dict()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+            text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        else:
+            text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)           # a reader never sees half a schema
+        return path
+
+    @classmethod
+    def load(cls, path) -> "Schema":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the schema ({exc.strerror})") from None
+        try:
+            if path.suffix in (".yaml", ".yml"):
+                import yaml
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except ValueError as exc:     # json.JSONDecodeError and yaml.YAMLError's parser errors
+            raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: "
+                              f"{exc}") from None
+        return cls.from_dict(data, where=str(path))
+
+
+def _make(kind, data, where: str):
+    if isinstance(data, str) and kind is Label:
+        data = {"column": data}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where} {data.get('name', '')!r}: unknown key {unknown[0]!r} "
+                          f"(known: {', '.join(sorted(known))})")
+    try:
+        return kind(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,1 @@
+"""Reading files: CSV/TSV/Parquet tables, Criteo, libsvm/libffm, byte ranges."""

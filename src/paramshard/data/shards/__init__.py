@@ -1,0 +1,1 @@
+"""Which data each trainer reads: static shards, shard tasks, the dynamic loader, hold-outs."""

@@ -1,0 +1,1 @@
+"""Using a trained model: model files, loading without servers, evaluation, `paramshard predict`."""

@@ -1,0 +1,1 @@
+"""Changing a running job: the control channel, trainer and server scaling, replicas."""

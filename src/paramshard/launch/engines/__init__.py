@@ -1,0 +1,1 @@
+"""What starts a job's processes: this machine, SSH, Kubernetes, the fork server."""

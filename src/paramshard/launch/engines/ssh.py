@@ -1,0 +1,352 @@
+"""Run a job on many machines over SSH (the system ``ssh`` client).
+
+The system client is used on purpose: it honours the user's ``~/.ssh/config``,
+agents, ProxyJump and ControlMaster; ``--ssh-config`` is passed as ``ssh -F``.
+Every rank is one ``ssh -T host 'cd WS && exec setsid --wait sh -c WRAPPER ...'``
+whose output streams back tagged ``host | server 0 |``.
+
+No orphans: SSH does not pass signals on for root logins, and killing the
+client of a session without a pty leaves the remote command running. So the
+channel's stdin stays open for the rank's lifetime, and the wrapper (the
+leader of a new session on the remote host) runs a watcher that kills the
+whole remote process group when stdin reaches EOF: the launcher stopped the
+ssh client, or was killed itself, or the connection dropped. The same channel
+carries a ``leave`` line, the wrapper's SIGUSR1 to an elastic job's trainer.
+
+Environment goes inline (``env K=V ... CMD``, no ``SendEnv``, which needs
+``AcceptEnv`` on every server), except ``PARAMSHARD_SECRET``, which is the
+first line of the channel's stdin so it never shows on a command line.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from paramshard.errors import ConfigError
+from paramshard.log import get_logger
+from paramshard.launch.api import JobSpec, LaunchConfig, RankSpec, thread_environ
+from paramshard.launch.supervision.launcher import Launcher
+from paramshard.launch.supervision.restart_policy import RestartPolicy
+from paramshard.launch.engines.hosts import Host, placement
+from paramshard.launch.engines.processes import Child, stop_all
+
+log = get_logger("launch")
+
+# $1: read-secret|no-secret, $2...: the command. Reads the secret from the first
+# line of stdin when asked, then keeps the channel's stdin on fd 3 for the
+# watcher; background jobs get /dev/null as stdin, hence the duplicate. The
+# watcher ignores TERM so it can escalate to KILL after its group got TERM. A
+# line "leave" on the channel asks the command to leave (SIGUSR1: an elastic
+# job's trainer leaves at its next step boundary, trainer/leave_request.py).
+WRAPPER = r"""
+if [ "$1" = read-secret ]; then IFS= read -r PARAMSHARD_SECRET; export PARAMSHARD_SECRET; fi
+shift
+exec 3<&0
+"$@" 0</dev/null 3<&- &
+child=$!
+{ trap '' TERM; while IFS= read -r line <&3; do if [ "$line" = leave ]; then kill -s USR1 "$child" 2>/dev/null; fi; done; kill -s TERM -- -$$ 2>/dev/null; sleep 5; kill -s KILL -- -$$ 2>/dev/null; } 0</dev/null >/dev/null 2>&1 &
+watcher=$!
+exec 3<&-
+wait "$child"; code=$?
+kill -s KILL "$watcher" 2>/dev/null
+exit "$code"
+"""
+SSH_UNREACHABLE = 255     # what ssh exits with when it cannot connect or loses the connection
+
+
+@dataclasses.dataclass(frozen=True)
+class SshOptions:
+    ssh_config: str | None = None
+    remote_python: str = sys.executable
+    workspace: str | None = None          # remote directory to run in (None: this one's path)
+    dispatch_package: str | None = None   # local directory copied to the workspace first
+    connect_timeout: float = 10.0
+
+    def ssh_argv(self, host: Host) -> list[str]:
+        """``ssh`` up to (not including) the target: shared by ranks, probes and rsync.
+        Callers put ``--`` before the target (rsync cannot: it adds ``-l USER`` after these words)."""
+        argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout:g}",
+                # A silent partition ends the client (exit 255) within ~6 s, so the job fails fast.
+                "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        if self.ssh_config:
+            argv += ["-F", self.ssh_config]
+        if host.port:
+            argv += ["-p", str(host.port)]
+        return argv
+
+
+def remote_dir(path: str) -> str:
+    """A remote path for a shell command line: ``~/`` stays unquoted so the remote shell expands it."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def remote_command(rank: RankSpec, workdir: str, read_secret: bool) -> str:
+    env = rank.environ()
+    env.pop("PARAMSHARD_SECRET", None)
+    assignments = [f"{k}={v}" for k, v in sorted(env.items())]
+    inner = ["read-secret" if read_secret else "no-secret", "env", *assignments, *rank.argv]
+    return (f"cd {remote_dir(workdir)} && exec setsid --wait sh -c {shlex.quote(WRAPPER)} "
+            f"paramshard-rank {shlex.join(inner)}")
+
+
+class RemoteChild(Child):
+    def __init__(self, host: Host, *args, **kwargs):
+        self.host = host
+        super().__init__(*args, **kwargs)
+
+    def describe_exit(self) -> str:
+        if self.proc.returncode == SSH_UNREACHABLE:
+            return (f"{self.tag}: ssh to {self.host.target} failed or lost its connection (exit 255): "
+                    f"host down, network cut, or ssh refused; see the lines above")
+        return super().describe_exit()
+
+
+class SshEngine:
+    """Ranks on other hosts over ssh (Engine contract, launch/engines/process.py)."""
+
+    def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None):
+        self.hosts, self.options, self.workdir, self.secret = hosts, options, workdir, secret
+        self.out = out or sys.stdout
+        self.tap_for = None          # rank -> Child tap (observe/run_records/run_dir.py), set by `paramshard launch`
+
+    def start(self, rank: RankSpec) -> RemoteChild:
+        host = self.hosts[rank.host]
+        argv = [*self.options.ssh_argv(host), "--", host.target,
+                remote_command(rank, self.workdir, read_secret=bool(self.secret))]
+        stdin = f"{self.secret}\n" if self.secret else ""
+        return RemoteChild(host, rank.tag, argv, dict(os.environ), self.out, stdin_text=stdin,
+                           tap=self.tap_for(rank) if self.tap_for else None)
+
+    def stop(self, processes: Sequence[Child], grace: float, hurry: threading.Event | None) -> None:
+        stop_all(processes, grace, hurry)
+
+    @staticmethod
+    def ask_to_leave(process: Child) -> None:
+        """An elastic job's trainer leaves at its next step boundary: the rank's wrapper turns a
+        ``leave`` line on the channel's stdin into SIGUSR1 (WRAPPER)."""
+        stdin = process.proc.stdin
+        if stdin is None or process.poll() is not None:
+            return
+        try:
+            stdin.write("leave\n")
+            stdin.flush()
+        except OSError:
+            pass            # it exited meanwhile: the loop sees how
+
+
+def _run(argv: list[str], timeout: float, what: str) -> str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{what}: no answer within {timeout:g} s (host down or unreachable?)") from None
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what}: {exc.filename} is not installed") from None
+    if r.returncode != 0:
+        tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-3:]
+        raise ConfigError(f"{what} failed (exit {r.returncode}): {' / '.join(tail) or 'no output'}")
+    return r.stdout
+
+
+# Prints the file system's identity (machine id, boot id, and the root directory's
+# device: hosts with the same one share a file system, so one copy of the workspace
+# serves them all; containers on one machine differ by their root), the CPUs a
+# process may use there, then free ports on the given address.
+_PROBE = ("import os,socket,sys\n"
+          "ident=''\n"
+          "for f in ('/etc/machine-id','/proc/sys/kernel/random/boot_id'):\n"
+          "    try: ident+=open(f).read().strip()\n"
+          "    except OSError: pass\n"
+          "st=os.stat('/'); ident+=f':{st.st_dev}:{st.st_ino}'\n"
+          "try: cpus=len(os.sched_getaffinity(0))\n"
+          "except AttributeError: cpus=os.cpu_count() or 1\n"
+          "socks=[socket.socket() for _ in range(int(sys.argv[2]))]\n"
+          "[s.bind((sys.argv[1], 0)) for s in socks]\n"
+          "print(ident or 'unknown', cpus, *[s.getsockname()[1] for s in socks])")
+
+
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    machine: str          # hosts with the same one share a machine (and a file system)
+    cpus: int             # CPUs a process may use there
+    ports: list[int]      # free right now on the host's own address
+
+
+def probe(host: Host, ports: int, options: SshOptions) -> Probed:
+    """What the job needs to know of ``host``, with ``ports`` free ports, asked on that
+    host; this also checks ssh and the remote Python before anything starts."""
+    argv = [*options.ssh_argv(host), "--", host.target,
+            shlex.join([options.remote_python, "-c", _PROBE, host.address, str(ports)])]
+    out = _run(argv, options.connect_timeout + 10, f"ssh to {host.target}")
+    words = out.split()
+    try:
+        numbers = [int(p) for p in words[1:]]
+    except ValueError:
+        numbers = []
+    if len(numbers) != ports + 1:
+        raise ConfigError(f"ssh to {host.target}: unexpected answer {out.strip()[:200]!r} from the probe "
+                          f"(is {options.remote_python} a Python on that host? set --remote-python)")
+    return Probed(words[0], numbers[0], numbers[1:])
+
+
+def dispatch(host: Host, package: str, workspace: str, options: SshOptions) -> int:
+    """Copy ``package`` to ``workspace`` on ``host`` (incremental: rsync sends only
+    what changed); returns how many files were sent."""
+    src = os.path.join(os.path.abspath(package), "")
+    # "--": no operand is an option to rsync. rsync itself runs `SSH [-l USER] HOST ...`, so
+    # the host and user reach ssh unguarded there: Host refuses any that start with "-".
+    argv = ["rsync", "-az", "--delete", "--mkpath", "--stats", "-e", shlex.join(options.ssh_argv(host)), "--",
+            src, f"{host.target}:{workspace}/"]
+    out = _run(argv, 600, f"copying {package} to {host.target}:{workspace}")
+    sent = re.search(r"Number of regular files transferred: ([\d,]+)", out)
+    count = int(sent.group(1).replace(",", "")) if sent else -1
+    log.info("%s: %s files of %s sent to %s", host.target, count if count >= 0 else "?", package, workspace)
+    return count
+
+
+def with_own_hosts(spec: JobSpec, addresses: dict[str, str]) -> JobSpec:
+    """Every rank told its own host's address (PARAMSHARD_HOST): a trainer serves /metrics
+    there, not on every interface of a machine other users may share."""
+    def own(rank: RankSpec) -> RankSpec:
+        return dataclasses.replace(rank, env=dataclasses.replace(rank.env, host=addresses[rank.host]))
+    return JobSpec(tuple(map(own, spec.servers)), tuple(map(own, spec.trainers)))
+
+
+class SshLauncher(Launcher):
+    def __init__(self, config: LaunchConfig, hosts: list[Host], options: SshOptions,
+                 server_hosts: list[Host] | None = None, trainer_hosts: list[Host] | None = None, out=None):
+        if config.fork:
+            raise ConfigError("--fork forks ranks on this machine; an SSH job starts them on other hosts: drop --fork")
+        self.config, self.options = config, options
+        self.on_servers, self.on_trainers = placement(config.servers, config.trainers, hosts,
+                                                      server_hosts, trainer_hosts)
+        self.all_hosts = {h.host: h for h in [*hosts, *(server_hosts or []), *(trainer_hosts or [])]}
+        self.job_hosts = (hosts, server_hosts, trainer_hosts)     # as given: ssh_placement.py's pools
+        if options.dispatch_package:
+            if not os.path.isdir(options.dispatch_package):
+                raise ConfigError(f"--dispatch-package {options.dispatch_package!r} is not a directory")
+            self.workdir = options.workspace or f"~/.paramshard/{config.job_id}"
+        else:
+            self.workdir = options.workspace or os.getcwd()
+        self.script = self._remote_script()
+        super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
+        self.min_trainers = config.min_trainers
+        self.checkpoint_dir = config.checkpoint_dir
+        self.policy = RestartPolicy(config.max_restarts)
+        self.addresses: list[str] = []
+
+    def _remote_script(self) -> str | None:
+        """The script's path as the remote side sees it, from the workspace (None: a module,
+        which python -m finds from the workspace or the hosts' own installation)."""
+        package = self.options.dispatch_package
+        if not package or self.config.script is None:
+            return self.config.script
+        local = os.path.abspath(self.config.script)
+        root = os.path.abspath(package)
+        if os.path.commonpath([local, root]) != root:
+            raise ConfigError(f"training script {self.config.script!r} is not inside --dispatch-package "
+                              f"{package!r}: only that directory is copied to the hosts")
+        return os.path.relpath(local, root)
+
+    def _threads(self, found: dict[str, Probed]) -> dict[str, dict[str, str]]:
+        """Host -> its ranks' thread variables: its CPUs shared by every rank on its machine
+        (hosts that are one machine, e.g. loopback aliases, count together)."""
+        placed = [*self.on_servers, *self.on_trainers]
+        on_machine = collections.Counter(found[h.target].machine for h in placed)
+        return {h.host: thread_environ(found[h.target].cpus, on_machine[found[h.target].machine]) for h in placed}
+
+    def _placement(self, found: dict[str, Probed]) -> None:
+        """Ranks started mid-job (scale, replacements) and hosts added while it runs: ssh_placement.py."""
+        from paramshard.launch.engines.ssh_placement import SshPlacement
+        package = self.options.dispatch_package
+        self.placement = SshPlacement(
+            *self.job_hosts, engine_hosts=self.all_hosts,
+            machines={p.machine for p in found.values()},
+            live_hosts=lambda: [p.host.target for p in [*self.servers, *self.trainers] if p.poll() is None],
+            probe=lambda host, ports: probe(host, ports, self.options),
+            dispatch=(lambda host: dispatch(host, package, self.workdir, self.options)) if package else None,
+            record=self._event)
+        self.new_server_address = self.placement.new_server_address
+        self.place_new_rank = self.placement.place_rank
+
+    def start(self) -> "SshLauncher":
+        used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
+        servers_on: dict[str, list[int]] = {t: [] for t in used}
+        for i, h in enumerate(self.on_servers):
+            servers_on[h.target].append(i)
+        # Collective and hybrid modes: one more port on trainer 0's host, for the trainers' store.
+        store_host = self.on_trainers[0] if self.config.collective else None
+        extra = {t: int(store_host is not None and t == store_host.target) for t in used}
+        with ThreadPoolExecutor(max_workers=min(16, len(used))) as pool:
+            found = dict(zip(used, pool.map(lambda t: probe(used[t], len(servers_on[t]) + extra[t], self.options),
+                                            used)))
+            if self.options.dispatch_package:
+                # One copy per machine: hosts that share one (loopback aliases, network
+                # namespaces) would otherwise race their rsyncs into the same directory.
+                machines = {p.machine: used[t] for t, p in found.items()}
+                list(pool.map(lambda h: dispatch(h, self.options.dispatch_package, self.workdir, self.options),
+                              machines.values()))
+        self.addresses = [""] * self.config.servers
+        for target, servers in servers_on.items():
+            for i, port in zip(servers, found[target].ports):
+                self.addresses[i] = f"{self.on_servers[i].address}:{port}"
+        collective_addr = (f"{store_host.address}:{found[store_host.target].ports[-1]}"
+                           if store_host is not None else None)
+        spec = JobSpec.build(self.config, self.addresses, python=self.options.remote_python,
+                             collective_addr=collective_addr,
+                             server_hosts=[h.host for h in self.on_servers],
+                             trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
+                             threads=self._threads(found))
+        self._placement(found)
+        self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
+        if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST` (--remove-host: Launcher)
+            self.control.register("add_host", self.placement.add_host, value_type=str)
+            self.control.register("servers", self._scale_servers, takes_host=True)     # --on HOST
+        log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
+                 ",".join(self.addresses), self.config.trainers, len(used))
+        return self
+
+    def _remove_host(self, text: str) -> str:
+        """``scale --remove-host HOST``: checked whole first (launch/elastic/host_removal.py: nothing moves on a
+        refusal), then the host's servers give their partitions and blocks to the others in the
+        background (they retire and exit as removed servers do), its trainers leave at their step
+        boundary, and no rank started later goes there."""
+        from paramshard.launch.elastic.host_removal import plan_removal
+        host = self.placement.find(text)
+        elastic = self.elastic
+        scaler = self.elastic_servers
+        serving = scaler.serving if scaler is not None else list(range(len(self.servers)))
+        staying = elastic.staying() if elastic is not None else \
+            [slot for slot, p in enumerate(self.trainers) if p.poll() is None]
+        plan = plan_removal(host.host, {s: self.servers[s].host.host for s in serving},
+                            {t: self.trainers[t].host.host for t in staying},
+                            partitions=self.spec.servers[0].env.partitions, min_trainers=self.min_trainers,
+                            max_trainers=len(self.trainers), moving=scaler is not None and scaler.moving())
+        done = []
+        if plan.servers:
+            self.server_scaler().remove(plan.servers)
+            done.append(f"moving the partitions and dense blocks of servers {plan.servers} to servers "
+                        f"{plan.servers_after} in the background (a scale_end event marks the end; they exit "
+                        f"once no trainer routes to them)")
+        if plan.trainers:
+            elastic.ask_to_leave(plan.trainers, f"--remove-host {text}")
+            done.append(f"asked trainers {plan.trainers} to leave at their next step boundary "
+                        f"({len(staying)} -> {plan.trainers_after} trainers)")
+        self.placement.remove_host(host)
+        message = (f"host {host.target} removed from the job: " + "; ".join(done or ["it ran no rank"]) +
+                   f"; no rank started from now on goes there")
+        log.info("%s", message)
+        self._event("host_removed", message, host=host.target, servers=plan.servers,
+                    servers_after=plan.servers_after, trainers=plan.trainers, trainers_after=plan.trainers_after)
+        return message

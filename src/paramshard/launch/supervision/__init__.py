@@ -1,0 +1,1 @@
+"""Watching a job to its end: the launcher loop, restarts, how each rank ended."""

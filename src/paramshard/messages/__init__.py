@@ -1,0 +1,1 @@
+"""What two rooms tell each other, as types: a server's stats reply, a server's status lines."""

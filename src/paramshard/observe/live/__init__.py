@@ -1,0 +1,1 @@
+"""Watching a job while it runs: progress lines, the server monitor, /metrics, TensorBoard."""

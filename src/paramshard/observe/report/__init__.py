@@ -1,0 +1,1 @@
+"""`paramshard report`: plots, tables and the index.html of a run directory."""

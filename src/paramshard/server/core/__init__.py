@@ -1,0 +1,1 @@
+"""The server's core: the socket loop, its context, hooks, waiting answers, replies and peers."""

@@ -1,0 +1,37 @@
+"""The epoch as a request hook: data requests and barriers of another epoch are refused.
+
+After a rollback (``reset``, control_handlers.py) the job is in a new epoch; a
+request sent before it (a push of the abandoned step, a barrier entered before
+the rollback) must not count after it. A server restarted in place is in epoch
+-1 until the chief resets it, so it serves no data meanwhile.
+"""
+from __future__ import annotations
+
+from paramshard.errors import StaleEpoch
+from paramshard.server.core.context import ServerContext
+from paramshard.server.core.hooks import Incoming, Verdict
+
+DATA_OPS = ("push_dense", "push_sparse", "pull_dense", "pull_sparse")
+EPOCH_OPS = DATA_OPS + ("barrier", "scale_lr")
+
+
+class EpochCheck:
+    """A RequestHook (server/core/hooks.py)."""
+
+    def __init__(self, context: ServerContext):
+        self.context = context
+
+    def admit(self, request: Incoming) -> Verdict:
+        epoch, header = self.context.epoch, request.header
+        if request.op in EPOCH_OPS and header.get("epoch", epoch) != epoch:
+            raise StaleEpoch(f"{request.op} of epoch {header['epoch']} refused: {self.context.name} is in epoch "
+                             f"{epoch}" + (" (restarted, waiting for the chief to restore the "
+                                           "checkpoint)" if epoch < 0 else
+                                           " (the job rolled back to a checkpoint)"))
+        return Verdict.ACCEPT
+
+    def applied(self, request: Incoming) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Moving partitions and blocks between servers, bounded-loss replication, the data-shard queue."""

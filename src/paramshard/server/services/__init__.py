@@ -1,0 +1,1 @@
+"""The Services a server runs (server/core/api.py): sparse, dense, checkpoints, barriers."""

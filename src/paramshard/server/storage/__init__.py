@@ -1,0 +1,1 @@
+"""What a server stores: row stores (numpy, compiled, tiered), tables, dense blocks, kernels."""

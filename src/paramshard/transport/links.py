@@ -1,0 +1,553 @@
+"""Client side of the wire: one DEALER socket per server, requests fanned out
+to several servers at once and their replies gathered under one deadline.
+
+Liveness: a monitor socket per server reports a dropped connection (a killed
+server) at once, and ZeroMQ heartbeats catch a silent one (a stopped or
+partitioned server) after HEARTBEAT_TIMEOUT_MS; either way the waiting call
+raises ServerUnavailable naming the server within seconds. A link counts as up
+only once its ZMTP handshake succeeded (a stopped process's kernel still
+accepts TCP connections), and any loss of the connection while a request is
+pending fails that request, even when libzmq has reconnected since.
+
+Retired servers: a server a scale removed keeps its index (the job's routing names it "",
+placement/partitions.Routing) but has nothing to connect to: its link is a placeholder
+(``retire``, or ``add_server("")``), skipped by the calls that ask every server (``live``), and
+a request for it fails at once naming it.
+
+Security: with a Security (PARAMSHARD_SECRET / PARAMSHARD_KEYS_DIR) every
+socket is a CurveZMQ client; a server that refuses our handshake fails the
+call at once with HandshakeRefused, saying which setting to fix.
+
+Busy servers: a request a server refused as ``busy`` (its memory budget is full) goes again
+after a short backoff until the ticket's deadline (transport/busy.py).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from paramshard.errors import Cancelled, DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
+from paramshard.transport import protocol
+from paramshard.transport.busy import BusyRequests
+from paramshard.transport.security import FIX_HINT, HandshakeRefused, Security
+
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+_ids = itertools.count(1)
+
+
+_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# A server with other keys closes the connection mid-handshake without a word
+# (libzmq: HANDSHAKE_FAILED_NO_DETAIL); this many in a row, with no success in
+# between, is a refusal. Reconnects come every ~0.1-0.2 s, so it takes < 1 s.
+REFUSALS_IN_A_ROW = 3
+
+
+class _Link:
+    retired = False
+
+    def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes,
+                 security: Security | None = None):
+        self.index, self.address = index, address
+        self.name = f"server {index} ({address})"
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.curve = security is not None
+        if security is not None:
+            security.configure_client(self.sock)
+        # libzmq's I/O thread blocks when a monitor pipe is full, and with it every
+        # socket of the context: a link nobody polls any more (a failed Trainer()
+        # its owner never closed) must not get there. Unbounded pipe: RCVHWM 0.
+        endpoint = f"inproc://paramshard-monitor-{os.getpid()}-{next(_ids)}"
+        self.sock.monitor(endpoint, _EVENTS)
+        self.monitor = ctx.socket(zmq.PAIR)
+        self.monitor.setsockopt(zmq.RCVHWM, 0)
+        self.monitor.connect(endpoint)
+        self.sock.connect(f"tcp://{address}")
+        self.reached = False        # a TCP connection was made at least once
+        self.connected = False      # the ZMTP handshake succeeded and the connection has not dropped since
+        self.ever_connected = False
+        self.losses = 0             # connections lost after their handshake (heartbeat timeout, reset, close)
+        self.failed_handshakes = 0  # in a row, since the last successful one
+        self.refusal: str | None = None
+        self.key_refused = False    # the server completed its half, then refused our key (ZAP)
+        self.given_up = False       # disconnected for good after a refusal
+
+    def poll_events(self) -> None:
+        """Fold pending monitor events into the link's state."""
+        while not self.monitor.closed and self.monitor.poll(0):
+            message = recv_monitor_message(self.monitor)
+            event, value = message["event"], message["value"]
+            if event == zmq.EVENT_CONNECTED:
+                self.reached = True     # TCP only: a stopped process's kernel accepts too
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = self.ever_connected = True
+                self.failed_handshakes = 0
+                self.refusal = None
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                if self.connected:
+                    self.losses += 1
+                self.connected = False
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.refusal = f"it did not accept this process's key (ZAP status {int(value)})"
+                self.key_refused = True
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                if int(value) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    self.refusal = ("it speaks plain TCP and this process CurveZMQ"
+                                    if self.curve else "it requires CurveZMQ and this process has no secret: plain TCP")
+                else:
+                    self.refusal = f"protocol error {int(value):#x} during the handshake"
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self.failed_handshakes += 1
+                if self.failed_handshakes >= REFUSALS_IN_A_ROW and self.refusal is None:
+                    self.refusal = (f"it closed the connection during the handshake "
+                                    f"{self.failed_handshakes} times in a row")
+
+    def give_up(self) -> None:
+        """Stop reconnecting (every ~0.1 s) to a server that refuses us: close the
+        socket (libzmq's disconnect() does not stop a session that keeps failing
+        its handshake). The link stays refused; closing it again is harmless."""
+        if not self.given_up:
+            self.given_up = True
+            self.close()
+
+    def close(self) -> None:
+        if not self.sock.closed:
+            close_monitored(self.sock, self.monitor)
+
+
+class _RetiredLink:
+    """The place of a server a scale removed (its index stays; nothing to connect to or ask)."""
+    retired = True
+    sock = None
+    connected = ever_connected = reached = False
+    losses = 0
+    refusal = None
+
+    def __init__(self, index: int, address: str = ""):
+        self.index, self.address = index, address
+        self.name = f"server {index} (removed by a scale{', was ' + address if address else ''})"
+
+    def poll_events(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close a socket and its monitor without lingering (the monitor first, so
+    libzmq has no event pipe left to block on)."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(0)
+    sock.close(0)
+
+
+class Ticket:
+    """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
+    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed",
+                 "moved", "busy")
+
+    def __init__(self, count: int, wait: float, deadline: float):
+        self.results: list = [None] * count
+        self.pending: dict[int, tuple[int, int, str]] = {}     # request id -> (slot, server, op)
+        self.error: Exception | None = None
+        self.wait, self.deadline = wait, deadline
+        self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
+        # With a retry policy (bounded-loss recovery): what each request was, to send it again.
+        self.retry = False
+        self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
+        self.resend: dict[int, Exception] = {}   # server -> why its requests go again
+        self.replayed: set[int] = set()      # request ids that are resent ones
+        self.moved: list[int] = []           # slots refused with ``moved`` (their result stays None)
+        self.busy = BusyRequests()           # refused as busy: sent again after a backoff (transport/busy.py)
+
+    @property
+    def done(self) -> bool:
+        """Every reply is in (or an error is): ``collect`` will not wait."""
+        return not self.pending or self.error is not None
+
+
+class Requests:
+    """The blocking calls, built on ``submit`` and ``collect`` (ServerLinks, LocalLinks)."""
+
+    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
+                timeout: float | None = None):
+        return self.request_list([(server, header, arrays)], timeout)[0]
+
+    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
+        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}."""
+        servers = list(requests)
+        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
+        return dict(zip(servers, replies))
+
+    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
+        """[(server, header, arrays)] -> [(reply_header, reply_arrays)], in order.
+
+        All requests go out before any reply is awaited, so the servers work in
+        parallel (and one server may get several). Reply arrays are read-only
+        views over the received frames (writable copies in-process).
+        """
+        return self.collect(self.submit(requests, timeout))
+
+    def is_retired(self, server: int) -> bool:
+        """A server a scale removed (its index stays, nothing is sent to it)."""
+        return False
+
+    def live(self) -> list[int]:
+        """The indices of the servers that are not retired: whom ``leave``, ``join``, ``stats`` ask."""
+        return [s for s in range(len(self)) if not self.is_retired(s)]
+
+
+class ServerLinks(Requests):
+    """Talks to every server of the job. Not thread-safe: one per trainer thread."""
+
+    def __init__(self, addresses: Sequence[str], timeout: float, who: str = "trainer",
+                 security: Security | None = None):
+        """``security``: the job's keys (``Security.from_env(env)``), None for plain TCP."""
+        self.timeout = timeout
+        self.who = who
+        self.epoch = 0      # the job's epoch, carried by data requests (client/recovery.py)
+        # Bounded-loss recovery (client/recovery.ServeAgain): a request a dead server did not
+        # answer waits for its replacement and goes again. None: it fails (rollback recovery).
+        self.retry = None
+        self.security = security
+        self._ctx = zmq.Context.instance()
+        identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
+        self._identity = identity
+        self.links = [_Link(self._ctx, i, a, identity, security) if a else _RetiredLink(i)
+                      for i, a in enumerate(addresses)]
+        self._inflight: dict[int, Ticket] = {}     # request id -> the ticket awaiting its reply
+        self._retiring: set[int] = set()           # retired while a reply from it was awaited
+        self._poller = zmq.Poller()
+        for link in self.links:
+            if not link.retired:
+                self._poller.register(link.sock, zmq.POLLIN)
+
+    @classmethod
+    def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
+        """Links to the servers of ``env`` (a ClusterEnv) with its timeout and its
+        security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR)."""
+        links = cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
+                    security=Security.from_env(env))
+        if env.role == "trainer":
+            from paramshard.client.recovery import install
+            install(links, env)
+        return links
+
+    def __len__(self) -> int:
+        return len(self.links)
+
+    def add_server(self, address: str) -> int:
+        """Talk to one more server (one added while the job runs); its index. ``""``: a server
+        added and removed since this process started (a retired index: a placeholder)."""
+        if not address:
+            self.links.append(_RetiredLink(len(self.links)))
+            return len(self.links) - 1
+        link = _Link(self._ctx, len(self.links), address, self._identity, self.security)
+        self.links.append(link)
+        self._poller.register(link.sock, zmq.POLLIN)
+        return link.index
+
+    def is_retired(self, server: int) -> bool:
+        return 0 <= server < len(self.links) and self.links[server].retired
+
+    def retire(self, server: int) -> None:
+        """Server ``server`` was removed by a scale: stop talking to it (its socket closes once no
+        reply from it is awaited: an answer in flight, e.g. a refusal as moved, still arrives)."""
+        if not 0 <= server < len(self.links) or self.links[server].retired:
+            return
+        self._retiring.add(server)
+        self._close_retiring()
+
+    def _close_retiring(self) -> None:
+        awaited = {srv for ticket in self._inflight.values() for _, srv, _ in ticket.pending.values()}
+        for server in sorted(self._retiring - awaited):
+            link = self.links[server]
+            if not link.given_up:       # a given-up link left the poller already
+                self._poller.unregister(link.sock)
+            link.close()
+            self.links[server] = _RetiredLink(server, link.address)
+            self._retiring.discard(server)
+
+    def wait_ready(self, timeout: float = 30.0) -> list[dict]:
+        """Block until every server not retired answers (its hello), or raise naming the silent ones."""
+        replies = self.request_many({s: ({"op": "hello"}, ()) for s in self.live()}, timeout)
+        return [replies[s][0] for s in sorted(replies)]
+
+    def submit(self, requests: Sequence[tuple], timeout: float | None = None, retry: bool = True) -> "Ticket":
+        """Send [(server, header, arrays)] now and return at once; ``collect(ticket)``
+        gives the replies later. Several tickets may be out together (a push in
+        flight while the next batch's rows are fetched); each has its own deadline.
+        The arrays must not change until the ticket is collected (they are sent
+        without copying)."""
+        wait = self.timeout if timeout is None else timeout
+        # A little past the servers' own deadline (the same PARAMSHARD_TIMEOUT),
+        # so a server's error naming the peer it waited for arrives first.
+        ticket = Ticket(len(requests), wait, time.monotonic() + wait + min(5.0, 0.1 * wait + 1.0))
+        # ``retry=False``: the retry policy's own probes, which fail plainly.
+        ticket.retry = retry and self.retry is not None
+        # Connections lost before the requests go out; one more while they are
+        # pending fails them, whatever libzmq reconnected since.
+        for server in {server for server, _, _ in requests}:
+            link = self.links[server]
+            if link.retired:
+                exc = ServerUnavailable(f"{self.who}: {link.name} is no server of the job any more; nothing is "
+                                        f"sent to it (the caller's routing is older than the one that removed it: "
+                                        f"fetch the routing from server 0)")
+                exc.server = server
+                raise exc
+            link.poll_events()
+            self._check_refused(link)   # before sending: a given-up link has no peer, a send would block
+            ticket.losses[server] = link.losses
+        for slot, (server, header, arrays) in enumerate(requests):
+            request_id = next(_ids)
+            link = self.links[server]
+            ticket.pending[request_id] = (slot, server, header.get("op"))
+            self._inflight[request_id] = ticket
+            ticket.sent[request_id] = (server, header, arrays)      # to send again (busy, bounded-loss)
+            if ticket.retry:
+                if link.ever_connected and not link.connected:
+                    # Known dead: queue nothing for its replacement (it would get it on connecting, before
+                    # or after its restore); collect waits for it to serve, then sends (bounded-loss).
+                    ticket.resend[server] = ServerUnavailable(f"{self.who}: {link.name} is not connected")
+                    continue
+            try:
+                self._send(link, protocol.encode({**header, "id": request_id}, arrays), ticket.deadline)
+            except BaseException:
+                for rid in ticket.pending:      # nothing of this ticket will be answered to anyone
+                    self._inflight.pop(rid, None)
+                raise
+        return ticket
+
+    def _send(self, link: "_Link", frames: list, deadline: float) -> None:
+        """Queue one message on ``link`` without ever blocking past ``deadline``. A DEALER with no
+        peer yet (its CurveZMQ handshake under way, or failing) takes no message: a plain send
+        would wait there for ever if the handshake then fails, so the refusal is looked for while
+        waiting (a multipart message is queued whole once its first part is)."""
+        while True:
+            try:
+                link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                link.poll_events()
+                self._check_refused(link)
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"{self.who}: could not send to {link.name} in time: no connection to "
+                                           f"it (is it up and listening there? is it this job's server?)") from None
+                time.sleep(0.005)
+
+    def collect(self, ticket: "Ticket", cancel: threading.Event | None = None) -> list:
+        """Wait for every reply of ``ticket`` (until its deadline) and return them in
+        request order; raises the first error reply, a lost server or the deadline.
+        Replies to other tickets that arrive meanwhile are kept for them. ``cancel``
+        set by another thread ends the wait within a poll slice (Cancelled): an
+        observer that is told to stop must not wait out a deadline on a server
+        that was stopped before it ever answered."""
+        try:
+            while ticket.pending and ticket.error is None:
+                for server, cause in list(ticket.resend.items()):      # bounded-loss: once it serves again
+                    self._resend(ticket, server, cause)
+                for request_id in ticket.busy.due():
+                    self._send_again(ticket, request_id)
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"{self.who} stopped waiting for {len(ticket.pending)} replies")
+                remaining = ticket.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._raise_deadline(ticket.pending, ticket.wait, ticket.busy)
+                busy_ms = ticket.busy.next_ms()
+                ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1,
+                                                   busy_ms if busy_ms is not None else 250)))
+                for link in self.links:
+                    if link.sock in ready:
+                        self._receive(link)
+                try:
+                    self._check_alive(ticket)
+                except ServerUnavailable as exc:
+                    if not ticket.retry:
+                        raise
+                    ticket.resend[exc.server] = exc
+            if ticket.error is not None:
+                raise ticket.error
+            return ticket.results
+        finally:
+            self.discard(ticket)
+
+    def poll_replies(self) -> None:
+        """Take the replies that have arrived, without waiting (``Ticket.done`` then says
+        which tickets need no wait)."""
+        for link in self.links:
+            if not link.retired and not link.sock.closed:
+                self._receive(link)
+
+    def discard(self, ticket: "Ticket") -> None:
+        """Forget a ticket's outstanding requests: their late replies are dropped."""
+        for request_id in ticket.pending:
+            self._inflight.pop(request_id, None)
+        ticket.pending.clear()
+        ticket.sent.clear()
+        if self._retiring:
+            self._close_retiring()
+
+    def _send_again(self, ticket: "Ticket", request_id: int) -> None:
+        """A request refused as busy, once its backoff is over: the same request under a new id."""
+        if request_id not in ticket.pending:
+            return          # sent again already, to a restarted server (bounded-loss recovery)
+        slot, server, op = ticket.pending.pop(request_id)
+        self._inflight.pop(request_id, None)
+        _, header, arrays = ticket.sent.pop(request_id)
+        new_id = next(_ids)
+        ticket.pending[new_id] = (slot, server, op)
+        ticket.sent[new_id] = (server, header, arrays)
+        self._inflight[new_id] = ticket
+        self._send(self.links[server], protocol.encode({**header, "id": new_id}, arrays), ticket.deadline)
+
+    def _receive(self, link: _Link) -> None:
+        """Every reply waiting on ``link``, each filed with the ticket it answers."""
+        while True:
+            try:
+                frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                header = protocol.decode_header(frames[0].buffer)
+            except ProtocolError as exc:
+                raise ProtocolError(f"reply from {link.name}: {exc}") from None
+            ticket = self._inflight.pop(header.get("id"), None)
+            if ticket is None:
+                continue   # a late answer to a request that timed out or was discarded
+            slot, server, op = ticket.pending.pop(header["id"])
+            sent = ticket.sent.pop(header["id"], None)
+            if not header.get("ok") and header.get("code") == "busy" and sent is not None:
+                # Refused before anything was done (the server's memory budget): again after a backoff.
+                ticket.pending[header["id"]] = (slot, server, op)
+                ticket.sent[header["id"]] = sent
+                self._inflight[header["id"]] = ticket
+                ticket.busy.refused(header["id"], slot, str(header.get("message")))
+                continue
+            if not header.get("ok") and sent is not None and self.retry is not None:
+                code = str(header.get("code"))
+                if code == "applied" and header["id"] in ticket.replayed and not sent[1].get("reply_values"):
+                    ticket.results[slot] = ({"ok": True, "replayed": True}, [])    # the old server had it
+                    continue
+                if code in self.retry.codes:        # a restarted server not serving yet: again later
+                    ticket.pending[header["id"]] = (slot, server, op)
+                    ticket.sent[header["id"]] = sent
+                    self._inflight[header["id"]] = ticket
+                    ticket.resend[server] = RemoteError(link.name, code, str(header.get("message")))
+                    continue
+            if not header.get("ok"):
+                if header.get("code") == "moved":      # a partition moved: the caller resends (client/sparse.py)
+                    ticket.moved.append(slot)
+                    continue
+                if ticket.error is None:
+                    ticket.error = RemoteError(link.name, str(header.get("code")), str(header.get("message")))
+                continue
+            ticket.results[slot] = (header, protocol.decode_arrays(header, frames[1:]))
+
+    def _check_alive(self, ticket: "Ticket") -> None:
+        for server in {srv for _, srv, _ in ticket.pending.values()}:
+            link = self.links[server]
+            link.poll_events()
+            self._check_refused(link)
+            lost = link.losses > ticket.losses[server]
+            if lost or (link.ever_connected and not link.connected):
+                # A server that answered and then exited (the job ending) is fine:
+                # take an answer already queued before calling it lost.
+                self._receive(link)
+                if not any(srv == server for _, srv, _ in ticket.pending.values()):
+                    continue
+                exc = ServerUnavailable(
+                    f"{self.who} lost its connection to {link.name} while waiting for a reply: "
+                    f"the server died, hung (no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s) or "
+                    f"the network dropped; check that server's log, then restart the job")
+                exc.server = server
+                raise exc
+
+    def _resend(self, ticket: "Ticket", server: int, cause: Exception) -> None:
+        """Bounded-loss recovery: wait until ``server`` serves again (its replacement, restored from
+        the launcher's replica), then send it the ticket's requests it did not answer, afresh."""
+        self.retry.wait_serving(self, server, cause)       # raises, naming the server, past the deadline
+        ticket.resend.pop(server, None)
+        link = self.links[server]
+        link.poll_events()
+        ticket.losses[server] = link.losses
+        for request_id in [r for r, (_, srv, _) in ticket.pending.items() if srv == server]:
+            slot, _, op = ticket.pending.pop(request_id)
+            self._inflight.pop(request_id, None)
+            _, header, arrays = ticket.sent.pop(request_id)
+            new_id = next(_ids)
+            link.sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
+            ticket.pending[new_id] = (slot, server, op)
+            ticket.sent[new_id] = (server, header, arrays)
+            ticket.replayed.add(new_id)
+            self._inflight[new_id] = ticket
+        ticket.deadline = time.monotonic() + ticket.wait + min(5.0, 0.1 * ticket.wait + 1.0)
+
+    def _check_refused(self, link: _Link) -> None:
+        if link.refusal is None or link.connected:
+            return
+        if not link.given_up:
+            self._poller.unregister(link.sock)
+            link.give_up()
+        uses = self.security.origin if self.security else "no secret: plain TCP"
+        if self.security is not None and not link.key_refused:
+            # Only a holder of the job's server secret key can complete our half of the handshake:
+            # a server that fails it is another job's, a stale address, or a fake one (published
+            # e.g. in an engine's unauthenticated rendezvous store) -- or the keys differ.
+            raise HandshakeRefused(
+                f"{self.who} cannot talk to {link.name}: it failed CurveZMQ authentication ({link.refusal}): it "
+                f"does not hold this job's server key, so it is not this job's server (a stale or fake address) "
+                f"or it was started with other keys; {FIX_HINT} (this process uses {uses})")
+        raise HandshakeRefused(
+            f"{self.who} cannot talk to {link.name}: the server refused the connection "
+            f"handshake ({link.refusal}); {FIX_HINT} (this process uses {uses})")
+
+    def _raise_deadline(self, pending: dict, waited: float, busy: BusyRequests | None = None) -> None:
+        parts = []
+        for request_id, (slot, server, op) in pending.items():
+            link = self.links[server]
+            link.poll_events()
+            refused = busy.describe(request_id, slot) if busy is not None else None
+            state = refused if refused is not None else "connected" if link.connected else (
+                "disconnected" if link.ever_connected else
+                "reachable, but its handshake never completed (hung?)" if link.reached else
+                "never reachable: is it running, is the address right?")
+            parts.append(f"{link.name} [{op}, {state}]")
+        raise DeadlineExceeded(f"{self.who} waited {waited:g} s for " + "; ".join(parts)
+                               + " (raise PARAMSHARD_TIMEOUT if the job is just slow)")
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+        self.links = []
+        self._inflight.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_reply_arrays(header: dict, arrays: list, expected: Sequence[int], what: str) -> None:
+    if len(arrays) != len(expected):
+        raise ProtocolError(f"{what}: expected {len(expected)} arrays in the reply, got {len(arrays)}")
+    for arr, size in zip(arrays, expected):
+        if arr.size != size:
+            raise ProtocolError(f"{what}: reply array of {arr.size} elements where {size} were expected")
