@@ -2,7 +2,10 @@
 lines ``label id:1`` whose id is the line number, so the ids each step trained are the records
 it took; each process appends them to LOGS/ids-<slot>-<pid>.txt after every step. The first
 process of slot 1 stops between two steps at STOP_AT (every push and report answered) and
-says "ready", to be killed there; the test joins and removes trainers around it."""
+says "ready", to be killed there; the test joins and removes trainers around it. Once the test
+writes LOGS/hold (before it asks for the last joiner), every process slows to a step every 0.5 s
+until that joiner (slot 2, joining) has joined and written LOGS/joined, so the data does not run
+out before it arrives on a loaded machine (the joiner's start took > 5 s under load 10)."""
 import os
 import sys
 import time
@@ -20,6 +23,18 @@ trainer = ps.Trainer(model, ps.optim.SGD(lr=0.01))
 first = not os.environ.get("PARAMSHARD_JOINING")
 loader = DynamicShards(LibsvmReader(data, 4), task_bytes=400)
 print(f"trainer {env.trainer_id} first step {trainer.step_count}", flush=True)
+hold, joined = os.path.join(logs, "hold"), os.path.join(logs, "joined")
+last_joiner = env.trainer_id == 2 and not first
+if last_joiner and os.path.exists(hold):
+    open(joined, "w").close()
+
+
+def pace():
+    """A step every 0.5 s while the last joiner is on its way (others must not end the data before
+    it joins; they cannot just wait: a sync joiner's first pull needs their pushes), else 0.03 s."""
+    time.sleep(0.5 if os.path.exists(hold) and not os.path.exists(joined) else 0.03)
+
+
 with open(os.path.join(logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as log:
     for epoch in trainer.epochs(1):
         for batch in trainer.prefetching(loader):
@@ -33,7 +48,7 @@ with open(os.path.join(logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as
                 trainer.backend.flush()
                 print("trainer 1 ready to be killed", flush=True)
                 time.sleep(300)
-            time.sleep(0.03)
+            pace()
 print(f"trainer {env.trainer_id} ends at step {trainer.step_count} (leave requested: "
       f"{trainer.leave_requested})", flush=True)
 trainer.close()
