@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check venv warm bench clean
+.PHONY: demo test check typecheck venv warm bench clean
 
 venv: $(STAMP)
 
@@ -25,13 +25,19 @@ demo: warm
 
 # The engine tests need sshd, rsync, iproute2, OpenMPI, Slurm and munge (Debian packages, installed as root;
 # elsewhere those tests skip and say why).
-test: warm
+test: warm typecheck
 	bash scripts/install-test-engines.sh || echo "make: engine install failed; the engine tests (SSH, MPI, Slurm) will skip" >&2
 	$(PY) -m pytest -q
 
+# The contracts (RowStore, TrainerBackend, Service, RequestHook, Process, Engine) checked against
+# their implementations, and the rest of src/paramshard as pyproject.toml [tool.mypy] says; offline,
+# cached in .mypy_cache (seconds when warm).
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
 # The quick stage: every test that neither kills a process nor needs an engine (no e2e, nothing
 # marked `processes`), servers as threads of the test process (tests/conftest.py Cluster).
-check: warm
+check: warm typecheck
 	PARAMSHARD_TEST_SERVERS=threads $(PY) -m pytest -q -m "not processes and not fuzz and not matrix" tests/unit tests/integration
 
 # Every peer runs under the malloc settings the launcher gives paramshard's processes.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from paramshard.errors import ConfigError
 from paramshard.mode import MODES, PS_MODES, Mode  # noqa: F401 - re-exported for the commands
@@ -24,9 +24,15 @@ from paramshard.settings.engines import ENGINE_VARIABLES  # noqa: F401
 from paramshard.settings.setting import JOB
 
 
+if TYPE_CHECKING:    # the fields the table adds, for the checker (settings/stubs.py); object at run time
+    from paramshard.settings.config_fields import ClusterEnvFields
+else:
+    ClusterEnvFields = object
+
+
 @dataclasses.dataclass(frozen=True)
 @_fields.with_fields(JOB)
-class ClusterEnv:
+class ClusterEnv(ClusterEnvFields):
     """One rank's contract. Fields: one per setting of scope JOB (settings/contract.py), in
     the table's order; e.g. ``role`` (None: standalone), ``servers``, ``mode`` (a plain
     string is parsed, Mode.parse), ``limits``, ``max_in_flight`` (None: 1 in async mode, 0 in sync)."""

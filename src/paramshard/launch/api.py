@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from paramshard.env import ClusterEnv, check_server_count
 from paramshard.errors import ConfigError
@@ -58,9 +58,15 @@ def thread_environ(cpus: int, processes: int, environ: Mapping[str, str] | None 
     return {**dict.fromkeys(THREAD_VARIABLES, str(max(1, cpus // processes))), **own}
 
 
+if TYPE_CHECKING:    # the fields the table adds, for the checker (settings/stubs.py); object at run time
+    from paramshard.settings.config_fields import LaunchConfigFields
+else:
+    LaunchConfigFields = object
+
+
 @dataclasses.dataclass(frozen=True)
 @with_fields(LAUNCH)
-class LaunchConfig:
+class LaunchConfig(LaunchConfigFields):
     """What the user asked for. The launcher's own fields are below; every setting the launcher
     passes on to the ranks (scope LAUNCH in settings/contract.py: trainers, mode, timeout, secret,
     checkpoints, ...) is a field too, generated from the table and copied by ``base_env``. A

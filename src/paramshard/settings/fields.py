@@ -14,7 +14,11 @@ from paramshard.settings.setting import JOB, LAUNCH, Setting
 
 
 def _name(setting: Setting, scope: str) -> str:
-    return setting.launch_name if scope == LAUNCH else setting.field
+    # LaunchConfig and K8sJobSpec name a setting alike (``trainers``, not ``num_trainers``), as
+    # flags.spec_fields and k8s._settings_env read them.
+    name = setting.field if scope == JOB else (setting.launch_field or setting.field)
+    assert name is not None, f"{setting.env}: a setting of scope {scope} needs a field name"
+    return name
 
 
 def _default(setting: Setting, scope: str):
@@ -33,14 +37,17 @@ def with_fields(scope: str, skip: tuple[str, ...] = ()):
     def decorate(cls):
         annotations = cls.__dict__.get("__annotations__", {})
         cls.__annotations__ = annotations
+        added = []
         for setting in table.in_scope(scope):
             name = _name(setting, scope)
             if name in annotations or name in skip:
                 continue
             annotations[name] = setting.annotation
+            added.append((name, setting))
             default = _default(setting, scope)
             if default is not dataclasses.MISSING:
                 setattr(cls, name, default)
+        cls.__settings_fields__ = tuple(added)   # for the type checker's stub (settings/stubs.py)
         return cls
     return decorate
 

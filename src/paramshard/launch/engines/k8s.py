@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -70,9 +71,15 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 
 
+if TYPE_CHECKING:    # the fields the table adds, for the checker (settings/stubs.py); object at run time
+    from paramshard.settings.config_fields import K8sJobSpecFields
+else:
+    K8sJobSpecFields = object
+
+
 @dataclasses.dataclass(frozen=True)
 @with_fields(K8S)
-class K8sJobSpec:
+class K8sJobSpec(K8sJobSpecFields):
     """One job's manifests; every field is a `paramshard k8s` flag (errors name the flag). Settings of
     scope K8S (settings/contract.py) not written below are fields too, generated, and go into every
     pod's environment as the contract writes them (``_settings_env``)."""

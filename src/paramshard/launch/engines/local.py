@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from paramshard.env import ClusterEnv
 from paramshard.log import get_logger
@@ -103,3 +103,8 @@ class LocalLauncher(Launcher):
         environ["PYTHONUNBUFFERED"] = "1"
         environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
         return environ
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Engine (launch/engines/process.py)
+    from paramshard.launch.engines.process import Engine
+    _engine: type[Engine[Child]] = LocalEngine

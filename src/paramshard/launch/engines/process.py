@@ -10,7 +10,7 @@ line: ``(None, None)``, no lines kept: ``[]``, no time known: ``None``).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, TypeVar
 
 if TYPE_CHECKING:
     from paramshard.launch.api import RankSpec
@@ -55,9 +55,13 @@ class Process(Protocol):
         """SIGKILL it at once (a hung process runs no SIGTERM handler)."""
 
 
-class Engine(Protocol):
-    def start(self, rank: "RankSpec") -> Process:
+# An engine stops only the processes it started: ``Engine[Child]`` (local, SSH) takes back Childs.
+P = TypeVar("P", bound=Process)
+
+
+class Engine(Protocol[P]):
+    def start(self, rank: "RankSpec") -> P:
         """Start one rank; raise ConfigError naming the rank or host when that fails."""
 
-    def stop(self, processes: Sequence[Process], grace: float, hurry: threading.Event | None) -> None:
+    def stop(self, processes: Sequence[P], grace: float, hurry: threading.Event | None) -> None:
         """Stop these processes together: TERM, one shared grace period, then KILL."""

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterable, Sequence, TextIO
+from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
 
 from paramshard.messages.status_lines import STATUS_MARK, PeerStatus
 
@@ -412,3 +412,8 @@ def stop_all(children: Iterable[Child], grace: float = 5.0, hurry: threading.Eve
                 c.proc.stdin.close()
             except OSError:
                 pass
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Process (launch/engines/process.py)
+    from paramshard.launch.engines.process import Process
+    _process: type[Process] = Child

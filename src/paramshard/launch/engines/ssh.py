@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
@@ -350,3 +350,9 @@ class SshLauncher(Launcher):
         self._event("host_removed", message, host=host.target, servers=plan.servers,
                     servers_after=plan.servers_after, trainers=plan.trainers, trainers_after=plan.trainers_after)
         return message
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Process (launch/engines/process.py), Engine (launch/engines/process.py)
+    from paramshard.launch.engines.process import Engine, Process
+    _process: type[Process] = RemoteChild
+    _engine: type[Engine[Child]] = SshEngine

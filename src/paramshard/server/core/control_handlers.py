@@ -8,6 +8,8 @@ service's hook (server/core/epoch_check.py).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
 from paramshard.server.core.context import ServerContext
@@ -113,3 +115,8 @@ class ControlHandlers:
     def handle_shutdown(self, header, arrays) -> Reply:
         self.context.stop_after_replies()
         return Reply()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = ControlHandlers

@@ -7,6 +7,8 @@ the rollback) must not count after it. A server restarted in place is in epoch
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.errors import StaleEpoch
 from paramshard.server.core.context import ServerContext
 from paramshard.server.core.hooks import Incoming, Verdict
@@ -35,3 +37,8 @@ class EpochCheck:
 
     def tick(self) -> None:
         pass
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RequestHook (server/core/hooks.py)
+    from paramshard.server.core.hooks import RequestHook
+    _request_hook: type[RequestHook] = EpochCheck

@@ -18,6 +18,8 @@ few and small next to tables, so there is no background copy.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
 
 from paramshard.errors import ConfigError, Moved
 from paramshard.optim import from_wire
@@ -213,3 +215,10 @@ def attach_dense_migration(server, migration) -> DenseMigration:
     service = DenseMigration(server.context, server.dense, migration)
     server.add_service(service)
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py), RequestHook (server/core/hooks.py)
+    from paramshard.server.core.api import Service
+    from paramshard.server.core.hooks import RequestHook
+    _service: type[Service] = DenseMigration
+    _request_hook: type[RequestHook] = DenseMoveHook

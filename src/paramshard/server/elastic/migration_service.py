@@ -32,6 +32,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from typing import TYPE_CHECKING
+
 
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
@@ -101,7 +103,7 @@ class MigrationService:
         self._row_partitions: dict[str, tuple[int, np.ndarray]] = {}   # table -> (evicted, partition by row)
         self.routing_seen: dict[int, int] = {}      # trainer -> the newest routing version its requests carried
         self.on_addresses = None     # told every routing's addresses (ParameterServer.follow_peers)
-        self.dense_moves = None      # the DenseMigration beside it (an abort undoes both)
+        self.dense_moves: DenseMigration | None = None      # the DenseMigration beside it (an abort undoes both)
         # Restored from a replica: rows of partitions this server does not own may have come back
         # with it (taken in for a move, or handed away and not dropped yet when it died); they go
         # before any of those partitions is expected here again.
@@ -410,3 +412,10 @@ def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> Migratio
     from paramshard.server.elastic.dense_migration import attach_dense_migration
     service.dense_moves = attach_dense_migration(server, service)      # dense blocks move with the partitions
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py), RequestHook (server/core/hooks.py)
+    from paramshard.server.core.api import Service
+    from paramshard.server.core.hooks import RequestHook
+    _service: type[Service] = MigrationService
+    _request_hook: type[RequestHook] = MigrationHook

@@ -31,6 +31,8 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+from typing import TYPE_CHECKING
+
 
 from paramshard.errors import AlreadyApplied, ConfigError
 from paramshard.log import get_logger
@@ -300,3 +302,10 @@ def attach_replication(server) -> ReplicationService:
     service = ReplicationService(server.dense, server.service(SparseService), server.context)
     server.add_service(service)
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py), RequestHook (server/core/hooks.py)
+    from paramshard.server.core.api import Service
+    from paramshard.server.core.hooks import RequestHook
+    _service: type[Service] = ReplicationService
+    _request_hook: type[RequestHook] = ReplayGuard

@@ -18,6 +18,8 @@ happened since) are refused, as data requests are (server/core/epoch_check.py).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.errors import ConfigError, StaleEpoch
 from paramshard.log import get_logger
 from paramshard.server.core.context import ServerContext
@@ -145,3 +147,7 @@ class ShardService:
         self.queue.restore(state)
         return Reply({"pass": self.queue.pass_, "pending": len(self.queue.pending)})
 
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = ShardService

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from typing import TYPE_CHECKING
+
 
 from paramshard.errors import ConfigError
 from paramshard.optim import check_lr_scale, from_wire, scaled
@@ -276,3 +278,8 @@ def attach_checkpoints(server) -> CheckpointService:
     service = CheckpointService(server.dense, server.service(SparseService), server.context)
     server.add_service(service)
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = CheckpointService

@@ -1,6 +1,8 @@
 """Server side of the dense requests (client side: paramshard.client.dense)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.errors import ConfigError, Moved
 from paramshard.optim import from_wire
 from paramshard.messages.server_stats import DenseStats
@@ -154,3 +156,8 @@ class DenseHandlers:
         late = self.store.waiting_for(names)
         return (f"step {version} of {len(names)} blocks is not complete: trainers {late} have not "
                 f"pushed their gradients (slow, stuck or dead?)")
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = DenseHandlers

@@ -15,6 +15,8 @@ checked before anything changes.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.errors import ConfigError
 from paramshard.optim import check_lr_factor, scaled
 from paramshard.server.storage.dense_store import DenseStore
@@ -95,3 +97,8 @@ def attach_learning_rates(server) -> LearningRates:
     service = LearningRates(server.dense, server.service(SparseService))
     server.add_service(service)
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = LearningRates

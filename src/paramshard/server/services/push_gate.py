@@ -23,6 +23,8 @@ service (checkpoint_service.py) declares it.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
 
 from paramshard.log import get_logger
 from paramshard.server.core.context import ServerContext
@@ -129,3 +131,8 @@ class PushGateHook:
     def release(self, held: list) -> None:
         """Hand pushes the gate held back to the core, in their arrival order."""
         self.context.resubmit([frames for _, _, frames in held])
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RequestHook (server/core/hooks.py)
+    from paramshard.server.core.hooks import RequestHook
+    _request_hook: type[RequestHook] = PushGateHook

@@ -1,7 +1,7 @@
 """Server side of the sparse-table requests (client side: paramshard.client.sparse)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -229,3 +229,8 @@ def attach_sparse(server, env: ClusterEnv) -> SparseService:
                             store=store_named(env.row_store), memory_budget=budget, tiers=TierRoot.for_server(env))
     server.add_service(service)
     return service
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = SparseService

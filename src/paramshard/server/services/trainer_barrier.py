@@ -36,6 +36,8 @@ them together within MAX_STORED_BYTES; a reset drops them with the barriers.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard import json_value
 from paramshard.errors import ConfigError, LimitExceeded
 from paramshard.messages.server_stats import BarrierStats, BarrierWait
@@ -215,3 +217,8 @@ class TrainerBarriers:
             raise ConfigError(f"broadcast {name!r} #{count} has no value: trainer 0 left the job without "
                               f"entering it (every trainer must call broadcast as often as trainer 0)")
         return Reply({"name": name, "count": count, "value": b.values[count][0]})
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py)
+    from paramshard.server.core.api import Service
+    _service: type[Service] = TrainerBarriers

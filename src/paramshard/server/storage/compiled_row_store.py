@@ -19,7 +19,7 @@ against each other).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -152,7 +152,9 @@ class CompiledRowStore(RowStateArrays):
                 raise
             arena.check_room(self._room_for(rows), self._label, rows)
             target = rows
-        grow = lambda a: None if a is None else arena.grow(a, target, self._rows, self._label)   # noqa: E731
+        def grow(a):     # unannotated: the checker takes each optional array's type as it is
+            return None if a is None else arena.grow(a, target, self._rows, self._label)
+
         # ``values`` last: its length is the store's capacity, so a failure half way (a mapping
         # refused after the check passed) leaves a store whose other arrays are only larger.
         self.keys = grow(self.keys)
@@ -342,3 +344,8 @@ class CompiledRowStore(RowStateArrays):
         self.__init__(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
                       capacity=self._capacity, value_dtype=self.value_dtype, rounding=self.rounding, seed=self.seed,
                       _probe=True)
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RowStore (server/storage/row_store.py)
+    from paramshard.server.storage.row_store import RowStore
+    _row_store: type[RowStore] = CompiledRowStore

@@ -8,7 +8,7 @@ uint16, converted by row_formats' reference functions on the way in and out.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
@@ -225,3 +225,8 @@ class NumpyRowStore(RowStateArrays):
         self.__init__(self.dim, self.rule, self.last_seen is not None, self.counts is not None,
                       self.max_rows, capacity=len(self.values), value_dtype=self.value_dtype,
                       rounding=self.rounding, seed=self.seed)
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RowStore (server/storage/row_store.py)
+    from paramshard.server.storage.row_store import RowStore
+    _row_store: type[RowStore] = NumpyRowStore

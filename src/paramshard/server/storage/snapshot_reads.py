@@ -10,6 +10,8 @@ mid-read), then hands it back to run. Nothing a read waits for depends on the dr
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
 
 from paramshard.server.core.hooks import Incoming, Verdict
 
@@ -55,3 +57,8 @@ class DropGuard:
         if self.held and not self.reads.busy():
             held, self.held = self.held, []
             self.context.resubmit(held)
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RequestHook (server/core/hooks.py)
+    from paramshard.server.core.hooks import RequestHook
+    _request_hook: type[RequestHook] = DropGuard

@@ -46,6 +46,8 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+from typing import TYPE_CHECKING
+
 
 from paramshard.budgets import show_bytes
 from paramshard.log import get_logger
@@ -567,3 +569,8 @@ def _load_tier_kernels() -> None:
 
 
 _load_tier_kernels.done = False
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: RowStore (server/storage/row_store.py)
+    from paramshard.server.storage.row_store import RowStore
+    _row_store: type[RowStore] = TieredRowStore

@@ -34,12 +34,20 @@ SparseGrads = list[tuple[str, np.ndarray, np.ndarray]]
 
 
 class TrainerBackend(Protocol):
-    mode: Mode
-    links: object | None          # ServerLinks / LocalLinks; None without servers
-    plan: ShardPlan | None        # the dense blocks' placement; None without servers
-    steps: StepClient | None      # the pipelined step client; None without servers
-    sparse: SparseClient | None   # the tables' client; None without servers
-    stats: PipelineStats          # prefetch hits, waits, steps (Trainer.pipeline_stats)
+    # Read-only to its users (properties, so a backend may narrow one: ServerBackend's
+    # ``steps`` is a StepClient, CollectiveBackend's None).
+    @property
+    def mode(self) -> Mode: ...
+    @property
+    def links(self) -> object | None: ...          # ServerLinks / LocalLinks; None without servers
+    @property
+    def plan(self) -> ShardPlan | None: ...        # the dense blocks' placement; None without servers
+    @property
+    def steps(self) -> StepClient | None: ...      # the pipelined step client; None without servers
+    @property
+    def sparse(self) -> SparseClient | None: ...   # the tables' client; None without servers
+    @property
+    def stats(self) -> PipelineStats: ...          # prefetch hits, waits, steps (Trainer.pipeline_stats)
 
     # -- start ----------------------------------------------------------------
     def start(self, values: Values, optimizer: OptimizerConfig, tables: Mapping[str, TableSpec],

@@ -4,6 +4,8 @@ replica (collective/allreduce_sync.py), so the replicas stay equal. Barriers are
 the gloo group's."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.client.step import PipelineStats
 from paramshard.collective import group
 from paramshard.collective.replicas import join_replicas
@@ -94,3 +96,8 @@ class CollectiveBackend:
             self.data_parallel.restore()
             self.data_parallel = None
         group.leave()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerBackend (trainer/backends/base.py)
+    from paramshard.trainer.backends.base import TrainerBackend
+    _trainer_backend: type[TrainerBackend] = CollectiveBackend

@@ -4,6 +4,8 @@ and applies the averaged dense gradients to this replica while that push is in
 flight (``StepClient.push(..., while_waiting=)``)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.collective import group
 from paramshard.collective.replicas import join_replicas
 from paramshard.env import ClusterEnv
@@ -59,3 +61,8 @@ class HybridBackend(ServerBackend):
                 self.data_parallel.restore()
                 self.data_parallel = None
             group.leave()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerBackend (trainer/backends/base.py)
+    from paramshard.trainer.backends.base import TrainerBackend
+    _trainer_backend: type[TrainerBackend] = HybridBackend

@@ -8,6 +8,8 @@ flight (async, ``max_in_flight``), which the StepClient handles.
 from __future__ import annotations
 
 import torch
+from typing import TYPE_CHECKING
+
 
 from paramshard import runtime
 from paramshard.client import checkpoint as checkpoint_io
@@ -193,3 +195,8 @@ class ServerBackend:
 
     def hang_up(self) -> None:
         self.links.close()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerBackend (trainer/backends/base.py)
+    from paramshard.trainer.backends.base import TrainerBackend
+    _trainer_backend: type[TrainerBackend] = ServerBackend
