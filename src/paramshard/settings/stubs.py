@@ -64,7 +64,7 @@ def stub_text() -> str:
     if unknown:
         raise SystemExit(f"settings/stubs.py: the settings' annotations name {', '.join(sorted(unknown))}: "
                          f"add where each comes from to IMPORTS")
-    imports = [f"from {IMPORTS[n]} import {n}" for n in sorted(used & IMPORTS.keys(), key=IMPORTS.get)]
+    imports = [f"from {IMPORTS[n]} import {n}" for n in sorted(used & IMPORTS.keys(), key=lambda n: IMPORTS[n])]
     return "\n".join([HEADER, "import dataclasses", "", *imports, "", "", "\n\n\n".join(classes), ""])
 
 

@@ -3,7 +3,9 @@ the variables read where they are used. ``ClusterEnv``, ``LaunchConfig``, the co
 flags and docs/environment.md are generated from ``SETTINGS`` when their modules load.
 
 Adding a setting: declare it in contract.py (every rank gets it as ``env.<field>``, the
-launcher passes it on with LAUNCH, a flag with ``flags=``) or in process.py, then use it.
+launcher passes it on with LAUNCH, a flag with ``flags=``) or in process.py, then use it;
+`paramshard env --markdown > docs/environment.md` and `python -m paramshard.settings.stubs`
+(the type checker's view of the fields) regenerate what is written from the table.
 """
 from __future__ import annotations
 

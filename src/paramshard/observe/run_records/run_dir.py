@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from paramshard.launch.elastic.control_channel import CONTROL, ENDED
 from paramshard.safe_files import check_private_dir, make_private_dir, open_append, write_whole
@@ -65,7 +66,7 @@ class RunDir:
         self._logs: list = []
 
     # -- what the processes print ----------------------------------------------
-    def tap_for(self, rank) -> "callable":
+    def tap_for(self, rank) -> Callable[[str], bool]:
         """A Child tap for ``rank``: its lines into logs/<name>.log, its records into metrics.jsonl."""
         log = open_append(self.path / "logs" / f"{rank.name.replace(' ', '-')}.log")   # never through a link
         self._logs.append(log)

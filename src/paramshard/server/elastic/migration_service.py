@@ -47,6 +47,9 @@ from paramshard.server.elastic.partition_ownership import PartitionOwnership
 from paramshard.server.core.replies import Deferred, Reply
 from paramshard.server.services.sparse_service import SparseService
 
+if TYPE_CHECKING:
+    from paramshard.server.elastic.dense_migration import DenseMigration    # attach_migration imports it on use
+
 DATA_OPS = ("pull_sparse", "push_sparse", "import_sparse")
 MAX_PAGE_ROWS = 1 << 20
 DROP_BUDGET_S = 0.02       # a tick's share of a drop under way (ticks come about 10 times a second)

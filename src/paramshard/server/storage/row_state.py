@@ -51,7 +51,7 @@ class RowStateArrays:
         again: server/elastic/partition_intake.py)."""
         self._write_state(np.asarray(rows, np.int64), version, state)
 
-    def _state_page(self, rows: slice) -> dict[str, np.ndarray]:
+    def _state_page(self, rows: slice | np.ndarray) -> dict[str, np.ndarray]:
         """Rows ``rows``' state by part name (``slot0``.., ``steps``, ``last_seen``), copies."""
         out = {f"slot{i}": s[rows].copy() for i, s in enumerate(self.slots)}
         if self.steps is not None:
