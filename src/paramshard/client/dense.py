@@ -15,7 +15,7 @@ is not newer than the routing the request was sent under (SparseClient.newer_tha
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -179,3 +179,8 @@ class DenseClient:
         except KeyError:
             raise ConfigError(f"no array given for parameter {block.param!r}") from None
         return arr[block.offset:block.offset + block.size]
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: DenseSync (dense_sync.py)
+    from paramshard.dense_sync import DenseSync
+    _dense_sync: type[DenseSync] = DenseClient

@@ -15,7 +15,7 @@ model's tables learn with the same settings in every mode.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -85,3 +85,8 @@ class AllreduceDenseSync:
         table[rows] = values
         for whole, part in zip(self.slots[name], slots):
             whole[rows] = part
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: DenseSync (dense_sync.py)
+    from paramshard.dense_sync import DenseSync
+    _dense_sync: type[DenseSync] = AllreduceDenseSync

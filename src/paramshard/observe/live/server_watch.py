@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from paramshard.messages.server_stats import ServerStats
 from paramshard.observe.live.monitor import server_record
@@ -51,3 +52,8 @@ def print_final_record(server) -> None:
     record = dict(server_record(stats, None, time.time(), None), final=True)
     sys.stdout.write(MARK + json.dumps(record, separators=(",", ":"), default=float) + "\n")
     sys.stdout.flush()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: ServerListener (events.py)
+    from paramshard.events import ServerListener
+    _server_listener: type[ServerListener] = ServerWatch

@@ -3,6 +3,8 @@ directory (trainer_records.py) and the /metrics endpoint (prometheus.py). The
 Trainer holds one of these and calls it; it holds the details."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from paramshard.observe.live.prometheus import trainer_metrics
 from paramshard.observe.run_records.rank_records import TrainerSink, run_dir_of
 from paramshard.observe.run_records.trainer_records import RESERVED, TrainerRecords
@@ -46,3 +48,8 @@ class TrainerWatch:
             self.sink = None
         if getattr(self, "metrics", None) is not None:
             self.metrics.close()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerListener (events.py)
+    from paramshard.events import TrainerListener
+    _trainer_listener: type[TrainerListener] = TrainerWatch
