@@ -35,7 +35,7 @@ from _common import Children  # noqa: E402
 import paramshard as ps  # noqa: E402
 from paramshard.client.sparse import SparseClient, TableSpec  # noqa: E402
 from paramshard.env import ClusterEnv  # noqa: E402
-from paramshard.launch.engines.local import LocalLauncher  # noqa: E402
+from paramshard.launch.engines.local import child_environ  # noqa: E402
 from paramshard.launch.engines.ports import free_ports  # noqa: E402
 from paramshard.launch.elastic.server_scaling import move_partitions  # noqa: E402
 from paramshard.placement.partitions import Routing  # noqa: E402
@@ -49,7 +49,7 @@ def start_server(children: Children, addresses: list[str], i: int, trainers: int
     the launcher adds one (a removed server's index is never used again)."""
     env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:max(2, i + 1)]), num_trainers=trainers + 1,
                      mode="async", timeout=TIMEOUT, partitions=partitions)
-    children.spawn(f"server {i}", [sys.executable, "-m", "paramshard", "server"], LocalLauncher._child_environ(env))
+    children.spawn(f"server {i}", [sys.executable, "-m", "paramshard", "server"], child_environ(env))
 
 
 class Trainer(threading.Thread):

@@ -8,7 +8,7 @@ import pytest
 
 from paramshard.env import ClusterEnv
 from paramshard.launch.engines.ports import free_ports
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.runtime import build_server
 
@@ -58,7 +58,7 @@ class Cluster:
                 self.threads.append(build_server(env).start())
             else:
                 self.children.append(Child(f"server {i}", server_argv(address_space),
-                                           LocalLauncher._child_environ(env)))
+                                           child_environ(env)))
 
     def trainer_env(self, trainer_id: int, **overrides) -> ClusterEnv:
         return dataclasses.replace(self.base, role="trainer", trainer_id=trainer_id, **overrides)

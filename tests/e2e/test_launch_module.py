@@ -169,12 +169,12 @@ def test_run_and_k8s_take_a_module_too():
 
 def test_ssh_hosts_of_one_machine_share_its_cpus():
     from paramshard.launch.engines.hosts import parse_hosts
-    from paramshard.launch.engines.ssh import Probed, SshLauncher, SshOptions
+    from paramshard.launch.engines.ssh import Probed, SshHosts, SshOptions, threads_by_host
     hosts = parse_hosts("127.0.0.2,127.0.0.3,10.0.0.9")
-    launcher = SshLauncher(LaunchConfig(module="pkg.train", servers=2, trainers=4, check_script=False), hosts,
-                           SshOptions())
+    placement = SshHosts(LaunchConfig(module="pkg.train", servers=2, trainers=4, check_script=False), hosts,
+                         SshOptions())
     found = {"127.0.0.2": Probed("m1", 8, []), "127.0.0.3": Probed("m1", 8, []), "10.0.0.9": Probed("m2", 12, [])}
-    threads = launcher._threads(found)
+    threads = threads_by_host([*placement.on_servers, *placement.on_trainers], found)
     # 2 ranks on each host: 4 on machine m1 (8 CPUs), 2 on m2 (12 CPUs).
     assert {h: t["OMP_NUM_THREADS"] for h, t in threads.items()} == {"127.0.0.2": "2", "127.0.0.3": "2",
                                                                      "10.0.0.9": "6"}

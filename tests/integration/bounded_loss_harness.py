@@ -30,7 +30,7 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.recovery import ServeAgain
 from paramshard.client.sparse import SparseClient, TableSpec
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child
 from paramshard.launch.elastic.replica_keeper import ReplicaKeeper
 from paramshard.placement.sharding import ParamSpec, make_plan
@@ -56,7 +56,7 @@ class Outcome:
 def _restart(cluster, server: int) -> None:
     env = dataclasses.replace(cluster.base, role="server", server_id=server, recovering=True)
     cluster.children[server] = Child(f"server {server}", [sys.executable, "-m", "paramshard", "server"],
-                                     LocalLauncher._child_environ(env))
+                                     child_environ(env))
 
 
 def _serving(address: str, timeout: float, epoch: int = 0) -> None:

@@ -27,7 +27,7 @@ from paramshard.client.recovery import ServeAgain
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.errors import ServerUnavailable
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.replica_keeper import ReplicaKeeper
@@ -49,7 +49,7 @@ def _server(addresses, index: int, known: int, recovering: bool = False) -> Chil
     env = ClusterEnv(role="server", server_id=index, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
                      mode="async", timeout=TIMEOUT, partitions=PARTITIONS, recovery="bounded-loss",
                      recovering=recovering)
-    return Child(f"server {index}", [sys.executable, "-m", "paramshard", "server"], LocalLauncher._child_environ(env))
+    return Child(f"server {index}", [sys.executable, "-m", "paramshard", "server"], child_environ(env))
 
 
 def _rows_of_a_retired_server(child: Child, addresses) -> int:

@@ -24,7 +24,7 @@ from paramshard.client.checkpoint import save_checkpoint
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import move_partitions
@@ -56,7 +56,7 @@ def test_async_checkpoints_during_2_3_2_are_each_one_cut(tmp_path):
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
                          mode="async", timeout=TIMEOUT, partitions=PARTITIONS)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                              LocalLauncher._child_environ(env)))
+                              child_environ(env)))
     routing = Routing.initial(PARTITIONS, addresses[:2])
     started, done, records, saved = threading.Event(), threading.Event(), [], []
     try:

@@ -27,7 +27,7 @@ from paramshard.client.recovery import roll_back
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import move_partitions
@@ -55,7 +55,7 @@ def _servers(addresses, known: list[int], recovering: bool = False, first: int =
                          mode="sync", timeout=TIMEOUT, partitions=PARTITIONS, row_store="numpy",
                          recovering=recovering)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                              LocalLauncher._child_environ(env)))
+                              child_environ(env)))
     return children
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
@@ -67,7 +67,7 @@ def logged_ids(paths):
 
 
 def start(c, slot, script, data, log, stop_after=-1, pause=0.02, out=None, go="", **env):
-    environ = LocalLauncher._child_environ(c.trainer_env(slot, **env))
+    environ = child_environ(c.trainer_env(slot, **env))
     return Child(f"trainer {slot}", [sys.executable, str(script), str(data), str(log), str(stop_after), str(pause),
                                      str(go)], environ, out if out is not None else io.StringIO())
 

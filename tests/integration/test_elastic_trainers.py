@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.
@@ -63,7 +63,7 @@ class Trainers:
         self.logs[t] = io.StringIO()
         argv = [sys.executable, str(self.script), str(self.folder), str(last), str(wait_at), str(pause)]
         self.procs[t] = Child(f"trainer {t}", argv,
-                              LocalLauncher._child_environ(self.cluster.trainer_env(t, **env)), self.logs[t])
+                              child_environ(self.cluster.trainer_env(t, **env)), self.logs[t])
 
     def lines(self, t, word: str) -> list[str]:
         """What trainer ``t`` printed after ``word`` (its log's lines are tagged "trainer t | ")."""

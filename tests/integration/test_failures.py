@@ -185,8 +185,8 @@ def test_a_trainer_that_dies_fails_the_others_barrier_within_seconds(cluster, tm
         print("ready", flush=True)
         time.sleep(60)
     """))
-    from paramshard.launch.engines.local import LocalLauncher
-    child = subprocess.Popen([sys.executable, str(script)], env=LocalLauncher._child_environ(c.trainer_env(1)),
+    from paramshard.launch.engines.local import child_environ
+    child = subprocess.Popen([sys.executable, str(script)], env=child_environ(c.trainer_env(1)),
                              stdout=subprocess.PIPE, text=True)
     try:
         m = model()
@@ -207,7 +207,7 @@ def test_a_trainer_started_before_its_servers_waits_for_them(tmp_path):
     """Start order does not matter: the servers come up 2 s after the trainer."""
     import dataclasses
     import sys
-    from paramshard.launch.engines.local import LocalLauncher
+    from paramshard.launch.engines.local import child_environ
     from paramshard.launch.engines.ports import free_ports
     from paramshard.launch.engines.processes import Child, stop_all
     addresses = tuple(f"127.0.0.1:{p}" for p in free_ports(2))
@@ -218,7 +218,7 @@ def test_a_trainer_started_before_its_servers_waits_for_them(tmp_path):
             for i in range(2):
                 env = dataclasses.replace(base, role="server", server_id=i)
                 servers.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                                     LocalLauncher._child_environ(env)))
+                                     child_environ(env)))
         threading.Timer(2.0, start_servers).start()
         m = model()
         start = time.monotonic()

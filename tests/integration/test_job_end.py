@@ -13,7 +13,7 @@ import time
 import pytest
 
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child
 from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE
@@ -60,7 +60,7 @@ class Job:
 
     def _start(self, name, argv, env):
         self.logs[name] = io.StringIO()
-        self.procs[name] = Child(name, argv, LocalLauncher._child_environ(env), self.logs[name])
+        self.procs[name] = Child(name, argv, child_environ(env), self.logs[name])
 
     def wait_for_line(self, name, text, deadline=60.0):
         end = time.monotonic() + deadline

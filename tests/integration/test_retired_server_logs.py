@@ -17,7 +17,7 @@ import paramshard as ps
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.launch.elastic.elastic_servers import stop_when_unneeded
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import scale_servers
@@ -44,7 +44,7 @@ def test_a_retired_server_logs_no_loss_and_a_real_loss_still_warns():
     env = ClusterEnv(role=None, servers=tuple(addresses), num_trainers=TRAINERS, mode="async", timeout=TIMEOUT,
                      partitions=PARTITIONS, min_trainers=1)
     children = [Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                      LocalLauncher._child_environ(ClusterEnv(**{**env.__dict__, "role": "server", "server_id": i})),
+                      child_environ(ClusterEnv(**{**env.__dict__, "role": "server", "server_id": i})),
                       outs[i]) for i in range(2)]
     links = []
     try:

@@ -22,7 +22,7 @@ import paramshard as ps
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import move_partitions, scale_servers
@@ -47,7 +47,7 @@ def _servers(addresses: list[str]) -> list[Child]:
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
                          mode="async", timeout=TIMEOUT, partitions=PARTITIONS)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                              LocalLauncher._child_environ(env)))
+                              child_environ(env)))
     return children
 
 

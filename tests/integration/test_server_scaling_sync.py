@@ -28,7 +28,7 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import move_partitions
@@ -63,7 +63,7 @@ def _train(steps: int, moves: tuple = (), prefetch: bool = False) -> tuple[dict,
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
                          mode="sync", timeout=TIMEOUT, partitions=PARTITIONS, row_store="numpy")
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                              LocalLauncher._child_environ(env)))
+                              child_environ(env)))
     spec = TableSpec(TABLE, DIM, ps.optim.Adagrad(lr=0.1), seed=3, init_scale=0.5)
     routing = Routing.initial(PARTITIONS, addresses[:2])
     moved, progress = threading.Event(), threading.Condition()

@@ -21,7 +21,7 @@ import paramshard as ps
 from paramshard.budgets import MIN_BUDGET
 from paramshard.env import ClusterEnv
 from paramshard.errors import RemoteError
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.trainer.trainer import Trainer
@@ -71,7 +71,7 @@ def test_a_full_disk_tier_is_a_named_error_for_the_trainer_not_a_sigbus(small_di
     base = ClusterEnv(role=None, servers=(f"127.0.0.1:{port}",), num_trainers=1, timeout=30.0)
     out = io.StringIO()
     server = Child("server 0", [sys.executable, "-m", "paramshard", "server"],
-                   LocalLauncher._child_environ(dataclasses.replace(base, role="server", server_id=0,
+                   child_environ(dataclasses.replace(base, role="server", server_id=0,
                                                                     checkpoint_dir=str(small_disk))), out=out)
     try:
         model = Model()

@@ -19,7 +19,7 @@ import paramshard as ps
 from paramshard.client.control import server_stats
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.launch.elastic.server_scaling import move_partitions
@@ -44,7 +44,7 @@ def test_a_budgeted_table_keeps_exact_sums_while_servers_go_2_3_2():
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
                          mode="async", timeout=TIMEOUT, partitions=PARTITIONS)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
-                              LocalLauncher._child_environ(env)))
+                              child_environ(env)))
     rng = np.random.default_rng(29)
     ids = np.unique(rng.integers(1, 2**63, ROWS + 1000, dtype=np.uint64))[:ROWS]
     initial = rng.integers(-INITIAL, INITIAL + 1, (len(ids), DIM)).astype(np.float32)

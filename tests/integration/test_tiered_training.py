@@ -137,7 +137,7 @@ def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and
     import json
     import sys
 
-    from paramshard.launch.engines.local import LocalLauncher
+    from paramshard.launch.engines.local import child_environ
     from paramshard.launch.engines.ports import free_ports
     from paramshard.launch.engines.processes import Child, stop_all
 
@@ -145,7 +145,7 @@ def test_server_processes_with_a_budget_keep_their_tier_in_the_run_directory_and
     base = ClusterEnv(role=None, servers=tuple(f"127.0.0.1:{p}" for p in free_ports(2)), num_trainers=1, mode="sync",
                       timeout=30.0, records=f"dir:{run_dir}")
     children = [Child(f"server {i}", [sys.executable, "-m", "paramshard", "server", "--memory-budget", "2GB"],
-                      LocalLauncher._child_environ(dataclasses.replace(base, role="server", server_id=i)))
+                      child_environ(dataclasses.replace(base, role="server", server_id=i)))
                 for i in range(2)]
     try:
         model = Ctr(MIN_BUDGET)

@@ -25,7 +25,7 @@ import torch.nn as nn
 import paramshard as ps
 from paramshard.client import control
 from paramshard.errors import DeadlineExceeded, RemoteError
-from paramshard.launch.engines.local import LocalLauncher
+from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child
 from paramshard.trainer.trainer import Trainer
 from paramshard.transport.links import ServerLinks
@@ -131,7 +131,7 @@ def test_a_killed_trainer_fails_the_barrier_at_once_naming_it(cluster, tmp_path)
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     log = io.StringIO()
-    child = Child("trainer 2", [sys.executable, str(script)], LocalLauncher._child_environ(c.trainer_env(2)), log)
+    child = Child("trainer 2", [sys.executable, str(script)], child_environ(c.trainer_env(2)), log)
     out = {}
     try:
         def train(t):

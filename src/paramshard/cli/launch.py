@@ -8,8 +8,12 @@ import sys
 from paramshard.checkpoint.format import Checkpoint
 from paramshard.env import ClusterEnv
 from paramshard.launch.engines.hosts import parse_hosts
-from paramshard.launch.engines.local import LaunchConfig, LocalLauncher
-from paramshard.launch.engines.ssh import SshLauncher, SshOptions
+from paramshard.launch.api import LaunchConfig
+from paramshard.launch.engines.local import LocalPlacement
+from paramshard.launch.engines.placement import Placement
+from paramshard.launch.engines.ssh import SshHosts, SshOptions
+from paramshard.launch.supervision.build import build_launcher
+from paramshard.launch.supervision.restart_policy import RestartPolicy
 from paramshard.launch.supervision.supervisor import Supervisor
 from paramshard.launch.rank import target
 from paramshard.errors import ConfigError
@@ -120,21 +124,22 @@ def _fork(args) -> bool:
     return bool(args.fork or FORK.read(os.environ))
 
 
-def _launcher(args, config_fields: dict):
+def _placement(args, config_fields: dict) -> Placement:
+    """Where a run's ranks go, for its LaunchConfig (checked whole: hosts, package, script)."""
     ssh_flags = [f for f in ("server_hosts", "trainer_hosts", "ssh_config", "dispatch_package", "workspace")
                  if getattr(args, f)]
     if not args.hosts:
         if ssh_flags:
             raise ConfigError(f"--{ssh_flags[0].replace('_', '-')} needs --hosts")
-        return LocalLauncher(LaunchConfig(**config_fields, fork=_fork(args)))
+        return LocalPlacement(LaunchConfig(**config_fields, fork=_fork(args)))
     _fork(args)
     options = SshOptions(ssh_config=args.ssh_config, remote_python=args.remote_python,
                          workspace=args.workspace, dispatch_package=args.dispatch_package)
     # Without a package to copy, the script lives on the hosts (shared file system or deployed).
     config = LaunchConfig(**config_fields, check_script=bool(args.dispatch_package))
-    return SshLauncher(config, parse_hosts(args.hosts), options,
-                       parse_hosts(args.server_hosts) if args.server_hosts else None,
-                       parse_hosts(args.trainer_hosts) if args.trainer_hosts else None)
+    return SshHosts(config, parse_hosts(args.hosts), options,
+                    parse_hosts(args.server_hosts) if args.server_hosts else None,
+                    parse_hosts(args.trainer_hosts) if args.trainer_hosts else None)
 
 
 def _checkpoint_fields(args) -> dict:
@@ -184,24 +189,30 @@ def run(args) -> int:
     _split_trainer_range(fields)
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
-    first = _launcher(args, dict(fields, max_restarts=args.max_restarts))
-    fields.setdefault("job_id", first.config.job_id)      # restarts: one job, one run directory
-    fields["secret"] = first.config.secret                # and one secret (made by LaunchConfig if none was given)
-    watch = JobWatch(args.run_dir or default_run_dir(first.config.job_id), first.config.job_id, report=args.report)
-    if first.config.secret and not outer.secret:
-        watch.run.write_secret(first.config.secret)       # for `paramshard stats RUN_DIR` (mode 0600)
+    # Checked whole before the run directory is made: a refused job leaves none.
+    placement = _placement(args, dict(fields, max_restarts=args.max_restarts))
+    config = placement.config
+    fields.setdefault("job_id", config.job_id)      # restarts: one job, one run directory
+    fields["secret"] = config.secret                # and one secret (made by LaunchConfig if none was given)
+    watch = JobWatch(args.run_dir or default_run_dir(config.job_id), config.job_id, report=args.report)
+    if config.secret and not outer.secret:
+        watch.run.write_secret(config.secret)       # for `paramshard stats RUN_DIR` (mode 0600)
         log.info("connections are encrypted (CurveZMQ) with a secret made for this job, kept in %s/secret for "
                  "`paramshard stats`; --insecure for plain TCP", watch.run.path)
-    elif first.config.insecure:
+    elif config.insecure:
         log.warning("--insecure: connections are plain TCP; any process that reaches the servers' ports can read "
                     "and change the model")
 
-    def relaunch(restarts_left: int, resume: str):
-        # The next run of the same job: one job id, one run directory, one secret.
-        fields["resume"] = resume
-        return _launcher(args, dict(fields, max_restarts=restarts_left))
+    policy = RestartPolicy(args.max_restarts)       # the job's one budget: every run spends from it
 
-    supervisor = Supervisor(first, relaunch, args.max_restarts, fields.get("checkpoint_dir"), watch)
+    def relaunch(restarts_left: int, resume: str):
+        # The next run of the same job: one job id, one run directory, one secret, one budget.
+        fields["resume"] = resume
+        again = _placement(args, dict(fields, max_restarts=restarts_left))
+        return build_launcher(again.config, again, policy=policy, **watch.launcher_options())
+
+    first = build_launcher(config, placement, policy=policy, **watch.launcher_options())
+    supervisor = Supervisor(first, relaunch, policy, fields.get("checkpoint_dir"), watch)
     try:
         return supervisor.run()
     finally:

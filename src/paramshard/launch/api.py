@@ -6,7 +6,9 @@
   hands back a process the loop can watch; the local engine and the SSH engine
   are two implementations.
 - ``Launcher`` (launch/supervision/launcher.py): one run of a job, restarting servers in
-  place; launch/supervision/supervisor.py runs the job again from a checkpoint when the
+  place, built by ``build_launcher`` (launch/supervision/build.py) from a LaunchConfig and a
+  ``Placement`` (launch/engines/placement.py: this machine, or hosts over SSH) and never
+  subclassed; launch/supervision/supervisor.py runs the job again from a checkpoint when the
   restart policy (launch/supervision/restart_policy.py) says so; launch/supervision/rank_exit.py says
   how each rank ended and writes the failure summary.
 """
@@ -187,8 +189,12 @@ from paramshard.launch.supervision.rank_exit import exit_status, failure_summary
 
 
 def __getattr__(name: str):
-    # launch/supervision/launcher.py imports this module (RankSpec, JobSpec): Launcher is looked up lazily.
+    # launch/supervision/launcher.py imports this module (RankSpec, JobSpec): Launcher and its builder
+    # are looked up lazily.
     if name == "Launcher":
         from paramshard.launch.supervision.launcher import Launcher
         return Launcher
+    if name == "build_launcher":
+        from paramshard.launch.supervision.build import build_launcher
+        return build_launcher
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

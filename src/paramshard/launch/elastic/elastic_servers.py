@@ -3,9 +3,9 @@
 A job launched with virtual partitions (``launch --partitions P``: PARAMSHARD_PARTITIONS) can
 change how many servers hold its sparse tables while it trains:
 
-- up: the launcher starts each new server process (a new index, its address from the engine:
-  ``Launcher.new_server_address``; it knows every address so far; an SSH job places it on the
-  host that address is on, ``Launcher.place_new_rank``: launch/engines/ssh_placement.py), then
+- up: the launcher starts each new server process (a new index, its address from the job's
+  placement: ``JobControl.new_server_address``; it knows every address so far; an SSH job places it
+  on the host that address is on: launch/engines/ssh_placement.py), then
   launch/server_scaling.scale_servers moves it its share of the partitions in the background;
 - down: scale_servers moves the partitions and dense blocks of the highest serving servers
   (server 0 stays: it holds the job's routing) to the others, the job's first servers
@@ -18,9 +18,10 @@ change how many servers hold its sparse tables while it trains:
   exactly the servers named (those on the host), whatever their index.
 
 The move runs on a thread, so the launcher's loop keeps watching the ranks; one move at a
-time. Changes are told to ``Launcher.membership_listeners`` (role
-server: added, removed) and the move itself is recorded by scale_servers (``scale_start``,
-``scale_end``) through ``Launcher._event``.
+time. The job is seen through its ``JobControl`` (launch/elastic/job_control.py, implemented by
+the Launcher). Changes are told through ``JobControl.tell_membership`` (role server: added,
+removed) and the move itself is recorded by scale_servers (``scale_start``, ``scale_end``)
+through ``JobControl.record``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from paramshard.errors import ConfigError
 from paramshard.log import get_logger
 from paramshard.placement.partitions import Routing
 from paramshard.launch.api import RankSpec
+from paramshard.launch.elastic.job_control import JobControl
 
 log = get_logger("launch")
 
@@ -78,17 +80,21 @@ def stop_when_unneeded(env, addresses, removed: list[int], version: int | None, 
 
 
 class ElasticServers:
-    def __init__(self, launcher, scale=None, retire=None):
-        self.launcher = launcher
-        first = launcher.spec.servers[0]
+    def __init__(self, job: JobControl, scale=None, retire=None):
+        self.job = job
+        first = job.spec.servers[0]
         self.env = first.env
-        self.initial = len(launcher.spec.servers)
+        self.initial = len(job.spec.servers)
         self.addresses = list(first.env.servers)     # every server the job ever had, by index
         self.serving = list(range(self.initial))     # the indices that own partitions now
         self.retired: set[int] = set()               # removed by a scale: "" in the routing, never reused
         self.retiring: threading.Thread | None = None
         self.move: threading.Thread | None = None
         self.last_error: str | None = None
+        # The job's end cut the move short: said once, by whoever sees it first (the move's own failure,
+        # or observe/live/job_watch.py as the job ends: Launcher.unfinished_move).
+        self.end_told = False
+        self._end_lock = threading.Lock()
         if scale is None:
             from paramshard.launch.elastic.server_scaling import scale_servers as scale
         self._scale = scale
@@ -105,12 +111,12 @@ class ElasticServers:
             raise ConfigError(f"--servers {n}: a job keeps at least one server (server 0, which holds its routing)")
         if n > self.env.partitions:
             raise ConfigError(f"--servers {n}: more servers than the job's {self.env.partitions} partitions")
-        if n > len(self.serving) and getattr(self.launcher, "new_server_address", None) is None:
+        if n > len(self.serving) and not self.job.starts_servers:
             raise ConfigError(f"--servers {n}: this engine cannot start a server mid-job yet (local and SSH jobs can)")
 
     def scale(self, n: int, host: str | None = None) -> str:
         """Run ``n`` servers; ``host``: where the new ones start (an engine that places servers on
-        hosts: SSH), else where the engine's ``new_server_address`` puts them."""
+        hosts: SSH), else where the job's placement puts them (``JobControl.new_server_address``)."""
         self.check(n)
         if host is not None and n <= len(self.serving):
             raise ConfigError(f"--servers {n} --on {host}: --on places new servers; this starts none")
@@ -130,6 +136,15 @@ class ElasticServers:
 
     def moving(self) -> bool:
         return self.move is not None and self.move.is_alive()
+
+    def cut_by_job_end(self, text: str) -> str | None:
+        """The job ended while a move ran: ``text`` (kept as ``last_error``) for the first caller to
+        say it, None for the others (the move's thread and the job's end race to it)."""
+        with self._end_lock:
+            if self.end_told:
+                return None
+            self.end_told, self.last_error = True, text
+            return text
 
     def remove(self, servers: list[int]) -> list[int]:
         """Move the partitions and dense blocks of exactly ``servers`` (serving ones, not server 0)
@@ -156,17 +171,13 @@ class ElasticServers:
 
     def _start_server(self, host: str | None = None) -> int:
         index = len(self.addresses)
-        address = self.launcher.new_server_address() if host is None else self.launcher.new_server_address(host)
+        address = self.job.new_server_address() if host is None else self.job.new_server_address(host)
         self.addresses.append(address)
-        model = self.launcher.spec.servers[0]
+        model = self.job.spec.servers[0]
         rank = RankSpec(f"server {index}", dataclasses.replace(model.env, server_id=index,
                                                                 servers=tuple(self.addresses)),
                         model.argv, model.host, model.extra_environ)
-        place = getattr(self.launcher, "place_new_rank", None)     # SSH: on the host its address is on
-        if place is not None:
-            rank = place(rank)
-        self.launcher.server_ranks.append(rank)
-        self.launcher.servers.append(self.launcher.engine.start(rank))
+        self.job.start_server(rank)          # placed by the job (SSH: on the host its address is on)
         log.info("server %d starts at %s to join the running job", index, address)
         return index
 
@@ -176,25 +187,23 @@ class ElasticServers:
 
     def _run(self, target: list[int], added: list[int], removed: list[int]) -> None:
         try:
-            record = self._scale(self.env, self.live_addresses(), target, event=self.launcher._event)
+            record = self._scale(self.env, self.live_addresses(), target, event=self.job.record)
         except Exception as exc:       # noqa: BLE001 - reported, and the job goes on as it was
-            if getattr(self.launcher, "job_ended", lambda: False)():
+            if self.job.job_ended():
                 # Its servers stopped with the job: nothing failed that a restart would mend.
-                if getattr(self, "end_told", False):    # said already, as the job ended (observe/live/job_watch.py)
-                    return
-                self.end_told = True
-                self.last_error = (f"the job ended during the move of partitions to servers {target}: the move "
-                                   f"stopped unfinished (nothing to restart)")
-                log.info("%s", self.last_error)
-                self.launcher._event("scale_failed", self.last_error, servers=target, job_ended=True)
+                text = self.cut_by_job_end(f"the job ended during the move of partitions to servers {target}: "
+                                           f"the move stopped unfinished (nothing to restart)")
+                if text is not None:       # else said already, as the job ended (observe/live/job_watch.py)
+                    log.info("%s", text)
+                    self.job.record("scale_failed", text, servers=target, job_ended=True)
                 return
             self.last_error = f"moving partitions to servers {target} failed: {exc}"
             log.error("%s", self.last_error)
-            self.launcher._event("scale_failed", self.last_error, servers=target)
+            self.job.record("scale_failed", self.last_error, servers=target)
             return
         self.serving = list(target)
         self.retired.update(removed)
-        if getattr(record, "unfinished", None):
+        if record is not None and record.unfinished:
             log.info("the move is done; removed servers did not answer its tidying (they may have stopped by "
                      "themselves, owning nothing): %s", "; ".join(record.unfinished))
         for s in added:
@@ -207,7 +216,7 @@ class ElasticServers:
             # own no partition and no block, so a trainer that routes by it sends them no data. The final
             # routing only names them retired (""); trainers learn it when they next ask server 0 (a
             # refusal, and before they leave or read every server's stats: trainer/backends/servers.py).
-            final = getattr(record, "routing_version", None)
+            final = record.routing_version if record is not None else None
             version = final - 1 if final else None
             addresses = list(self.addresses)
             self.retiring = threading.Thread(target=self._stop_removed, args=(addresses, removed, version),
@@ -215,7 +224,7 @@ class ElasticServers:
             self.retiring.start()
 
     def _stop_removed(self, addresses: list[str], removed: list[int], version: int | None) -> None:
-        running = [s for s in removed if getattr(self.launcher.servers[s], "poll", lambda: None)() is None]
+        running = [s for s in removed if self.job.servers[s].poll() is None]
         if not running:
             log.info("servers %s exit: they stopped by themselves once no trainer was connected to them", removed)
             return
@@ -238,12 +247,11 @@ class ElasticServers:
         rank's end reaches the launcher when its ssh session closes)."""
         deadline = clock() + patience
         while True:
-            ended = [getattr(self.launcher.servers[s], "poll", lambda: None)() is not None for s in servers]
+            ended = [self.job.servers[s].poll() is not None for s in servers]
             if all(ended) or clock() >= deadline:
                 return all(ended)
             time.sleep(0.1)
 
     def _tell(self, change: str, text: str, server: int) -> None:
         log.info("%s", text)
-        for listener in self.launcher.membership_listeners:
-            listener(change, text, server=server, live=len(self.serving), role="server")
+        self.job.tell_membership(change, text, server=server, live=len(self.serving), role="server")

@@ -1,6 +1,6 @@
 """The trainers of an elastic job (``paramshard launch --trainers MIN:MAX``), for the Launcher loop.
 
-The launcher starts MAX trainers, one per slot 0..MAX-1 (``Launcher.trainers`` is indexed by
+The launcher starts MAX trainers, one per slot 0..MAX-1 (``JobControl.trainers`` is indexed by
 slot): a sync job's first steps then need every slot it has, and the servers know from the
 start which trainers step 0 waits for; MIN is the floor the job may shrink to. Then:
 
@@ -10,11 +10,12 @@ start which trainers step 0 waits for; MIN is the floor the job may shrink to. T
   are alive; fewer: the job fails, naming the dead trainers;
 - ``scale(n)`` (``paramshard scale RUN_DIR --trainers N``, through launch/elastic/control_channel.py)
   starts new trainers in free slots (lowest first), or asks the highest running slots to
-  leave at their next step boundary (the engine's ``ask_to_leave``: SIGUSR1 for a local
+  leave at their next step boundary (``JobControl.ask_to_leave``: SIGUSR1 for a local
   process, trainer/leave_request.py); a trainer asked to leave that exits (0, or killed by that
   signal before its Trainer took it) left, and is not counted as failed.
 
-Each change is told to ``Launcher.membership_listeners`` as (change, text, fields) with the
+The job is seen through its ``JobControl`` (launch/elastic/job_control.py), which the Launcher
+implements. Each change is told through ``JobControl.tell_membership`` as (change, text, fields) with the
 slot (``trainer``) and ``live``, the trainers running after it; changes: joined, left, lost,
 replaced, "asked to leave", and "scale" for a request (``trainers``: the count asked for).
 observe/live/job_watch.py writes them as the run directory's events, which the report's elastic
@@ -26,6 +27,7 @@ import dataclasses
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
+from paramshard.launch.elastic.job_control import JobControl
 from paramshard.launch.engines.process import Process
 from paramshard.launch.supervision.restart_policy import Choice
 
@@ -33,27 +35,27 @@ log = get_logger("launch")
 
 
 class ElasticTrainers:
-    def __init__(self, launcher, minimum: int):
-        self.launcher = launcher
+    def __init__(self, job: JobControl, minimum: int):
+        self.job = job
         self.minimum = minimum
-        self.maximum = len(launcher.spec.trainers)
+        self.maximum = len(job.spec.trainers)
         self.leaving: set[Process] = set()       # asked to leave, not ended yet
         self.done: set[Process] = set()          # ended and dealt with: left, lost (going on without), replaced
         self.failed: list[Process] = []          # dead with nothing to be done: the job fails
 
     # -- the loop's questions -------------------------------------------------
     def running(self) -> list[int]:
-        return [slot for slot, p in enumerate(self.launcher.trainers) if p.poll() is None]
+        return [slot for slot, p in enumerate(self.job.trainers) if p.poll() is None]
 
     def tolerated(self, failed: list[Process]) -> list[Process]:
         """Of the processes that failed, the trainers the job goes on without (left on request,
         replaced, or lost with at least MIN alive); each decided once."""
-        for p in [p for p in self.launcher.trainers if p.poll() is not None and p not in self.done]:
+        for p in [p for p in self.job.trainers if p.poll() is not None and p not in self.done]:
             self._ended(p)
         return [p for p in failed if p in self.done]
 
     def _ended(self, p: Process) -> None:
-        slot = self.launcher.trainers.index(p)
+        slot = self.job.trainers.index(p)
         code = p.poll()
         if p in self.leaving:
             self.leaving.discard(p)
@@ -63,14 +65,14 @@ class ElasticTrainers:
         if code == 0:
             return          # ended normally: the job's end, as in any job
         # Alive: running, or ended normally (done with its data), but not left on request or lost.
-        alive = sum(1 for q in self.launcher.trainers if q.poll() in (None, 0) and q not in self.done)
-        decision = self.launcher.policy.dead_trainer(alive, self.minimum)
+        alive = sum(1 for q in self.job.trainers if q.poll() in (None, 0) and q not in self.done)
+        decision = self.job.policy.dead_trainer(alive, self.minimum)
         if decision.choice is Choice.REPLACE:
-            self.launcher.policy.spend(decision)
+            self.job.policy.spend(decision)
             self.done.add(p)
             self._start(slot)
             self._tell("replaced", f"{p.describe_exit()}; a new process takes slot {slot} and joins the running "
-                                   f"job (restart {self.launcher.policy.used} of {self.launcher.policy.max_restarts})",
+                                   f"job (restart {self.job.policy.used} of {self.job.policy.max_restarts})",
                        slot)
         elif decision.choice is Choice.CONTINUE:
             self.done.add(p)
@@ -90,7 +92,7 @@ class ElasticTrainers:
         staying = self.staying()
         self._tell("scale", f"asked for {n} trainers ({len(staying)} running)", None, trainers=n)
         if n > len(staying):
-            free = [s for s, p in enumerate(self.launcher.trainers) if p.poll() is not None]
+            free = [s for s, p in enumerate(self.job.trainers) if p.poll() is not None]
             if len(free) < n - len(staying):
                 raise ConfigError(f"--trainers {n}: only {len(free)} slots are free while {len(self.leaving)} "
                                   f"trainers are still leaving; ask again once they left")
@@ -100,35 +102,29 @@ class ElasticTrainers:
             return f"starting trainers {free[:n - len(staying)]}: {n} trainers"
         if n < len(staying):
             going = sorted(staying)[n:]
-            self.ask_to_leave(going, f"--trainers {n}")
+            self.ask_to_leave(going)
             return f"asked trainers {going} to leave at their next step boundary: {n} trainers"
         return f"already {n} trainers"
 
     def staying(self) -> list[int]:
         """The slots running and not asked to leave."""
-        return [s for s in self.running() if self.launcher.trainers[s] not in self.leaving]
+        return [s for s in self.running() if self.job.trainers[s] not in self.leaving]
 
-    def ask_to_leave(self, slots: list[int], asked: str) -> None:
-        """Ask the trainers of ``slots`` to leave at their next step boundary (``asked``: the request,
-        for the error when this engine cannot ask; ``scale --trainers N``, ``--remove-host HOST``)."""
-        ask = getattr(self.launcher.engine, "ask_to_leave", None)
-        if ask is None:
-            raise ConfigError(f"{asked}: this engine cannot ask a trainer to leave yet (local and SSH jobs can)")
+    def ask_to_leave(self, slots: list[int]) -> None:
+        """Ask the trainers of ``slots`` to leave at their next step boundary (``scale --trainers N``,
+        ``--remove-host HOST``); every engine can (launch/engines/process.py)."""
         for slot in slots:
-            p = self.launcher.trainers[slot]
-            self.leaving.add(p)
-            ask(p)
+            self.leaving.add(self.job.trainers[slot])
+            self.job.ask_to_leave(slot)
             self._tell("asked to leave", f"trainer {slot} asked to leave at its next step boundary", slot)
 
     # -- helpers ---------------------------------------------------------------
     def _start(self, slot: int) -> None:
-        rank = self.launcher.spec.trainers[slot]
-        joining = dataclasses.replace(rank, env=dataclasses.replace(rank.env, joining=True))
-        place = getattr(self.launcher, "place_new_rank", None)     # SSH: the least loaded host
-        self.launcher.trainers[slot] = self.launcher.engine.start(place(joining) if place else joining)
+        rank = self.job.spec.trainers[slot]
+        # Placed by the job (SSH: on the least loaded host).
+        self.job.start_trainer(slot, dataclasses.replace(rank, env=dataclasses.replace(rank.env, joining=True)))
 
     def _tell(self, change: str, text: str, slot: int | None, **fields) -> None:
         log.warning("%s", text) if change in ("lost", "replaced") else log.info("%s", text)
         live = len(self.running())
-        for listener in self.launcher.membership_listeners:
-            listener(change, text, trainer=slot, live=live, **fields)
+        self.job.tell_membership(change, text, trainer=slot, live=live, **fields)

@@ -65,3 +65,7 @@ class Engine(Protocol[P]):
 
     def stop(self, processes: Sequence[P], grace: float, hurry: threading.Event | None) -> None:
         """Stop these processes together: TERM, one shared grace period, then KILL."""
+
+    def ask_to_leave(self, process: P) -> None:
+        """Ask an elastic job's trainer to leave at its next step boundary (SIGUSR1 for it:
+        trainer/leave_request.py); nothing if it has exited."""

@@ -28,14 +28,13 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
 from paramshard.launch.api import JobSpec, LaunchConfig, RankSpec, thread_environ
-from paramshard.launch.supervision.launcher import Launcher
-from paramshard.launch.supervision.restart_policy import RestartPolicy
 from paramshard.launch.engines.hosts import Host, placement
+from paramshard.launch.engines.placement import TapFor
 from paramshard.launch.engines.processes import Child, stop_all
 
 log = get_logger("launch")
@@ -116,10 +115,11 @@ class RemoteChild(Child):
 class SshEngine:
     """Ranks on other hosts over ssh (Engine contract, launch/engines/process.py)."""
 
-    def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None):
+    def __init__(self, hosts: dict[str, Host], options: SshOptions, workdir: str, secret: str | None, out=None,
+                 tap_for: TapFor | None = None):
         self.hosts, self.options, self.workdir, self.secret = hosts, options, workdir, secret
         self.out = out or sys.stdout
-        self.tap_for = None          # rank -> Child tap (observe/run_records/run_dir.py), set by `paramshard launch`
+        self.tap_for = tap_for       # rank -> Child tap (observe/run_records/run_dir.py): `paramshard launch`'s
 
     def start(self, rank: RankSpec) -> RemoteChild:
         host = self.hosts[rank.host]
@@ -223,14 +223,28 @@ def with_own_hosts(spec: JobSpec, addresses: dict[str, str]) -> JobSpec:
     return JobSpec(tuple(map(own, spec.servers)), tuple(map(own, spec.trainers)))
 
 
-class SshLauncher(Launcher):
+def threads_by_host(placed: Sequence[Host], found: dict[str, Probed]) -> dict[str, dict[str, str]]:
+    """Host -> its ranks' thread variables: its CPUs shared by every rank ``placed`` on its machine
+    (hosts that are one machine, e.g. loopback aliases, count together)."""
+    on_machine = collections.Counter(found[h.target].machine for h in placed)
+    return {h.host: thread_environ(found[h.target].cpus, on_machine[found[h.target].machine]) for h in placed}
+
+
+class SshHosts:
+    """An SSH job's placement (Placement contract, launch/engines/placement.py): servers one per host
+    first, then trainers on the least loaded hosts; at start every host probed and the workspace
+    copied; ranks started mid-job and hosts added or removed while it runs: ssh_placement.py."""
+    on_hosts = True
+
     def __init__(self, config: LaunchConfig, hosts: list[Host], options: SshOptions,
-                 server_hosts: list[Host] | None = None, trainer_hosts: list[Host] | None = None, out=None):
+                 server_hosts: list[Host] | None = None, trainer_hosts: list[Host] | None = None):
         if config.fork:
             raise ConfigError("--fork forks ranks on this machine; an SSH job starts them on other hosts: drop --fork")
         self.config, self.options = config, options
         self.on_servers, self.on_trainers = placement(config.servers, config.trainers, hosts,
                                                       server_hosts, trainer_hosts)
+        # The engine's hosts: one dict, shared with the engine and the mid-job placement (a host added
+        # while the job runs goes in, so ranks can start there).
         self.all_hosts = {h.host: h for h in [*hosts, *(server_hosts or []), *(trainer_hosts or [])]}
         self.job_hosts = (hosts, server_hosts, trainer_hosts)     # as given: ssh_placement.py's pools
         if options.dispatch_package:
@@ -240,11 +254,11 @@ class SshLauncher(Launcher):
         else:
             self.workdir = options.workspace or os.getcwd()
         self.script = self._remote_script()
-        super().__init__(SshEngine(self.all_hosts, options, self.workdir, config.secret, out))
-        self.min_trainers = config.min_trainers
-        self.checkpoint_dir = config.checkpoint_dir
-        self.policy = RestartPolicy(config.max_restarts)
-        self.addresses: list[str] = []
+        self.mid_job = None           # ssh_placement.SshPlacement, once the hosts were probed (job_spec)
+        self.used: dict[str, Host] = {}
+
+    def engine(self, out: TextIO | None, tap_for: TapFor | None) -> SshEngine:
+        return SshEngine(self.all_hosts, self.options, self.workdir, self.config.secret, out, tap_for)
 
     def _remote_script(self) -> str | None:
         """The script's path as the remote side sees it, from the workspace (None: a module,
@@ -259,29 +273,8 @@ class SshLauncher(Launcher):
                               f"{package!r}: only that directory is copied to the hosts")
         return os.path.relpath(local, root)
 
-    def _threads(self, found: dict[str, Probed]) -> dict[str, dict[str, str]]:
-        """Host -> its ranks' thread variables: its CPUs shared by every rank on its machine
-        (hosts that are one machine, e.g. loopback aliases, count together)."""
-        placed = [*self.on_servers, *self.on_trainers]
-        on_machine = collections.Counter(found[h.target].machine for h in placed)
-        return {h.host: thread_environ(found[h.target].cpus, on_machine[found[h.target].machine]) for h in placed}
-
-    def _placement(self, found: dict[str, Probed]) -> None:
-        """Ranks started mid-job (scale, replacements) and hosts added while it runs: ssh_placement.py."""
-        from paramshard.launch.engines.ssh_placement import SshPlacement
-        package = self.options.dispatch_package
-        self.placement = SshPlacement(
-            *self.job_hosts, engine_hosts=self.all_hosts,
-            machines={p.machine for p in found.values()},
-            live_hosts=lambda: [p.host.target for p in [*self.servers, *self.trainers] if p.poll() is None],
-            probe=lambda host, ports: probe(host, ports, self.options),
-            dispatch=(lambda host: dispatch(host, package, self.workdir, self.options)) if package else None,
-            record=self._event)
-        self.new_server_address = self.placement.new_server_address
-        self.place_new_rank = self.placement.place_rank
-
-    def start(self) -> "SshLauncher":
-        used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
+    def job_spec(self, running: Callable[[], list[RankSpec]], record: Callable[..., None]) -> JobSpec:
+        used = self.used = {h.target: h for h in [*self.on_servers, *self.on_trainers]}
         servers_on: dict[str, list[int]] = {t: [] for t in used}
         for i, h in enumerate(self.on_servers):
             servers_on[h.target].append(i)
@@ -297,62 +290,62 @@ class SshLauncher(Launcher):
                 machines = {p.machine: used[t] for t, p in found.items()}
                 list(pool.map(lambda h: dispatch(h, self.options.dispatch_package, self.workdir, self.options),
                               machines.values()))
-        self.addresses = [""] * self.config.servers
+        addresses = [""] * self.config.servers
         for target, servers in servers_on.items():
             for i, port in zip(servers, found[target].ports):
-                self.addresses[i] = f"{self.on_servers[i].address}:{port}"
+                addresses[i] = f"{self.on_servers[i].address}:{port}"
         collective_addr = (f"{store_host.address}:{found[store_host.target].ports[-1]}"
                            if store_host is not None else None)
-        spec = JobSpec.build(self.config, self.addresses, python=self.options.remote_python,
+        spec = JobSpec.build(self.config, addresses, python=self.options.remote_python,
                              collective_addr=collective_addr,
                              server_hosts=[h.host for h in self.on_servers],
                              trainer_hosts=[h.host for h in self.on_trainers], script=self.script,
-                             threads=self._threads(found))
-        self._placement(found)
-        self.start_job(with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]}))
-        if self.control is not None:        # `paramshard scale RUN_DIR --add-host HOST` (--remove-host: Launcher)
-            self.control.register("add_host", self.placement.add_host, value_type=str)
-            self.control.register("servers", self._scale_servers, takes_host=True)     # --on HOST
-        log.info("started %d servers (%s) and %d trainers on %d hosts", self.config.servers,
-                 ",".join(self.addresses), self.config.trainers, len(used))
-        return self
+                             threads=threads_by_host([*self.on_servers, *self.on_trainers], found))
+        self.mid_job = self._mid_job(found, running, record)
+        return with_own_hosts(spec, {h.host: h.address for h in [*self.on_servers, *self.on_trainers]})
 
-    def _remove_host(self, text: str) -> str:
-        """``scale --remove-host HOST``: checked whole first (launch/elastic/host_removal.py: nothing moves on a
-        refusal), then the host's servers give their partitions and blocks to the others in the
-        background (they retire and exit as removed servers do), its trainers leave at their step
-        boundary, and no rank started later goes there."""
-        from paramshard.launch.elastic.host_removal import plan_removal
-        host = self.placement.find(text)
-        elastic = self.elastic
-        scaler = self.elastic_servers
-        serving = scaler.serving if scaler is not None else list(range(len(self.servers)))
-        staying = elastic.staying() if elastic is not None else \
-            [slot for slot, p in enumerate(self.trainers) if p.poll() is None]
-        plan = plan_removal(host.host, {s: self.servers[s].host.host for s in serving},
-                            {t: self.trainers[t].host.host for t in staying},
-                            partitions=self.spec.servers[0].env.partitions, min_trainers=self.min_trainers,
-                            max_trainers=len(self.trainers), moving=scaler is not None and scaler.moving())
-        done = []
-        if plan.servers:
-            self.server_scaler().remove(plan.servers)
-            done.append(f"moving the partitions and dense blocks of servers {plan.servers} to servers "
-                        f"{plan.servers_after} in the background (a scale_end event marks the end; they exit "
-                        f"once no trainer routes to them)")
-        if plan.trainers:
-            elastic.ask_to_leave(plan.trainers, f"--remove-host {text}")
-            done.append(f"asked trainers {plan.trainers} to leave at their next step boundary "
-                        f"({len(staying)} -> {plan.trainers_after} trainers)")
-        self.placement.remove_host(host)
-        message = (f"host {host.target} removed from the job: " + "; ".join(done or ["it ran no rank"]) +
-                   f"; no rank started from now on goes there")
-        log.info("%s", message)
-        self._event("host_removed", message, host=host.target, servers=plan.servers,
-                    servers_after=plan.servers_after, trainers=plan.trainers, trainers_after=plan.trainers_after)
-        return message
+    def _mid_job(self, found: dict[str, Probed], running: Callable[[], list[RankSpec]], record):
+        """Ranks started mid-job (scale, replacements) and hosts added while it runs: ssh_placement.py."""
+        from paramshard.launch.engines.ssh_placement import SshPlacement
+        package = self.options.dispatch_package
+        return SshPlacement(
+            *self.job_hosts, engine_hosts=self.all_hosts,
+            machines={p.machine for p in found.values()},
+            # Where each live rank runs (its ssh target), as the engine started it.
+            live_hosts=lambda: [self.all_hosts[rank.host].target for rank in running()],
+            probe=lambda host, ports: probe(host, ports, self.options),
+            dispatch=(lambda host: dispatch(host, package, self.workdir, self.options)) if package else None,
+            record=record)
+
+    def describe(self, spec: JobSpec) -> str:
+        addresses = spec.servers[0].env.servers if spec.servers else ()
+        return (f"started {self.config.servers} servers ({','.join(addresses)}) and {self.config.trainers} "
+                f"trainers on {len(self.used)} hosts")
+
+    def _started(self):
+        if self.mid_job is None:
+            raise ConfigError("the SSH job has not started: its hosts are placed once they were probed")
+        return self.mid_job
+
+    def new_server_address(self, host: str | None = None) -> str:
+        return self._started().new_server_address(host)
+
+    def place_rank(self, rank: RankSpec) -> RankSpec:
+        return self._started().place_rank(rank)
+
+    def add_host(self, text: str) -> str:
+        return self._started().add_host(text)
+
+    def find(self, text: str) -> Host:
+        return self._started().find(text)
+
+    def remove_host(self, host: Host) -> None:
+        self._started().remove_host(host)
 
 
-if TYPE_CHECKING:   # `make typecheck` checks the contract: Process (launch/engines/process.py), Engine (launch/engines/process.py)
+if TYPE_CHECKING:   # `make typecheck` checks the contracts: Process, Engine (process.py), Placement (placement.py)
+    from paramshard.launch.engines.placement import Placement
     from paramshard.launch.engines.process import Engine, Process
     _process: type[Process] = RemoteChild
     _engine: type[Engine[Child]] = SshEngine
+    _placement: type[Placement] = SshHosts

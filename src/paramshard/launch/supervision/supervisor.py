@@ -3,7 +3,8 @@
 A run's Launcher restarts servers in place; when a run fails anyway, the restart
 policy (launch/supervision/restart_policy.py) decides whether the job runs again from the
 latest checkpoint. Both draw on the same ``RestartPolicy``, so ``--max-restarts N``
-means N restarts of either kind in all. ``paramshard launch`` (cli/launch.py) only
+means N restarts of either kind in all: every run's Launcher is built with the
+supervisor's (launch/supervision/build.py). ``paramshard launch`` (cli/launch.py) only
 parses its flags, builds the first run's Launcher and hands it here.
 """
 from __future__ import annotations
@@ -20,10 +21,8 @@ log = get_logger("launch")
 
 
 class RunListener(Protocol):
-    """Sees each run of the job (observe/live/job_watch.py: the run directory, the live table)."""
-
-    def attach(self, launcher: Launcher) -> None:
-        """Before the run starts: it may tap the engine's output."""
+    """Sees each run of the job (observe/live/job_watch.py: the run directory, the live table);
+    what a run tells while it runs goes to the listeners it was built with."""
 
     def started(self, launcher: Launcher) -> None:
         """Every rank of the run was started."""
@@ -37,9 +36,10 @@ Relaunch = Callable[[int, str], Launcher]
 
 
 class Supervisor:
-    def __init__(self, first: Launcher, relaunch: Relaunch, max_restarts: int,
+    def __init__(self, first: Launcher, relaunch: Relaunch, policy: RestartPolicy,
                  checkpoint_dir: str | None, listener: RunListener):
-        self.policy = RestartPolicy(max_restarts)
+        """``policy``: the job's restart budget, the one every run's Launcher was built with."""
+        self.policy = policy
         self.relaunch, self.checkpoint_dir, self.listener = relaunch, checkpoint_dir, listener
         self.launcher = first        # the current run's (the listener reads the last one at the end)
         self.code = 1
@@ -52,8 +52,9 @@ class Supervisor:
     def run(self) -> int:
         """Run the job until it succeeds, is stopped, or the policy gives up; its exit status."""
         while True:
-            self.launcher.policy = self.policy      # in-place restarts spend the job's budget
-            self.listener.attach(self.launcher)
+            if self.launcher.policy is not self.policy:
+                raise ValueError("a run's Launcher must be built with the supervisor's RestartPolicy "
+                                 "(build_launcher(policy=...)): in-place restarts spend the job's budget")
             self.code, stopped = self._run_once(self.launcher)
             decision = self.policy.whole_job(self.code, stopped, self._latest)
             if decision.choice is Choice.NO_CHECKPOINT:

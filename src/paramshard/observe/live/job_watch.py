@@ -24,14 +24,14 @@ class JobWatch:
         self.monitor: Monitor | None = None
         self._links = None
 
-    def attach(self, launcher) -> None:
-        """Before the launcher starts: every process's output goes through the run directory."""
-        launcher.engine.tap_for = self.run.tap_for
-        launcher.engine.out = self.progress.writer()
-        launcher.restart_listeners.append(self.restarted)
-        launcher.membership_listeners.append(self.membership)
-        launcher.event_listeners.append(self.run.event)
-        launcher.control_dir = self.run.path       # `paramshard scale RUN_DIR` asks the launcher through it
+    def launcher_options(self) -> dict:
+        """What each run's Launcher is built with (launch/supervision/build.py): every process's output
+        through the run directory, above the live table; restarts, membership changes and events as
+        the run directory's events; `paramshard scale RUN_DIR` asks the launcher through it."""
+        from paramshard.launch.supervision.listeners import JobListeners
+        return dict(out=self.progress.writer(), tap_for=self.run.tap_for, control_dir=self.run.path,
+                    listeners=JobListeners(restarted=(self.restarted,), membership=(self.membership,),
+                                           events=(self.run.event,)))
 
     def membership(self, change: str, text: str, trainer: int | None = None, **fields) -> None:
         """An elastic job's trainers changed (launch/elastic/elastic_trainers.py): a ``membership`` event
@@ -49,16 +49,11 @@ class JobWatch:
     def _unfinished_move(self, launcher) -> None:
         """A move of partitions (`paramshard scale --servers`) still under way as the job ends
         stops unfinished with the servers: say so, once, as what it is (the job's end, not an
-        error to restart for), unless the move already said it (launch/elastic/elastic_servers.py)."""
-        servers = getattr(launcher, "elastic_servers", None)
-        move = getattr(servers, "move", None)
-        if move is None or not move.is_alive() or getattr(servers, "end_told", False):
-            return
-        servers.end_told = True
-        servers.last_error = (f"the job ended during the move of partitions a `paramshard scale --servers` asked "
-                              f"for: the move stopped unfinished with the servers (nothing to restart)")
-        log.info("%s", servers.last_error)
-        self.run.event("scale_failed", servers.last_error, job_ended=True)
+        error to restart for), unless the move already said it (Launcher.unfinished_move)."""
+        text = launcher.unfinished_move() if launcher is not None else None
+        if text is not None:
+            log.info("%s", text)
+            self.run.event("scale_failed", text, job_ended=True)
 
     def restarted(self, rank: str, why: str) -> None:
         """A restart, in the run directory's events (and so the report's table): which rank
@@ -77,7 +72,7 @@ class JobWatch:
         # An elastic job's servers may change (`paramshard scale --servers`): follow its routing.
         connect_one = (lambda address: control.connect(dataclasses.replace(env, servers=(address,)),
                                                        who="launcher (run directory)", timeout=10.0)) \
-            if getattr(launcher.config, "partitions", 0) else None
+            if launcher.config.partitions else None
         self.monitor = Monitor(self.run, self._links, self.progress, connect_one=connect_one).start()
 
     def _stop_monitor(self) -> None:
@@ -91,8 +86,6 @@ class JobWatch:
     def finished(self, code: int, launcher) -> None:
         self._stop_monitor()
         self._unfinished_move(launcher)
-        if launcher is not None:
-            launcher.engine.out = sys.stdout      # anything printed after the live table goes
         self.progress.close()
         self.run.event("end", f"exit code {code}")
         processes = (launcher.servers + launcher.trainers) if launcher is not None else []

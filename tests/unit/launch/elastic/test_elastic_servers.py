@@ -1,34 +1,15 @@
-"""launch/elastic/elastic_servers.py with a fake launcher and a fake move: which servers start, what
-each scale moves to, what is refused and why, and the membership told after each move."""
-import dataclasses
+"""launch/elastic/elastic_servers.py driven through a fake JobControl (fake_job.py: the port and nothing
+more) with a fake move: which servers start, what each scale moves to, what is refused and why, and the
+membership told after each move."""
 import threading
 
 import pytest
 
-from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
-from paramshard.launch.api import JobSpec, RankSpec
 from paramshard.launch.elastic.elastic_servers import ElasticServers
+from paramshard.launch.elastic.job_control import JobControl
 
-
-class FakeLauncher:
-    def __init__(self, partitions=256, recovery="rollback", can_start=True, checkpoint_dir=None):
-        env = ClusterEnv(role=None, servers=("127.0.0.1:1", "127.0.0.1:2"), partitions=partitions,
-                         recovery=recovery, mode="async", checkpoint_dir=checkpoint_dir)
-        ranks = tuple(RankSpec(f"server {i}", dataclasses.replace(env, role="server", server_id=i), ("python",)) for i in (0, 1))
-        self.spec = JobSpec(ranks, ())
-        self.server_ranks, self.servers, self.started = list(ranks), ["p0", "p1"], []
-        self.events, self.told, self.membership_listeners = [], [], [lambda *a, **f: self.told.append((a, f))]
-        self.engine = self
-        self.ports = iter(range(3, 10))
-        self.new_server_address = (lambda: f"127.0.0.1:{next(self.ports)}") if can_start else None
-
-    def start(self, rank):
-        self.started.append(rank)
-        return f"p{rank.env.server_id}"
-
-    def _event(self, *a, **f):
-        self.events.append((a, f))
+from tests.unit.launch.elastic.fake_job import FakeJob
 
 
 def make(**kw):
@@ -38,7 +19,8 @@ def make(**kw):
     def scale(env, addresses, servers, event):
         moves.append((list(addresses), list(servers)))
         gate.wait(5)
-    launcher = FakeLauncher(**kw)
+    launcher = FakeJob(**kw)
+    assert isinstance(launcher, JobControl)         # the whole port, as the Launcher has it
     launcher.retired = []
     return launcher, ElasticServers(launcher, scale=scale, retire=lambda env, a, removed, v: launcher.retired.append(
         (list(a), removed)) or True), moves, gate
@@ -50,7 +32,7 @@ def test_up_starts_a_server_knowing_every_address_then_down_moves_back_to_the_fi
     (rank,) = launcher.started
     assert rank.name == "server 2" and rank.env.server_id == 2
     assert rank.env.servers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
-    assert launcher.server_ranks[-1] is rank and launcher.servers[-1] == "p2"
+    assert [p.tag for p in launcher.servers] == ["server 0", "server 1", "server 2"]
     with pytest.raises(ConfigError, match="a move of partitions is under way"):
         servers.scale(2)
     gate.set()
@@ -100,7 +82,7 @@ def test_a_job_that_writes_checkpoints_or_keeps_replicas_scales_its_servers():
 
 
 def test_a_failed_move_is_recorded_and_changes_nothing():
-    launcher = FakeLauncher()
+    launcher = FakeJob()
 
     def scale(*a, **f):
         raise RuntimeError("server 2 never answered")
@@ -113,14 +95,12 @@ def test_a_failed_move_is_recorded_and_changes_nothing():
 
 def test_a_named_host_reaches_the_engines_address_and_only_when_servers_start():
     launcher, servers, moves, gate = make()
-    asked = []
-    launcher.new_server_address = lambda host=None: asked.append(host) or f"{host}:9"
     gate.set()
     with pytest.raises(ConfigError, match="--on places new servers; this starts none"):
         servers.scale(2, host="10.0.0.3")
     assert "started servers [2]" in servers.scale(3, host="10.0.0.3")
     servers.move.join(5)
-    assert asked == ["10.0.0.3"] and launcher.started[-1].env.servers[2] == "10.0.0.3:9"
+    assert launcher.asked_hosts == ["10.0.0.3"] and launcher.started[-1].env.servers[2] == "10.0.0.3:3"
 
 
 def test_remove_moves_away_exactly_the_servers_named_not_the_highest():
@@ -158,14 +138,6 @@ def test_remove_is_refused_during_a_move_and_without_partitions():
         fixed.remove([1])
 
 
-class Ended:
-    def __init__(self, code):
-        self.code = code
-
-    def poll(self):
-        return self.code
-
-
 def test_a_removed_server_that_stopped_by_itself_is_said_to_exit_not_to_keep_running(caplog):
     """The retire request finds the removed server gone (it stopped once no trainer was connected:
     seen on `scale --remove-host`, its host's trainer leaving as it retired): it exited, and the log
@@ -176,7 +148,7 @@ def test_a_removed_server_that_stopped_by_itself_is_said_to_exit_not_to_keep_run
     def gone(env, addresses, removed, version):
         raise ConnectionError("launcher (retiring servers) lost its connection to server 1")
     servers._retire = gone
-    launcher.servers = ["p0", Ended(0)]
+    launcher.servers[1].code = 0                # server 1 exited
     caplog.set_level("INFO", logger="paramshard.launch")
     servers.scale(1)
     servers.move.join(5)

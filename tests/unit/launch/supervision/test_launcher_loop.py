@@ -7,6 +7,7 @@ import signal
 from paramshard.env import ClusterEnv
 from paramshard.launch.api import JobSpec, RankSpec
 from paramshard.launch.supervision.launcher import Launcher
+from paramshard.launch.supervision.listeners import JobListeners
 from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE
 
 
@@ -55,8 +56,8 @@ class Engine:
                 p.code = -signal.SIGTERM
 
 
-def _spec(servers=2, trainers=2):
-    base = ClusterEnv(role=None, servers=("127.0.0.1:1",) * servers, num_trainers=trainers, timeout=3.0)
+def _spec(servers=2, trainers=2, **env):
+    base = ClusterEnv(role=None, servers=("127.0.0.1:1",) * servers, num_trainers=trainers, timeout=3.0, **env)
     return JobSpec(tuple(RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i), ("x",))
                          for i in range(servers)),
                    tuple(RankSpec(f"trainer {i}", dataclasses.replace(base, role="trainer", trainer_id=i), ("x",))
@@ -86,9 +87,7 @@ def test_every_trainer_done_the_job_succeeds():
     assert launcher.wait(poll_interval=0) == 0
 
 
-def test_an_in_place_restart_is_told_to_the_listeners_with_the_rank_and_why():
-    from pathlib import Path
-
+def test_an_in_place_restart_is_told_to_the_listeners_with_the_rank_and_why(tmp_path):
     from paramshard.launch.supervision.restart_policy import RestartPolicy
 
     class Restarting(Engine):
@@ -101,10 +100,11 @@ def test_an_in_place_restart_is_told_to_the_listeners_with_the_rank_and_why():
                 return Rank(rank.name, -signal.SIGKILL if self.started == 1 else 0)
             return Rank(rank.name, 0)
 
-    launcher = Launcher(Restarting({}), policy=RestartPolicy(max_restarts=1))
-    launcher._latest_checkpoint = lambda: Path("ckpt/step-00000005")
+    (tmp_path / "step-00000005").mkdir()
+    (tmp_path / "step-00000005" / "manifest.json").write_text("{}")
     told = []
-    launcher.restart_listeners.append(lambda rank, why: told.append((rank, why)))
+    launcher = Launcher(Restarting({}), policy=RestartPolicy(max_restarts=1), checkpoint_dir=str(tmp_path),
+                        listeners=JobListeners(restarted=(lambda rank, why: told.append((rank, why)),)))
     launcher.start_job(_spec())
     assert launcher.wait(poll_interval=0) == 0
     assert [rank for rank, _ in told] == ["server 1"]
@@ -119,8 +119,7 @@ def test_once_the_trainers_finished_scale_is_told_the_job_ended_without_waiting(
     from paramshard.launch.elastic.control_channel import send
 
     plan = {"trainer 0": (0, ()), "trainer 1": (0, ()), "server 0": (0, ()), "server 1": (0, ())}
-    launcher = Launcher(Engine(plan))
-    launcher.control_dir = tmp_path
+    launcher = Launcher(Engine(plan), control_dir=tmp_path)
     launcher.start_job(_spec())
     assert launcher.wait(poll_interval=0) == 0
 
@@ -202,13 +201,12 @@ def _ending_job(silent_for, said_stopping, trainers_exited):
     from paramshard.launch.supervision.peer_loss import SILENT_AFTER
     from paramshard.launch.supervision.restart_policy import RestartPolicy
 
-    launcher = Launcher(Engine({} if not trainers_exited else {"trainer 0": (0, ()), "trainer 1": (0, ())}),
-                        policy=RestartPolicy(max_restarts=2))
-    launcher.start_job(_spec())
-    launcher.keeper = _Keeper()
-    _exiting_servers(launcher, silent_for * SILENT_AFTER, said_stopping)
     told = []
-    launcher.restart_listeners.append(lambda rank, why: told.append((rank, why)))
+    launcher = Launcher(Engine({} if not trainers_exited else {"trainer 0": (0, ()), "trainer 1": (0, ())}),
+                        policy=RestartPolicy(max_restarts=2), replica_keeper=lambda env, record: _Keeper(),
+                        listeners=JobListeners(restarted=(lambda rank, why: told.append((rank, why)),)))
+    launcher.start_job(_spec(recovery="bounded-loss"))
+    _exiting_servers(launcher, silent_for * SILENT_AFTER, said_stopping)
     if not trainers_exited:
         _trainers_exit_after_the_first_look(launcher)
     return launcher, told
@@ -249,9 +247,10 @@ def _named_by_server_0(retired: set, caplog) -> list[str]:
     import types
 
     from paramshard.messages.status_lines import PeerStatus
-    launcher = Launcher(Engine({"trainer 0": (0, ()), "trainer 1": (0, ())}))
+    launcher = Launcher(Engine({"trainer 0": (0, ()), "trainer 1": (0, ())}),
+                        server_scaler=lambda job: types.SimpleNamespace(retired=retired))
     launcher.start_job(_spec(servers=3))
-    launcher.elastic_servers = types.SimpleNamespace(retired=retired)
+    launcher.server_scaler()          # as a `paramshard scale --servers` makes it
     now = time.monotonic()
     last = {0: (PeerStatus(0, {2: 6.0}), now), 1: (PeerStatus(1, {}), now), 2: (PeerStatus(2, {}), now)}
     for i, server in enumerate(launcher.servers):

@@ -5,7 +5,8 @@ import dataclasses
 import io
 
 from paramshard.env import ClusterEnv
-from paramshard.launch.api import Launcher, RankSpec, failure_summary, first_failure, lost_a_peer
+from paramshard.launch.api import JobSpec, Launcher, RankSpec, failure_summary, first_failure, lost_a_peer
+from paramshard.launch.supervision.restart_policy import RestartPolicy
 from paramshard.launch.supervision.peer_loss import SILENT_AFTER, ServerState, decide
 from paramshard.launch.engines.processes import Child
 from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE, STATUS_MARK, PeerStatus
@@ -191,10 +192,13 @@ class FakeProcess:
 
 
 class FakeEngine:
-    def __init__(self):
-        self.started: list[RankSpec] = []
+    def __init__(self, first=()):
+        self.first = list(first)                 # the job's processes as it starts
+        self.started: list[RankSpec] = []        # the ranks started after those (restarts)
 
     def start(self, rank):
+        if self.first:
+            return self.first.pop(0)
         self.started.append(rank)
         return FakeProcess(rank.name)
 
@@ -204,25 +208,26 @@ class FakeEngine:
                 p.code = -15
 
 
-def _launcher(tmp_path, restarts):
+def _launcher(tmp_path, restarts, servers):
+    """A launcher whose job's servers are the processes ``servers`` (and no trainer)."""
     (tmp_path / "step-00000005").mkdir()
     (tmp_path / "step-00000005" / "manifest.json").write_text("{}")
     base = ClusterEnv(role=None, servers=("127.0.0.1:7001", "127.0.0.1:7002"), num_trainers=1, timeout=3.0)
-    launcher = Launcher(FakeEngine())
-    launcher.checkpoint_dir, launcher.restarts_left = str(tmp_path), restarts
-    launcher.server_ranks = [RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i), ("x",)) for i in range(2)]
-    return launcher
+    engine = FakeEngine(servers)
+    launcher = Launcher(engine, policy=RestartPolicy(restarts), checkpoint_dir=str(tmp_path))
+    launcher.start_job(JobSpec(tuple(RankSpec(f"server {i}", dataclasses.replace(base, role="server", server_id=i),
+                                              ("x",)) for i in range(2)), ()))
+    return launcher, engine
 
 
 def test_the_launcher_kills_the_hung_server_restarts_it_alone_and_spends_one_restart(tmp_path):
-    launcher = _launcher(tmp_path, restarts=1)
     server0 = FakeProcess("server 0", PeerStatus(0, {1: 0.3}))
     hung = FakeProcess("server 1", PeerStatus(1), status_age=QUIET)
-    launcher.servers = [server0, hung]
+    launcher, engine = _launcher(tmp_path, 1, [server0, hung])
     assert launcher._restart_in_place([], launcher._peer_verdict())
     assert hung.killed and not server0.killed
-    assert [r.name for r in launcher.engine.started] == ["server 1"]
-    assert launcher.engine.started[0].env.recovering
+    assert [r.name for r in engine.started] == ["server 1"]
+    assert engine.started[0].env.recovering
     assert launcher.servers[0] is server0 and launcher.servers[1] is not hung
     assert (launcher.restarts_used, launcher.restarts_left) == (1, 0)
     assert len(launcher.incidents) == 1
@@ -230,15 +235,14 @@ def test_the_launcher_kills_the_hung_server_restarts_it_alone_and_spends_one_res
     # server 0 then exits for the server just restarted (it did not come back in its timeout): free.
     server0.code, server0.status = LOST, PeerStatus(0, {1: 3.0}, (1,))
     assert launcher._restart_in_place([server0], launcher._peer_verdict())
-    assert launcher.restarts_used == 1 and [r.name for r in launcher.engine.started] == ["server 1", "server 0"]
+    assert launcher.restarts_used == 1 and [r.name for r in engine.started] == ["server 1", "server 0"]
 
 
 def test_without_restarts_left_the_launcher_waits_for_the_servers_timeout(tmp_path):
-    launcher = _launcher(tmp_path, restarts=0)
     hung = FakeProcess("server 1", PeerStatus(1), status_age=QUIET)
-    launcher.servers = [FakeProcess("server 0", PeerStatus(0, {1: 0.3})), hung]
+    launcher, engine = _launcher(tmp_path, 0, [FakeProcess("server 0", PeerStatus(0, {1: 0.3})), hung])
     assert not launcher._restart_in_place([], launcher._peer_verdict())
-    assert not hung.killed and launcher.engine.started == []
+    assert not hung.killed and engine.started == []
 
 
 def test_the_failure_summary_names_the_hung_server_not_the_one_that_lost_it():
