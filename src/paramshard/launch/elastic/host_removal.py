@@ -3,11 +3,11 @@
 Pure: given where the job's serving servers and staying trainers run, ``plan_removal`` says which
 servers give their partitions and dense blocks away (exactly those on the host, whatever their
 index), which trainer slots leave at their step boundary, and what the job keeps; or raises
-ConfigError saying why not, before anything moves. The launcher (SshLauncher.remove_host) then
-starts the move (ElasticServers.remove), asks the trainers to leave (ElasticTrainers.ask_to_leave)
-and drops the host from the placement (SshPlacement.remove_host), so later scales never place a
-rank there. The trainer count goes down by the host's trainers: no replacement starts elsewhere
-(``scale --trainers N`` afterwards starts them on the remaining hosts).
+ConfigError saying why not, before anything moves. The launcher (Launcher._remove_host, for a job
+whose Placement is on hosts: SSH) then starts the move (ElasticServers.remove), asks the trainers to
+leave (ElasticTrainers.ask_to_leave) and drops the host from the placement (SshPlacement.remove_host),
+so later scales never place a rank there. The trainer count goes down by the host's trainers: no
+replacement starts elsewhere (``scale --trainers N`` afterwards starts them on the remaining hosts).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Where the new ranks of a running SSH job go, and hosts added to it while it runs, for SshLauncher.
+"""Where the new ranks of a running SSH job go, and hosts added to it while it runs (ssh.SshHosts, the
+SSH job's Placement, hands these to this once the hosts were probed).
 
 - A rank started mid-job (a trainer that joins: launch/elastic/elastic_trainers.py; a server a scale adds:
   launch/elastic/elastic_servers.py) goes to the least loaded host of the job: the fewest live ranks,
@@ -67,7 +68,7 @@ class SshPlacement:
         return place(1, found, dict(used), f"a new {role} on {name}")[0]
 
     def new_server_address(self, name: str | None = None) -> str:
-        """host:port for a new server (Launcher.new_server_address): on host ``name`` or else the
+        """host:port for a new server (Placement.new_server_address): on host ``name`` or else the
         least loaded host, a port that host says is free."""
         host = self.pick("server") if name is None else self.named(name, "server")
         address = f"{host.address}:{self.probe(host, 1).ports[0]}"

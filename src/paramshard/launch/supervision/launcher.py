@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
@@ -96,7 +96,10 @@ class Launcher:
         return self._config
 
     @property
-    def spec(self) -> JobSpec | None:
+    def spec(self) -> JobSpec:
+        """The job as it started (JobControl): asked once it has."""
+        if self._spec is None:
+            raise RuntimeError("the job has not started: its JobSpec is made by start() or given to start_job()")
         return self._spec
 
     @property
