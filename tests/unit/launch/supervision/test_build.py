@@ -94,8 +94,9 @@ def test_the_builder_composes_the_launcher_from_the_config_and_what_it_is_handed
                               listeners=listeners, control_dir=tmp_path)
     (engine,) = placement.engines
     assert (engine.out, engine.tap_for) == (out, tap)
-    assert launcher.policy is policy and launcher.config is placement.config and isinstance(launcher, JobControl)
+    assert launcher.policy is policy and launcher.config is placement.config
     with launcher:                                  # start(): the placement's spec, through the engine
+        assert isinstance(launcher, JobControl)     # the port the elastic controllers use, whole
         assert [r.name for r in engine.started] == ["server 0", "server 1", "trainer 0", "trainer 1"]
         assert launcher.addresses == ["10.0.0.1:1", "10.0.0.2:1"] and launcher.elastic is not None
         assert [r.name for r in placement.running()] == ["server 0", "server 1", "trainer 0", "trainer 1"]
@@ -141,6 +142,7 @@ def test_nothing_outside_a_launcher_sets_its_state():
     """Issue 31: what a Launcher holds is read through properties; listeners, the run directory and
     the budget are handed to build_launcher. No public attribute can be assigned."""
     launcher = Launcher(Engine(None, None))
+    launcher.start_job(Placement(config(), on_hosts=False).job_spec(lambda: [], None))
     public = [name for name in dir(launcher) if not name.startswith("_")
               and not callable(getattr(launcher, name))]
     assert {"servers", "trainers", "spec", "policy", "config", "addresses", "stopped_by_signal"} <= set(public)
