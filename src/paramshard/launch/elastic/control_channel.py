@@ -41,7 +41,7 @@ log = get_logger("launch")
 MAX_REQUEST_BYTES = 4096       # a request is a few fields: anything bigger is not one of ours
 CONTROL = "control"
 
-Handler = Callable[[int], str]     # or Callable[[str], str] for a kind registered with value_type=str
+Handler = Callable[..., str]     # (int) -> str, or (str) -> str for a kind registered with value_type=str
 MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
 ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
 SUMMARY = "summary.json"       # in the run directory: the job is over (observe/run_records/run_dir.py)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
@@ -207,13 +207,13 @@ class Launcher:
         if self._min_trainers is not None:
             self._elastic = ElasticTrainers(self, self._min_trainers)
         if self._control_dir is not None:
-            on_hosts = self._placement is not None and self._placement.on_hosts
+            placement = self._placement if self._placement is not None and self._placement.on_hosts else None
             self._control = ControlChannel(self._control_dir, {"trainers": self._scale_trainers},
                                            ending=self.trainers_done)
-            self._control.register("servers", self._scale_servers, takes_host=on_hosts)    # SSH: --on HOST
+            self._control.register("servers", self._scale_servers, takes_host=placement is not None)  # --on HOST
             self._control.register("remove_host", self._remove_host, value_type=str)
-            if on_hosts:            # `paramshard scale RUN_DIR --add-host HOST`
-                self._control.register("add_host", self._placement.add_host, value_type=str)
+            if placement is not None:            # `paramshard scale RUN_DIR --add-host HOST` (SSH)
+                self._control.register("add_host", placement.add_host, value_type=str)
 
     def _start_keeper(self, env):
         if self._make_keeper is not None:
@@ -258,9 +258,10 @@ class Launcher:
         serving = scaler.serving if scaler is not None else list(range(len(self._servers)))
         staying = elastic.staying() if elastic is not None else \
             [slot for slot, p in enumerate(self._trainers) if p.poll() is None]
-        plan = plan_removal(host.host, {s: self._server_ranks[s].host for s in serving},
-                            {t: self._trainer_ranks[t].host for t in staying},
-                            partitions=self._spec.servers[0].env.partitions, min_trainers=self._min_trainers,
+        # A job on hosts places every rank on one (RankSpec.host is None only for this machine).
+        plan = plan_removal(host.host, {s: self._server_ranks[s].host or "" for s in serving},
+                            {t: self._trainer_ranks[t].host or "" for t in staying},
+                            partitions=self.spec.servers[0].env.partitions, min_trainers=self._min_trainers,
                             max_trainers=len(self._trainers), moving=scaler is not None and scaler.moving())
         done = []
         if plan.servers:
@@ -269,6 +270,7 @@ class Launcher:
                         f"{plan.servers_after} in the background (a scale_end event marks the end; they exit "
                         f"once no trainer routes to them)")
         if plan.trainers:
+            assert elastic is not None, "plan_removal refuses trainers to a job that is not elastic"
             elastic.ask_to_leave(plan.trainers)
             done.append(f"asked trainers {plan.trainers} to leave at their next step boundary "
                         f"({len(staying)} -> {plan.trainers_after} trainers)")
@@ -358,12 +360,14 @@ class Launcher:
                       else f"no checkpoint in {self._checkpoint_dir} yet")
         if not decision.restart:
             return False
+        # A restart is to a checkpoint (or the keeper's replica): the policy names it.
+        checkpoint_name = decision.checkpoint.name if decision.checkpoint is not None else "?"
         old = list(self._servers)
         hung = self._kill_hung(verdict)
         first = self._restarts_used + 1
         self._policy.spend(decision)
         self._restarts_used += decision.cost
-        causes = []
+        causes: list[str] = []
         for i in verdict.restart:
             p, rank = old[i], self._server_ranks[i]
             if p in hung:
@@ -375,7 +379,7 @@ class Launcher:
             why = (f"{what}; restarting it in place on {rank.env.servers[i]} (restart "
                    f"{first if i in verdict.casualties else self._restarts_used}); " + (
                        "the launcher restores its replica onto it and the trainers resend what failed (no rollback)"
-                       if keeper else f"the trainers roll back to the latest checkpoint ({decision.checkpoint.name})"))
+                       if keeper else f"the trainers roll back to the latest checkpoint ({checkpoint_name})"))
             if keeper:
                 keeper.note_lost(i, time.monotonic())
             log.warning("%s", why)
@@ -503,3 +507,7 @@ class Launcher:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: JobControl (launch/elastic/job_control.py)
+    _job_control: type[JobControl] = Launcher

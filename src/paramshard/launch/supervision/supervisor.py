@@ -62,6 +62,7 @@ class Supervisor:
             if not decision.restart:
                 return self.code
             self.policy.spend(decision)
+            assert decision.checkpoint is not None, "a whole-job restart is to a checkpoint (RestartPolicy)"
             from paramshard.checkpoint.format import Checkpoint
             why = (f"the run failed with exit code {self.code}: restart {self.policy.used} of "
                    f"{self.policy.max_restarts}: every server and trainer starts again from checkpoint step "

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 from paramshard.errors import ParamshardError
 from paramshard.log import get_logger
 from paramshard.observe.live.monitor import Monitor
 from paramshard.observe.live.progress import Progress
 from paramshard.observe.run_records.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from paramshard.transport.links import ServerLinks
 
 log = get_logger("launch")
 
@@ -22,7 +26,7 @@ class JobWatch:
         self.report = report
         self.progress = Progress(out or sys.stdout)
         self.monitor: Monitor | None = None
-        self._links = None
+        self._links: ServerLinks | None = None      # the monitor's, to every server of the current run
 
     def launcher_options(self) -> dict:
         """What each run's Launcher is built with (launch/supervision/build.py): every process's output
