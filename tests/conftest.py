@@ -10,7 +10,7 @@ from paramshard.env import ClusterEnv
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child, stop_all
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 
 
 def pytest_configure(config):

@@ -9,7 +9,7 @@
 """
 from importlib import metadata as _metadata
 
-from paramshard import export, optim
+from paramshard import events, export, optim
 from paramshard.data.shards.shard import shard
 from paramshard.errors import ParamshardError
 from paramshard.runtime import init
@@ -29,6 +29,25 @@ def barrier(name: str = "default", timeout: float | None = None) -> None:
     the most recently built open Trainer of this process."""
     from paramshard.trainer.open_trainers import current_trainer
     current_trainer().barrier(name, timeout)
+
+
+def _trainer_watch(env, model):
+    """observe/'s listener of a Trainer (records, /metrics). Imported when a Trainer starts:
+    observe/ stays out of processes that start none."""
+    from paramshard.observe.live.trainer_watch import TrainerWatch
+    return TrainerWatch(env, model)
+
+
+def _server_watch(env, server):
+    """observe/'s listener of a server process (records, /metrics), imported when one serves."""
+    from paramshard.observe.live.server_watch import ServerWatch
+    return ServerWatch(env, server)
+
+
+# The observers register from the top (every process imports this package first), so the core
+# (trainer/, server/, runtime, events.py) names nothing of observe/.
+events.register_trainer_listener(_trainer_watch)
+events.register_server_listener(_server_watch)
 
 
 def __getattr__(name):

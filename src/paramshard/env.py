@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from paramshard.errors import ConfigError
 from paramshard.mode import MODES, PS_MODES, Mode  # noqa: F401 - re-exported for the commands
@@ -36,6 +36,12 @@ class ClusterEnv(ClusterEnvFields):
     """One rank's contract. Fields: one per setting of scope JOB (settings/contract.py), in
     the table's order; e.g. ``role`` (None: standalone), ``servers``, ``mode`` (a plain
     string is parsed, Mode.parse), ``limits``, ``max_in_flight`` (None: 1 in async mode, 0 in sync)."""
+
+    # Not a setting (never in the environment): the in-process server of a standalone run, made
+    # by ``runtime.init``; this env's trainer talks to it by direct calls (``runtime.links_for``).
+    # The env carries it, not a module of this process, so two standalone jobs (tests, a
+    # notebook) each have their own. None: the servers are ``servers``, over sockets.
+    local_server: Any = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self):
         _fields.validate(self)       # each field by its own setting, in the table's order

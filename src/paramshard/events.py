@@ -1,14 +1,14 @@
 """What a Trainer or a server process tells whoever watches it, without knowing who that is.
 
-The core (torch/, server/, runtime) does not import observe/: it calls the
-listeners registered here. ``observe/`` registers its own (the run directory's
-records, the /metrics endpoints) by name, so nothing heavy is imported until a
-Trainer or a server starts, and a test or a user can register another (a step
-hook, a logger) with ``register_trainer_listener`` / ``register_server_listener``.
+The core (trainer/, server/, runtime) does not import observe/: it calls the listeners
+registered here, and this module names none of them. The top registers observe/'s (the run
+directory's records, the /metrics endpoints): ``paramshard/__init__.py``, which every process
+imports first, with factories that import observe/ only when a Trainer or a server starts.
+A test or a user registers another (a step hook, a logger) the same way,
+``register_trainer_listener`` / ``register_server_listener``.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Protocol
 
 
@@ -24,25 +24,18 @@ class TrainerListener(Protocol):
         """The trainer closed (or failed to start): release what it holds."""
 
 
-# A factory: (env, model) -> listener or None; or "module:attribute" naming one, imported when used.
+# A factory: (env, model) -> listener or None.
 ListenerFactory = Callable[[Any, Any], "TrainerListener | None"]
-_trainer_factories: list[ListenerFactory | str] = ["paramshard.observe.live.trainer_watch:TrainerWatch"]
+_trainer_factories: list[ListenerFactory] = []
 
 
-def register_trainer_listener(factory: ListenerFactory | str) -> None:
+def register_trainer_listener(factory: ListenerFactory) -> None:
     """Every Trainer started from now on gets ``factory(env, model)`` as a listener."""
     _trainer_factories.append(factory)
 
 
-def unregister_trainer_listener(factory: ListenerFactory | str) -> None:
+def unregister_trainer_listener(factory: ListenerFactory) -> None:
     _trainer_factories.remove(factory)
-
-
-def _resolve(factory: ListenerFactory | str) -> ListenerFactory:
-    if isinstance(factory, str):
-        module, _, attribute = factory.partition(":")
-        return getattr(importlib.import_module(module), attribute)
-    return factory
 
 
 class TrainerListeners:
@@ -52,7 +45,7 @@ class TrainerListeners:
         self.listeners: list[TrainerListener] = []
         try:
             for factory in _trainer_factories:
-                listener = _resolve(factory)(env, model)
+                listener = factory(env, model)
                 if listener is not None:
                     self.listeners.append(listener)
         except BaseException:
@@ -88,17 +81,17 @@ class ServerListener(Protocol):
         failed to start), so release what is held and record nothing."""
 
 
-# A factory: (env, server) -> listener or None; or "module:attribute" naming one.
+# A factory: (env, server) -> listener or None.
 ServerListenerFactory = Callable[[Any, Any], "ServerListener | None"]
-_server_factories: list[ServerListenerFactory | str] = ["paramshard.observe.live.server_watch:ServerWatch"]
+_server_factories: list[ServerListenerFactory] = []
 
 
-def register_server_listener(factory: ServerListenerFactory | str) -> None:
+def register_server_listener(factory: ServerListenerFactory) -> None:
     """Every server process started from now on gets ``factory(env, server)`` as a listener."""
     _server_factories.append(factory)
 
 
-def unregister_server_listener(factory: ServerListenerFactory | str) -> None:
+def unregister_server_listener(factory: ServerListenerFactory) -> None:
     _server_factories.remove(factory)
 
 
@@ -109,7 +102,7 @@ class ServerListeners:
         self.listeners: list[ServerListener] = []
         try:
             for factory in _server_factories:
-                listener = _resolve(factory)(env, server)
+                listener = factory(env, server)
                 if listener is not None:
                     self.listeners.append(listener)
         except BaseException:

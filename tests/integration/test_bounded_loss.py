@@ -37,7 +37,7 @@ def test_requests_a_restarting_server_refuses_are_resent_once_it_serves_and_repl
     import paramshard as ps
     from paramshard.client.recovery import ServeAgain
     from paramshard.env import ClusterEnv
-    from paramshard.runtime import build_server
+    from paramshard.server.assembly import build_server
     from paramshard.transport.links import ServerLinks
 
     env = ClusterEnv(role="server", servers=("127.0.0.1:0",), server_id=0, num_trainers=2, mode="async",

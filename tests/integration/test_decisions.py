@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard import runtime
 from paramshard.env import ClusterEnv
+from paramshard.server.assembly import build_server
 from paramshard.errors import ConfigError
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.server.services.sparse_service import SparseService
@@ -144,11 +144,11 @@ def fresh_server(monkeypatch):
     made = []
 
     def make():
-        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
-                                      in_process=True)
-        monkeypatch.setattr(runtime, "_local_server", server)
+        server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                              in_process=True)
         made.append(server)
-        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+        env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                         num_trainers=1, trainer_id=0, timeout=10.0)
         return server, env
 
     yield make
@@ -203,5 +203,5 @@ def test_mistakes_are_named_before_anything_is_sent(fresh_server):
         with pytest.raises(ConfigError, match="use a list"):
             trainer.broadcast({"ids": (1, 2)})
         trainer.scale_learning_rate(0.5, tables="feat", dense=False)
-        server = runtime._local_server
+        server = env.local_server
         assert server.dense.lr_scale == 1.0 and server.service(SparseService).tables["feat"].lr_scale == 0.5

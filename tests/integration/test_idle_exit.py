@@ -14,7 +14,7 @@ from paramshard.env import ClusterEnv
 from paramshard.errors import ParamshardError
 from paramshard.launch.engines.ports import free_ports
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.transport.links import ServerLinks
 
 # Starts, stops or kills server processes of its own: `make test` only, not `make check`.

@@ -11,6 +11,7 @@ import paramshard as ps
 from paramshard import runtime
 from paramshard.checkpoint.format import Checkpoint
 from paramshard.env import ClusterEnv
+from paramshard.server.assembly import build_server
 from paramshard.errors import DeadlineExceeded, RemoteError
 from paramshard.server.core.in_process import LocalLinks
 from paramshard.server.services.sparse_service import SparseService
@@ -51,9 +52,9 @@ def train(env, prefetch: bool):
 @pytest.fixture
 def in_process(monkeypatch):
     """An in-process server as ``ps.init()`` makes one with no cluster around."""
-    server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False, in_process=True)
-    monkeypatch.setattr(runtime, "_local_server", server)
-    yield ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+    server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False, in_process=True)
+    yield ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                     num_trainers=1, trainer_id=0, timeout=10.0)
     server.close()
 
 
@@ -108,10 +109,10 @@ def test_a_row_wise_adagrad_table_trains_saves_and_resumes_bit_identical(monkeyp
     data, cut = batches(), 5
 
     def run(stop, save_at=None, resume=None):
-        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
-                                      in_process=True)
-        monkeypatch.setattr(runtime, "_local_server", server)
-        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+        server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                              in_process=True)
+        env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                         num_trainers=1, trainer_id=0, timeout=10.0)
         model = RowWiseCtr()
         try:
             with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:
@@ -194,10 +195,10 @@ def test_a_stochastically_rounded_half_table_resumes_bit_identical(monkeypatch, 
     data, cut = learnable_batches(n=12), 5
 
     def run(stop, save_at=None, resume=None):
-        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
-                                      in_process=True)
-        monkeypatch.setattr(runtime, "_local_server", server)
-        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+        server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                              in_process=True)
+        env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                         num_trainers=1, trainer_id=0, timeout=10.0)
         model = HalfCtr(torch.float16, stochastic=True)
         try:
             with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:

@@ -12,7 +12,6 @@ import torch.nn.functional as Fn
 
 import paramshard as ps
 from paramshard import log as ps_log
-from paramshard import runtime
 from paramshard.models import MODELS, build_model
 from paramshard.trainer.sparse_embedding import tables_of
 
@@ -22,18 +21,16 @@ F, EPOCHS = 4, 4
 @pytest.fixture
 def local_server(monkeypatch):
     """``ps.init()`` as in a script run with no cluster: no launcher variable may leak in,
-    and the process-wide runtime and log settings it sets are put back afterwards."""
+    and the process-wide log settings it sets are put back afterwards."""
     for key in list(os.environ):
         if key.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_")) or key == "TRAINING_ROLE":
             monkeypatch.delenv(key)
-    monkeypatch.setattr(runtime, "_env", None)
-    monkeypatch.setattr(runtime, "_local_server", None)
     logger = logging.getLogger("paramshard")
     saved = (list(logger.handlers), logger.propagate, logger.level, ps_log._configured)
     env = ps.init()
-    assert env.role == "trainer" and runtime._local_server is not None
+    assert env.role == "trainer" and env.local_server is not None
     yield env
-    runtime._local_server.close()
+    env.local_server.close()
     logger.handlers[:], logger.propagate, ps_log._configured = saved[0], saved[1], saved[3]
     logger.setLevel(saved[2])
 

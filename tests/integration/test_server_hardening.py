@@ -13,7 +13,7 @@ from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError, RemoteError
 from paramshard.limits import Limits
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.server.core.replies import Deferred, Reply
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.placement.sparse_hash import initial_rows

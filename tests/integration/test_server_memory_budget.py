@@ -24,7 +24,7 @@ from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.limits import Limits
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.server.core import parameter_server
 from paramshard.transport import protocol
 from paramshard.transport.links import ServerLinks

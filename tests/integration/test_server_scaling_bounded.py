@@ -27,7 +27,7 @@ from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.elastic.server_scaling import move_partitions
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.transport.links import ServerLinks
 
 TRAINERS, PARTITIONS, TIMEOUT = 2, 256, 10.0

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paramshard import runtime
 from paramshard.data import TabularReader
 from paramshard.inference.evaluation import predict
 from paramshard.inference.serving import build_from_file, export_model, read_model, snapshot_model
@@ -36,7 +35,6 @@ def test_a_snapshot_is_the_export_of_a_checkpoint_at_the_same_step(tmp_path):
     write_rows(tmp_path / "train.csv", 200, 0)
     write_rows(tmp_path / "test.csv", 40, 1)
     schema = fitted_schema(tmp_path / "train.csv")
-    saved = runtime._local_server
     env, server = in_process_env()
     try:
         model, trainer = train(env, schema, tmp_path / "train.csv", 7)
@@ -50,7 +48,6 @@ def test_a_snapshot_is_the_export_of_a_checkpoint_at_the_same_step(tmp_path):
         trainer.close()
     finally:
         server.close()
-        runtime._local_server = saved
     exported = export_model(tmp_path / "ckpt", tmp_path / "exported.pt")
     assert snap["step"] == exported["step"] == 7 and snap["checkpoint"] is None
     assert snap["spec"] == {"model": "deepfm", "args": {**ARGS, "prefix": ""}, "schema": schema.to_dict()}

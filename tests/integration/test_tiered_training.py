@@ -8,9 +8,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard import runtime
 from paramshard.budgets import MIN_BUDGET
 from paramshard.env import ClusterEnv
+from paramshard.server.assembly import build_server
 from paramshard.observe.live.prometheus import ServerCollector
 from paramshard.server.services.sparse_service import SparseService
 from paramshard.trainer.trainer import Trainer
@@ -45,11 +45,11 @@ def batches(n=14, b=3000):
 
 def train(monkeypatch, tmp_path, budget=None, server_budget=None, dtype=torch.float32):
     run_dir = tmp_path / ("run-" + str(budget) + str(server_budget))
-    server = runtime.build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}",
-                                             memory_budget=server_budget), num_trainers=1,
-                                  watch_peers=False, in_process=True)
-    monkeypatch.setattr(runtime, "_local_server", server)
-    env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
+    server = build_server(ClusterEnv(role=None, server_id=0, records=f"dir:{run_dir}",
+                                     memory_budget=server_budget), num_trainers=1,
+                          watch_peers=False, in_process=True)
+    env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                     num_trainers=1, trainer_id=0, timeout=30.0)
     model = Ctr(budget, dtype)
     try:
         with Trainer(model, ps.optim.Adam(lr=0.01), env=env) as trainer:
@@ -173,10 +173,10 @@ def test_a_checkpoint_of_a_tiered_table_resumes_where_training_in_ram_ends(monke
     data, cut = batches(n=8, b=2000), 4
 
     def run(stop, budget, save_at=None, resume=None):
-        server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
-                                      in_process=True)
-        monkeypatch.setattr(runtime, "_local_server", server)
-        env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=30.0)
+        server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                              in_process=True)
+        env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                         num_trainers=1, trainer_id=0, timeout=30.0)
         model = Ctr(budget)
         try:
             with Trainer(model, ps.optim.Adam(lr=0.01), env=env, resume=resume) as trainer:

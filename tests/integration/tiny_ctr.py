@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import paramshard as ps
-from paramshard import runtime
 from paramshard.data import Column, Label, Schema, TabularReader, fit_schema
 from paramshard.env import ClusterEnv
+from paramshard.server.assembly import build_server
 from paramshard.inference.evaluation import predict
 from paramshard.models import build_model
 from paramshard.trainer.trainer import Trainer
@@ -47,10 +47,10 @@ def fitted_schema(train) -> Schema:
 
 def in_process_env() -> tuple[ClusterEnv, object]:
     """A trainer's env and the in-process server it trains against (close it after)."""
-    server = runtime.build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
-                                  in_process=True)
-    runtime._local_server = server
-    env = ClusterEnv(role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0, timeout=10.0)
+    server = build_server(ClusterEnv(role=None, server_id=0), num_trainers=1, watch_peers=False,
+                          in_process=True)
+    env = ClusterEnv(role="trainer", servers=(server.address,), local_server=server,
+                     num_trainers=1, trainer_id=0, timeout=10.0)
     return env, server
 
 
@@ -85,7 +85,6 @@ class Job:
         write_rows(root / "new.csv", 70, 1, label=False)
         write_rows(root / "new.parquet", 70, 1, label=False)
         self.schema = fitted_schema(root / "train.csv")
-        saved = runtime._local_server
         env, server = in_process_env()
         try:
             model, trainer = train(env, self.schema, root / "train.csv", STEPS)
@@ -96,5 +95,4 @@ class Job:
             trainer.close()
         finally:
             server.close()
-            runtime._local_server = saved
         self.ckpt = root / "ckpt"

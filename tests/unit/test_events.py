@@ -56,16 +56,19 @@ def test_server_listeners_hear_the_exit_code(no_defaults):
     assert log == [("s", "close", 3)]
 
 
-def test_listeners_named_by_module_and_attribute_are_imported_when_used(no_defaults):
-    events.register_trainer_listener("collections:OrderedDict")     # any callable(env, model)
-    with pytest.raises(TypeError):
-        events.TrainerListeners(env=None, model=None)               # OrderedDict(None, None): imported, called
+def test_observe_registers_from_the_top_and_events_names_none_of_it(monkeypatch):
+    """paramshard/__init__.py (imported first by every process) registers observe/'s watches;
+    events.py itself starts with empty registries and names nothing of observe/."""
+    import inspect
 
-
-def test_observe_is_what_the_registries_name_by_default():
-    assert "paramshard.observe.live.trainer_watch:TrainerWatch" in events._trainer_factories
-    assert "paramshard.observe.live.server_watch:ServerWatch" in events._server_factories
-    from paramshard.observe.live.server_watch import ServerWatch
-    from paramshard.observe.live.trainer_watch import TrainerWatch
-    assert events._resolve(events._server_factories[0]) is ServerWatch
-    assert events._resolve(events._trainer_factories[0]) is TrainerWatch
+    import paramshard
+    assert events._trainer_factories == [paramshard._trainer_watch]
+    assert events._server_factories == [paramshard._server_watch]
+    assert "paramshard.observe" not in inspect.getsource(events)
+    from paramshard.observe.live import server_watch, trainer_watch
+    made = []
+    monkeypatch.setattr(trainer_watch, "TrainerWatch", lambda env, model: made.append(("trainer", env, model)))
+    monkeypatch.setattr(server_watch, "ServerWatch", lambda env, server: made.append(("server", env, server)))
+    paramshard._trainer_watch("env", "model")
+    paramshard._server_watch("env", "server")
+    assert made == [("trainer", "env", "model"), ("server", "env", "server")]

@@ -16,13 +16,14 @@ def standalone(monkeypatch):
     """No role taken yet, no thread variable of the user's, 8 CPUs; torch's threads put back after."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(launch_api, "usable_cpus", lambda: 8)
-    monkeypatch.setattr(runtime, "_env", None)
-    monkeypatch.setattr(runtime, "_local_server", None)
+    monkeypatch.setattr(launch_api, "usable_cpus", lambda: 8)     # the launcher's reading ...
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: 8)        # ... and the standalone run's
     threads = torch.get_num_threads()
-    yield
-    if runtime._local_server is not None:
-        runtime._local_server.close()
+    made = []
+    yield made
+    for env in made:
+        if env.local_server is not None:
+            env.local_server.close()
     torch.set_num_threads(threads)
 
 
@@ -35,19 +36,21 @@ def launched_trainer_threads(**config) -> int:
 def test_standalone_with_its_in_process_server_takes_the_threads_of_a_1_server_1_trainer_rank(standalone):
     torch.set_num_threads(7)                        # torch's own choice: not what a rank gets
     env = runtime.init(ClusterEnv(role=None))
-    assert runtime._local_server is not None and env.role == "trainer"
+    standalone.append(env)
+    assert env.local_server is not None and env.role == "trainer"
     assert torch.get_num_threads() == launched_trainer_threads(servers=1, trainers=1) == 4
 
 
 def test_standalone_collective_takes_the_threads_of_a_lone_trainer_rank(standalone):
     torch.set_num_threads(7)
     env = runtime.init(ClusterEnv(role=None, mode="collective"))
-    assert runtime._local_server is None and env.role == "trainer"
+    standalone.append(env)
+    assert env.local_server is None and env.role == "trainer"
     assert torch.get_num_threads() == launched_trainer_threads(servers=0, trainers=1, mode="collective") == 8
 
 
 def test_a_users_omp_num_threads_is_left_as_torch_read_it(standalone, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     torch.set_num_threads(3)
-    runtime.init(ClusterEnv(role=None))
+    standalone.append(runtime.init(ClusterEnv(role=None)))
     assert torch.get_num_threads() == 3

@@ -10,6 +10,7 @@ import time
 
 from paramshard import json_value
 from paramshard.errors import ConfigError, DeadlineExceeded, ParamshardError, ProtocolError, RemoteError
+from paramshard.client.recovery import install
 from paramshard.transport.links import ServerLinks
 from paramshard.messages.server_stats import ServerStats
 
@@ -21,8 +22,11 @@ BARRIER_TIMEOUT_FACTOR = 10
 
 
 def connect(env, who: str, timeout: float | None = None) -> ServerLinks:
-    """Links to the servers of ``env`` (its addresses and security), for a watcher or a tool."""
-    return ServerLinks.for_job(env, who=who, timeout=timeout)
+    """Links to the servers of ``env`` (its addresses and security), for a watcher or a tool
+    (a trainer's env: with its recovery's retry policy)."""
+    links = ServerLinks.for_job(env, who=who, timeout=timeout)
+    install(links, env)
+    return links
 
 
 def wait_for_servers(env, who: str, timeout: float = 30.0) -> None:

@@ -164,6 +164,9 @@ class ServeAgain:
 
 
 def install(links, env) -> None:
-    """Give ``links`` the retry policy of ``env``'s recovery (bounded-loss: ServeAgain)."""
+    """Give a trainer's ``links`` the retry policy of ``env``'s recovery (bounded-loss:
+    ServeAgain); the links of anyone else (a watcher, a tool) get none."""
+    if env.role != "trainer":
+        return
     if getattr(env, "recovery", "rollback") == "bounded-loss" and not env.mode.waits_every_step:
         links.retry = ServeAgain(env.timeout)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import secrets
 
-from paramshard.data.shards.tasks import Task
+from paramshard.messages.shard_tasks import Task
 from paramshard.errors import ConfigError, ProtocolError
 from paramshard.mode import Mode
 from paramshard.transport.links import Requests

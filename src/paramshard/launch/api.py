@@ -18,11 +18,12 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from paramshard.cpu_shares import THREAD_VARIABLES, thread_environ, usable_cpus  # noqa: F401 - the launcher's rule
 from paramshard.env import ClusterEnv, check_server_count
 from paramshard.errors import ConfigError
 from paramshard.mode import Mode
 from paramshard.settings.fields import launched, with_fields
-from paramshard.settings.process_variables import GLIBC_TUNABLES, MKL_THREADS, OMP_THREADS
+from paramshard.settings.process_variables import GLIBC_TUNABLES
 from paramshard.settings.setting import LAUNCH
 from paramshard.transport.security import new_secret
 from paramshard.launch.rank.target import check as check_target, command_words
@@ -35,29 +36,6 @@ from paramshard.launch.rank.target import check as check_target, command_words
 # the same settings; 64 MiB round trip 152 -> 87 ms.
 MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
                    "glibc.malloc.trim_threshold=2147483648")
-
-# torch (OpenMP) and MKL size their thread pools by the host's cores, once per process: S + T
-# processes on one host would each start a pool of all its cores and fight over them.
-THREAD_VARIABLES = (OMP_THREADS.env, MKL_THREADS.env)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity (taskset, a cgroup cpuset), else all."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:           # not Linux
-        return os.cpu_count() or 1
-
-
-def thread_environ(cpus: int, processes: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """OMP_NUM_THREADS and MKL_NUM_THREADS for one of ``processes`` sharing ``cpus``: an equal
-    share, at least 1. A user's OMP_NUM_THREADS (in ``environ``, the launcher's) wins, as
-    does a MKL_NUM_THREADS of theirs; both are passed on as they are."""
-    environ = os.environ if environ is None else environ
-    own = {name: environ[name] for name in THREAD_VARIABLES if environ.get(name)}
-    if "OMP_NUM_THREADS" in own:
-        return own
-    return {**dict.fromkeys(THREAD_VARIABLES, str(max(1, cpus // processes))), **own}
 
 
 if TYPE_CHECKING:    # the fields the table adds, for the checker (settings/stubs.py); object at run time

@@ -242,13 +242,10 @@ class ServerLinks(Requests):
     @classmethod
     def for_job(cls, env, who: str | None = None, timeout: float | None = None) -> "ServerLinks":
         """Links to the servers of ``env`` (a ClusterEnv) with its timeout and its
-        security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR)."""
-        links = cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
-                    security=Security.from_env(env))
-        if env.role == "trainer":
-            from paramshard.client.recovery import install
-            install(links, env)
-        return links
+        security (PARAMSHARD_SECRET + PARAMSHARD_JOB_ID, or PARAMSHARD_KEYS_DIR). No retry
+        policy: that is the client's (client/recovery.install), the wire has none of its own."""
+        return cls(env.servers, env.timeout if timeout is None else timeout, who=who or env.rank_name,
+                   security=Security.from_env(env))
 
     def __len__(self) -> int:
         return len(self.links)

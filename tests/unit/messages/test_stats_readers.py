@@ -10,7 +10,7 @@ from paramshard.env import ClusterEnv
 from paramshard.errors import ProtocolError
 from paramshard.observe.run_records.records import MARK
 from paramshard.observe.live.server_watch import ServerWatch
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.server.core.in_process import LocalLinks
 from paramshard.messages.server_stats import ServerStats
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, TypeVar
 
+from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 
 T = TypeVar("T")
@@ -37,13 +38,12 @@ def shard(data, batch_size: int = 1, trainer_id: int | None = None, num_trainers
     to keep batches contiguous. Any other iterable (a DataLoader, a generator)
     is dealt item by item (batch by batch for a DataLoader).
 
-    Without ``trainer_id``/``num_trainers``: this process's, as ``ps.init()`` settled them
-    or as the environment says (a plain run: trainer 0 of 1). A pure function: it starts
+    Without ``trainer_id``/``num_trainers``: this process's, as the environment contract
+    says (a plain run: trainer 0 of 1, as ``ps.init()`` settles it too). A pure function: it starts
     no server and takes no role (that is ``ps.init()``'s).
     """
     if trainer_id is None or num_trainers is None:
-        from paramshard.runtime import environment
-        env = environment()
+        env = ClusterEnv.from_environ()
         trainer_id = env.trainer_id if trainer_id is None else trainer_id
         num_trainers = env.num_trainers if num_trainers is None else num_trainers
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):

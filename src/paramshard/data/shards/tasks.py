@@ -16,37 +16,14 @@ A task is (id, file index, start, end, kind); ``end`` is -1 for "to the end of t
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 from paramshard.errors import ConfigError
+from paramshard.messages.shard_tasks import KINDS, MAX_TASKS, Task  # noqa: F401 - the task itself (shared with server 0)
 
-KINDS = ("bytes", "gzip", "rows")
 DEFAULT_TASK_BYTES = 64 << 20
-MAX_TASKS = 20_000    # the service's bound too; a list of them fits a wire header (1 MiB)
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    id: int
-    file: int        # index into the task list's files
-    start: int       # bytes: byte offset; rows: row number; gzip: records to skip
-    end: int         # exclusive; -1: to the end of the file (gzip)
-    kind: str
-
-    def to_wire(self) -> list:
-        return [self.file, self.start, self.end, KINDS.index(self.kind)]
-
-    @classmethod
-    def from_wire(cls, task_id: int, wire) -> "Task":
-        file, start, end, kind = wire
-        return cls(task_id, file, start, end, KINDS[kind])
-
-    def rest(self, position: int) -> "Task":
-        """The part of this task from ``position`` on (a reader's next unread record)."""
-        return dataclasses.replace(self, start=position)
 
 
 def kind_of(path: Path) -> str:

@@ -34,16 +34,15 @@ from typing import Callable
 
 from paramshard.errors import ConfigError, DeadlineExceeded
 from paramshard.log import get_logger
+from paramshard.observe.run_records.records import CONTROL, ENDED  # the run directory's layout
 from paramshard.safe_files import UnsafeFile, check_private_dir, read_small, write_whole
 
 log = get_logger("launch")
 
 MAX_REQUEST_BYTES = 4096       # a request is a few fields: anything bigger is not one of ours
-CONTROL = "control"
 
 Handler = Callable[..., str]     # (int) -> str, or (str) -> str for a kind registered with value_type=str
 MAX_TEXT_VALUE = 256           # a text value is a host entry: a few words
-ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
 SUMMARY = "summary.json"       # in the run directory: the job is over (observe/run_records/run_dir.py)
 RUN_NAME = re.compile(r"\d{8}-\d{6}-(.+)")   # observe/records.default_run_dir: STAMP-JOBID
 MAX_SUMMARY_BYTES = 1 << 20    # a summary names every process: far less than this

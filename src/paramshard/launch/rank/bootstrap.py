@@ -64,7 +64,7 @@ def join(world: World, base: ClusterEnv, servers: int, target: tuple[str | None,
         store_socket = socket.create_server((base.bind or host, 0), backlog=1024)
         record["collective"] = f"{host}:{store_socket.getsockname()[1]}"
     if is_server:
-        from paramshard.runtime import build_server
+        from paramshard.server.assembly import build_server     # every service (pandas): server ranks only
         host = own_address(world, environ)
         provisional = dataclasses.replace(common, role="server", server_id=world.rank,
                                           servers=(f"{host}:0",) * servers)

@@ -2,7 +2,7 @@
 endpoint (PARAMSHARD_METRICS_PORT), its own records under ``paramshard run
 --run-dir``, and under ``paramshard launch`` its last counters on stdout.
 
-Registered by name in events.py, so ``runtime.serve`` never imports observe/.
+Registered from the top (paramshard/__init__.py), so ``runtime.serve`` never imports observe/.
 """
 from __future__ import annotations
 

@@ -69,6 +69,11 @@ from paramshard.safe_files import open_append, write_whole
 SERVER_EVERY = 2.0           # seconds between server records
 TRAINER_EVERY = 1.0          # seconds between a trainer's records
 MARK = "\x1eparamshard-metrics "   # a trainer's record on its stdout, for the launcher to take out
+# The run directory's control folder (`paramshard scale` -> the launcher: launch/elastic/control_channel.py)
+# and, in it, the launcher's "no more requests" mark: named here, with the rest of the run
+# directory's layout, so observe/ reads them without importing the launcher.
+CONTROL = "control"
+ENDED = "ended.json"           # in control/: the launcher answers no more requests (why, when)
 
 
 def default_run_dir(job_id: str, now: float | None = None) -> Path:

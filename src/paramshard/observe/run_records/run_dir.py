@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from paramshard.launch.elastic.control_channel import CONTROL, ENDED
 from paramshard.safe_files import check_private_dir, make_private_dir, open_append, write_whole
 from paramshard.observe.run_records.counter_carry import CounterCarry
-from paramshard.observe.run_records.records import MARK, RecordWriter, write_json
+from paramshard.observe.run_records.records import CONTROL, ENDED, MARK, RecordWriter, write_json
 from paramshard.observe.live.tensorboard_writer import TENSORBOARD_DIR, TensorBoardWriter
 
 REDACTED = "<redacted>"

@@ -1,6 +1,7 @@
-"""The data-shard queue of one job: which tasks (data/shards/tasks.py) of the current data pass
-are waiting, in progress (and where each stands), and done. Pure: no sockets, no clock;
-the shard service (server/elastic/shard_service.py) puts it on server 0.
+"""The data-shard queue of one job: which tasks (messages/shard_tasks.py; data/shards/tasks.py
+makes them from files) of the current data pass are waiting, in progress (and where each
+stands), and done. Pure: no sockets, no clock; the shard service
+(server/elastic/shard_service.py) puts it on server 0.
 
 - ``register(pass_, fingerprint, files, tasks)``: the pass's task list. Every trainer
   registers (they all compute the same list); a repeat of the same list is accepted, a
@@ -38,7 +39,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from paramshard.data.shards.tasks import KINDS, MAX_TASKS
+from paramshard.messages.shard_tasks import KINDS, MAX_TASKS
 from paramshard.errors import ConfigError, LimitExceeded
 
 MAX_FILES = 100_000

@@ -3,6 +3,7 @@ import pytest
 
 import paramshard as ps
 from paramshard import runtime
+from paramshard.env import ClusterEnv
 
 
 @pytest.fixture
@@ -10,7 +11,6 @@ def no_role_taken(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("ps.shard() took a role (runtime.init)")
     monkeypatch.setattr(runtime, "init", forbidden)
-    monkeypatch.setattr(runtime, "_env", None)
 
 
 def test_shard_reads_the_trainer_from_the_environment(no_role_taken, monkeypatch):
@@ -35,7 +35,9 @@ def test_a_plain_run_is_trainer_0_of_1(no_role_taken, monkeypatch):
     assert ps.shard(list(range(3))) == [0, 1, 2]
 
 
-def test_the_environment_init_settled_on_wins(monkeypatch):
-    env = runtime.ClusterEnv(role="trainer", servers=("127.0.0.1:1",), num_trainers=2, trainer_id=1)
-    monkeypatch.setattr(runtime, "_env", env)
-    assert ps.shard(list(range(4))) == [1, 3]
+def test_an_env_of_ones_own_is_passed_as_numbers(no_role_taken, monkeypatch):
+    """``init`` keeps nothing in the process: a script that made its env itself (not from the
+    environment) gives ``shard`` its trainer and count."""
+    monkeypatch.delenv("PARAMSHARD_ROLE", raising=False)
+    env = ClusterEnv(role="trainer", servers=("127.0.0.1:1",), num_trainers=2, trainer_id=1)
+    assert ps.shard(list(range(4)), trainer_id=env.trainer_id, num_trainers=env.num_trainers) == [1, 3]

@@ -12,7 +12,7 @@ import paramshard as ps
 from paramshard.env import ClusterEnv
 from paramshard.errors import AlreadyApplied, ConfigError, ProtocolError
 from paramshard.launch.elastic.replica_copy import ServerReplica
-from paramshard.runtime import build_server
+from paramshard.server.assembly import build_server
 from paramshard.server.elastic import replication
 from paramshard.server.elastic.replication import DirtyPages, ReplayGuard
 from paramshard.server.core.replies import Deferred

@@ -1,0 +1,71 @@
+"""Building a server: the one function that makes a ParameterServer for a ClusterEnv and adds
+its services (``runtime`` serves it, ``launch/rank/bootstrap.py`` binds it before the job's
+addresses are known, tests build servers as threads with it).
+
+The order services are added in is the order their request hooks run in: the core loop asks
+each hook in turn (``ParameterServer.admit``; the first refusal wins, a HOLD waits) and tells
+them ``applied`` and ``tick`` in the same order. ``SERVICES`` states it; a test builds servers
+and checks it. Why this order:
+
+1. the constructor's, on every server: ``DenseHandlers``, ``ControlHandlers`` (its hook,
+   ``EpochCheck``, runs first: a request of a stale epoch is refused before any other hook
+   holds it), ``TrainerBarriers``, ``ShardService`` (the data-shard queue, served by server 0);
+2. ``SparseService``, the tables every later service reads;
+3. ``MigrationService`` then ``DenseMigration`` (``MigrationHook``, ``DenseMoveHook``): a request
+   for a partition or block this server no longer owns is refused (the trainer re-routes) before
+   the checkpoint's gate would hold it here;
+4. ``CheckpointService`` (``PushGateHook``, ``DropGuard``) and ``LearningRates``;
+5. ``ReplicationService`` (its guard), bounded-loss recovery only: last, it sees only requests
+   every other hook accepted.
+"""
+from __future__ import annotations
+
+from paramshard.env import ClusterEnv
+from paramshard.server.core.idle_watch import default_limit
+from paramshard.server.core.parameter_server import ParameterServer
+from paramshard.server.elastic.migration_service import attach_migration
+from paramshard.server.services.checkpoint_service import attach_checkpoints
+from paramshard.server.services.learning_rates import attach_learning_rates
+from paramshard.server.services.sparse_service import attach_sparse
+from paramshard.transport.security import Security
+
+# The services of a built server, in the order they were added (and their hooks run in).
+SERVICES = ("DenseHandlers", "ControlHandlers", "TrainerBarriers", "ShardService",     # the constructor's
+            "SparseService", "MigrationService", "DenseMigration", "CheckpointService", "LearningRates")
+BOUNDED_LOSS_SERVICES = ("ReplicationService",)     # after SERVICES, with PARAMSHARD_RECOVERY=bounded-loss
+
+
+def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None,
+                 watch_peers: bool = True, in_process: bool = False) -> ParameterServer:
+    """A server of ``env``'s job with all its services. ``bind``: host:port (default: its
+    own address in ``env.servers``, on ``env.bind`` if set). ``watch_peers=False``: the other
+    servers' addresses are not known yet (``ParameterServer.watch_peers`` adds them later).
+    ``in_process``: no socket, the server answers ``handle_local`` calls only (a trainer in this
+    process talks to it through server/core/in_process.LocalLinks)."""
+    if in_process:
+        bind = None
+    elif bind is None:
+        own_host, _, own_port = env.servers[env.server_id].rpartition(":")
+        bind = f"{env.bind or own_host}:{own_port}"
+    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
+                             security=Security.from_env(env), peers=peers_of(env) if watch_peers else None,
+                             limits=env.limits, min_trainers=env.min_trainers,
+                             recovering=env.recovering, max_staleness=env.max_staleness,
+                             idle_exit=None if in_process else default_limit(env.idle_exit, env.timeout))
+    add_services(server, env)
+    return server
+
+
+def peers_of(env: ClusterEnv) -> dict[int, str]:
+    """The other servers of this server's job, watched so it does not outlive them."""
+    return {i: address for i, address in enumerate(env.servers) if i != env.server_id}
+
+
+def add_services(server: ParameterServer, env: ClusterEnv) -> None:
+    """The services after the constructor's, in the order of ``SERVICES``."""
+    attach_migration(server, env, attach_sparse(server, env))     # SparseService, MigrationService + DenseMigration
+    attach_checkpoints(server)
+    attach_learning_rates(server)
+    if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server
+        from paramshard.server.elastic.replication import attach_replication   # noqa: PLC0415 - bounded-loss jobs only
+        attach_replication(server)
