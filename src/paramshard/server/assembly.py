@@ -3,9 +3,10 @@ its services (``runtime`` serves it, ``launch/rank/bootstrap.py`` binds it befor
 addresses are known, tests build servers as threads with it).
 
 The order services are added in is the order their request hooks run in: the core loop asks
-each hook in turn (``ParameterServer.admit``; the first refusal wins, a HOLD waits) and tells
-them ``applied`` and ``tick`` in the same order. ``SERVICES`` states it; a test builds servers
-and checks it. Why this order:
+each hook in turn (``ParameterServer._admit``: a refusal raises; a HOLD stops there, and the
+held request, handed back, is admitted again from the first hook) and tells them ``applied``
+and ``tick`` in the same order. ``SERVICES`` states it; tests/unit/server/test_assembly.py
+builds servers and checks it. Why this order:
 
 1. the constructor's, on every server: ``DenseHandlers``, ``ControlHandlers`` (its hook,
    ``EpochCheck``, runs first: a request of a stale epoch is refused before any other hook
@@ -15,7 +16,7 @@ and checks it. Why this order:
    for a partition or block this server no longer owns is refused (the trainer re-routes) before
    the checkpoint's gate would hold it here;
 4. ``CheckpointService`` (``PushGateHook``, ``DropGuard``) and ``LearningRates``;
-5. ``ReplicationService`` (its guard), bounded-loss recovery only: last, it sees only requests
+5. ``ReplicationService`` (``ReplayGuard``), bounded-loss recovery only: last, it sees only requests
    every other hook accepted.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from paramshard.env import ClusterEnv
 from paramshard.server.core.idle_watch import default_limit
 from paramshard.server.core.parameter_server import ParameterServer
 from paramshard.server.elastic.migration_service import attach_migration
+from paramshard.server.elastic.replication import attach_replication
 from paramshard.server.services.checkpoint_service import attach_checkpoints
 from paramshard.server.services.learning_rates import attach_learning_rates
 from paramshard.server.services.sparse_service import attach_sparse
@@ -67,5 +69,4 @@ def add_services(server: ParameterServer, env: ClusterEnv) -> None:
     attach_checkpoints(server)
     attach_learning_rates(server)
     if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server
-        from paramshard.server.elastic.replication import attach_replication   # noqa: PLC0415 - bounded-loss jobs only
         attach_replication(server)

@@ -16,11 +16,11 @@ from typing import Sequence
 from paramshard.env import ClusterEnv
 from paramshard.launch.api import MALLOC_TUNABLES
 from paramshard.launch.rank.bootstrap import Joined
+from paramshard.runtime import serve
 
 
 def start(joined: Joined, environ: dict) -> int:
     """Serve (the exit code) or become the trainer's script (never returns)."""
-    from paramshard.runtime import serve
     rank = joined.rank
     if joined.server is not None:
         return serve(rank.env, joined.server)
@@ -33,7 +33,6 @@ def start(joined: Joined, environ: dict) -> int:
 
 def serve_given(env: ClusterEnv) -> int:
     """A server whose role and addresses were given (Kubernetes, hand-written scripts)."""
-    from paramshard.runtime import serve
     code = serve(env)
     if env.server_id == 0:
         _after_job()
