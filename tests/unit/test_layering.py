@@ -88,22 +88,34 @@ def is_module(dotted: str) -> bool:
     return path.is_dir() or path.with_suffix(".py").is_file()
 
 
-def imported_modules(tree: ast.AST):
+def import_statements(statements, lazy=False):
+    """(statement, lazy) for every import among ``statements`` and the blocks inside them;
+    lazy: inside a function. Imports are statements, so expressions are never walked."""
+    for node in statements:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, lazy
+            continue
+        inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for block in ("body", "orelse", "finalbody"):
+            yield from import_statements(getattr(node, block, ()), inner)
+        for part in [*getattr(node, "handlers", ()), *getattr(node, "cases", ())]:      # except, match
+            yield from import_statements(part.body, inner)
+
+
+def imported_modules(tree: ast.Module):
     """(module, line, lazy) for every paramshard module a file imports; ``from paramshard
     import runtime`` names the module runtime, ``from paramshard import __version__`` the package."""
-    in_function = {id(inner) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   for inner in ast.walk(node) if isinstance(inner, (ast.Import, ast.ImportFrom))}
-    for node in ast.walk(tree):
+    for node, lazy in import_statements(tree.body):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        elif node.level == 0 and node.module:
             names = [f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}") else node.module
                      for alias in node.names]
         else:
             continue
         for name in names:
             if name.split(".")[0] == "paramshard":
-                yield name, node.lineno, id(node) in in_function
+                yield name, node.lineno, lazy
 
 
 @functools.cache
@@ -199,6 +211,10 @@ def test_known_exceptions_still_exist():
 @pytest.mark.parametrize("sample, expected", [
     ("def f():\n    from paramshard.client.recovery import install\n",
      [("paramshard.client.recovery", True)]),
+    ("class C:\n    def f(self):\n        try:\n            pass\n        except ImportError:\n"
+     "            if True:\n                import paramshard.data\n",
+     [("paramshard.data", True)]),
+    ("try:\n    import paramshard.log\nfinally:\n    pass\n", [("paramshard.log", False)]),
     ("from paramshard import runtime, __version__\nimport paramshard.server.core.api\n",
      [("paramshard.runtime", False), ("paramshard", False), ("paramshard.server.core.api", False)]),
 ])

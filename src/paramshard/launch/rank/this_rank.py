@@ -42,7 +42,7 @@ def serve_given(env: ClusterEnv) -> int:
 def become(argv: Sequence[str], env: ClusterEnv, environ: dict) -> None:
     """Replace this process with ``argv`` (python SCRIPT ARGS, python -m MODULE ARGS) and the job's contract."""
     child_env = {**environ, **env.to_environ(), "PYTHONUNBUFFERED": "1"}
-    from paramshard.observe.run_records.rank_records import run_dir_of, write_rank
+    from paramshard.observe.run_records.rank_records import run_dir_of, write_rank   # a trainer rank's only
     if run_dir_of(env) is not None:
         write_rank(run_dir_of(env), env.rank_name, env)
     sys.stdout.flush(), sys.stderr.flush()
