@@ -13,6 +13,7 @@ from paramshard.launch.engines.local import LocalPlacement
 from paramshard.launch.engines.placement import Placement
 from paramshard.launch.engines.ssh import SshHosts, SshOptions
 from paramshard.launch.supervision.build import build_launcher
+from paramshard.launch.supervision.listeners import JobListeners
 from paramshard.launch.supervision.restart_policy import RestartPolicy
 from paramshard.launch.supervision.supervisor import Supervisor
 from paramshard.launch.rank import target
@@ -204,14 +205,16 @@ def run(args) -> int:
                     "and change the model")
 
     policy = RestartPolicy(args.max_restarts)       # the job's one budget: every run spends from it
+    # The run directory's watch hears each run's restarts, membership changes and events.
+    listeners = JobListeners(**watch.listeners())
 
     def relaunch(restarts_left: int, resume: str):
         # The next run of the same job: one job id, one run directory, one secret, one budget.
         fields["resume"] = resume
         again = _placement(args, dict(fields, max_restarts=restarts_left))
-        return build_launcher(again.config, again, policy=policy, **watch.launcher_options())
+        return build_launcher(again.config, again, policy=policy, listeners=listeners, **watch.launcher_options())
 
-    first = build_launcher(config, placement, policy=policy, **watch.launcher_options())
+    first = build_launcher(config, placement, policy=policy, listeners=listeners, **watch.launcher_options())
     supervisor = Supervisor(first, relaunch, policy, fields.get("checkpoint_dir"), watch)
     try:
         return supervisor.run()

@@ -22,6 +22,7 @@ builds servers and checks it. Why this order:
 from __future__ import annotations
 
 from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
 from paramshard.server.core.idle_watch import default_limit
 from paramshard.server.core.parameter_server import ParameterServer
 from paramshard.server.elastic.migration_service import attach_migration
@@ -44,12 +45,15 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     servers' addresses are not known yet (``ParameterServer.watch_peers`` adds them later).
     ``in_process``: no socket, the server answers ``handle_local`` calls only (a trainer in this
     process talks to it through server/core/in_process.LocalLinks)."""
+    server_id = env.server_id
+    if server_id is None:
+        raise ConfigError("a server's env names no server (PARAMSHARD_SERVER_ID): give its server_id")
     if in_process:
         bind = None
     elif bind is None:
-        own_host, _, own_port = env.servers[env.server_id].rpartition(":")
+        own_host, _, own_port = env.servers[server_id].rpartition(":")
         bind = f"{env.bind or own_host}:{own_port}"
-    server = ParameterServer(env.server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
+    server = ParameterServer(server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=peers_of(env) if watch_peers else None,
                              limits=env.limits, min_trainers=env.min_trainers,
                              recovering=env.recovering, max_staleness=env.max_staleness,

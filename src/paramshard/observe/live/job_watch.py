@@ -30,12 +30,15 @@ class JobWatch:
 
     def launcher_options(self) -> dict:
         """What each run's Launcher is built with (launch/supervision/build.py): every process's output
-        through the run directory, above the live table; restarts, membership changes and events as
-        the run directory's events; `paramshard scale RUN_DIR` asks the launcher through it."""
-        from paramshard.launch.supervision.listeners import JobListeners
-        return dict(out=self.progress.writer(), tap_for=self.run.tap_for, control_dir=self.run.path,
-                    listeners=JobListeners(restarted=(self.restarted,), membership=(self.membership,),
-                                           events=(self.run.event,)))
+        through the run directory, above the live table; `paramshard scale RUN_DIR` asks the
+        launcher through it. Its listeners are ``listeners()``."""
+        return dict(out=self.progress.writer(), tap_for=self.run.tap_for, control_dir=self.run.path)
+
+    def listeners(self) -> dict:
+        """Restarts, membership changes and events as the run directory's events: the fields of
+        the launcher's JobListeners (launch/supervision/listeners.py), which the command that
+        builds the launcher makes of them (observe/ imports nothing of launch/)."""
+        return dict(restarted=(self.restarted,), membership=(self.membership,), events=(self.run.event,))
 
     def membership(self, change: str, text: str, trainer: int | None = None, **fields) -> None:
         """An elastic job's trainers changed (launch/elastic/elastic_trainers.py): a ``membership`` event
