@@ -38,7 +38,8 @@ class ClusterEnv(ClusterEnvFields):
     string is parsed, Mode.parse), ``limits``, ``max_in_flight`` (None: 1 in async mode, 0 in sync)."""
 
     # Not a setting (never in the environment): the in-process server of a standalone run, made
-    # by ``runtime.init``; this env's trainer talks to it by direct calls (``runtime.links_for``).
+    # by ``runtime.init`` (a StandaloneServer, built when the trainer first connects) or a
+    # ParameterServer a test built; this env's trainer talks to it by direct calls (``runtime.links_for``).
     # The env carries it, not a module of this process, so two standalone jobs (tests, a
     # notebook) each have their own. None: the servers are ``servers``, over sockets.
     local_server: Any = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)

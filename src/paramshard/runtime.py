@@ -17,6 +17,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from paramshard.client.recovery import install      # the links' retry policy is the client's
@@ -26,6 +27,7 @@ from paramshard.events import ServerListeners
 from paramshard.log import configure, get_logger
 from paramshard.settings.process_variables import OMP_THREADS
 from paramshard.server.core.in_process import LocalLinks
+from paramshard.server.core.parameter_server import IN_PROCESS
 from paramshard.transport.links import ServerLinks
 
 if TYPE_CHECKING:
@@ -49,15 +51,37 @@ def init(env: ClusterEnv | None = None) -> ClusterEnv:
         log.info("no cluster in the environment: collective mode with this process as the only trainer")
         take_thread_share(processes=1)
     elif env.role is None:
-        # server/assembly.py imports every service (pandas among them): only a process that builds one
-        from paramshard.server.assembly import build_server
-        server = build_server(dataclasses.replace(env, server_id=0), num_trainers=1,
-                              watch_peers=False, in_process=True)
-        env = dataclasses.replace(env, role="trainer", servers=(server.address,), num_trainers=1, trainer_id=0,
-                                  local_server=server)
-        log.info("no cluster in the environment: training against a server inside this process")
+        # The server is built when this env's trainer first connects (links_for), not here: a
+        # script's ps.init() and its Trainer's own init() (runtime.current) make one server, not two.
+        env = dataclasses.replace(env, role="trainer", servers=(IN_PROCESS,), num_trainers=1, trainer_id=0,
+                                  local_server=StandaloneServer(dataclasses.replace(env, server_id=0)))
         take_thread_share(processes=2)
     return env
+
+
+class StandaloneServer:
+    """A standalone run's server inside this process (no socket, no thread), made on first use:
+    the trainer whose env carries it owns it (``close``)."""
+
+    def __init__(self, env: ClusterEnv):
+        self._env = env
+        self._server: ParameterServer | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ParameterServer:
+        with self._lock:
+            if self._server is None:
+                # server/assembly.py imports every service (pandas among them): only a process that builds one
+                from paramshard.server.assembly import build_server
+                self._server = server = build_server(self._env, num_trainers=1, watch_peers=False, in_process=True)
+                log.info("no cluster in the environment: training against a server inside this process")
+                return server
+            return self._server
+
+    def close(self) -> None:
+        with self._lock:
+            if self._server is not None:
+                self._server.close()
 
 
 def take_thread_share(processes: int) -> None:
@@ -95,7 +119,9 @@ def links_for(env: ClusterEnv, who: str | None = None):
     """A trainer's links to the servers of ``env``: direct calls to its in-process server
     (``env.local_server``), else ServerLinks (sockets) with its recovery's retry policy."""
     if env.local_server is not None:
-        return LocalLinks(env.local_server, env.timeout, who=who or env.rank_name)
+        # ps.init()'s StandaloneServer, or a ParameterServer a test built (server/assembly.py)
+        server = env.local_server.get() if isinstance(env.local_server, StandaloneServer) else env.local_server
+        return LocalLinks(server, env.timeout, who=who or env.rank_name)
     links = ServerLinks.for_job(env, who=who)
     install(links, env)
     return links
