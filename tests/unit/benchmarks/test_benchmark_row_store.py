@@ -31,6 +31,7 @@ def positive(x) -> bool:
     return math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow_unit(reason="runs the benchmark's timed rounds")
 def test_rates_are_positive_and_finite(o):
     results = {"first_touch": R.first_touch(STORES, o), "gather": R.gather(STORES, o),
                "pull_push": R.pull_push(STORES, o), "size_ratio": R.size_ratio(STORES, o)}
@@ -45,6 +46,7 @@ def test_rates_are_positive_and_finite(o):
     R.report(o, results, ["note"])          # the tables print
 
 
+@pytest.mark.slow_unit(reason="runs the benchmark's timed rounds")
 def test_the_embeddingbag_peer_runs_in_the_same_rounds(o):
     res = R.pull_push(STORES, o, peer=True, kinds=("sgd", "adam"))
     for kind in ("sgd", "adam"):
