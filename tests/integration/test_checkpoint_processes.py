@@ -10,12 +10,14 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 from paramshard.checkpoint.format import Checkpoint
 from tests.unit.checkpoint.test_checkpoint_format import write
 from tests.unit.checkpoint.test_checkpoint_hostile import VALUES, make, manifest_of, rewrite
 
 
+@pytest.mark.processes        # kills the writer: `make test` only, not `make check`
 def test_a_writer_killed_mid_save_leaves_the_previous_checkpoint_whole(tmp_path):
     write(tmp_path, 3, 3.0)
     # A second writer puts 1 GB in small pieces: it is killed while writing them.

@@ -17,6 +17,9 @@ from paramshard.launch.engines import fork_server
 from paramshard.launch.engines.processes import Child
 from paramshard.launch.supervision.rank_exit import RankExit
 
+# Starts a zygote and kills its ranks: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ENV.pop("PARAMSHARD_FORK", None)
 
