@@ -30,15 +30,44 @@ def pytest_configure(config):
 
 
 # Markers by cost (pyproject.toml), applied here so that a file need not say them: the engine a
-# test needs (by the fixture it asks for, or by its file), and `slow` for the modules whose
-# items take over ~20 s each (measured with --durations; `-m "not slow"` for a quicker run).
+# test needs (by the fixture it asks for, or by its file); `slow` for the tests whose items took
+# over ~20 s each (`--durations`, 2 shared cores, 2026-11-29); `soak` for those that run a job
+# through many disturbances. `-m "not slow and not soak and not engine"` for a quicker run.
 ENGINE_FIXTURES = {"ssh_hosts": "engine_ssh", "netns_lab": "engine_ssh", "engines": "engine_ssh",
                    "mpi": "engine_mpi", "slurm_cluster": "engine_slurm"}
 ENGINE_FILES = {"test_ssh_launch.py": "engine_ssh", "test_ssh_remove_host.py": "engine_ssh",
                 "test_ssh_scale.py": "engine_ssh", "test_run_torchrun_mpi.py": "engine_mpi",
                 "test_run_slurm.py": "engine_slurm", "test_run_example.py": "engine_slurm"}
-SLOW_FILES: set[str] = set()
-SOAK_FILES: set[str] = set()
+SLOW = {  # file::test (every parametrization)
+    "test_checkpoint_launch.py::test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart",
+    "test_ctr_app.py::test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins",
+    "test_ctr_app.py::test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression",
+    "test_ctr_app.py::test_one_process_without_launcher_every_model",
+    "test_elastic_data.py::test_every_record_once_while_trainers_die_join_and_leave",
+    "test_elastic_matrix.py::test_smoke_combinations",
+    "test_elastic_servers.py::test_a_sync_job_with_prefetching_scales_2_3_2",
+    "test_exact_replay.py::*",
+    "test_run_example.py::test_digits_under_torchrun",
+    "test_run_torchrun_mpi.py::*",
+    "test_ssh_launch.py::test_many_hosts_in_network_namespaces_and_a_cut_host_fails_the_job",
+    "test_ssh_launch.py::test_two_hosts_train_like_the_local_launcher_and_a_rerun_copies_nothing",
+    "test_ssh_remove_host.py::*",
+    "test_ssh_scale.py::*",
+    "test_checkpoint_during_scale.py::*",
+    "test_collective_modes.py::test_collective_equals_one_process_with_the_combined_batch",
+}
+SOAK = {
+    "test_elastic_data.py::test_every_record_once_while_trainers_die_join_and_leave",
+    "test_elastic_matrix.py::test_smoke_combinations",
+    "test_exact_replay.py::*",
+    "test_recovery_every_server.py::*",
+    "test_ctr_app.py::test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins",
+}
+
+
+def _listed(item, names: set[str]) -> bool:
+    name = item.path.name
+    return f"{name}::*" in names or f"{name}::{getattr(item, 'originalname', item.name)}" in names
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,9 +80,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(marker)
         if engines:
             item.add_marker("engine")
-        if name in SLOW_FILES:
+        if _listed(item, SLOW):
             item.add_marker("slow")
-        if name in SOAK_FILES:
+        if _listed(item, SOAK):
             item.add_marker("soak")
 
 
