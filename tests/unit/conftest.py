@@ -9,6 +9,9 @@ phase's wall time less the time the test's thread waited for a CPU while it coul
 with other jobs that wait is the others' load, not the test's cost, and would otherwise fail
 fast tests at random. A test that sleeps or waits on a deadline pays for it in full. A machine
 loaded in other ways (memory, disk) can loosen the limit: PARAMSHARD_UNIT_LIMIT_S=5.
+
+The compiled row store's kernels must be in numba's cache (`make warm`, which `make check` and
+`make test` run first): a test that compiles one pays seconds (e.g. after kernel sources moved).
 """
 from __future__ import annotations
 
