@@ -22,6 +22,68 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # The jobs the suite launches fork their ranks from one pre-imported interpreter
+    # (`launch --fork`, launch/fork_server.py): a rank's start is then a fork, not 1-2 s of CPU
+    # for Python, torch, pandas and numba. PARAMSHARD_FORK=0 runs the suite with every rank a new
+    # process; tests of that path set it to 0 themselves (e.g. tests/e2e/test_launch_signals.py).
+    os.environ.setdefault("PARAMSHARD_FORK", "1")
+
+
+# Markers by cost (pyproject.toml), applied here so that a file need not say them: the engine a
+# test needs (by the fixture it asks for, or by its file); `slow` for the tests whose items took
+# over ~20 s each (`--durations`, 2 shared cores, 2026-11-29); `soak` for those that run a job
+# through many disturbances. `-m "not slow and not soak and not engine"` for a quicker run.
+ENGINE_FIXTURES = {"ssh_hosts": "engine_ssh", "netns_lab": "engine_ssh", "engines": "engine_ssh",
+                   "mpi": "engine_mpi", "slurm_cluster": "engine_slurm"}
+ENGINE_FILES = {"test_ssh_launch.py": "engine_ssh", "test_ssh_remove_host.py": "engine_ssh",
+                "test_ssh_scale.py": "engine_ssh", "test_run_torchrun_mpi.py": "engine_mpi",
+                "test_run_slurm.py": "engine_slurm", "test_run_example.py": "engine_slurm"}
+SLOW = {  # file::test (every parametrization)
+    "test_checkpoint_launch.py::test_a_hung_server_is_killed_and_restarted_in_place_for_one_restart",
+    "test_ctr_app.py::test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins",
+    "test_ctr_app.py::test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression",
+    "test_ctr_app.py::test_one_process_without_launcher_every_model",
+    "test_elastic_data.py::test_every_record_once_while_trainers_die_join_and_leave",
+    "test_elastic_matrix.py::test_smoke_combinations",
+    "test_elastic_servers.py::test_a_sync_job_with_prefetching_scales_2_3_2",
+    "test_exact_replay.py::*",
+    "test_run_example.py::test_digits_under_torchrun",
+    "test_run_torchrun_mpi.py::*",
+    "test_ssh_launch.py::test_many_hosts_in_network_namespaces_and_a_cut_host_fails_the_job",
+    "test_ssh_launch.py::test_two_hosts_train_like_the_local_launcher_and_a_rerun_copies_nothing",
+    "test_ssh_remove_host.py::*",
+    "test_ssh_scale.py::*",
+    "test_checkpoint_during_scale.py::*",
+    "test_collective_modes.py::test_collective_equals_one_process_with_the_combined_batch",
+}
+SOAK = {
+    "test_elastic_data.py::test_every_record_once_while_trainers_die_join_and_leave",
+    "test_elastic_matrix.py::test_smoke_combinations",
+    "test_exact_replay.py::*",
+    "test_recovery_every_server.py::*",
+    "test_ctr_app.py::test_an_elastic_app_job_trains_every_row_once_per_epoch_while_a_trainer_leaves_and_one_joins",
+}
+
+
+def _listed(item, names: set[str]) -> bool:
+    name = item.path.name
+    return f"{name}::*" in names or f"{name}::{getattr(item, 'originalname', item.name)}" in names
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        engines = {ENGINE_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in ENGINE_FIXTURES}
+        if name in ENGINE_FILES:
+            engines.add(ENGINE_FILES[name])
+        for marker in sorted(engines):
+            item.add_marker(marker)
+        if engines:
+            item.add_marker("engine")
+        if _listed(item, SLOW):
+            item.add_marker("slow")
+        if _listed(item, SOAK):
+            item.add_marker("soak")
 
 
 # ``python -c`` of a server under an address-space limit (RLIMIT_AS, as ``ulimit -v`` sets it),
@@ -39,8 +101,10 @@ def server_argv(address_space: int | None = None) -> list[str]:
 
 
 class Cluster:
-    """Real server processes on free loopback ports; trainers are made by the test.
-    ``address_space``: each server's RLIMIT_AS in bytes (None: the test process's own)."""
+    """Servers on free loopback ports, as threads of the test process or as processes; trainers
+    are made by the test. ``address_space``: each server's RLIMIT_AS in bytes (None: the test
+    process's own; a limit needs a process of its own). ``in_process``: None for the suite's
+    choice (``servers_as_threads``)."""
 
     def __init__(self, servers: int, trainers: int, mode: str, timeout: float, address_space: int | None = None,
                  in_process: bool | None = None, **env_fields):
@@ -69,18 +133,26 @@ class Cluster:
             server.close()
 
 
-def servers_as_threads() -> bool:
-    """`make check` runs the suite's servers as threads of the test process
-    (PARAMSHARD_TEST_SERVERS=threads); a test that kills or signals a server asks for processes
-    (``cluster(..., in_process=False)``)."""
-    return os.environ.get("PARAMSHARD_TEST_SERVERS") == "threads"
+def servers_as_threads(marked_processes: bool = False) -> bool:
+    """The suite's servers are threads of the test process (the same wire and the same server,
+    without a process start of 1-2 s of CPU each), under `make check` and `make test` alike. A
+    test that kills or signals a server is marked ``processes`` and gets server processes; so
+    does every test under PARAMSHARD_TEST_SERVERS=processes (to run the suite as it ran before).
+    PARAMSHARD_TEST_SERVERS=threads is the default, spelt out (`make check`)."""
+    choice = os.environ.get("PARAMSHARD_TEST_SERVERS", "threads")
+    if choice not in ("threads", "processes"):
+        raise pytest.UsageError(f"PARAMSHARD_TEST_SERVERS={choice!r}: expected threads or processes")
+    return choice == "threads" and not marked_processes
 
 
 @pytest.fixture
-def cluster():
+def cluster(request):
     made = []
+    threads = servers_as_threads(request.node.get_closest_marker("processes") is not None)
 
     def make(servers=2, trainers=1, mode="sync", timeout=20.0, address_space=None, in_process=None, **env_fields):
+        if in_process is None:
+            in_process = threads and address_space is None
         c = Cluster(servers, trainers, mode, timeout, address_space, in_process, **env_fields)
         made.append(c)
         return c

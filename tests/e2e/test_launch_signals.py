@@ -17,6 +17,10 @@ import pytest
 from paramshard.launch.engines import processes
 
 SERVERS, TRAINERS = 2, 2
+# Every rank a new process (the suite forks them by default, tests/conftest.py): this module
+# checks the plain path's process tree and signals, and its trainers import no torch, so a
+# forked one would only wait for the zygote's imports.
+SPAWNED = {"PARAMSHARD_FORK": "0"}
 
 # A real trainer (it takes its role from the environment contract) that, like
 # a script with DataLoader workers, has a child of its own, then idles.
@@ -102,7 +106,7 @@ def _start_job(tmp_path, **env):
             [sys.executable, "-m", "paramshard", "launch", "--servers", str(SERVERS), "--trainers", str(TRAINERS),
              "--timeout", "10", str(script), str(pid_dir)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **env})
+            env={**os.environ, **SPAWNED, **env})
     return launcher, out
 
 

@@ -40,6 +40,7 @@ def test_the_compiled_bound_follows_the_row_layout():
     assert B.rows_per_server(7, 2) == 4
 
 
+@pytest.mark.slow_unit(reason="allocates a compiled store of 2^20 rows for every optimizer")
 def test_the_compiled_row_arrays_are_what_the_bound_counts():
     from paramshard.server.storage.compiled_row_store import CompiledRowStore
     from paramshard.update_rules import make_rule

@@ -1,23 +1,17 @@
 """Smoke test of benchmarks/row_store.py: every measure on tiny sizes, numpy store, in-process
-(bytes_per_row in its one spawned child)."""
+(bytes_per_row, which spawns a child: tests/integration/test_benchmark_row_store_child.py)."""
 import math
 
 import pytest
 
 from paramshard.server.storage.numpy_row_store import NumpyRowStore
 
-from tests.unit.benchmark_scripts import import_script, on_the_path
+from tests.unit.benchmark_scripts import import_script
 
 R = import_script("row_store")
 
 STORES = {"numpy": NumpyRowStore}
 ROWS, GROWTH_BATCH = 20_000, 3_000
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _benchmarks_on_the_path_meanwhile():
-    with on_the_path():        # a spawned child imports the script from there
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +25,7 @@ def positive(x) -> bool:
     return math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow_unit(reason="runs the benchmark's timed rounds")
 def test_rates_are_positive_and_finite(o):
     results = {"first_touch": R.first_touch(STORES, o), "gather": R.gather(STORES, o),
                "pull_push": R.pull_push(STORES, o), "size_ratio": R.size_ratio(STORES, o)}
@@ -45,6 +40,7 @@ def test_rates_are_positive_and_finite(o):
     R.report(o, results, ["note"])          # the tables print
 
 
+@pytest.mark.slow_unit(reason="runs the benchmark's timed rounds")
 def test_the_embeddingbag_peer_runs_in_the_same_rounds(o):
     res = R.pull_push(STORES, o, peer=True, kinds=("sgd", "adam"))
     for kind in ("sgd", "adam"):
@@ -62,13 +58,6 @@ def test_growth_times_every_request(o):
         assert all(positive(d) for d in durations)
         s = R.growth_summary(durations)
         assert s["median"] <= s["p99"] <= s["max"] and positive(s["total"])
-
-
-def test_bytes_per_row_in_a_fresh_process(o):
-    res = R.bytes_per_row(STORES, o, kinds=("sgd",))
-    (got,) = res["sgd"]["numpy"]
-    assert got["bytes_per_row"] >= R.raw_bytes("sgd", o.dim) == o.dim * 4
-    assert all(positive(got[k]) for k in ("bytes_per_row", "rss_per_row", "peak_per_row"))
 
 
 def test_store_and_measure_names_are_checked():

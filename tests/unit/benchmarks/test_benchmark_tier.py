@@ -24,6 +24,7 @@ def test_quick_and_full_defaults():
         T.parse_args(["--budget", "lots"])
 
 
+@pytest.mark.slow_unit(reason="fills a table to compare the benchmark's estimate with what it holds")
 def test_the_table_estimate_is_from_above():
     args = T.parse_args(["--quick", "--batches", "40", "--batch", "20000"])
     seen = np.unique(np.concatenate([T.zipf_batch(args.seed, b, args.batch, args.logical_ids, args.exponent)

@@ -12,6 +12,7 @@ from paramshard.models import build_model, hashed_embedding
 from paramshard.data.features.schema import Column, Label, Schema
 
 
+@pytest.mark.slow_unit(reason="trains against torch's own Adagrad step by step")
 def test_a_table_with_its_own_adagrad_equals_torch_adagrad_on_the_touched_rows():
     rng = np.random.default_rng(0)
     rows, width = 16, 4

@@ -38,6 +38,7 @@ def test_reported_auc_is_the_hidden_models_auc_on_the_rows(generated):
     assert logloss(batch.labels, probs) == pytest.approx(report.hidden_logloss, rel=1e-4)
 
 
+@pytest.mark.slow_unit(reason="writes the synthetic data set several times over")
 def test_deterministic_per_seed_and_prefix_stable(tmp_path):
     a = generate_criteo(tmp_path / "a", 500, seed=1).path.read_bytes()
     assert generate_criteo(tmp_path / "b", 500, seed=1).path.read_bytes() == a

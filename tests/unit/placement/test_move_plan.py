@@ -291,6 +291,7 @@ SCENARIOS = [(2, [0, 1, 2]), (3, [0, 1]), (3, [0, 2]), (2, [0, 1, 2, 3]), (4, [0
 FAULTS = st.sampled_from(["refuse", "lost", "late", "kill"])
 
 
+@pytest.mark.slow_unit(reason="hypothesis explores fault interleavings")
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=st.sampled_from(SCENARIOS), per_handoff=st.sampled_from([1, 3, 16]),
        page_rows=st.sampled_from([2, 5, 64]), sync=st.booleans(),

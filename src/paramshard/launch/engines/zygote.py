@@ -297,6 +297,11 @@ def finish(argv: list[str]):
         code = _system_exit_code(exc)
     except BaseException as exc:      # noqa: BLE001 - reported as the interpreter reports it
         exc.__traceback__ = _own_frames_dropped(exc.__traceback__)    # the printer reads this one
+        # Where the interpreter puts an uncaught exception before the atexit handlers run: a
+        # Trainer left open reads it to tell the servers of a death, not a leave.
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
     try:

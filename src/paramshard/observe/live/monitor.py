@@ -1,6 +1,6 @@
 """The launcher's watcher: asks every server for its counters every few seconds,
 turns them into server records (rates since the last ask), writes the plan once
-the chief registered, and drives the live progress.
+the chief registered (again while a poll saw only part of the registration), and drives the live progress.
 
 It is a client like the trainers (same keys), asking only ``stats``
 (client/control.py), which every server answers at once; a server that does
@@ -82,7 +82,7 @@ class Monitor:
         self.servers = JobServers(links, connect_one) if connect_one is not None else None
         self._stop = threading.Event()
         self._before: dict[int, tuple[ServerStats, float]] = {}
-        self._plan_written = False
+        self._plan_held: tuple[int, frozenset] | None = None     # what the plan written says is held
         self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
 
     def start(self) -> "Monitor":
@@ -116,10 +116,15 @@ class Monitor:
             self.run_dir.server_record(server_record(stats, before, now, then))
             self._before[server] = (stats, now)
         stats = [s for s, _ in (self._before.get(i, (None, None)) for i in range(len(self.links))) if s]
-        if not self._plan_written and len(stats) == len(self.links) and any(s.dense_blocks or s.tables
-                                                                            for s in stats):
-            self.run_dir.write_plan(stats)
-            self._plan_written = True
+        if len(stats) == len(self.links) and any(s.dense_blocks or s.tables for s in stats):
+            # The chief registers the model with one server after another: a poll between two
+            # (a server still importing its libraries answers late) sees part of it. The plan is
+            # written again while what the servers hold grows; moves of a scale change where the
+            # model is, not how much of it there is, and do not rewrite it.
+            held = (sum(s.dense_elements for s in stats), frozenset(n for s in stats for n in s.tables))
+            if self._plan_held is None or (held[0] > self._plan_held[0] or held[1] > self._plan_held[1]):
+                self.run_dir.write_plan(stats)
+                self._plan_held = held
 
     def stop(self) -> None:
         """Stop watching; the progress shows the last records once more (a short job ends

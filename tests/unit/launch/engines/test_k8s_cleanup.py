@@ -136,6 +136,7 @@ def test_already_deleted_is_fine_and_refusals_are_reported_not_raised(account, c
     assert any(r.levelname == "ERROR" and "kubectl delete" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow_unit(reason="waits out the cleanup's 1 s deadline")
 def test_unreachable_api_server_is_reported_within_the_deadline(account):
     started = time.monotonic()
     with FakeKubernetesApi(delay=5) as api:          # answers too late

@@ -197,6 +197,21 @@ def _trainers_exit_after_the_first_look(launcher):
     launcher._peer_verdict = verdict
 
 
+def _servers_exit_after_the_first_look(launcher):
+    """What real servers do once every trainer has left: exit on their own. The loop's first look
+    (its verdict on the peers) sees them still up; without their exit, the job's end would wait
+    out its 10 s for them (Launcher._finish)."""
+    look = launcher._peer_verdict
+
+    def verdict():
+        seen = look()
+        for server in launcher.servers:
+            if server.code is None:
+                server.code = 0
+        return seen
+    launcher._peer_verdict = verdict
+
+
 def _ending_job(silent_for, said_stopping, trainers_exited):
     from paramshard.launch.supervision.peer_loss import SILENT_AFTER
     from paramshard.launch.supervision.restart_policy import RestartPolicy
@@ -209,6 +224,8 @@ def _ending_job(silent_for, said_stopping, trainers_exited):
     _exiting_servers(launcher, silent_for * SILENT_AFTER, said_stopping)
     if not trainers_exited:
         _trainers_exit_after_the_first_look(launcher)
+    else:
+        _servers_exit_after_the_first_look(launcher)
     return launcher, told
 
 
@@ -255,6 +272,7 @@ def _named_by_server_0(retired: set, caplog) -> list[str]:
     last = {0: (PeerStatus(0, {2: 6.0}), now), 1: (PeerStatus(1, {}), now), 2: (PeerStatus(2, {}), now)}
     for i, server in enumerate(launcher.servers):
         server.last_status = lambda i=i: last[i]
+    _servers_exit_after_the_first_look(launcher)
     with caplog.at_level(logging.WARNING, logger="paramshard"):
         assert launcher.wait(poll_interval=0) == 0
     return [r.getMessage() for r in caplog.records if "server 2" in r.getMessage()]

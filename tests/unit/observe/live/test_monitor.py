@@ -149,3 +149,23 @@ def test_a_garbled_reply_is_skipped_like_a_server_that_did_not_answer():
     records = _Records()
     Monitor(records, links, every=1.0).poll()
     assert records.records == []
+
+
+def test_a_poll_in_the_middle_of_the_registration_is_followed_by_the_whole_plan():
+    """The chief registers the model with one server after another; with ranks that start fast
+    (forked) a poll came between the two, and plan.json kept server 1 holding nothing for good.
+    The plan is written again once it holds more, and not again for a move that only shifts it."""
+    half = dict(_wire(1, 1, 0, 0.0), dense_blocks=0, dense_elements=0)
+    links = _Links([_wire(0, 1, 0, 0.0), half])
+    records = _PlanRecords()
+    monitor = Monitor(records, links, every=1.0)
+    monitor.poll()
+    assert [[s.dense_elements for s in plan] for plan in records.plans] == [[100, 0]]
+    links.replies[1] = _wire(1, 2, 0, 0.0)                   # the registration reached server 1
+    monitor.poll()
+    monitor.poll()
+    assert [[s.dense_elements for s in plan] for plan in records.plans] == [[100, 0], [100, 101]]
+    links.replies[0], links.replies[1] = dict(_wire(0, 3, 0, 0.0), dense_elements=150), \
+        dict(_wire(1, 3, 0, 0.0), dense_elements=51)         # a move: the same model elsewhere
+    monitor.poll()
+    assert len(records.plans) == 2

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -95,6 +92,7 @@ def test_every_plot_is_a_png_and_the_page_shows_them_the_summary_and_the_logs(as
     assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
 
 
+@pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
 def test_a_sync_run_has_no_staleness_plot_and_the_page_says_why(tmp_path):
     run = make_run(tmp_path / "run", asynchronous=False)
     (run / "report").mkdir()
@@ -114,6 +112,7 @@ def test_a_sync_run_has_no_staleness_plot_and_the_page_says_why(tmp_path):
             assert_png(run / "report" / name)
 
 
+@pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
 def test_a_run_in_progress_with_a_torn_last_line(tmp_path):
     run = make_run(tmp_path / "run", finished=False, steps=10)
     with open(run / "metrics.jsonl", "a") as f:
@@ -124,6 +123,7 @@ def test_a_run_in_progress_with_a_torn_last_line(tmp_path):
     assert_png(run / "report" / "loss.png")
 
 
+@pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
 def test_escapes_text_and_tolerates_odd_records(tmp_path):
     run = make_run(tmp_path / "run", steps=5)
     with open(run / "metrics.jsonl", "a") as f:
@@ -144,24 +144,6 @@ def test_a_directory_that_is_not_a_run_directory(tmp_path):
         write_report(tmp_path / "nope")
 
 
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "paramshard", "report", *map(str, args)], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "COLUMNS": "100"})
-
-
-def test_the_command(tmp_path, async_report):
-    run, _ = async_report
-    out = tmp_path / "elsewhere"
-    r = cli(run, "--out", out)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(out / "index.html")
-    assert all((out / name).is_file() for name in PNGS)
-    page = (out / "index.html").read_text()
-    assert 'href="' + os.path.relpath(run / "logs" / "trainer-0.log", out) + '"' in page
-    r = cli(tmp_path / "empty-dir-that-is-missing")
-    assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
-
-
 def test_help_shows_defaults_and_an_example():
     from paramshard.cli.main import build_parser
     action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -170,6 +152,7 @@ def test_help_shows_defaults_and_an_example():
     assert "example:\n  paramshard report runs/" in text and "(default: RUN_DIR/report)" in text
 
 
+@pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
 def test_a_restart_is_in_the_events_table_and_the_servers_counters_are_job_totals(tmp_path):
     from paramshard.observe.run_records.run_data import load_run
     run = make_run(tmp_path / "run", steps=6)

@@ -85,6 +85,7 @@ def test_hook_held_requests_never_refuse_small_requests():
     assert not budget.fits(BIG)
 
 
+@pytest.mark.slow_unit(reason="two full garbage collections of a test process holding torch and numba")
 def test_a_hook_held_request_counts_until_its_frame_is_freed():
     budget = budget_over()
     frame = Frame()

@@ -208,6 +208,7 @@ def test_set_state_makes_a_row_again_in_place_as_create_would(optimizer, kind):
         np.testing.assert_array_equal(written[name], partial[name], err_msg=name)
 
 
+@pytest.mark.slow_unit(reason="many growths of every store, checked against the oracle after each")
 @each_store
 def test_drops_between_growths_and_first_touches_keep_every_handle_right(kind):
     """Drops cost per id dropped (row_store.swap_plan): the index forgets ids (MOVED / tombstone

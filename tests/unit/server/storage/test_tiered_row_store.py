@@ -104,6 +104,7 @@ def test_the_range_compaction_moves_rows_down_in_pieces():
 
 
 # -- the oracle ------------------------------------------------------------------------------------------
+@pytest.mark.slow_unit(reason="every step of the optimizer's oracle run spills rows to disk and reads them back")
 @pytest.mark.parametrize("row_format", [("float32", "nearest"), ("bfloat16", "stochastic")], ids=lambda f: f[0])
 @pytest.mark.parametrize("optimizer", RULES, ids=lambda o: o.kind)
 def test_a_tiny_budget_spills_constantly_and_changes_nothing(optimizer, row_format, tmp_path, small_regions):
@@ -208,6 +209,7 @@ def same_by_id(a, b):
 
 
 # -- residency ---------------------------------------------------------------------------------------------
+@pytest.mark.slow_unit(reason="fills fifty memory budgets with rows to read the process's RSS after each")
 def test_filling_fifty_budgets_keeps_the_estimate_and_the_rss_within_the_budget(tmp_path):
     budget = 16 << 20
     dim = 2048                                            # fat rows: the ids and index stay a small part

@@ -75,6 +75,7 @@ def test_every_half_converts_back_exactly(fmt):
     assert_same_bits(to_bits(got, fmt)[~nan], every[~nan], "round trip")      # every half survives a round trip
 
 
+@pytest.mark.slow_unit(reason="rounds enough values to compare the rounding's statistics with the references'")
 @pytest.mark.parametrize("dtype, fmt", [("float16", F16), ("bfloat16", BF16)])
 def test_stochastic_rounding_is_the_references(dtype, fmt):
     """The compiled conversion and the numpy reference, from the same random words: the same bits;

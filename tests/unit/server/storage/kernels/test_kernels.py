@@ -59,6 +59,7 @@ def test_each_rule_kernel_equals_the_numpy_rule(config, scale):
         assert got.tobytes() == expected.tobytes()
 
 
+@pytest.mark.slow_unit(reason="grows and drains the index through many sizes")
 def test_the_index_finds_every_id_through_growth_and_draining():
     """Ids inserted in batches while the index grows (and drains its old buckets a slice at a
     time) are all found, absent ids are not, and no batch rehashes the whole index."""

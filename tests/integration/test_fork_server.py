@@ -17,6 +17,9 @@ from paramshard.launch.engines import fork_server
 from paramshard.launch.engines.processes import Child
 from paramshard.launch.supervision.rank_exit import RankExit
 
+# Starts a zygote and kills its ranks: `make test` only, not `make check`.
+pytestmark = pytest.mark.processes
+
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 ENV.pop("PARAMSHARD_FORK", None)
 
@@ -123,6 +126,23 @@ def test_non_daemon_threads_and_atexit_run_before_the_exit(server, tmp_path):
     proc = server.fork([sys.executable, path], ENV)
     assert proc.wait(30) == 0
     assert proc.stdout.read().splitlines() == ["thread done", "atexit ran"]
+
+
+@pytest.mark.parametrize("body", ["raise RuntimeError('boom')", "raise KeyboardInterrupt", "raise SystemExit(3)"])
+def test_the_atexit_handlers_see_the_uncaught_exception_as_a_new_interpreters_do(server, tmp_path, body):
+    """An uncaught exception is in sys.last_value when the atexit handlers run (the interpreter
+    puts it there): a Trainer the script did not close tells the servers of a death, not a
+    leave, by it (torch/open_trainers.py). Forked ranks did not set it: the servers took a
+    crashed trainer for one that left, and a sync job went on without it (tests/e2e/test_root_cause.py)."""
+    path = script(tmp_path, "import atexit, sys\n"
+                            "atexit.register(lambda: print('at exit:', type(getattr(sys, 'last_value', None)).__name__, "
+                            "flush=True))\n" + body + "\n")
+    forked = server.fork([sys.executable, path], ENV)
+    plain = subprocess.run([sys.executable, path], env=ENV, capture_output=True, text=True, timeout=60)
+    forked.wait(30)
+    seen = [line for line in forked.stdout.read().splitlines() if line.startswith("at exit:")]
+    assert seen == [line for line in plain.stdout.splitlines() if line.startswith("at exit:")], plain.stdout
+    assert seen == ["at exit: NoneType" if "SystemExit" in body else f"at exit: {body.split()[1].split('(')[0]}"]
 
 
 def test_a_killed_rank_ends_for_the_launcher_as_an_unforked_one_does(server, tmp_path):

@@ -1,0 +1,70 @@
+"""A unit item over its time limit fails its stage (issue 31): unit tests are the seconds-long
+stage a developer runs on every change, so a slow one is a defect to fix, to move to
+tests/integration, or to mark ``@pytest.mark.slow_unit(reason="...")`` with why it cannot be
+faster.
+
+The limit is PARAMSHARD_UNIT_LIMIT_S seconds (default 1; 0 turns the check off), on the call
+phase's wall time less the time the test's thread waited for a CPU while it could have run
+(/proc/thread-self/schedstat, the scheduler's own run-queue delay): on a 2-core machine shared
+with other jobs that wait is the others' load, not the test's cost, and would otherwise fail
+fast tests at random. A test that sleeps or waits on a deadline pays for it in full. A machine
+loaded in other ways (memory, disk) can loosen the limit: PARAMSHARD_UNIT_LIMIT_S=5.
+
+The compiled row store's kernels must be in numba's cache (`make warm`, which `make check` and
+`make test` run first): a test that compiles one pays seconds (e.g. after kernel sources moved).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+
+import pytest
+
+# Libraries that paramshard imports lazily (seconds of CPU the first time): imported here, once
+# for the stage, so that their cost does not land on whichever unit test happens to run first.
+for _library in ("torch", "pandas", "numba", "sklearn", "paramshard.observe.report.plots"):
+    importlib.import_module(_library)
+
+LIMIT_VARIABLE = "PARAMSHARD_UNIT_LIMIT_S"
+DEFAULT_LIMIT_S = 1.0
+
+
+def unit_limit() -> float:
+    raw = os.environ.get(LIMIT_VARIABLE, "")
+    if not raw:
+        return DEFAULT_LIMIT_S
+    try:
+        limit = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{LIMIT_VARIABLE}={raw!r}: expected seconds (e.g. 1 or 2.5; 0: no limit)") from None
+    if limit < 0:
+        raise pytest.UsageError(f"{LIMIT_VARIABLE}={raw!r}: expected seconds >= 0 (0: no limit)")
+    return limit
+
+
+def run_queue_wait() -> float:
+    """Seconds this thread has waited on a run queue while runnable (0 where the kernel does
+    not say: then the check is on wall time alone)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    limit = unit_limit()
+    marker = item.get_closest_marker("slow_unit")
+    if marker is not None and not marker.kwargs.get("reason") and not marker.args:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.slow_unit needs reason=\"why it cannot be faster\"")
+    started, waited = time.perf_counter(), run_queue_wait()
+    result = yield                   # a failing test fails as it is; only a passing one is timed
+    cost = (time.perf_counter() - started) - (run_queue_wait() - waited)
+    if limit and marker is None and cost > limit:
+        pytest.fail(f"unit test took {cost:.2f} s (wall time less the CPU wait of a loaded machine), over the "
+                    f"{limit:g} s limit of a unit item: make it faster, move it to tests/integration, or mark it "
+                    f"@pytest.mark.slow_unit(reason=...); {LIMIT_VARIABLE} loosens the limit on a loaded "
+                    f"machine", pytrace=False)
+    return result
