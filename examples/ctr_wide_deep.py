@@ -143,7 +143,8 @@ def main():
     # or leave mid-epoch leave no record untrained or trained twice (docs/elastic.md).
     elastic = env.min_trainers is not None
     if elastic:
-        loader = DynamicShards(CriteoReader(sorted(shards_dir.glob("part-*")), args.batch_size, skip_bad_lines=True))
+        loader = DynamicShards(CriteoReader(sorted(shards_dir.glob("part-*")), args.batch_size, skip_bad_lines=True),
+                               trainer=trainer)
     if env.joining:     # a trainer that joined mid-job: the epoch the others are in (epoch-end barriers passed + 1)
         start_at(trainer, trainer.barrier_counts().get("epoch-end", 0) + 1)
     # trainer.epochs + trainer.prefetching: every batch is trained once, in order, through a server

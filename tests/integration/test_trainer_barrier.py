@@ -76,7 +76,7 @@ def test_nobody_leaves_a_barrier_before_the_slowest_entered_it(cluster, mode):
             if i == 0 and t == 0:        # the chief reads the model while the others wait in #2
                 trainer.pull()
                 seen["w"] = model.w.detach().numpy().copy()
-        assert trainer._barrier_counts == {"epoch": 2}
+        assert trainer.barrier_counts() == {"epoch": 2}
         trainer.close()
 
     run_in_threads([lambda t=t: train(t) for t in range(3)], timeout=40)
@@ -177,7 +177,7 @@ STANDALONE = textwrap.dedent("""
     ps.barrier(); ps.barrier(); ps.barrier("eval", timeout=1.0); trainer.barrier("eval")
     took = time.monotonic() - started
     assert took < 0.5, took
-    assert trainer._barrier_counts == {"default": 2, "eval": 2}, trainer._barrier_counts
+    assert trainer.barrier_counts() == {"default": 2, "eval": 2}, trainer.barrier_counts()
     trainer.close()
     try:
         ps.barrier()

@@ -142,7 +142,7 @@ def snapshot_model(trainer, out) -> dict:
         follow()
     step = trainer.step_count
     # Copies: the trainer's values are its parameters' memory, and training goes on.
-    dense = {name: trainer._values[name].reshape(p.shape).copy() for name, p in trainer._params}
+    dense = trainer.dense_values()
     sparse = {}
     min_version = trainer.backend.row_version(step)     # what a pull at this step waits for
     for name, table in trainer.tables.items():

@@ -29,11 +29,11 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
         log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
                  nbytes / 1e6 / max(seconds, 1e-9))
     position = capture(trainer.step_count, state if state is not None else trainer.state)
-    loop = trainer.loop.as_json(trainer.step_count, trainer._barrier_counts)
+    loop = trainer.progress.loop_json()
     if loop is not None:
         position["loop"] = loop
     write_trainer_position(directory, trainer.step_count, trainer.trainer_id, position)
-    trainer._saved_step = trainer.step_count
+    trainer.progress.saved()
 
 
 def due(trainer) -> bool:
@@ -44,4 +44,4 @@ def due(trainer) -> bool:
 
 def unsaved(trainer) -> bool:
     """Checkpoints are on and the latest one is not at this step (the final one is due at close)."""
-    return bool(trainer.env.checkpoint_dir) and trainer._saved_step != trainer.step_count
+    return bool(trainer.env.checkpoint_dir) and trainer.progress.unsaved

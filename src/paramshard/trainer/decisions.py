@@ -8,7 +8,7 @@ goes from trainer 0 to every server (server/services/learning_rates.py) and, whe
 on the trainers (collective, hybrid), into each trainer's own rule.
 
 A rollback after the batch loop makes these calls void until the loop replays the epoch (as
-``Trainer.barrier``, trainer/rollback.py): the epoch's code runs again, and these calls with it.
+``Trainer.barrier``, TrainerProgress.roll_back_outside_loop in trainer/progress.py): the epoch's code runs again, and these calls with it.
 """
 from __future__ import annotations
 
@@ -18,25 +18,22 @@ from paramshard.optim import check_lr_factor
 
 
 def broadcast(trainer, value, name: str, timeout: float | None):
-    if trainer._closed:
+    if trainer.closed:
         raise ConfigError("Trainer.broadcast after close()")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"broadcast name must be a non-empty str, got {name!r}")
     if trainer.is_chief:
         json_value.encoded(value)       # the chief's mistake is its own ConfigError, in every mode
-    if trainer.replay_pending or trainer.env.num_trainers == 1:
+    progress = trainer.progress
+    if progress.replay_pending or trainer.env.num_trainers == 1:
         # Void (the epoch runs again), or nobody to tell: the value as given.
         return value
-    count = trainer._barrier_counts.get(name, 0) + 1
     try:
-        out = trainer.backend.broadcast(name, count, value, timeout, resumed=name in trainer._resumed_barriers)
+        return progress.meet(name, lambda count, resumed: trainer.backend.broadcast(name, count, value, timeout,
+                                                                                   resumed))
     except ParamshardError as exc:
-        trainer._recover(exc)
-        trainer.replay_pending = True
+        progress.roll_back_outside_loop(exc)
         return value
-    trainer._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
-    trainer._resumed_barriers.discard(name)
-    return out
 
 
 def table_names(trainer, tables) -> list[str]:
@@ -54,7 +51,7 @@ def table_names(trainer, tables) -> list[str]:
 
 
 def scale_learning_rate(trainer, factor, tables, dense: bool) -> None:
-    if trainer._closed:
+    if trainer.closed:
         raise ConfigError("Trainer.scale_learning_rate after close()")
     factor = check_lr_factor(factor, "Trainer.scale_learning_rate")
     if not isinstance(dense, bool):
@@ -62,10 +59,9 @@ def scale_learning_rate(trainer, factor, tables, dense: bool) -> None:
     names = table_names(trainer, tables)
     if not dense and not names:
         raise ConfigError("scale_learning_rate(dense=False) with no table: nothing to change")
-    if trainer.replay_pending:
+    if trainer.progress.replay_pending:
         return          # void: the epoch runs again and calls it again
     try:
         trainer.backend.scale_learning_rate(factor, dense, names, trainer.step_count)
     except ParamshardError as exc:
-        trainer._recover(exc)
-        trainer.replay_pending = True
+        trainer.progress.roll_back_outside_loop(exc)

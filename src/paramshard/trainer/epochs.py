@@ -11,27 +11,28 @@ def epochs(trainer, count: int):
     rollback after the epoch's batch loop runs that epoch again from the checkpoint's batch."""
     if type(count) is not int or count < 0:
         raise ConfigError(f"epochs({count!r}): expected a whole number of epochs >= 0")
-    loop = trainer.loop
+    progress = trainer.progress
+    loop = progress.loop
     epoch = loop.epoch if loop.epoch is not None else 1
     resumed = loop.epoch is not None
     while epoch <= count:
         if not resumed:
-            loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)
+            progress.begin_epoch(epoch)
             if checkpointing.unsaved(trainer):
                 try:
                     trainer.save()      # a rollback never goes back past the start of the epoch
                 except ParamshardError as exc:
-                    trainer._recover(exc)           # back into the epoch before: go on there
+                    progress.roll_back(exc)         # back into the epoch before: go on there
                     epoch, resumed = loop.epoch or epoch, True
                     continue
         yield epoch
         if getattr(trainer, "leave_requested", False):
             return          # asked to leave (trainer/leave_request.py): no further epoch
         # Rolled back after the batch loop: this epoch again, from the checkpoint's batch.
-        resumed = trainer.replay_pending
+        resumed = progress.replay_pending
         if not resumed:
             epoch += 1
-    loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)   # a resume goes on from here
+    progress.begin_epoch(epoch)   # a resume goes on from here
 
 
 def start_at(trainer, epoch: int) -> None:
@@ -44,4 +45,4 @@ def start_at(trainer, epoch: int) -> None:
     if not trainer.env.joining:
         raise ConfigError("start_at: only a trainer that joined a running job starts at another epoch than "
                           "where its job is (a resume goes on from the checkpoint's)")
-    trainer.loop.begin_epoch(epoch, trainer.step_count, trainer._barrier_counts)
+    trainer.progress.begin_epoch(epoch)

@@ -19,7 +19,7 @@ def current_trainer() -> "Trainer":
     """The most recently built Trainer of this process that is not closed."""
     for ref in reversed(_made):
         trainer = ref()
-        if trainer is not None and not trainer._closed:
+        if trainer is not None and not trainer.closed:
             return trainer
     raise ConfigError("paramshard.barrier() needs an open Trainer in this process: build "
                       "ps.Trainer(model) first (or call trainer.barrier() on the one you have)")
@@ -27,7 +27,7 @@ def current_trainer() -> "Trainer":
 
 def _close_at_exit(ref: "weakref.ref[Trainer]") -> None:
     trainer = ref()
-    if trainer is None or trainer._closed:
+    if trainer is None or trainer.closed:
         return
     if getattr(sys, "last_value", None) is not None:
         return      # the script died of an exception: the servers should see a death, not a leave

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from paramshard.data.shards.dynamic import LATER
+from paramshard.data.shards.dynamic import LATER, DynamicShards
 from paramshard.log import get_logger
 from paramshard.trainer.sparse_embedding import SparseEmbedding, input_key
 
@@ -101,7 +101,9 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
     batch's rows fetched while this one trains; after a rollback, again from the checkpoint's batch."""
     tables = trainer.tables
     finder = InputFinder(tables, ids) if tables else None
-    loop = trainer.loop
+    progress = trainer.progress
+    if isinstance(iterable, DynamicShards):
+        iterable.bind(trainer)      # its reports ride on this trainer's steps
     iterator = _open(trainer, iterable, convert)
     current = next(iterator, _END)
     try:
@@ -111,9 +113,9 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
                 for name, tensor in finder.inputs(upcoming).items():
                     if tensor.numel():      # an empty batch (sync, no task left) has no rows to fetch
                         trainer.prefetch_rows(tables[name], tensor, fresh_rows)
-            recoveries = trainer.recoveries
+            recoveries = progress.recoveries
             yield current
-            if trainer.recoveries != recoveries:
+            if progress.recoveries != recoveries:
                 # Rolled back while this batch trained: what was fetched ahead belongs to the old
                 # epoch; go on from the checkpoint's batch.
                 _forget_prefetched(trainer)
@@ -129,13 +131,13 @@ def prefetching(trainer, iterable: Iterable, ids: Callable | None = None, fresh_
             while current is LATER:         # DynamicShards: ready only now that the step went out
                 current = next(iterator, _END)
     finally:
-        loop.pass_ended()
+        progress.loop.pass_ended()
         _forget_prefetched(trainer)
 
 
 def _open(trainer, iterable, convert):
-    batches = trainer.loop.batches(iterable, trainer.step_count, trainer.barrier_counts())
-    trainer.replay_starts()
+    batches = trainer.progress.batches(iterable)
+    trainer.progress.replay_starts()
     return map(lambda b: b if b is LATER else convert(b), batches) if convert is not None else batches
 
 

@@ -8,8 +8,10 @@ configuration is validated before anything is joined (trainer/trainer_config.py)
 
 Checkpoints (``save``, ``resume=``) go through paramshard.client.checkpoint; after a
 server died and was restarted in place, the Trainer rolls back with the others when
-its RecoveryPolicy admits it (client/recovery.py, trainer/rollback.py) and
-``step_count`` goes back to the checkpoint's step.
+its RecoveryPolicy admits it (client/recovery.py) and ``step_count`` goes back to the
+checkpoint's step. Where the trainer is (step, data position, ``state``, barrier counts,
+resume and rollback) is its ``TrainerProgress``'s (trainer/progress.py): the modules
+beside this one get that object, never this one's private attributes.
 """
 from __future__ import annotations
 
@@ -28,14 +30,14 @@ from paramshard.errors import ConfigError, ParamshardError
 from paramshard.events import TrainerListeners
 from paramshard.log import get_logger
 from paramshard.optim import OptimizerConfig
-from paramshard.trainer import checkpointing, decisions, leave_request, rollback, table_io, trainer_config
+from paramshard.trainer import checkpointing, decisions, leave_request, table_io, trainer_config
 from paramshard.trainer.backends import open_backend
 from paramshard.trainer.epochs import epochs
-from paramshard.trainer.loop import LoopPosition
 from paramshard.trainer.optimizer_config import optimizer_config
 from paramshard.trainer.prefetch import prefetching
+from paramshard.trainer.progress import TrainerProgress
 from paramshard.trainer.sparse_embedding import SparseEmbedding
-from paramshard.trainer.open_trainers import EXIT_CLOSE_TIMEOUT, _close_at_exit, current_trainer, remember  # noqa: F401
+from paramshard.trainer.open_trainers import EXIT_CLOSE_TIMEOUT, _close_at_exit, remember  # noqa: F401
 
 log = get_logger("trainer")
 
@@ -63,21 +65,8 @@ class Trainer:
         self.model, self._params, self.tables = model, config.params, config.tables
         self.trainer_id = self.env.trainer_id
         self.is_chief = self.trainer_id == 0
-        self.step_count = 0
-        self.position: dict = {}     # what the checkpoint resumed from says of this trainer ({} for a new job)
-        # Anything JSON the script keeps here is saved with every checkpoint of this trainer, the
-        # automatic ones too (epochs(), checkpoint_every, close), and is the checkpoint's again
-        # after a resume or a rollback: e.g. the CTR app's validation history and best epoch.
-        self.state: dict = {}
-        self._saved_step: int | None = None
-        self._void_step = False
-        self.recovery = RecoveryPolicy.for_env(self.env)
-        self.loop = LoopPosition()      # where epochs()/prefetching() are in the data (trainer/loop.py)
-        # A rollback outside the batch loop (in a barrier, an evaluation): the barriers until the
-        # loop replays the epoch's batches are skipped (the other trainers replay them too).
-        self.replay_pending = False
-        self._barrier_counts: dict[str, int] = {}
-        self._resumed_barriers: set[str] = set()   # counts from a checkpoint, not yet passed here
+        # Step, data position, state, barrier counts, resume and rollback (trainer/progress.py).
+        self.progress = TrainerProgress(self.trainer_id, RecoveryPolicy.for_env(self.env))
         self._closed = False
         # An elastic job's launcher may ask this trainer to leave (trainer/leave_request.py): the
         # batch loops end at the next step boundary.
@@ -106,31 +95,73 @@ class Trainer:
         ckpt = checkpoint_io.open_for_resume(self.resume_from, self.is_chief) if self.resume_from else None
         version = self.backend.start(self._values, self.optimizer, self.table_specs(), ckpt, self.is_chief)
         if self.env.joining:
-            self.step_count = version       # joined mid-job: its first step is the servers' next one
-            # ...and its barriers and broadcasts go on at the job's counts (server/services/trainer_barrier.py).
-            self._barrier_counts = dict(getattr(self.backend, "joined_barrier_counts", {}))
+            # Joined mid-job: its first step is the servers' next one, its barriers at the job's counts.
+            self.progress.joined_at(version, getattr(self.backend, "joined_barrier_counts", {}))
+        self.progress.restore_with(_restore(self.backend, self._values, self.optimizer, self._params, self.tables,
+                                            self.env, self.is_chief))
         if self.resume_from:
-            rollback.resume_position(self, ckpt, version)
+            self.progress.resume(ckpt, None if ckpt is not None else self.backend.step_of_version(version))
         for table in self.tables.values():
-            table.attach(functools.partial(self._pull_rows, table))
+            # The backend's row source reads at this trainer's step: the forward calls down, not up here.
+            table.attach(self.backend.row_source(table.name, table.dim, self.progress))
 
     def table_specs(self) -> dict:
         return {t.name: t.spec for t in self.tables.values()}
-
-    def _pull_rows(self, table: SparseEmbedding, ids: np.ndarray, create: bool = True) -> np.ndarray:
-        try:
-            return self.backend.rows(table.name, ids, table.dim, self.step_count, create)
-        except ParamshardError as exc:
-            self._recover(exc)
-            # This forward's batch belongs to a step that was rolled back: its step() is void.
-            self._void_step = True
-            return self.backend.rows(table.name, ids, table.dim, self.step_count, create)
 
     def prefetch_rows(self, table: SparseEmbedding, ids, fresh_rows: bool = True) -> None:
         """Start pulling the rows of a coming batch's ``ids`` for ``table`` (the batch after
         the one being trained: its step is the next one)."""
         fresh_after = self.backend.fresh_after(table.prepared_ids(), fresh_rows)
-        self.backend.prefetch(table.name, table.prepare(ids), self.step_count + 1, fresh_after)
+        self.backend.prefetch(table.name, table.prepare(ids), self.progress.step + 1, fresh_after)
+
+    # -- where the trainer is: its TrainerProgress's (the names scripts and the app read) --
+    @property
+    def step_count(self) -> int:
+        return self.progress.step
+
+    @step_count.setter
+    def step_count(self, step: int) -> None:
+        self.progress.step = step
+
+    @property
+    def state(self) -> dict:
+        """Anything JSON the script keeps here is saved with every checkpoint of this trainer, the
+        automatic ones too (epochs(), checkpoint_every, close), and is the checkpoint's again
+        after a resume or a rollback: e.g. the CTR app's validation history and best epoch."""
+        return self.progress.state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self.progress.state = value
+
+    @property
+    def position(self) -> dict:
+        """What the checkpoint resumed from says of this trainer ({} for a new job)."""
+        return self.progress.position
+
+    @property
+    def loop(self):
+        """Where epochs()/prefetching() are in the data (trainer/loop.py)."""
+        return self.progress.loop
+
+    @property
+    def replay_pending(self) -> bool:
+        """Rolled back outside the batch loop: barriers are void until the loop replays."""
+        return self.progress.replay_pending
+
+    @property
+    def recovery(self) -> RecoveryPolicy:
+        return self.progress.recovery
+
+    @property
+    def closed(self) -> bool:
+        """close() was called (or the Trainer hung up)."""
+        return self._closed
+
+    def dense_values(self) -> dict[str, np.ndarray]:
+        """A copy of every dense parameter this trainer holds, shaped, by name (``pull()`` first
+        for the job's latest in async mode)."""
+        return {name: self._values[name].reshape(p.shape).copy() for name, p in self._params}
 
     def epochs(self, count: int):
         """The epochs to train, 1 to ``count``, from where this job is: ``for epoch in
@@ -144,15 +175,14 @@ class Trainer:
     @property
     def recoveries(self) -> int:
         """Rollbacks so far (``launch --max-restarts``)."""
-        return self.recovery.used
+        return self.progress.recoveries
 
     def barrier_counts(self) -> dict[str, int]:
-        return dict(self._barrier_counts)
+        return self.progress.barrier_counts()
 
     def replay_starts(self) -> None:
         """The batch loop goes on from the rolled-back position: what was void is over."""
-        self.replay_pending = False
-        self._void_step = False
+        self.progress.replay_starts()
 
     def prefetching(self, iterable, ids=None, fresh_rows: bool = True, convert=None):
         """Iterate ``iterable`` (a data loader) and fetch each next batch's rows while the
@@ -173,15 +203,8 @@ class Trainer:
         and for push replies, the most pushes left in flight."""
         return {**self.stats.as_dict(), "max_in_flight": self.max_in_flight}
 
-    def _recover(self, exc: ParamshardError) -> None:
-        """Roll back with the others if the recovery policy admits ``exc``; else re-raise it."""
-        rollback.roll_back(self, exc)
-
     def drop_gradients(self) -> None:
-        for _, p in self._params:
-            p.grad = None
-        for table in self.tables.values():
-            table.take_gradients()
+        _drop_gradients(self._params, self.tables)
 
     def step(self, loss: torch.Tensor | None = None) -> None:
         """Backward (if ``loss`` is given), push gradients, take the new values. After a
@@ -189,14 +212,13 @@ class Trainer:
         step: a loop driven by ``step_count`` trains those steps again."""
         if self._closed:
             raise ConfigError("Trainer.step after close()")
-        if self._void_step:     # its forward ran before a rollback: nothing of it counts
-            self._void_step = False
+        if self.progress.take_void_step():     # its forward ran before a rollback: nothing of it counts
             self.drop_gradients()
             return
         try:
             self._step(loss)
         except ParamshardError as exc:
-            self._recover(exc)
+            self.progress.roll_back(exc)
             return
         if self.listeners is not None:
             self.listeners.after_step(self.step_count, loss, self.stats, self.backend.staleness())
@@ -223,7 +245,7 @@ class Trainer:
                         else np.zeros(p.numel(), np.float32)) for name, p in self._params}
         sparse_grads = [(table.name, *table.take_gradients()) for table in self.tables.values()]
         self.backend.push(grads, sparse_grads, self.step_count, self._values)
-        self.step_count += 1
+        self.progress.advance()
         for _, p in self._params:
             p.grad = None
         if checkpointing.due(self):
@@ -256,17 +278,12 @@ class Trainer:
         that died fails it at once. See paramshard.client.control.barrier."""
         if self._closed:
             raise ConfigError("Trainer.barrier after close()")
-        if self.replay_pending:
+        if self.progress.replay_pending:
             return      # rolled back: the batch loop replays first, and every trainer skips to there
-        count = self._barrier_counts.get(name, 0) + 1
         try:
-            self.backend.barrier(name, count, timeout, resumed=name in self._resumed_barriers)
+            self.progress.meet(name, lambda count, resumed: self.backend.barrier(name, count, timeout, resumed))
         except ParamshardError as exc:
-            self._recover(exc)
-            self.replay_pending = True
-            return
-        self._barrier_counts[name] = count     # only once passed: a failed wait is retried with its count
-        self._resumed_barriers.discard(name)
+            self.progress.roll_back_outside_loop(exc)
 
     def broadcast(self, value=None, name: str = "broadcast", timeout: float | None = None):
         """Every trainer calls it at the same point; each gets trainer 0's ``value`` (the others'
@@ -328,3 +345,22 @@ class Trainer:
         # Leaving on an exception would let a sync job carry on without this trainer's
         # batches, as if it had finished: hang up instead, so the others stop too.
         self.close(leave=exc_type is None)
+
+
+def _drop_gradients(params, tables) -> None:
+    for _, p in params:
+        p.grad = None
+    for table in tables.values():
+        table.take_gradients()
+
+
+def _restore(backend, values, optimizer, params, tables, env, is_chief: bool):
+    """A rollback's part on the servers (TrainerProgress.restore_with): every server back at the
+    latest checkpoint, its dense values in ``values`` (the parameters), this step's gradients
+    dropped. Holds the Trainer's parts, not the Trainer: a Trainer nobody holds is collected."""
+    def restore():
+        specs = {t.name: t.spec for t in tables.values()}
+        ckpt, version = backend.roll_back(values, optimizer, specs, env.checkpoint_dir, is_chief, env.timeout)
+        _drop_gradients(params, tables)
+        return ckpt, (None if ckpt is not None else backend.step_of_version(version))
+    return restore

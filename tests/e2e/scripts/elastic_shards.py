@@ -21,7 +21,7 @@ env = ps.init()
 model = nn.Linear(1, 1)
 trainer = ps.Trainer(model, ps.optim.SGD(lr=0.01))
 first = not os.environ.get("PARAMSHARD_JOINING")
-loader = DynamicShards(LibsvmReader(data, 4), task_bytes=400)
+loader = DynamicShards(LibsvmReader(data, 4), task_bytes=400, trainer=trainer)
 print(f"trainer {env.trainer_id} first step {trainer.step_count}", flush=True)
 hold, joined = os.path.join(logs, "hold"), os.path.join(logs, "joined")
 last_joiner = env.trainer_id == 2 and not first

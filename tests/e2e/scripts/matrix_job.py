@@ -54,7 +54,7 @@ class Model(nn.Module):
 torch.manual_seed(0)
 model = Model()
 trainer = ps.Trainer(model, ps.optim.SGD(lr=0.01))
-loader = DynamicShards(LibsvmReader(args.data, args.batch), task_bytes=2000)
+loader = DynamicShards(LibsvmReader(args.data, args.batch), task_bytes=2000, trainer=trainer)
 
 
 def tensors(batch):

@@ -8,29 +8,19 @@ import threading
 from paramshard.launch.supervision.signals import LEAVE_SIGNAL
 from paramshard.trainer import leave_request
 from paramshard.trainer.epochs import epochs
-from paramshard.trainer.loop import LoopPosition
+from paramshard.client.recovery import RecoveryPolicy
 from paramshard.trainer.prefetch import prefetching
+from paramshard.trainer.progress import TrainerProgress
 
 
 class FakeTrainer:
-    """What the loops read of a Trainer: no tables, no checkpoints, a step count."""
+    """What the loops read of a Trainer: no tables, no checkpoints, its progress."""
     tables: dict = {}
-    recoveries = 0
-    replay_pending = False
     leave_requested = False
-    _barrier_counts: dict = {}
 
     def __init__(self):
-        self.loop = LoopPosition()
-        self.step_count = 0
+        self.progress = TrainerProgress(0, RecoveryPolicy(0))
         self.env = type("Env", (), {"checkpoint_dir": None})()
-        self._saved_step = None
-
-    def barrier_counts(self):
-        return {}
-
-    def replay_starts(self):
-        pass
 
     class backend:
         @staticmethod
@@ -63,7 +53,7 @@ def test_the_loops_end_after_the_batch_being_trained():
     for epoch in epochs(t, 3):
         for batch in prefetching(t, range(100)):
             trained.append((epoch, batch))
-            t.step_count += 1
+            t.progress.advance()
             if batch == 4 and epoch == 2:
                 t.leave_requested = True        # asked while batch 4 of epoch 2 trains
     assert trained == [(1, b) for b in range(100)] + [(2, b) for b in range(5)]

@@ -6,6 +6,7 @@ import weakref
 
 import pytest
 
+from paramshard.client.recovery import RecoveryPolicy
 from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
 import torch
@@ -15,6 +16,7 @@ from paramshard import runtime
 from paramshard.errors import ConfigError, ServerUnavailable
 from paramshard.trainer import trainer as trainer_module
 from paramshard.trainer.backends.servers import ServerBackend
+from paramshard.trainer.progress import TrainerProgress
 from paramshard.trainer.trainer import Trainer
 
 
@@ -104,7 +106,7 @@ def bare_trainer(links, trainer_id=1):
     t.trainer_id, t.links, t._closed = trainer_id, links, False
     t._exit_hook = None
     t.env = ClusterEnv(role=None)          # no checkpoint directory: close() only leaves
-    t.step_count, t._saved_step = 0, None
+    t.progress = TrainerProgress(trainer_id, RecoveryPolicy(0))
     t.steps = StepClient(links, dense=None, sparse=None)    # nothing in flight
     t.backend = ServerBackend(t.env, links, None, None, None, t.steps)
     return t

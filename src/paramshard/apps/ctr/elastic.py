@@ -47,9 +47,9 @@ def holdout(args, elastic: bool) -> Holdout | None:
     return Holdout(args.valid_fraction, args.seed, by="content" if elastic else "record")
 
 
-def train_loader(args, schema, rows: Holdout | None) -> DynamicShards:
+def train_loader(args, schema, rows: Holdout | None, trainer) -> DynamicShards:
     reader = TabularReader(args.train, schema, args.batch_size, skip_bad_lines=args.skip_bad_lines, holdout=rows)
-    return DynamicShards(reader, task_bytes=args.task_bytes)
+    return DynamicShards(reader, task_bytes=args.task_bytes, trainer=trainer)
 
 
 def steps_estimate(args, schema, env) -> int:

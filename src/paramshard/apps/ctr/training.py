@@ -122,11 +122,11 @@ class Run:
         self.say(f"warning: {text}")
 
     # -- the data ------------------------------------------------------------
-    def readers(self, schema: Schema):
+    def readers(self, schema: Schema, trainer):
         a, env = self.args, self.env
         holdout = elastic.holdout(a, self.elastic)
         if self.elastic:
-            train = elastic.train_loader(a, schema, holdout)
+            train = elastic.train_loader(a, schema, holdout, trainer)
             self.steps = elastic.steps_estimate(a, schema, env)
         else:
             train = TabularReader(a.train, schema, a.batch_size, shard=(env.trainer_id, env.num_trainers),
@@ -260,7 +260,7 @@ def train(args, say) -> dict | None:
     run = Run(args, env, say)
     run.recall(trainer)
     try:
-        reader, valid, test = run.readers(schema)
+        reader, valid, test = run.readers(schema, trainer)
         say(f"{describe_run(args, schema, env, run.steps)}")
         trainer.log(total_steps=run.steps * args.epochs)     # the launcher's progress shows an ETA
         ended = False           # a joiner: the job passed its first epoch's end already

@@ -2,7 +2,7 @@
 (server/elastic/shard_service.py on server 0) instead of a fixed ``shard=(i, n)``.
 
     reader = CriteoReader(files, 4096)                 # or TabularReader(...), LibsvmReader(...)
-    loader = DynamicShards(reader, task_bytes=64 << 20)
+    loader = DynamicShards(reader, task_bytes=64 << 20, trainer=trainer)
     for epoch in trainer.epochs(3):
         for batch in trainer.prefetching(loader):
             trainer.step(loss_of(batch))
@@ -16,7 +16,10 @@ batch (client/step.py riders), so a trainer that dies or leaves hands back exact
 records its pushed steps did not train, and a checkpoint holds the queue as of its cut:
 a resumed or rolled-back job goes on where the data was.
 
-One ``trainer.step`` per batch, in order (the reports are matched to steps that way).
+One ``trainer.step`` per batch, in order (the reports are matched to steps that way). The
+reports ride on the steps of the Trainer the loader is given (``trainer=``), or of the one whose
+``trainer.prefetching(loader)`` iterates it (that binds it); a loader never looks for a Trainer
+by itself (data/ does not import trainer/).
 
 End of a pass: async, a trainer whose tasks ran out waits (once the batches it handed out
 are stepped on) while other trainers' tasks are in progress (one may come back if its
@@ -55,7 +58,8 @@ class DynamicShards:
     def __init__(self, reader, task_bytes: int = DEFAULT_TASK_BYTES, trainer=None,
                  poll_seconds: float = POLL_SECONDS, clock=time.monotonic):
         """``reader``: a TabularReader, CriteoReader or LibsvmReader (its ``paths`` and batch
-        size are used, its ``shard`` is not). ``trainer``: default the process's Trainer."""
+        size are used, its ``shard`` is not). ``trainer``: the Trainer whose steps train its
+        batches; None: the one whose ``prefetching(loader)`` iterates it first (``bind``)."""
         if not callable(getattr(reader, "read_task", None)):
             raise ConfigError(f"DynamicShards needs a reader with read_task (TabularReader, CriteoReader, "
                               f"LibsvmReader), got {type(reader).__name__}")
@@ -90,9 +94,19 @@ class DynamicShards:
     @property
     def trainer(self):
         if self._trainer is None:
-            from paramshard.trainer.open_trainers import current_trainer
-            self._trainer = current_trainer()
+            raise ConfigError("DynamicShards has no Trainer to report its batches' steps with: build it with "
+                              "DynamicShards(reader, ..., trainer=trainer), or iterate it through "
+                              "trainer.prefetching(loader)")
         return self._trainer
+
+    def bind(self, trainer) -> None:
+        """Report this loader's batches with ``trainer``'s steps (``trainer.prefetching(loader)``
+        calls it); a loader given another Trainer is refused."""
+        if self._trainer is None:
+            self._trainer = trainer
+        elif self._trainer is not trainer:
+            raise ConfigError("this DynamicShards was given another Trainer (trainer=...) than the one iterating "
+                              "it: one loader reports the steps of one Trainer")
 
     def _attach(self, trainer) -> None:
         if self._attached is trainer:

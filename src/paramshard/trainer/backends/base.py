@@ -28,6 +28,7 @@ from paramshard.client.step import PipelineStats, StepClient
 from paramshard.mode import Mode
 from paramshard.optim import OptimizerConfig
 from paramshard.placement.sharding import ShardPlan
+from paramshard.trainer.backends.row_source import RowSource
 
 Values = Mapping[str, np.ndarray]
 SparseGrads = list[tuple[str, np.ndarray, np.ndarray]]
@@ -71,6 +72,10 @@ class TrainerBackend(Protocol):
 
     def rows(self, table: str, ids: np.ndarray, dim: int, step: int, create: bool) -> np.ndarray:
         """Rows of ``ids`` for the forward of ``step``."""
+
+    def row_source(self, table: str, dim: int, progress) -> RowSource:
+        """What table ``table``'s forward reads its rows from, at ``progress``'s step
+        (backends/row_source.py; the Trainer attaches it to the SparseEmbedding)."""
 
     def prefetch(self, table: str, ids: np.ndarray, step: int, fresh_after) -> None:
         """Start pulling the rows of the batch of ``step``."""

@@ -22,6 +22,7 @@ from paramshard.log import get_logger
 from paramshard.mode import Mode
 from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
+from paramshard.trainer.backends.row_source import RowSource
 
 log = get_logger("trainer")
 
@@ -113,6 +114,9 @@ class ServerBackend:
 
     def rows(self, table, ids, dim, step, create):
         return self.steps.rows(table, ids, dim, self.row_version(step), create)
+
+    def row_source(self, table, dim, progress) -> RowSource:
+        return RowSource(self, table, dim, progress)
 
     def prefetch(self, table, ids, step, fresh_after) -> None:
         self.steps.prefetch(table, ids, self.row_version(step), fresh_after)
