@@ -152,3 +152,33 @@ def test_a_plain_loop_goes_on_through_a_rollback_and_reads_every_record_once(tmp
     assert fake.recoveries == 1
     ids = [i for step in sorted(trained) for i in trained[step]]
     assert sorted(ids) == list(range(rows)), (len(ids), len(set(ids)))
+
+
+def test_a_loader_finds_no_trainer_by_itself_it_is_handed_one(tmp_path):
+    """No process global: without ``trainer=`` a loader iterated by hand says how to give it one;
+    ``trainer.prefetching(loader)`` binds its own (``bind``), and a loader given one Trainer
+    refuses another."""
+    path = tmp_path / "d.svm"
+    path.write_text("1 1:1\n")
+    loader = DynamicShards(LibsvmReader(path, 4))
+    with pytest.raises(ConfigError, match=r"trainer=trainer\), or iterate it through trainer.prefetching"):
+        iter(loader)
+    mine, other = types.SimpleNamespace(steps=None, links=None), types.SimpleNamespace(steps=None, links=None)
+    loader.bind(mine)
+    loader.bind(mine)           # the same trainer again (the next epoch's prefetching): fine
+    assert loader.trainer is mine
+    with pytest.raises(ConfigError, match="another Trainer"):
+        loader.bind(other)
+    with pytest.raises(ConfigError, match="another Trainer"):
+        DynamicShards(LibsvmReader(path, 4), trainer=mine).bind(other)
+
+
+def test_data_does_not_import_the_trainer_package():
+    import pathlib
+
+    import paramshard.data
+    root = pathlib.Path(paramshard.data.__file__).parent
+    upward = [f"{p.relative_to(root)}:{n}" for p in sorted(root.rglob("*.py"))
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              if "paramshard.trainer" in line or "paramshard.torch" in line]
+    assert upward == []
