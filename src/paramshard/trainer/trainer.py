@@ -155,7 +155,7 @@ class Trainer:
 
     @property
     def closed(self) -> bool:
-        """close() was called (or the Trainer hung up)."""
+        """close() was called: the Trainer takes no more steps, barriers or decisions."""
         return self._closed
 
     def dense_values(self) -> dict[str, np.ndarray]:
