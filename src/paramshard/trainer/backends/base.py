@@ -18,7 +18,7 @@ method here, so the Trainer never asks which mode it is in.
 """
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from paramshard.mode import Mode
 from paramshard.optim import OptimizerConfig
 from paramshard.placement.sharding import ShardPlan
 from paramshard.trainer.backends.row_source import RowSource
+
+if TYPE_CHECKING:
+    from paramshard.trainer.progress import TrainerProgress
 
 Values = Mapping[str, np.ndarray]
 SparseGrads = list[tuple[str, np.ndarray, np.ndarray]]
@@ -73,7 +76,7 @@ class TrainerBackend(Protocol):
     def rows(self, table: str, ids: np.ndarray, dim: int, step: int, create: bool) -> np.ndarray:
         """Rows of ``ids`` for the forward of ``step``."""
 
-    def row_source(self, table: str, dim: int, progress) -> RowSource:
+    def row_source(self, table: str, dim: int, progress: TrainerProgress) -> RowSource:
         """What table ``table``'s forward reads its rows from, at ``progress``'s step
         (backends/row_source.py; the Trainer attaches it to the SparseEmbedding)."""
 

@@ -10,15 +10,20 @@ step this forward belongs to is void) and the rows are read again at the restore
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from paramshard.errors import ParamshardError
+
+if TYPE_CHECKING:
+    from paramshard.trainer.progress import TrainerProgress
 
 
 class RowSource:
     trainable = True        # SparseEmbedding keeps these rows' gradients (a served model's are constants)
 
-    def __init__(self, backend, table: str, dim: int, progress):
+    def __init__(self, backend, table: str, dim: int, progress: TrainerProgress):
         self.backend, self.table, self.dim, self.progress = backend, table, dim, progress
 
     def __call__(self, ids: np.ndarray, training: bool) -> np.ndarray:

@@ -24,6 +24,9 @@ from paramshard.placement.partitions import Routing
 from paramshard.placement.sharding import ParamSpec, make_plan
 from paramshard.trainer.backends.row_source import RowSource
 
+if TYPE_CHECKING:
+    from paramshard.trainer.progress import TrainerProgress
+
 log = get_logger("trainer")
 
 
@@ -115,7 +118,7 @@ class ServerBackend:
     def rows(self, table, ids, dim, step, create):
         return self.steps.rows(table, ids, dim, self.row_version(step), create)
 
-    def row_source(self, table, dim, progress) -> RowSource:
+    def row_source(self, table: str, dim: int, progress: TrainerProgress) -> RowSource:
         return RowSource(self, table, dim, progress)
 
     def prefetch(self, table, ids, step, fresh_after) -> None:
