@@ -54,9 +54,6 @@ LAYERS: list[tuple[str, set[str]]] = [
 
 # Edges that break the order today and belong to someone else's change: (from, to) -> why.
 KNOWN: dict[tuple[str, str], str] = {
-    # TODO(h-owners, issue 31 item 2): DynamicShards finds the Trainer through the open-trainer
-    # global (data/shards/dynamic.py -> trainer/open_trainers.py); it gets its trainer handed in.
-    ("data", "trainer"): "DynamicShards -> trainer.open_trainers",
     # TODO(issue 31, rooms): inference/model_spec.py (what a model file says of its model) and
     # model_archive.py are used below inference/ (checkpoint manifests, the Trainer, models,
     # export): they belong in a lower room.
