@@ -27,7 +27,7 @@ demo: warm
 # elsewhere those tests skip and say why).
 test: warm typecheck
 	bash scripts/install-test-engines.sh || echo "make: engine install failed; the engine tests (SSH, MPI, Slurm) will skip" >&2
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # The contracts (RowStore, TrainerBackend, Service, RequestHook, Process, Engine) checked against
 # their implementations, and the rest of src/paramshard as pyproject.toml [tool.mypy] says; offline,

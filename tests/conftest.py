@@ -80,6 +80,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(marker)
         if engines:
             item.add_marker("engine")
+            # `make test` runs two pytest-xdist workers: the engines (sshd, slurmctld, network
+            # namespaces) are machine-wide and started once per worker, so their tests share one.
+            item.add_marker(pytest.mark.xdist_group("engines"))
         if _listed(item, SLOW):
             item.add_marker("slow")
         if _listed(item, SOAK):
