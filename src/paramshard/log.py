@@ -35,13 +35,31 @@ def configure(rank_name: str, level: str | None = None) -> None:
         for h in root.handlers:
             h.setFormatter(_formatter(rank_name))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = CurrentStderr()
         handler.setFormatter(_formatter(rank_name))
         root.addHandler(handler)
         root.propagate = False
         _configured = True
     if problem:
         root.warning("%s", problem)
+
+
+class CurrentStderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a line is logged, not as it was when logging was set
+    up: whoever replaced it since (a notebook, pytest's capture of one test) gets the line, and a
+    stream closed since is never written to (a server thread logging after the test that set up
+    logging ended died in ``I/O operation on closed file``)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property               # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass                # always the current sys.stderr
 
 
 def level_from_environ(environ) -> tuple[str, str | None]:
