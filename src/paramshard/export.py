@@ -90,9 +90,9 @@ def save_table(path, meta: dict, ids: np.ndarray, values: np.ndarray) -> None:
 
 
 def load_table(path) -> ExportedTable:
-    from paramshard.inference.model_archive import ModelArchiveError, NotAnArchive, check_npz
+    from paramshard.checkpoint.model_archive import ModelArchiveError, NotAnArchive, check_npz
     try:
-        check_npz(path)          # before np.load believes a shape in it (inference/model_archive.py)
+        check_npz(path)          # before np.load believes a shape in it (checkpoint/model_archive.py)
     except NotAnArchive as exc:
         raise ConfigError(f"{path}: not a paramshard table export ({exc})") from None
     except ModelArchiveError as exc:

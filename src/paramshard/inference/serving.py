@@ -21,7 +21,7 @@ file without it (written before half rows existed) means float32.
 
 Only tensors, ints, floats, strings, lists and dicts: ``torch.load(weights_only=True)``
 reads it without running any pickled code, and only once its sizes were checked
-(inference/model_archive.py: no tensor larger than the data the file holds, no compression
+(checkpoint/model_archive.py: no tensor larger than the data the file holds, no compression
 bomb); a recorded spec is built on the meta device first and must fit the file's
 tensors before anything is allocated for it. ``load_model(module, file)`` copies the
 dense parameters into the module and gives every SparseEmbedding a local table;
@@ -43,7 +43,7 @@ import torch
 from paramshard.checkpoint.format import Checkpoint, CheckpointError
 from paramshard.errors import ConfigError
 from paramshard.export import replaced_into_place
-from paramshard.inference.model_archive import ModelArchiveError, NotAnArchive, check_model_archive
+from paramshard.checkpoint.model_archive import ModelArchiveError, NotAnArchive, check_model_archive
 from paramshard.inference.model_spec import SpecError, check_spec, spec_of
 from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows
 from paramshard.server.storage.row_formats import rounded
