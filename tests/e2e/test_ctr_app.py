@@ -182,7 +182,7 @@ def elastic_data(d: Path):
     """A small CSV whose ``rid`` column is unique per row: the trained-log's id checksum then
     tells a row trained twice and another never from every row once."""
     from paramshard.data.features.fit import fit_schema
-    from paramshard.data.features.schema import Column, Format, Label, Schema
+    from paramshard.specs.schema import Column, Format, Label, Schema
     rng = np.random.default_rng(0)
     for name, rows in (("train.csv", ELASTIC_ROWS), ("test.csv", 500)):
         cats = rng.integers(0, 20, rows)

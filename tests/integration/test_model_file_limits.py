@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import paramshard as ps
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 from paramshard.models import build_model, hashed_embedding
 from paramshard.inference.serving import ModelFileError, model_dict, sparse_entry, write_model_file
 from paramshard.trainer.sparse_embedding import tables_of

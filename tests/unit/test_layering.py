@@ -29,8 +29,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the one table of settings", {"settings"}),
     ("a rank's contract (ClusterEnv), its logging and its CPU share, read from the settings", {"env", "log", "cpu_shares"}),
     ("pure values both ends agree on: what rooms tell each other (messages/ imports only the root), "
-     "where parameters live, the update maths",
-     {"messages", "placement", "update_rules"}),
+     "where parameters live, the update maths, a table's schema and a model's spec (specs/)",
+     {"messages", "placement", "update_rules", "specs"}),
     ("the wire (no policy: it never imports client/); checkpoint files (no network)",
      {"transport", "checkpoint"}),
     ("one sparse table as .npz (ps.export): files, checked as checkpoint/model_archive.py checks them",
@@ -54,14 +54,8 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 
 # Edges that break the order today and belong to someone else's change: (from, to) -> why.
-KNOWN: dict[tuple[str, str], str] = {
-    # TODO(issue 31, rooms): inference/model_spec.py (what a model file says of its model) is
-    # used below inference/ (checkpoint manifests, the Trainer, models): it belongs in a lower
-    # room, once the schema check it makes (data/features/schema.py) can move down with it.
-    ("checkpoint", "inference"): "checkpoint/manifest.py -> inference/model_spec.py",
-    ("trainer", "inference"): "trainer -> inference/model_spec.py",
-    ("models", "inference"): "models -> inference/model_spec.py",
-}
+# None left (the last, the model spec used below inference/, moved to specs/ with the schema).
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def unit_of(module: str) -> str:

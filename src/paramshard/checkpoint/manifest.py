@@ -154,8 +154,8 @@ def _check_optional(manifest: dict) -> None:
         lr_scale(manifest["lr_scale"], "lr_scale")
     if "plan" in manifest:
         obj(manifest["plan"], "plan")
-    if manifest.get("model") is not None:      # what built the model (inference/model_spec.py); older ones have none
-        from paramshard.inference.model_spec import SpecError, check_spec
+    if manifest.get("model") is not None:      # what built the model (specs/model_spec.py); older ones have none
+        from paramshard.specs.model_spec import SpecError, check_spec
         try:
             check_spec(manifest["model"])
         except SpecError as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 from paramshard.data.features.fit import fit_schema
 from paramshard.data.features.id_columns import ambiguity, without_doubt
 from paramshard.data.features.infer import SAMPLE_ROWS, infer_schema
-from paramshard.data.features.schema import Schema
+from paramshard.specs.schema import Schema
 
 HELP = "describe a CSV/TSV/Parquet file's columns for the readers and models (infer, fit, show)"
 EXAMPLE = ("paramshard schema infer data/adult/train.csv --label income -o adult.schema.json",

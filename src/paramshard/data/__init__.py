@@ -20,7 +20,7 @@ _WHERE = {
     "fit_schema": "features.fit", "feature_ids": "features.hashing", "infer_schema": "features.infer", "LibsvmReader": "readers.libsvm",
     "SparseBatch": "readers.libsvm", "BinaryMetrics": "metrics", "ExactAUC": "metrics", "StreamingAUC": "metrics",
     "auc": "metrics", "logloss": "metrics", "criteo_schema": "features.presets", "libsvm_schema": "features.presets",
-    "Column": "features.schema", "Format": "features.schema", "Label": "features.schema", "Schema": "features.schema", "shard_files": "shards.split",
+    "Column": "paramshard.specs.schema", "Format": "paramshard.specs.schema", "Label": "paramshard.specs.schema", "Schema": "paramshard.specs.schema", "shard_files": "shards.split",
     "split_lines": "shards.split", "DynamicShards": "shards.dynamic", "generate_criteo": "synthetic", "TabularReader": "readers.tabular",
     "count_records": "readers.tabular",
 }
@@ -30,7 +30,9 @@ def __getattr__(name: str):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'paramshard.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    # A room of data/ (relative), or a module below it (the schema: paramshard.specs).
+    where = module if module.startswith("paramshard.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value
 

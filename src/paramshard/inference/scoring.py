@@ -1,6 +1,6 @@
 """`paramshard predict`: a model file scores the rows of CSV, TSV or Parquet files, no code.
 
-The file's recorded model (inference/model_spec.py) says which module to build and its
+The file's recorded model (specs/model_spec.py) says which module to build and its
 fitted schema how to encode a row, exactly as training encoded it
 (data/features/encode.py). Each input row gets one score, the probability
 ``sigmoid(logit)``, in input order, files in the order given. The label column
@@ -24,7 +24,7 @@ from paramshard.data.features.encode import Encoder
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import file_format, iter_frames
 from paramshard.data.metrics import BinaryMetrics
-from paramshard.data.features.schema import Schema
+from paramshard.specs.schema import Schema
 from paramshard.errors import ConfigError
 from paramshard.inference.evaluation import predict
 from paramshard.export import replaced_into_place

@@ -9,7 +9,7 @@ checkpoint into one ``torch.save``d dict:
                          "dim": 16, "seed": 0, "init_scale": 0.01, "dtype": "float32",
                          "admission": {"min_count": 1, "probability": 1.0}}, ...}}
 
-``spec`` (only in a file whose model recorded one, paramshard/inference/model_spec.py): what
+``spec`` (only in a file whose model recorded one, paramshard/specs/model_spec.py): what
 built the model (its name, architecture arguments and fitted schema), so
 ``build_from_file(file)`` (or ``load_model(file)``) builds the module itself and
 `paramshard predict` encodes data with no code. A file without it loads into a
@@ -44,7 +44,7 @@ from paramshard.checkpoint.format import Checkpoint, CheckpointError
 from paramshard.errors import ConfigError
 from paramshard.export import replaced_into_place
 from paramshard.checkpoint.model_archive import ModelArchiveError, NotAnArchive, check_model_archive
-from paramshard.inference.model_spec import SpecError, check_spec, spec_of
+from paramshard.specs.model_spec import SpecError, check_spec, spec_of
 from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows
 from paramshard.server.storage.row_formats import rounded
 from paramshard.tables import ROW_DTYPES, policy_from_wire
@@ -202,7 +202,7 @@ class ModelFile:
     step: int
     dense: dict[str, torch.Tensor]
     tables: dict[str, LocalTable]
-    spec: dict | None = None          # what built the model (inference/model_spec.py), when the file records it
+    spec: dict | None = None          # what built the model (specs/model_spec.py), when the file records it
 
 
 def read_model(path) -> ModelFile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 
 from paramshard.errors import ConfigError
-from paramshard.inference.model_spec import ATTRIBUTE, make_spec
+from paramshard.specs.model_spec import ATTRIBUTE, make_spec
 from paramshard.models.dcn import DCN
 from paramshard.models.deepfm import DeepFM
 from paramshard.models.hashed import HashedEmbeddingBag, hashed_embedding
@@ -28,7 +28,7 @@ NOT_ARCHITECTURE = ("schema", "embedding", "table_optimizer", "capacity")
 
 def build_model(name: str, schema, **kw):
     """``MODELS[name](schema, **kw)``; ConfigError naming the valid names for any other name.
-    The module carries what built it as ``paramshard_spec`` (paramshard/inference/model_spec.py: the
+    The module carries what built it as ``paramshard_spec`` (paramshard/specs/model_spec.py: the
     name, the architecture's arguments with the class's defaults filled in, the schema), so
     a checkpoint or model file can build it again. None is recorded for a model with an
     ``embedding=`` factory of your own (not ``hashed_embedding``: nothing could build its
@@ -54,7 +54,7 @@ def build_from_spec(spec: dict, embedding=None, classes: dict | None = None):
     as ``cls(schema, **args)``, or ``cls(**args)`` when the spec has no schema) are looked
     up first, then paramshard's MODELS. ``embedding``: the tables' factory (default: the
     spec's hashed tables, else SparseEmbedding modules)."""
-    from paramshard.data.features.schema import Schema
+    from paramshard.specs.schema import Schema
 
     cls = (classes or {}).get(spec["model"]) or MODELS.get(spec["model"])
     if cls is None:

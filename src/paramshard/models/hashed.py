@@ -66,7 +66,7 @@ def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE, optim
     rows, trained by ``optimizer`` (None: the Trainer's dense optimizer)."""
     def make(name: str, dim: int) -> nn.Module:
         return HashedEmbeddingBag(name, buckets, dim, init_scale, optimizer)
-    # What build_model records (inference/model_spec.py), so a model file can build these tables again
+    # What build_model records (specs/model_spec.py), so a model file can build these tables again
     # (their optimizer is how they train, not what they compute: not recorded).
     make.paramshard_spec = {"kind": "hashed", "buckets": int(buckets), "init_scale": float(init_scale)}
     return make

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from paramshard.checkpoint.format import write_trainer_position
 from paramshard.log import get_logger
-from paramshard.inference.model_spec import spec_of
+from paramshard.specs.model_spec import spec_of
 from paramshard.trainer import trainer_config
 from paramshard.trainer.position import capture
 

@@ -14,7 +14,7 @@ import torch
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
-from paramshard.inference.model_spec import spec_of
+from paramshard.specs.model_spec import spec_of
 from paramshard.trainer.sparse_embedding import SparseEmbedding, tables_of
 
 log = get_logger("trainer")

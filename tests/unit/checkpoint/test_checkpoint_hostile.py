@@ -250,7 +250,7 @@ MUTATIONS = {
     "lr_scale a string": (_set(["sparse", 0, "lr_scale"], "0.5"), "sparse table 'emb': lr_scale must be a finite"),
     "table twice": (lambda m: m["sparse"].append(copy.deepcopy(m["sparse"][0])), "sparse lists 'emb' twice"),
     "cut not a number": (_set(["cut"], {"x": 1}), "cut: 'x' is not a trainer number"),
-    # The recorded model (inference/model_spec.py): checked like the rest, before export-model or predict use it.
+    # The recorded model (specs/model_spec.py): checked like the rest, before export-model or predict use it.
     "model a list": (_set(["model"], []), "model: the model spec must be an object, got list"),
     "model without a name": (_set(["model"], {"args": {}}), "model: the model spec's 'model' must be a non-empty"),
     "model schema broken": (_set(["model"], {"model": "lr", "args": {}, "schema": {"label": "y"}}),

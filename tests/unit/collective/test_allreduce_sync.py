@@ -9,7 +9,7 @@ from paramshard.collective.allreduce_sync import AllreduceDenseSync
 from paramshard.collective.replicas import tables_with_own_optimizer
 from paramshard.errors import ConfigError
 from paramshard.models import build_model, hashed_embedding
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 
 
 @pytest.mark.slow_unit(reason="trains against torch's own Adagrad step by step")

@@ -29,7 +29,7 @@ from paramshard.trainer.epochs import start_at
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
 from paramshard.data.features.input_check import check_inputs
-from paramshard.data.features.schema import Schema
+from paramshard.specs.schema import Schema
 from paramshard.data.readers.tabular import TabularReader
 from paramshard.inference.evaluation import evaluate
 from paramshard.models import build_model, hashed_embedding

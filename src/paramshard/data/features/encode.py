@@ -19,7 +19,7 @@ import pandas as pd
 
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.hashing import MISSING_TOKEN, RARE_TOKEN, feature_id, feature_ids
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 from paramshard.data.errors import show
 
 

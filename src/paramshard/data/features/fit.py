@@ -26,7 +26,7 @@ from paramshard.data.readers._reader import as_paths
 from paramshard.data.features.encode import as_text, missing_mask, parse_numbers, pre_standardize
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import iter_frames
-from paramshard.data.features.schema import Column, Schema
+from paramshard.specs.schema import Column, Schema
 
 RESERVOIR = 1 << 20
 TOP = 10

@@ -35,7 +35,7 @@ from paramshard.data.features.encode import as_text, missing_mask, parse_numbers
 from paramshard.data.readers.frames import file_format, iter_frames, open_parquet
 from paramshard.data.features.id_columns import MIN_DISTINCT, id_name, id_values, skewness, with_doubt, without_doubt
 from paramshard.data.features.names import did_you_mean
-from paramshard.data.features.schema import DEFAULT_MISSING, Column, Format, Label, Schema
+from paramshard.specs.schema import DEFAULT_MISSING, Column, Format, Label, Schema
 
 SAMPLE_ROWS = 20000
 LABEL_NAMES = ("label", "click", "clicked", "target", "y", "is_click", "income", "class", "outcome")

@@ -23,7 +23,7 @@ from paramshard.errors import ConfigError
 from paramshard.data.readers._reader import iter_chunks
 from paramshard.data.readers.frames import file_format, header_names, open_parquet
 from paramshard.data.features.names import did_you_mean
-from paramshard.data.features.schema import Schema
+from paramshard.specs.schema import Schema
 
 # Roles whose files must hold the label: training and every kind of evaluation. Others
 # (e.g. "predict") are read for their features only.

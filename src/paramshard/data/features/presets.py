@@ -15,7 +15,7 @@ made for. Parsed by LibsvmReader (indices are the ids, unhashed).
 """
 from __future__ import annotations
 
-from paramshard.data.features.schema import Column, Format, Label, Schema
+from paramshard.specs.schema import Column, Format, Label, Schema
 
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
 CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))

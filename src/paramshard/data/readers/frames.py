@@ -25,7 +25,7 @@ from paramshard.errors import ConfigError
 from paramshard.data.readers._reader import DEFAULT_CHUNK_BYTES, MAX_LINE_BYTES, iter_chunks
 from paramshard.data.errors import DataFormatError
 from paramshard.data.features.names import did_you_mean
-from paramshard.data.features.schema import Format
+from paramshard.specs.schema import Format
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 PARQUET_ROWS = 65536        # rows per record batch read from a Parquet file

@@ -43,7 +43,7 @@ from paramshard.data.features.encode import Encoder
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import file_format, iter_frames, open_parquet
 from paramshard.data.shards.holdout import Holdout
-from paramshard.data.features.schema import Schema
+from paramshard.specs.schema import Schema
 
 log = get_logger("data")
 DEFAULT_SHUFFLE_BUFFER = 1 << 16

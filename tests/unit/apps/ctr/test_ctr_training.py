@@ -7,7 +7,7 @@ import pytest
 import paramshard as ps
 from paramshard.apps.ctr.options import parser, resolve
 from paramshard.apps.ctr.training import load_schema, make_model
-from paramshard.data.features.schema import Column, Format, Label, Schema
+from paramshard.specs.schema import Column, Format, Label, Schema
 from paramshard.errors import ConfigError
 from paramshard.models.hashed import HashedEmbeddingBag
 

@@ -7,7 +7,7 @@ import pytest
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
 from paramshard.data.shards.holdout import Holdout
-from paramshard.data.features.schema import Column, Format, Label, Schema
+from paramshard.specs.schema import Column, Format, Label, Schema
 from paramshard.data.readers.tabular import TabularReader
 from paramshard.errors import ConfigError
 

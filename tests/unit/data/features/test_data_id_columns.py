@@ -4,7 +4,7 @@ import pytest
 
 from paramshard.data.features.id_columns import (MIN_DISTINCT, ambiguity, id_name, id_values, name_words, with_doubt,
                                         without_doubt)
-from paramshard.data.features.schema import Column
+from paramshard.specs.schema import Column
 
 
 @pytest.mark.parametrize("name,words", [("user_id", ["user", "id"]), ("movieId", ["movie", "id"]),

@@ -8,7 +8,7 @@ import pytest
 
 from paramshard.data.readers import _reader
 from paramshard.data.features.input_check import HEAD_BYTES, check_inputs
-from paramshard.data.features.schema import Column, Format, Label, Schema
+from paramshard.specs.schema import Column, Format, Label, Schema
 from paramshard.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ import pytest
 from paramshard.data import CriteoBatch, CriteoReader, LibsvmReader, SparseBatch, generate_criteo
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 from paramshard.data.readers.tabular import TabularReader
 from paramshard.data.shards.tasks import split_files
 

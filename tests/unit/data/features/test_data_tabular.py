@@ -9,7 +9,7 @@ import pytest
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.errors import DataFormatError
 from paramshard.data.features.fit import fit_schema
-from paramshard.data.features.schema import Column, Format, Label, Schema
+from paramshard.specs.schema import Column, Format, Label, Schema
 from paramshard.data.readers.tabular import TabularReader, count_records
 from paramshard.errors import ConfigError
 

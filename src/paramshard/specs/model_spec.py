@@ -86,7 +86,7 @@ def check_spec(spec) -> dict:
             raise SpecError(f"the model spec's args.{name} has {len(value)} entries (at most {MAX_ARG_ITEMS}: "
                             f"an architecture's arguments are a few numbers)")
     if spec.get("schema") is not None:
-        from paramshard.data.features.schema import Schema      # no pandas: schema.py is plain dataclasses
+        from paramshard.specs.schema import Schema      # no pandas: schema.py is plain dataclasses
         from paramshard.errors import ConfigError
         try:
             Schema.from_dict(spec["schema"], where="the model spec's schema")

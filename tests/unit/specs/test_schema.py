@@ -10,7 +10,7 @@ from paramshard.data.features.encode import Encoder
 from paramshard.data.features.fit import fit_schema
 from paramshard.data.features.hashing import MISSING_TOKEN, feature_id, feature_ids
 from paramshard.data.features.infer import infer_schema
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 from paramshard.data.readers.tabular import TabularReader
 from paramshard.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""inference/model_spec.py and what build_model records. Oracle: the module built again from the
+"""specs/model_spec.py and what build_model records. Oracle: the module built again from the
 recorded spec (through JSON, as a manifest or model file carries it) has the same
 architecture as the one build_model made: the same parameter names and shapes, the
 same tables, the same forward once it holds the same values."""
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from paramshard.data.features.schema import Column, Label, Schema
+from paramshard.specs.schema import Column, Label, Schema
 from paramshard.errors import ConfigError
-from paramshard.inference.model_spec import SpecError, check_spec, make_spec, spec_of
+from paramshard.specs.model_spec import SpecError, check_spec, make_spec, spec_of
 from paramshard.models import MODELS, build_from_spec, build_model, hashed_embedding
 from paramshard.trainer.sparse_embedding import tables_of
 import paramshard as ps
