@@ -128,7 +128,7 @@ def selection(args):
 
 
 def run(args) -> dict:
-    from paramshard.data.features.schema import Schema
+    from paramshard.specs.schema import Schema
     from paramshard.data.readers.tabular import TabularReader
     from paramshard.inference.evaluation import evaluate
     start = time.perf_counter()

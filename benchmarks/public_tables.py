@@ -93,7 +93,7 @@ def prepare(name: str, root: Path, quick: bool, with_valid: bool) -> dict:
 
 
 def describe(name: str, files: dict) -> str:
-    from paramshard.data.features.schema import Schema
+    from paramshard.specs.schema import Schema
     schema = Schema.load(files["schema"])
     count = {k: sum(1 for _ in open(files[k])) - 1 for k in ("train", "test")}
     valid = "" if files["valid"] is None else (f", of which {sum(1 for _ in open(files['valid'])) - 1:,} held out "

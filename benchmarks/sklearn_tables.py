@@ -88,7 +88,7 @@ def fit_and_score(train_path, test_path, schema_path) -> dict:
     """{"LogisticRegression": {...}, "HistGradientBoosting": {...}}: test auc, logloss, wall_s each
     (wall: reading both files, preparing, fitting and predicting)."""
     from paramshard.data.metrics import auc, logloss
-    from paramshard.data.features.schema import Schema
+    from paramshard.specs.schema import Schema
     schema = Schema.load(schema_path)
     separators = {c.name: c.separator for c in schema.columns}
     out = {}
