@@ -89,6 +89,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("soak")
 
 
+# Unit items over their time budget (tests/unit/conftest.py marks them on their reports): listed
+# at the end of the run, here because the xdist controller loads this conftest, not that one.
+_over_budget: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    for name, value in getattr(report, "user_properties", ()):
+        if name == "unit_cost_s" and report.when == "call":
+            _over_budget.append((report.nodeid, value))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _over_budget:
+        return
+    terminalreporter.section("unit items over their time budget (PARAMSHARD_UNIT_LIMIT_S; not a failure)")
+    for nodeid, cost in sorted(_over_budget, key=lambda entry: -entry[1]):
+        terminalreporter.write_line(f"{cost:6.2f} s  {nodeid}")
+    terminalreporter.write_line("make each faster, move it to tests/integration, or mark it "
+                                "@pytest.mark.slow_unit(reason=...)")
+
+
 # ``python -c`` of a server under an address-space limit (RLIMIT_AS, as ``ulimit -v`` sets it),
 # given as argv[1] in bytes: set before paramshard is imported, as a shell's ulimit would be.
 _UNDER_LIMIT = ("import resource, runpy, sys; limit = int(sys.argv.pop(1)); "
