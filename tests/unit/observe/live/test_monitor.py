@@ -47,13 +47,13 @@ def test_a_cancelled_wait_ends_within_a_poll_slice(silent_address):
 def test_stopping_the_monitor_does_not_wait_out_a_request_to_a_server_that_never_answered(silent_address):
     with ServerLinks([silent_address], timeout=30.0, who="launcher (run directory)") as links:
         records = _Records()
-        monitor = Monitor(records, links, every=2.0).start()     # its request waits up to 5.4 s
+        monitor = Monitor(records, links, every=10.0).start()    # its request waits up to 5 s
         time.sleep(0.3)
         start = time.monotonic()
         monitor.stop()
         took = time.monotonic() - start
         assert not monitor._thread.is_alive()
-        assert took < 2.0, f"stop() took {took:.1f} s: it waited for the stats request's deadline"
+        assert took < 4.0, f"stop() took {took:.1f} s: it waited for the stats request's deadline"
         assert records.records == []
 
 
