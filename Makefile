@@ -38,7 +38,7 @@ typecheck: $(STAMP)
 # The quick stage: every test that neither kills a process nor needs an engine (no e2e, nothing
 # marked `processes`), servers as threads of the test process (tests/conftest.py Cluster).
 check: warm typecheck
-	PARAMSHARD_TEST_SERVERS=threads $(PY) -m pytest -q -m "not processes and not fuzz and not matrix" tests/unit tests/integration
+	PARAMSHARD_TEST_SERVERS=threads PARAMSHARD_UNIT_LIMIT_STRICT=1 $(PY) -m pytest -q -m "not processes and not fuzz and not matrix" tests/unit tests/integration
 
 # Every peer runs under the malloc settings the launcher gives paramshard's processes.
 TUNABLES := glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483648

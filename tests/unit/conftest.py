@@ -9,6 +9,11 @@ less the time the test's thread waited for a CPU while it could have run
 loads that one); each over-budget item carries its cost as the report's user property
 ``unit_cost_s``.
 
+``make check`` (the developer's stage, not CI's) also sets PARAMSHARD_UNIT_LIMIT_STRICT=1: there an
+item whose process used more CPU than the budget fails. CPU time, not wall time: what a test
+costs, which another job's load on the machine does not change (it counts the pool threads of
+pandas and arrow that wall time less the thread's own run-queue wait missed).
+
 The compiled row store's kernels must be in numba's cache (`make warm`, which `make check` and
 `make test` run first): a test that compiles one pays seconds (e.g. after kernel sources moved).
 """
@@ -31,6 +36,7 @@ _torch.optim.SGD(_torch.nn.Linear(1, 1).parameters(), lr=0.1)
 LIMIT_VARIABLE = "PARAMSHARD_UNIT_LIMIT_S"
 DEFAULT_LIMIT_S = 1.0
 UNIT_COST_PROPERTY = "unit_cost_s"
+STRICT_VARIABLE = "PARAMSHARD_UNIT_LIMIT_STRICT"
 
 
 def unit_limit() -> float:
@@ -62,9 +68,14 @@ def pytest_runtest_call(item):
     marker = item.get_closest_marker("slow_unit")
     if marker is not None and not marker.kwargs.get("reason") and not marker.args:
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.slow_unit needs reason=\"why it cannot be faster\"")
-    started, waited = time.perf_counter(), run_queue_wait()
-    result = yield
+    started, waited, cpu = time.perf_counter(), run_queue_wait(), time.process_time()
+    result = yield                   # a failing test fails as it is; only a passing one is timed
     cost = (time.perf_counter() - started) - (run_queue_wait() - waited)
+    cpu = time.process_time() - cpu
     if limit and marker is None and cost > limit:
         item.user_properties.append((UNIT_COST_PROPERTY, round(cost, 2)))
+    if limit and marker is None and cpu > limit and os.environ.get(STRICT_VARIABLE) == "1":
+        pytest.fail(f"unit test used {cpu:.2f} s of CPU, over the {limit:g} s budget of a unit item: make it "
+                    f"faster, move it to tests/integration, or mark it @pytest.mark.slow_unit(reason=...)",
+                    pytrace=False)
     return result
