@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from paramshard.models import MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -91,16 +93,30 @@ def test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression(ad
     assert {k: best[k] for k in ("auc", "logloss", "accuracy", "rows")} == result["best"] == result["final"]
 
 
+# Every model's run, one after the other, in one process without a launcher: the standalone path
+# (ps.init() with no job serves from this process) taken again after a run ended, as a notebook
+# would, and one interpreter's start instead of one per model.
+EVERY_MODEL = """
+import json, sys
+from paramshard.apps.ctr import main
+train, test, schema, out = sys.argv[1:5]
+for model in sys.argv[5:]:
+    print("=== " + model, flush=True)
+    assert main(["--train", train, "--test", test, "--schema", schema, "--model", model, "--epochs", "1",
+                 "--json", f"{out}/{model}.json"]) == 0
+"""
+
+
 def test_one_process_without_launcher_every_model(adult, tmp_path):
-    for model in ("lr", "widedeep", "dcn"):
-        out = tmp_path / f"{model}.json"
-        r = subprocess.run([sys.executable, "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
-                            "--test", str(adult / "test.csv"), "--schema", str(adult / "schema.json"),
-                            "--model", model, "--epochs", "1", "--json", str(out)],
-                           capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        assert "fitting it on the training files" in r.stdout      # the unfitted schema is fitted on the fly
-        final = json.loads(out.read_text())["final"]
+    models = sorted(MODELS)
+    r = subprocess.run([sys.executable, "-c", EVERY_MODEL, str(adult / "train.csv"), str(adult / "test.csv"),
+                        str(adult / "schema.json"), str(tmp_path), *models],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for model in models:
+        run_output = r.stdout.split(f"=== {model}\n", 1)[1].split("=== ", 1)[0]
+        assert "fitting it on the training files" in run_output     # the unfitted schema is fitted on the fly
+        final = json.loads((tmp_path / f"{model}.json").read_text())["final"]
         assert 0.85 < final["auc"] <= 1 and final["logloss"] < 0.45, (model, final)
         assert np.isfinite(final["accuracy"])
 
