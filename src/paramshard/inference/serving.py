@@ -282,11 +282,15 @@ def build_from_file(path, unknown: str = "initial", classes: dict | None = None)
     """The module the file's spec describes (paramshard.models.build_model's, or one of
     ``classes``: name -> your class), built and loaded, with local tables: no code of the
     training script needed. ModelFileError when the file records no model."""
-    from paramshard.models import build_from_spec
-
     if unknown not in UNKNOWN:
         raise ConfigError(f"load_model(unknown={unknown!r}): expected one of {UNKNOWN}")
-    model = read_model(path)
+    return build_module(read_model(path), classes, unknown)
+
+
+def build_module(model: "ModelFile", classes: dict | None = None, unknown: str = "initial") -> torch.nn.Module:
+    """build_from_file's work on a file already read (inference/portable.py builds one too)."""
+    from paramshard.models import build_from_spec
+
     if model.spec is None:
         raise ModelFileError(f"{model.path}: this model file has no recorded model (its model was not built by "
                              f"paramshard.models.build_model and declares no paramshard_spec, or the file "
