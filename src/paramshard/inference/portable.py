@@ -23,7 +23,9 @@ table's admission would not have given it one; ``unknown="zeros"``: zeros).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import tempfile
 import warnings
 from pathlib import Path
@@ -171,6 +173,25 @@ def onnx_package():
     return onnx
 
 
+@contextlib.contextmanager
+def quiet_exporter():
+    """torch.onnx.export's own notes (optional torchvision ops skipped, deprecations inside
+    torch, renamed axes) are about torch, not about this model: not shown to the user."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnx_ir", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def write_onnx(module: nn.Module, about: dict, path) -> None:
     onnx = onnx_package()
     names = [i["name"] for i in about["inputs"]]
@@ -181,7 +202,7 @@ def write_onnx(module: nn.Module, about: dict, path) -> None:
         fields = len(about["inputs"][1]["fields"])
         n = torch.export.Dim("N", min=1)
         shapes = {"dense": {0: batch}, "ids": {0: n}, "offsets": {0: fields * batch}, "weights": {0: n}}
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(module, example_inputs(about), dynamo=True, input_names=names,
                                     output_names=["score"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
                                     optimize=True, verbose=False)
