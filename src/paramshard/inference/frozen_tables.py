@@ -55,7 +55,7 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
 
 def mix64_int(value: int) -> int:
     """sparse_hash.mix64 of one Python int, as an int64 constant."""
-    return signed(int(sparse_hash.mix64(np.uint64(value & MASK64))))
+    return signed(int(sparse_hash.mix64(np.array([value & MASK64], np.uint64))[0]))
 
 
 def lower_bound(keys: torch.Tensor, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -95,6 +95,12 @@ def pool(rows: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None,
 
 class FrozenTable(nn.Module):
     """serving.LocalTable (a model file's table) as buffers and tensor operations."""
+
+    ids: torch.Tensor           # the buffers (declared: nn.Module's attribute lookup is untyped)
+    rows: torch.Tensor
+    columns: torch.Tensor
+    scale2: torch.Tensor
+    scale: torch.Tensor
 
     def __init__(self, table, mode: str = "sum", unknown: str = "initial"):
         super().__init__()
@@ -138,17 +144,15 @@ class FrozenTable(nn.Module):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of flat int64 ``ids`` -> [n, dim]."""
-        if self.size:
-            pos = torch.clamp(lower_bound(self.ids, ids, self.size), max=self.size - 1)
-            found = (self.ids[pos] == ids).unsqueeze(1)
-            stored = self.rows[pos]
-        else:
-            found, stored = None, None
         if self.initial:
             unseen = self.initial_rows(ids)
         else:
             unseen = torch.zeros(ids.shape[0], self.dim, dtype=torch.float32)
-        return unseen if found is None else torch.where(found, stored, unseen)
+        if not self.size:
+            return unseen
+        pos = torch.clamp(lower_bound(self.ids, ids, self.size), max=self.size - 1)
+        found = (self.ids[pos] == ids).unsqueeze(1)
+        return torch.where(found, self.rows[pos], unseen)
 
     def forward(self, ids, offsets=None, per_sample_weights=None):
         flat = ids.reshape(-1)
@@ -163,6 +167,8 @@ class FrozenTable(nn.Module):
 
 class FrozenHashedTable(nn.Module):
     """models.hashed.HashedEmbeddingBag with its bucket hash in tensor operations."""
+
+    weight: torch.Tensor
 
     def __init__(self, table):
         super().__init__()

@@ -82,9 +82,14 @@ def inputs(schema) -> list[dict]:
 def contract(model: ModelFile) -> dict:
     """What the exported file documents about itself (TorchScript extra file, ONNX metadata)."""
     from paramshard.specs.schema import Schema
-    schema = Schema.from_dict(model.spec["schema"], where=f"{model.path}: the recorded schema")
-    return {"model": model.spec["model"], "step": model.step, "inputs": inputs(schema),
-            "outputs": [{"name": "score", "dtype": "float32", "shape": ["B"]}], "schema": model.spec["schema"]}
+    spec = model.spec
+    if spec is None or spec.get("schema") is None:
+        raise ModelFileError(f"{model.path}: no recorded model with a schema: --format torchscript|onnx exports "
+                             f"a model built by paramshard.models.build_model (the CTR app's), whose schema "
+                             f"defines the inputs")
+    schema = Schema.from_dict(spec["schema"], where=f"{model.path}: the recorded schema")
+    return {"model": spec["model"], "step": model.step, "inputs": inputs(schema),
+            "outputs": [{"name": "score", "dtype": "float32", "shape": ["B"]}], "schema": spec["schema"]}
 
 
 def freeze_tables(module: nn.Module, model: ModelFile, unknown: str) -> nn.Module:
@@ -104,11 +109,7 @@ def freeze_tables(module: nn.Module, model: ModelFile, unknown: str) -> nn.Modul
 
 def portable_module(model: ModelFile, unknown: str = "initial") -> tuple[nn.Module, dict]:
     """The file's recorded model as a module of tensors only, in eval mode, and its contract."""
-    if model.spec is None or model.spec.get("schema") is None:
-        raise ModelFileError(f"{model.path}: no recorded model with a schema: --format torchscript|onnx exports "
-                             f"a model built by paramshard.models.build_model (the CTR app's), whose schema "
-                             f"defines the inputs")
-    about = contract(model)
+    about = contract(model)          # first: a file without a recorded schema is refused here
     module = freeze_tables(build_module(model, unknown=unknown), model, unknown).eval()
     bags = len(about["inputs"]) == 4
     wrapped = (BagScores if bags else Scores)(module).eval()
@@ -206,6 +207,8 @@ def write_onnx(module: nn.Module, about: dict, path) -> None:
         program = torch.onnx.export(module, example_inputs(about), dynamo=True, input_names=names,
                                     output_names=["score"], dynamic_shapes=shapes, opset_version=ONNX_OPSET,
                                     optimize=True, verbose=False)
+    if program is None:         # only when export is given a file to write, which it is not here
+        raise ConfigError("torch.onnx.export returned no program")
     proto = program.model_proto
     onnx.helper.set_model_props(proto, {"paramshard": json.dumps(about)})
     onnx.save(proto, str(path))
