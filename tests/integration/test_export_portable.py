@@ -21,6 +21,8 @@ from paramshard.specs.schema import Column, Label, Schema
 from paramshard.trainer.sparse_embedding import tables_of
 from tests.integration.tiny_ctr import SCORE_BATCH, Job
 
+# Loading the TorchScript file is what a user does; torch 2.13 says TorchScript is deprecated.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 TOLERANCE = 1e-5
 FIELDS = [Column("x"), Column("z"), Column("c", "categorical"), Column("d", "categorical")]
 SCHEMAS = {"fields": Schema(Label("y"), FIELDS),                                # ids [B, F]

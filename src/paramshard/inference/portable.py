@@ -160,8 +160,11 @@ def write_torchscript(module: nn.Module, about: dict, path) -> None:
     # the trace. They hold for every input of the contract (the dims they fix are the schema's).
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # torch 2.13 deprecates TorchScript (for torch.export); it still writes and runs, and
+        # C++ serving loads it: the choice of format is the user's (onnx is the other).
+        warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example_inputs(about), check_trace=False)
-    torch.jit.save(traced, str(path), _extra_files={"paramshard.json": json.dumps(about)})
+        torch.jit.save(traced, str(path), _extra_files={"paramshard.json": json.dumps(about)})
 
 
 def onnx_package():
