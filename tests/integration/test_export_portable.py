@@ -2,6 +2,7 @@
 its tables inside, scores a batch exactly as the PyTorch model loaded from the same file
 (ps.load_model, what `paramshard predict` runs) within 1e-5, unseen ids included; from a
 checkpoint, the exported file scores a test file as the trained model did through its server."""
+import inspect
 import json
 import sys
 import types
@@ -39,7 +40,8 @@ def model_file(path, name, layout, embedding=None):
     """A model file as export-model writes one, of ``name`` built on the layout's schema: random
     dense parameters (the module's initial ones) and tables of random rows for STORED."""
     torch.manual_seed(len(name))
-    kw = {} if name == "lr" else {"dim": 4, "hidden": (8,)}
+    takes = inspect.signature(MODELS[name]).parameters         # small sizes, for the ones a model takes
+    kw = {k: v for k, v in {"dim": 4, "hidden": (8,)}.items() if k in takes}
     module = build_model(name, SCHEMAS[layout], embedding=embedding, **kw) if embedding else \
         build_model(name, SCHEMAS[layout], **kw)
     dense = {n: p.detach().numpy() + 0.1 for n, p in module.named_parameters()}
