@@ -114,8 +114,12 @@ def test_unknown_zeros_and_hashed_tables_are_exported_too(tmp_path):
     assert_same_scores(torch.jit.load(str(tmp_path / "h.ts"))(*inputs).numpy(), pytorch_scores(hashed, inputs))
 
 
-# Every model once, each layout by half of them (an ONNX export takes seconds).
-ONNX_CASES = [(name, sorted(SCHEMAS)[k % 2]) for k, name in enumerate(sorted(MODELS))]
+# Every model once, each layout by half of them (an ONNX export takes 5-10 s here): `make test`
+# exports the first model (no embeddings' interactions) and DeepFM (bags, the README's model);
+# the rest under `pytest -m matrix`, run before a stop.
+ONNX_IN_MAKE_TEST = {"lr", "deepfm"}
+ONNX_CASES = [pytest.param(name, sorted(SCHEMAS)[k % 2], marks=() if name in ONNX_IN_MAKE_TEST else pytest.mark.matrix)
+              for k, name in enumerate(sorted(MODELS))]
 
 
 @pytest.mark.parametrize("name, layout", ONNX_CASES)
