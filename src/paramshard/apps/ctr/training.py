@@ -36,6 +36,7 @@ from paramshard.models import build_model, hashed_embedding
 from paramshard.observe.report.server_table import StepProgress
 from paramshard.apps.ctr import elastic, loss_check
 from paramshard.apps.ctr.audit import TrainedLog
+from paramshard.apps.ctr.result import result_record
 from paramshard.apps.ctr.selection import Decision
 
 EVAL_BATCH = 8192
@@ -300,6 +301,8 @@ def train(args, say) -> dict | None:
             if decision.stop:
                 break
         out = run.finish(args, schema, env.num_trainers, len(env.servers))
+        if out is not None:         # the run directory's result, which `paramshard report` says first
+            trainer.log(result=result_record(out))
     finally:
         run.close()
     trainer.close()
