@@ -21,7 +21,7 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
     def refuse(message: str):
         # argparse's own message, without its usage block: one line, the launcher adds the rest.
         raise ConfigError(f"{message} (`python -m paramshard.apps.ctr --help` lists its options)")
-    p.error = refuse
+    p.error = refuse        # type: ignore[method-assign]  # this parser only: argparse calls self.error
     args = resolve(p.parse_args(argv))
     if not files:
         return

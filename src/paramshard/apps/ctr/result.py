@@ -24,7 +24,7 @@ def result_record(out: dict) -> dict:
     """From the app's --json document (training.Run.finish): the best epoch, its validation
     scores and its model's test scores, what trained it, and the warnings."""
     best = out["best_epoch"]
-    epoch = next((e for e in out["epochs"] if e.get("epoch") == best), {})
+    epoch: dict = next((e for e in out["epochs"] if e.get("epoch") == best), {})
     return {"app": "paramshard.apps.ctr", "model": out["model"], "best_epoch": best,
             "epochs": len(out["epochs"]), "valid": _metrics(epoch.get("valid")), "test": _metrics(out["final"]),
             "warnings": [str(w) for w in out.get("warnings", [])]}
