@@ -6,7 +6,7 @@ import sys
 HELP = ("score the rows of CSV/TSV/Parquet files with a model file (its recorded model and fitted schema): "
         "one probability per row, in order")
 EXAMPLE = ("paramshard predict model.pt test.csv --out scores.csv",
-           "paramshard predict model.pt new.csv --keep id --out scores.csv     (id,score per row)",
+           "paramshard predict model.pt new.csv --keep id --out scores.csv",
            "paramshard predict model.pt new-*.parquet --out scores.parquet")
 
 
