@@ -3,18 +3,17 @@ paramshard.apps.ctr ARGS` runs before it starts any process (launch/rank/app_che
 so a misspelt model or a missing --schema is refused in a second, once, rather than by
 every trainer after the whole cluster started.
 
-The same parser and resolve() as the run (options.py), then, with ``files``, what the
-run's first second checks (training.load_schema): the schema reads, and every input
-file exists and has the columns it needs."""
+The same parser and resolve() as the run (options.py), then, with ``files``, what every
+trainer checks first (inputs.py): the schema reads, and every input file exists and has
+the columns it needs."""
 from __future__ import annotations
 
 from paramshard.errors import ConfigError
 
 
 def check_arguments(argv: list[str], files: bool = True, description: str = "") -> None:
+    from paramshard.apps.ctr.inputs import checked_schema
     from paramshard.apps.ctr.options import parser, resolve
-    from paramshard.data.features.input_check import check_inputs
-    from paramshard.specs.schema import Schema
 
     p = parser(description)
 
@@ -23,10 +22,5 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
         raise ConfigError(f"{message} (`python -m paramshard.apps.ctr --help` lists its options)")
     p.error = refuse        # type: ignore[method-assign]  # this parser only: argparse calls self.error
     args = resolve(p.parse_args(argv))
-    if not files:
-        return
-    schema = Schema.load(args.schema)
-    check_inputs(args.train, schema, "train")
-    if args.valid:
-        check_inputs(args.valid, schema, "valid")
-    check_inputs(args.test, schema, "test")
+    if files:
+        checked_schema(args)      # the trainers' own first check (one trainer's share of rows)
