@@ -9,6 +9,7 @@ from paramshard.cli import report as report_cli
 from paramshard.observe.run_records.records import write_json
 from paramshard.observe.run_records.run_data import load_run
 from paramshard.observe.run_records.trainer_records import TrainerRecords
+from paramshard.observe.report.html import render_index
 from paramshard.observe.report.run_result import result_lines
 
 T0 = 1_790_000_000.0
@@ -79,6 +80,10 @@ def test_a_failed_run_says_the_launchers_failure_summary_first(tmp_path):
                           {"event": "end", "text": "exit code 3"}])
     assert result_lines(load_run(run)) == ["failed: exit code 3 after 6.0 s",
                                            *("  " + line for line in FAILURE.splitlines())]
+    # The page says it at its top too, before the summary table.
+    page = render_index(load_run(run), [], tmp_path)
+    assert page.index('<h2>Result</h2>\n<pre class="warn">failed: exit code 3') < page.index("<h2>Summary</h2>")
+    assert "  first failure: trainer 1 (exit code 3; pid 7 on this machine)" in page
 
 
 def test_a_run_without_a_result_or_a_summary_says_so(tmp_path):
