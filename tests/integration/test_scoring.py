@@ -94,6 +94,18 @@ def test_kept_columns_are_copied_row_for_row_before_the_score(job, tmp_path, suf
     np.testing.assert_allclose(got["score"].to_numpy(), np.concatenate([job.expected, job.expected]), rtol=1e-6)
 
 
+def test_a_kept_column_text_in_one_file_and_typed_in_another_takes_the_first_files_type(job, tmp_path):
+    frame = pd.read_csv(job.root / "new.csv", dtype=str, keep_default_na=False)
+    frame.insert(0, "id", range(len(frame)))
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    frame.to_parquet(tmp_path / "b.parquet", index=False)           # id: int64 here, text in a.csv
+    predict_files(job.root / "model.pt", [tmp_path / "a.csv", tmp_path / "b.parquet"], tmp_path / "s.parquet",
+                  SCORE_BATCH, keep=["id"])
+    got = pd.read_parquet(tmp_path / "s.parquet")
+    assert got["id"].tolist() == 2 * [str(i) for i in range(len(frame))]
+    np.testing.assert_array_equal(got["score"].to_numpy(), np.concatenate([job.expected, job.expected]))
+
+
 def test_an_unknown_kept_column_names_the_columns_there_are_and_writes_nothing(job, tmp_path):
     with pytest.raises(ConfigError, match=r"--keep id: .*new.csv has no column 'id' \(its columns: price, city, tags\)"):
         predict_files(job.root / "model.pt", [job.root / "new.csv"], tmp_path / "s.csv", keep=["id"])

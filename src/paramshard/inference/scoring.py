@@ -136,6 +136,13 @@ class ScoreWriter:
             table = pa.Table.from_pandas(frame, preserve_index=False)
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(file, table.schema)
+            elif not table.schema.equals(self._parquet.schema):
+                # A kept column read as text from a CSV and typed from a Parquet file: the first file's type.
+                try:
+                    table = table.cast(self._parquet.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise ConfigError(f"--keep {', '.join(self.keep)}: the values have another type here than in an "
+                                      f"earlier file ({exc}): write .csv, or predict the files separately") from None
             self._parquet.write_table(table)
         else:
             # pandas writes a float64 as its shortest repr: read back, it is the same number.
