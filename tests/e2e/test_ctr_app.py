@@ -72,6 +72,7 @@ def test_the_raw_csv_is_raw(adult):
 def test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression(adult, tmp_path):
     out = tmp_path / "adult.json"
     r = subprocess.run([sys.executable, "-m", "paramshard", "launch", "--servers", "2", "--trainers", "2",
+                        "--run-dir", str(tmp_path / "run"),
                         "-m", "paramshard.apps.ctr", "--train", str(adult / "train.csv"),
                         "--test", str(adult / "test.csv"), "--schema", str(adult / "fitted.json"),
                         "--model", "deepfm", "--epochs", "4", "--json", str(out)],
@@ -91,6 +92,15 @@ def test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression(ad
     best = result["epochs"][result["best_epoch"] - 1]
     assert best["valid"]["auc"] == max(e["valid"]["auc"] for e in result["epochs"])
     assert {k: best[k] for k in ("auc", "logloss", "accuracy", "rows")} == result["best"] == result["final"]
+    # `paramshard report RUN_DIR` says the same result first: from the record trainer 0 logged.
+    from paramshard.observe.report.run_result import result_lines
+    from paramshard.observe.run_records.run_data import load_run
+    lines = result_lines(load_run(tmp_path / "run"))
+    assert lines[0].startswith("finished: exit code 0 after ")
+    assert lines[1] == f"result: best epoch {result['best_epoch']} of {len(result['epochs'])} (deepfm)"
+    assert lines[2].startswith(f"  validation: AUC {best['valid']['auc']:.4f} logloss {best['valid']['logloss']:.4f}")
+    assert lines[3] == (f"  test:       AUC {result['final']['auc']:.4f} logloss {result['final']['logloss']:.4f} "
+                        f"accuracy {result['final']['accuracy']:.4f} (9,769 rows)")
 
 
 # Every model's run, one after the other, in one process without a launcher: the standalone path

@@ -96,6 +96,16 @@ def test_predict_writes_scores_and_says_how_good_they_are(job, tmp_path, capsys)
     np.testing.assert_array_equal(np.array(out.split()[1:], np.float64), job.expected)
     code, _, err = cli_in_process(capsys, "predict", tmp_path / "m.pt", job.root / "new.csv", "--batch-size", 0)
     assert code == 2 and "--batch-size 0: must be >= 1" in err
+    # --keep: a key column of the input before each score; empty input: an error, not 0 scores.
+    code, out, err = cli_in_process(capsys, "predict", tmp_path / "m.pt", job.root / "new.csv", "--out",
+                                    tmp_path / "k.csv", "--batch-size", SCORE_BATCH, "--keep", "city")
+    kept = pd.read_csv(tmp_path / "k.csv")
+    assert code == 0 and list(kept.columns) == ["city", "score"], (out, err)
+    assert kept["city"].tolist() == pd.read_csv(job.root / "new.csv")["city"].tolist()
+    np.testing.assert_array_equal(kept["score"], job.expected)
+    (tmp_path / "empty.csv").write_text("price,city,tags\n")
+    code, out, err = cli_in_process(capsys, "predict", tmp_path / "m.pt", tmp_path / "empty.csv")
+    assert (code, out) == (2, "") and "no rows to score in" in err and "scored" not in err
 
 
 def test_a_refusal_reaches_the_user_from_the_real_command(tmp_path):

@@ -48,8 +48,9 @@ def test_failed_job_ends_with_the_first_failure_and_its_error(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text(BOOM)
     # One stream, as a terminal shows it: the summary must be the last thing printed.
-    r = subprocess.run(launch_cmd(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=90)
+    cmd = launch_cmd(script)
+    r = subprocess.run([*cmd[:-1], "--run-dir", str(tmp_path / "run"), cmd[-1]], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=90)
     assert r.returncode == 1, r.stdout
     tail = r.stdout.splitlines()[-8:]
     block = tail[[i for i, line in enumerate(tail) if "first failure:" in line][-1]:]
@@ -59,6 +60,13 @@ def test_failed_job_ends_with_the_first_failure_and_its_error(tmp_path):
     # trainer 0 died of trainer 1's death (peer_lost), and is labelled so, not blamed.
     assert any(line.startswith("  trainer 0: failed after trainer 1 (peer lost") for line in block), r.stdout
     assert "stopping the job: trainer 1 failed" in r.stdout
+    # `paramshard report RUN_DIR` says the same first: the launcher's failure event in the run directory.
+    from paramshard.observe.report.run_result import result_lines
+    from paramshard.observe.run_records.run_data import load_run
+    lines = result_lines(load_run(tmp_path / "run"))
+    assert lines[0].startswith("failed: exit code 1 after "), lines
+    assert lines[1].startswith("  first failure: trainer 1 (exit code 1;") and \
+        "      RuntimeError: boom from trainer 1" in lines, lines
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

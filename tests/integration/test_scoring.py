@@ -76,3 +76,54 @@ def test_a_model_file_without_a_recorded_model_says_to_pass_the_module(job, tmp_
     with pytest.raises(ModelFileError, match="old.pt: this model file has no recorded model .*"
                                              r"pass the module, ps.load_model\(module, FILE\)"):
         predict_files(tmp_path / "old.pt", [job.root / "new.csv"], tmp_path / "s.csv")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_kept_columns_are_copied_row_for_row_before_the_score(job, tmp_path, suffix):
+    frame = pd.read_csv(job.root / "new.csv", dtype=str, keep_default_na=False)
+    ids = [f"row-{i:04d}" for i in range(len(frame))][::-1]          # not the row order: copied, not made
+    frame.insert(0, "id", ids)
+    frame["shop"] = "s" + frame.index.astype(str)
+    data = tmp_path / f"keyed{suffix}"
+    frame.to_parquet(data, index=False) if suffix == ".parquet" else frame.to_csv(data, index=False)
+    out = tmp_path / "s.csv"
+    result = predict_files(job.root / "model.pt", [data, data], out, batch_size=7, keep=["id", "shop"])
+    got = pd.read_csv(out, dtype={"id": str, "shop": str})
+    assert list(got.columns) == ["id", "shop", "score"] and result["rows"] == 2 * len(frame)
+    assert got["id"].tolist() == ids + ids and got["shop"].tolist() == 2 * frame["shop"].tolist()
+    np.testing.assert_allclose(got["score"].to_numpy(), np.concatenate([job.expected, job.expected]), rtol=1e-6)
+
+
+def test_a_kept_column_text_in_one_file_and_typed_in_another_takes_the_first_files_type(job, tmp_path):
+    frame = pd.read_csv(job.root / "new.csv", dtype=str, keep_default_na=False)
+    frame.insert(0, "id", range(len(frame)))
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    frame.to_parquet(tmp_path / "b.parquet", index=False)           # id: int64 here, text in a.csv
+    predict_files(job.root / "model.pt", [tmp_path / "a.csv", tmp_path / "b.parquet"], tmp_path / "s.parquet",
+                  SCORE_BATCH, keep=["id"])
+    got = pd.read_parquet(tmp_path / "s.parquet")
+    assert got["id"].tolist() == 2 * [str(i) for i in range(len(frame))]
+    np.testing.assert_array_equal(got["score"].to_numpy(), np.concatenate([job.expected, job.expected]))
+
+
+def test_an_unknown_kept_column_names_the_columns_there_are_and_writes_nothing(job, tmp_path):
+    with pytest.raises(ConfigError, match=r"--keep id: .*new.csv has no column 'id' \(its columns: price, city, tags\)"):
+        predict_files(job.root / "model.pt", [job.root / "new.csv"], tmp_path / "s.csv", keep=["id"])
+    with pytest.raises(ConfigError, match=r"--keep citty: .*new.csv has no column 'citty' \(did you mean 'city'\?\)"):
+        predict_files(job.root / "model.pt", [job.root / "new.csv", job.root / "new.parquet"], None, keep=["citty"])
+    with pytest.raises(ConfigError, match="--keep score: the scores file has a column 'score' of its own"):
+        predict_files(job.root / "model.pt", [job.root / "new.csv"], tmp_path / "s.csv", keep=["score"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", ["", "price,city,tags\n"])
+def test_input_without_rows_is_an_error_not_zero_scores(job, tmp_path, content):
+    empty = tmp_path / "empty.csv"
+    empty.write_text(content)
+    out = io.StringIO()
+    with pytest.raises(ConfigError, match=r"no rows to score in .*empty.csv: the file is empty or hold"):
+        predict_files(job.root / "model.pt", [empty], None, stream=out)
+    assert out.getvalue() == ""
+    with pytest.raises(ConfigError, match="no rows to score"):
+        predict_files(job.root / "model.pt", [empty], tmp_path / "s.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv"]       # no scores file

@@ -16,7 +16,7 @@ from paramshard.launch.supervision.build import build_launcher
 from paramshard.launch.supervision.listeners import JobListeners
 from paramshard.launch.supervision.restart_policy import RestartPolicy
 from paramshard.launch.supervision.supervisor import Supervisor
-from paramshard.launch.rank import target
+from paramshard.launch.rank import app_check, target
 from paramshard.errors import ConfigError
 from paramshard.log import configure, get_logger
 from paramshard.mode import Mode
@@ -193,6 +193,11 @@ def run(args) -> int:
     # Checked whole before the run directory is made: a refused job leaves none.
     placement = _placement(args, dict(fields, max_restarts=args.max_restarts))
     config = placement.config
+    # The program's own check of its arguments (launch/rank/app_check.py), before any process
+    # or the run directory: a bad flag is refused once, in a second. Over SSH the files it names
+    # are on the hosts: only the arguments are checked.
+    app_check.check_arguments(script, module, script_args, files=not args.hosts,
+                              search=os.path.abspath(args.dispatch_package) if args.dispatch_package else None)
     fields.setdefault("job_id", config.job_id)      # restarts: one job, one run directory
     fields["secret"] = config.secret                # and one secret (made by LaunchConfig if none was given)
     watch = JobWatch(args.run_dir or default_run_dir(config.job_id), config.job_id, report=args.report)

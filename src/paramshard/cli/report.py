@@ -1,7 +1,8 @@
 """`paramshard report`: plots and an index.html of a run directory."""
 from __future__ import annotations
 
-HELP = "draw a run directory's metrics as PNG plots and an index.html (works on a run still going)"
+HELP = ("say a run's result (or its error), and draw its metrics as PNG plots and an index.html (works on a "
+        "run still going)")
 EXAMPLE = "paramshard report runs/20261123-181500-ab12cd"
 
 
@@ -15,6 +16,12 @@ def add_arguments(p):
 def run(args) -> int:
     # Imported here: `paramshard --help` and the other commands need not load matplotlib.
     from paramshard.observe.report.report_files import write_report
+    from paramshard.observe.report.run_result import result_lines
+    from paramshard.observe.run_records.run_data import load_run
 
-    print(write_report(args.run_dir, args.out))
+    # First the run's result (or its error), then where the page is (the last line).
+    run = load_run(args.run_dir)
+    for line in result_lines(run):
+        print(line)
+    print(write_report(args.run_dir, args.out, run=run))
     return 0

@@ -66,7 +66,7 @@ def run(args) -> int:
     args.script, args.module, args.args = target.from_args(args.script, args.module, args.args)
     # A module is looked for by python -m on each trainer: a missing one fails it like any error.
     if args.script is not None and not os.path.isfile(args.script):
-        raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()})")
+        raise ConfigError(f"training script {args.script!r} not found (in {os.getcwd()}){target.module_hint(args.script)}")
     base = _settings(args, environ)
     check_server_count(base.mode, args.servers)
     if base.role is not None:

@@ -5,7 +5,10 @@ fitted schema how to encode a row, exactly as training encoded it
 (data/features/encode.py). Each input row gets one score, the probability
 ``sigmoid(logit)``, in input order, files in the order given. The label column
 may be absent (data to score); when every file has it, the labels are written
-next to the scores and AUC / log loss are computed.
+next to the scores and AUC / log loss are computed. ``keep`` columns (an id, a key
+to join on) are copied from the input into the scores file before the score, row for
+row. Input with no rows at all is an error: a scores file of no rows is never the
+answer to a question.
 
 Every row must encode: a bad line is an error naming ``path:line`` (a skipped
 line would shift every score after it onto the wrong row). Files are streamed:
@@ -21,6 +24,7 @@ import numpy as np
 
 from paramshard.data.readers._reader import MAX_LINE_BYTES, as_paths, iter_chunks
 from paramshard.data.features.encode import Encoder
+from paramshard.data.features.names import did_you_mean
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import file_format, iter_frames
 from paramshard.data.metrics import BinaryMetrics
@@ -45,24 +49,49 @@ def schema_of(model, path) -> Schema:
     return schema
 
 
-def has_label(path: Path, schema: Schema) -> bool:
-    """Whether the file has the schema's label column (its header, Parquet schema or format.names)."""
+def column_names(path: Path, schema: Schema) -> list[str]:
+    """The file's columns (its header, Parquet schema or format.names); [] for an empty file."""
     kind, delimiter = file_format(path, schema.format)
     if kind == "parquet":
         import pyarrow.parquet as pq
-        return schema.label.column in pq.ParquetFile(path).schema_arrow.names
+        return list(pq.ParquetFile(path).schema_arrow.names)
     if not schema.format.header:
-        return schema.label.column in schema.format.names
+        return list(schema.format.names)
     for _, chunk in iter_chunks(path, 1 << 16, MAX_LINE_BYTES):
         header = chunk[:chunk.index(b"\n")].decode("utf-8", "replace")
-        return schema.label.column in [n.strip() for n in next(csv.reader([header], delimiter=delimiter))]
-    return False        # an empty file: no rows, no label
+        return [n.strip() for n in next(csv.reader([header], delimiter=delimiter))]
+    return []           # an empty file: no rows, no columns
 
 
-def batches(paths, schema: Schema, with_labels: bool, batch_size: int):
-    """TabularBatch of at most ``batch_size`` rows, every row of ``paths`` in order."""
+def has_label(path: Path, schema: Schema) -> bool:
+    """Whether the file has the schema's label column."""
+    return schema.label.column in column_names(path, schema)
+
+
+def check_keep(paths, schema: Schema, keep, with_labels: bool) -> list[str]:
+    """The --keep columns, each once, checked against every file's columns before any score
+    is written (a missing one in the third file must not leave two files' scores behind)."""
+    keep = list(dict.fromkeys(keep or ()))
+    taken = ["score", "label"] if with_labels else ["score"]
+    for name in keep:
+        if name in taken:
+            raise ConfigError(f"--keep {name}: the scores file has a column {name!r} of its own; keep another "
+                              f"column, or rename this one in the input")
+    for path in paths:
+        names = column_names(path, schema)
+        missing = [name for name in keep if name not in names]
+        if missing:
+            raise ConfigError(f"--keep {missing[0]}: {path} has no column {missing[0]!r}"
+                              f"{did_you_mean(missing[0], names)} (its columns: {', '.join(names) or 'none'})")
+    return keep
+
+
+def batches(paths, schema: Schema, with_labels: bool, batch_size: int, keep=()):
+    """(TabularBatch of at most ``batch_size`` rows, {kept column: its values for those rows}),
+    every row of ``paths`` in order."""
     encoder = Encoder(schema, labels=with_labels)
     wanted = [c for c in schema.used_columns if with_labels or c != schema.label.column]
+    wanted += [c for c in keep if c not in wanted]
     for path in paths:
         for frame in iter_frames(path, schema.format, wanted):
             batch, bad = encoder.encode(frame.columns)
@@ -70,15 +99,17 @@ def batches(paths, schema: Schema, with_labels: bool, batch_size: int):
             if problems:
                 line, reason = min(problems)
                 raise DataFormatError(path, line, reason, hint=HINT)
+            # Every row encoded (a bad one raised above): the batch's rows are the frame's.
             for start in range(0, len(batch), batch_size):
-                yield batch.take(start, min(start + batch_size, len(batch)))
+                end = min(start + batch_size, len(batch))
+                yield batch.take(start, end), {c: frame.columns[c][start:end] for c in keep}
 
 
 class ScoreWriter:
     """Scores (and labels) as CSV/TSV/Parquet by ``out``'s extension (None: CSV)."""
 
-    def __init__(self, out, with_labels: bool):
-        self.with_labels, self.rows = with_labels, 0
+    def __init__(self, out, with_labels: bool, keep=()):
+        self.with_labels, self.keep, self.rows = with_labels, list(keep), 0
         self.out = Path(out) if out is not None else None
         self.kind = "csv"
         if self.out is not None:
@@ -89,21 +120,29 @@ class ScoreWriter:
                 raise ConfigError(f"--out {self.out}: directory {self.out.parent} does not exist")
         self._parquet = self._file = None
 
-    def _frame(self, scores: np.ndarray, labels: np.ndarray):
+    def _frame(self, scores: np.ndarray, labels: np.ndarray, kept: dict):
         import pandas as pd
-        columns = {"score": scores}
+        columns = {name: kept[name] for name in self.keep}
+        columns["score"] = scores
         if self.with_labels:
             columns["label"] = labels.astype(np.int8)
         return pd.DataFrame(columns)
 
-    def write(self, file, scores: np.ndarray, labels: np.ndarray) -> None:
-        frame = self._frame(scores, labels)
+    def write(self, file, scores: np.ndarray, labels: np.ndarray, kept: dict) -> None:
+        frame = self._frame(scores, labels, kept)
         if self.kind == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
             table = pa.Table.from_pandas(frame, preserve_index=False)
             if self._parquet is None:
                 self._parquet = pq.ParquetWriter(file, table.schema)
+            elif not table.schema.equals(self._parquet.schema):
+                # A kept column read as text from a CSV and typed from a Parquet file: the first file's type.
+                try:
+                    table = table.cast(self._parquet.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise ConfigError(f"--keep {', '.join(self.keep)}: the values have another type here than in an "
+                                      f"earlier file ({exc}): write .csv, or predict the files separately") from None
             self._parquet.write_table(table)
         else:
             # pandas writes a float64 as its shortest repr: read back, it is the same number.
@@ -113,14 +152,12 @@ class ScoreWriter:
     def close(self, file) -> None:
         if self._parquet is not None:
             self._parquet.close()
-        elif self.rows == 0:          # no rows: still a file with its header (or an empty table)
-            self.write(file, np.empty(0), np.empty(0))
 
 
-def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=None) -> dict:
+def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=None, keep=()) -> dict:
     """Score every row of ``data`` with the model file ``model_path`` into ``out`` (None:
-    CSV on ``stream``, default stdout). Returns {"rows", "labels"} and, with labels,
-    "auc", "logloss", "accuracy"."""
+    CSV on ``stream``, default stdout), each row's ``keep`` columns before its score.
+    Returns {"rows", "labels"} and, with labels, "auc", "logloss", "accuracy"."""
     from paramshard.inference.serving import build_from_file
 
     if batch_size < 1:
@@ -133,15 +170,20 @@ def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=Non
         raise ConfigError(f"{paths[labelled.index(False)]} has no label column {schema.label.column!r} and "
                           f"{paths[labelled.index(True)]} has one: predict them separately")
     with_labels = bool(labelled) and all(labelled)
-    writer = ScoreWriter(out, with_labels)
+    keep = check_keep(paths, schema, keep, with_labels)
+    writer = ScoreWriter(out, with_labels, keep)
     metrics = BinaryMetrics()
 
     def score(file):
-        for batch in batches(paths, schema, with_labels, batch_size):
+        for batch, kept in batches(paths, schema, with_labels, batch_size, keep):
             scores = predict(model, [batch])
             if with_labels:
                 metrics.update(batch.labels, scores)
-            writer.write(file, scores, batch.labels)
+            writer.write(file, scores, batch.labels, kept)
+        if writer.rows == 0:
+            # Nothing written yet: --out is not replaced, stdout gets nothing.
+            raise ConfigError(f"no rows to score in {', '.join(map(str, paths))}: "
+                              f"{'the file is' if len(paths) == 1 else 'the files are'} empty or hold a header only")
         writer.close(file)
 
     if out is None:

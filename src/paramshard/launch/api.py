@@ -26,7 +26,7 @@ from paramshard.settings.fields import launched, with_fields
 from paramshard.settings.process_variables import GLIBC_TUNABLES
 from paramshard.settings.setting import LAUNCH
 from paramshard.transport.security import new_secret
-from paramshard.launch.rank.target import check as check_target, command_words
+from paramshard.launch.rank.target import check as check_target, command_words, module_hint
 
 # libzmq mallocs every received message. With glibc's defaults a big message
 # gets fresh pages (mmap, or a heap that was just trimmed), so page faults
@@ -85,7 +85,7 @@ class LaunchConfig(LaunchConfigFields):
         check_target(self.script, self.module)
         # A module is looked for where the trainers run: a missing one fails them like any error.
         if self.check_script and self.script is not None and not os.path.isfile(self.script):
-            raise ConfigError(f"training script {self.script!r} not found")
+            raise ConfigError(f"training script {self.script!r} not found{module_hint(self.script)}")
         # Building the contract validates mode, dispatch, block size, timeout.
         self.base_env(["127.0.0.1:1"] * self.servers, "127.0.0.1:1" if self.collective else None)
 

@@ -226,8 +226,9 @@ class Trainer:
     def log(self, **values) -> None:
         """Report values with this trainer's progress (the launcher's live table, the run
         directory, /metrics): ``loss=``, ``epoch=``, ``total_steps=`` (for an ETA),
-        ``samples=`` (this step's, when the model's first input does not say), and any
-        metric of your own (``auc=0.78``)."""
+        ``samples=`` (this step's, when the model's first input does not say), any
+        metric of your own (``auc=0.78``), and ``result={...}``: the run's final figures
+        (a JSON object), which `paramshard report` prints first."""
         self.listeners.log(**values)
 
     def _step(self, loss: torch.Tensor | None) -> None:

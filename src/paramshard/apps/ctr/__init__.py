@@ -46,6 +46,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def check_arguments(argv: list[str], files: bool = True) -> None:
+    """What `paramshard launch -m paramshard.apps.ctr ARGS` checks before it starts any
+    process (launch/rank/app_check.py): ConfigError if ARGS would not run."""
+    from paramshard.apps.ctr.arguments import check_arguments as check
+    check(argv, files, __doc__.split("\n\n")[0])
+
+
 def run() -> int:
     try:
         return main()

@@ -28,7 +28,6 @@ import paramshard as ps
 from paramshard.trainer.epochs import start_at
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
-from paramshard.data.features.input_check import check_inputs
 from paramshard.specs.schema import Schema
 from paramshard.data.readers.tabular import TabularReader
 from paramshard.inference.evaluation import evaluate
@@ -36,6 +35,8 @@ from paramshard.models import build_model, hashed_embedding
 from paramshard.observe.report.server_table import StepProgress
 from paramshard.apps.ctr import elastic, loss_check
 from paramshard.apps.ctr.audit import TrainedLog
+from paramshard.apps.ctr.inputs import checked_schema
+from paramshard.apps.ctr.result import result_record
 from paramshard.apps.ctr.selection import Decision
 
 EVAL_BATCH = 8192
@@ -43,13 +44,9 @@ BEST_MODEL = "best-model.pt"       # the best epoch's model (inference/serving.p
 
 
 def load_schema(args, trainers: int, log) -> Schema:
-    """The schema, every input file checked against it first (a second, not an epoch, to find an
-    empty --test or a misspelt column), fitted on --train if it has no statistics yet."""
-    schema = Schema.load(args.schema)
-    check_inputs(args.train, schema, "train", min_rows=trainers * args.batch_size)
-    if args.valid:
-        check_inputs(args.valid, schema, "valid")
-    check_inputs(args.test, schema, "test")
+    """The schema, every input file checked against it first (inputs.py), fitted on --train if
+    it has no statistics yet."""
+    schema = checked_schema(args, trainers)
     if schema.unfitted():
         log(f"schema {args.schema} has no statistics for {', '.join(schema.unfitted())}: fitting it on the "
             f"training files (run `paramshard schema fit` once to skip this)")
@@ -300,6 +297,8 @@ def train(args, say) -> dict | None:
             if decision.stop:
                 break
         out = run.finish(args, schema, env.num_trainers, len(env.servers))
+        if out is not None:         # the run directory's result, which `paramshard report` says first
+            trainer.log(result=result_record(out))
     finally:
         run.close()
     trainer.close()

@@ -33,6 +33,15 @@ def check(script: str | None, module: str | None) -> None:
         raise ConfigError(f"-m {module!r}: not a module name (dotted Python names, e.g. mypkg.train){hint}")
 
 
+def module_hint(script: str) -> str:
+    """For a script that is not there: "; to run the module ..., give -m NAME" when the name
+    reads as a dotted module name (`paramshard launch ... paramshard.apps.ctr`, -m forgotten)."""
+    parts = script.split(".")
+    if os.sep in script or script.endswith(".py") or not all(part.isidentifier() for part in parts):
+        return ""
+    return f"; to run the module {script}, give -m {script} (as python -m runs it)"
+
+
 def command_words(script: str | None, module: str | None, args: Sequence[str]) -> list[str]:
     """What follows the interpreter: ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
     return ["-m", module, *args] if module is not None else [script, *args]

@@ -449,7 +449,10 @@ class Launcher:
             p.mute()                     # nothing after the summary
         stopped = [exits[p] for p in late if not before_stop(exits[p].ended_at) and exits[p].stopped]
         others = [exits[p] for p in failed if p is not first] + [exits[p] for p in late]
-        log.error("%s", failure_summary(exits[first], others, stopped=stopped, why=hung.get(first)))
+        summary = failure_summary(exits[first], others, stopped=stopped, why=hung.get(first))
+        log.error("%s", summary)
+        # The run directory's record of it: `paramshard report` says it first.
+        self.record("failure", summary, rank=first.tag, exit_code=exits[first].status or 1)
         return exits[first].status or 1
 
     def job_ended(self) -> bool:

@@ -82,6 +82,13 @@ def _link(target: Path, out_dir: Path, text: str) -> str:
     return f'<a href="{_e(href)}">{_e(text)}</a>'
 
 
+def _result(run: RunData) -> str:
+    from paramshard.observe.report.run_result import result_lines
+    lines = result_lines(run)
+    kind = ' class="warn"' if lines[0].startswith("failed") else ""
+    return f"<pre{kind}>" + _e("\n".join(lines)) + "</pre>\n"
+
+
 def _summary(run: RunData) -> str:
     s = run.summary
     if s is None:
@@ -226,7 +233,7 @@ def render_index(run: RunData, plots: list[PlotEntry], out_dir: Path) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{_e(title)}</h1>\n"
             f"<p>{_e(run.run_dir.resolve())}</p>\n{problems}"
-            f"<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}"
+            f"<h2>Result</h2>\n{_result(run)}<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}"
             f"<h2>Plots</h2>\n{_plots(plots)}{_files(run, out_dir)}</body>\n</html>\n")
 
 

@@ -38,9 +38,10 @@ def _plots(run: RunData):
     ] + membership     # only a job whose trainers or servers changed has one
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write the PNGs and index.html of a run directory (finished or not); return the index's path."""
-    run = load_run(run_dir)
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None, run: RunData | None = None) -> Path:
+    """Write the PNGs and index.html of a run directory (finished or not); return the index's path.
+    ``run``: the directory already read (load_run), so that it is not read twice."""
+    run = run if run is not None else load_run(run_dir)
     try:
         import matplotlib  # noqa: F401
     except ModuleNotFoundError as exc:

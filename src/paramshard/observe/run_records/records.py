@@ -28,7 +28,9 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   trainer's previous record), "staleness_max": k | None, "step_max_s": s (the longest
   time between two consecutive step ends since the previous record: a stall on a move,
   a lost peer or an evaluation shows here), "step_end_t": unix s | None (when its last
-  step ended), "done": true (only on its last record, written as it closes)}``: a
+  step ended), "done": true (only on its last record, written as it closes),
+  "result": {...} (only on the record after ``trainer.log(result={...})``: the program's
+  final figures, which `paramshard report` prints first)}``: a
   trainer's progress, about once a second and as it closes;
 - ``{"kind": "server", "server": 0, "rows": n, "elements": n, "bytes_in": n,
   "bytes_out": n, "requests": n (cumulative over the job: a server restarted in place
@@ -42,7 +44,8 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
   (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
-  a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job);
+  a failure is the launcher's "first failure" summary of a run that failed, with the
+  ``rank`` that failed first and the ``exit_code``; a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job);
   ``scale_start`` (``servers``: the target) and ``scale_end`` (a move of sparse partitions,
   launch/server_scaling.MoveRecord: ``servers_before``, ``servers_after``, ``started``, ``ended``,
   ``seconds``, ``partitions``, ``rows``, ``bytes``, ``handoffs``, ``longest_handoff_s``,

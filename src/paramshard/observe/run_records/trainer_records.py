@@ -2,7 +2,9 @@
 where a step's time goes (pull / compute / push), about once a second.
 
 The Trainer's listener (trainer_watch.TrainerWatch.after_step) calls ``on_step`` after each step; users add values with
-``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``. A record holds the
+``trainer.log(loss=..., epoch=..., total_steps=..., **metrics)``, and a program's final
+figures with ``trainer.log(result={...})`` (a JSON object: the next record carries it as
+``result``, and `paramshard report` prints the latest first). A record holds the
 latest value of each metric (``metrics``) and, in ``logged``, every ``trainer.log`` call
 since the previous record with the step and epoch it was made at: a value logged once an
 epoch is never lost between two records, nor filed under the next epoch. Under
@@ -24,9 +26,9 @@ import torch
 from paramshard.observe.run_records.batch_size import watch_batch_size
 from paramshard.observe.run_records.records import MARK, TRAINER_EVERY
 
-RESERVED = ("loss", "epoch", "total_steps", "samples")
+RESERVED = ("loss", "epoch", "total_steps", "samples", "result")
 # What trainer.log() takes that is about the run, not a value to plot: not kept in ``logged``.
-NOT_VALUES = ("epoch", "total_steps", "samples")
+NOT_VALUES = ("epoch", "total_steps", "samples", "result")
 
 
 def logged_values(values: dict) -> dict[str, float]:
@@ -44,6 +46,7 @@ class TrainerRecords:
         self.logged_samples: int | None = None
         self.epoch = self.total_steps = None
         self.metrics: dict = {}
+        self.result: dict | None = None                 # trainer.log(result=...) not yet in a record
         self._losses: list[float] = []
         self._last_t = clock()
         self._last_step = self._last_samples = 0
@@ -74,6 +77,11 @@ class TrainerRecords:
             self.total_steps = int(values["total_steps"])
         if "samples" in values:
             self.logged_samples = int(values["samples"])
+        if values.get("result") is not None:
+            if not isinstance(values["result"], dict):
+                raise TypeError(f"trainer.log(result=...) takes a dict of the run's figures, got "
+                                f"{type(values['result']).__name__}")
+            self.result = values["result"]
         for key, value in values.items():
             if key not in RESERVED:
                 self.metrics[key] = float(value)
@@ -131,11 +139,13 @@ class TrainerRecords:
             # for a trainer whose records stop, since when it has not finished a step.
             "step_end_t": None if self._step_end_t is None else round(self._step_end_t, 3),
             **({"done": True} if done else {}),
+            **({"result": self.result} if self.result is not None else {}),
             "logged": self._log_calls,
         }
         self.emit(record)
         self._rates = (record["samples_per_s"], record["steps_per_s"])
         self._losses, self.staleness_max, self._logged, self._log_calls = [], None, False, []
+        self.result = None
         self.step_max_s = 0.0
         self._last_t, self._last_step, self._last_samples = now, self.step, self.samples
         self._last_waits = self._waits

@@ -286,3 +286,16 @@ def test_a_server_a_scale_removed_is_not_reported_named_unreachable_at_the_end(c
 
 def test_a_serving_server_named_unreachable_is_still_reported(caplog):
     assert any("named unreachable by server 0 but alive" in m for m in _named_by_server_0(set(), caplog))
+
+
+def test_a_failed_job_tells_its_failure_summary_to_the_listeners_for_the_run_directory():
+    told = []
+    launcher = Launcher(Engine({"trainer 1": (3, ["ValueError: boom"])}),
+                        listeners=JobListeners(events=(lambda event, text, **f: told.append((event, text, f)),)))
+    launcher.start_job(_spec())
+    assert launcher.wait(poll_interval=0) == 3
+    failures = [(text, fields) for event, text, fields in told if event == "failure"]
+    assert len(failures) == 1                     # once, with the summary the launcher printed
+    text, fields = failures[0]
+    assert text.startswith("first failure: trainer 1 (exit code 3; pid 7 on this machine)\n    ValueError: boom")
+    assert fields == {"rank": "trainer 1", "exit_code": 3}
