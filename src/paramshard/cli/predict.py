@@ -19,12 +19,15 @@ def add_arguments(p) -> None:
                    help="copy these input columns (an id, a key to join on) into the scores file, before the "
                         "score, row for row")
     p.add_argument("--batch-size", type=int, default=8192, metavar="N", help="rows per forward")
+    p.add_argument("--delimiter", metavar="D",
+                   help="text files' delimiter (',' ';' '|' 'tab'; default: the one the model's schema records)")
 
 
 def run(args) -> int:
     from paramshard.inference.scoring import predict_files       # torch and pandas: imported only when this command runs
 
-    result = predict_files(args.model, args.data, args.out, args.batch_size, keep=args.keep)
+    result = predict_files(args.model, args.data, args.out, args.batch_size, keep=args.keep,
+                           delimiter=getattr(args, "delimiter", None))
     # With the scores on stdout, what is said about them goes to stderr.
     say = sys.stderr if args.out is None else sys.stdout
     where = f" to {args.out}" if args.out else ""

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from paramshard.data.features.fit import fit_schema
 from paramshard.data.features.id_columns import ambiguity, without_doubt
-from paramshard.data.features.infer import SAMPLE_ROWS, infer_schema
+from paramshard.data.features.infer import SAMPLE_ROWS, infer
+from paramshard.data.readers.frames import with_delimiter
 from paramshard.specs.schema import Schema
 
 HELP = "describe a CSV/TSV/Parquet file's columns for the readers and models (infer, fit, show)"
@@ -27,12 +28,20 @@ def add_arguments(p):
                             "integer ids the guess took for numbers")
     infer.add_argument("--numeric", action="append", default=[], metavar="COLS",
                        help="these columns (comma-separated) are numbers whatever they look like")
+    infer.add_argument("--drop", action="append", default=[], metavar="COLS",
+                       help="drop these columns (comma-separated), e.g. a key that names rows")
+    infer.add_argument("--multi", action="append", default=[], metavar="COL:SEP",
+                       help="this text column holds several values split by SEP (a bag), e.g. genres:/")
+    infer.add_argument("--delimiter", metavar="D", help="the file's delimiter (',' ';' '|' 'tab'; default: the "
+                                                       "one its header is split by); recorded in the schema")
     infer.add_argument("-o", "--out", metavar="SCHEMA", help="write here (.json or .yaml); default: print it")
     fit = sub.add_parser("fit", help="compute the statistics the transforms need, in one pass over the data")
     fit.add_argument("schema", metavar="SCHEMA")
     fit.add_argument("files", metavar="FILE", nargs="+", help="the training data (not the test data)")
     fit.add_argument("-o", "--out", metavar="FITTED", required=True, help="the fitted schema to write")
     fit.add_argument("--skip-bad-lines", action="store_true", help="ignore malformed lines instead of failing")
+    fit.add_argument("--delimiter", metavar="D", help="the files' delimiter (default: the one the schema records); "
+                                                     "recorded in the fitted schema")
     show = sub.add_parser("show", help="one line per column: kind, transforms, statistics; '?' marks a "
                                        "doubtful guess, with the reason")
     show.add_argument("schema", metavar="SCHEMA")
@@ -40,8 +49,16 @@ def add_arguments(p):
 
 def run(args) -> int:
     if args.action == "infer":
-        schema = infer_schema(args.file, label=args.label, sample_rows=args.sample_rows,
-                              categorical=args.categorical, numeric=args.numeric)
+        inferred = infer(args.file, label=args.label, sample_rows=args.sample_rows, categorical=args.categorical,
+                         numeric=args.numeric, drop=args.drop, multi=args.multi, delimiter=args.delimiter)
+        schema = inferred.schema
+        # With the schema on stdout, what is said about it goes to stderr.
+        say = sys.stdout if args.out else sys.stderr
+        for name, note in inferred.dropped:
+            if note.startswith("dropped: "):
+                print(f"dropped {name}: {note.removeprefix('dropped: ')}", file=say)
+        for warning in inferred.warnings:
+            print(f"warning: {warning}", file=say)
         if args.out:
             schema.save(args.out)
             print(f"wrote {args.out}: {describe(schema)}")
@@ -55,7 +72,9 @@ def run(args) -> int:
             json.dump(schema.to_dict(), sys.stdout, indent=1)
             print()
     elif args.action == "fit":
-        fitted = fit_schema(Schema.load(args.schema), args.files, skip_bad_lines=args.skip_bad_lines)
+        schema = Schema.load(args.schema)
+        schema.format = with_delimiter(schema.format, args.delimiter)
+        fitted = fit_schema(schema, args.files, skip_bad_lines=args.skip_bad_lines)
         fitted.save(args.out)
         print(f"wrote {args.out}: statistics of {fitted.rows_fitted:,} rows; {describe(fitted)}")
     else:
@@ -86,7 +105,7 @@ def column_lines(schema: Schema) -> list[str]:
             what += f" {'+'.join(c.transforms) or 'raw'}" + (f", {c.bucketize} buckets" if c.bucketize else "")
             what += ", missing indicator" if c.missing_indicator else ""
         elif c.kind == "multi":
-            what += f" split on {c.separator!r}"
+            what += " list per cell (order kept)" if c.list_column else f" split on {c.separator!r}"
         if c.stats:
             s = c.stats
             what += (f"  mean {s['mean']:.4g} std {s['std']:.4g}" if "mean" in s

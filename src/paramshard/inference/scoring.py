@@ -26,7 +26,7 @@ from paramshard.data.readers._reader import MAX_LINE_BYTES, as_paths, iter_chunk
 from paramshard.data.features.encode import Encoder
 from paramshard.data.features.names import did_you_mean
 from paramshard.data.errors import DataFormatError
-from paramshard.data.readers.frames import file_format, iter_frames
+from paramshard.data.readers.frames import delimiter_hint, file_format, iter_frames, with_delimiter
 from paramshard.data.metrics import BinaryMetrics
 from paramshard.specs.schema import Schema
 from paramshard.errors import ConfigError
@@ -82,7 +82,8 @@ def check_keep(paths, schema: Schema, keep, with_labels: bool) -> list[str]:
         missing = [name for name in keep if name not in names]
         if missing:
             raise ConfigError(f"--keep {missing[0]}: {path} has no column {missing[0]!r}"
-                              f"{did_you_mean(missing[0], names)} (its columns: {', '.join(names) or 'none'})")
+                              f"{did_you_mean(missing[0], names)} (its columns: {', '.join(names) or 'none'})"
+                              f"{delimiter_hint(names, file_format(path, schema.format)[1])}")
     return keep
 
 
@@ -154,9 +155,10 @@ class ScoreWriter:
             self._parquet.close()
 
 
-def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=None, keep=()) -> dict:
+def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=None, keep=(), delimiter=None) -> dict:
     """Score every row of ``data`` with the model file ``model_path`` into ``out`` (None:
-    CSV on ``stream``, default stdout), each row's ``keep`` columns before its score.
+    CSV on ``stream``, default stdout), each row's ``keep`` columns before its score;
+    ``delimiter`` (--delimiter) overrides the one the schema records.
     Returns {"rows", "labels"} and, with labels, "auc", "logloss", "accuracy"."""
     from paramshard.inference.serving import build_from_file
 
@@ -165,6 +167,7 @@ def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=Non
     paths = as_paths(data)
     model = build_from_file(model_path)
     schema = schema_of(model, model_path)
+    schema.format = with_delimiter(schema.format, delimiter)
     labelled = [has_label(p, schema) for p in paths]
     if any(labelled) and not all(labelled):
         raise ConfigError(f"{paths[labelled.index(False)]} has no label column {schema.label.column!r} and "

@@ -14,6 +14,12 @@ What a reader makes of a row (data/features/encode.py):
   indicator if asked for; ``num_dense`` of them in schema order;
 - fields: per categorical or multi-valued column one bag of ids, per
   bucketized numeric column one id; ``num_fields`` of them in schema order.
+  A bag keeps its values in the order of the cell (``a|b|c``, or a Parquet
+  list), so an ordered sequence (a user's behaviour history) stays ordered.
+
+Supported labels (``label_kind``): "binary" only, 0/1 (or -1/+1) numbers or
+two values named in ``label.positive`` / ``label.negative``; a schema without
+``label_kind`` (written before it existed) is binary.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ KINDS = ("numeric", "categorical", "multi", "drop")
 TRANSFORMS = ("log", "standardize")
 FORMATS = ("csv", "tsv", "parquet", "libsvm")
 DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
+LABEL_KINDS = ("binary",)
 VERSION = 1
 
 
@@ -44,6 +51,9 @@ class Column:
     # categorical / multi: values seen fewer than min_count times in the fitted data share one id.
     min_count: int = 1
     separator: str = "|"              # multi only
+    # multi only: the file holds a list per cell (a Parquet list column) rather than text the
+    # separator splits; its elements are the bag, in the list's order.
+    list_column: bool = False
     stats: dict | None = None         # written by `paramshard schema fit`
     note: str = ""                    # why infer chose this (for the reader of the file)
 
@@ -67,6 +77,9 @@ class Column:
             raise ConfigError(f"{where}: min_count must be a whole number >= 1")
         if self.kind == "multi" and not self.separator:
             raise ConfigError(f"{where}: a multi-valued column needs a separator")
+        if self.list_column and self.kind not in ("multi", "drop"):
+            raise ConfigError(f"{where}: list_column: true (a list per cell) is a bag of values: its kind must be "
+                              f"multi (or drop)")
 
     @property
     def needs_stats(self) -> bool:
@@ -92,6 +105,11 @@ class Format:
     header: bool = True
     names: list = field(default_factory=list)     # the file's columns in order, when it has no header
     missing: list = field(default_factory=lambda: list(DEFAULT_MISSING))
+    # True (schemas written before `schema infer` recorded the delimiter it chose, hand-written ones):
+    # a file named .csv is read with ',' and .tsv with a tab whatever `delimiter` says (a ';' or
+    # '|' delimiter always wins). False (what infer and --delimiter write): `delimiter` is used for
+    # every text file, so later commands read the files as infer did.
+    by_suffix: bool = True
 
 
 @dataclass
@@ -101,8 +119,13 @@ class Schema:
     format: Format = field(default_factory=Format)
     rows_fitted: int = 0
     version: int = VERSION
+    label_kind: str = "binary"       # absent from older files: binary
 
     def __post_init__(self):
+        if self.label_kind not in LABEL_KINDS:
+            raise ConfigError(f"schema label_kind {self.label_kind!r}: this version supports only "
+                              f"{', '.join(map(repr, LABEL_KINDS))} labels (0/1 or -1/+1 numbers, or two values "
+                              f"named in label.positive / label.negative)")
         names = [c.name for c in self.columns]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -165,7 +188,8 @@ class Schema:
             return cls(label=_make(Label, data["label"], f"{where}: label"),
                        columns=[_make(Column, c, f"{where}: column") for c in data["columns"]],
                        format=_make(Format, data.get("format", {}), f"{where}: format"),
-                       rows_fitted=int(data.get("rows_fitted", 0)), version=int(data.get("version", VERSION)))
+                       rows_fitted=int(data.get("rows_fitted", 0)), version=int(data.get("version", VERSION)),
+                       label_kind=data.get("label_kind", "binary"))
         except KeyError as exc:
             raise ConfigError(f"{where}: missing {exc.args[0]!r} (a schema needs 'label' and 'columns'; "
                               f"`paramshard schema infer FILE --label COL` writes one)") from None

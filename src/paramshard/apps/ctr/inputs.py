@@ -4,6 +4,7 @@ any process (arguments.py). One function, so the two never disagree on what runs
 from __future__ import annotations
 
 from paramshard.data.features.input_check import check_inputs
+from paramshard.data.readers.frames import with_delimiter
 from paramshard.specs.schema import Schema
 
 
@@ -11,6 +12,7 @@ def checked_schema(args, trainers: int = 1) -> Schema:
     """The schema, every input file checked against it first (a second, not an epoch, to find an
     empty --test or a misspelt column); not fitted here."""
     schema = Schema.load(args.schema)
+    schema.format = with_delimiter(schema.format, getattr(args, "delimiter", None))     # --delimiter wins
     check_inputs(args.train, schema, "train", min_rows=trainers * args.batch_size)
     if args.valid:
         check_inputs(args.valid, schema, "valid")

@@ -21,6 +21,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--train", nargs="+", required=True, metavar="PATH", help="training files (CSV, TSV, Parquet)")
     p.add_argument("--test", nargs="+", required=True, metavar="PATH", help="test files, same columns")
     p.add_argument("--schema", required=True, metavar="FILE", help="from `paramshard schema infer` (and fit)")
+    p.add_argument("--delimiter", metavar="D",
+                   help="text files' delimiter (',' ';' '|' 'tab'; default: the one the schema records)")
     p.add_argument("--model", choices=sorted(MODELS), default="deepfm")
     p.add_argument("--valid", nargs="+", metavar="PATH",
                    help="validation files, same columns: pick the best epoch on them (default: hold out "

@@ -9,8 +9,11 @@ Buckets: the fitted quantile edges, intervals closed on the right as in
 ``pandas.qcut``; missing values get the field's own id.
 Per categorical value: a stable hash of (column, value) (data/features/hashing.py);
 values rarer than ``min_count`` in the fitted data share the field's "rare"
-id. Multi-valued cells are split on the separator into a bag whose ids each
-weigh 1/len(bag), so a bag's embedding is the mean of its values'.
+id. Multi-valued cells are split on the separator (a Parquet list cell is
+its elements) into a bag whose ids each weigh 1/len(bag), so a bag's
+embedding is the mean of its values'. A bag keeps the cell's order
+(``c|a|b`` gives the ids of c, a, b in that order, repeats kept), and so does
+the batch (batch.py): a model over ordered sequences can rely on it.
 """
 from __future__ import annotations
 
@@ -50,6 +53,16 @@ def as_text(values: np.ndarray) -> np.ndarray:
 
 def _number_text(v) -> str:
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def bag_values(value, separator: str) -> list[str]:
+    """The values of one present multi-valued cell, in the cell's order: a list cell's
+    elements (Parquet), or text split on ``separator``; stripped, empty ones left out."""
+    if isinstance(value, (tuple, list, np.ndarray)):
+        items = [v.strip() if isinstance(v, str) else _number_text(v) for v in value if v is not None]
+    else:
+        items = [t.strip() for t in str(value).split(separator)]
+    return [t for t in items if t]
 
 
 def parse_numbers(values: np.ndarray, missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -176,8 +189,8 @@ class Encoder:
         vocab = self._rare.get(c.name)
         bags = []
         for value, m in zip(raw, miss):
-            tokens = [t.strip() for t in str(value).split(c.separator)] if not m else []
-            tokens = [t for t in tokens if t and t not in self.missing] or [MISSING_TOKEN]
+            tokens = bag_values(value, c.separator) if not m else []
+            tokens = [t for t in tokens if t not in self.missing] or [MISSING_TOKEN]
             if vocab is not None:
                 tokens = [t if t in vocab or t == MISSING_TOKEN else RARE_TOKEN for t in tokens]
             bags.append(tokens)

@@ -23,7 +23,7 @@ import numpy as np
 
 from paramshard.errors import ConfigError
 from paramshard.data.readers._reader import as_paths
-from paramshard.data.features.encode import as_text, missing_mask, parse_numbers, pre_standardize
+from paramshard.data.features.encode import as_text, bag_values, missing_mask, parse_numbers, pre_standardize
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import iter_frames
 from paramshard.specs.schema import Column, Schema
@@ -92,10 +92,11 @@ class CategoryStats:
     def update(self, raw: np.ndarray, miss: np.ndarray, missing_tokens: frozenset) -> None:
         self.rows += len(raw)
         self.missing += int(miss.sum())
-        text = as_text(raw[~miss])
         if self.column.kind == "multi":
             sep = self.column.separator
-            text = [t.strip() for v in text for t in v.split(sep) if t.strip() not in missing_tokens]
+            text = [t for v in raw[~miss] for t in bag_values(v, sep) if t not in missing_tokens]
+        else:
+            text = as_text(raw[~miss])
         values, counts = np.unique(np.asarray(text, dtype=object), return_counts=True) if len(text) else ([], [])
         self.counts.update(dict(zip(values, counts.tolist() if len(text) else [])))
 

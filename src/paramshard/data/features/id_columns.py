@@ -34,6 +34,17 @@ Two rules, both written into the column's note by ``schema infer``:
   spread, |skewness| <= MAX_SKEW; a heavy-tailed amount is plainly a
   quantity), so ``schema show`` points at them and ``--categorical`` /
   ``--numeric`` settle them.
+
+Row ids (``row_id_reason``) are dropped, not kept as categories: a column with
+a different value on every sampled row, no value missing, that is a category
+(text, or ids by the rules above) from a sample of at least ``MIN_DISTINCT``
+rows, or whole numbers under a row-id name (``ROW_ID_NAMES``: id, row,
+index, ...) in a sample of any size. Each value then names one row, and an
+embedding per row only memorises the training rows (issue 32: a kept row id
+took DeepFM's training loss to 0.002 and its test log loss from 0.248 to
+0.284). A number that measures something (kept numeric, not under a row-id
+name) is never dropped for being unique. A category kept with more distinct
+values than ``MEMORISED`` of its rows is warned about (``memorised``).
 """
 from __future__ import annotations
 
@@ -57,6 +68,9 @@ MIN_DISTINCT = 100
 MIN_FILL = 0.5
 MAX_SKEW = 1.5
 MAX_MIDDLE = 0.7
+ROW_ID_NAMES = frozenset({"id", "row", "rowid", "row_id", "row_no", "row_num", "rownum", "row_number", "index",
+                          "idx", "unnamed: 0", ""})
+MEMORISED = 0.5                  # a category with more distinct values than this share of its rows
 AMBIGUOUS = "ambiguous: "        # how a note says the guess is doubtful (always its last clause)
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -133,3 +147,30 @@ def ambiguity(column) -> str:
         return column.note[at + len(AMBIGUOUS):]
     why = id_name(column.name) if column.kind == "numeric" else None
     return f"{why}, yet it is numeric" if why else ""
+
+
+def row_id_reason(name: str, kind: str, distinct: int, rows: int, present: int, whole: bool) -> str:
+    """Why a column inferred as ``kind`` is a row id to drop ("" if it is not): ``distinct``
+    values among ``present`` non-missing of ``rows`` sampled rows; ``whole``: all whole numbers."""
+    if present != rows or distinct != rows or rows < 2:
+        return ""
+    named = name.strip().lower() in ROW_ID_NAMES
+    if kind == "categorical" and (named or rows >= MIN_DISTINCT):
+        why = f"its name {name!r} names rows" if named else "a category"
+    elif kind == "numeric" and named and whole:
+        why = f"whole numbers under the name {name!r}"
+    else:
+        return ""
+    return (f"a row id ({why}, every one of the {rows} sampled values different): each value names one row, "
+            f"so it can only memorise the training rows, not teach anything about new ones; "
+            f"to keep it, pass --categorical {name} (or --numeric {name})")
+
+
+def memorised(name: str, distinct: int, present: int) -> str:
+    """A warning when a kept category has too many distinct values to generalise from, or ""."""
+    if present < MIN_DISTINCT or distinct <= MEMORISED * present:
+        return ""
+    return (f"column {name!r} has {distinct} distinct values in {present} sampled rows ({distinct / present:.0%}): "
+            f"most values are seen about once, so the model will memorise them rather than learn; drop it "
+            f"(--drop {name}) unless it names things that recur in new data, or set its min_count to 2 or more "
+            f"in the schema (values rarer than that share one id)")

@@ -15,25 +15,41 @@ and edit the file:
   one of the usual list separators (``|``, ``;``);
 - ``categorical=`` / ``numeric=`` (``--categorical`` / ``--numeric``) overrule
   the guess for the columns named, and the note says so;
+- a Parquet list column is multi-valued (``list_column: true``), its elements
+  the bag in their order; ``multi=`` (``--multi COL:SEP``) makes a text
+  column multi-valued with that separator;
 - a column with a single value in the sample (always empty padding fields)
   is dropped: it can only become a constant;
+- a row id (a different value on every row: id_columns.row_id_reason) is
+  dropped, with the reason and how to keep it in its note; a category kept
+  with distinct values for most rows is warned about (``Inferred.warnings``);
+  ``drop=`` (``--drop``) drops the columns named;
+- the delimiter of a text file: ``delimiter=`` (``--delimiter``), else the
+  header decides (frames.sniff_delimiter); it is recorded in the schema
+  (``format.by_suffix: false``) so every later command reads the file alike;
 - the label is --label, else a column named like one (label, click, target,
-  y, ...); a text label with two values maps the rarer one to 1.
+  y, ...). Only binary labels are supported (``label_kind: "binary"``):
+  0/1 or -1/+1 numbers; two values (yes/no, true/false: yes/true is 1; any
+  other two: the larger number, or the rarer text, is 1). A continuous or
+  multi-class label is refused with the reason.
 A guess that could well be wrong ends its note with "ambiguous: why"
 (id_columns.ambiguity); ``schema show`` marks those columns.
 """
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from paramshard.errors import ConfigError
 from paramshard.data.readers._reader import as_paths, read_blocks
-from paramshard.data.features.encode import as_text, missing_mask, parse_numbers
-from paramshard.data.readers.frames import file_format, iter_frames, open_parquet
-from paramshard.data.features.id_columns import MIN_DISTINCT, id_name, id_values, skewness, with_doubt, without_doubt
+from paramshard.data.features.encode import _number_text, as_text, missing_mask, parse_numbers
+from paramshard.data.readers.frames import (delimiter_hint, file_format, iter_frames, open_parquet, parse_delimiter,
+                                            sniff_delimiter)
+from paramshard.data.features.id_columns import (id_name, id_values, memorised, row_id_reason, skewness, with_doubt,
+                                                 without_doubt)
 from paramshard.data.features.names import did_you_mean
 from paramshard.specs.schema import DEFAULT_MISSING, Column, Format, Label, Schema
 
@@ -44,22 +60,43 @@ SKEWED = 2.0
 # Numbers also become quantile-bucket ids, so the model can learn a shape per range (an age
 # effect that rises then falls) that one linear weight cannot; the standardized value stays.
 BUCKETS = 10
+# Two label values that name their positive one, whichever is rarer.
+AFFIRMATIVE = {frozenset(pair): pair[0] for pair in (("yes", "no"), ("true", "false"), ("y", "n"), ("t", "f"),
+                                                     ("positive", "negative"), ("pos", "neg"))}
+MAX_CLASSES = 20     # whole-number labels with at most this many values read as classes, more as a quantity
+SUPPORTED_LABELS = ("only binary labels are supported by the CTR app: 0/1 (or -1/+1) numbers, or a column with "
+                    "two distinct values (yes/no, true/false: yes/true is 1; any other two: the larger number or "
+                    "the rarer text is 1, or set label.positive / label.negative in the schema)")
 
 
-def sniff_format(path: Path) -> Format:
-    kind, delimiter = file_format(path, Format())
+@dataclass
+class Inferred:
+    schema: Schema
+    warnings: list = field(default_factory=list)      # lines for the user (columns likely memorised)
+
+    @property
+    def dropped(self) -> list:
+        """(name, note) of the columns infer dropped."""
+        return [(c.name, c.note) for c in self.schema.columns if c.kind == "drop"]
+
+
+def sniff_format(path: Path, delimiter: str | None = None) -> Format:
+    """The file's format; a text file's delimiter is ``delimiter`` (--delimiter) if given, else
+    the one its header and first rows agree on (frames.sniff_delimiter). Recorded with
+    by_suffix false: later commands read every file with it, whatever its suffix."""
+    kind, _ = file_format(path, Format())
     if kind == "parquet":
         return Format(type="parquet", header=True)
     head = next(read_blocks(path, 1 << 16), b"").decode("utf-8", "replace")
     lines = [ln for ln in head.splitlines()[:50] if ln]
     if not lines:
         raise ConfigError(f"{path}: empty file, nothing to infer a schema from")
-    if not path.name.lower().removesuffix(".gz").endswith((".csv", ".tsv")):
-        delimiter = "\t" if lines[0].count("\t") >= max(1, lines[0].count(",")) else ","
+    delimiter = parse_delimiter(delimiter) if delimiter else sniff_delimiter(lines)
     rows = list(csv.reader(lines, delimiter=delimiter))
     header = _looks_like_header(rows)
     names = [] if header else [f"c{i}" for i in range(len(rows[0]))]
-    return Format(type="tsv" if delimiter == "\t" else "csv", delimiter=delimiter, header=header, names=names)
+    return Format(type="tsv" if delimiter == "\t" else "csv", delimiter=delimiter, header=header, names=names,
+                  by_suffix=False)
 
 
 def _looks_like_header(rows: list[list[str]]) -> bool:
@@ -84,11 +121,20 @@ def _is_number(v: str) -> bool:
 
 
 def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS,
-                 categorical=(), numeric=()) -> Schema:
-    """A schema for the file at ``path`` from its first ``sample_rows`` rows; the columns
-    named in ``categorical`` / ``numeric`` get that kind whatever the guess."""
+                 categorical=(), numeric=(), drop=(), multi=(), delimiter: str | None = None) -> Schema:
+    """A schema for the file at ``path`` from its first ``sample_rows`` rows (``infer`` has the
+    arguments; this is its schema alone)."""
+    return infer(path, label, sample_rows, categorical, numeric, drop, multi, delimiter).schema
+
+
+def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, categorical=(), numeric=(), drop=(),
+          multi=(), delimiter: str | None = None) -> Inferred:
+    """The schema and the warnings for the file at ``path`` from its first ``sample_rows`` rows.
+    The columns named in ``categorical`` / ``numeric`` get that kind whatever the guess, those in
+    ``drop`` are dropped, ``multi`` ("COL:SEP" items) are split on SEP; ``delimiter`` overrides
+    the sniffed one."""
     path = as_paths(path)[0]
-    fmt = sniff_format(path)
+    fmt = sniff_format(path, delimiter)
     names = _names(path, fmt)
     columns, taken, bad = {n: [] for n in names}, 0, []
     for frame in iter_frames(path, fmt, names):
@@ -104,11 +150,35 @@ def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS,
     label = label or next((n for n in names if n.lower() in LABEL_NAMES), None)
     if label is None or label not in names:
         what = f"no column {label!r}{did_you_mean(label, names)}" if label else "no column looks like the label"
-        raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})")
-    forced = _overrides(names, label, categorical, numeric)
+        raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})"
+                          f"{delimiter_hint(names, fmt.delimiter) if fmt.type != 'parquet' else ''}")
+    forced = _overrides(names, label, categorical, numeric, drop, multi)
     missing = frozenset(fmt.missing)
-    return Schema(label=_label(label, sample[label], missing),
-                  columns=[_forced(n, sample[n], missing, forced.get(n)) for n in names if n != label], format=fmt)
+    warnings: list[str] = []
+    out = [_inferred(n, sample[n], missing, forced.get(n), warnings) for n in names if n != label]
+    return Inferred(Schema(label=_label(path, label, sample[label], missing), columns=out, format=fmt,
+                           label_kind="binary"), warnings)
+
+
+def _inferred(name: str, raw: np.ndarray, missing: frozenset, kind, warnings: list) -> Column:
+    """The column (forced, or guessed then dropped if it is a row id); a warning appended when a
+    kept category has too many values to generalise from."""
+    col = _forced(name, raw, missing, kind)
+    if col.kind not in ("categorical", "numeric") or (col.kind == "numeric" and kind is not None):
+        return col
+    miss = missing_mask(raw, missing)
+    distinct = len(np.unique(as_text(raw[~miss])))
+    present = int((~miss).sum())
+    if kind is None:
+        x, not_number = parse_numbers(raw, miss)
+        whole = not not_number.any() and bool(np.all(x[~miss] == np.round(x[~miss])))
+        why = row_id_reason(name, col.kind, distinct, len(raw), present, whole)
+        if why:
+            return Column(name, "drop", note=f"dropped: {why}")
+    warning = memorised(name, distinct, present) if col.kind == "categorical" else ""
+    if warning:
+        warnings.append(warning)
+    return col
 
 
 def _no_rows(path: Path, fmt: Format, names: list[str], bad: list) -> str:
@@ -122,20 +192,41 @@ def _no_rows(path: Path, fmt: Format, names: list[str], bad: list) -> str:
     return f"{path}: no data rows, nothing to infer a schema from"
 
 
-def _overrides(names: list[str], label: str, categorical, numeric) -> dict[str, str]:
-    """{column: kind} from --categorical / --numeric, every name checked against the file."""
-    categorical, numeric = _listed(categorical), _listed(numeric)
-    for flag, asked in (("--categorical", categorical), ("--numeric", numeric)):
-        for n in asked:
+def _overrides(names: list[str], label: str, categorical, numeric, drop=(), multi=()) -> dict[str, str]:
+    """{column: kind} from --categorical / --numeric / --drop / --multi (kind "multi:SEP"), every
+    name checked against the file, each column named once."""
+    separators = _multi_items(multi)
+    asked = {"--categorical": _listed(categorical), "--numeric": _listed(numeric), "--drop": _listed(drop),
+             "--multi": list(separators)}
+    for flag, listed in asked.items():
+        for n in listed:
             if n not in names:
                 raise ConfigError(f"{flag} {n}: no such column{did_you_mean(n, names)} "
                                   f"(columns: {', '.join(names)})")
             if n == label:
-                raise ConfigError(f"{flag} {n}: that is the label column; it is not a feature")
-    both = sorted(set(categorical) & set(numeric))
-    if both:
-        raise ConfigError(f"column {both[0]!r} is in both --categorical and --numeric: choose one")
-    return {**{n: "categorical" for n in categorical}, **{n: "numeric" for n in numeric}}
+                raise ConfigError(f"{flag} {n}: that is the label column; it is not a feature (pass another "
+                                  f"--label to change it)")
+    flags = list(asked)
+    for i, a in enumerate(flags):
+        for b in flags[i + 1:]:
+            both = sorted(set(asked[a]) & set(asked[b]))
+            if both:
+                raise ConfigError(f"column {both[0]!r} is in both {a} and {b}: choose one")
+    out = {n: flag[2:] for flag in ("--categorical", "--numeric", "--drop") for n in asked[flag]}
+    out.update({n: f"multi:{sep}" for n, sep in separators.items()})
+    return out
+
+
+def _multi_items(multi) -> dict[str, str]:
+    """{column: separator} from "COL:SEP" items (a list, or one string)."""
+    items = [multi] if isinstance(multi, str) else list(multi or ())
+    out = {}
+    for item in items:
+        name, colon, sep = item.partition(":")
+        if not colon or not name.strip() or not sep:
+            raise ConfigError(f"--multi {item!r}: expected COLUMN:SEPARATOR, e.g. tags:| or genres:;")
+        out[name.strip()] = sep
+    return out
 
 
 def _listed(value) -> list[str]:
@@ -153,18 +244,35 @@ def _names(path: Path, fmt: Format) -> list[str]:
     return [n.strip() for n in next(csv.reader([head], delimiter=fmt.delimiter))]
 
 
-def _label(name: str, raw: np.ndarray, missing: frozenset) -> Label:
+def _label(path: Path, name: str, raw: np.ndarray, missing: frozenset) -> Label:
+    """The binary label, or a ConfigError saying why the column is not one (SUPPORTED_LABELS)."""
     miss = missing_mask(raw, missing)
     x, not_number = parse_numbers(raw, miss)
+    text = as_text(raw[~miss])
+    values, counts = np.unique(text, return_counts=True) if len(text) else (np.empty(0, object), np.empty(0))
     if not not_number.any():
-        return Label(column=name)
-    values, counts = np.unique(as_text(raw[~miss]), return_counts=True)
+        numbers = np.unique(x[~miss])
+        if set(numbers.tolist()) <= {0.0, 1.0} or set(numbers.tolist()) <= {-1.0, 1.0}:
+            return Label(column=name)
+        if len(numbers) == 2 and len(values) == 2:      # e.g. 1/2: the larger is 1
+            hi = int(np.argmax(parse_numbers(values.astype(object), np.zeros(2, bool))[0]))
+            return Label(column=name, positive=[str(values[hi])], negative=[str(values[1 - hi])])
+        whole = bool(np.all(numbers == np.round(numbers)))
+        shown = ", ".join(_number_text(float(v)) for v in numbers[:5])
+        what = (f"a multi-class label ({len(numbers)} classes in the first {len(raw)} rows: {shown}, ...)"
+                if whole and len(numbers) <= MAX_CLASSES else
+                f"a continuous label ({len(numbers)} distinct values in the first {len(raw)} rows, e.g. {shown})")
+        raise ConfigError(f"{path}: label column {name!r} is {what}; {SUPPORTED_LABELS}. Make it binary in the "
+                          f"file (e.g. 1 where it exceeds a threshold), or pass another --label")
     if len(values) != 2:
-        raise ConfigError(f"label column {name!r} has {len(values)} distinct values in the first rows "
-                          f"({', '.join(map(str, values[:5]))}...): a binary label needs two (or numbers); "
-                          f"edit label.positive / label.negative in the schema")
-    rare = int(np.argmin(counts))
-    return Label(column=name, positive=[str(values[rare])], negative=[str(values[1 - rare])])
+        shown = ", ".join(map(str, values[:5]))
+        what = (f"a multi-class label ({len(values)} distinct values in the first {len(raw)} rows: {shown}, ...)"
+                if len(values) > 2 else f"one value only ({shown or 'none'}) in the first {len(raw)} rows")
+        raise ConfigError(f"{path}: label column {name!r} has {what}; {SUPPORTED_LABELS}")
+    pair = [str(v) for v in values]
+    positive = AFFIRMATIVE.get(frozenset(v.lower() for v in pair))
+    pos = next(i for i, v in enumerate(pair) if v.lower() == positive) if positive else int(np.argmin(counts))
+    return Label(column=name, positive=[pair[pos]], negative=[pair[1 - pos]])
 
 
 def _forced(name: str, raw: np.ndarray, missing: frozenset, kind: str | None) -> Column:
@@ -172,8 +280,16 @@ def _forced(name: str, raw: np.ndarray, missing: frozenset, kind: str | None) ->
     guess = _column(name, raw, missing)
     if kind is None:
         return guess
-    flag = f"--{kind}"
+    flag = f"--{kind}".partition(":")[0]
     inferred = f"the guess was {guess.kind}: {without_doubt(guess.note)}"
+    if kind == "drop":
+        return Column(name, "drop", note=f"{flag} on the command line ({inferred})")
+    if guess.list_column:
+        raise ConfigError(f"{flag} {name}: it is a list column (a list per cell): it is read as a bag of its "
+                          f"elements (kind multi); leave it, or --drop it")
+    if kind.startswith("multi:"):
+        sep = kind.partition(":")[2]
+        return Column(name, "multi", separator=sep, note=f"{flag} {name}:{sep} on the command line ({inferred})")
     if kind == "categorical":
         return Column(name, "categorical", note=f"{flag} on the command line ({inferred})")
     miss = missing_mask(raw, missing)
@@ -192,6 +308,9 @@ def _forced(name: str, raw: np.ndarray, missing: frozenset, kind: str | None) ->
 def _column(name: str, raw: np.ndarray, missing: frozenset) -> Column:
     miss = missing_mask(raw, missing)
     present = raw[~miss]
+    if any(isinstance(v, (tuple, list)) for v in present[:1000]):
+        return Column(name, "multi", list_column=True,
+                      note="a list column (a list per cell): a bag of its elements, in the list's order")
     if len(np.unique(as_text(present))) <= 1:
         return Column(name, kind="drop", note="one value (or none) in the sample: it would be a constant")
     x, not_number = parse_numbers(raw, miss)
@@ -205,7 +324,7 @@ def _column(name: str, raw: np.ndarray, missing: frozenset) -> Column:
     note = f"text; {distinct} distinct values in {len(raw)} sampled rows"
     why = id_name(name)
     note += f"; {why}: ids" if why else ""
-    return Column(name, "categorical", note=with_doubt(note, _row_id_doubt(distinct, len(present))))
+    return Column(name, "categorical", note=note)
 
 
 def _number_column(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
@@ -215,7 +334,7 @@ def _number_column(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
     why_name = id_name(name)
     if why_name and whole:
         note = f"whole numbers, but {why_name}: ids, one category per value ({distinct} distinct in the sample)"
-        return Column(name, "categorical", note=with_doubt(note, _row_id_doubt(distinct, len(v))))
+        return Column(name, "categorical", note=note)
     verdict, why_values = id_values(v)
     if verdict == "ids":
         return Column(name, "categorical", note=with_doubt(
@@ -241,10 +360,3 @@ def _numeric(name: str, v: np.ndarray, miss: np.ndarray) -> Column:
                   note=f"numbers; skewness {skew:.1f}" + (" (heavy tail: log first)" if skew > SKEWED else "")
                   + (f"; {distinct} distinct values: also {BUCKETS} quantile buckets as an id field"
                      if buckets else ""))
-
-
-def _row_id_doubt(distinct: int, present: int) -> str:
-    if present >= MIN_DISTINCT and distinct == present:
-        return ("every sampled value is different: if it names the row itself, it can teach the model nothing "
-                "about other rows (set kind: drop)")
-    return ""

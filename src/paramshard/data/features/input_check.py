@@ -21,7 +21,7 @@ from pathlib import Path
 
 from paramshard.errors import ConfigError
 from paramshard.data.readers._reader import iter_chunks
-from paramshard.data.readers.frames import file_format, header_names, open_parquet
+from paramshard.data.readers.frames import delimiter_hint, file_format, header_names, open_parquet
 from paramshard.data.features.names import did_you_mean
 from paramshard.specs.schema import Schema
 
@@ -30,7 +30,6 @@ from paramshard.specs.schema import Schema
 LABELLED_ROLES = ("train", "test", "valid", "eval")
 HEAD_BYTES = 1 << 16          # read at a time while looking for the header and the first rows
 SHOWN_NAMES = 12              # columns listed in a message, so a 1000-column header stays readable
-DELIMITERS = (",", "\t", ";", "|")
 
 
 def check_inputs(paths, schema: Schema, role: str = "train", min_rows: int = 1) -> int:
@@ -126,23 +125,14 @@ def _check_columns(path: Path, schema: Schema, flag: str, labelled: bool, names:
     label = schema.label.column
     if labelled and label not in names:
         raise ConfigError(f"{flag} {path}: no label column {label!r}{did_you_mean(label, names)}; the file "
-                          f"has {_shown(names)}{_delimiter_hint(names, delimiter)}")
+                          f"has {_shown(names)}{delimiter_hint(names, delimiter)}")
     missing = [c.name for c in schema.columns if c.kind != "drop" and c.name not in names]
     if missing:
         listed = ", ".join(f"{m!r}{did_you_mean(m, names)}" for m in missing[:SHOWN_NAMES])
         more = f" and {len(missing) - SHOWN_NAMES} more" if len(missing) > SHOWN_NAMES else ""
         raise ConfigError(f"{flag} {path}: lacks the schema's column(s) {listed}{more}; the file has "
-                          f"{_shown(names)}{_delimiter_hint(names, delimiter)}. Fix the file's header, or the "
+                          f"{_shown(names)}{delimiter_hint(names, delimiter)}. Fix the file's header, or the "
                           f"schema's names (or kind: drop for a column the file does not have)")
-
-
-def _delimiter_hint(names: list[str], delimiter: str) -> str:
-    """When the whole header is one name holding another delimiter, the delimiter is wrong."""
-    if len(names) != 1:
-        return ""
-    other = next((d for d in DELIMITERS if d != delimiter and d in names[0]), None)
-    return (f" (the header reads as one column: is the file separated by {other!r}, not {delimiter!r}? "
-            f"set format.delimiter, or name the file .csv / .tsv)") if other else ""
 
 
 def _shown(names: list[str]) -> str:

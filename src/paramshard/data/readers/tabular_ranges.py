@@ -36,7 +36,7 @@ def task_batches(reader, task: Task) -> Iterator[tuple[object, int]]:
     if not names:
         raise ConfigError(f"{path}: the schema says the file has no header but lists no column names "
                           f"(format.names); add them, or set format.header: true")
-    positions = _positions(path, names, wanted)
+    positions = _positions(path, names, wanted, delimiter)
     skip = 1 if fmt.header and task.kind == "gzip" else 0       # a .gz task counts the header as a record
     gz_task = task if not skip else task.rest(task.start + skip)
     for chunk, first, next_pos in line_groups(path, gz_task, reader.batch_size, reader.chunk_bytes):

@@ -70,11 +70,11 @@ def test_an_id_named_column_with_fractional_numbers_stays_numeric_and_doubtful(t
     assert c.kind == "numeric" and "fractional" in ambiguity(c)
 
 
-def test_a_row_id_with_every_value_distinct_is_doubtful(tmp_path):
+def test_a_row_id_with_every_value_distinct_is_dropped(tmp_path):
     pd.DataFrame({"row_id": np.arange(500), "x": np.arange(500) % 7, "label": [0, 1] * 250}).to_csv(
         tmp_path / "r.csv", index=False)
     c = infer_schema(tmp_path / "r.csv").column("row_id")
-    assert c.kind == "categorical" and "kind: drop" in ambiguity(c)
+    assert c.kind == "drop" and "a row id" in c.note and "--categorical row_id" in c.note
 
 
 def test_overrides_set_the_kind_and_say_so_in_the_note(ml_csv):
