@@ -127,3 +127,12 @@ def test_input_without_rows_is_an_error_not_zero_scores(job, tmp_path, content):
     with pytest.raises(ConfigError, match="no rows to score"):
         predict_files(job.root / "model.pt", [empty], tmp_path / "s.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv"]       # no scores file
+
+
+def test_a_semicolon_file_is_scored_with_the_delimiter_flag(job, tmp_path):
+    semi = tmp_path / "new.semi.csv"
+    semi.write_text((job.root / "new.csv").read_text().replace(",", ";"))
+    with pytest.raises(DataFormatError, match="looks separated by ';', not ',': pass --delimiter ';'"):
+        predict_files(job.root / "model.pt", [semi], tmp_path / "s.csv", SCORE_BATCH)
+    predict_files(job.root / "model.pt", [semi], tmp_path / "s.csv", SCORE_BATCH, delimiter=";")
+    np.testing.assert_array_equal(pd.read_csv(tmp_path / "s.csv")["score"].to_numpy(), job.expected)

@@ -55,6 +55,19 @@ def test_a_misspelt_column_gets_a_did_you_mean(files):
         load_schema(args, 1, lambda _: None)
 
 
+def test_the_delimiter_flag_reads_a_semicolon_file_with_a_comma_schema(files):
+    for name in ("train", "test"):
+        text = (files / f"{name}.csv").read_text().replace(",", ";")
+        (files / f"{name}.semi.csv").write_text(text)
+    args = app_args(files, "--batch-size", "16")
+    args.train, args.test = [str(files / "train.semi.csv")], [str(files / "test.semi.csv")]
+    with pytest.raises(ConfigError, match="looks separated by ';', not ',': pass --delimiter ';'"):
+        load_schema(args, 1, lambda _: None)
+    args.delimiter = ";"
+    schema = load_schema(args, 1, lambda _: None)
+    assert schema.format.delimiter == ";" and not schema.format.by_suffix and schema.rows_fitted == 600
+
+
 def test_collective_mode_trains_the_tables_with_the_table_settings(files):
     args = app_args(files, "--model", "deepfm", "--table-lr", "0.07", "--embedding-l2", "1e-4", "--buckets", "64",
                     "--dim", "4", "--hidden", "8")
