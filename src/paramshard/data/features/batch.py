@@ -6,6 +6,9 @@ Feature ids come in one of two shapes:
 - some field holds a bag (a multi-valued column): ``ids`` is flat int64 [N],
   ``offsets`` int64 [B*F] starts the bag of (row b, field f) at index b*F+f,
   and ``weights`` float32 [N] is 1/len(bag), so a bag pools to the mean.
+A bag's ids are in the order of its cell (``c|a|b``, a Parquet list: encode.py),
+and ``take`` / ``select`` / ``concat`` keep that order, so a model over an
+ordered sequence can read it between a bag's offsets.
 Both shapes go straight into nn.EmbeddingBag / SparseEmbedding. Ids are the
 int64 bit patterns of unsigned 64-bit hashes (negative values are normal).
 """
