@@ -147,6 +147,7 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
     if taken == 0:
         raise ConfigError(_no_rows(path, fmt, names, bad))
     sample = {n: np.concatenate(v)[:sample_rows] if v else np.empty(0, object) for n, v in columns.items()}
+    guessed = not label
     label = label or next((n for n in names if n.lower() in LABEL_NAMES), None)
     if label is None or label not in names:
         what = f"no column {label!r}{did_you_mean(label, names)}" if label else "no column looks like the label"
@@ -156,8 +157,14 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
     missing = frozenset(fmt.missing)
     warnings: list[str] = []
     out = [_inferred(n, sample[n], missing, forced.get(n), warnings) for n in names if n != label]
-    return Inferred(Schema(label=_label(path, label, sample[label], missing), columns=out, format=fmt,
-                           label_kind="binary"), warnings)
+    try:
+        target = _label(path, label, sample[label], missing)
+    except ConfigError as exc:
+        if not guessed:
+            raise
+        raise ConfigError(f"{exc} (the label {label!r} was a guess from its name: pass --label COLUMN to "
+                          f"name the label)") from None
+    return Inferred(Schema(label=target, columns=out, format=fmt, label_kind="binary"), warnings)
 
 
 def _inferred(name: str, raw: np.ndarray, missing: frozenset, kind, warnings: list) -> Column:

@@ -67,3 +67,13 @@ def test_label_kind_is_recorded_and_older_schemas_are_binary(tmp_path):
     data["label_kind"] = "regression"
     with pytest.raises(ConfigError, match="label_kind 'regression': this version supports only 'binary' labels"):
         Schema.from_dict(data)
+
+
+def test_a_label_guessed_from_its_name_says_so_when_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"x": rng.normal(size=N), "class": rng.choice(["Dresses", "Knits", "Blouses"], N),
+                  "recommended": rng.integers(0, 2, N)}).to_csv(tmp_path / "c.csv", index=False)
+    with pytest.raises(ConfigError, match=r"label column 'class' has a multi-class label .*\(the label 'class' was a "
+                                          r"guess from its name: pass --label COLUMN"):
+        infer_schema(tmp_path / "c.csv")
+    assert infer_schema(tmp_path / "c.csv", label="recommended").column("class").kind == "categorical"
