@@ -10,9 +10,11 @@ loads that one); each over-budget item carries its cost as the report's user pro
 ``unit_cost_s``.
 
 ``make check`` (the developer's stage, not CI's) also sets PARAMSHARD_UNIT_LIMIT_STRICT=1: there an
-item whose process used more CPU than the budget fails. CPU time, not wall time: what a test
-costs, which another job's load on the machine does not change (it counts the pool threads of
-pandas and arrow that wall time less the thread's own run-queue wait missed).
+item whose process used more than twice the budget in CPU time fails. CPU time, not wall time:
+another job's load does not add waiting to it (and it counts the pool threads of pandas and arrow
+that wall time less the thread's own run-queue wait missed); twice, because CPU time still
+inflates under load (two hyper-threads share a core's caches: a hypothesis test measured 0.7 s
+idle and 1.5-1.8 s beside other jobs).
 
 The compiled row store's kernels must be in numba's cache (`make warm`, which `make check` and
 `make test` run first): a test that compiles one pays seconds (e.g. after kernel sources moved).
@@ -74,8 +76,8 @@ def pytest_runtest_call(item):
     cpu = time.process_time() - cpu
     if limit and marker is None and cost > limit:
         item.user_properties.append((UNIT_COST_PROPERTY, round(cost, 2)))
-    if limit and marker is None and cpu > limit and os.environ.get(STRICT_VARIABLE) == "1":
-        pytest.fail(f"unit test used {cpu:.2f} s of CPU, over the {limit:g} s budget of a unit item: make it "
+    if limit and marker is None and cpu > 2 * limit and os.environ.get(STRICT_VARIABLE) == "1":
+        pytest.fail(f"unit test used {cpu:.2f} s of CPU, over twice the {limit:g} s budget of a unit item: make it "
                     f"faster, move it to tests/integration, or mark it @pytest.mark.slow_unit(reason=...)",
                     pytrace=False)
     return result

@@ -137,7 +137,7 @@ def test_equal_steps_refills_a_shard_left_short_by_skipped_bad_lines(tmp_path, c
 def test_batches_with_bags_cut_and_join_consistently():
     from hypothesis import given, settings, strategies as st
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=30, deadline=None)
     @given(st.lists(st.lists(st.lists(st.integers(-5, 5), min_size=1, max_size=3), min_size=2, max_size=2),
                     min_size=1, max_size=12), st.data())
     def check(rows, data):
