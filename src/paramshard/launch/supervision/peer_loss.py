@@ -14,7 +14,13 @@ each server's heartbeat to the launcher, over the launcher's own pipe, so:
 - named, alive, still writing status lines: not hung. If it names its accuser
   back, the two are **partitioned** from each other; nobody is killed (killing
   both blindly would lose two servers for a network fault, and killing one is a
-  guess), and the servers' own timeout ends the job if the fault lasts;
+  guess), and the servers' own timeout ends the job if the fault lasts. This
+  verdict (a warning, no action) waits until the accusation has stood
+  ``SILENT_AFTER`` s: each server's lines come over its own pipe, in no order with
+  another's, so the accusation of a server that stopped at the end of its job (it says
+  so, then closes its socket, and only then can a peer name it) may be read before
+  the accused's own last line; by ``SILENT_AFTER`` s on, a stopping server has said
+  so or exited, and one still reporting has reported since it was named;
 - exited with ``PEER_LOST_EXIT_CODE`` naming only peers that are hung, dead or
   were just restarted: a **casualty**, restarted with them, free of charge;
 - exited any other way (or for a peer that is fine): **dead**, restarted, one
@@ -82,6 +88,15 @@ class Verdict:
         return len(self.hung) + len(self.dead)
 
 
+def named_for(accuser: ServerState, peer: int) -> float:
+    """Seconds since ``accuser`` lost ``peer``, as far as the launcher knows: what its last status
+    line said, plus that line's age; a peer it exited for without a count, for ever."""
+    seconds = accuser.names.get(peer)
+    if seconds is None:
+        return float("inf")
+    return seconds + (accuser.silent_for or 0.0)
+
+
 def decide(servers: Sequence[ServerState], just_restarted: Collection[int] = ()) -> Verdict:
     """The verdict for the servers as they are now. ``just_restarted``: servers the
     launcher restarted recently, whose loss a peer may still be exiting for."""
@@ -105,6 +120,10 @@ def decide(servers: Sequence[ServerState], just_restarted: Collection[int] = ())
         if s.silent_for is not None and s.silent_for >= SILENT_AFTER:
             lost = " and ".join(f"server {a}" for a in by)
             hung[index] = f"hung: {lost} lost its heartbeat, and it has said nothing to the launcher for {s.silent_for:.1f} s"
+            continue
+        if max(named_for(by_index[a], index) for a in by) < SILENT_AFTER:
+            # Named too recently to tell "still reporting" from "its last line, saying it stops, is
+            # still in its pipe" (the module's docstring): judged on a later look.
             continue
         mutual = [a for a in by if index in by_index[a].accuses() and a in s.accuses() and by_index[a].alive]
         partitions.update((min(index, a), max(index, a)) for a in mutual)

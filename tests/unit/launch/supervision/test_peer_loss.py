@@ -15,6 +15,7 @@ from paramshard.server.core.peers import PeerWatch
 LOST = PEER_LOST_EXIT_CODE
 QUIET = SILENT_AFTER + 3.0     # a server silent to the launcher that long is hung if a peer names it
 TALKING = 0.4                  # its last status line came this long ago
+STOOD = SILENT_AFTER + 0.5     # an accusation this old is judged: the accused had time to say it stops
 
 
 # -- the decision -------------------------------------------------------------------------------------
@@ -33,10 +34,24 @@ def test_the_peer_that_exited_for_the_hung_one_in_the_same_tick_comes_back_free(
 
 
 def test_two_servers_naming_each_other_while_both_report_is_a_partition_nobody_is_killed():
-    v = decide([ServerState(0, names={1: 0.5}, silent_for=TALKING), ServerState(1, names={0: 0.3}, silent_for=TALKING)])
+    v = decide([ServerState(0, names={1: STOOD}, silent_for=TALKING), ServerState(1, names={0: STOOD}, silent_for=TALKING)])
     assert v.hung == {} and v.restart == () and v.cost == 0
     assert v.partitions == ((0, 1),)
     assert "partition" in v.spared[0] and "partition" in v.spared[1]
+
+
+def test_a_server_named_a_moment_ago_and_still_reporting_is_not_judged_yet():
+    """Issue 32 (4): its last line, saying it stops, may still be in its pipe (each server's lines come
+    over a pipe of their own, in no order with the others'): no verdict, so no warning, until the
+    accusation has stood SILENT_AFTER s, counted from the accuser's seconds plus its line's age."""
+    fresh = SILENT_AFTER - 0.5                         # + its line's age TALKING: 0.1 s short of judged
+    for named in ({1: fresh}, {1: 0.05}):
+        v = decide([ServerState(0, names=named, silent_for=TALKING), ServerState(1, names={0: 0.05}, silent_for=TALKING)])
+        assert v.spared == {} and v.partitions == () and v.hung == {} and v.restart == ()
+    v = decide([ServerState(0, names={1: fresh}, silent_for=TALKING + 0.2), ServerState(1, silent_for=TALKING)])
+    assert "still reports to the launcher" in v.spared[1]   # the same line 0.2 s later: it stood
+    v = decide([ServerState(0, names={1: 0.05}, silent_for=TALKING), ServerState(1, silent_for=QUIET)])
+    assert set(v.hung) == {1}                          # silence needs no waiting: a hung one is hung at once
 
 
 def test_two_servers_that_exited_naming_each_other_are_not_each_others_excuse():
@@ -46,7 +61,7 @@ def test_two_servers_that_exited_naming_each_other_are_not_each_others_excuse():
 
 def test_a_named_server_that_still_reports_is_spared_and_its_accuser_exiting_is_charged():
     alive = ServerState(1, silent_for=TALKING)
-    v = decide([ServerState(0, names={1: 1.0}, silent_for=TALKING), alive])
+    v = decide([ServerState(0, names={1: STOOD}, silent_for=TALKING), alive])
     assert v.hung == {} and v.partitions == () and "still reports to the launcher" in v.spared[1]
     v = decide([ServerState(0, code=LOST, gone=(1,)), alive])
     assert v.hung == {} and v.dead == (0,) and v.casualties == () and v.cost == 1
