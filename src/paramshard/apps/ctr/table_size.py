@@ -18,8 +18,9 @@ validation score decayed the rates for good. Hence, when the flag is not given:
   every second one with 4 - one decay, then a stop, never a decay on a single bad score.
 
 Rows are --train's data rows (bad lines included, as the readers count them), the same count
-in every trainer, so every trainer settles on the same split without talking. An explicit
-flag always wins.
+in every trainer, so every trainer settles on the same split without talking; counting stops
+past SMALL_TABLE_ROWS (every default is the large table's from there: a big --train is not
+read through for it). An explicit flag always wins.
 """
 from __future__ import annotations
 

@@ -299,7 +299,9 @@ def restore(path: Path):
 def train(args, say) -> dict | None:
     env = ps.init()
     schema = load_schema(args, env.num_trainers, say)
-    scaled = table_size.settle(args, count_records(args.train, schema))
+    # Past SMALL_TABLE_ROWS every scaled default is the large table's: a big --train is not read through.
+    scaled = table_size.settle(args, count_records(args.train, schema, up_to=table_size.SMALL_TABLE_ROWS)
+                               if getattr(args, "scaled", None) else 0)
     if scaled:
         say(scaled)
     elastic.refuse(args, env, schema)

@@ -257,10 +257,14 @@ def _check_shard(shard) -> tuple[int, int]:
     return index, count
 
 
-def count_records(paths, schema: Schema) -> int:
-    """Data rows in the files (bad lines included): newlines for text, metadata for Parquet."""
+def count_records(paths, schema: Schema, up_to: int | None = None) -> int:
+    """Data rows in the files (bad lines included): newlines for text, metadata for Parquet.
+    ``up_to``: stop reading once more than that many are counted (a big file is not read
+    through when only "at least N" matters); the result is then some number > up_to."""
     total = 0
     for path in as_paths(paths):
+        if up_to is not None and total > up_to:
+            break
         if file_format(path, schema.format)[0] == "parquet":
             total += open_parquet(path).metadata.num_rows
             continue
@@ -268,6 +272,8 @@ def count_records(paths, schema: Schema) -> int:
         for block in read_blocks(path, 1 << 22):
             lines += block.count(b"\n")
             last = block[-1:]
+            if up_to is not None and total + lines > up_to + 1:
+                break
         lines += last != b"\n"                 # a last line without its newline
         total += lines - (1 if schema.format.header and lines else 0)
     return total

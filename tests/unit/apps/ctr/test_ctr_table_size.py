@@ -55,3 +55,16 @@ def test_explicit_flags_win_over_the_table_size():
 def test_bad_new_flags_are_named(extra, message):
     with pytest.raises(ConfigError, match=message):
         resolve(parser("ctr").parse_args(BASE + extra))
+
+
+def test_counting_the_rows_stops_once_past_what_the_defaults_need(tmp_path):
+    from paramshard.data.readers.tabular import count_records
+    from paramshard.specs.schema import Column, Label, Schema
+    schema = Schema(Label("y"), [Column("x")])
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text("x,y\n" + "".join(f"{i},{i % 2}\n" for i in range(300)))
+    files = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    assert count_records(files, schema) == 600 == count_records(files, schema, up_to=600)
+    assert 250 < count_records(files, schema, up_to=250) <= 300        # the second file is not read
+    args, _ = settled(count_records(files, schema, up_to=table_size.SMALL_TABLE_ROWS))
+    assert args.valid_fraction == 0.25
