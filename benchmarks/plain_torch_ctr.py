@@ -124,7 +124,7 @@ def selection(args):
     rates x --lr-decay after an epoch without a gain, a stop after --patience of them): the
     twin differs from the app only in the framework, not in when it stops or decays."""
     from paramshard.apps.ctr.selection import Selection
-    return Selection("auc", args.patience, args.lr_decay)
+    return Selection("auc", args.patience, args.lr_decay, args.lr_decay_after)
 
 
 def run(args) -> dict:
@@ -183,6 +183,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=3, help="the most epochs (with --valid) or every epoch")
     p.add_argument("--patience", type=int, default=2, help="epochs without a better validation AUC to stop after")
     p.add_argument("--lr-decay", type=float, default=0.1, help="learning rates x this after an epoch without a gain")
+    p.add_argument("--lr-decay-after", type=int, default=1,
+                   help="decay after every this many epochs without a gain (the app's, from its --json settings)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per shard per step (the app's per-trainer batch)")
     p.add_argument("--shards", type=int, default=1, help="the app's trainers: a step reads a batch of each shard")
     p.add_argument("--dim", type=int, default=8)

@@ -167,7 +167,8 @@ def run_twin(children, files: dict, model: str, work: Path, defaults: dict, app_
     if trained["dim"] is not None:
         argv += ["--dim", str(trained["dim"]), "--hidden", hidden_text(trained["hidden"])]
     if files["valid"] is not None:
-        argv += ["--valid", str(files["valid"]), "--patience", str(defaults.get("patience") or 2)]
+        argv += ["--valid", str(files["valid"]), "--patience", str(trained["patience"] or defaults.get("patience") or 2),
+                 "--lr-decay-after", str(trained["lr_decay_after"] or 1)]
     seconds = run_job(children, f"PyTorch {model}", argv, timeout)
     return {**metrics_of(json.loads(out.read_text())), "wall_s": seconds}
 

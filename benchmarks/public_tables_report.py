@@ -46,7 +46,9 @@ def twin_settings(app_result: dict) -> dict:
     if not isinstance(found, dict) or not {"lr", "table_lr", "batch_size"} <= set(found):
         raise ValueError(f"the app's --json records no settings (lr, table_lr, batch_size): {sorted(app_result)}")
     return {"lr": float(found["lr"]), "table_lr": float(found["table_lr"]), "batch_size": int(found["batch_size"]),
-            "dim": found.get("dim"), "hidden": found.get("hidden")}
+            "dim": found.get("dim"), "hidden": found.get("hidden"),
+            # The selection the app settled on (its defaults scale with the table: apps/ctr/table_size.py).
+            "patience": found.get("patience"), "lr_decay_after": found.get("lr_decay_after")}
 
 
 def within(gap: float) -> bool:

@@ -227,7 +227,8 @@ def one_pass(d: Path, schema) -> tuple[int, int, int]:
     from paramshard.apps.ctr.audit import id_sum
     from paramshard.data.shards.holdout import Holdout
     from paramshard.data.readers.tabular import TabularReader
-    rows = Holdout(0.1, seed=0, by="content")
+    from paramshard.apps.ctr.table_size import valid_fraction
+    rows = Holdout(valid_fraction(ELASTIC_ROWS), seed=0, by="content")     # the app's hold-out of this table
     trained = list(TabularReader([d / "train.csv"], schema, 512, holdout=rows))
     held = sum(len(b) for b in TabularReader([d / "train.csv"], schema, 512, holdout=rows.other()))
     return sum(len(b) for b in trained), sum(id_sum(b.ids) for b in trained) % (1 << 64), held

@@ -50,10 +50,14 @@ def predict(model, batches, forward=None) -> np.ndarray:
 
 
 def evaluate(model, batches, forward=None, labels=None) -> dict:
-    """{"auc", "logloss", "accuracy", "rows", "positive_rate"} over every batch; AUC is exact (ties count half)."""
+    """{"auc", "logloss", "accuracy", "rows", "positive_rate"} over every batch; AUC is exact (ties count half).
+    Batches that carry side columns (TabularBatch.extras: a reader's ``side=``) are weighted by
+    their "weight" and add "gauc" and "groups" by their "group" (data/metrics.py)."""
     metrics = BinaryMetrics()
     for batch, probs in _probabilities(model, batches, forward):
-        metrics.update(labels(batch) if labels else batch.labels, probs)
+        extras = getattr(batch, "extras", None) or {}
+        metrics.update(labels(batch) if labels else batch.labels, probs, weights=extras.get("weight"),
+                       groups=extras.get("group"))
     if metrics.rows == 0:
         raise ConfigError("evaluate: the reader gave no rows")
     return metrics.result()

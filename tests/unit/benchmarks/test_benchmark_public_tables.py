@@ -42,9 +42,12 @@ def test_metrics_are_the_best_epochs_when_the_result_has_them_else_the_last():
 def test_the_twin_trains_with_the_settings_the_app_recorded():
     recorded = {"settings": {"lr": 0.03, "table_lr": 0.2, "batch_size": 256, "embedding_l2": 0.0}}
     assert bench.twin_settings(recorded) == {"lr": 0.03, "table_lr": 0.2, "batch_size": 256, "dim": None,
-                                             "hidden": None}
-    deep = {"settings": {"lr": 3e-3, "table_lr": 0.05, "batch_size": 256, "dim": 16, "hidden": [400, 400]}}
+                                             "hidden": None, "patience": None, "lr_decay_after": None}
+    deep = {"settings": {"lr": 3e-3, "table_lr": 0.05, "batch_size": 256, "dim": 16, "hidden": [400, 400],
+                         "patience": 4, "lr_decay_after": 2}}
     assert bench.twin_settings(deep)["hidden"] == [400, 400]
+    # The selection the app settled on for the table (issue 32): the twin stops and decays alike.
+    assert (bench.twin_settings(deep)["patience"], bench.twin_settings(deep)["lr_decay_after"]) == (4, 2)
     with pytest.raises(ValueError, match="no settings"):
         bench.twin_settings({"final": {}})
 
@@ -98,9 +101,11 @@ def test_twin_tables_start_as_paramshards_and_read_zeros_for_ids_training_never_
 
 
 def test_the_twin_stops_and_decays_by_the_apps_own_rule():
-    rule = twin.selection(argparse.Namespace(patience=2, lr_decay=0.1))
+    rule = twin.selection(argparse.Namespace(patience=2, lr_decay=0.1, lr_decay_after=1))
     assert rule.decide([0.5]).improved and rule.decide([0.5, 0.51]).improved
     assert rule.decide([0.5, 0.5]).decay and rule.decide([0.5, 0.5, 0.49]).stop
+    small = twin.selection(argparse.Namespace(patience=4, lr_decay=0.1, lr_decay_after=2))    # a small table's
+    assert not small.decide([0.5, 0.5]).decay and small.decide([0.5, 0.5, 0.49]).decay
 
 
 def test_the_report_prints_a_table_and_a_verdict_per_dataset(capsys):

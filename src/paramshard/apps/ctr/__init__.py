@@ -7,9 +7,11 @@
 
 It trains as the CTR benchmark suites do: a validation split (--valid FILES, or
 --valid-fraction of --train held out), validation metrics after every epoch,
-learning rates decayed when an epoch brings no improvement, early stopping
+learning rates decayed when epochs bring no improvement, early stopping
 after --patience such epochs, and the best epoch's model restored at the end:
-its test metrics are the run's result, --export writes it. Learning rates,
+its test metrics are the run's result, --export writes it. The hold-out and the
+patience left out scale with the table (table_size.py); --weight COL weights the
+rows, --group-by COL adds GAUC. Learning rates,
 batch size and architecture default to the chosen model's (models/defaults.py).
 
 Every mode of the launcher works, with the same hyper-parameters: in hybrid mode

@@ -48,7 +48,9 @@ def holdout(args, elastic: bool) -> Holdout | None:
 
 
 def train_loader(args, schema, rows: Holdout | None, trainer) -> DynamicShards:
-    reader = TabularReader(args.train, schema, args.batch_size, skip_bad_lines=args.skip_bad_lines, holdout=rows)
+    from paramshard.apps.ctr.training import training_side
+    reader = TabularReader(args.train, schema, args.batch_size, skip_bad_lines=args.skip_bad_lines, holdout=rows,
+                           side=training_side(args))
     return DynamicShards(reader, task_bytes=args.task_bytes, trainer=trainer)
 
 

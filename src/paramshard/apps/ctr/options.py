@@ -1,7 +1,9 @@
 """The CTR app's command line, and its defaults per model (models/defaults.py).
 
 A flag left out takes the chosen model's default, printed at the start, so a
-run says what it trained with; an explicit flag always wins."""
+run says what it trained with; an explicit flag always wins. --valid-fraction,
+--patience and --lr-decay-after left out scale with --train's rows instead
+(table_size.py: a minimum of validation rows, gentler selection on a small table)."""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +12,9 @@ from paramshard.errors import ConfigError
 from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES
 from paramshard.models import MODELS
 from paramshard.models.defaults import architecture_defaults, training_defaults
+from paramshard.data.features.side_columns import SideColumns
+from paramshard.apps.ctr import table_size
 from paramshard.apps.ctr.selection import MONITORS, Selection
-
-DEFAULT_VALID_FRACTION = 0.1
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -27,15 +29,27 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--valid", nargs="+", metavar="PATH",
                    help="validation files, same columns: pick the best epoch on them (default: hold out "
                         "--valid-fraction of --train)")
-    p.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION, metavar="F",
+    p.add_argument("--valid-fraction", type=float, metavar="F",
                    help="without --valid: this part of --train's rows (chosen by a seeded hash of the row "
-                        "number; in an elastic job, of the row's fields) is held out for validation, never trained on; 0: no validation, keep the last epoch")
+                        "number; in an elastic job, of the row's fields) is held out for validation, never trained on; 0: no validation, keep the last epoch "
+                        "(default: 0.1, or 1,000 rows on a small table, at most 0.25: apps/ctr/table_size.py)")
     p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (early stopping may end sooner)")
-    p.add_argument("--patience", type=int, default=2,
-                   help="stop after this many epochs in a row without a better validation score (0: never early)")
+    p.add_argument("--patience", type=int,
+                   help="stop after this many epochs in a row without a better validation score (0: never early; "
+                        "default: 2, or 4 on a table of fewer than 100,000 rows)")
     p.add_argument("--monitor", choices=sorted(MONITORS), default="auc", help="the validation metric that picks the best epoch")
     p.add_argument("--lr-decay", type=float, default=0.1, metavar="F",
-                   help="multiply every learning rate by F after an epoch without improvement (1: never)")
+                   help="multiply every learning rate by F after --lr-decay-after epochs without improvement (1: never)")
+    # -- issue 32: the decays' pace, sample weights, GAUC ---------------------------------------------
+    p.add_argument("--lr-decay-after", type=int, metavar="N",
+                   help="decay the learning rates after every N epochs in a row without improvement (default: "
+                        "half of --patience, at least 1)")
+    p.add_argument("--weight", metavar="COL",
+                   help="a numeric column of the schema whose value weights each row's loss and metrics (weighted "
+                        "log loss, AUC, accuracy); not a feature; needed in --valid and --test files too")
+    p.add_argument("--group-by", metavar="COL",
+                   help="report GAUC beside AUC: the AUC of each value of COL (e.g. user_id), averaged weighted by "
+                        "its rows; values whose rows are all one class are skipped (--monitor gauc picks epochs by it)")
     p.add_argument("--embedding-l2", type=float, default=0.0, metavar="L2",
                    help="L2 regularisation of the table rows a step looks up (the tables' weight decay)")
     p.add_argument("--batch-size", type=int, help="rows per step per trainer (default: the model's, 256)")
@@ -87,11 +101,25 @@ def resolve(args) -> argparse.Namespace:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.embedding_l2 < 0:
         raise ConfigError(f"--embedding-l2 must be >= 0, got {args.embedding_l2}")
-    if args.valid is not None and args.valid_fraction not in (0, DEFAULT_VALID_FRACTION):
+    if args.valid is not None and args.valid_fraction not in (None, 0):
         raise ConfigError("give --valid FILES or --valid-fraction F, not both")
-    if args.valid is None and not 0 <= args.valid_fraction < 1:
+    if args.valid is None and args.valid_fraction is not None and not 0 <= args.valid_fraction < 1:
         raise ConfigError(f"--valid-fraction {args.valid_fraction}: must be in [0, 1)")
-    args.selection = Selection(args.monitor, args.patience, args.lr_decay)
+    # Left out, these take the large-table defaults here and scale with --train's rows once they
+    # are counted (table_size.settle, at the run's start).
+    args.scaled = [name for name in ("valid_fraction", "patience", "lr_decay_after") if getattr(args, name) is None]
+    if args.valid_fraction is None:
+        args.valid_fraction = table_size.DEFAULT_VALID_FRACTION
+    if args.patience is None:
+        args.patience = table_size.PATIENCE
+    if args.lr_decay_after is None:
+        args.lr_decay_after = table_size.decay_after(args.patience)
+    args.selection = Selection(args.monitor, args.patience, args.lr_decay, args.lr_decay_after)
+    if args.weight is not None and args.weight == args.group_by:
+        raise ConfigError(f"--weight and --group-by name the same column {args.weight!r}: a weight is no group key")
+    if args.monitor == "gauc" and args.group_by is None:
+        raise ConfigError("--monitor gauc needs --group-by COL (the column whose values are the groups, e.g. user_id)")
+    args.side = SideColumns(args.weight, args.group_by)
     return args
 
 

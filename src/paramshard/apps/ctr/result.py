@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-SHOWN = ("auc", "logloss", "accuracy", "rows")
+SHOWN = ("auc", "gauc", "logloss", "accuracy", "rows")       # gauc: with --group-by only
 
 
 def _metrics(scores: dict | None) -> dict | None:

@@ -1,7 +1,10 @@
 """Model selection over epochs, as the CTR benchmark suites (FuxiCTR/BARS) train: after each
-epoch the validation metric says whether the model improved; an epoch without improvement
-decays the learning rates (reduce on plateau), and ``patience`` of them in a row stop training.
-The best epoch is the one whose model the app restores and exports at the end.
+epoch the validation metric says whether the model improved; every ``decay_after``-th epoch
+without improvement in a row decays the learning rates (reduce on plateau), and ``patience`` of
+them in a row stop training. The best epoch is the one whose model the app restores and exports
+at the end. The app's defaults for both scale with the table (table_size.py): on a large table
+a decay after each epoch without a gain and a stop after two (the benchmark suites' rule), on a
+small one (short, noisy epochs) a decay after two and a stop after four.
 
 A pure function of the validation scores so far, in epoch order: an epoch run again (a
 rollback, a resume) replaces its score and every decision follows again from the list.
@@ -13,7 +16,7 @@ import math
 
 from paramshard.errors import ConfigError
 
-MONITORS = {"auc": True, "logloss": False, "accuracy": True}     # name -> higher is better
+MONITORS = {"auc": True, "logloss": False, "accuracy": True, "gauc": True}     # name -> higher is better
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Selection:
     monitor: str = "auc"
     patience: int = 2            # epochs without improvement before stopping (0: never stop early)
     decay: float = 0.1           # learning-rate factor after an epoch without improvement (1: never)
+    decay_after: int = 1         # decay after every this many epochs in a row without improvement
     min_delta: float = 1e-5      # a smaller gain is no improvement (noise of a finite validation set)
 
     def __post_init__(self):
@@ -49,6 +53,9 @@ class Selection:
             raise ConfigError(f"--patience {self.patience}: must be >= 0 (0: never stop early)")
         if not 0 < self.decay <= 1:
             raise ConfigError(f"--lr-decay {self.decay}: must be in (0, 1] (1: never decay)")
+        if self.decay_after < 1:
+            raise ConfigError(f"--lr-decay-after {self.decay_after}: must be >= 1 (epochs without improvement "
+                              f"before each decay)")
 
     def decide(self, scores: list[float]) -> Decision:
         if not scores:
@@ -63,4 +70,5 @@ class Selection:
                 since += 1
         improved = since == 0
         stop = self.patience > 0 and since >= self.patience
-        return Decision(best, improved, decay=not improved and not stop and self.decay < 1, stop=stop)
+        decay = not improved and not stop and self.decay < 1 and since % self.decay_after == 0
+        return Decision(best, improved, decay=decay, stop=stop)

@@ -29,17 +29,18 @@ from paramshard.trainer.epochs import start_at
 from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
 from paramshard.specs.schema import Schema
-from paramshard.data.readers.tabular import TabularReader
+from paramshard.data.readers.tabular import TabularReader, count_records
 from paramshard.inference.evaluation import evaluate
 from paramshard.models import build_model, hashed_embedding
 from paramshard.observe.report.server_table import StepProgress
-from paramshard.apps.ctr import elastic, loss_check
+from paramshard.apps.ctr import elastic, loss_check, table_size
 from paramshard.apps.ctr.audit import TrainedLog
 from paramshard.apps.ctr.inputs import checked_schema
 from paramshard.apps.ctr.result import result_record
 from paramshard.apps.ctr.selection import Decision
 
 EVAL_BATCH = 8192
+RESULT_KEYS = ("auc", "gauc", "groups", "logloss", "accuracy", "rows")     # the run's test figures in --json
 BEST_MODEL = "best-model.pt"       # the best epoch's model (inference/serving.py's format)
 
 
@@ -85,6 +86,7 @@ class Run:
         self.trained = TrainedLog(args.trained_log, env.trainer_id) if args.trained_log else None
         self.history: dict[int, dict] = {}    # by epoch: an epoch run again (rollback) replaces its record
         self.warnings: list[str] = []
+        self.hints: list[str] = []   # advice on a run that went well (not warnings)
         self.best_epoch: int | None = None
         self.lr_scale = 1.0          # the learning rates' factor so far (every decay on a plateau)
         self.stopped = False         # early stopping ended the run (a resume trains no further)
@@ -122,20 +124,23 @@ class Run:
     def readers(self, schema: Schema, trainer):
         a, env = self.args, self.env
         holdout = elastic.holdout(a, self.elastic)
+        train_side, side = training_side(a), getattr(a, "side", None)
         if self.elastic:
             train = elastic.train_loader(a, schema, holdout, trainer)
             self.steps = elastic.steps_estimate(a, schema, env)
         else:
             train = TabularReader(a.train, schema, a.batch_size, shard=(env.trainer_id, env.num_trainers),
                                   shuffle=True, seed=a.seed, equal_steps=True, skip_bad_lines=a.skip_bad_lines,
-                                  holdout=holdout)
+                                  holdout=holdout, side=train_side)
             self.steps = len(train)
         valid = None
         if self.chief and a.valid is not None:
-            valid = TabularReader(a.valid, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines)
+            valid = TabularReader(a.valid, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines, side=side)
         elif self.chief and holdout is not None:
-            valid = TabularReader(a.train, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines, holdout=holdout.other())
-        test = TabularReader(a.test, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines) if self.chief else None
+            valid = TabularReader(a.train, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines, holdout=holdout.other(),
+                                  side=side)
+        test = TabularReader(a.test, schema, EVAL_BATCH, skip_bad_lines=a.skip_bad_lines, side=side) \
+            if self.chief else None
         return train, valid, test
 
     # -- an epoch --------------------------------------------------------------
@@ -149,8 +154,10 @@ class Run:
             if len(b["labels"]) == 0:
                 trainer.step()          # sync, DynamicShards: no task left for now, the step still counts
                 continue
+            # --weight: each row's loss times its weight (PyTorch's weight=, Keras's sample_weight), averaged
+            # over the batch's rows.
             loss = F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]),
-                                                      b["labels"])
+                                                      b["labels"], weight=b.get("sample_weight"))
             trainer.step(loss)
             losses.append(loss.item())
             rows += len(b["labels"])
@@ -188,9 +195,9 @@ class Run:
         trainer.log(test_auc=record["auc"], test_logloss=record["logloss"],
                     **({"valid_auc": scores["auc"], "valid_logloss": scores["logloss"]} if scores else {}))
         line = (f"epoch {epoch}: train loss {train_loss:.4f}  "
-                + (f"valid AUC {scores['auc']:.4f} logloss {scores['logloss']:.4f}  " if scores else "")
-                + f"test AUC {record['auc']:.4f} logloss {record['logloss']:.4f} accuracy {record['accuracy']:.4f}  "
-                  f"{rows * trainers / seconds:,.0f} samples/s")
+                + (f"valid AUC {scores['auc']:.4f}{gauc_text(scores)} logloss {scores['logloss']:.4f}  " if scores else "")
+                + f"test AUC {record['auc']:.4f}{gauc_text(record)} logloss {record['logloss']:.4f} accuracy "
+                  f"{record['accuracy']:.4f}  {rows * trainers / seconds:,.0f} samples/s")
         if scores:
             decision = a.selection.decide([self.history[e]["valid"][a.monitor] for e in sorted(self.history)])
             best = sorted(self.history)[decision.best_epoch]
@@ -202,11 +209,37 @@ class Run:
             snapshot(trainer, model, self.best_file)
             self.best_epoch = epoch
         self.say(line)
+        self.check_overfitting()
         if decision.decay:
-            self.say(f"  no better on validation: learning rates x {a.lr_decay:g}")
+            self.say(f"  no better on validation for {a.lr_decay_after} epoch(s): learning rates x {a.lr_decay:g}")
         if decision.stop:
             self.say(f"  no better on validation for {a.patience} epoch(s) in a row: stopping; the best was epoch {decision.best_epoch}")
         return decision
+
+    def check_overfitting(self) -> None:
+        """Trainer 0, after an epoch's line: warn once a stretch of epochs overfits (loss_check.py)."""
+        history = [(e, r["train_loss"], r["valid"]["logloss"]) for e, r in sorted(self.history.items())
+                   if "valid" in r]
+        stretch = loss_check.overfitting(history)
+        if stretch is None:
+            return
+        first, last = (self.history[e] for e in stretch)
+        self.warn(f"over epochs {stretch[0]}-{stretch[1]} the training loss fell ({first['train_loss']:.4f} -> "
+                  f"{last['train_loss']:.4f}) while the validation log loss rose ({first['valid']['logloss']:.4f} -> "
+                  f"{last['valid']['logloss']:.4f}): the model is overfitting (the best epoch's model is kept); try "
+                  f"--embedding-l2 (e.g. 1e-5), fewer --epochs, or dropping an id-like column (one value per row, "
+                  f"e.g. a row id: kind drop in the schema)")
+
+    def hint_at_the_cap(self, decision: Decision | None, epoch: int) -> None:
+        """Trainer 0: the run reached --epochs while its last epoch was still the best."""
+        a = self.args
+        if not self.chief or decision is None or decision.stop or not decision.improved or epoch != a.epochs:
+            return
+        if len(self.history) < 2 or not any("valid" in r for r in self.history.values()):
+            return          # one epoch, or no validation: nothing says it is still improving
+        self.hints.append(f"still improving at epoch {epoch} (validation {a.monitor} best so far): try --epochs "
+                          f"{2 * a.epochs}")
+        self.say(f"hint: {self.hints[-1]}")
 
     def finish(self, args, schema, trainers: int, servers: int) -> dict | None:
         """Trainer 0, after the last epoch: the best epoch's model, restored from its snapshot,
@@ -214,8 +247,9 @@ class Run:
         if not self.chief or self.best_epoch is None:
             return None
         model = restore(self.best_file)
-        final = evaluate(model, TabularReader(args.test, schema, EVAL_BATCH, skip_bad_lines=args.skip_bad_lines))
-        self.say(f"best epoch {self.best_epoch}: test AUC {final['auc']:.4f}  logloss {final['logloss']:.4f}  "
+        final = evaluate(model, TabularReader(args.test, schema, EVAL_BATCH, skip_bad_lines=args.skip_bad_lines,
+                                              side=getattr(args, "side", None)))
+        self.say(f"best epoch {self.best_epoch}: test AUC {final['auc']:.4f}{gauc_text(final)}  logloss {final['logloss']:.4f}  "
                  f"accuracy {final['accuracy']:.4f} (its model restored from the snapshot)")
         if args.export:
             Path(args.export).parent.mkdir(parents=True, exist_ok=True)
@@ -223,15 +257,30 @@ class Run:
             self.say(f"wrote {args.export}: the best epoch's model (`paramshard predict {args.export} DATA`)")
         return {"model": args.model, "trainers": trainers, "servers": servers, "mode": str(self.env.mode),
                 "settings": {"lr": args.lr, "table_lr": args.table_lr, "batch_size": args.batch_size,
-                             "embedding_l2": args.embedding_l2, **args.architecture},
+                             "embedding_l2": args.embedding_l2, **args.architecture,
+                             "valid_fraction": None if args.valid else args.valid_fraction, "patience": args.patience,
+                             "lr_decay": args.lr_decay, "lr_decay_after": args.lr_decay_after,
+                             "weight": args.weight, "group_by": args.group_by},
                 "epochs": [self.history[e] for e in sorted(self.history)], "best_epoch": self.best_epoch,
-                "best": {k: final[k] for k in ("auc", "logloss", "accuracy", "rows")},
-                "final": {k: final[k] for k in ("auc", "logloss", "accuracy", "rows")},
-                "warnings": self.warnings}
+                "best": {k: final[k] for k in RESULT_KEYS if k in final},
+                "final": {k: final[k] for k in RESULT_KEYS if k in final},
+                "warnings": self.warnings, "hints": self.hints}
 
     def close(self) -> None:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def gauc_text(scores: dict) -> str:
+    """ " GAUC 0.7312" when the figures have one (--group-by), else nothing."""
+    return f" GAUC {scores['gauc']:.4f}" if "gauc" in scores else ""
+
+
+def training_side(args):
+    """The side columns the training reader carries: the weight only (groups are for the metrics)."""
+    from paramshard.data.features.side_columns import SideColumns
+    side = getattr(args, "side", None)
+    return SideColumns(weight=side.weight) if side is not None and side.weight else None
 
 
 def snapshot(trainer, model, path: Path) -> None:
@@ -250,6 +299,11 @@ def restore(path: Path):
 def train(args, say) -> dict | None:
     env = ps.init()
     schema = load_schema(args, env.num_trainers, say)
+    # Past SMALL_TABLE_ROWS every scaled default is the large table's: a big --train is not read through.
+    scaled = table_size.settle(args, count_records(args.train, schema, up_to=table_size.SMALL_TABLE_ROWS)
+                               if getattr(args, "scaled", None) else 0)
+    if scaled:
+        say(scaled)
     elastic.refuse(args, env, schema)
     torch.manual_seed(args.seed)
     model = make_model(args, schema, env.mode.has_servers)
@@ -267,6 +321,7 @@ def train(args, say) -> dict | None:
             print(f"trainer {env.trainer_id} joined the running job at step {trainer.step_count}, epoch {first}"
                   f"{' (its end passed: waiting for trainer 0 decision)' if ended else ''}", flush=True)
         # Exact through rollbacks, --resume and restarts; a run early stopping ended stays ended.
+        decision = epoch = None
         for epoch in trainer.epochs(0 if run.stopped else args.epochs):
             trainer.log(epoch=epoch)
             start = time.perf_counter()
@@ -296,6 +351,7 @@ def train(args, say) -> dict | None:
             run.remember(trainer)           # the next checkpoint (the next epoch's first, or close's) keeps it
             if decision.stop:
                 break
+        run.hint_at_the_cap(decision, epoch)
         out = run.finish(args, schema, env.num_trainers, len(env.servers))
         if out is not None:         # the run directory's result, which `paramshard report` says first
             trainer.log(result=result_record(out))
@@ -313,7 +369,10 @@ def describe_run(args, schema, env, steps: int) -> str:
                 f"about {steps}" if elastic.is_elastic(env) else f"{env.num_trainers} trainer(s), {steps}")
     return (f"{describe(args)}\n{schema.num_dense} dense features and {schema.num_fields} id fields; {trainers} "
             f"steps per trainer per epoch; {len(env.servers)} server(s), {env.mode} mode; {valid}; at most "
-            f"{args.epochs} epochs (patience {args.patience}, monitor {args.monitor})")
+            f"{args.epochs} epochs (patience {args.patience}, learning rates x {args.lr_decay:g} after "
+            f"{args.lr_decay_after} epoch(s) without improvement, monitor {args.monitor})"
+            + (f"; rows weighted by {args.weight!r}" if args.weight else "")
+            + (f"; GAUC by {args.group_by!r}" if args.group_by else ""))
 
 
 def write_json(path, out: dict) -> None:

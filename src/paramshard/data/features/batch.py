@@ -11,6 +11,8 @@ and ``take`` / ``select`` / ``concat`` keep that order, so a model over an
 ordered sequence can read it between a bag's offsets.
 Both shapes go straight into nn.EmbeddingBag / SparseEmbedding. Ids are the
 int64 bit patterns of unsigned 64-bit hashes (negative values are normal).
+``extras``: per-row columns carried beside the features and never fed to the model
+(data/features/side_columns.py: a sample weight, a group key for GAUC), or None.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class TabularBatch:
     num_fields: int
     offsets: np.ndarray | None = None
     weights: np.ndarray | None = None
+    extras: dict | None = None      # {name: array [B]}: side columns (not features)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -47,19 +50,25 @@ class TabularBatch:
         return TabularBatch(labels, dense, ids, f, offsets, weights)
 
     def take(self, start: int, stop: int) -> "TabularBatch":
+        extras = self._extras(slice(start, stop))
         if self.offsets is None:
-            return TabularBatch(self.labels[start:stop], self.dense[start:stop], self.ids[start:stop], self.num_fields)
+            return TabularBatch(self.labels[start:stop], self.dense[start:stop], self.ids[start:stop], self.num_fields,
+                                extras=extras)
         f = self.num_fields
         lo = self.offsets[start * f] if start * f < len(self.offsets) else len(self.ids)
         hi = self.offsets[stop * f] if stop * f < len(self.offsets) else len(self.ids)
         return TabularBatch(self.labels[start:stop], self.dense[start:stop], self.ids[lo:hi], f,
-                            self.offsets[start * f:stop * f] - lo, self.weights[lo:hi])
+                            self.offsets[start * f:stop * f] - lo, self.weights[lo:hi], extras)
 
     def select(self, rows: np.ndarray) -> "TabularBatch":
         """The given rows, in the given order (shuffling)."""
         if self.offsets is None:
-            return TabularBatch(self.labels[rows], self.dense[rows], self.ids[rows], self.num_fields)
+            return TabularBatch(self.labels[rows], self.dense[rows], self.ids[rows], self.num_fields,
+                                extras=self._extras(rows))
         return TabularBatch.concat([self.take(int(r), int(r) + 1) for r in rows])
+
+    def _extras(self, rows) -> dict | None:
+        return None if self.extras is None else {k: v[rows] for k, v in self.extras.items()}
 
     @staticmethod
     def concat(batches) -> "TabularBatch":
@@ -67,13 +76,17 @@ class TabularBatch:
         first = batches[0]
         labels = np.concatenate([b.labels for b in batches])
         dense = np.concatenate([b.dense for b in batches])
+        # Batches of one reader carry the same side columns (or none).
+        extras = None if first.extras is None else {k: np.concatenate([b.extras[k] for b in batches])
+                                                    for k in first.extras}
         if all(b.offsets is None for b in batches):
-            return TabularBatch(labels, dense, np.concatenate([b.ids for b in batches]), first.num_fields)
+            return TabularBatch(labels, dense, np.concatenate([b.ids for b in batches]), first.num_fields,
+                                extras=extras)
         parts = [b._bagged() for b in batches]
         starts = np.cumsum([0] + [len(p.ids) for p in parts[:-1]])
         return TabularBatch(labels, dense, np.concatenate([p.ids for p in parts]), first.num_fields,
                             np.concatenate([p.offsets + s for p, s in zip(parts, starts)]),
-                            np.concatenate([p.weights for p in parts]))
+                            np.concatenate([p.weights for p in parts]), extras)
 
     def _bagged(self) -> "TabularBatch":
         """The same rows in the flat-with-offsets shape."""
@@ -81,13 +94,18 @@ class TabularBatch:
             return self
         n = self.ids.size
         return TabularBatch(self.labels, self.dense, self.ids.reshape(-1), self.num_fields,
-                            np.arange(n, dtype=np.int64), np.ones(n, np.float32))
+                            np.arange(n, dtype=np.int64), np.ones(n, np.float32), self.extras)
 
     def torch(self) -> dict:
-        """The batch as tensors: ``model(b["dense"], b["ids"], b["offsets"], b["weights"])``."""
+        """The batch as tensors: ``model(b["dense"], b["ids"], b["offsets"], b["weights"])``;
+        with a weight side column, ``b["sample_weight"]`` (float32 [B]) too (the group keys are
+        for evaluation only: not here, where they would look like ids to the prefetcher)."""
         import torch
         as_t = torch.from_numpy
-        return {"dense": as_t(np.ascontiguousarray(self.dense)), "ids": as_t(np.ascontiguousarray(self.ids)),
-                "offsets": None if self.offsets is None else as_t(self.offsets),
-                "weights": None if self.weights is None else as_t(self.weights),
-                "labels": as_t(np.ascontiguousarray(self.labels))}
+        out = {"dense": as_t(np.ascontiguousarray(self.dense)), "ids": as_t(np.ascontiguousarray(self.ids)),
+               "offsets": None if self.offsets is None else as_t(self.offsets),
+               "weights": None if self.weights is None else as_t(self.weights),
+               "labels": as_t(np.ascontiguousarray(self.labels))}
+        if self.extras is not None and "weight" in self.extras:
+            out["sample_weight"] = as_t(self.extras["weight"].astype(np.float32))
+        return out

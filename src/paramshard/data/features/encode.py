@@ -17,6 +17,8 @@ the batch (batch.py): a model over ordered sequences can rely on it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -87,16 +89,18 @@ def pre_standardize(column: Column, x: np.ndarray) -> np.ndarray:
 
 
 class Encoder:
-    def __init__(self, schema: Schema, labels: bool = True):
+    def __init__(self, schema: Schema, labels: bool = True, side=None):
         """``labels=False``: the columns hold no label column (data to score, `paramshard
-        predict`); every batch's labels are NaN. Training reads with labels, always checked."""
+        predict`); every batch's labels are NaN. Training reads with labels, always checked.
+        ``side``: a SideColumns (data/features/side_columns.py) whose columns each batch carries
+        as ``extras`` (a sample weight, a group key), never as features."""
         unfitted = schema.unfitted()
         if unfitted:
             from paramshard.errors import ConfigError
             raise ConfigError(f"schema columns {', '.join(unfitted)} need statistics (standardize, bucketize, "
                               f"min_count): run `paramshard schema fit SCHEMA TRAIN_FILES -o FITTED` and read "
                               f"with the fitted schema")
-        self.schema, self.with_labels = schema, labels
+        self.schema, self.with_labels, self.side = schema, labels, side
         self.missing = frozenset(schema.format.missing)
         self._rare = {c.name: c.stats.get("vocabulary") for c in schema.fields if c.kind != "numeric"
                       and c.min_count > 1}
@@ -131,10 +135,13 @@ class Encoder:
                 bags.append(self._categories(c, as_text(raw), miss))
             else:
                 bags.append(self._multi(c, raw, miss))
+        extras = self.side.encode(columns, self.missing, flag) if self.side else None
         good = ~bad
         dense_arr = (np.stack(dense, axis=1)[good] if dense else np.zeros((int(good.sum()), 0))).astype(np.float32)
         batch = TabularBatch.from_bags(labels[good], dense_arr, [[b[i] for i in np.flatnonzero(good)]
                                                                  if isinstance(b, list) else b[good] for b in bags])
+        if extras is not None:
+            batch = dataclasses.replace(batch, extras={k: v[good] for k, v in extras.items()})
         return batch, sorted(reasons.items())
 
     def _labels(self, label: Label, raw, flag) -> np.ndarray:

@@ -19,6 +19,8 @@ Streaming: one chunk of a file is held at a time, plus the shuffle buffer.
   training rows (``part="rest"``) or the validation rows (``part="held"``),
   chosen per record before the shards are dealt (``by="content"``: by a hash of the
   row's fields, which ``read_task`` applies too: DynamicShards jobs);
+- ``side``: columns carried beside the features (data/features/side_columns.py: a sample
+  weight, a group key), read too and handed out as each batch's ``extras``;
 - ``equal_steps``: every shard yields the same number of batches,
   (records // n) // batch_size, counted up front from the files (line counts,
   Parquet metadata; with a holdout, the smallest shard's share of its part),
@@ -54,14 +56,17 @@ class TabularReader:
     def __init__(self, paths, schema: Schema | str | Path, batch_size: int, *, shard: tuple[int, int] | None = None,
                  shuffle: bool = False, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, seed: int = 0,
                  drop_last: bool = False, equal_steps: bool = False, skip_bad_lines: bool = False,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, holdout: Holdout | None = None):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, holdout: Holdout | None = None, side=None):
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size}: must be >= 1")
         if shuffle and shuffle_buffer < 1:
             raise ConfigError(f"shuffle_buffer={shuffle_buffer}: must be >= 1")
         self.paths = as_paths(paths)
         self.schema = schema if isinstance(schema, Schema) else Schema.load(schema)
-        self.encoder = Encoder(self.schema)
+        self.encoder = Encoder(self.schema, side=side)
+        # The schema's columns, then the side columns it does not use (a weight is no feature).
+        used = self.schema.used_columns
+        self.columns_read = used + [n for n in (side.names if side else []) if n not in used]
         self.batch_size = batch_size
         self.shard = _check_shard(shard)
         self.shuffle, self.shuffle_buffer, self.seed = shuffle, shuffle_buffer, seed
@@ -176,7 +181,7 @@ class TabularReader:
         for path in self.paths:
             base = 2 if file_format(path, self.schema.format)[0] == "text" and self.schema.format.header else 1
             last = offset
-            for frame in iter_frames(path, self.schema.format, self.schema.used_columns, self.chunk_bytes):
+            for frame in iter_frames(path, self.schema.format, self.columns_read, self.chunk_bytes):
                 records = frame.lines - base + offset
                 mine = self._mine(records, frame.columns)
                 if len(frame):
@@ -221,7 +226,8 @@ class TabularReader:
         if self.holdout is None or (self.holdout.by == "content" and columns is None):
             return mine
         if self.holdout.by == "content":
-            return mine & self.holdout.rows_mask(columns)
+            # Of the schema's columns only: a side column read too does not move the split.
+            return mine & self.holdout.rows_mask({k: columns[k] for k in self.schema.used_columns})
         return mine & self.holdout.mask(records)
 
     def _bad(self, path, line: int, reason: str) -> None:
@@ -251,10 +257,14 @@ def _check_shard(shard) -> tuple[int, int]:
     return index, count
 
 
-def count_records(paths, schema: Schema) -> int:
-    """Data rows in the files (bad lines included): newlines for text, metadata for Parquet."""
+def count_records(paths, schema: Schema, up_to: int | None = None) -> int:
+    """Data rows in the files (bad lines included): newlines for text, metadata for Parquet.
+    ``up_to``: stop reading once more than that many are counted (a big file is not read
+    through when only "at least N" matters); the result is then some number > up_to."""
     total = 0
     for path in as_paths(paths):
+        if up_to is not None and total > up_to:
+            break
         if file_format(path, schema.format)[0] == "parquet":
             total += open_parquet(path).metadata.num_rows
             continue
@@ -262,6 +272,8 @@ def count_records(paths, schema: Schema) -> int:
         for block in read_blocks(path, 1 << 22):
             lines += block.count(b"\n")
             last = block[-1:]
+            if up_to is not None and total + lines > up_to + 1:
+                break
         lines += last != b"\n"                 # a last line without its newline
         total += lines - (1 if schema.format.header and lines else 0)
     return total

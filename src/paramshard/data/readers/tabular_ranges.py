@@ -21,7 +21,7 @@ def task_batches(reader, task: Task) -> Iterator[tuple[object, int]]:
         yield from _libsvm_rows(reader, task)
         return
     path = reader.paths[task.file]
-    wanted = reader.schema.used_columns
+    wanted = reader.columns_read
     if task.kind == "rows":
         yield from _parquet_rows(reader, path, task, wanted)
         return
@@ -95,7 +95,7 @@ def _held_out(reader, columns: dict, lines: np.ndarray):
     position after a batch still counts every record, kept or not)."""
     if reader.holdout is None:
         return columns, lines
-    keep = reader.holdout.rows_mask(columns)
+    keep = reader.holdout.rows_mask({k: columns[k] for k in reader.schema.used_columns})   # as TabularReader._mine
     return {name: values[keep] for name, values in columns.items()}, lines[keep]
 
 

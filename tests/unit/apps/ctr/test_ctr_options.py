@@ -59,3 +59,14 @@ def test_a_falling_loss_and_a_flat_one():
 def test_the_base_rate_log_loss_is_the_label_entropy():
     assert base_rate_logloss(0.5) == pytest.approx(0.693147, abs=1e-6)
     assert beats_the_base_rate(0.5, 0.25) and not beats_the_base_rate(0.6, 0.25)
+
+
+def test_overfitting_is_two_epochs_of_falling_training_and_rising_validation_loss():
+    from paramshard.apps.ctr.loss_check import overfitting
+    h = [(1, 0.50, 0.40), (2, 0.45, 0.38), (3, 0.40, 0.39)]
+    assert overfitting(h) is None                             # one epoch of it: noise
+    h.append((4, 0.35, 0.41))
+    assert overfitting(h) == (2, 4)                           # named once, when it becomes a trend
+    assert overfitting(h + [(5, 0.30, 0.45)]) is None         # the same stretch is not named again
+    assert overfitting(h[:-1] + [(4, 0.41, 0.41)]) is None    # the training loss rose too: no overfitting
+    assert overfitting([(1, float("nan"), 0.3), (2, 0.4, 0.31), (3, 0.3, 0.32)]) is None   # a NaN breaks it

@@ -46,3 +46,19 @@ def test_decisions_cross_the_wire_as_json_and_bad_ones_are_named():
 def test_bad_settings_are_refused(kw, message):
     with pytest.raises(ConfigError, match=message):
         Selection(**kw)
+
+
+def test_decay_after_n_epochs_decays_every_nth_epoch_without_improvement():
+    """Issue 32: on a small table one noisy validation score decayed the rates for good; with
+    decay_after 2 the rates decay after the second epoch without a gain, then patience stops."""
+    s = Selection("auc", patience=4, decay=0.1, decay_after=2)
+    flat = [0.70, 0.75]
+    decays = [s.decide(flat + [0.74] * k).decay for k in range(1, 5)]
+    assert decays == [False, True, False, False]
+    assert s.decide(flat + [0.74] * 4) == Decision(1, improved=False, decay=False, stop=True)
+    with pytest.raises(ConfigError, match="--lr-decay-after"):
+        Selection(decay_after=0)
+
+
+def test_gauc_is_a_monitor_where_higher_is_better():
+    assert Selection("gauc", patience=1).decide([0.6, 0.62]).best_epoch == 1

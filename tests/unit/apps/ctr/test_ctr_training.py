@@ -117,3 +117,59 @@ def test_counts_the_app_never_makes_are_an_error():
     from paramshard.apps.ctr import elastic
     with pytest.raises(ConfigError, match="differ by at most one"):
         elastic.joined_at(_Joined({"epoch-end": 5, "selection": 2}))
+
+
+# -- issue 32: what a run says about its epochs, and --weight / --group-by against the schema -------
+
+class _Chief:
+    trainer_id, joining, min_trainers, checkpoint_dir = 0, False, None, None
+
+
+def run_with(files, history, *extra):
+    from paramshard.apps.ctr.training import Run
+    said = []
+    run = Run(app_args(files, *extra), _Chief(), said.append)
+    run.history = {e: {"epoch": e, "train_loss": t, "valid": {"logloss": v}} for e, t, v in history}
+    return run, said
+
+
+def test_overfitting_epochs_are_named_once_with_what_to_try(files):
+    run, said = run_with(files, [(1, 0.50, 0.40), (2, 0.40, 0.41)])
+    try:
+        run.check_overfitting()
+        assert said == []                              # one epoch of it is noise
+        run.history[3] = {"epoch": 3, "train_loss": 0.30, "valid": {"logloss": 0.45}}
+        run.check_overfitting()
+        assert len(said) == 1 and said[0].startswith("warning: over epochs 1-3 the training loss fell (0.5000 -> "
+                                                     "0.3000) while the validation log loss rose (0.4000 -> 0.4500)")
+        assert "--embedding-l2" in said[0] and "fewer --epochs" in said[0] and "id-like column" in said[0]
+        assert run.warnings == [said[0][len("warning: "):]]
+    finally:
+        run.close()
+
+
+def test_a_run_that_reaches_the_epoch_cap_still_improving_gets_a_hint(files):
+    from paramshard.apps.ctr.selection import Decision
+    run, said = run_with(files, [(1, 0.5, 0.40), (2, 0.4, 0.39), (3, 0.3, 0.38)], "--epochs", "3")
+    try:
+        run.hint_at_the_cap(Decision(2, improved=False, decay=True, stop=False), 3)      # not the best: no hint
+        run.hint_at_the_cap(Decision(3, improved=True, decay=False, stop=False), 2)      # not the cap
+        assert said == []
+        run.hint_at_the_cap(Decision(3, improved=True, decay=False, stop=False), 3)
+        assert said == ["hint: still improving at epoch 3 (validation auc best so far): try --epochs 6"]
+        assert run.hints and not run.warnings         # advice, not a warning
+    finally:
+        run.close()
+
+
+def test_weight_and_group_columns_are_checked_against_the_schema_and_files(files):
+    schema = load_schema(app_args(files, "--weight", "age", "--group-by", "city"), 1, lambda _: None)
+    assert schema.column("age").kind == "drop" and schema.column("city").kind == "categorical"
+    for extra, message in ((["--weight", "city"], "a categorical column"), (["--weight", "y"], "the label"),
+                           (["--group-by", "zip"], "no such column")):
+        with pytest.raises(ConfigError, match=message):
+            load_schema(app_args(files, *extra), 1, lambda _: None)
+    # A side column the schema drops must still be in every file: named before anything trains.
+    Schema(Label("y"), [Column("age"), Column("city", "categorical"), Column("w", "drop")]).save(files / "s.json")
+    with pytest.raises(ConfigError, match="--train.*lacks the schema's column.*'w'"):
+        load_schema(app_args(files, "--weight", "w"), 1, lambda _: None)
