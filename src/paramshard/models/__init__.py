@@ -11,15 +11,19 @@ import inspect
 
 from paramshard.errors import ConfigError
 from paramshard.specs.model_spec import ATTRIBUTE, make_spec
+from paramshard.models.autoint import AutoInt
 from paramshard.models.dcn import DCN
+from paramshard.models.dcnv2 import DCNv2
 from paramshard.models.deepfm import DeepFM
 from paramshard.models.hashed import HashedEmbeddingBag, hashed_embedding
 from paramshard.models.lr import LogisticRegression
 from paramshard.models.wide_deep import WideDeep
+from paramshard.models.xdeepfm import XDeepFM
 
-MODELS = {"lr": LogisticRegression, "widedeep": WideDeep, "deepfm": DeepFM, "dcn": DCN}
+MODELS = {"lr": LogisticRegression, "widedeep": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dcnv2": DCNv2,
+          "xdeepfm": XDeepFM, "autoint": AutoInt}
 
-__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "MODELS", "build_model", "build_from_spec",
+__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "DCNv2", "XDeepFM", "AutoInt", "MODELS", "build_model", "build_from_spec",
            "hashed_embedding", "HashedEmbeddingBag"]
 
 # How a model trains, not what it computes: left out of the recorded spec.

@@ -1,6 +1,6 @@
 """What each CTR model trains with by default: one place for the library and the CTR app.
 
-Architecture defaults (``dim``, ``hidden``, ``cross_layers``) are the model
+Architecture defaults (``dim``, ``hidden``, ``cross_layers``, ...) are the model
 classes' own keyword defaults, read from their signatures, so
 ``build_model("deepfm", schema)`` and ``python -m paramshard.apps.ctr --model
 deepfm`` build the same network. Training defaults are here:
@@ -32,7 +32,10 @@ import inspect
 
 from paramshard.errors import ConfigError
 
-ARCHITECTURE = ("dim", "hidden", "cross_layers")
+# The app has flags for dim and hidden only; the others are listed so its first line and
+# --json settings say what the model was built with (the class's defaults).
+ARCHITECTURE = ("dim", "hidden", "cross_layers", "rank", "structure", "cin_layers", "split_half",
+                "attention_layers", "heads", "head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +50,10 @@ TRAINING = {
     "widedeep": TrainingDefaults(),
     "deepfm": TrainingDefaults(),
     "dcn": TrainingDefaults(),
+    # The deep models' rates (not tuned per model: the same footing as DeepFM and DCN).
+    "dcnv2": TrainingDefaults(),
+    "xdeepfm": TrainingDefaults(),
+    "autoint": TrainingDefaults(),
 }
 
 
