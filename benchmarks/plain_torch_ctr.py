@@ -179,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--test", nargs="+", required=True)
     p.add_argument("--valid", nargs="+", help="validation files: early stopping and the best epoch kept")
     p.add_argument("--schema", required=True)
-    p.add_argument("--model", default="deepfm", choices=("lr", "widedeep", "deepfm", "dcn"))
+    p.add_argument("--model", default="deepfm",
+                   choices=("lr", "widedeep", "deepfm", "dcn", "dcnv2", "xdeepfm", "autoint"))
     p.add_argument("--epochs", type=int, default=3, help="the most epochs (with --valid) or every epoch")
     p.add_argument("--patience", type=int, default=2, help="epochs without a better validation AUC to stop after")
     p.add_argument("--lr-decay", type=float, default=0.1, help="learning rates x this after an epoch without a gain")

@@ -23,8 +23,8 @@ from paramshard.models.xdeepfm import XDeepFM
 MODELS = {"lr": LogisticRegression, "widedeep": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dcnv2": DCNv2,
           "xdeepfm": XDeepFM, "autoint": AutoInt}
 
-__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "DCNv2", "XDeepFM", "AutoInt", "MODELS", "build_model", "build_from_spec",
-           "hashed_embedding", "HashedEmbeddingBag"]
+__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "DCNv2", "XDeepFM", "AutoInt", "MODELS", "build_model",
+           "build_from_spec", "hashed_embedding", "HashedEmbeddingBag"]
 
 # How a model trains, not what it computes: left out of the recorded spec.
 NOT_ARCHITECTURE = ("schema", "embedding", "table_optimizer", "capacity")

@@ -61,7 +61,8 @@ class AutoInt(FieldModel):
         e = v
         for layer in self.attention:
             e = layer(e)
-        out = self.linear_logit(dense, ids, offsets, weights, batch) + self.attention_head(e.reshape(batch, -1)).squeeze(1)
+        out = self.linear_logit(dense, ids, offsets, weights, batch)
+        out = out + self.attention_head(e.reshape(batch, -1)).squeeze(1)
         if self.mlp is not None:
             out = out + self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)).squeeze(1)
         return out
