@@ -41,7 +41,8 @@ def model_file(path, name, layout, embedding=None):
     dense parameters (the module's initial ones) and tables of random rows for STORED."""
     torch.manual_seed(len(name))
     takes = inspect.signature(MODELS[name]).parameters         # small sizes, for the ones a model takes
-    kw = {k: v for k, v in {"dim": 4, "hidden": (8,)}.items() if k in takes}
+    small = {"dim": 4, "hidden": (8,), "cin_layers": (4, 2)}    # xDeepFM's 2 x 128 maps saturate every score
+    kw = {k: v for k, v in small.items() if k in takes}
     module = build_model(name, SCHEMAS[layout], embedding=embedding, **kw) if embedding else \
         build_model(name, SCHEMAS[layout], **kw)
     dense = {n: p.detach().numpy() + 0.1 for n, p in module.named_parameters()}
