@@ -51,7 +51,9 @@ class CIN(nn.Module):
 class XDeepFM(FieldModel):
     """logit = linear (logistic regression: "wide" table + dense linear) + Linear(CIN(the F
     field embeddings)) + MLP(concat(the same embeddings, dense)) -> 1. CIN and MLP share the
-    "deep" table, as in the paper."""
+    "deep" table, as in the paper. The CIN costs about H_l * H_{l-1} * F * dim multiply-adds per
+    row and layer: with Adult's 14 fields and 2 x 128 maps, an epoch takes ~4.5x DeepFM's CPU
+    time (``cin_layers=(32, 32)`` for a cheaper one)."""
 
     def __init__(self, schema, dim: int = 16, hidden=(400, 400), cin_layers=(128, 128), split_half: bool = True, *,
                  embedding: EmbeddingFactory | None = None, table_optimizer=None, capacity: int = 0,
