@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-MODELS = ("lr", "widedeep", "deepfm", "dcn")
+MODELS = ("lr", "widedeep", "deepfm", "dcn", "dcnv2", "xdeepfm", "autoint")
 SKLEARN = ("LogisticRegression", "HistGradientBoosting")
 LAUNCH = ("--servers", "2", "--trainers", "2", "--mode", "sync")
 TWIN_TOLERANCE = 0.002           # |AUC(paramshard) - AUC(PyTorch twin)| the issue accepts
