@@ -32,6 +32,9 @@ def add_arguments(p):
                        help="drop these columns (comma-separated), e.g. a key that names rows")
     infer.add_argument("--multi", action="append", default=[], metavar="COL:SEP",
                        help="this text column holds several values split by SEP (a bag), e.g. genres:/")
+    infer.add_argument("--sequence", action="append", default=[], metavar="SEQ:CAND",
+                       help="SEQ (a bag column, oldest first) is a behaviour sequence of the category CAND, "
+                            "in CAND's id space (the --model din input), e.g. hist_item_ids:item_id")
     infer.add_argument("--delimiter", metavar="D", help="the file's delimiter (',' ';' '|' 'tab'; default: the "
                                                        "one its header is split by); recorded in the schema")
     infer.add_argument("-o", "--out", metavar="SCHEMA", help="write here (.json or .yaml); default: print it")
@@ -50,7 +53,8 @@ def add_arguments(p):
 def run(args) -> int:
     if args.action == "infer":
         inferred = infer(args.file, label=args.label, sample_rows=args.sample_rows, categorical=args.categorical,
-                         numeric=args.numeric, drop=args.drop, multi=args.multi, delimiter=args.delimiter)
+                         numeric=args.numeric, drop=args.drop, multi=args.multi, delimiter=args.delimiter,
+                         sequence=args.sequence)
         schema = inferred.schema
         # With the schema on stdout, what is said about it goes to stderr.
         say = sys.stdout if args.out else sys.stderr
@@ -106,6 +110,7 @@ def column_lines(schema: Schema) -> list[str]:
             what += ", missing indicator" if c.missing_indicator else ""
         elif c.kind == "multi":
             what += " list per cell (order kept)" if c.list_column else f" split on {c.separator!r}"
+            what += f", sequence of {c.sequence_of}" if c.sequence_of else ""
         if c.stats:
             s = c.stats
             what += (f"  mean {s['mean']:.4g} std {s['std']:.4g}" if "mean" in s

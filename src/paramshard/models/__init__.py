@@ -15,15 +15,16 @@ from paramshard.models.autoint import AutoInt
 from paramshard.models.dcn import DCN
 from paramshard.models.dcnv2 import DCNv2
 from paramshard.models.deepfm import DeepFM
+from paramshard.models.din import DIN
 from paramshard.models.hashed import HashedEmbeddingBag, hashed_embedding
 from paramshard.models.lr import LogisticRegression
 from paramshard.models.wide_deep import WideDeep
 from paramshard.models.xdeepfm import XDeepFM
 
 MODELS = {"lr": LogisticRegression, "widedeep": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dcnv2": DCNv2,
-          "xdeepfm": XDeepFM, "autoint": AutoInt}
+          "xdeepfm": XDeepFM, "autoint": AutoInt, "din": DIN}
 
-__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "DCNv2", "XDeepFM", "AutoInt", "MODELS", "build_model",
+__all__ = ["LogisticRegression", "WideDeep", "DeepFM", "DCN", "DCNv2", "XDeepFM", "AutoInt", "DIN", "MODELS", "build_model",
            "build_from_spec", "hashed_embedding", "HashedEmbeddingBag"]
 
 # How a model trains, not what it computes: left out of the recorded spec.

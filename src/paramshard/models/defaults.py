@@ -35,7 +35,7 @@ from paramshard.errors import ConfigError
 # The app has flags for dim and hidden only; the others are listed so its first line and
 # --json settings say what the model was built with (the class's defaults).
 ARCHITECTURE = ("dim", "hidden", "cross_layers", "rank", "structure", "cin_layers", "split_half",
-                "attention_layers", "heads", "head_dim")
+                "attention_layers", "heads", "head_dim", "attention_hidden", "max_len")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +56,7 @@ TRAINING = {
     "dcnv2": TrainingDefaults(),
     "xdeepfm": TrainingDefaults(),
     "autoint": TrainingDefaults(),
+    "din": TrainingDefaults(),
 }
 
 

@@ -16,6 +16,10 @@ What a reader makes of a row (data/features/encode.py):
   bucketized numeric column one id; ``num_fields`` of them in schema order.
   A bag keeps its values in the order of the cell (``a|b|c``, or a Parquet
   list), so an ordered sequence (a user's behaviour history) stays ordered.
+  A multi column with ``sequence_of: CAND`` is a behaviour sequence of the
+  categorical column CAND: its values are hashed as CAND's are (one id space,
+  one set of table rows), which DIN (models/din.py) compares position by
+  position with CAND's value.
 
 Supported labels (``label_kind``): "binary" only, 0/1 (or -1/+1) numbers or
 two values named in ``label.positive`` / ``label.negative``; a schema without
@@ -54,6 +58,11 @@ class Column:
     # multi only: the file holds a list per cell (a Parquet list column) rather than text the
     # separator splits; its elements are the bag, in the list's order.
     list_column: bool = False
+    # multi only: this column is an ordered behaviour sequence (oldest first) of the named
+    # categorical column, its candidate (``hist_item_ids`` of ``item_id``): its values are hashed
+    # in the candidate's id space, so a value has the same id, and the same rows of every table,
+    # in both columns; DIN attends over it with that column as the query. "" (older files): none.
+    sequence_of: str = ""
     stats: dict | None = None         # written by `paramshard schema fit`
     note: str = ""                    # why infer chose this (for the reader of the file)
 
@@ -80,6 +89,9 @@ class Column:
         if self.list_column and self.kind not in ("multi", "drop"):
             raise ConfigError(f"{where}: list_column: true (a list per cell) is a bag of values: its kind must be "
                               f"multi (or drop)")
+        if self.sequence_of and self.kind not in ("multi", "drop"):
+            raise ConfigError(f"{where}: sequence_of: {self.sequence_of!r} (a behaviour sequence) needs kind multi "
+                              f"(a bag of values in order), got {self.kind!r}")
 
     @property
     def needs_stats(self) -> bool:
@@ -134,10 +146,22 @@ class Schema:
             raise ConfigError(f"schema: the label column {self.label.column!r} is also listed as a feature")
         for c in self.columns:
             c.validate()
+        self._check_sequences()
         if self.format.type not in FORMATS:
             raise ConfigError(f"schema format.type must be one of {', '.join(FORMATS)}, got {self.format.type!r}")
         if not self.fields and not self.dense_names:
             raise ConfigError("schema: no feature columns (every column is dropped)")
+
+    def _check_sequences(self) -> None:
+        by_name = {c.name: c for c in self.columns}
+        for c in self.columns:
+            if not c.sequence_of or c.kind == "drop":
+                continue
+            target = by_name.get(c.sequence_of)
+            if target is None or target.kind != "categorical":
+                got = "no such column" if target is None else f"its kind is {target.kind!r}"
+                raise ConfigError(f"schema column {c.name!r}: sequence_of {c.sequence_of!r} must name a categorical "
+                                  f"column (the candidate its values are compared with), but {got}")
 
     # -- what a batch holds -----------------------------------------------------
     @property
@@ -153,6 +177,13 @@ class Schema:
     def fields(self) -> list[Column]:
         """Columns that give one bag of ids each, in batch order."""
         return [c for c in self.columns if c.kind in ("categorical", "multi") or (c.kind == "numeric" and c.bucketize)]
+
+    @property
+    def sequences(self) -> list[tuple[int, int]]:
+        """(field index of a behaviour sequence, field index of its candidate), per sequence
+        column (``sequence_of``), in schema order: what DIN attends over."""
+        index = {c.name: i for i, c in enumerate(self.fields)}
+        return [(index[c.name], index[c.sequence_of]) for c in self.fields if c.sequence_of]
 
     @property
     def num_dense(self) -> int:

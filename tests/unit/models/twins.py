@@ -1,4 +1,4 @@
-"""Plain-PyTorch twins of paramshard's DCNv2, XDeepFM and AutoInt, written from the papers and
+"""Plain-PyTorch twins of paramshard's DCNv2, XDeepFM, AutoInt and DIN, written from the papers and
 not from paramshard's code: their own parameter layout (a Linear per cross layer, a [H, H', F]
 CIN tensor, W_Q/W_K/W_V/W_Res per layer, heads in a loop), their own lookups. ``copy_from``
 copies a paramshard model's weights in (the same init), naming each pairing, so equal outputs
@@ -186,6 +186,68 @@ class TwinAutoInt(Twin):
         return out
 
 
+class TwinDIN(Twin):
+    """Row by row: the sequence's last max_len ids, each looked up alone; per position
+    a = Linear(PReLU(...Linear([e_s, e_c, e_s - e_c, e_s * e_c]))) (no softmax); the sequence's
+    vector sum_p a_p e_p replaces its field; MLP with PReLU over [fields, dense]."""
+
+    def __init__(self, wide, deep, num_dense, num_fields, dim, hidden, attention_hidden, pairs, max_len):
+        super().__init__(wide, deep, num_dense, num_fields, num_fields * dim + num_dense, hidden, final=True)
+        self.pairs, self.max_len = pairs, max_len
+        self.tower_act = nn.ModuleList(nn.PReLU() for _ in hidden)
+        self.unit = nn.ModuleList()
+        for _ in pairs:
+            widths = [4 * dim] + list(attention_hidden) + [1]
+            self.unit.append(nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:])))
+        self.unit_act = nn.ModuleList(nn.ModuleList(nn.PReLU() for _ in attention_hidden) for _ in pairs)
+
+    @torch.no_grad()
+    def copy_from(self, model):
+        self.copy_common(model)
+        for mine, theirs in zip(self.tower_act, [m for m in model.mlp if isinstance(m, nn.PReLU)], strict=True):
+            mine.weight.copy_(theirs.weight)
+        for k, unit in enumerate(model.attention):
+            linears = [m for m in unit.mlp if isinstance(m, nn.Linear)]
+            for mine, theirs in zip(self.unit[k], linears, strict=True):
+                mine.weight.copy_(theirs.weight)
+                mine.bias.copy_(theirs.bias)
+            for mine, theirs in zip(self.unit_act[k], [m for m in unit.mlp if isinstance(m, nn.PReLU)], strict=True):
+                mine.weight.copy_(theirs.weight)
+        return self
+
+    def bag_ids(self, ids, offsets, row, field):
+        if offsets is None:
+            return ids[row, field:field + 1]
+        k = row * self.num_fields + field
+        end = offsets[k + 1] if k + 1 < len(offsets) else len(ids)
+        return ids[offsets[k]:end]
+
+    def attend(self, k, seq_ids, cand):
+        seq_ids = seq_ids[-self.max_len:]                               # the most recent
+        e = self.deep(seq_ids.reshape(-1, 1))                          # [L, dim], one lookup per id
+        x = torch.cat([e, cand.expand_as(e), e - cand, e * cand], dim=1)
+        for i, layer in enumerate(self.unit[k]):
+            x = layer(x)
+            if i < len(self.unit_act[k]):
+                x = self.unit_act[k][i](x)
+        return (x * e).sum(dim=0)                                       # weights as they are: no softmax
+
+    def forward(self, dense, ids, offsets=None, weights=None):
+        v = self.fields(self.deep, ids, offsets, weights)              # [B, F, dim]
+        rows = []
+        for b in range(v.shape[0]):
+            parts = list(v[b])
+            for k, (s, c) in enumerate(self.pairs):
+                parts[s] = self.attend(k, self.bag_ids(ids, offsets, b, s), v[b, c])
+            rows.append(torch.cat(parts))
+        x = torch.cat([torch.stack(rows), dense], dim=1)
+        for i, layer in enumerate(self.tower):
+            x = layer(x)
+            if i < len(self.tower_act):
+                x = self.tower_act[i](x)
+        return self.linear(dense, ids, offsets, weights) + x[:, 0]
+
+
 def twin_of(model):
     """The twin of a paramshard model, with copies of its tables and its weights copied in."""
     name = type(model).__name__
@@ -196,6 +258,8 @@ def twin_of(model):
         twin = TwinXDeepFM(*common, model.hidden, model.cin.layers, model.cin.split_half)
     elif name == "AutoInt":
         twin = TwinAutoInt(*common, model.hidden, model.attention_layers, model.heads, model.head_dim)
+    elif name == "DIN":
+        twin = TwinDIN(*common, model.hidden, model.attention_hidden, model.pairs, model.max_len)
     else:
         raise ValueError(f"no twin for {name}")
     return twin.copy_from(model)

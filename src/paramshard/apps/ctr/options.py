@@ -55,6 +55,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="rows per step per trainer (default: the model's, 256)")
     p.add_argument("--dim", type=int, help="embedding width (default: the model class's)")
     p.add_argument("--hidden", help="MLP widths, comma-separated (default: the model class's)")
+    p.add_argument("--max-len", type=int, help="din only: positions of a behaviour sequence kept, the most recent "
+                                               "(default: the model class's, 50)")
     p.add_argument("--lr", type=float, help="Adam learning rate of the dense parameters (default: the model's)")
     p.add_argument("--table-lr", type=float, help="Adagrad learning rate of the table rows (default: the model's)")
     p.add_argument("--buckets", type=int, default=1 << 16,
@@ -84,6 +86,9 @@ def resolve(args) -> argparse.Namespace:
     for name in ("dim", "hidden"):
         if getattr(args, name) is not None and name not in arch:
             raise ConfigError(f"--{name}: the {args.model} model has no {name} (it has no embeddings or MLP)")
+    if args.max_len is not None and ("max_len" not in arch or args.max_len < 1):
+        raise ConfigError(f"--max-len {args.max_len}: " + ("must be >= 1" if "max_len" in arch else
+                                                           f"only DIN has a sequence to cut (not {args.model})"))
     if args.hidden is not None:
         try:
             args.hidden = tuple(int(h) for h in args.hidden.split(",") if h.strip())

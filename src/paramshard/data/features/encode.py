@@ -13,7 +13,10 @@ id. Multi-valued cells are split on the separator (a Parquet list cell is
 its elements) into a bag whose ids each weigh 1/len(bag), so a bag's
 embedding is the mean of its values'. A bag keeps the cell's order
 (``c|a|b`` gives the ids of c, a, b in that order, repeats kept), and so does
-the batch (batch.py): a model over ordered sequences can rely on it.
+the batch (batch.py): a model over ordered sequences can rely on it. A
+behaviour sequence (``sequence_of: CAND``) hashes its values as CAND's
+(``feature_id(CAND, value)``), so both columns read the same table rows;
+its missing cell keeps its own id ("no history").
 """
 from __future__ import annotations
 
@@ -202,7 +205,11 @@ class Encoder:
                 tokens = [t if t in vocab or t == MISSING_TOKEN else RARE_TOKEN for t in tokens]
             bags.append(tokens)
         flat = np.array([t for b in bags for t in b], dtype=object)
-        ids = feature_ids(c.name, flat) if len(flat) else np.empty(0, np.int64)
+        # A behaviour sequence's values are hashed in its candidate's id space (the same item,
+        # the same id and table rows); its "no history" stays its own id, not the candidate's missing.
+        ids = feature_ids(c.sequence_of or c.name, flat) if len(flat) else np.empty(0, np.int64)
+        if c.sequence_of and len(flat):
+            ids[flat == MISSING_TOKEN] = feature_id(c.name, MISSING_TOKEN)
         cut = np.cumsum([len(b) for b in bags])[:-1]
         return np.split(ids, cut) if bags else []
 

@@ -24,6 +24,8 @@ and edit the file:
   dropped, with the reason and how to keep it in its note; a category kept
   with distinct values for most rows is warned about (``Inferred.warnings``);
   ``drop=`` (``--drop``) drops the columns named;
+- ``sequence=`` (``--sequence SEQ:CAND``) makes SEQ a behaviour sequence of
+  the categorical CAND (one id space; DIN's input): sequences.py;
 - the delimiter of a text file: ``delimiter=`` (``--delimiter``), else the
   header decides (frames.sniff_delimiter); it is recorded in the schema
   (``format.by_suffix: false``) so every later command reads the file alike;
@@ -51,6 +53,7 @@ from paramshard.data.readers.frames import (delimiter_hint, file_format, iter_fr
 from paramshard.data.features.id_columns import (id_name, id_values, memorised, row_id_reason, skewness, with_doubt,
                                                  without_doubt)
 from paramshard.data.features.names import did_you_mean
+from paramshard.data.features.sequences import apply_sequences, sequence_items
 from paramshard.specs.schema import DEFAULT_MISSING, Column, Format, Label, Schema
 
 SAMPLE_ROWS = 20000
@@ -121,18 +124,20 @@ def _is_number(v: str) -> bool:
 
 
 def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS,
-                 categorical=(), numeric=(), drop=(), multi=(), delimiter: str | None = None) -> Schema:
+                 categorical=(), numeric=(), drop=(), multi=(), delimiter: str | None = None,
+                 sequence=()) -> Schema:
     """A schema for the file at ``path`` from its first ``sample_rows`` rows (``infer`` has the
     arguments; this is its schema alone)."""
-    return infer(path, label, sample_rows, categorical, numeric, drop, multi, delimiter).schema
+    return infer(path, label, sample_rows, categorical, numeric, drop, multi, delimiter, sequence).schema
 
 
 def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, categorical=(), numeric=(), drop=(),
-          multi=(), delimiter: str | None = None) -> Inferred:
+          multi=(), delimiter: str | None = None, sequence=()) -> Inferred:
     """The schema and the warnings for the file at ``path`` from its first ``sample_rows`` rows.
     The columns named in ``categorical`` / ``numeric`` get that kind whatever the guess, those in
     ``drop`` are dropped, ``multi`` ("COL:SEP" items) are split on SEP; ``delimiter`` overrides
-    the sniffed one."""
+    the sniffed one; ``sequence`` ("SEQ:CAND" items) marks behaviour sequences (sequences.py)."""
+    pairs = sequence_items(sequence)
     path = as_paths(path)[0]
     fmt = sniff_format(path, delimiter)
     names = _names(path, fmt)
@@ -157,6 +162,8 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
     missing = frozenset(fmt.missing)
     warnings: list[str] = []
     out = [_inferred(n, sample[n], missing, forced.get(n), warnings) for n in names if n != label]
+    if pairs:
+        out = apply_sequences(out, pairs, names, label, forced)
     try:
         target = _label(path, label, sample[label], missing)
     except ConfigError as exc:
