@@ -53,7 +53,7 @@ def separable(num_dense, batches=6, batch=32):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_trains_with_sparse_embedding_in_process(local_server, name):
     kw = {} if name == "lr" else {"dim": 4, "hidden": (16,)}
-    model = build_model(name, types.SimpleNamespace(num_dense=2, num_fields=F), capacity=64,
+    model = build_model(name, types.SimpleNamespace(num_dense=2, num_fields=F, sequences=[(1, 0)]), capacity=64,
                         table_optimizer=ps.optim.Adagrad(lr=0.2), prefix="ctr_", **kw)
     tables = tables_of(model)
     assert set(tables) == ({"ctr_wide"} if name == "lr" else {"ctr_wide", "ctr_deep"})

@@ -22,7 +22,10 @@ KW = {"lr": {}, "widedeep": {"dim": DIM, "hidden": HIDDEN}, "deepfm": {"dim": DI
       "dcn": {"dim": DIM, "hidden": HIDDEN, "cross_layers": CROSS},
       "dcnv2": {"dim": DIM, "hidden": HIDDEN, "cross_layers": CROSS, "rank": 2},
       "xdeepfm": {"dim": DIM, "hidden": HIDDEN, "cin_layers": (4, 3)},
-      "autoint": {"dim": DIM, "hidden": HIDDEN, "attention_layers": 2, "heads": 2, "head_dim": 3}}
+      "autoint": {"dim": DIM, "hidden": HIDDEN, "attention_layers": 2, "heads": 2, "head_dim": 3},
+      "din": {"dim": DIM, "hidden": HIDDEN, "attention_hidden": (3,), "max_len": 3}}
+# DIN's behaviour sequence (field 1, candidate field 0); the other models do not read it.
+SEQUENCES = [(1, 0)]
 # The models whose reference is below; the newer ones' (plain-PyTorch modules): twins.py.
 REFERENCED = ("lr", "widedeep", "deepfm", "dcn")
 
@@ -44,7 +47,7 @@ class Mapped(nn.Module):
 
 def make(name, num_dense):
     torch.manual_seed(0)
-    model = build_model(name, types.SimpleNamespace(num_dense=num_dense, num_fields=F),
+    model = build_model(name, types.SimpleNamespace(num_dense=num_dense, num_fields=F, sequences=SEQUENCES),
                         embedding=lambda table, dim: Mapped(dim), **KW[name])
     with torch.no_grad():     # nonzero biases, so a dropped bias shows
         for p in model.parameters():
@@ -169,7 +172,7 @@ def test_build_model_by_name_and_unknown_names():
         assert type(model) is cls and (model.num_dense, model.num_fields) == (2, 3)
         assert "num_dense=2, num_fields=3" in repr(model)
     assert build_model("dcn", schema, embedding=emb, dim=3).deep.embedding_dim == 3
-    with pytest.raises(ConfigError, match="unknown model 'fm'.*autoint, dcn, dcnv2, deepfm, lr, widedeep, xdeepfm"):
+    with pytest.raises(ConfigError, match="unknown model 'fm'.*autoint, dcn, dcnv2, deepfm, din, lr, widedeep, xdeepfm"):
         build_model("fm", schema)
 
 
