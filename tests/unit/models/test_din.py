@@ -11,6 +11,7 @@ import torch.nn as nn
 from paramshard.errors import ConfigError
 from paramshard.models import build_from_spec, build_model, hashed_embedding
 from paramshard.models.din import positions
+from paramshard.trainer.sparse_embedding import input_key
 
 from tests.unit.models.twins import twin_of
 
@@ -135,4 +136,42 @@ def test_the_spec_rebuilds_the_same_network_from_the_schema():
     assert spec["schema"]["columns"][2]["sequence_of"] == "item_id"
     again = build_from_spec(spec)
     assert again.pairs == [(1, 0)] and again.max_len == 5
-    assert [p.shape for p in again.parameters()] == [p.shape for p in model.parameters()]
+    again.load_state_dict(model.state_dict())           # collective mode's tables: dense, in the state
+    # Rows (item, history of 3) and (item, history of 7): 64-bit ids, some negative.
+    ids = torch.arange(1, 13) * -0x61C8864680B583EB
+    dense, offsets, weights = torch.randn(2, 1), torch.tensor([0, 1, 4, 5]), torch.ones(12)
+    want = model(dense, ids, offsets, weights)
+    assert torch.isfinite(want).all() and want.std() > 0
+    torch.testing.assert_close(again(dense, ids, offsets, weights), want, rtol=0, atol=0)
+
+
+class Recorder(nn.EmbeddingBag):
+    """Records the memory each call's ids live in (what the prefetcher matches)."""
+
+    def __init__(self, dim):
+        super().__init__(V, dim, mode="sum")
+        self.keys = []
+
+    def forward(self, ids, offsets=None, per_sample_weights=None):
+        self.keys.append(input_key(ids))
+        return super().forward(ids, offsets, per_sample_weights=per_sample_weights)
+
+
+def test_each_table_is_looked_up_once_with_the_batchs_own_ids():
+    schema = types.SimpleNamespace(num_dense=3, num_fields=F, sequences=[(SEQ, CAND)])
+    model = build_model("din", schema, dim=DIM, embedding=lambda table, dim: Recorder(dim))
+    inputs = bags(np.random.default_rng(4), sizes_of(np.random.default_rng(4)))
+    model(*inputs)
+    assert model.wide.keys == model.deep.keys == [input_key(inputs[1])]
+
+
+def test_the_app_takes_max_len_for_din_only():
+    from paramshard.apps.ctr.options import parser, resolve
+    common = ["--train", "t", "--test", "s", "--schema", "x"]
+    a = resolve(parser("ctr").parse_args(common + ["--model", "din", "--max-len", "20"]))
+    assert a.architecture == {"dim": 16, "hidden": (200, 80), "attention_hidden": (36,), "max_len": 20}
+    assert resolve(parser("ctr").parse_args(common + ["--model", "din"])).architecture["max_len"] == 50
+    with pytest.raises(ConfigError, match="only DIN has a sequence to cut"):
+        resolve(parser("ctr").parse_args(common + ["--model", "deepfm", "--max-len", "20"]))
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        resolve(parser("ctr").parse_args(common + ["--model", "din", "--max-len", "0"]))
