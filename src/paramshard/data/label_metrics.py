@@ -54,6 +54,10 @@ class MultiTaskMetrics:
         self.names = list(names)
         self.per_task = [BinaryMetrics() for _ in self.names]
 
+    @property
+    def rows(self) -> int:
+        return self.per_task[0].rows
+
     def update(self, labels, probs, weights=None, groups=None) -> None:
         y = np.asarray(labels).reshape(-1, len(self.names))
         p = np.asarray(probs, np.float64).reshape(-1, len(self.names))
@@ -65,7 +69,7 @@ class MultiTaskMetrics:
         out = {key: float(np.mean([t[key] for t in tasks.values()])) for key in ("auc", "logloss", "accuracy")}
         if all("gauc" in t for t in tasks.values()):
             out["gauc"] = float(np.mean([t["gauc"] for t in tasks.values()]))
-        out["rows"] = self.per_task[0].rows
+        out["rows"] = self.rows
         out["tasks"] = tasks
         return out
 
