@@ -101,7 +101,8 @@ class FieldModel(nn.Module):
         if self.tasks > 1 and not self.multi_task:
             raise ConfigError(f"{type(self).__name__} has no multi-task head (labels "
                               f"{', '.join(self.label_head.names)}): choose a model that has one "
-                              f"(lr, widedeep, deepfm, dcn), or train one label at a time")
+                              f"(its class sets multi_task = True once its last layers give self.tasks outputs), "
+                              f"or train one label at a time")
         # The factory is not kept: a lambda attribute would make the model unpicklable (torch.save).
         factory = embedding or default_embedding(table_optimizer, capacity)
         # One weight per feature id (per task): logistic regression.
@@ -140,6 +141,11 @@ class FieldModel(nn.Module):
         if self.tasks == 1:
             return wide.sum(dim=(1, 2)) + self.dense_wide(dense).squeeze(1)
         return wide.sum(dim=1) + self.dense_wide(dense)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """A last layer's [B, tasks] output as the model returns it: [B] for one task, else as it
+        is (a squeeze of [B, T] would be a no-op in torch but a failing Squeeze node in ONNX)."""
+        return out.squeeze(1) if self.tasks == 1 else out
 
     def per_task(self, term):
         """A term of one value per row ([B]: an FM interaction) added to each of T logits."""

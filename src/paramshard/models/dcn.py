@@ -39,7 +39,7 @@ class DCN(FieldModel):
         x = x0
         for w, b in zip(self.cross_w, self.cross_b):
             x = x0 * (x @ w).unsqueeze(1) + b + x
-        out = self.head(torch.cat([x, self.mlp(x0)], dim=1)).squeeze(1)
+        out = self.logits(self.head(torch.cat([x, self.mlp(x0)], dim=1)))
         return self.linear_logit(dense, ids, offsets, weights, batch) + out
 
     def extra_repr(self) -> str:

@@ -27,7 +27,7 @@ class WideDeep(FieldModel):
                 weights: torch.Tensor | None = None) -> torch.Tensor:
         batch = self.check(dense, ids, offsets, weights)
         v = self.embed(ids, offsets, weights, batch)                               # [B, F, dim]
-        deep = self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)).squeeze(1)     # [B] ([B, T])
+        deep = self.logits(self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)))     # [B] ([B, T])
         return self.linear_logit(dense, ids, offsets, weights, batch) + deep + self.per_task(self.interaction(v))
 
     def interaction(self, v: torch.Tensor):

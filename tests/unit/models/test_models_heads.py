@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from paramshard.errors import ConfigError
-from paramshard.models import build_model
+from paramshard.models import MODELS, build_model
 from paramshard.models.heads import LabelHead, head_of
 from paramshard.specs.schema import Column, Label, Schema
 
@@ -69,7 +69,7 @@ def test_deepfm_multitask_logits_are_T_heads_over_the_shared_body_by_hand():
             torch.testing.assert_close(logits[:, t], by_hand, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["lr", "widedeep", "deepfm", "dcn"])
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_each_task_is_a_single_task_model_with_that_tasks_head(name):
     multi = make(name, "multitask")
     dense, ids = batch()
