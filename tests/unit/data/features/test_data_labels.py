@@ -134,3 +134,12 @@ def test_a_label_guessed_from_its_name_says_so_when_refused(tmp_path):
                                           r"guess from its name: pass --label COLUMN"):
         infer_schema(tmp_path / "c.csv")
     assert infer_schema(tmp_path / "c.csv", label="recommended").column("class").kind == "categorical"
+
+
+def test_the_cli_takes_label_kind_and_shows_the_labels(tmp_path, capsys):
+    from paramshard.cli.main import main as cli_main
+    path = write(tmp_path, np.arange(N) % 6)
+    assert cli_main(["schema", "infer", str(path), "--label-kind", "regression", "-o", str(tmp_path / "s.json")]) == 0
+    assert "wrote" in capsys.readouterr().out and Schema.load(tmp_path / "s.json").label_kind == "regression"
+    assert cli_main(["schema", "fit", str(tmp_path / "s.json"), str(path), "-o", str(tmp_path / "f.json")]) == 0
+    assert f"label y (regression: mean 2.5 std {np.std(np.arange(N) % 6):.4g})" in capsys.readouterr().out
