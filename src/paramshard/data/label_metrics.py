@@ -66,7 +66,7 @@ class MultiTaskMetrics:
 
     def result(self) -> dict:
         tasks = {name: m.result() for name, m in zip(self.names, self.per_task)}
-        out = {key: float(np.mean([t[key] for t in tasks.values()])) for key in ("auc", "logloss", "accuracy")}
+        out: dict = {key: float(np.mean([t[key] for t in tasks.values()])) for key in ("auc", "logloss", "accuracy")}
         if all("gauc" in t for t in tasks.values()):
             out["gauc"] = float(np.mean([t["gauc"] for t in tasks.values()]))
         out["rows"] = self.rows

@@ -13,7 +13,7 @@ SHOWN = ("auc", "gauc", "logloss", "accuracy", "rmse", "mse", "mae", "rows")
 def _metrics(scores: dict | None) -> dict | None:
     if not isinstance(scores, dict):
         return None
-    out = {}
+    out: dict = {}
     for name in SHOWN:
         value = scores.get(name)
         if isinstance(value, (int, float)):
