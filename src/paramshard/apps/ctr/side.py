@@ -22,7 +22,8 @@ def check(schema: Schema, side) -> None:
         if name is None:
             continue
         if name in schema.label_names:
-            raise ConfigError(f"{flag} {name!r}: that is a label column")
+            raise ConfigError(f"{flag} {name!r}: that is the label column"
+                              + ("" if len(schema.label_names) == 1 else " (one of the multi-task labels)"))
         if name not in names:
             raise ConfigError(f"{flag} {name!r}: the schema has no such column (its columns: "
                               f"{', '.join(names)}); add it to the schema (kind: drop if it is no feature)")
