@@ -196,6 +196,10 @@ class Run:
                 self.warn(f"validation log loss {scores['logloss']:.4f} after epoch {epoch} is no better than always "
                           f"predicting the positive rate ({loss_check.base_rate_logloss(scores['positive_rate']):.4f}): "
                           f"check the learning rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
+            if not self.history and "rmse" in scores and not scores["rmse"] < scores["label_std"]:
+                self.warn(f"validation RMSE {scores['rmse']:.4f} after epoch {epoch} is no better than always "
+                          f"predicting the mean (the label's std, {scores['label_std']:.4f}): check the learning "
+                          f"rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
         record.update(evaluate(model, test))
         self.history[epoch] = record
         keys = ("rmse", "mae") if "rmse" in record else ("auc", "logloss")
