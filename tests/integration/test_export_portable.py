@@ -175,3 +175,56 @@ def test_what_cannot_be_exported_is_named(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"--format onnx needs the onnx packages .*paramshard\[onnx\]"):
         export_portable(path, tmp_path / "x.onnx", "onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "own.pt"]
+
+
+# Labels beyond binary (issue 32; models/heads.py): a regression's value in the label's units [B], a
+# multi-task model's probabilities [B, T]. Scored by the model loaded from the file, as predict does.
+LABEL_SCHEMAS = {
+    "regression": Schema(Label("y", stats={"mean": 20.0, "std": 3.0, "count": 9}), FIELDS, label_kind="regression"),
+    "multitask": Schema(Label("y"), FIELDS, label_kind="multitask", labels=[Label("y"), Label("buy")])}
+
+
+def label_model_file(path, kind):
+    SCHEMAS[kind] = LABEL_SCHEMAS[kind]          # model_file builds on SCHEMAS[layout]
+    try:
+        return model_file(path, "deepfm", kind)
+    finally:
+        del SCHEMAS[kind]
+
+
+def head_scores(path, inputs):
+    from paramshard.models.heads import head_of
+    model = ps.load_model(path).eval()
+    with torch.no_grad():
+        return head_of(model).scores(model(*inputs)).numpy()
+
+
+@pytest.mark.parametrize("kind", sorted(LABEL_SCHEMAS))
+def test_regression_and_multitask_models_export_their_scores(tmp_path, kind, capsys):
+    path = label_model_file(tmp_path / "m.pt", kind)
+    assert cli_main(["export-model", str(path), "--format", "torchscript", "--out", str(tmp_path / "m.ts")]) == 0
+    said = capsys.readouterr().out
+    inputs = batch("fields")
+    expected = head_scores(path, inputs)
+    got = torch.jit.load(str(tmp_path / "m.ts"))(*inputs).numpy()
+    if kind == "regression":
+        assert "output score float32 [B] (the predicted value, in the label's units)" in said
+        assert got.shape == expected.shape == (ROWS,) and np.abs(got - expected).max() <= 20 * TOLERANCE
+        assert expected.min() < 0 or expected.max() > 1                    # a value, no sigmoid
+    else:
+        assert "output score float32 [B, 2] (the probability of each label, columns in this order: y, buy)" in said
+        assert got.shape == expected.shape == (ROWS, 2) and np.abs(got - expected).max() <= TOLERANCE
+        assert np.abs(expected[:, 0] - expected[:, 1]).max() > 1e-3        # two heads, not one copied
+
+
+def test_a_multitask_model_exports_to_onnx_with_one_column_per_label(tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="--format onnx is scored with onnxruntime: "
+                                                    "pip install 'paramshard[onnx]'")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pip install 'paramshard[onnx]'")
+    path = label_model_file(tmp_path / "m.pt", "multitask")
+    export_portable(path, tmp_path / "m.onnx", "onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    inputs = batch("fields")
+    got = session.run(["score"], {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)})[0]
+    expected = head_scores(path, inputs)
+    assert got.shape == (ROWS, 2) and np.abs(got - expected).max() <= TOLERANCE

@@ -36,7 +36,10 @@ def describe_written(model: dict, out) -> str:
 
 def describe_portable(about: dict, fmt: str, out) -> str:
     shapes = ", ".join(f"{i['name']} {i['dtype']} [{', '.join(map(str, i['shape']))}]" for i in about["inputs"])
-    return f"wrote {out} ({fmt}): model {about['model']} at step {about['step']}; inputs {shapes}; output score float32 [B]"
+    score = about["outputs"][0]
+    return (f"wrote {out} ({fmt}): model {about['model']} at step {about['step']}; inputs {shapes}; output score "
+            f"float32 [{', '.join(map(str, score['shape']))}] ({score.get('meaning', 'the probability')}"
+            f"{': ' + ', '.join(score['labels']) if len(score.get('labels', ())) > 1 else ''})")
 
 
 def run(args) -> int:

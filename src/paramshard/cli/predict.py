@@ -32,7 +32,12 @@ def run(args) -> int:
     say = sys.stderr if args.out is None else sys.stdout
     where = f" to {args.out}" if args.out else ""
     line = f"scored {result['rows']:,} rows{where}"
-    if result["labels"]:
-        line += f": AUC {result['auc']:.4f}, logloss {result['logloss']:.4f}, accuracy {result['accuracy']:.4f}"
+    if result["labels"] and "rmse" in result:          # a regression model
+        line += f": RMSE {result['rmse']:.4f}, MSE {result['mse']:.4f}, MAE {result['mae']:.4f}"
+    elif result["labels"]:
+        line += (f": {'mean ' if 'tasks' in result else ''}AUC {result['auc']:.4f}, logloss {result['logloss']:.4f}, "
+                 f"accuracy {result['accuracy']:.4f}")
+        if "tasks" in result:
+            line += " (" + ", ".join(f"{name} AUC {t['auc']:.4f}" for name, t in result["tasks"].items()) + ")"
     print(line, file=say)
     return 0

@@ -20,7 +20,12 @@ def add_arguments(p):
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     infer = sub.add_parser("infer", help="write a first schema by looking at the first rows of FILE")
     infer.add_argument("file", metavar="FILE")
-    infer.add_argument("--label", metavar="COL", help="the label column (default: one named like a label)")
+    infer.add_argument("--label", metavar="COL", help="the label column (default: one named like a label); several "
+                                                   "binary labels, comma-separated (click,buy), train one head each "
+                                                   "(multi-task)")
+    infer.add_argument("--label-kind", choices=("binary", "regression"),
+                       help="the label's kind when the guess is wrong (default: binary for two values, regression "
+                            "for real numbers; a 0..5 rating needs --label-kind regression)")
     infer.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, metavar="N",
                        help=f"rows to look at (default {SAMPLE_ROWS})")
     infer.add_argument("--categorical", action="append", default=[], metavar="COLS",
@@ -54,7 +59,7 @@ def run(args) -> int:
     if args.action == "infer":
         inferred = infer(args.file, label=args.label, sample_rows=args.sample_rows, categorical=args.categorical,
                          numeric=args.numeric, drop=args.drop, multi=args.multi, delimiter=args.delimiter,
-                         sequence=args.sequence)
+                         sequence=args.sequence, label_kind=args.label_kind)
         schema = inferred.schema
         # With the schema on stdout, what is said about it goes to stderr.
         say = sys.stdout if args.out else sys.stderr
@@ -94,10 +99,15 @@ def run(args) -> int:
 
 
 def describe(schema: Schema) -> str:
-    label = schema.label
-    target = f"{label.column} ({'/'.join(label.positive)} = 1)" if label.positive else label.column
+    targets = [f"{label.column} ({'/'.join(label.positive)} = 1)" if label.positive else label.column
+               for label in schema.tasks]
+    stats = schema.label.stats
+    target = (f"labels {', '.join(targets)} (multi-task: one binary head each)" if schema.label_kind == "multitask"
+              else f"label {targets[0]}" + (" (regression" + (f": mean {stats['mean']:.4g} std {stats['std']:.4g}"
+                                                              if stats else "") + ")"
+                                            if schema.label_kind == "regression" else ""))
     dropped = [c.name for c in schema.columns if c.kind == "drop"]
-    return (f"label {target}, {schema.num_dense} dense features, {schema.num_fields} id fields"
+    return (f"{target}, {schema.num_dense} dense features, {schema.num_fields} id fields"
             + (f", dropped {', '.join(dropped)}" if dropped else ""))
 
 

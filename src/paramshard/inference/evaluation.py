@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramshard.data.metrics import BinaryMetrics
+from paramshard.data.label_metrics import metrics_for
 from paramshard.errors import ConfigError
+from paramshard.models.heads import head_of
 
 
 def default_forward(model, batch) -> torch.Tensor:
@@ -32,19 +33,23 @@ def default_forward(model, batch) -> torch.Tensor:
 
 
 def _probabilities(model, batches, forward):
+    """(batch, scores): models/heads.py turns the outputs into scores (probabilities, or a
+    regression's predicted values in the label's units; [B, T] for T multi-task labels)."""
     forward = forward or default_forward
+    head = head_of(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for batch in batches:
-                yield batch, torch.sigmoid(forward(model, batch).reshape(-1)).double().numpy()
+                yield batch, head.scores(forward(model, batch)).double().numpy()
     finally:
         model.train(was_training)
 
 
 def predict(model, batches, forward=None) -> np.ndarray:
-    """Probabilities (sigmoid of the model's logits) for every row, in order."""
+    """Scores for every row, in order: probabilities (sigmoid of the model's logits), [N, T] for
+    a multi-task model; a regression model's predicted values (models/heads.py)."""
     parts = [p for _, p in _probabilities(model, batches, forward)]
     return np.concatenate(parts) if parts else np.empty(0)
 
@@ -52,8 +57,11 @@ def predict(model, batches, forward=None) -> np.ndarray:
 def evaluate(model, batches, forward=None, labels=None) -> dict:
     """{"auc", "logloss", "accuracy", "rows", "positive_rate"} over every batch; AUC is exact (ties count half).
     Batches that carry side columns (TabularBatch.extras: a reader's ``side=``) are weighted by
-    their "weight" and add "gauc" and "groups" by their "group" (data/metrics.py)."""
-    metrics = BinaryMetrics()
+    their "weight" and add "gauc" and "groups" by their "group" (data/metrics.py).
+    A regression model: {"mse", "rmse", "mae", "label_std", "rows"}; a multi-task one: the means
+    over its tasks and each task's under "tasks" (data/label_metrics.py)."""
+    head = head_of(model)
+    metrics = metrics_for(head.kind, head.names)
     for batch, probs in _probabilities(model, batches, forward):
         extras = getattr(batch, "extras", None) or {}
         metrics.update(labels(batch) if labels else batch.labels, probs, weights=extras.get("weight"),

@@ -17,7 +17,9 @@ outside):
     offsets  int64   [B * num_fields]   where the bag of (row b, field f) starts, at b * F + f
     weights  float32 [N]                one per id (the encoder gives 1/len(bag))
 
-and the output ``score`` float32 [B], sigmoid(logit): what `paramshard predict` writes.
+and the output ``score`` float32 [B], sigmoid(logit): what `paramshard predict` writes; a
+regression model's predicted value in the label's units, [B]; a multi-task model's
+probabilities [B, T], one column per label in the contract's order (models/heads.py).
 An id the table does not hold scores as in predict (its initial row, or zeros when the
 table's admission would not have given it one; ``unknown="zeros"``: zeros).
 """
@@ -37,6 +39,7 @@ from paramshard.errors import ConfigError
 from paramshard.export import replaced_into_place
 from paramshard.inference.frozen_tables import FrozenHashedTable, FrozenTable
 from paramshard.inference.serving import ModelFile, ModelFileError, build_module, export_model, read_model
+from paramshard.models.heads import head_of
 
 FORMATS = ("torchscript", "onnx")
 ONNX_OPSET = 18          # BitwiseXor/BitwiseAnd (the id hash) are opset 18
@@ -44,22 +47,24 @@ ONNX_NEEDS = "pip install 'paramshard[onnx]' (onnx, onnxscript; onnxruntime to s
 
 
 class Scores(nn.Module):
-    """The model's probabilities, [B] float32, from one id per field."""
+    """The model's scores from one id per field: probabilities [B] float32 (a regression's
+    values [B], a multi-task model's [B, T]: models/heads.py, as predict scores)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.head = head_of(model)      # constants of the graph (kind, the label's mean and std)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.model(dense, ids).reshape(-1))
+        return self.head.scores(self.model(dense, ids))
 
 
 class BagScores(Scores):
-    """The model's probabilities from bags of ids (flat ids, offsets, weights)."""
+    """The model's scores from bags of ids (flat ids, offsets, weights)."""
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor,    # type: ignore[override]
                 weights: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.model(dense, ids, offsets, weights).reshape(-1))
+        return self.head.scores(self.model(dense, ids, offsets, weights))
 
 
 def has_bags(schema) -> bool:
@@ -89,7 +94,19 @@ def contract(model: ModelFile) -> dict:
                              f"defines the inputs")
     schema = Schema.from_dict(spec["schema"], where=f"{model.path}: the recorded schema")
     return {"model": spec["model"], "step": model.step, "inputs": inputs(schema),
-            "outputs": [{"name": "score", "dtype": "float32", "shape": ["B"]}], "schema": spec["schema"]}
+            "outputs": [score_output(schema)], "schema": spec["schema"]}
+
+
+def score_output(schema) -> dict:
+    """The output's contract: probabilities [B]; a regression's values [B]; [B, T] per label."""
+    if schema.label_kind == "multitask":
+        return {"name": "score", "dtype": "float32", "shape": ["B", len(schema.tasks)], "labels": schema.label_names,
+                "meaning": "the probability of each label, columns in this order"}
+    if schema.label_kind == "regression":
+        return {"name": "score", "dtype": "float32", "shape": ["B"], "labels": schema.label_names,
+                "meaning": "the predicted value, in the label's units"}
+    return {"name": "score", "dtype": "float32", "shape": ["B"], "labels": schema.label_names,
+            "meaning": "the probability that the label is 1"}
 
 
 def freeze_tables(module: nn.Module, model: ModelFile, unknown: str) -> nn.Module:

@@ -3,9 +3,12 @@
 The file's recorded model (specs/model_spec.py) says which module to build and its
 fitted schema how to encode a row, exactly as training encoded it
 (data/features/encode.py). Each input row gets one score, the probability
-``sigmoid(logit)``, in input order, files in the order given. The label column
-may be absent (data to score); when every file has it, the labels are written
-next to the scores and AUC / log loss are computed. ``keep`` columns (an id, a key
+``sigmoid(logit)``, in input order, files in the order given; a regression model's
+score is the predicted value in the label's units, and a multi-task model writes one
+probability per label, columns ``score_<label>`` (models/heads.py). The label column
+may be absent (data to score); when every file has it (every label's, multi-task),
+the labels are written next to the scores (``label``; ``label_<label>``) and AUC /
+log loss (a regression: MSE, RMSE, MAE; multi-task: per label) are computed. ``keep`` columns (an id, a key
 to join on) are copied from the input into the scores file before the score, row for
 row. Input with no rows at all is an error: a scores file of no rows is never the
 answer to a question.
@@ -27,7 +30,8 @@ from paramshard.data.features.encode import Encoder
 from paramshard.data.features.names import did_you_mean
 from paramshard.data.errors import DataFormatError
 from paramshard.data.readers.frames import delimiter_hint, file_format, iter_frames, with_delimiter
-from paramshard.data.metrics import BinaryMetrics
+from paramshard.data.label_metrics import metrics_for
+from paramshard.models.heads import LabelHead, head_of
 from paramshard.specs.schema import Schema
 from paramshard.errors import ConfigError
 from paramshard.inference.evaluation import predict
@@ -64,15 +68,25 @@ def column_names(path: Path, schema: Schema) -> list[str]:
 
 
 def has_label(path: Path, schema: Schema) -> bool:
-    """Whether the file has the schema's label column."""
-    return schema.label.column in column_names(path, schema)
+    """Whether the file has the schema's label column (every label's, multi-task)."""
+    names = column_names(path, schema)
+    return all(label in names for label in schema.label_names)
 
 
-def check_keep(paths, schema: Schema, keep, with_labels: bool) -> list[str]:
+def output_columns(head: LabelHead, with_labels: bool) -> tuple[list[str], list[str]]:
+    """(score columns, label columns) of the scores file: "score" and "label", or per task
+    "score_<label>" and "label_<label>"."""
+    if head.kind == "multitask":
+        return [f"score_{n}" for n in head.names], [f"label_{n}" for n in head.names] if with_labels else []
+    return ["score"], ["label"] if with_labels else []
+
+
+def check_keep(paths, schema: Schema, keep, with_labels: bool, head: LabelHead | None = None) -> list[str]:
     """The --keep columns, each once, checked against every file's columns before any score
     is written (a missing one in the third file must not leave two files' scores behind)."""
     keep = list(dict.fromkeys(keep or ()))
-    taken = ["score", "label"] if with_labels else ["score"]
+    scores, labels = output_columns(head or LabelHead(), with_labels)
+    taken = scores + labels
     for name in keep:
         if name in taken:
             raise ConfigError(f"--keep {name}: the scores file has a column {name!r} of its own; keep another "
@@ -109,8 +123,10 @@ def batches(paths, schema: Schema, with_labels: bool, batch_size: int, keep=()):
 class ScoreWriter:
     """Scores (and labels) as CSV/TSV/Parquet by ``out``'s extension (None: CSV)."""
 
-    def __init__(self, out, with_labels: bool, keep=()):
+    def __init__(self, out, with_labels: bool, keep=(), head: LabelHead | None = None):
         self.with_labels, self.keep, self.rows = with_labels, list(keep), 0
+        self.head = head or LabelHead()
+        self.score_names, self.label_names = output_columns(self.head, with_labels)
         self.out = Path(out) if out is not None else None
         self.kind = "csv"
         if self.out is not None:
@@ -124,9 +140,12 @@ class ScoreWriter:
     def _frame(self, scores: np.ndarray, labels: np.ndarray, kept: dict):
         import pandas as pd
         columns = {name: kept[name] for name in self.keep}
-        columns["score"] = scores
-        if self.with_labels:
-            columns["label"] = labels.astype(np.int8)
+        scores, labels = scores.reshape(len(scores), -1), labels.reshape(len(labels), -1)
+        for t, name in enumerate(self.score_names):
+            columns[name] = scores[:, t]
+        for t, name in enumerate(self.label_names):
+            # A regression's label is the number itself; a binary one 0/1.
+            columns[name] = labels[:, t] if self.head.kind == "regression" else labels[:, t].astype(np.int8)
         return pd.DataFrame(columns)
 
     def write(self, file, scores: np.ndarray, labels: np.ndarray, kept: dict) -> None:
@@ -159,7 +178,8 @@ def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=Non
     """Score every row of ``data`` with the model file ``model_path`` into ``out`` (None:
     CSV on ``stream``, default stdout), each row's ``keep`` columns before its score;
     ``delimiter`` (--delimiter) overrides the one the schema records.
-    Returns {"rows", "labels"} and, with labels, "auc", "logloss", "accuracy"."""
+    Returns {"rows", "labels"} and, with labels, "auc", "logloss", "accuracy" (a regression
+    model: "mse", "rmse", "mae"; multi-task: the means and "tasks", each label's)."""
     from paramshard.inference.serving import build_from_file
 
     if batch_size < 1:
@@ -170,12 +190,13 @@ def predict_files(model_path, data, out=None, batch_size: int = 8192, stream=Non
     schema.format = with_delimiter(schema.format, delimiter)
     labelled = [has_label(p, schema) for p in paths]
     if any(labelled) and not all(labelled):
-        raise ConfigError(f"{paths[labelled.index(False)]} has no label column {schema.label.column!r} and "
+        raise ConfigError(f"{paths[labelled.index(False)]} has no label column {', '.join(map(repr, schema.label_names))} and "
                           f"{paths[labelled.index(True)]} has one: predict them separately")
     with_labels = bool(labelled) and all(labelled)
-    keep = check_keep(paths, schema, keep, with_labels)
-    writer = ScoreWriter(out, with_labels, keep)
-    metrics = BinaryMetrics()
+    head = head_of(model)
+    keep = check_keep(paths, schema, keep, with_labels, head)
+    writer = ScoreWriter(out, with_labels, keep, head)
+    metrics = metrics_for(head.kind, head.names)
 
     def score(file):
         for batch, kept in batches(paths, schema, with_labels, batch_size, keep):

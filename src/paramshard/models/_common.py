@@ -1,5 +1,11 @@
 """Pieces every CTR model shares: where its tables come from, checking a batch,
-looking a table up once for the whole batch, the linear (wide) part, the MLP."""
+looking a table up once for the whole batch, the linear (wide) part, the MLP.
+
+Outputs: ``self.tasks`` per row (models/heads.py): 1 for a binary or regression label (the
+model returns [B]), T for T multi-task labels (it returns [B, T]: every layer that makes the
+output, the wide table, the dense linear term and the last Linear, has T outputs over the
+shared body). A model class that does so sets ``multi_task = True``; build_model refuses a
+multi-task schema for the others."""
 from __future__ import annotations
 
 import zlib
@@ -58,24 +64,27 @@ class Bias(nn.Module):
     """The dense linear term when there are no dense features: nn.Linear(0, 1) would give
     the servers an empty weight block and warn on its init, and only the bias means anything."""
 
-    def __init__(self):
+    def __init__(self, out: int = 1):
         super().__init__()
-        self.bias = nn.Parameter(torch.zeros(1))
+        self.bias = nn.Parameter(torch.zeros(out))
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
-        return self.bias.expand(dense.shape[0], 1)
+        return self.bias.expand(dense.shape[0], self.bias.shape[0])
 
 
-def dense_linear(num_dense: int) -> nn.Module:
-    """The dense features' linear term, [B, D] -> [B, 1], with the model's bias. Each model
-    makes it last, after its tower, as the first demo's model did: the same torch seed then
-    gives the same initial weights and the parameters come in the same order."""
-    return nn.Linear(num_dense, 1) if num_dense else Bias()
+def dense_linear(num_dense: int, out: int = 1) -> nn.Module:
+    """The dense features' linear term, [B, D] -> [B, out] (out: the model's tasks), with the
+    model's bias. Each model makes it last, after its tower, as the first demo's model did: the
+    same torch seed then gives the same initial weights and the parameters come in the same order."""
+    return nn.Linear(num_dense, out) if num_dense else Bias(out)
 
 
 class FieldModel(nn.Module):
     """Base of the CTR models: schema sizes, the tables, the wide (LR) part, input checks.
-    A subclass sets ``self.dense_wide = dense_linear(self.num_dense)`` at the end of its __init__."""
+    A subclass sets ``self.dense_wide = dense_linear(self.num_dense, self.tasks)`` at the end of
+    its __init__."""
+
+    multi_task = False          # whether the class gives self.tasks outputs per row (see above)
 
     def __init__(self, schema, embedding: EmbeddingFactory | None = None, table_optimizer=None,
                  capacity: int = 0, prefix: str = "", dim: int | None = None):
@@ -86,9 +95,18 @@ class FieldModel(nn.Module):
             raise ConfigError(f"{type(self).__name__}: the schema needs num_dense >= 0 and num_fields >= 1, "
                               f"got num_dense={self.num_dense}, num_fields={self.num_fields}")
         self.prefix = prefix
+        from paramshard.models.heads import LabelHead
+        self.label_head = LabelHead.of_schema(schema)      # what the outputs mean (models/heads.py)
+        self.tasks = self.label_head.outputs
+        if self.tasks > 1 and not self.multi_task:
+            raise ConfigError(f"{type(self).__name__} has no multi-task head (labels "
+                              f"{', '.join(self.label_head.names)}): choose a model that has one "
+                              f"(its class sets multi_task = True once its last layers give self.tasks outputs), "
+                              f"or train one label at a time")
         # The factory is not kept: a lambda attribute would make the model unpicklable (torch.save).
         factory = embedding or default_embedding(table_optimizer, capacity)
-        self.wide = factory(prefix + "wide", 1)      # one weight per feature id: logistic regression
+        # One weight per feature id (per task): logistic regression.
+        self.wide = factory(prefix + "wide", self.tasks)
         self.dim = dim
         if dim is not None:
             if not isinstance(dim, int) or dim < 1:
@@ -118,9 +136,20 @@ class FieldModel(nn.Module):
         return batch
 
     def linear_logit(self, dense, ids, offsets, weights, batch: int) -> torch.Tensor:
-        """[B]: sum of every field's wide weight + the dense linear term (with the bias)."""
-        wide = lookup(self.wide, ids, offsets, weights, batch, self.num_fields)      # [B, F, 1]
-        return wide.sum(dim=(1, 2)) + self.dense_wide(dense).squeeze(1)
+        """[B] ([B, T] multi-task): sum of every field's wide weight + the dense linear term (with the bias)."""
+        wide = lookup(self.wide, ids, offsets, weights, batch, self.num_fields)      # [B, F, T]
+        if self.tasks == 1:
+            return wide.sum(dim=(1, 2)) + self.dense_wide(dense).squeeze(1)
+        return wide.sum(dim=1) + self.dense_wide(dense)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """A last layer's [B, tasks] output as the model returns it: [B] for one task, else as it
+        is (a squeeze of [B, T] would be a no-op in torch but a failing Squeeze node in ONNX)."""
+        return out.squeeze(1) if self.tasks == 1 else out
+
+    def per_task(self, term):
+        """A term of one value per row ([B]: an FM interaction) added to each of T logits."""
+        return term.unsqueeze(1) if self.tasks > 1 and isinstance(term, torch.Tensor) else term
 
     def embed(self, ids, offsets, weights, batch: int) -> torch.Tensor:
         """[B, F, dim] deep field embeddings (a multi-valued field: the weighted sum of its bag)."""
@@ -129,4 +158,5 @@ class FieldModel(nn.Module):
     def extra_repr(self) -> str:
         dim = "" if self.dim is None else f", dim={self.dim}"
         prefix = f", prefix={self.prefix!r}" if self.prefix else ""
-        return f"num_dense={self.num_dense}, num_fields={self.num_fields}{dim}{prefix}"
+        tasks = f", tasks={self.tasks}" if self.tasks > 1 else ""
+        return f"num_dense={self.num_dense}, num_fields={self.num_fields}{dim}{prefix}{tasks}"

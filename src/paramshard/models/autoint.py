@@ -38,6 +38,8 @@ class AutoInt(FieldModel):
     (the paper embeds each numeric column; the schema's numeric columns also come as bucket ids,
     which are fields and do attend)."""
 
+    multi_task = True          # its last layers have self.tasks outputs (models/_common.py)
+
     def __init__(self, schema, dim: int = 16, hidden=(400, 400), attention_layers: int = 3, heads: int = 2,
                  head_dim: int = 8, *, embedding: EmbeddingFactory | None = None, table_optimizer=None,
                  capacity: int = 0, prefix: str = ""):
@@ -49,10 +51,10 @@ class AutoInt(FieldModel):
             tuple(int(h) for h in hidden), attention_layers, heads, head_dim)
         self.attention = nn.ModuleList(Interacting(dim if i == 0 else heads * head_dim, heads, head_dim)
                                        for i in range(attention_layers))
-        self.attention_head = nn.Linear(self.num_fields * heads * head_dim, 1)
+        self.attention_head = nn.Linear(self.num_fields * heads * head_dim, self.tasks)
         # No tower at all without widths: mlp(w, ()) would still be a Linear over the embeddings.
-        self.mlp = mlp(self.num_fields * dim + self.num_dense, self.hidden) if self.hidden else None
-        self.dense_wide = dense_linear(self.num_dense)
+        self.mlp = mlp(self.num_fields * dim + self.num_dense, self.hidden, out=self.tasks) if self.hidden else None
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,9 +64,9 @@ class AutoInt(FieldModel):
         for layer in self.attention:
             e = layer(e)
         out = self.linear_logit(dense, ids, offsets, weights, batch)
-        out = out + self.attention_head(e.reshape(batch, -1)).squeeze(1)
+        out = out + self.logits(self.attention_head(e.reshape(batch, -1)))
         if self.mlp is not None:
-            out = out + self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)).squeeze(1)
+            out = out + self.logits(self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)))
         return out
 
     def extra_repr(self) -> str:

@@ -11,7 +11,10 @@ from paramshard.models._common import EmbeddingFactory, FieldModel, dense_linear
 class DCN(FieldModel):
     """x0 = concat(the F field embeddings, dense). Cross layers x_{l+1} = x0 * (x_l . w_l) + b_l + x_l
     (w_l, b_l vectors of x0's width) and the MLP tower run on x0 side by side; a Linear over
-    concat(cross output, tower output) gives the logit, plus the wide (logistic regression) logit."""
+    concat(cross output, tower output) gives the logit, plus the wide (logistic regression) logit.
+    Multi-task: that Linear, the "wide" table and the dense term have T outputs."""
+
+    multi_task = True
 
     def __init__(self, schema, dim: int = 16, cross_layers: int = 3, hidden=(400, 400), *,
                  embedding: EmbeddingFactory | None = None, table_optimizer=None, capacity: int = 0,
@@ -26,8 +29,8 @@ class DCN(FieldModel):
         self.cross_w = nn.Parameter(torch.randn(cross_layers, width) * (2.0 / (width + 1)) ** 0.5)
         self.cross_b = nn.Parameter(torch.zeros(cross_layers, width))
         self.mlp = mlp(width, self.hidden, out=None)
-        self.head = nn.Linear(width + out_width(width, self.hidden), 1)
-        self.dense_wide = dense_linear(self.num_dense)
+        self.head = nn.Linear(width + out_width(width, self.hidden), self.tasks)
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -36,7 +39,7 @@ class DCN(FieldModel):
         x = x0
         for w, b in zip(self.cross_w, self.cross_b):
             x = x0 * (x @ w).unsqueeze(1) + b + x
-        out = self.head(torch.cat([x, self.mlp(x0)], dim=1)).squeeze(1)
+        out = self.logits(self.head(torch.cat([x, self.mlp(x0)], dim=1)))
         return self.linear_logit(dense, ids, offsets, weights, batch) + out
 
     def extra_repr(self) -> str:

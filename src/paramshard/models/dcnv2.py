@@ -20,6 +20,8 @@ class DCNv2(FieldModel):
     layers' output, then a Linear. Plus the wide (logistic regression) logit, as every model
     here has (the paper has none: it is one more term, and DCN v1 here has it too)."""
 
+    multi_task = True          # its last layers have self.tasks outputs (models/_common.py)
+
     def __init__(self, schema, dim: int = 16, cross_layers: int = 3, hidden=(400, 400), rank: int = 0,
                  structure: str = "parallel", *, embedding: EmbeddingFactory | None = None,
                  table_optimizer=None, capacity: int = 0, prefix: str = ""):
@@ -43,8 +45,8 @@ class DCNv2(FieldModel):
         self.cross_b = nn.Parameter(torch.zeros(cross_layers, width))
         self.mlp = mlp(width, self.hidden, out=None)
         tower = out_width(width, self.hidden)
-        self.head = nn.Linear(width + tower if structure == "parallel" else tower, 1)
-        self.dense_wide = dense_linear(self.num_dense)
+        self.head = nn.Linear(width + tower if structure == "parallel" else tower, self.tasks)
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def cross(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
@@ -65,7 +67,7 @@ class DCNv2(FieldModel):
             top = torch.cat([crossed, self.mlp(x0)], dim=1)
         else:
             top = self.mlp(crossed)
-        return self.linear_logit(dense, ids, offsets, weights, batch) + self.head(top).squeeze(1)
+        return self.linear_logit(dense, ids, offsets, weights, batch) + self.logits(self.head(top))
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, cross_layers={self.cross_layers}, rank={self.rank}, "

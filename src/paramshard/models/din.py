@@ -92,6 +92,8 @@ class DIN(FieldModel):
     """DIN over the schema's behaviour sequences (``schema.sequences``: (sequence field, candidate
     field) pairs); ``max_len``: positions kept per sequence, the most recent."""
 
+    multi_task = True          # its last layers have self.tasks outputs (models/_common.py)
+
     def __init__(self, schema, dim: int = 16, hidden=(200, 80), attention_hidden=(36,), max_len: int = 50, *,
                  embedding: EmbeddingFactory | None = None, table_optimizer=None, capacity: int = 0,
                  prefix: str = ""):
@@ -104,8 +106,8 @@ class DIN(FieldModel):
         self.pairs, self.max_len = pairs, max_len
         self.hidden, self.attention_hidden = tuple(int(h) for h in hidden), tuple(int(h) for h in attention_hidden)
         self.attention = nn.ModuleList(ActivationUnit(dim, self.attention_hidden) for _ in pairs)
-        self.mlp = prelu_mlp(self.num_fields * dim + self.num_dense, self.hidden)
-        self.dense_wide = dense_linear(self.num_dense)
+        self.mlp = prelu_mlp(self.num_fields * dim + self.num_dense, self.hidden, self.tasks)
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,7 +127,7 @@ class DIN(FieldModel):
         for unit, (s, c) in zip(self.attention, self.pairs):
             seq, mask = positions(rows, starts[:, s], counts[:, s], self.max_len)
             parts[s] = unit(seq, fields[:, c], mask)
-        deep = self.mlp(torch.cat(parts + [dense], dim=1)).squeeze(1)
+        deep = self.logits(self.mlp(torch.cat(parts + [dense], dim=1)))
         return self.linear_logit(dense, ids, offsets, weights, batch) + deep
 
     def extra_repr(self) -> str:

@@ -9,12 +9,15 @@ from paramshard.models._common import EmbeddingFactory, FieldModel, dense_linear
 
 class LogisticRegression(FieldModel):
     """logit = sum over fields of the field's "wide" weight + Linear(D, 1)(dense).
-    One dim-1 table, "wide"; the dense linear term holds the bias (only it when D = 0)."""
+    One dim-1 table, "wide"; the dense linear term holds the bias (only it when D = 0).
+    Multi-task: the "wide" table has one weight per task (dim T), the dense term T outputs."""
+
+    multi_task = True
 
     def __init__(self, schema, embedding: EmbeddingFactory | None = None, *, table_optimizer=None,
                  capacity: int = 0, prefix: str = ""):
         super().__init__(schema, embedding, table_optimizer, capacity, prefix)
-        self.dense_wide = dense_linear(self.num_dense)
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:

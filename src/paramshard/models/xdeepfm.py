@@ -55,22 +55,24 @@ class XDeepFM(FieldModel):
     row and layer: with Adult's 14 fields and 2 x 128 maps, an epoch takes ~4.5x DeepFM's CPU
     time (``cin_layers=(32, 32)`` for a cheaper one)."""
 
+    multi_task = True          # its last layers have self.tasks outputs (models/_common.py)
+
     def __init__(self, schema, dim: int = 16, hidden=(400, 400), cin_layers=(128, 128), split_half: bool = True, *,
                  embedding: EmbeddingFactory | None = None, table_optimizer=None, capacity: int = 0,
                  prefix: str = ""):
         super().__init__(schema, embedding, table_optimizer, capacity, prefix, dim=dim)
         self.hidden = tuple(int(h) for h in hidden)
         self.cin = CIN(self.num_fields, cin_layers, split_half)
-        self.cin_head = nn.Linear(self.cin.out_width, 1)
-        self.mlp = mlp(self.num_fields * dim + self.num_dense, self.hidden)
-        self.dense_wide = dense_linear(self.num_dense)
+        self.cin_head = nn.Linear(self.cin.out_width, self.tasks)
+        self.mlp = mlp(self.num_fields * dim + self.num_dense, self.hidden, out=self.tasks)
+        self.dense_wide = dense_linear(self.num_dense, self.tasks)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor | None = None,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
         batch = self.check(dense, ids, offsets, weights)
         v = self.embed(ids, offsets, weights, batch)                                # [B, F, dim]
-        deep = self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)).squeeze(1)
-        cin = self.cin_head(self.cin(v)).squeeze(1)
+        deep = self.logits(self.mlp(torch.cat([v.reshape(batch, -1), dense], dim=1)))
+        cin = self.logits(self.cin_head(self.cin(v)))
         return self.linear_logit(dense, ids, offsets, weights, batch) + cin + deep
 
     def extra_repr(self) -> str:

@@ -21,9 +21,16 @@ What a reader makes of a row (data/features/encode.py):
   one set of table rows), which DIN (models/din.py) compares position by
   position with CAND's value.
 
-Supported labels (``label_kind``): "binary" only, 0/1 (or -1/+1) numbers or
-two values named in ``label.positive`` / ``label.negative``; a schema without
-``label_kind`` (written before it existed) is binary.
+Supported labels (``label_kind``; docs/data.md "Labels"):
+- "binary": 0/1 (or -1/+1) numbers or two values named in ``label.positive`` /
+  ``label.negative``; a schema without ``label_kind`` (written before it
+  existed) is binary;
+- "regression": a real-valued number; ``schema fit`` writes its mean and std
+  into ``label.stats`` (the models train on the standardised label and
+  predict in the label's units: models/heads.py);
+- "multitask": several binary labels, ``labels`` (each a label as above),
+  ``label`` being the first of them (so a reader of ``label`` alone still
+  finds a column). A single-label schema has no ``labels`` key.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ KINDS = ("numeric", "categorical", "multi", "drop")
 TRANSFORMS = ("log", "standardize")
 FORMATS = ("csv", "tsv", "parquet", "libsvm")
 DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
-LABEL_KINDS = ("binary",)
+LABEL_KINDS = ("binary", "regression", "multitask")
 VERSION = 1
 
 
@@ -108,6 +115,8 @@ class Label:
     # "<=50K." spelling in a test file is caught instead of read as negative.
     positive: list = field(default_factory=list)
     negative: list = field(default_factory=list)
+    # regression only: {"mean", "std", "count"} of the label over the training data (`schema fit`)
+    stats: dict | None = None
 
 
 @dataclass
@@ -132,18 +141,22 @@ class Schema:
     rows_fitted: int = 0
     version: int = VERSION
     label_kind: str = "binary"       # absent from older files: binary
+    labels: list = field(default_factory=list)     # multitask only: every label, the first is ``label``
 
     def __post_init__(self):
         if self.label_kind not in LABEL_KINDS:
-            raise ConfigError(f"schema label_kind {self.label_kind!r}: this version supports only "
-                              f"{', '.join(map(repr, LABEL_KINDS))} labels (0/1 or -1/+1 numbers, or two values "
-                              f"named in label.positive / label.negative)")
+            raise ConfigError(f"schema label_kind {self.label_kind!r}: this version supports "
+                              f"{', '.join(map(repr, LABEL_KINDS))} labels (binary: 0/1 or -1/+1 numbers, or two "
+                              f"values named in label.positive / label.negative; regression: a real number; "
+                              f"multitask: several binary labels listed in 'labels')")
+        self._check_labels()
         names = [c.name for c in self.columns]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"schema: column {sorted(dup)[0]!r} is listed twice")
-        if self.label.column in names:
-            raise ConfigError(f"schema: the label column {self.label.column!r} is also listed as a feature")
+        for label in self.label_names:
+            if label in names:
+                raise ConfigError(f"schema: the label column {label!r} is also listed as a feature")
         for c in self.columns:
             c.validate()
         self._check_sequences()
@@ -162,6 +175,34 @@ class Schema:
                 got = "no such column" if target is None else f"its kind is {target.kind!r}"
                 raise ConfigError(f"schema column {c.name!r}: sequence_of {c.sequence_of!r} must name a categorical "
                                   f"column (the candidate its values are compared with), but {got}")
+
+    def _check_labels(self) -> None:
+        if self.label_kind == "multitask":
+            if len(self.labels) < 2:
+                raise ConfigError("schema label_kind 'multitask' needs two or more binary labels in 'labels' "
+                                  "(one label: label_kind 'binary')")
+            if self.labels[0].column != self.label.column:
+                raise ConfigError(f"schema: 'label' ({self.label.column!r}) must be the first of 'labels' "
+                                  f"({self.labels[0].column!r})")
+            names = self.label_names
+            if len(set(names)) != len(names):
+                raise ConfigError(f"schema 'labels': a column is listed twice ({', '.join(names)})")
+        elif self.labels:
+            raise ConfigError(f"schema 'labels' lists several labels but label_kind is {self.label_kind!r}: set "
+                              f"label_kind: multitask (or keep one label in 'label')")
+        if self.label_kind == "regression" and (self.label.positive or self.label.negative):
+            raise ConfigError(f"schema label {self.label.column!r}: a regression label is a number; "
+                              f"label.positive / label.negative are for binary labels")
+
+    # -- the labels --------------------------------------------------------------
+    @property
+    def tasks(self) -> list[Label]:
+        """Every label the model predicts, in output order: ``labels`` (multitask), else ``label``."""
+        return list(self.labels) if self.label_kind == "multitask" else [self.label]
+
+    @property
+    def label_names(self) -> list[str]:
+        return [label.column for label in self.tasks]
 
     # -- what a batch holds -----------------------------------------------------
     @property
@@ -195,7 +236,7 @@ class Schema:
 
     @property
     def used_columns(self) -> list[str]:
-        return [self.label.column] + [c.name for c in self.columns if c.kind != "drop"]
+        return self.label_names + [c.name for c in self.columns if c.kind != "drop"]
 
     def column(self, name: str) -> Column:
         for c in self.columns:
@@ -204,12 +245,22 @@ class Schema:
         raise ConfigError(f"schema has no column {name!r}")
 
     def unfitted(self) -> list[str]:
-        """Columns whose transforms need statistics that are not there yet."""
-        return [c.name for c in self.columns if c.needs_stats and not c.stats]
+        """Columns whose transforms need statistics that are not there yet (a regression label's
+        mean and std among them: the models train on the standardised label)."""
+        label = [self.label.column] if self.label_kind == "regression" and not self.label.stats else []
+        return label + [c.name for c in self.columns if c.needs_stats and not c.stats]
 
     # -- files --------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The file's mapping; a single-label schema without ``labels`` and label ``stats``, as
+        before multi-task and regression labels existed."""
+        data = asdict(self)
+        if not data["labels"]:
+            del data["labels"]
+        for label in [data["label"]] + data.get("labels", []):
+            if label["stats"] is None:
+                del label["stats"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "schema") -> "Schema":
@@ -220,7 +271,8 @@ class Schema:
                        columns=[_make(Column, c, f"{where}: column") for c in data["columns"]],
                        format=_make(Format, data.get("format", {}), f"{where}: format"),
                        rows_fitted=int(data.get("rows_fitted", 0)), version=int(data.get("version", VERSION)),
-                       label_kind=data.get("label_kind", "binary"))
+                       label_kind=data.get("label_kind", "binary"),
+                       labels=[_make(Label, x, f"{where}: labels") for x in data.get("labels") or []])
         except KeyError as exc:
             raise ConfigError(f"{where}: missing {exc.args[0]!r} (a schema needs 'label' and 'columns'; "
                               f"`paramshard schema infer FILE --label COL` writes one)") from None

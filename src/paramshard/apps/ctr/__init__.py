@@ -11,7 +11,10 @@ learning rates decayed when epochs bring no improvement, early stopping
 after --patience such epochs, and the best epoch's model restored at the end:
 its test metrics are the run's result, --export writes it. The hold-out and the
 patience left out scale with the table (table_size.py); --weight COL weights the
-rows, --group-by COL adds GAUC. Learning rates,
+rows, --group-by COL adds GAUC. The label is what the schema says (docs/data.md
+"Labels"): binary (AUC, log loss), real-valued (regression: MSE, RMSE, MAE; epochs
+picked by RMSE) or several binary labels (multi-task: one head each, per-label
+figures, epochs picked by the mean AUC). Learning rates,
 batch size and architecture default to the chosen model's (models/defaults.py).
 
 Every mode of the launcher works, with the same hyper-parameters: in hybrid mode

@@ -23,4 +23,5 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
     p.error = refuse        # type: ignore[method-assign]  # this parser only: argparse calls self.error
     args = resolve(p.parse_args(argv))
     if files:
-        checked_schema(args)      # the trainers' own first check (one trainer's share of rows)
+        from paramshard.apps.ctr.selection import settle_monitor
+        settle_monitor(args, checked_schema(args))     # the trainers' own first check (one trainer's share of rows)

@@ -37,7 +37,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--patience", type=int,
                    help="stop after this many epochs in a row without a better validation score (0: never early; "
                         "default: 2, or 4 on a table of fewer than 100,000 rows)")
-    p.add_argument("--monitor", choices=sorted(MONITORS), default="auc", help="the validation metric that picks the best epoch")
+    p.add_argument("--monitor", choices=sorted(MONITORS),
+                   help="the validation metric that picks the best epoch (default: auc; rmse for a regression "
+                        "label; a multi-task run's auc and logloss are the means over its labels)")
     p.add_argument("--lr-decay", type=float, default=0.1, metavar="F",
                    help="multiply every learning rate by F after --lr-decay-after epochs without improvement (1: never)")
     # -- issue 32: the decays' pace, sample weights, GAUC ---------------------------------------------
@@ -119,6 +121,8 @@ def resolve(args) -> argparse.Namespace:
         args.patience = table_size.PATIENCE
     if args.lr_decay_after is None:
         args.lr_decay_after = table_size.decay_after(args.patience)
+    # --monitor left out: auc until the schema's label kind is known (selection.settle_monitor: rmse for a regression).
+    args.monitor_given, args.monitor = args.monitor is not None, args.monitor or "auc"
     args.selection = Selection(args.monitor, args.patience, args.lr_decay, args.lr_decay_after)
     if args.weight is not None and args.weight == args.group_by:
         raise ConfigError(f"--weight and --group-by name the same column {args.weight!r}: a weight is no group key")

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import math
 
-SHOWN = ("auc", "gauc", "logloss", "accuracy", "rows")       # gauc: with --group-by only
+# gauc: with --group-by only; rmse, mse, mae: a regression's (no AUC); a multi-task run's auc,
+# logloss and accuracy are its labels' means, each label's under "tasks".
+SHOWN = ("auc", "gauc", "logloss", "accuracy", "rmse", "mse", "mae", "rows")
 
 
 def _metrics(scores: dict | None) -> dict | None:
     if not isinstance(scores, dict):
         return None
-    out = {}
+    out: dict = {}
     for name in SHOWN:
         value = scores.get(name)
         if isinstance(value, (int, float)):
             # JSON numbers (numpy's are not all JSON-able); NaN (one class only) as null.
             out[name] = int(value) if name == "rows" else (None if math.isnan(float(value)) else float(value))
+    if isinstance(scores.get("tasks"), dict):
+        out["tasks"] = {str(name): _metrics(task) for name, task in scores["tasks"].items()}
     return out
 
 

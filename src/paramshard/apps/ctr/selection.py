@@ -16,7 +16,10 @@ import math
 
 from paramshard.errors import ConfigError
 
-MONITORS = {"auc": True, "logloss": False, "accuracy": True, "gauc": True}     # name -> higher is better
+# name -> higher is better; the first four are a binary (or multi-task: their means over the
+# tasks) label's, the last three a regression's (data/label_metrics.py).
+MONITORS = {"auc": True, "logloss": False, "accuracy": True, "gauc": True, "rmse": False, "mse": False, "mae": False}
+REGRESSION_MONITORS = ("rmse", "mse", "mae")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,3 +75,20 @@ class Selection:
         stop = self.patience > 0 and since >= self.patience
         decay = not improved and not stop and self.decay < 1 and since % self.decay_after == 0
         return Decision(best, improved, decay=decay, stop=stop)
+
+
+def settle_monitor(args, schema) -> None:
+    """--monitor for the schema's label kind: left out, rmse for a regression and auc otherwise
+    (a multi-task run's: the mean AUC over its tasks); a metric the label has not is refused.
+    ``args.selection`` follows."""
+    regression = schema.label_kind == "regression"
+    if not getattr(args, "monitor_given", True):
+        args.monitor = "rmse" if regression else "auc"
+    elif regression != (args.monitor in REGRESSION_MONITORS):
+        what = (f"a regression label ({schema.label.column!r}) has {', '.join(REGRESSION_MONITORS)}" if regression
+                else f"a {schema.label_kind} label has " + ", ".join(m for m in MONITORS if m not in REGRESSION_MONITORS))
+        raise ConfigError(f"--monitor {args.monitor}: {what}; pick one of those (or leave --monitor out)")
+    if regression and getattr(args, "group_by", None):
+        raise ConfigError(f"--group-by {args.group_by}: GAUC is an AUC per group, and a regression label "
+                          f"({schema.label.column!r}) has no AUC; leave --group-by out")
+    args.selection = dataclasses.replace(args.selection, monitor=args.monitor)

@@ -21,8 +21,9 @@ def check(schema: Schema, side) -> None:
     for flag, name in (("--weight", side.weight), ("--group-by", side.group)):
         if name is None:
             continue
-        if name == schema.label.column:
-            raise ConfigError(f"{flag} {name!r}: that is the label column")
+        if name in schema.label_names:
+            raise ConfigError(f"{flag} {name!r}: that is the label column"
+                              + ("" if len(schema.label_names) == 1 else " (one of the multi-task labels)"))
         if name not in names:
             raise ConfigError(f"{flag} {name!r}: the schema has no such column (its columns: "
                               f"{', '.join(names)}); add it to the schema (kind: drop if it is no feature)")

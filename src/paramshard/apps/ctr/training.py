@@ -4,7 +4,8 @@ Every trainer reads its share of --train's training rows (rows t, t+T, ... of
 those not held out), shuffled each epoch, the same number of steps on every
 trainer; in an elastic job the shard service hands the rows out instead, and
 trainers leave and join between steps (elastic.py). After each epoch all trainers meet at a barrier, trainer 0 scores the
-model on the validation rows and on --test (exact AUC, log loss, accuracy) and
+model on the validation rows and on --test (exact AUC, log loss, accuracy; a
+regression label: MSE, RMSE, MAE; several labels: per label and their mean) and
 decides (selection.py): keep this epoch's model as the best, decay the learning
 rates, or stop. The decision reaches every trainer through Trainer.broadcast, so
 all of them take the same next step. At the end trainer 0 scores the best
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard.trainer.epochs import start_at
@@ -32,15 +32,17 @@ from paramshard.specs.schema import Schema
 from paramshard.data.readers.tabular import TabularReader, count_records
 from paramshard.inference.evaluation import evaluate
 from paramshard.models import build_model, hashed_embedding
+from paramshard.models.heads import head_of
 from paramshard.observe.report.server_table import StepProgress
 from paramshard.apps.ctr import elastic, loss_check, table_size
 from paramshard.apps.ctr.audit import TrainedLog
 from paramshard.apps.ctr.inputs import checked_schema
 from paramshard.apps.ctr.result import result_record
-from paramshard.apps.ctr.selection import Decision
+from paramshard.apps.ctr.selection import Decision, settle_monitor
 
 EVAL_BATCH = 8192
-RESULT_KEYS = ("auc", "gauc", "groups", "logloss", "accuracy", "rows")     # the run's test figures in --json
+# The run's test figures in --json (a regression's: mse, rmse, mae, label_std; multi-task: "tasks" too).
+RESULT_KEYS = ("auc", "gauc", "groups", "logloss", "accuracy", "mse", "rmse", "mae", "label_std", "rows", "tasks")
 BEST_MODEL = "best-model.pt"       # the best epoch's model (inference/serving.py's format)
 
 
@@ -52,6 +54,7 @@ def load_schema(args, trainers: int, log) -> Schema:
         log(f"schema {args.schema} has no statistics for {', '.join(schema.unfitted())}: fitting it on the "
             f"training files (run `paramshard schema fit` once to skip this)")
         schema = fit_schema(schema, args.train, skip_bad_lines=args.skip_bad_lines)
+    settle_monitor(args, schema)
     return schema
 
 
@@ -147,6 +150,7 @@ class Run:
     def train_epoch(self, trainer, model, reader, epoch: int) -> tuple[float, int]:
         progress = StepProgress(self.steps, f"epoch {epoch}") if self.chief else None
         losses, rows = [], 0
+        head = head_of(model)
         # From where the job is in this epoch (a resume, a rollback): trainer.prefetching puts the
         # reader back at that batch (trainer/loop.py). An elastic trainer asked to leave: the loop
         # ends after the step that just ran (trainer/leave_request.py).
@@ -155,9 +159,10 @@ class Run:
                 trainer.step()          # sync, DynamicShards: no task left for now, the step still counts
                 continue
             # --weight: each row's loss times its weight (PyTorch's weight=, Keras's sample_weight), averaged
-            # over the batch's rows.
-            loss = F.binary_cross_entropy_with_logits(model(b["dense"], b["ids"], b["offsets"], b["weights"]),
-                                                      b["labels"], weight=b.get("sample_weight"))
+            # over the batch's rows. BCE, a regression's MSE on the standardised label, or the mean of the
+            # tasks' BCE (models/heads.py).
+            loss = head.loss(model(b["dense"], b["ids"], b["offsets"], b["weights"]), b["labels"],
+                             b.get("sample_weight"))
             trainer.step(loss)
             losses.append(loss.item())
             rows += len(b["labels"])
@@ -186,18 +191,22 @@ class Run:
         if valid is not None:
             scores = evaluate(model, valid)
             record["valid"] = scores
-            if not self.history and not loss_check.beats_the_base_rate(scores["logloss"], scores["positive_rate"]):
+            if not self.history and "positive_rate" in scores and \
+                    not loss_check.beats_the_base_rate(scores["logloss"], scores["positive_rate"]):
                 self.warn(f"validation log loss {scores['logloss']:.4f} after epoch {epoch} is no better than always "
                           f"predicting the positive rate ({loss_check.base_rate_logloss(scores['positive_rate']):.4f}): "
                           f"check the learning rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
+            if not self.history and "rmse" in scores and not scores["rmse"] < scores["label_std"]:
+                self.warn(f"validation RMSE {scores['rmse']:.4f} after epoch {epoch} is no better than always "
+                          f"predicting the mean (the label's std, {scores['label_std']:.4f}): check the learning "
+                          f"rates (--lr, --table-lr) and the schema (`paramshard schema show`)")
         record.update(evaluate(model, test))
         self.history[epoch] = record
-        trainer.log(test_auc=record["auc"], test_logloss=record["logloss"],
-                    **({"valid_auc": scores["auc"], "valid_logloss": scores["logloss"]} if scores else {}))
+        keys = ("rmse", "mae") if "rmse" in record else ("auc", "logloss")
+        trainer.log(**{f"test_{k}": record[k] for k in keys}, **{f"valid_{k}": scores[k] for k in keys if scores})
         line = (f"epoch {epoch}: train loss {train_loss:.4f}  "
-                + (f"valid AUC {scores['auc']:.4f}{gauc_text(scores)} logloss {scores['logloss']:.4f}  " if scores else "")
-                + f"test AUC {record['auc']:.4f}{gauc_text(record)} logloss {record['logloss']:.4f} accuracy "
-                  f"{record['accuracy']:.4f}  {rows * trainers / seconds:,.0f} samples/s")
+                + (f"valid {figures_text(scores)}  " if scores else "")
+                + f"test {figures_text(record, accuracy=True)}  {rows * trainers / seconds:,.0f} samples/s")
         if scores:
             decision = a.selection.decide([self.history[e]["valid"][a.monitor] for e in sorted(self.history)])
             best = sorted(self.history)[decision.best_epoch]
@@ -218,15 +227,17 @@ class Run:
 
     def check_overfitting(self) -> None:
         """Trainer 0, after an epoch's line: warn once a stretch of epochs overfits (loss_check.py)."""
-        history = [(e, r["train_loss"], r["valid"]["logloss"]) for e, r in sorted(self.history.items())
-                   if "valid" in r]
+        # A regression's validation MSE (its training loss is an MSE too), else the log loss.
+        history = [(e, r["train_loss"], r["valid"]["mse"] if "mse" in r["valid"] else r["valid"]["logloss"])
+                   for e, r in sorted(self.history.items()) if "valid" in r]
         stretch = loss_check.overfitting(history)
         if stretch is None:
             return
         first, last = (self.history[e] for e in stretch)
+        key, name = ("mse", "MSE") if "mse" in first["valid"] else ("logloss", "log loss")
         self.warn(f"over epochs {stretch[0]}-{stretch[1]} the training loss fell ({first['train_loss']:.4f} -> "
-                  f"{last['train_loss']:.4f}) while the validation log loss rose ({first['valid']['logloss']:.4f} -> "
-                  f"{last['valid']['logloss']:.4f}): the model is overfitting (the best epoch's model is kept); try "
+                  f"{last['train_loss']:.4f}) while the validation {name} rose ({first['valid'][key]:.4f} -> "
+                  f"{last['valid'][key]:.4f}): the model is overfitting (the best epoch's model is kept); try "
                   f"--embedding-l2 (e.g. 1e-5), fewer --epochs, or dropping an id-like column (one value per row, "
                   f"e.g. a row id: kind drop in the schema)")
 
@@ -249,8 +260,8 @@ class Run:
         model = restore(self.best_file)
         final = evaluate(model, TabularReader(args.test, schema, EVAL_BATCH, skip_bad_lines=args.skip_bad_lines,
                                               side=getattr(args, "side", None)))
-        self.say(f"best epoch {self.best_epoch}: test AUC {final['auc']:.4f}{gauc_text(final)}  logloss {final['logloss']:.4f}  "
-                 f"accuracy {final['accuracy']:.4f} (its model restored from the snapshot)")
+        self.say(f"best epoch {self.best_epoch}: test {figures_text(final, accuracy=True)} (its model restored from "
+                 f"the snapshot)")
         if args.export:
             Path(args.export).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.best_file, args.export)
@@ -274,6 +285,18 @@ class Run:
 def gauc_text(scores: dict) -> str:
     """ " GAUC 0.7312" when the figures have one (--group-by), else nothing."""
     return f" GAUC {scores['gauc']:.4f}" if "gauc" in scores else ""
+
+
+def figures_text(scores: dict, accuracy: bool = False) -> str:
+    """An evaluation's figures for the epoch lines: "AUC 0.8 logloss 0.4 [accuracy 0.8]"; a
+    regression's "RMSE 1.2 MSE 1.44 MAE 0.9"; a multi-task run's means, then each label's AUC."""
+    if "rmse" in scores:
+        return f"RMSE {scores['rmse']:.4f} MSE {scores['mse']:.4f} MAE {scores['mae']:.4f}"
+    text = (f"{'mean ' if 'tasks' in scores else ''}AUC {scores['auc']:.4f}{gauc_text(scores)} logloss "
+            f"{scores['logloss']:.4f}" + (f" accuracy {scores['accuracy']:.4f}" if accuracy else ""))
+    if "tasks" in scores:
+        text += " (" + ", ".join(f"{name} AUC {t['auc']:.4f}" for name, t in scores["tasks"].items()) + ")"
+    return text
 
 
 def training_side(args):

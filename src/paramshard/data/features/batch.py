@@ -23,7 +23,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class TabularBatch:
-    labels: np.ndarray              # float32 [B], 0 or 1
+    labels: np.ndarray              # float32 [B]: 0 or 1, a regression label's number; [B, T] multitask
     dense: np.ndarray               # float32 [B, D]
     ids: np.ndarray                 # int64 [B, F], or flat [N] with offsets
     num_fields: int

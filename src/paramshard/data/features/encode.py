@@ -97,7 +97,8 @@ class Encoder:
         predict`); every batch's labels are NaN. Training reads with labels, always checked.
         ``side``: a SideColumns (data/features/side_columns.py) whose columns each batch carries
         as ``extras`` (a sample weight, a group key), never as features."""
-        unfitted = schema.unfitted()
+        # A regression label's mean and std are the loss's (models/heads.py), not the encoding's.
+        unfitted = [n for n in schema.unfitted() if n not in schema.label_names]
         if unfitted:
             from paramshard.errors import ConfigError
             raise ConfigError(f"schema columns {', '.join(unfitted)} need statistics (standardize, bucketize, "
@@ -120,8 +121,7 @@ class Encoder:
                 reasons[int(i)] = reason_of(int(i))
             bad[mask] = True
 
-        labels = self._labels(s.label, columns[s.label.column], flag) if self.with_labels \
-            else np.full(n, np.nan, np.float32)
+        labels = self._all_labels(columns, flag, n)
         dense, bags = [], []
         for c in s.columns:
             if c.kind == "drop":
@@ -146,6 +146,30 @@ class Encoder:
         if extras is not None:
             batch = dataclasses.replace(batch, extras={k: v[good] for k, v in extras.items()})
         return batch, sorted(reasons.items())
+
+    def _all_labels(self, columns: dict, flag, n: int) -> np.ndarray:
+        """float32 [B]: 0/1 (binary) or the number (regression, in the label's units); [B, T] 0/1
+        for T multitask labels. NaN without labels."""
+        s = self.schema
+        if s.label_kind == "multitask":
+            if not self.with_labels:
+                return np.full((n, len(s.tasks)), np.nan, np.float32)
+            return np.stack([self._labels(label, columns[label.column], flag) for label in s.tasks], axis=1)
+        if not self.with_labels:
+            return np.full(n, np.nan, np.float32)
+        if s.label_kind == "regression":
+            return self._number(s.label, columns[s.label.column], flag)
+        return self._labels(s.label, columns[s.label.column], flag)
+
+    def _number(self, label: Label, raw, flag) -> np.ndarray:
+        miss = missing_mask(raw, self.missing)
+        flag(miss, lambda i: f"label column {label.column!r} is missing")
+        x, not_number = parse_numbers(raw, miss)
+        flag(not_number, lambda i: f"label column {label.column!r} is not a number: {_show(raw[i])} (a regression "
+                                   f"label)")
+        flag(~miss & ~not_number & ~np.isfinite(x), lambda i: f"label column {label.column!r} is not finite: "
+                                                             f"{_show(raw[i])}")
+        return np.where(np.isfinite(x), x, 0.0).astype(np.float32)
 
     def _labels(self, label: Label, raw, flag) -> np.ndarray:
         miss = missing_mask(raw, self.missing)

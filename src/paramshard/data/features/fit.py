@@ -12,7 +12,9 @@ never computes statistics from its own shard.
   rows, a sample of that size beyond (rank error about 1/sqrt(RESERVOIR));
 - per categorical column: rows, missing, distinct values, the most frequent
   ones (for people reading the file) and, with min_count > 1, the vocabulary
-  kept (values seen at least min_count times).
+  kept (values seen at least min_count times);
+- a regression label: its count, mean and std (population), into ``label.stats``:
+  the models train on the standardised label (models/heads.py).
 """
 from __future__ import annotations
 
@@ -113,6 +115,8 @@ def fit_schema(schema: Schema, paths, skip_bad_lines: bool = False, seed: int = 
     missing_tokens = frozenset(schema.format.missing)
     stats = {c.name: (NumericStats(c, seed) if c.kind == "numeric" else CategoryStats(c))
              for c in schema.columns if c.kind != "drop"}
+    # A regression label: its mean and std, as a numeric column's without transforms.
+    label = NumericStats(Column(schema.label.column), seed) if schema.label_kind == "regression" else None
     rows = 0
     for path in as_paths(paths):
         for frame in iter_frames(path, schema.format, schema.used_columns):
@@ -130,12 +134,24 @@ def fit_schema(schema: Schema, paths, skip_bad_lines: bool = False, seed: int = 
                     acc.update(x, miss | not_number)
                 else:
                     acc.update(raw, miss, missing_tokens)
+            if label is not None:
+                raw = frame.columns[schema.label.column]
+                miss = missing_mask(raw, missing_tokens)
+                x, not_number = parse_numbers(raw, miss)
+                for i in np.flatnonzero(not_number | miss)[:1]:
+                    _bad(path, int(frame.lines[i]), f"label column {schema.label.column!r} is "
+                         f"{'missing' if miss[i] else 'not a number: ' + repr(raw[i])}", skip_bad_lines)
+                label.update(x, miss | not_number)
     if rows == 0:
         raise ConfigError(f"schema fit: no data rows in {', '.join(map(str, as_paths(paths)))} (an empty file, "
                           f"or a header only): fit on the training files that hold the data")
     columns = [dataclasses.replace(c, stats=stats[c.name].result()) if c.name in stats else c
                for c in schema.columns]
-    return dataclasses.replace(schema, columns=columns, rows_fitted=rows)
+    fitted = dataclasses.replace(schema, columns=columns, rows_fitted=rows)
+    if label is not None:
+        got = label.result()
+        fitted.label = dataclasses.replace(schema.label, stats={k: got[k] for k in ("count", "mean", "std")})
+    return fitted
 
 
 def _bad(path, line: int, reason: str, skip: bool) -> None:

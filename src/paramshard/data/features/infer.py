@@ -30,10 +30,15 @@ and edit the file:
   header decides (frames.sniff_delimiter); it is recorded in the schema
   (``format.by_suffix: false``) so every later command reads the file alike;
 - the label is --label, else a column named like one (label, click, target,
-  y, ...). Only binary labels are supported (``label_kind: "binary"``):
-  0/1 or -1/+1 numbers; two values (yes/no, true/false: yes/true is 1; any
-  other two: the larger number, or the rarer text, is 1). A continuous or
-  multi-class label is refused with the reason.
+  y, ...). Its kind (``label_kind``; docs/data.md "Labels"):
+  "binary": 0/1 or -1/+1 numbers; two values (yes/no, true/false: yes/true
+  is 1; any other two: the larger number, or the rarer text, is 1);
+  "regression": numbers with fractions, or whole numbers of more than
+  MAX_CLASSES values (a price, a count); "multitask": ``--label a,b``, each a
+  binary label. A multi-class label (text of 3+ values, whole numbers of at
+  most MAX_CLASSES values) and a single-valued one are refused with the
+  reason; ``label_kind=`` (``--label-kind binary|regression``) settles a
+  guess (a 0..5 rating is a quantity: regression).
 A guess that could well be wrong ends its note with "ambiguous: why"
 (id_columns.ambiguity); ``schema show`` marks those columns.
 """
@@ -67,9 +72,11 @@ BUCKETS = 10
 AFFIRMATIVE = {frozenset(pair): pair[0] for pair in (("yes", "no"), ("true", "false"), ("y", "n"), ("t", "f"),
                                                      ("positive", "negative"), ("pos", "neg"))}
 MAX_CLASSES = 20     # whole-number labels with at most this many values read as classes, more as a quantity
-SUPPORTED_LABELS = ("only binary labels are supported by the CTR app: 0/1 (or -1/+1) numbers, or a column with "
-                    "two distinct values (yes/no, true/false: yes/true is 1; any other two: the larger number or "
-                    "the rarer text is 1, or set label.positive / label.negative in the schema)")
+SUPPORTED_LABELS = ("the CTR app supports binary labels: 0/1 (or -1/+1) numbers, or a column with two distinct "
+                    "values (yes/no, true/false: yes/true is 1; any other two: the larger number or the rarer text "
+                    "is 1, or set label.positive / label.negative in the schema); real-valued labels (regression, "
+                    "--label-kind regression); and several binary labels (multi-task, --label a,b)")
+LABEL_KINDS = ("binary", "regression")
 
 
 @dataclass
@@ -125,18 +132,23 @@ def _is_number(v: str) -> bool:
 
 def infer_schema(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS,
                  categorical=(), numeric=(), drop=(), multi=(), delimiter: str | None = None,
-                 sequence=()) -> Schema:
+                 label_kind: str | None = None, sequence=()) -> Schema:
     """A schema for the file at ``path`` from its first ``sample_rows`` rows (``infer`` has the
     arguments; this is its schema alone)."""
-    return infer(path, label, sample_rows, categorical, numeric, drop, multi, delimiter, sequence).schema
+    return infer(path, label, sample_rows, categorical, numeric, drop, multi, delimiter, label_kind, sequence).schema
 
 
 def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, categorical=(), numeric=(), drop=(),
-          multi=(), delimiter: str | None = None, sequence=()) -> Inferred:
+          multi=(), delimiter: str | None = None, label_kind: str | None = None, sequence=()) -> Inferred:
     """The schema and the warnings for the file at ``path`` from its first ``sample_rows`` rows.
     The columns named in ``categorical`` / ``numeric`` get that kind whatever the guess, those in
     ``drop`` are dropped, ``multi`` ("COL:SEP" items) are split on SEP; ``delimiter`` overrides
-    the sniffed one; ``sequence`` ("SEQ:CAND" items) marks behaviour sequences (sequences.py)."""
+    the sniffed one; ``sequence`` ("SEQ:CAND" items) marks behaviour sequences (sequences.py).
+    ``label`` may name several binary labels ("click,buy": multi-task); ``label_kind``
+    ("binary" / "regression") overrules the label's guessed kind."""
+    if label_kind is not None and label_kind not in LABEL_KINDS:
+        raise ConfigError(f"--label-kind {label_kind!r}: one of {', '.join(LABEL_KINDS)} (several binary labels: "
+                          f"--label a,b)")
     pairs = sequence_items(sequence)
     path = as_paths(path)[0]
     fmt = sniff_format(path, delimiter)
@@ -153,25 +165,39 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
         raise ConfigError(_no_rows(path, fmt, names, bad))
     sample = {n: np.concatenate(v)[:sample_rows] if v else np.empty(0, object) for n, v in columns.items()}
     guessed = not label
-    label = label or next((n for n in names if n.lower() in LABEL_NAMES), None)
-    if label is None or label not in names:
-        what = f"no column {label!r}{did_you_mean(label, names)}" if label else "no column looks like the label"
-        raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})"
-                          f"{delimiter_hint(names, fmt.delimiter) if fmt.type != 'parquet' else ''}")
-    forced = _overrides(names, label, categorical, numeric, drop, multi)
+    wanted = _listed(label) or [next((n for n in names if n.lower() in LABEL_NAMES), None)]
+    for one in wanted:
+        if one is None or one not in names:
+            what = f"no column {one!r}{did_you_mean(one, names)}" if one else "no column looks like the label"
+            raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})"
+                              f"{delimiter_hint(names, fmt.delimiter) if fmt.type != 'parquet' else ''}")
+    if len(set(wanted)) != len(wanted):
+        raise ConfigError(f"--label {label}: a column is named twice")
+    if len(wanted) > 1 and label_kind == "regression":
+        raise ConfigError(f"--label {label} --label-kind regression: several labels are multi-task binary labels; "
+                          f"a regression has one label")
+    forced = _overrides(names, wanted, categorical, numeric, drop, multi)
     missing = frozenset(fmt.missing)
     warnings: list[str] = []
-    out = [_inferred(n, sample[n], missing, forced.get(n), warnings) for n in names if n != label]
+    out = [_inferred(n, sample[n], missing, forced.get(n), warnings) for n in names if n not in wanted]
     if pairs:
-        out = apply_sequences(out, pairs, names, label, forced)
-    try:
-        target = _label(path, label, sample[label], missing)
-    except ConfigError as exc:
-        if not guessed:
-            raise
-        raise ConfigError(f"{exc} (the label {label!r} was a guess from its name: pass --label COLUMN to "
-                          f"name the label)") from None
-    return Inferred(Schema(label=target, columns=out, format=fmt, label_kind="binary"), warnings)
+        out = apply_sequences(out, pairs, names, wanted, forced)
+    targets = []
+    for one in wanted:
+        try:
+            target, kind = _label(path, one, sample[one], missing, "binary" if len(wanted) > 1 else label_kind)
+        except ConfigError as exc:
+            if not guessed:
+                raise ConfigError(f"{exc} (one of the multi-task labels {label}: each must be binary)"
+                                  if len(wanted) > 1 else str(exc)) from None
+            raise ConfigError(f"{exc} (the label {one!r} was a guess from its name: pass --label COLUMN to "
+                              f"name the label)") from None
+        targets.append(target)
+    if len(targets) > 1:
+        schema = Schema(label=targets[0], columns=out, format=fmt, label_kind="multitask", labels=targets)
+    else:
+        schema = Schema(label=targets[0], columns=out, format=fmt, label_kind=kind)
+    return Inferred(schema, warnings)
 
 
 def _inferred(name: str, raw: np.ndarray, missing: frozenset, kind, warnings: list) -> Column:
@@ -206,7 +232,7 @@ def _no_rows(path: Path, fmt: Format, names: list[str], bad: list) -> str:
     return f"{path}: no data rows, nothing to infer a schema from"
 
 
-def _overrides(names: list[str], label: str, categorical, numeric, drop=(), multi=()) -> dict[str, str]:
+def _overrides(names: list[str], labels: list[str], categorical, numeric, drop=(), multi=()) -> dict[str, str]:
     """{column: kind} from --categorical / --numeric / --drop / --multi (kind "multi:SEP"), every
     name checked against the file, each column named once."""
     separators = _multi_items(multi)
@@ -217,7 +243,7 @@ def _overrides(names: list[str], label: str, categorical, numeric, drop=(), mult
             if n not in names:
                 raise ConfigError(f"{flag} {n}: no such column{did_you_mean(n, names)} "
                                   f"(columns: {', '.join(names)})")
-            if n == label:
+            if n in labels:
                 raise ConfigError(f"{flag} {n}: that is the label column; it is not a feature (pass another "
                                   f"--label to change it)")
     flags = list(asked)
@@ -258,35 +284,52 @@ def _names(path: Path, fmt: Format) -> list[str]:
     return [n.strip() for n in next(csv.reader([head], delimiter=fmt.delimiter))]
 
 
-def _label(path: Path, name: str, raw: np.ndarray, missing: frozenset) -> Label:
-    """The binary label, or a ConfigError saying why the column is not one (SUPPORTED_LABELS)."""
+def _label(path: Path, name: str, raw: np.ndarray, missing: frozenset, kind: str | None = None) -> tuple[Label, str]:
+    """(the label, its kind: "binary" or "regression"), or a ConfigError saying why the column
+    is neither (SUPPORTED_LABELS). ``kind`` (--label-kind) settles an ambiguous guess."""
     miss = missing_mask(raw, missing)
     x, not_number = parse_numbers(raw, miss)
     text = as_text(raw[~miss])
     values, counts = np.unique(text, return_counts=True) if len(text) else (np.empty(0, object), np.empty(0))
+    where = f"{path}: label column {name!r}"
     if not not_number.any():
         numbers = np.unique(x[~miss])
+        if kind == "regression":
+            if len(numbers) < 2:
+                raise ConfigError(f"{where} has one value only ({', '.join(map(str, values[:1])) or 'none'}) in the "
+                                  f"first {len(raw)} rows: nothing to learn; {SUPPORTED_LABELS}")
+            return Label(column=name), "regression"
         if set(numbers.tolist()) <= {0.0, 1.0} or set(numbers.tolist()) <= {-1.0, 1.0}:
-            return Label(column=name)
+            return Label(column=name), "binary"
         if len(numbers) == 2 and len(values) == 2:      # e.g. 1/2: the larger is 1
             hi = int(np.argmax(parse_numbers(values.astype(object), np.zeros(2, bool))[0]))
-            return Label(column=name, positive=[str(values[hi])], negative=[str(values[1 - hi])])
+            return Label(column=name, positive=[str(values[hi])], negative=[str(values[1 - hi])]), "binary"
         whole = bool(np.all(numbers == np.round(numbers)))
         shown = ", ".join(_number_text(float(v)) for v in numbers[:5])
-        what = (f"a multi-class label ({len(numbers)} classes in the first {len(raw)} rows: {shown}, ...)"
-                if whole and len(numbers) <= MAX_CLASSES else
-                f"a continuous label ({len(numbers)} distinct values in the first {len(raw)} rows, e.g. {shown})")
-        raise ConfigError(f"{path}: label column {name!r} is {what}; {SUPPORTED_LABELS}. Make it binary in the "
-                          f"file (e.g. 1 where it exceeds a threshold), or pass another --label")
+        classes = whole and len(numbers) <= MAX_CLASSES
+        if classes:
+            raise ConfigError(f"{where} is a multi-class label ({len(numbers)} classes in the first {len(raw)} rows: "
+                              f"{shown}, ...): if the values are a quantity (a 0..5 rating, a count), pass "
+                              f"--label-kind regression, else make it binary in the file (e.g. 1 where it exceeds a "
+                              f"threshold), or pass another --label; {SUPPORTED_LABELS}")
+        if kind == "binary":
+            raise ConfigError(f"{where} is a continuous label ({len(numbers)} distinct values in the first "
+                              f"{len(raw)} rows, e.g. {shown}), not binary as --label-kind binary says; make it "
+                              f"binary in the file (e.g. 1 where it exceeds a threshold), or leave --label-kind "
+                              f"out to train a regression")
+        return Label(column=name), "regression"
+    if kind == "regression":
+        bad = raw[not_number][0]
+        raise ConfigError(f"{where} is not a number (e.g. {bad!r}): --label-kind regression needs a numeric label")
     if len(values) != 2:
         shown = ", ".join(map(str, values[:5]))
         what = (f"a multi-class label ({len(values)} distinct values in the first {len(raw)} rows: {shown}, ...)"
                 if len(values) > 2 else f"one value only ({shown or 'none'}) in the first {len(raw)} rows")
-        raise ConfigError(f"{path}: label column {name!r} has {what}; {SUPPORTED_LABELS}")
+        raise ConfigError(f"{where} has {what}; {SUPPORTED_LABELS}")
     pair = [str(v) for v in values]
     positive = AFFIRMATIVE.get(frozenset(v.lower() for v in pair))
     pos = next(i for i, v in enumerate(pair) if v.lower() == positive) if positive else int(np.argmin(counts))
-    return Label(column=name, positive=[pair[pos]], negative=[pair[1 - pos]])
+    return Label(column=name, positive=[pair[pos]], negative=[pair[1 - pos]]), "binary"
 
 
 def _forced(name: str, raw: np.ndarray, missing: frozenset, kind: str | None) -> Column:

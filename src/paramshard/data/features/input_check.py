@@ -122,8 +122,9 @@ def _text_head(path: Path, fmt, delimiter: str, want: int, flag: str) -> tuple[l
 
 def _check_columns(path: Path, schema: Schema, flag: str, labelled: bool, names: list[str],
                    delimiter: str) -> None:
-    label = schema.label.column
-    if labelled and label not in names:
+    absent = [label for label in schema.label_names if label not in names] if labelled else []
+    if absent:
+        label = absent[0]
         raise ConfigError(f"{flag} {path}: no label column {label!r}{did_you_mean(label, names)}; the file "
                           f"has {_shown(names)}{delimiter_hint(names, delimiter)}")
     missing = [c.name for c in schema.columns if c.kind != "drop" and c.name not in names]

@@ -28,7 +28,7 @@ def sequence_items(items) -> dict[str, str]:
     return out
 
 
-def apply_sequences(columns: list[Column], pairs: dict[str, str], names: list[str], label: str,
+def apply_sequences(columns: list[Column], pairs: dict[str, str], names: list[str], labels: list[str],
                     forced: dict[str, str]) -> list[Column]:
     """``columns`` with each pair's sequence made a multi ``sequence_of`` its candidate, and the
     candidate categorical; ConfigError for a name not in the file, the label, or a kind the
@@ -40,8 +40,8 @@ def apply_sequences(columns: list[Column], pairs: dict[str, str], names: list[st
             if n not in names:
                 raise ConfigError(f"--sequence {seq}:{cand}: no column {n!r}{did_you_mean(n, names)} "
                                   f"(columns: {', '.join(names)})")
-            if n == label:
-                raise ConfigError(f"--sequence {seq}:{cand}: {n!r} is the label column, not a feature")
+            if n in labels:
+                raise ConfigError(f"--sequence {seq}:{cand}: {n!r} is a label column, not a feature")
         if cand in pairs:
             raise ConfigError(f"--sequence {seq}:{cand}: {cand!r} is itself a sequence; the candidate is the "
                               f"single-valued column (the item to score)")

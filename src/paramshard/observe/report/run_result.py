@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from paramshard.observe.run_records.run_data import RunData
 
-METRICS = (("auc", "AUC"), ("logloss", "logloss"), ("accuracy", "accuracy"))
+# A binary run's (a multi-task run's: the means over its labels, each label's AUC after them);
+# a regression's RMSE, MSE and MAE.
+METRICS = (("auc", "AUC"), ("logloss", "logloss"), ("accuracy", "accuracy"), ("rmse", "RMSE"), ("mse", "MSE"),
+           ("mae", "MAE"))
 
 
 def logged_result(run: RunData) -> dict | None:
@@ -31,6 +34,10 @@ def _scores(scores) -> str:
         return ""
     parts = [f"{label} {scores[key]:.4f}" for key, label in METRICS
              if isinstance(scores.get(key), (int, float)) and not isinstance(scores.get(key), bool)]
+    tasks = scores.get("tasks")
+    if isinstance(tasks, dict):
+        parts.append("(" + ", ".join(f"{name} AUC {t['auc']:.4f}" for name, t in tasks.items()
+                                     if isinstance(t, dict) and isinstance(t.get("auc"), (int, float))) + ")")
     rows = scores.get("rows")
     if isinstance(rows, int) and not isinstance(rows, bool):
         parts.append(f"({rows:,} rows)")

@@ -62,3 +62,34 @@ def test_decay_after_n_epochs_decays_every_nth_epoch_without_improvement():
 
 def test_gauc_is_a_monitor_where_higher_is_better():
     assert Selection("gauc", patience=1).decide([0.6, 0.62]).best_epoch == 1
+
+
+def test_the_monitor_follows_the_label_kind_and_lower_rmse_is_better():
+    """Issue 32: a regression picks epochs by validation RMSE (lower is better) unless told; a metric
+    the label has not is refused, as is GAUC for a regression."""
+    from paramshard.apps.ctr.options import parser, resolve
+    from paramshard.apps.ctr.selection import settle_monitor
+    from paramshard.specs.schema import Column, Label, Schema
+
+    regression = Schema(Label("price"), [Column("c", "categorical")], label_kind="regression")
+    binary = Schema(Label("y"), [Column("c", "categorical")])
+
+    def args(*extra):
+        return resolve(parser("").parse_args(["--train", "t.csv", "--test", "t.csv", "--schema", "s.json", *extra]))
+
+    a = args()
+    settle_monitor(a, regression)
+    assert (a.monitor, a.selection.monitor) == ("rmse", "rmse")
+    assert a.selection.decide([2.0, 1.5, 1.7]) == Decision(1, False, decay=True, stop=False)     # 1.5 is the best
+    b = args()
+    settle_monitor(b, binary)
+    assert b.monitor == "auc"
+    c = args("--monitor", "mae")
+    settle_monitor(c, regression)
+    assert c.selection.monitor == "mae"
+    with pytest.raises(ConfigError, match=r"--monitor auc: a regression label \('price'\) has rmse, mse, mae"):
+        settle_monitor(args("--monitor", "auc"), regression)
+    with pytest.raises(ConfigError, match=r"--monitor rmse: a binary label has auc, logloss, accuracy, gauc"):
+        settle_monitor(args("--monitor", "rmse"), binary)
+    with pytest.raises(ConfigError, match=r"--group-by user: GAUC is an AUC per group, and a regression label"):
+        settle_monitor(args("--group-by", "user"), regression)
