@@ -69,7 +69,7 @@ def run_job(argv: list[str], env: dict | None = None, timeout: float = 120.0, cw
     exits, wait up to ``settle`` s for its processes to end, then kill (and report) the rest.
 
     ``malloc_tuned``: the job starts with the malloc settings (GLIBC_TUNABLES) that `paramshard run`
-    would otherwise restart each rank with (cli/run.py), which costs each rank a second start of
+    would otherwise restart each rank with (cli/jobs/run.py), which costs each rank a second start of
     Python and of `import paramshard` (about 1 s of CPU, most of it pandas). The first job of each
     engine passes False and takes that path."""
     mark = uuid.uuid4().hex

@@ -14,7 +14,7 @@ import pytest
 from paramshard.errors import ConfigError
 from paramshard.launch.api import LaunchConfig, thread_environ, usable_cpus
 from paramshard.launch.rank.target import split_attached_module
-from paramshard.cli.launch import add_arguments
+from paramshard.cli.jobs.launch import add_arguments
 from tests.e2e.in_process import cli_in_process
 
 MODULE = textwrap.dedent("""

@@ -222,7 +222,7 @@ def test_no_rank_outlives_the_zygote(tmp_path):
 
 
 def test_fork_is_refused_over_ssh_and_the_variable_ignored(monkeypatch):
-    from paramshard.cli.launch import _fork
+    from paramshard.cli.jobs.launch import _fork
     monkeypatch.delenv("PARAMSHARD_FORK", raising=False)
     with pytest.raises(ConfigError, match="--fork forks ranks on this machine; with --hosts"):
         _fork(argparse.Namespace(hosts="10.0.0.1", fork=True))

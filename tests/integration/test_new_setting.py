@@ -22,7 +22,7 @@ NEW_SETTING = textwrap.dedent('''
                           flag("k8s", "--test-knob", "the knob", type=int)))
     table.SETTINGS += (knob,)
     import paramshard.env, paramshard.launch.api, paramshard.launch.engines.k8s
-    import paramshard.cli.launch, paramshard.cli.run, paramshard.cli.k8s
+    import paramshard.cli.jobs.launch, paramshard.cli.jobs.run, paramshard.cli.jobs.k8s
     for module in (paramshard.env, paramshard.launch.api, paramshard.launch.engines.k8s):
         importlib.reload(module)
     from paramshard.env import ClusterEnv
@@ -46,12 +46,12 @@ NEW_SETTING = textwrap.dedent('''
         p = argparse.ArgumentParser()
         module.add_arguments(p)
         return p.parse_args(argv)
-    args = parse(paramshard.cli.launch, ["--test-knob", "11", "-m", "m"])
+    args = parse(paramshard.cli.jobs.launch, ["--test-knob", "11", "-m", "m"])
     outer = ClusterEnv.from_environ({})
     assert launch_fields(args, "launch", outer)["test_knob"] == 11
-    args = parse(paramshard.cli.run, ["--servers", "1", "--test-knob", "12", "-m", "m"])
+    args = parse(paramshard.cli.jobs.run, ["--servers", "1", "--test-knob", "12", "-m", "m"])
     assert contract_changes(args, "run")["test_knob"] == 12
-    args = parse(paramshard.cli.k8s, ["--trainers", "1", "--image", "i", "--test-knob", "13", "-m", "m"])
+    args = parse(paramshard.cli.jobs.k8s, ["--trainers", "1", "--image", "i", "--test-knob", "13", "-m", "m"])
     k8s = K8sJobSpec(**spec_fields(args), script=None, module="m", image="i", servers=1, secret="s")
     pods = [d["spec"]["template"]["spec"]["containers"][0]["env"] for d in render_manifests(k8s)
             if d["kind"] in ("StatefulSet", "Job")]

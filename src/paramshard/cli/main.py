@@ -9,24 +9,24 @@ import sys
 
 from paramshard.errors import ParamshardError
 
-# subcommand -> module under paramshard.cli
+# subcommand -> module under paramshard.cli (jobs/: a job's life; data/: a user's data; models/: a trained model)
 COMMANDS = {
-    "plan": "plan",
-    "launch": "launch",
-    "run": "run",
-    "server": "server",
-    "env": "env",
-    "split-data": "split_data",
-    "gen-data": "gen_data",
-    "dataset": "dataset",
-    "schema": "schema",
-    "stats": "stats",
-    "scale": "scale",
-    "export": "export",
-    "export-model": "export_model",
-    "predict": "predict",
-    "k8s": "k8s",
-    "report": "report",
+    "plan": "jobs.plan",
+    "launch": "jobs.launch",
+    "run": "jobs.run",
+    "server": "jobs.server",
+    "env": "jobs.env",
+    "split-data": "data.split_data",
+    "gen-data": "data.gen_data",
+    "dataset": "data.dataset",
+    "schema": "data.schema",
+    "stats": "jobs.stats",
+    "scale": "jobs.scale",
+    "export": "models.export",
+    "export-model": "models.export_model",
+    "predict": "models.predict",
+    "k8s": "jobs.k8s",
+    "report": "jobs.report",
 }
 
 

@@ -22,7 +22,7 @@ DISPATCHERS = ("round_robin", "hash", "legacy_v1", "balanced")
 DEFAULT_MIN_BLOCK_SIZE = 8192
 DEFAULT_TIMEOUT = 120.0
 CHECKPOINTS, WATCH = "checkpoints", "seeing the job"     # `paramshard launch`'s argument groups
-SECRET_SOURCE = "secret source"     # `paramshard k8s`'s mutually exclusive group (made by cli/k8s.py)
+SECRET_SOURCE = "secret source"     # `paramshard k8s`'s mutually exclusive group (made by cli/jobs/k8s.py)
 _LAUNCHED = frozenset({JOB, LAUNCH})
 
 

@@ -32,5 +32,5 @@ def test_no_setting_is_read_outside_the_table():
     read = re.compile(r"environ(?:\.get\(|\[)\s*[\"'](PARAMSHARD_\w+|GLOO_\w+|GLIBC_\w+|OMP_\w+|MKL_\w+)")
     found = [(str(p.relative_to(SRC)), m) for p in SRC.rglob("*.py") if "settings" not in p.parts
              for m in read.findall(p.read_text())]
-    # cli/run.py re-executes itself under GLIBC_TUNABLES (the launch helper's region, left as it is).
-    assert [f for f in found if f[0] != "cli/run.py"] == []
+    # cli/jobs/run.py re-executes itself under GLIBC_TUNABLES (the launch helper's region, left as it is).
+    assert [f for f in found if f[0] != "cli/jobs/run.py"] == []

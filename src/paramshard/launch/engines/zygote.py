@@ -37,7 +37,7 @@ import sys
 # after FIRST and imports LATER one module at a time between requests: servers are forked at
 # once, a trainer waits for LATER. A module that is missing is skipped (its importer will say so
 # in the rank, as it would unforked).
-FIRST = ("numpy", "zmq", "paramshard", "paramshard.runtime", "paramshard.cli.main", "paramshard.cli.server",
+FIRST = ("numpy", "zmq", "paramshard", "paramshard.runtime", "paramshard.cli.main", "paramshard.cli.jobs.server",
          "paramshard.server.core.parameter_server")
 LATER = ("torch", "torch.nn", "torch.nn.functional", "torch.optim", "paramshard.trainer", "pandas", "numba",
          "paramshard.server.storage.kernels.row_kernels", "paramshard.server.storage.kernels.update_kernels",

@@ -1,7 +1,7 @@
 """A job's secret where no launcher hands one to every rank (`paramshard run` under srun or torchrun).
 
 mpirun has a channel as trusted as the engine itself (its own MPI transport):
-rank 0 makes the secret and sends it to the others there (cli/run.py). Slurm's
+rank 0 makes the secret and sends it to the others there (cli/jobs/run.py). Slurm's
 and torchrun's address stores are plain TCP that anyone on the host can read
 and write, so a secret must never travel through them. What the ranks do share
 is the user's own files: the first rank to get there writes the secret to

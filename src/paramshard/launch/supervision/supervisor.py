@@ -4,7 +4,7 @@ A run's Launcher restarts servers in place; when a run fails anyway, the restart
 policy (launch/supervision/restart_policy.py) decides whether the job runs again from the
 latest checkpoint. Both draw on the same ``RestartPolicy``, so ``--max-restarts N``
 means N restarts of either kind in all: every run's Launcher is built with the
-supervisor's (launch/supervision/build.py). ``paramshard launch`` (cli/launch.py) only
+supervisor's (launch/supervision/build.py). ``paramshard launch`` (cli/jobs/launch.py) only
 parses its flags, builds the first run's Launcher and hands it here.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ import argparse
 import numpy as np
 import pytest
 
-from paramshard.cli.launch import _checkpoint_fields
+from paramshard.cli.jobs.launch import _checkpoint_fields
 from paramshard.client.recovery import ServeAgain
 from paramshard.errors import ConfigError, DeadlineExceeded, RemoteError, ServerUnavailable
 from paramshard.launch.api import LaunchConfig

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from paramshard.apps.ctr.result import result_record
-from paramshard.cli import report as report_cli
+from paramshard.cli.jobs import report as report_cli
 from paramshard.observe.run_records.records import write_json
 from paramshard.observe.run_records.run_data import load_run
 from paramshard.observe.run_records.trainer_records import TrainerRecords

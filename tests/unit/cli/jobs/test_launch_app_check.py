@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from paramshard.cli import launch as launch_cli
+from paramshard.cli.jobs import launch as launch_cli
 from paramshard.cli.main import main
 
 CTR = ["-m", "paramshard.apps.ctr"]

@@ -1,10 +1,10 @@
-"""cli/scale.py: which requests `paramshard scale` sends, in which order (a host first, so the ranks
+"""cli/jobs/scale.py: which requests `paramshard scale` sends, in which order (a host first, so the ranks
 asked for next may go there), and what it refuses before sending anything."""
 import argparse
 
 import pytest
 
-from paramshard.cli import scale
+from paramshard.cli.jobs import scale
 from paramshard.errors import ConfigError
 
 

@@ -1,11 +1,11 @@
-"""cli/stats.py: on a file, a pipe or a rank's forwarded output, `paramshard stats` prints a
+"""cli/jobs/stats.py: on a file, a pipe or a rank's forwarded output, `paramshard stats` prints a
 plain table every few seconds instead of redrawing a screen (no escape codes in a file)."""
 import argparse
 import contextlib
 
 import numpy as np
 
-from paramshard.cli import stats
+from paramshard.cli.jobs import stats
 
 
 def test_not_on_a_terminal_the_table_is_printed_plainly_each_time(monkeypatch, capsys):

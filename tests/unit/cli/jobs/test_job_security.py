@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from paramshard.cli import stats
-from paramshard.cli.run import _check_same_keys, _job_and_secret, _SecretFile
+from paramshard.cli.jobs import stats
+from paramshard.cli.jobs.run import _check_same_keys, _job_and_secret, _SecretFile
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.launch.api import JobSpec, LaunchConfig

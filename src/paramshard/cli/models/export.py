@@ -62,7 +62,7 @@ def _from_checkpoint(args) -> int:
         save_table(args.out, meta, ids, values)
         print(f"wrote {len(ids):,} rows of table {args.table!r} (dim {meta['dim']}) of {ckpt.path} to {args.out}")
         return 0
-    from paramshard.cli.export_model import describe_written
+    from paramshard.cli.models.export_model import describe_written
     from paramshard.inference.serving import export_model     # torch: imported only here
 
     print(describe_written(export_model(ckpt.path, args.out), args.out))

@@ -3,7 +3,7 @@ import argparse
 
 import pytest
 
-from paramshard.cli.launch import _split_trainer_range
+from paramshard.cli.jobs.launch import _split_trainer_range
 from paramshard.errors import ConfigError
 from paramshard.settings.argtypes import trainers
 

@@ -1,0 +1,1 @@
+"""The commands about a user's data: dataset, gen-data, split-data, schema."""

@@ -1,0 +1,1 @@
+"""The commands about a trained model: export, export-model, predict."""
