@@ -33,7 +33,7 @@ from paramshard.errors import ParamshardError
 
 
 def main(argv=None) -> int:
-    from paramshard.apps.ctr import training as run_module
+    from paramshard.apps.ctr import refit, training as run_module
     from paramshard.apps.ctr.options import parser, resolve
     import paramshard as ps
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         if chief:
             print(text, flush=True)
 
-    out = run_module.train(args, say)
+    out = refit.train(args, say)       # selection, then (small tables) the refit
     if out is not None and args.json:
         run_module.write_json(args.json, out)
         say(f"wrote {args.json}")

@@ -13,7 +13,7 @@ from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES
 from paramshard.models import MODELS
 from paramshard.models.defaults import architecture_defaults, training_defaults
 from paramshard.data.features.side_columns import SideColumns
-from paramshard.apps.ctr import table_size
+from paramshard.apps.ctr import refit, table_size
 from paramshard.apps.ctr.selection import MONITORS, Selection
 
 
@@ -46,6 +46,14 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--lr-decay-after", type=int, metavar="N",
                    help="decay the learning rates after every N epochs in a row without improvement (default: "
                         "half of --patience, at least 1)")
+    p.add_argument("--lr-decay-at", metavar="E1,E2",
+                   help="a fixed schedule instead of decays on a plateau: multiply every learning rate by "
+                        "--lr-decay after each of these epochs (what a refit repeats: apps/ctr/refit.py)")
+    p.add_argument("--refit", choices=("auto", "always", "never"), default="auto",
+                   help="after selection, train a fresh model on all of --train (the hold-out too) for the best "
+                        "epoch count, with the same seed and decays, and make it the run's model (test figures, "
+                        "--export); auto: on a table of fewer than 100,000 rows whose hold-out comes from --train, "
+                        "in one process (apps/ctr/refit.py)")
     p.add_argument("--weight", metavar="COL",
                    help="a numeric column of the schema whose value weights each row's loss and metrics (weighted "
                         "log loss, AUC, accuracy); not a feature; needed in --valid and --test files too")
@@ -124,6 +132,7 @@ def resolve(args) -> argparse.Namespace:
     # --monitor left out: auc until the schema's label kind is known (selection.settle_monitor: rmse for a regression).
     args.monitor_given, args.monitor = args.monitor is not None, args.monitor or "auc"
     args.selection = Selection(args.monitor, args.patience, args.lr_decay, args.lr_decay_after)
+    args.lr_decay_at = refit.decay_epochs(args.lr_decay_at)
     if args.weight is not None and args.weight == args.group_by:
         raise ConfigError(f"--weight and --group-by name the same column {args.weight!r}: a weight is no group key")
     if args.monitor == "gauc" and args.group_by is None:

@@ -34,7 +34,7 @@ from paramshard.inference.evaluation import evaluate
 from paramshard.models import build_model, hashed_embedding
 from paramshard.models.heads import head_of
 from paramshard.observe.report.server_table import StepProgress
-from paramshard.apps.ctr import elastic, loss_check, table_size
+from paramshard.apps.ctr import elastic, loss_check, refit, table_size
 from paramshard.apps.ctr.audit import TrainedLog
 from paramshard.apps.ctr.inputs import checked_schema
 from paramshard.apps.ctr.result import result_record
@@ -92,6 +92,7 @@ class Run:
         self.hints: list[str] = []   # advice on a run that went well (not warnings)
         self.best_epoch: int | None = None
         self.lr_scale = 1.0          # the learning rates' factor so far (every decay on a plateau)
+        self.decays: list[int] = []  # the epochs after which the rates decayed (what a refit repeats)
         self.stopped = False         # early stopping ended the run (a resume trains no further)
         self.workdir = self.best_file = None
         if self.chief and env.checkpoint_dir:
@@ -105,6 +106,7 @@ class Run:
     def remember(self, trainer) -> None:
         trainer.state["ctr"] = {"history": [self.history[e] for e in sorted(self.history)],
                                 "best_epoch": self.best_epoch, "lr_scale": self.lr_scale, "warnings": self.warnings,
+                                "decays": self.decays,
                                 "stopped": self.stopped}
 
     def recall(self, trainer) -> None:
@@ -114,6 +116,7 @@ class Run:
         self.history = {int(r["epoch"]): r for r in saved.get("history", [])}
         self.best_epoch, self.lr_scale = saved.get("best_epoch"), float(saved.get("lr_scale", 1.0))
         self.warnings = list(saved.get("warnings", []))
+        self.decays = [int(e) for e in saved.get("decays", [])]
         self.stopped = bool(saved.get("stopped", False))
         if self.history:
             self.say(f"resumed after epoch {max(self.history)}: its validation history, best epoch "
@@ -262,16 +265,22 @@ class Run:
                                               side=getattr(args, "side", None)))
         self.say(f"best epoch {self.best_epoch}: test {figures_text(final, accuracy=True)} (its model restored from "
                  f"the snapshot)")
-        if args.export:
+        if args.export and getattr(args, "refit_planned", False):
+            self.say(f"--export {args.export}: the refit's model, once trained (refit.py)")
+        elif args.export:
             Path(args.export).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.best_file, args.export)
-            self.say(f"wrote {args.export}: the best epoch's model (`paramshard predict {args.export} DATA`)")
+            what = "the refit's model" if getattr(args, "is_refit", False) else "the best epoch's model"
+            self.say(f"wrote {args.export}: {what} (`paramshard predict {args.export} DATA`)")
         return {"model": args.model, "trainers": trainers, "servers": servers, "mode": str(self.env.mode),
                 "settings": {"lr": args.lr, "table_lr": args.table_lr, "batch_size": args.batch_size,
                              "embedding_l2": args.embedding_l2, **args.architecture,
                              "valid_fraction": None if args.valid else args.valid_fraction, "patience": args.patience,
                              "lr_decay": args.lr_decay, "lr_decay_after": args.lr_decay_after,
-                             "weight": args.weight, "group_by": args.group_by},
+                             "weight": args.weight, "group_by": args.group_by, "epochs": args.epochs,
+                             "lr_decay_at": args.lr_decay_at, "refit": args.refit,
+                             "refit_planned": getattr(args, "refit_planned", False)},
+                "lr_decays": self.decays,
                 "epochs": [self.history[e] for e in sorted(self.history)], "best_epoch": self.best_epoch,
                 "best": {k: final[k] for k in RESULT_KEYS if k in final},
                 "final": {k: final[k] for k in RESULT_KEYS if k in final},
@@ -323,10 +332,15 @@ def train(args, say) -> dict | None:
     env = ps.init()
     schema = load_schema(args, env.num_trainers, say)
     # Past SMALL_TABLE_ROWS every scaled default is the large table's: a big --train is not read through.
-    scaled = table_size.settle(args, count_records(args.train, schema, up_to=table_size.SMALL_TABLE_ROWS)
-                               if getattr(args, "scaled", None) else 0)
+    rows = count_records(args.train, schema, up_to=table_size.SMALL_TABLE_ROWS) \
+        if getattr(args, "scaled", None) or getattr(args, "refit", "never") == "auto" else 0
+    scaled = table_size.settle(args, rows)
     if scaled:
         say(scaled)
+    # After selection, a fresh model on all of --train (refit.py); standalone: no launcher's role.
+    planned = refit.settle(args, rows, standalone=ps.runtime.environment().role is None)
+    if planned:
+        say(planned)
     elastic.refuse(args, env, schema)
     torch.manual_seed(args.seed)
     model = make_model(args, schema, env.mode.has_servers)
@@ -367,9 +381,13 @@ def train(args, say) -> dict | None:
             if decision is None:
                 continue        # rolled back past this point: trainer.epochs replays the epoch
             decision = Decision.from_json(decision)
-            if decision.decay:
+            # --lr-decay-at: a fixed schedule (a refit's) instead of the decays on a plateau.
+            if (decision.decay if args.lr_decay_at is None else epoch in args.lr_decay_at) and args.lr_decay < 1:
+                if args.lr_decay_at is not None:
+                    say(f"  learning rates x {args.lr_decay:g} after epoch {epoch} (--lr-decay-at)")
                 trainer.scale_learning_rate(args.lr_decay)
                 run.lr_scale *= args.lr_decay
+                run.decays = [e for e in run.decays if e < epoch] + [epoch]     # a replayed epoch: once
             run.stopped = decision.stop
             run.remember(trainer)           # the next checkpoint (the next epoch's first, or close's) keeps it
             if decision.stop:
@@ -393,7 +411,9 @@ def describe_run(args, schema, env, steps: int) -> str:
     return (f"{describe(args)}\n{schema.num_dense} dense features and {schema.num_fields} id fields; {trainers} "
             f"steps per trainer per epoch; {len(env.servers)} server(s), {env.mode} mode; {valid}; at most "
             f"{args.epochs} epochs (patience {args.patience}, learning rates x {args.lr_decay:g} after "
-            f"{args.lr_decay_after} epoch(s) without improvement, monitor {args.monitor})"
+            + (f"epochs {','.join(map(str, args.lr_decay_at)) or 'none'} (--lr-decay-at)"
+               if getattr(args, "lr_decay_at", None) is not None else
+               f"{args.lr_decay_after} epoch(s) without improvement") + f", monitor {args.monitor})"
             + (f"; rows weighted by {args.weight!r}" if args.weight else "")
             + (f"; GAUC by {args.group_by!r}" if args.group_by else ""))
 

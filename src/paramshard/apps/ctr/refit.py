@@ -1,0 +1,130 @@
+"""Refit on a small table: after model selection, a fresh model trained on ALL of --train for
+the best epoch count, with the same seed and the same learning-rate decays, is the run's model.
+
+Why: selection needs a hold-out, and on a small table the hold-out is a large part of the
+data (1,000 rows of 1,070 x 0.75 on the ISLP OJ table, a quarter held out: table_size.py).
+The best epoch's model never saw those rows. Once the hold-out has said how many epochs to
+train (E) and when the rates decayed, it has done its job: the model trained the same way on
+every row is better (the rows held out are a quarter more data; on OJ about +0.01 AUC), as
+scikit-learn's ``*CV`` estimators refit on the whole set after choosing on folds. On a large
+table 10% held out costs nothing measurable and a second run costs as much as the first, so
+``auto`` refits only below table_size.SMALL_TABLE_ROWS rows.
+
+The refit is the run the user could have typed: ``--valid-fraction 0 --epochs E --lr-decay-at
+D`` (D: the epochs after which the selection run decayed, those before E), the same seed and
+everything else alike: its figures equal that run's (tests/integration/test_ctr_app_refit.py).
+
+Where: one process (``python -m paramshard.apps.ctr``): the refit is a second standalone job
+in the same interpreter (runtime.init starts one per call: a fresh in-process server, fresh
+tables, dense values and optimizer state). A launched job's servers hold the selection run's
+tables and dense values, and the job has no way yet to start a fresh model under the same
+trainers: there ``auto`` says so and keeps the best epoch's model, ``always`` is refused.
+"""
+from __future__ import annotations
+
+import copy
+
+from paramshard.errors import ConfigError
+from paramshard.apps.ctr import table_size
+
+MODES = ("auto", "always", "never")
+
+
+def decay_epochs(text) -> tuple[int, ...] | None:
+    """--lr-decay-at "2,5" as (2, 5), sorted, each >= 1; None when not given."""
+    if text is None or isinstance(text, tuple):
+        return text
+    try:
+        epochs = tuple(sorted({int(e) for e in str(text).split(",") if e.strip()}))
+    except ValueError:
+        raise ConfigError(f"--lr-decay-at {text!r}: expected epoch numbers like 3,6") from None
+    if any(e < 1 for e in epochs):
+        raise ConfigError(f"--lr-decay-at {text!r}: epochs count from 1")
+    return epochs
+
+
+def why_not(args, standalone: bool) -> str | None:
+    """Why this run cannot refit (None: it can)."""
+    if args.valid is not None:
+        return "validation comes from --valid files, so every --train row trains already"
+    if not args.valid_fraction:
+        return "--valid-fraction 0: no hold-out, every --train row trains already"
+    if args.lr_decay_at is not None:
+        return "--lr-decay-at is given (a fixed schedule, what a refit itself runs)"
+    if not standalone:
+        return ("a launched job's servers hold the selection run's tables and dense values, and a fresh model "
+                "under the same trainers is not supported yet; the best epoch's model is the run's (run small "
+                "tables in one process, `python -m paramshard.apps.ctr`, to refit)")
+    return None
+
+
+def settle(args, rows: int, standalone: bool) -> str:
+    """Decide whether this run refits (``args.refit_planned``), from --refit, --train's rows
+    (counted up to table_size.SMALL_TABLE_ROWS) and the mode; the line that says so, or "".
+    ConfigError for --refit always where a refit cannot run."""
+    args.refit_planned = False
+    if args.refit == "never":
+        return ""
+    reason = why_not(args, standalone)
+    if args.refit == "always":
+        if reason is not None:
+            raise ConfigError(f"--refit always: {reason}; use --refit auto or never")
+        args.refit_planned = True
+        return (f"refit: after selection, a fresh model trains on all of --train for the best epoch count "
+                f"(--refit always)")
+    small = rows < table_size.SMALL_TABLE_ROWS
+    if not small:
+        return ""           # a large table: the hold-out costs nothing measurable, no second run
+    if reason is not None:
+        # Said only where the user did not choose it: a launched job (the others name their flag).
+        return "" if args.valid is not None or not args.valid_fraction or args.lr_decay_at else \
+            f"no refit on this small table: {reason}"
+    args.refit_planned = True
+    return (f"refit: after selection, a fresh model trains on all {rows:,} rows of --train (the hold-out too) for "
+            f"the best epoch count, same seed and decays, and is the run's model (--refit never: the best epoch's)")
+
+
+def schedule(out: dict) -> tuple[int, tuple[int, ...]]:
+    """From the selection run's result: the epochs to refit for and the decays before them."""
+    epochs = int(out["best_epoch"])
+    return epochs, tuple(e for e in out.get("lr_decays", ()) if e < epochs)
+
+
+def refit_args(args, epochs: int, decays: tuple[int, ...]):
+    """The refit's arguments: the selection run's, on all of --train, for ``epochs``, decaying
+    after ``decays`` - what ``--valid-fraction 0 --epochs E --lr-decay-at D`` gives."""
+    again = copy.copy(args)
+    again.valid, again.valid_fraction, again.epochs, again.lr_decay_at = None, 0.0, epochs, decays
+    again.refit, again.refit_planned, again.scaled, again.is_refit = "never", False, [], True
+    again.json = None              # the selection run's --json carries the refit's figures
+    again.trained_log = None       # the audit is of the selection run's epochs
+    return again
+
+
+def flags(epochs: int, decays: tuple[int, ...]) -> str:
+    return (f"--valid-fraction 0 --epochs {epochs}"
+            + (f" --lr-decay-at {','.join(map(str, decays))}" if decays else " --lr-decay 1"))
+
+
+def train(args, say) -> dict | None:
+    """The app's run: selection (training.train), then, when planned, the refit; the result's
+    ``final`` figures are those of the model the run keeps, ``final_model`` says which."""
+    from paramshard.apps.ctr import training
+    out = training.train(args, say)
+    if out is None:
+        return None
+    if not getattr(args, "refit_planned", False):
+        out["final_model"] = "best epoch"
+        return out
+    epochs, decays = schedule(out)
+    say(f"refit: a fresh model on all of --train for {epochs} epoch(s) (the best epoch count), seed {args.seed}, "
+        f"learning rates x {args.lr_decay:g} after {'epochs ' + ', '.join(map(str, decays)) if decays else 'no epoch'}"
+        f": as `{flags(epochs, decays)}` would")
+    again = training.train(refit_args(args, epochs, decays), lambda text: say(f"refit: {text}"))
+    out["refit"] = {"epochs": epochs, "lr_decays": list(decays), "flags": flags(epochs, decays),
+                    "history": again["epochs"], "final": again["final"]}
+    out["final"] = again["final"]
+    out["final_model"] = "refit"
+    say(f"the run's model is the refit's (test AUC {again['final']['auc']:.4f}; the best epoch's, trained without "
+        f"the hold-out: {out['best']['auc']:.4f})")
+    return out
