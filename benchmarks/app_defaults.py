@@ -65,7 +65,7 @@ def run_app(files: dict, model: str, seed: int, out: Path, extra: list[str], tim
 
 
 def summarise(name: str, model: str, defaults: list[dict], fixed: list[dict]) -> list[str]:
-    picked = [d["best"]["auc"] for d in defaults]
+    picked = [d["final"]["auc"] for d in defaults]      # the run's model: the refit's when it refits
     epochs_run = [len(d["epochs"]) for d in defaults]
     curves = [[e["auc"] for e in f["epochs"]] for f in fixed]
     means = [statistics.mean(c[i] for c in curves) for i in range(min(map(len, curves)))]
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
                     out = root / f"{name}-{model}-{kind}-{seed}.json"
                     result = run_app(files, model, seed, out, flags, args.timeout)
                     (defaults if kind == "defaults" else fixed).append(result)
-                print(f"  {name} {model} seed {seed}: defaults {defaults[-1]['best']['auc']:.4f} "
+                print(f"  {name} {model} seed {seed}: defaults {defaults[-1]['final']['auc']:.4f} "
                       f"(epoch {defaults[-1]['best_epoch']} of {len(defaults[-1]['epochs'])}), fixed "
                       + " ".join(f"{e['auc']:.4f}" for e in fixed[-1]["epochs"]), file=sys.stderr, flush=True)
             rows.append(summarise(name, model, defaults, fixed))

@@ -92,6 +92,8 @@ def test_deepfm_on_2_servers_and_2_trainers_beats_sklearn_logistic_regression(ad
     best = result["epochs"][result["best_epoch"] - 1]
     assert best["valid"]["auc"] == max(e["valid"]["auc"] for e in result["epochs"])
     assert {k: best[k] for k in ("auc", "logloss", "accuracy", "rows")} == result["best"] == result["final"]
+    # 35k rows, a small table, but a launched job cannot refit (apps/ctr/refit.py): it says why at the start.
+    assert "no refit on this small table: a launched job" in r.stdout and result["final_model"] == "best epoch"
     # `paramshard report RUN_DIR` says the same result first: from the record trainer 0 logged.
     from paramshard.observe.report.run_result import result_lines
     from paramshard.observe.run_records.run_data import load_run
@@ -112,7 +114,8 @@ from paramshard.apps.ctr import main
 train, test, schema, out = sys.argv[1:5]
 for model in sys.argv[5:]:
     print("=== " + model, flush=True)
-    assert main(["--train", train, "--test", test, "--schema", schema, "--model", model, "--epochs", "1",
+    # --refit never: every model's path once (a refit would train each twice: tests/integration/test_ctr_app_refit.py)
+    assert main(["--train", train, "--test", test, "--schema", schema, "--model", model, "--epochs", "1", "--refit", "never",
                  "--json", f"{out}/{model}.json"]) == 0
 """
 

@@ -22,6 +22,8 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
         raise ConfigError(f"{message} (`python -m paramshard.apps.ctr --help` lists its options)")
     p.error = refuse        # type: ignore[method-assign]  # this parser only: argparse calls self.error
     args = resolve(p.parse_args(argv))
+    from paramshard.apps.ctr import refit
+    refit.refuse_launched(args)       # only the launcher calls this: a launched job cannot refit
     if files:
         from paramshard.apps.ctr.selection import settle_monitor
         settle_monitor(args, checked_schema(args))     # the trainers' own first check (one trainer's share of rows)

@@ -33,7 +33,10 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="without --valid: this part of --train's rows (chosen by a seeded hash of the row "
                         "number; in an elastic job, of the row's fields) is held out for validation, never trained on; 0: no validation, keep the last epoch "
                         "(default: 0.1, or 1,000 rows on a small table, at most 0.25: apps/ctr/table_size.py)")
-    p.add_argument("--epochs", type=int, default=10, help="at most this many epochs (early stopping may end sooner)")
+    p.add_argument("--epochs", type=int,
+                   help="at most this many epochs (early stopping may end sooner; default: 10, or on a table of "
+                        "fewer than 100,000 rows enough for 200 batches of --batch-size, at most 100: "
+                        "apps/ctr/table_size.py)")
     p.add_argument("--patience", type=int,
                    help="stop after this many epochs in a row without a better validation score (0: never early; "
                         "default: 2, or 4 on a table of fewer than 100,000 rows)")
@@ -106,6 +109,10 @@ def resolve(args) -> argparse.Namespace:
             raise ConfigError(f"--hidden {args.hidden!r}: expected widths like 128,64") from None
     args.architecture = {name: getattr(args, name) if getattr(args, name, None) is not None else value
                          for name, value in arch.items()}
+    # --epochs left out scales with the table too (table_size.settle), from the large table's cap.
+    args.epochs_scaled = args.epochs is None
+    if args.epochs is None:
+        args.epochs = table_size.DEFAULT_EPOCHS
     for name in ("epochs", "batch_size", "task_bytes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -123,6 +130,8 @@ def resolve(args) -> argparse.Namespace:
     # Left out, these take the large-table defaults here and scale with --train's rows once they
     # are counted (table_size.settle, at the run's start).
     args.scaled = [name for name in ("valid_fraction", "patience", "lr_decay_after") if getattr(args, name) is None]
+    if args.epochs_scaled:
+        args.scaled.append("epochs")
     if args.valid_fraction is None:
         args.valid_fraction = table_size.DEFAULT_VALID_FRACTION
     if args.patience is None:

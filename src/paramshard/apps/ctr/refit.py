@@ -58,6 +58,13 @@ def why_not(args, standalone: bool) -> str | None:
     return None
 
 
+def refuse_launched(args) -> None:
+    """`paramshard launch` checks the app's arguments before it starts any process: --refit
+    always cannot run in a launched job, said then rather than by every trainer."""
+    if args.refit == "always":
+        raise ConfigError(f"--refit always: {why_not(args, standalone=False)}; use --refit auto or never")
+
+
 def settle(args, rows: int, standalone: bool) -> str:
     """Decide whether this run refits (``args.refit_planned``), from --refit, --train's rows
     (counted up to table_size.SMALL_TABLE_ROWS) and the mode; the line that says so, or "".

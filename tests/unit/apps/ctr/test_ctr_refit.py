@@ -51,6 +51,13 @@ def test_a_launched_job_does_not_refit_and_says_why():
         planned(3_600, "--refit", "always", standalone=False)
 
 
+def test_the_launcher_refuses_refit_always_before_starting_anything():
+    from paramshard.apps.ctr import check_arguments
+    with pytest.raises(ConfigError, match="--refit always: a launched job"):
+        check_arguments(BASE + ["--refit", "always"], files=False)
+    check_arguments(BASE + ["--refit", "auto"], files=False)       # auto: says so at the start, keeps the best epoch
+
+
 def test_the_schedule_repeats_the_decays_before_the_best_epoch():
     assert refit.schedule({"best_epoch": 6, "lr_decays": [2, 5, 8]}) == (6, (2, 5))
     assert refit.schedule({"best_epoch": 3, "lr_decays": [3]}) == (3, ())     # a decay after the last epoch: none

@@ -41,8 +41,8 @@ def test_a_large_table_keeps_the_benchmark_suites_rule_and_says_nothing():
 
 
 def test_explicit_flags_win_over_the_table_size():
-    args, note = settled(3_600, "--valid-fraction", "0.1", "--patience", "2", "--lr-decay-after", "1")
-    assert (args.valid_fraction, args.patience, args.lr_decay_after) == (0.1, 2, 1) and note == ""
+    args, note = settled(3_600, "--valid-fraction", "0.1", "--patience", "2", "--lr-decay-after", "1", "--epochs", "10")
+    assert (args.valid_fraction, args.patience, args.lr_decay_after, args.epochs) == (0.1, 2, 1, 10) and note == ""
     args, _ = settled(3_600, "--patience", "3")            # decays after half the patience, at least 1
     assert (args.patience, args.lr_decay_after) == (3, 1)
     args, _ = settled(3_600, "--valid", "v.csv")
@@ -68,3 +68,18 @@ def test_counting_the_rows_stops_once_past_what_the_defaults_need(tmp_path):
     assert 250 < count_records(files, schema, up_to=250) <= 300        # the second file is not read
     args, _ = settled(count_records(files, schema, up_to=table_size.SMALL_TABLE_ROWS))
     assert args.valid_fraction == 0.25
+
+
+@pytest.mark.parametrize("rows,epochs", [(1_070, 64), (5_822, 11), (23_486, 10), (400, 100), (2_000_000, 10)])
+def test_the_epoch_cap_gives_a_small_table_200_batches(rows, epochs):
+    """The 1,070-row OJ table, a quarter held out: 803 rows, 3 batches of 256 an epoch; 64 epochs
+    are 200 batches. From a few thousand rows on, ten epochs are more than that already."""
+    args, note = settled(rows)
+    assert args.epochs == epochs == table_size.epochs(rows, 256, args.valid_fraction)
+    assert (f"at most {epochs} epochs" in note) is (epochs != 10)
+
+
+def test_an_explicit_epoch_count_wins_and_the_batch_size_counts():
+    assert settled(1_070, "--epochs", "7")[0].epochs == 7
+    assert settled(1_070, "--batch-size", "64")[0].epochs == 16      # 200 batches of 64 over 803 rows
+    assert settled(1_070, "--valid", "v.csv")[0].epochs == 48         # nothing held out of 1,070 rows
