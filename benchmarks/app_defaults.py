@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=15, help="the fixed-epoch runs' length (the curve's)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--keep", metavar="DIR", help="keep the data and every run's --json here")
+    p.add_argument("--reuse-fixed", metavar="DIR",
+                   help="take the fixed-epoch runs' --json from DIR (an earlier --keep) when there: they set every "
+                        "flag the defaults decide, so a change of the defaults leaves them alone")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
     names = [n for n in args.datasets.split(",") if n]
@@ -102,7 +105,11 @@ def main(argv=None) -> int:
                 order = [("defaults", []), ("fixed", fixed_flags)]
                 for kind, flags in (order if seed % 2 == 0 else order[::-1]):
                     out = root / f"{name}-{model}-{kind}-{seed}.json"
-                    result = run_app(files, model, seed, out, flags, args.timeout)
+                    earlier = Path(args.reuse_fixed or root) / out.name
+                    if kind == "fixed" and args.reuse_fixed and earlier.exists():
+                        result = json.loads(earlier.read_text())
+                    else:
+                        result = run_app(files, model, seed, out, flags, args.timeout)
                     (defaults if kind == "defaults" else fixed).append(result)
                 print(f"  {name} {model} seed {seed}: defaults {defaults[-1]['final']['auc']:.4f} "
                       f"(epoch {defaults[-1]['best_epoch']} of {len(defaults[-1]['epochs'])}), fixed "

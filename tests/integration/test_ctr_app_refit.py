@@ -48,7 +48,9 @@ def scores(model_path, data_path, out) -> np.ndarray:
 
 def test_the_refit_model_is_the_fixed_epoch_run_on_all_rows_with_the_same_decays(local_server, data, tmp_path,  # noqa: F811
                                                                                 capsys):
-    result = run_app(data, tmp_path / "auto", "--epochs", "6", "--patience", "0", "--lr-decay-after", "1")
+    # --valid-fraction given: one hold-out (400 rows) as asked, not several (the next test).
+    result = run_app(data, tmp_path / "auto", "--epochs", "6", "--patience", "0", "--lr-decay-after", "1",
+                     "--valid-fraction", "0.25")
     said = capsys.readouterr().out
     # 1,600 rows, --refit left out (auto): planned and said at the start, recorded in the settings.
     assert "refit: after selection, a fresh model trains on all 1,600 rows" in said
@@ -78,3 +80,25 @@ def test_refit_never_keeps_the_best_epochs_model(local_server, data, tmp_path, c
     assert "refit:" not in capsys.readouterr().out and "refit" not in result
     assert result["final_model"] == "best epoch" and result["final"] == result["best"]
     assert result["settings"]["refit"] == "never" and result["settings"]["refit_planned"] is False
+
+
+def test_a_tiny_table_picks_the_epoch_count_on_several_hold_outs_then_refits(local_server, data, tmp_path,  # noqa: F811
+                                                                            capsys):
+    """1,600 rows: a quarter held out is 400 rows, fewer than the 1,000 a hold-out should have,
+    so three hold-outs (1,200 rows) are trained without decays, the epoch count is the one whose
+    mean validation AUC is best, and the refit trains for it: the oracle run again."""
+    result = run_app(data, tmp_path / "three", "--epochs", "5")
+    said = capsys.readouterr().out
+    assert "refit: 3 hold-outs of 400 rows each" in said and "hold-out 3/3: epoch 5" in said
+    held = result["holdouts"]
+    assert held["count"] == 3 == result["settings"]["holdouts"] and result["settings"]["lr_decay"] == 1
+    curves = [[e["valid"]["auc"] for e in result["epochs"]]]
+    assert len(held["best_epochs"]) == 3 and len(held["mean_valid"]) == 5
+    assert held["mean_valid"][0] != curves[0][0]          # the mean of three hold-outs, not the first's
+    best = held["epochs"]
+    assert held["mean_valid"][best - 1] == max(held["mean_valid"])
+    assert result["refit"]["epochs"] == best and result["refit"]["lr_decays"] == [] and result["lr_decays"] == []
+    flags = result["refit"]["flags"].split()
+    assert flags == ["--valid-fraction", "0", "--epochs", str(best), "--lr-decay", "1"]
+    oracle = run_app(data, tmp_path / "oracle", *flags)
+    assert oracle["final"] == result["final"] and result["final_model"] == "refit"

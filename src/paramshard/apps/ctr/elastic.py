@@ -44,7 +44,9 @@ def refuse(args, env, schema) -> None:
 def holdout(args, elastic: bool) -> Holdout | None:
     if args.valid is not None or args.valid_fraction <= 0:
         return None
-    return Holdout(args.valid_fraction, args.seed, by="content" if elastic else "record")
+    # holdout_seed: a refit's repeated hold-outs (refit.py) draw other rows, the model the same.
+    seed = getattr(args, "holdout_seed", None)
+    return Holdout(args.valid_fraction, args.seed if seed is None else seed, by="content" if elastic else "record")
 
 
 def train_loader(args, schema, rows: Holdout | None, trainer) -> DynamicShards:

@@ -23,11 +23,15 @@ trainers: there ``auto`` says so and keeps the best epoch's model, ``always`` is
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 
 from paramshard.errors import ConfigError
 from paramshard.apps.ctr import table_size
 
 MODES = ("auto", "always", "never")
+MAX_HOLDOUTS = 5
+HOLDOUT_SEED_STEP = 1_000_003     # repeat k holds out by seed + k * this (another draw of rows)
 
 
 def decay_epochs(text) -> tuple[int, ...] | None:
@@ -69,7 +73,7 @@ def settle(args, rows: int, standalone: bool) -> str:
     """Decide whether this run refits (``args.refit_planned``), from --refit, --train's rows
     (counted up to table_size.SMALL_TABLE_ROWS) and the mode; the line that says so, or "".
     ConfigError for --refit always where a refit cannot run."""
-    args.refit_planned = False
+    args.refit_planned, args.holdouts = False, 1
     if args.refit == "never":
         return ""
     reason = why_not(args, standalone)
@@ -87,8 +91,49 @@ def settle(args, rows: int, standalone: bool) -> str:
         return "" if args.valid is not None or not args.valid_fraction or args.lr_decay_at else \
             f"no refit on this small table: {reason}"
     args.refit_planned = True
+    args.holdouts = holdouts(args, rows)
+    if args.holdouts > 1:
+        # One schedule for every hold-out and the refit: none (a plateau of a tiny hold-out is noise).
+        from paramshard.apps.ctr.selection import Selection
+        args.lr_decay = 1.0
+        args.selection = Selection(args.monitor, args.patience, args.lr_decay, args.lr_decay_after)
+        held = round(rows * args.valid_fraction)
+        return (f"refit: {args.holdouts} hold-outs of {held:,} rows each (fewer than {table_size.MIN_VALID_ROWS:,} "
+                f"rows: one is too noisy to pick an epoch), trained without decays, pick the epoch count whose mean "
+                f"validation {args.monitor} is best; then a fresh model trains on all {rows:,} rows of --train for "
+                f"it, same seed, and is the run's model (--refit never: one hold-out, the best epoch's model)")
     return (f"refit: after selection, a fresh model trains on all {rows:,} rows of --train (the hold-out too) for "
             f"the best epoch count, same seed and decays, and is the run's model (--refit never: the best epoch's)")
+
+
+def holdouts(args, rows: int) -> int:
+    """How many hold-outs pick the epoch count: 1, or on a table too small for a hold-out of
+    MIN_VALID_ROWS (the fraction left out, capped at a quarter: fewer than 4,000 rows) enough
+    that together they score MIN_VALID_ROWS rows, at most MAX_HOLDOUTS. An explicit
+    --valid-fraction is one hold-out, as asked."""
+    held = rows * args.valid_fraction
+    if "valid_fraction" not in getattr(args, "scaled", ()) or held <= 0 or held >= table_size.MIN_VALID_ROWS:
+        return 1
+    return min(MAX_HOLDOUTS, math.ceil(table_size.MIN_VALID_ROWS / held))
+
+
+def repeat_args(args, k: int):
+    """Hold-out ``k`` of a repeated selection: other rows held out (k > 0), the same model seed,
+    no decays (one schedule for every repeat and the refit), no export, --json or audit."""
+    again = copy.copy(args)
+    again.holdout_seed = args.seed + k * HOLDOUT_SEED_STEP
+    again.lr_decay, again.refit, again.json, again.export, again.trained_log = 1.0, "never", None, None, None
+    return again
+
+
+def pooled_best(outs: list[dict], monitor: str) -> tuple[int, list[float]]:
+    """The epoch count whose validation score, averaged over the hold-outs, is best (over the
+    epochs every hold-out ran: each stopped on its own patience), and that mean curve."""
+    from paramshard.apps.ctr.selection import MONITORS
+    curves = [[e["valid"][monitor] for e in o["epochs"]] for o in outs]
+    mean = [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+    pick = max if MONITORS[monitor] else min
+    return 1 + pick(range(len(mean)), key=lambda i: (mean[i], -i) if MONITORS[monitor] else (mean[i], i)), mean
 
 
 def schedule(out: dict) -> tuple[int, tuple[int, ...]]:
@@ -117,13 +162,37 @@ def train(args, say) -> dict | None:
     """The app's run: selection (training.train), then, when planned, the refit; the result's
     ``final`` figures are those of the model the run keeps, ``final_model`` says which."""
     from paramshard.apps.ctr import training
-    out = training.train(args, say)
+    out = training.train(args, say)     # selection (settle() decides on the refit at its start)
     if out is None:
         return None
     if not getattr(args, "refit_planned", False):
         out["final_model"] = "best epoch"
         return out
-    epochs, decays = schedule(out)
+    if args.holdouts > 1:
+        return repeated(args, say, out)
+    return refit(args, say, out, *schedule(out))
+
+
+def repeated(args, say, first: dict) -> dict:
+    """Selection on the other hold-outs (``first``: the seed's own), the epoch count from their
+    mean curve, the refit."""
+    from paramshard.apps.ctr import training
+    count, outs = args.holdouts, [first]
+    for k in range(1, count):
+        outs.append(training.train(repeat_args(args, k), lambda text, k=k: say(f"hold-out {k + 1}/{count}: {text}")))
+    epochs, mean = pooled_best(outs, args.monitor)
+    out = outs[0]           # the seed's own hold-out: its epochs are the run's history
+    out["settings"].update(refit=args.refit, refit_planned=True, holdouts=count)
+    out["holdouts"] = {"count": count, "best_epochs": [o["best_epoch"] for o in outs], "mean_valid": mean,
+                       "epochs": epochs}
+    say(f"{count} hold-outs: best epochs {', '.join(str(o['best_epoch']) for o in outs)}; the mean validation "
+        f"{args.monitor} is best after {epochs} epoch(s) ({mean[epochs - 1]:.4f})")
+    return refit(args, say, out, epochs, ())
+
+
+def refit(args, say, out: dict, epochs: int, decays: tuple[int, ...]) -> dict:
+    """The refit after selection: its model's figures are the run's (``final``)."""
+    from paramshard.apps.ctr import training
     say(f"refit: a fresh model on all of --train for {epochs} epoch(s) (the best epoch count), seed {args.seed}, "
         f"learning rates x {args.lr_decay:g} after {'epochs ' + ', '.join(map(str, decays)) if decays else 'no epoch'}"
         f": as `{flags(epochs, decays)}` would")

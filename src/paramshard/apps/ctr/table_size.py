@@ -83,7 +83,7 @@ def settle(args, rows: int) -> str:
             chosen.append(f"patience {args.patience}")
     if "lr_decay_after" in left:
         args.lr_decay_after = decay_after(args.patience)
-        if args.lr_decay_after != 1:
+        if args.lr_decay_after != 1 and args.lr_decay < 1:
             chosen.append(f"learning rates decayed after every {args.lr_decay_after} epochs without improvement")
     if "epochs" in left:
         args.epochs = epochs(rows, args.batch_size, 0.0 if args.valid is not None else args.valid_fraction)

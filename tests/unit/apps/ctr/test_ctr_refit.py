@@ -2,7 +2,7 @@
 after selection, and the flags that win."""
 import pytest
 
-from paramshard.apps.ctr import refit
+from paramshard.apps.ctr import refit, table_size
 from paramshard.apps.ctr.options import parser, resolve
 from paramshard.errors import ConfigError
 
@@ -79,3 +79,39 @@ def test_lr_decay_at_reads_epoch_numbers(text, epochs):
 def test_bad_lr_decay_at_is_named(text):
     with pytest.raises(ConfigError, match="--lr-decay-at"):
         resolve(parser("ctr").parse_args(BASE + [f"--lr-decay-at={text}"]))
+
+
+@pytest.mark.parametrize("rows,count", [(1_070, 4), (1_600, 3), (2_400, 2), (3_999, 2), (4_000, 1), (50_000, 1),
+                                        (300, 5)])
+def test_a_table_too_small_for_a_1000_row_hold_out_repeats_it_without_decays(rows, count):
+    """A quarter of 1,070 rows is 268: four hold-outs score 1,070 rows in all; from 4,000 rows on
+    one hold-out has its 1,000 rows."""
+    args = resolve(parser("ctr").parse_args(BASE))
+    table_size.settle(args, rows)
+    note = refit.settle(args, rows, standalone=True)
+    assert args.refit_planned and args.holdouts == count
+    assert (args.lr_decay, args.selection.decay) == ((1.0, 1.0) if count > 1 else (0.1, 0.1))
+    assert (f"refit: {count} hold-outs of" in note) is (count > 1)
+
+
+def test_an_explicit_hold_out_is_one_hold_out():
+    args = resolve(parser("ctr").parse_args(BASE + ["--valid-fraction", "0.25"]))
+    table_size.settle(args, 1_070)
+    refit.settle(args, 1_070, standalone=True)
+    assert args.refit_planned and args.holdouts == 1 and args.lr_decay == 0.1
+
+
+def test_repeated_hold_outs_draw_other_rows_for_the_same_model():
+    args = resolve(parser("ctr").parse_args(BASE + ["--seed", "3", "--export", "m.pt"]))
+    again = [refit.repeat_args(args, k) for k in range(3)]
+    assert len({a.holdout_seed for a in again}) == 3 and again[0].holdout_seed == 3
+    assert all((a.seed, a.export, a.refit, a.lr_decay) == (3, None, "never", 1.0) for a in again)
+
+
+def test_the_epoch_count_of_several_hold_outs_is_the_best_of_their_mean():
+    outs = [{"epochs": [{"valid": {"auc": v, "logloss": 1 - v}} for v in curve]}
+            for curve in ([0.70, 0.74, 0.73, 0.72], [0.70, 0.71, 0.75], [0.71, 0.74, 0.74, 0.70, 0.60])]
+    epochs, mean = refit.pooled_best(outs, "auc")     # over the 3 epochs every hold-out ran
+    assert mean == pytest.approx([0.7033333, 0.73, 0.74]) and epochs == 3
+    assert refit.pooled_best(outs, "logloss")[0] == 3          # lower is better there
+    assert refit.pooled_best([{"epochs": [{"valid": {"auc": 0.7}}] * 3}], "auc")[0] == 1     # a tie: the earliest
