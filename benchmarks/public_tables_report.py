@@ -30,8 +30,9 @@ def app_flags(help_text: str) -> dict:
 
 
 def metrics_of(result: dict) -> dict:
-    """Test metrics of a run's --json: the best epoch's when it says, else the last epoch's."""
-    chosen = result.get("best") or result.get("final")
+    """Test metrics of a run's --json: the run's model's - the refit's when it refit on a small
+    table (apps/ctr/refit.py), else the best epoch's when it says, else the last epoch's."""
+    chosen = result.get("final") if result.get("final_model") == "refit" else result.get("best") or result.get("final")
     if not chosen or "auc" not in chosen or "logloss" not in chosen:
         raise ValueError(f"no test metrics in the result (keys: {sorted(result)})")
     epochs = result.get("epochs") or []

@@ -123,3 +123,11 @@ def test_the_report_prints_a_table_and_a_verdict_per_dataset(capsys):
     assert "**adult (median of 1)**: adult: described" in out
     assert "| paramshard deepfm | 0.9100 | 0.3000 | 40.0 | 3 |" in out
     assert "beats it (+0.0100)" in out and "deepfm +0.0010 ok" in out
+
+
+def test_metrics_are_the_refits_when_the_app_refit():
+    """Issue 32: on a small table the app's model is a refit on all of --train ("final"), not the
+    best epoch's ("best", trained without the hold-out)."""
+    result = {"epochs": [{"auc": 0.7}, {"auc": 0.8}], "best_epoch": 2, "best": {"auc": 0.8, "logloss": 0.4},
+              "final": {"auc": 0.82, "logloss": 0.39}, "final_model": "refit"}
+    assert bench.metrics_of(result) == {"auc": 0.82, "logloss": 0.39, "epochs_run": 2, "best_epoch": 2}
