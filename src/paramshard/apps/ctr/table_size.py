@@ -17,10 +17,11 @@ validation score decayed the rates for good. Hence, when the flag is not given:
   improvement: after each such epoch with the large-table patience of 2 (as before), after
   every second one with 4 - one decay, then a stop, never a decay on a single bad score.
 - ``--epochs``: 10, or on a small table enough epochs for MIN_BATCHES (200) batches of
-  --batch-size over the rows trained on, at most MAX_EPOCHS (100). An epoch of the 1,070-row
-  OJ table is 3 batches of 256: ten epochs, 30 steps, stopped logistic regression far from
-  its best (fixed-epoch runs peak after about 25 epochs); early stopping still ends a run
-  whose validation score stops improving, and epochs there cost milliseconds.
+  --batch-size over the rows trained on, at most MAX_EPOCHS (100). An epoch of the OJ
+  table's 856 training rows (a quarter held out) is 3 batches of 256: ten epochs, 30 steps,
+  stopped logistic regression far from its best (fixed-epoch runs peak after about 25
+  epochs); early stopping still ends a run whose validation score stops improving, and
+  epochs there cost milliseconds.
 
 Rows are --train's data rows (bad lines included, as the readers count them), the same count
 in every trainer, so every trainer settles on the same split without talking; counting stops
