@@ -184,13 +184,21 @@ def train(args, say) -> dict | None:
     return refit(args, say, out, *schedule(out))
 
 
+def one_process(out: dict | None) -> dict:
+    """A standalone run's result: its one trainer is trainer 0, which always has one."""
+    if out is None:
+        raise AssertionError("a refit runs in one process, whose trainer 0 returns the run's result")
+    return out
+
+
 def repeated(args, say, first: dict) -> dict:
     """Selection on the other hold-outs (``first``: the seed's own), the epoch count from their
     mean curve, the refit."""
     from paramshard.apps.ctr import training
     count, outs = args.holdouts, [first]
     for k in range(1, count):
-        outs.append(training.train(repeat_args(args, k), lambda text, k=k: say(f"hold-out {k + 1}/{count}: {text}")))
+        outs.append(one_process(training.train(repeat_args(args, k),
+                                               lambda text, k=k: say(f"hold-out {k + 1}/{count}: {text}"))))
     epochs, mean = pooled_best(outs, args.monitor)
     out = outs[0]           # the seed's own hold-out: its epochs are the run's history
     out["settings"].update(refit=args.refit, refit_planned=True, holdouts=count)
@@ -207,7 +215,7 @@ def refit(args, say, out: dict, epochs: int, decays: tuple[int, ...]) -> dict:
     say(f"refit: a fresh model on all of --train for {epochs} epoch(s) (the best epoch count), seed {args.seed}, "
         f"learning rates x {args.lr_decay:g} after {'epochs ' + ', '.join(map(str, decays)) if decays else 'no epoch'}"
         f": as `{flags(epochs, decays)}` would")
-    again = training.train(refit_args(args, epochs, decays), lambda text: say(f"refit: {text}"))
+    again = one_process(training.train(refit_args(args, epochs, decays), lambda text: say(f"refit: {text}")))
     out["refit"] = {"epochs": epochs, "lr_decays": list(decays), "flags": flags(epochs, decays),
                     "history": again["epochs"], "final": again["final"]}
     out["final"] = again["final"]
