@@ -220,6 +220,6 @@ def refit(args, say, out: dict, epochs: int, decays: tuple[int, ...]) -> dict:
                     "history": again["epochs"], "final": again["final"]}
     out["final"] = again["final"]
     out["final_model"] = "refit"
-    say(f"the run's model is the refit's (test AUC {again['final']['auc']:.4f}; the best epoch's, trained without "
-        f"the hold-out: {out['best']['auc']:.4f})")
+    say(f"the run's model is the refit's (test {training.figures_text(again['final'])}; the best epoch's, trained "
+        f"without the hold-out: {training.figures_text(out['best'])})")
     return out
