@@ -55,6 +55,7 @@ def test_the_refit_model_is_the_fixed_epoch_run_on_all_rows_with_the_same_decays
     # 1,600 rows, --refit left out (auto): planned and said at the start, recorded in the settings.
     assert "refit: after selection, a fresh model trains on all 1,600 rows" in said
     assert result["settings"]["refit"] == "auto" and result["settings"]["refit_planned"] is True
+    assert result["settings"]["holdouts"] == 1
     best, decays = result["best_epoch"], result["lr_decays"]
     before = [e for e in decays if e < best]
     assert before, f"the selection run decayed after {decays}, none before its best epoch {best}: no schedule shown"
