@@ -123,7 +123,8 @@ def main(argv=None) -> int:
                       f"{', refit' if 'refit' in defaults[-1] else ''}), fixed "
                       + " ".join(f"{e['auc']:.4f}" for e in fixed[-1]["epochs"]), file=sys.stderr, flush=True)
             rows.append(summarise(name, model, defaults, fixed))
-    headers = ["table", "model", "defaults: test AUC (mean ± std)", "epochs of the run's model, of epochs run (median)",
+    headers = ["table", "model", "defaults: test AUC (mean ± std)",
+               "epochs of the run's model, of epochs run (median)",
                "best fixed epochs", "its test AUC (mean)", "gap", f"within {-GOAL:g}"]
     C.emit(args.markdown, [("the CTR app's defaults against the best fixed-epoch run", headers, rows,
                             [False, False, True, True, True, True, True, False])],

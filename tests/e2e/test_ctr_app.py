@@ -115,8 +115,8 @@ train, test, schema, out = sys.argv[1:5]
 for model in sys.argv[5:]:
     print("=== " + model, flush=True)
     # --refit never: every model's path once (a refit would train each twice: tests/integration/test_ctr_app_refit.py)
-    assert main(["--train", train, "--test", test, "--schema", schema, "--model", model, "--epochs", "1", "--refit", "never",
-                 "--json", f"{out}/{model}.json"]) == 0
+    assert main(["--train", train, "--test", test, "--schema", schema, "--model", model, "--epochs", "1",
+                 "--refit", "never", "--json", f"{out}/{model}.json"]) == 0
 """
 
 
