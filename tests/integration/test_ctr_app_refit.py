@@ -103,3 +103,13 @@ def test_a_tiny_table_picks_the_epoch_count_on_several_hold_outs_then_refits(loc
     assert flags == ["--valid-fraction", "0", "--epochs", str(best), "--lr-decay", "1"]
     oracle = run_app(data, tmp_path / "oracle", *flags)
     assert oracle["final"] == result["final"] and result["final_model"] == "refit"
+
+
+def test_the_refit_in_one_process_of_collective_mode(local_server, data, tmp_path, monkeypatch):  # noqa: F811
+    """PARAMSHARD_MODE=collective with no launcher: one trainer with hashed tables of its own;
+    the refit is a second such job in the same process, again the oracle run's model."""
+    monkeypatch.setenv("PARAMSHARD_MODE", "collective")
+    result = run_app(data, tmp_path / "collective", "--epochs", "3", "--valid-fraction", "0.25")
+    assert result["mode"] == "collective" and result["servers"] == 0 and result["final_model"] == "refit"
+    oracle = run_app(data, tmp_path / "oracle", *result["refit"]["flags"].split())
+    assert oracle["mode"] == "collective" and oracle["final"] == result["final"]
