@@ -52,7 +52,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--lr-decay-at", metavar="E1,E2",
                    help="a fixed schedule instead of decays on a plateau: multiply every learning rate by "
                         "--lr-decay after each of these epochs (what a refit repeats: apps/ctr/refit.py)")
-    p.add_argument("--refit", choices=("auto", "always", "never"), default="auto",
+    p.add_argument("--refit", choices=refit.MODES, default="auto",
                    help="after selection, train a fresh model on all of --train (the hold-out too) for the best "
                         "epoch count, with the same seed and decays, and make it the run's model (test figures, "
                         "--export); auto: on a table of fewer than 100,000 rows whose hold-out comes from --train, "
