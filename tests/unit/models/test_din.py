@@ -13,7 +13,7 @@ from paramshard.models import build_from_spec, build_model, hashed_embedding
 from paramshard.models.din import positions
 from paramshard.trainer.sparse_embedding import input_key
 
-from tests.unit.models.twins import twin_of
+from tests.unit.models.twins import assert_same_logits_and_gradients, twin_of
 
 F, V, DIM = 4, 30, 5
 SEQ, CAND = 2, 0          # field 2 is the behaviour sequence of field 0
@@ -61,21 +61,7 @@ def test_logits_and_every_gradient_equal_the_twins(shape, num_dense):
         inputs = (torch.randn(6, num_dense), torch.from_numpy(rng.integers(0, V, (6, F))), None, None)
     else:
         inputs = bags(rng, sizes_of(rng), num_dense)
-    logits, expected = model(*inputs), twin(*inputs)
-    assert logits.shape == (6,) and logits.abs().max() > 0.1
-    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
-
-    upstream = torch.randn(6)
-    (logits * upstream).sum().backward()
-    (expected * upstream).sum().backward()
-    grads = copy.deepcopy(model)
-    with torch.no_grad():
-        for p, g in zip(model.parameters(), grads.parameters(), strict=True):
-            g.copy_(p.grad)
-    want = twin_of(grads)
-    for (n, p), w in zip(twin.named_parameters(), want.parameters(), strict=True):
-        assert p.grad is not None, n
-        torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-5, msg=lambda m: f"{shape} {n}: {m}")
+    assert_same_logits_and_gradients(model, twin, inputs, str(shape))
     # The attention is trained: its first layer's gradient is not zero.
     assert model.attention[0].mlp[0].weight.grad.abs().max() > 0
 

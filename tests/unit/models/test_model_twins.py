@@ -2,7 +2,6 @@
 another layout, written apart from paramshard's code), the twin holding copies of the model's
 weights: the same logits and the same gradient of every parameter, on one id per field and on
 weighted bags. Trained the same way as the CTR app trains them: tests/integration/test_model_twins_training.py."""
-import copy
 import types
 
 import numpy as np
@@ -12,7 +11,7 @@ import torch.nn as nn
 
 from paramshard.models import build_model
 
-from tests.unit.models.twins import twin_of
+from tests.unit.models.twins import assert_same_logits_and_gradients, twin_of
 
 F, V, DIM, HIDDEN = 4, 30, 5, (7, 6)
 CONFIGS = {
@@ -56,19 +55,4 @@ def test_logits_and_every_gradient_equal_the_twins(config, multi, num_dense):
     twin = twin_of(model)
     assert sum(p.numel() for p in twin.parameters()) == sum(p.numel() for p in model.parameters())
     inputs = batch_of(np.random.default_rng(1), multi, num_dense)
-    logits, expected = model(*inputs), twin(*inputs)
-    assert logits.shape == (6,) and logits.abs().max() > 0.1          # not a vanishing output
-    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
-
-    upstream = torch.randn(6)
-    (logits * upstream).sum().backward()
-    (expected * upstream).sum().backward()
-    # The model's gradients in the twin's layout: copy_from moves values, and gradients move alike.
-    grads = copy.deepcopy(model)
-    with torch.no_grad():
-        for p, g in zip(model.parameters(), grads.parameters(), strict=True):
-            g.copy_(p.grad)
-    want = twin_of(grads)
-    for (n, p), w in zip(twin.named_parameters(), want.parameters(), strict=True):
-        assert p.grad is not None, n
-        torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-5, msg=lambda m: f"{config} {n}: {m}")
+    assert_same_logits_and_gradients(model, twin, inputs, str(config))

@@ -263,3 +263,23 @@ def twin_of(model):
     else:
         raise ValueError(f"no twin for {name}")
     return twin.copy_from(model)
+
+
+def assert_same_logits_and_gradients(model, twin, inputs, label: str) -> None:
+    """The model and its twin (built by twin_of(model)) give the same logits on ``inputs`` and,
+    after one backward pass of the same upstream gradient, the same gradient for every
+    parameter (the model's gradients moved into the twin's layout the way its values are)."""
+    logits, expected = model(*inputs), twin(*inputs)
+    assert logits.shape == (inputs[0].shape[0],) and logits.abs().max() > 0.1     # not a vanishing output
+    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
+    upstream = torch.randn(logits.shape[0])
+    (logits * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    grads = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, g in zip(model.parameters(), grads.parameters(), strict=True):
+            g.copy_(p.grad)
+    want = twin_of(grads)
+    for (n, p), w in zip(twin.named_parameters(), want.parameters(), strict=True):
+        assert p.grad is not None, n
+        torch.testing.assert_close(p.grad, w, atol=1e-6, rtol=1e-5, msg=lambda m: f"{label} {n}: {m}")
