@@ -11,9 +11,9 @@ copying it. Oracle: every value is ``initial - sum(every gradient pushed)``.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,7 +26,7 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.recovery import ServeAgain
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
-from paramshard.errors import ServerUnavailable
+from paramshard.errors import DeadlineExceeded, ServerUnavailable
 from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
@@ -53,14 +53,24 @@ def _server(addresses, index: int, known: int, recovering: bool = False) -> Chil
 
 
 def _rows_of_a_retired_server(child: Child, addresses) -> int:
-    """The rows a server removed by a scale still holds: 0 once it exited by itself (cleanly)."""
-    if child.proc.poll() is None:
-        try:
-            with ServerLinks([addresses[1]], timeout=TIMEOUT) as links:
-                return len(links.request(0, {"op": "export_sparse", "table": TABLE})[1][0])
-        except ServerUnavailable:
-            pass                       # it exited while asked: its exit code says whether cleanly
-    assert child.proc.wait(10) == 0, f"server 1 exited with code {child.proc.returncode}"
+    """The rows a server removed by a scale still holds: 0 once it exited by itself (cleanly).
+    Its exit is waited for first: asked while it exits, a request can find it gone before the
+    connection is made (a deadline, not a refusal), which says nothing about what it held."""
+    try:
+        return _exited_cleanly(child, within=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass                           # still up after the trainers let go: it must hold nothing
+    try:
+        with ServerLinks([addresses[1]], timeout=TIMEOUT) as links:
+            return len(links.request(0, {"op": "export_sparse", "table": TABLE})[1][0])
+    except (ServerUnavailable, DeadlineExceeded):
+        if child.proc.poll() is None:
+            raise                      # alive and not answering: a real failure
+        return _exited_cleanly(child, within=0)
+
+
+def _exited_cleanly(child: Child, within: float) -> int:
+    assert child.proc.wait(within) == 0, f"server 1 exited with code {child.proc.returncode}"
     return 0
 
 
