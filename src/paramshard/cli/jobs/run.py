@@ -13,7 +13,7 @@ import sys
 from paramshard.env import ClusterEnv, check_server_count
 from paramshard.errors import ConfigError
 from paramshard.launch.rank import target, this_rank
-# _job_and_secret, _check_same_keys, _SecretFile: importable from here as before (tests/unit/cli/test_job_security.py).
+# _job_and_secret, _check_same_keys, _SecretFile: importable from here as before (tests/unit/cli/jobs/test_job_security.py).
 from paramshard.launch.rank.bootstrap import _check_same_keys, _job_and_secret, _SecretFile, join  # noqa: F401
 from paramshard.launch.rank.world import detect
 from paramshard.log import configure
