@@ -13,8 +13,8 @@ loads that one); each over-budget item carries its cost as the report's user pro
 item whose process used more than twice the budget in CPU time fails. CPU time, not wall time:
 another job's load does not add waiting to it (and it counts the pool threads of pandas and arrow
 that wall time less the thread's own run-queue wait missed); twice, because CPU time still
-inflates under load (two hyper-threads share a core's caches: a hypothesis test measured 0.7 s
-idle and 1.5-1.8 s beside other jobs).
+inflates under load (two hyper-threads share a core's caches: a hypothesis test under 1 s in
+a quiet run used 1.4-1.8 s beside other jobs).
 
 The compiled row store's kernels must be in numba's cache (`make warm`, which `make check` and
 `make test` run first): a test that compiles one pays seconds (e.g. after kernel sources moved).
