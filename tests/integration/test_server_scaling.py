@@ -11,7 +11,6 @@ way: each ends exactly at ``initial - sum(dense gradients)``.
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 
@@ -187,7 +186,8 @@ def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, remove
         # server takes their going as leaves, not losses, and exits by itself, before the launcher's
         # step would tell it to (launch/elastic/elastic_servers.py: stop_when_unneeded, for one a trainer
         # still holds a link to).
-        assert children[removed].proc.wait(timeout=15) == 0, f"server {removed} did not exit once retired"
+        # It exits by itself, however long a loaded machine takes to see its trainers go (not a timing).
+        assert children[removed].proc.wait(timeout=60) == 0, f"server {removed} did not exit once retired"
         assert all(c.proc.poll() is None for i, c in enumerate(children) if i != removed)
     finally:
         links.close()

@@ -9,6 +9,7 @@ gives all of its rows away. The new server makes its table tiered with the same 
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 
@@ -19,6 +20,7 @@ import paramshard as ps
 from paramshard.client.control import server_stats
 from paramshard.client.sparse import SparseClient, TableSpec
 from paramshard.env import ClusterEnv
+from paramshard.errors import DeadlineExceeded, ServerUnavailable
 from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.processes import Child, stop_all
@@ -87,15 +89,17 @@ def test_a_budgeted_table_keeps_exact_sums_while_servers_go_2_3_2():
         up, down = records
         assert up.partitions == PARTITIONS // 3 and down.rows > 0, (up, down)
         assert sum(r[2] for r in results[:TRAINERS]) > 0, "no request was refused as moved: the move was not live"
-        with ServerLinks(addresses, timeout=TIMEOUT) as reader:
-            per_server = [reader.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(3)]
+        # Server 1 left the routing: once the trainers let go of it, it exits by itself (code 0),
+        # and until then it must hold nothing. The rows are read from the two servers that stay.
+        assert _rows_of_a_retired_server(children[1], addresses[1]) == 0, "server 1 still holds rows after the scale-down"
+        with ServerLinks([addresses[0], addresses[2]], timeout=TIMEOUT) as reader:
+            kept = [reader.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(2)]
             stats = server_stats(reader)
         tiers = [s["tables"][TABLE].get("tier") for s in stats]
-        assert all(t is not None and t["budget"] == 8 << 20 for t in (tiers[0], tiers[2])), tiers
+        assert all(t is not None and t["budget"] == 8 << 20 for t in tiers), tiers
         assert sum(t["spills"] for t in tiers if t) > 0, f"no row was spilled to the tier: {tiers}"
-        assert len(per_server[1][0]) == 0, "server 1 still holds rows after the scale-down"
-        got_ids = np.concatenate([per_server[0][0], per_server[2][0]])
-        got = np.concatenate([per_server[0][1], per_server[2][1]]).astype(np.int64)
+        got_ids = np.concatenate([kept[0][0], kept[1][0]])
+        got = np.concatenate([kept[0][1], kept[1][1]]).astype(np.int64)
         assert len(np.unique(got_ids)) == len(got_ids), "a row is held by two servers"
         order = np.argsort(got_ids)
         assert np.array_equal(got_ids[order], np.sort(ids)), "rows lost or made"
@@ -109,3 +113,21 @@ def test_a_budgeted_table_keeps_exact_sums_while_servers_go_2_3_2():
         chief.close()
     finally:
         stop_all(children, grace=3)
+
+
+def _rows_of_a_retired_server(child: Child, address: str) -> int:
+    """The rows a server removed by a scale still holds: 0 once it exited by itself (cleanly).
+    Its exit is waited for first: asked while it exits, a request can find it gone."""
+    try:
+        assert child.proc.wait(TIMEOUT) == 0, f"server 1 exited with code {child.proc.returncode}"
+        return 0
+    except subprocess.TimeoutExpired:
+        pass                           # still up: it must hold nothing
+    try:
+        with ServerLinks([address], timeout=TIMEOUT) as links:
+            return len(links.request(0, {"op": "export_sparse", "table": TABLE})[1][0])
+    except (ServerUnavailable, DeadlineExceeded):
+        if child.proc.poll() is None:
+            raise
+        assert child.proc.returncode == 0, f"server 1 exited with code {child.proc.returncode}"
+        return 0
