@@ -4,6 +4,7 @@ Oracles: a server's gauges equal what the `stats` op reports once training
 stopped, its request counter grows while training goes on, a trainer's step
 counter equals the steps it took; endpoints in one process never share a
 registry, and close() gives the port back."""
+import http.client
 import socket
 import time
 import urllib.error
@@ -93,8 +94,9 @@ def refused(port: int) -> bool:
         scrape(port)
     except urllib.error.URLError:
         return True
-    except ConnectionError:
-        # Accepted, then reset while the endpoint was closing (seen in CI): not gone yet, ask again.
+    except (ConnectionError, http.client.HTTPException):
+        # Accepted, then reset or cut mid-reply while the process exits (its handler threads are
+        # daemons: seen in CI as IncompleteRead): not gone yet, ask again.
         return False
     return False
 
