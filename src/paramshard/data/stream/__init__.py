@@ -1,0 +1,1 @@
+"""Live event streams a job trains on until it is stopped (paramshard.data.stream.source)."""
