@@ -31,8 +31,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("pure values both ends agree on: what rooms tell each other (messages/ imports only the root), "
      "where parameters live, the update maths, a table's schema and a model's spec (specs/)",
      {"messages", "placement", "update_rules", "specs"}),
-    ("the wire (no policy: it never imports client/); checkpoint files (no network)",
-     {"transport", "checkpoint"}),
+    ("the wire (no policy: it never imports client/); checkpoint files (no network); delta files "
+     "(online/: what servers publish for serving replicas)",
+     {"transport", "checkpoint", "online"}),
     ("one sparse table as .npz (ps.export): files, checked as checkpoint/model_archive.py checks them",
      {"export"}),
     ("the two ends of the wire and the allreduce group: a server never imports client/, launch/, "
@@ -48,6 +49,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("paramshard's Trainer and its backends (reads the launcher's leave signal)", {"trainer"}),
     ("models built from a schema", {"models"}),
     ("using a trained model: serving builds the model a file names", {"inference"}),
+    ("serving a model while it learns: a replica following a delta directory, its HTTP front",
+     {"serving"}),
     ("the public API and the alias of its old name (paramshard.torch)", {"paramshard", "torch"}),
     ("the commands and the apps: use the public API", {"apps", "cli"}),
     ("python -m paramshard", {"__main__"}),
