@@ -20,6 +20,7 @@ COMMANDS = {
     "gen-data": "data.gen_data",
     "dataset": "data.dataset",
     "schema": "data.schema",
+    "replay": "data.replay",
     "stats": "jobs.stats",
     "scale": "jobs.scale",
     "export": "models.export",
