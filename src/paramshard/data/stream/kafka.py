@@ -17,6 +17,7 @@ topic, group and rank and say what to do.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pandas as pd
@@ -45,8 +46,12 @@ class KafkaStream:
         self._ck = ck
         self.skipped = 0                        # messages dropped with errors=skip
         self._down_since: float | None = None   # when librdkafka last said every broker is down
-        self._consumer = ck.Consumer({**o.consumer_config(), "error_cb": self._on_error})
+        # the client's own log goes to Python logging (served by poll), not straight to stderr
+        self._consumer = ck.Consumer({**o.consumer_config(), "error_cb": self._on_error},
+                                     logger=logging.getLogger(__name__ + ".client"))
         self._closed = False
+        self._committing: threading.Thread | None = None   # a commit that outlived its deadline
+        self._commit_started = 0.0
         try:
             self.partitions = self._topic_partitions()
             self.mine = [p for p in self.partitions if p % o.world == o.rank]
@@ -64,6 +69,8 @@ class KafkaStream:
         if max_records < 1:
             raise ValueError(f"{self.where}: poll(max_records={max_records}): need at least 1")
         self._check_open()
+        if not self._commit_settled(timeout):
+            return None
         first = self._consumer.poll(max(0.0, timeout))
         if first is None:
             self._check_brokers()
@@ -82,6 +89,7 @@ class KafkaStream:
         also after the number of ranks changed); every partition of this rank must be there."""
         self._check_open()
         offsets = check_position(position, self.partitions, self.where)
+        self._commit_settled(self.options.timeout)
         missing = [p for p in self.mine if p not in offsets]
         if missing:
             raise KafkaConfigError(
@@ -98,12 +106,34 @@ class KafkaStream:
                 if p in self.mine]
         if not mine:
             return
-        try:
-            done = self._consumer.commit(offsets=mine, asynchronous=False)
-        except self._ck.KafkaException as exc:
-            raise KafkaStreamError(f"{self.where}: committing offsets {self._show(mine)} failed: {exc}; "
+        # librdkafka's synchronous commit has no deadline of its own (45 s measured with the broker
+        # gone): it runs in a thread the caller waits for at most `timeout`. Commits stay in order:
+        # one still in flight is waited for first, so the group's offset never moves back.
+        timeout = self.options.timeout
+        if not self._commit_settled(timeout):
+            raise KafkaStreamError(f"{self.where}: the previous commit is still unanswered: check the broker; "
+                                   "the checkpoint is durable, so a resume from it is still exact")
+        result: dict = {}
+
+        def run():
+            try:
+                result["done"] = self._consumer.commit(offsets=mine, asynchronous=False)
+            except self._ck.KafkaException as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=run, name="kafka-commit", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            self._committing, self._commit_started = thread, time.monotonic() - timeout
+            raise KafkaStreamError(f"{self.where}: committing offsets {self._show(mine)}: no answer within "
+                                   f"{timeout:g} s: check the broker; the checkpoint is durable, so a resume from "
+                                   "it is still exact (a later commit goes after this one)")
+        if "error" in result:
+            raise KafkaStreamError(f"{self.where}: committing offsets {self._show(mine)} failed: {result['error']}; "
                                    "the checkpoint is durable, so the next commit or a resume from it "
-                                   "is still exact: check the broker") from None
+                                   "is still exact: check the broker")
+        done = result.get("done")
         failed = [tp for tp in done or () if tp.error is not None]
         if failed:
             raise KafkaStreamError(f"{self.where}: the broker refused offsets {self._show(failed)}: "
@@ -113,6 +143,11 @@ class KafkaStream:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        if self._committing is not None:   # closing under a commit in flight is not safe in the client
+            self._committing.join(self.options.timeout)
+            if self._committing.is_alive():
+                log.warning("%s: a commit is still unanswered: the consumer is left to the process's exit", self.where)
+                return
         try:
             self._consumer.close()   # no commit: enable.auto.commit is off
         except RuntimeError:
@@ -203,6 +238,23 @@ class KafkaStream:
     def _assign(self) -> None:
         tps = [self._ck.TopicPartition(self.options.topic, p, off) for p, off in sorted(self._next.items())]
         self._consumer.assign(tps)   # replaces the assignment and drops what was fetched before
+
+    def _commit_settled(self, wait: float) -> bool:
+        """Wait up to ``wait`` s for a commit that outlived its deadline: while it is in flight the
+        client blocks every other call (a poll took 44 s behind one, broker gone). False if it
+        still runs; an error once it has run for over twice the timeout."""
+        if self._committing is None:
+            return True
+        self._committing.join(max(0.0, wait))
+        if not self._committing.is_alive():
+            self._committing = None
+            return True
+        age = time.monotonic() - self._commit_started
+        if age > 2 * self.options.timeout:
+            raise KafkaStreamError(f"{self.where}: a commit has been unanswered for {age:.0f} s: no broker answers; "
+                                   "start the broker or correct the URL, then resume from the last checkpoint "
+                                   "(its position loses and repeats nothing)")
+        return False
 
     def _on_error(self, err) -> None:
         if err.code() == self._ck.KafkaError._ALL_BROKERS_DOWN:
