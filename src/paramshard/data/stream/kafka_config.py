@@ -41,8 +41,8 @@ class KafkaOptions:
     errors: str = "raise"                 # a message that does not decode: raise, or skip it
     client: tuple[tuple[str, str], ...] = ()   # extra librdkafka settings
 
-    def consumer_config(self) -> dict:
-        config = dict(self.client)
+    def consumer_config(self) -> dict[str, object]:
+        config: dict[str, object] = dict(self.client)
         config.update({
             "bootstrap.servers": self.brokers,
             "group.id": self.group,
