@@ -113,3 +113,13 @@ def test_a_damaged_position_is_a_clear_error(position, says):
     with pytest.raises(KafkaConfigError, match=says) as info:
         check_position(position, [0, 1, 2, 3], "kafka://h:1/t (group g, rank 0 of 1)")
     assert "kafka://h:1/t" in str(info.value)
+
+
+def test_without_the_client_the_stream_says_what_to_install(monkeypatch):
+    from paramshard.data.stream.kafka import KafkaStream, KafkaStreamError
+
+    monkeypatch.setitem(__import__("sys").modules, "confluent_kafka", None)   # import fails
+    with pytest.raises(KafkaStreamError, match=r"kafka://h:1/t .*pip install 'paramshard\[kafka\]'"):
+        KafkaStream("h:1", "t", "g")
+    with pytest.raises(KafkaConfigError, match="no consumer group"):   # checked before the client is needed
+        KafkaStream("h:1", "t", "")
