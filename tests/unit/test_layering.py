@@ -36,8 +36,6 @@ LAYERS: list[tuple[str, set[str]]] = [
      {"transport", "checkpoint", "online"}),
     ("one sparse table as .npz (ps.export): files, checked as checkpoint/model_archive.py checks them",
      {"export"}),
-    ("deltas and snapshots of a training model as files (issue 33): servers publish them, serving follows",
-     {"online"}),
     ("the two ends of the wire and the allreduce group: a server never imports client/, launch/, "
      "data/ (what server 0 and the trainers exchange is in messages/)",
      {"server", "client", "collective"}),
