@@ -44,10 +44,19 @@ def _server_watch(env, server):
     return ServerWatch(env, server)
 
 
+def _delta_start(env, model):
+    """The chief's files of a delta directory (PARAMSHARD_DELTA_DIR), written when its Trainer started."""
+    if not env.delta_dir or env.trainer_id != 0:
+        return None
+    from paramshard.inference.delta_start import DeltaStart
+    return DeltaStart(env.delta_dir)
+
+
 # The observers register from the top (every process imports this package first), so the core
 # (trainer/, server/, runtime, events.py) names nothing of observe/.
 events.register_trainer_listener(_trainer_watch)
 events.register_server_listener(_server_watch)
+events.register_trainer_listener(_delta_start)
 
 
 def __getattr__(name):

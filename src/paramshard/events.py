@@ -23,6 +23,9 @@ class TrainerListener(Protocol):
     def close(self) -> None:
         """The trainer closed (or failed to start): release what it holds."""
 
+    # Optional: ``started(trainer)``, the Trainer has started (registered its model or restored
+    # it): e.g. the chief writes the files a delta directory's followers need (inference/delta_start.py).
+
 
 # A factory: (env, model) -> listener or None.
 ListenerFactory = Callable[[Any, Any], "TrainerListener | None"]
@@ -55,6 +58,12 @@ class TrainerListeners:
     def find(self, kind: type):
         """The listener of this type, or None (e.g. the observe watch, for its /metrics)."""
         return next((x for x in self.listeners if isinstance(x, kind)), None)
+
+    def started(self, trainer) -> None:
+        for listener in self.listeners:
+            started = getattr(listener, "started", None)
+            if started is not None:
+                started(trainer)
 
     def after_step(self, step: int, loss, pipeline: dict, staleness: int | None) -> None:
         for listener in self.listeners:

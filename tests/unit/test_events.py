@@ -62,7 +62,7 @@ def test_observe_registers_from_the_top_and_events_names_none_of_it(monkeypatch)
     import inspect
 
     import paramshard
-    assert events._trainer_factories == [paramshard._trainer_watch]
+    assert events._trainer_factories == [paramshard._trainer_watch, paramshard._delta_start]   # and a delta dir's files
     assert events._server_factories == [paramshard._server_watch]
     assert "paramshard.observe" not in inspect.getsource(events)
     from paramshard.observe.live import server_watch, trainer_watch

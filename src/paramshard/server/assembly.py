@@ -17,7 +17,9 @@ builds servers and checks it. Why this order:
    the checkpoint's gate would hold it here;
 4. ``CheckpointService`` (``PushGateHook``, ``DropGuard``) and ``LearningRates``;
 5. ``ReplicationService`` (``ReplayGuard``), bounded-loss recovery only: last, it sees only requests
-   every other hook accepted.
+   every other hook accepted;
+6. ``DeltaService`` (``DeltaHook``), with PARAMSHARD_DELTA_DIR only: it accepts everything, and after
+   every other hook heard of a request it publishes what changed when due (server/services/delta_service.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from paramshard.server.core.parameter_server import ParameterServer
 from paramshard.server.elastic.migration_service import attach_migration
 from paramshard.server.elastic.replication import attach_replication
 from paramshard.server.services.checkpoint_service import attach_checkpoints
+from paramshard.server.services.delta_service import attach_deltas
 from paramshard.server.services.learning_rates import attach_learning_rates
 from paramshard.server.services.sparse_service import attach_sparse
 from paramshard.transport.security import Security
@@ -36,6 +39,7 @@ from paramshard.transport.security import Security
 SERVICES = ("DenseHandlers", "ControlHandlers", "TrainerBarriers", "ShardService",     # the constructor's
             "SparseService", "MigrationService", "DenseMigration", "CheckpointService", "LearningRates")
 BOUNDED_LOSS_SERVICES = ("ReplicationService",)     # after SERVICES, with PARAMSHARD_RECOVERY=bounded-loss
+DELTA_SERVICES = ("DeltaService",)                  # last, with PARAMSHARD_DELTA_DIR
 
 
 def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | None = None,
@@ -69,8 +73,10 @@ def peers_of(env: ClusterEnv) -> dict[int, str]:
 
 def add_services(server: ParameterServer, env: ClusterEnv) -> None:
     """The services after the constructor's, in the order of ``SERVICES``."""
-    attach_migration(server, env, attach_sparse(server, env))     # SparseService, MigrationService + DenseMigration
+    sparse = attach_sparse(server, env)
+    attach_migration(server, env, sparse)     # SparseService, MigrationService + DenseMigration
     attach_checkpoints(server)
     attach_learning_rates(server)
     if env.recovery == "bounded-loss":       # the launcher's replica keeper copies this server
         attach_replication(server)
+    attach_deltas(server, env, sparse)       # PARAMSHARD_DELTA_DIR set: publish deltas

@@ -312,6 +312,30 @@ CONTRACT: tuple[Setting, ...] = (
             flags=(flag("launch", "--memory-budget", "RAM each server may hold, like 4GB or 512MiB: sparse rows live "
                         "in a file tier (under --checkpoint-dir, else a temporary directory), the most used in RAM "
                         "(default: every row in RAM)", metavar="SIZE", type=size),)),
+    # Deltas (online learning, issue 33; server/services/delta_service.py): what servers publish while the job trains.
+    Setting("PARAMSHARD_DELTA_DIR", "servers publish the rows and dense blocks they changed there while the job "
+            "trains, every PARAMSHARD_DELTA_SECONDS or PARAMSHARD_DELTA_UPDATES, with a full snapshot every "
+            "PARAMSHARD_DELTA_SNAPSHOT_EVERY deltas; the chief trainer writes model.pt and blocks.json there when "
+            "it starts (`launch --deltas`; docs/serving.md, layout: online/delta_log.py); unset: nothing published",
+            "delta_dir", scopes=_LAUNCHED, inherit=True,
+            flags=(flag("launch", "--deltas", "servers publish deltas and snapshots of the model into DIR while the "
+                        "job trains (docs/serving.md)", metavar="DIR"),)),
+    Setting("PARAMSHARD_DELTA_SECONDS", "seconds between two deltas of a server (default 2; with "
+            "PARAMSHARD_DELTA_DIR)", "delta_seconds", 2.0, "float", float, " is not a number", scopes=_LAUNCHED,
+            inherit=True, check=lambda v: f"PARAMSHARD_DELTA_SECONDS={v}: must be > 0 seconds" if not v > 0 else None),
+    Setting("PARAMSHARD_DELTA_UPDATES", "a server publishes a delta after this many pushes too, if sooner than "
+            "PARAMSHARD_DELTA_SECONDS (default 0: by time only)", "delta_updates", 0, "int", int, scopes=_LAUNCHED,
+            inherit=True, check=_int_at_least("PARAMSHARD_DELTA_UPDATES", 0, " pushes")),
+    Setting("PARAMSHARD_DELTA_SNAPSHOT_EVERY", "a server publishes a full snapshot every this many deltas (default "
+            "50)", "delta_snapshot_every", 50, "int", int, scopes=_LAUNCHED, inherit=True,
+            check=_int_at_least("PARAMSHARD_DELTA_SNAPSHOT_EVERY", 1, " deltas")),
+    Setting("PARAMSHARD_DELTA_FP16", "`1`: rows in deltas and snapshots are float16 (the float32 values rounded to "
+            "nearest), half the bytes; dense blocks stay float32", "delta_fp16", False, "bool", _yes_no,
+            ": expected 1 (yes) or 0 (no)", text=lambda v: "1", scopes=_LAUNCHED, inherit=True),
+    Setting("PARAMSHARD_DELTA_DENSE_THRESHOLD", "a dense block is in a delta when its values moved more than this "
+            "relative L2 change since it was last published (default 0: any change)", "delta_dense_threshold", 0.0,
+            "float", float, " is not a number", scopes=_LAUNCHED, inherit=True,
+            check=lambda v: f"PARAMSHARD_DELTA_DENSE_THRESHOLD={v}: must be >= 0" if not v >= 0 else None),
     Setting("PARAMSHARD_RECORDS", "`stdout`: trainers print progress records for the launcher's run directory "
             "(set by `paramshard launch`); `dir:PATH`: every rank writes its own into PATH (`paramshard run "
             "--run-dir`)", "records", scopes=_LAUNCHED,

@@ -81,6 +81,7 @@ class Trainer:
             self.listeners = TrainerListeners(self.env, model)
             self.metrics = next((x.metrics for x in self.listeners.listeners if hasattr(x, "metrics")), None)
             self._start()
+            self.listeners.started(self)
         except BaseException:
             self._hang_up()       # a failed start must not leave sockets (and their monitors) behind
             raise

@@ -90,6 +90,9 @@ class SparseTable:
         # Told which rows changed (bounded-loss replication, server/elastic/replication.py): ``rows(handles)``,
         # ``grew(old_count, new_count)``, ``everything()``. None: nobody asks.
         self.changes = None
+        # Told which ids changed and which were evicted, by id (delta publishing,
+        # server/services/delta_service.py): ``changed(ids)``, ``evicted(ids)``. None: nobody asks.
+        self.watch = None
         # Bounded-loss recovery: rows made after the last copy died with their server, so a push may
         # name an id its trainer pulled from the old one: make the row (its first pull's) and apply.
         self.create_on_push = False
@@ -165,8 +168,8 @@ class SparseTable:
         started = time.perf_counter()
         before = self.num_rows
         rows = self.rows_for(ids, create=create)
-        if self.changes is not None and self.num_rows != before:
-            self.changes.grew(before, self.num_rows)
+        if self.num_rows != before:
+            self._grew(before)
         looked_up = time.perf_counter()
         have = rows >= 0
         if have.all():
@@ -235,12 +238,14 @@ class SparseTable:
         if self.create_on_push and (rows < 0).any():
             before = self.num_rows
             rows = self.rows_for(ids, create=True)
-            if self.changes is not None and self.num_rows != before:
-                self.changes.grew(before, self.num_rows)
+            if self.num_rows != before:
+                self._grew(before)
         self._check_known(ids, rows)
         self.timings["push_lookup"] += time.perf_counter() - started
         if not self.mode.waits_every_step:      # async: applied on arrival
             self._apply(rows, grads, contributors=1)
+            if self.watch is not None:
+                self.watch.changed(ids[rows >= 0])
             self.version += 1
             self._maybe_evict()
             return
@@ -272,10 +277,19 @@ class SparseTable:
             rows, grads = merge_duplicates(np.concatenate([p[0] for p in parts]),
                                            np.concatenate([p[1] for p in parts]))
         self._apply(rows, grads, contributors=len(parts))
+        if self.watch is not None:
+            self.watch.changed(np.concatenate([i[r >= 0] for r, _, i in self._pending.values()]))
         self._pending.clear()
         self.barrier.reset()
         self.version += 1
         self._maybe_evict()
+
+    def _grew(self, before: int) -> None:
+        """Rows before..num_rows-1 were made (a first touch): their values exist now."""
+        if self.changes is not None:
+            self.changes.grew(before, self.num_rows)
+        if self.watch is not None:
+            self.watch.changed(self.store.ids(before, self.num_rows - before))
 
     def waiting_for(self) -> list[int]:
         return self.barrier.waiting_for()
@@ -307,9 +321,12 @@ class SparseTable:
         # An eviction reads and compacts every row anyway: a drop under way is finished with it
         # (a slice's scan position would not survive the compaction).
         self.settle_drops()
+        held = self.store.ids() if self.watch is not None else None     # to name the evicted ids
         evicted = self.store.evict_unseen(self.version - n)
         if evicted:
             self.evicted += evicted
+            if held is not None:
+                self.watch.evicted(held[self.store.lookup(held) < 0])
             if self.changes is not None:
                 self.changes.everything()          # row handles moved: the next copy is whole
             self._last_pull.clear()                 # row numbers changed
@@ -337,6 +354,8 @@ class SparseTable:
         self.store.set_values(rows, values)
         if self.changes is not None:
             self.changes.everything()              # an import: rare, copied whole
+        if self.watch is not None:
+            self.watch.changed(ids)
 
     # -- checkpoints (checkpoint_service.py) ------------------------------
     def snapshot_page(self, start: int, count: int) -> dict[str, np.ndarray]:
@@ -360,6 +379,8 @@ class SparseTable:
         self.limits.check("max_rows", reserve, f"restore_sparse: table {self.name!r}: rows reserved on this server")
         self.store.reserve(max(self.num_rows + len(ids), reserve))
         self._create(ids, values, version, state)
+        if self.watch is not None:
+            self.watch.changed(ids)
         self._last_pull.clear()
         if counters is not None:
             self.store.restore_counts(*counters)
@@ -410,6 +431,8 @@ class SparseTable:
         if len(pd.unique(ids)) != len(ids):
             raise ConfigError(f"table {self.name!r}: a moved page names some ids twice")
         self.settle_drops()
+        if self.watch is not None:      # published once their partitions are served here (delta_service.py)
+            self.watch.changed(ids)
         handles = self.store.lookup(ids)
         have = handles >= 0
         state = {n: a for n, a in rows.items() if n not in ("ids", "values")}
