@@ -1,6 +1,6 @@
 """Servers publish deltas and snapshots while the job trains (issue 33, server/services/delta_service.py).
 
-Oracle: the model rebuilt from the delta directory alone (online/replay.py: each server's latest
+Oracle: the model rebuilt from the delta directory alone (online/rebuild.py: each server's latest
 snapshot and the deltas after it) equals what the servers hold when the job ends, row for row and
 block for block, exactly (float32), or the float16 rounding of every row when asked to quantise;
 evicted rows are gone from it (tombstones). Each delta's bytes follow the rows it carries.
@@ -19,7 +19,7 @@ import paramshard as ps
 from paramshard.inference.serving import read_model
 from paramshard.online.delta_format import MAGIC, read_delta
 from paramshard.online.delta_log import DeltaLog
-from paramshard.online.replay import replay
+from paramshard.online.rebuild import rebuild
 from paramshard.server.services.delta_service import DeltaService
 from paramshard.server.services.sparse_service import SparseService
 from paramshard.tables import Eviction
@@ -88,9 +88,9 @@ def held(servers):
     return out, dense
 
 
-def check_replay_equals_servers(root, servers, dtype=np.float32):
+def check_rebuilt_equals_servers(root, servers, dtype=np.float32):
     tables, dense = held(servers)
-    model = replay(root)
+    model = rebuild(root)
     assert set(model.tables) == set(tables)
     for name, (ids, rows) in tables.items():
         got_ids, got_rows = model.table(name)
@@ -122,7 +122,7 @@ def check_sizes(root):
 @pytest.mark.parametrize("mode, trainers", [("sync", 2), ("async", 2)])
 def test_a_model_rebuilt_from_the_delta_directory_equals_the_servers(cluster, tmp_path, mode, trainers):
     root, servers, plan = run_job(cluster, tmp_path, mode=mode, trainers=trainers)
-    model = check_replay_equals_servers(root, servers)
+    model = check_rebuilt_equals_servers(root, servers)
     published = [read_delta(e.path) for _, e in files(root)]
     assert {s for s, _ in files(root)} == {0, 1}
     assert sum(t.evicted for s in servers for t in s.service(SparseService).tables.values()) > 0
@@ -142,7 +142,7 @@ def test_a_model_rebuilt_from_the_delta_directory_equals_the_servers(cluster, tm
 
 def test_quantised_deltas_hold_the_float16_rounding_of_the_rows(cluster, tmp_path):
     root, servers, _ = run_job(cluster, tmp_path, mode="sync", trainers=1, steps=8, delta_fp16=True)
-    check_replay_equals_servers(root, servers, dtype=np.float16)
+    check_rebuilt_equals_servers(root, servers, dtype=np.float16)
     check_sizes(root)
 
 
@@ -151,7 +151,7 @@ def test_a_delta_carries_the_rows_touched_since_the_one_before(cluster, tmp_path
     pull at most, never the table (which holds many batches' rows)."""
     root, servers, _ = run_job(cluster, tmp_path, mode="sync", trainers=1, steps=10, delta_updates=1,
                                delta_seconds=1000.0, delta_snapshot_every=1000)
-    check_replay_equals_servers(root, servers)
+    check_rebuilt_equals_servers(root, servers)
     deltas = [read_delta(e.path) for _, e in files(root) if e.kind == "delta"]
     assert len(deltas) >= 10
     assert max(len(c.ids) for d in deltas for c in d.tables.values()) <= 2 * BATCH * BAG
@@ -172,4 +172,4 @@ def test_servers_started_again_go_on_after_the_last_seq_with_a_snapshot(cluster,
         assert after[0].kind == "snapshot" and after[0].seq == last[s] + 1, after[:2]
         seqs = [e.seq for e in after if e.kind == "delta"]
         assert seqs == list(range(last[s] + 2, last[s] + 2 + len(seqs))) and seqs
-    check_replay_equals_servers(root, servers)
+    check_rebuilt_equals_servers(root, servers)

@@ -1,6 +1,6 @@
 """A delta directory's model, rebuilt the plain way: the reference a follower must equal.
 
-``replay(root)`` reads, for each server, its latest snapshot and the deltas after it, and applies
+``rebuild(root)`` reads, for each server, its latest snapshot and the deltas after it, and applies
 them to one model: each server's files in seq order, the servers' files merged in order of
 ``step`` (ties: the lower server first), as online/delta_log.py says a follower does. A snapshot
 or delta sets rows and dense blocks; a tombstone removes its id. Dicts and arrays, not fast: for
@@ -18,7 +18,7 @@ from paramshard.online.delta_log import DeltaLog
 
 
 @dataclasses.dataclass
-class Replayed:
+class Rebuilt:
     tables: dict[str, dict[int, np.ndarray]]     # table -> id -> row (the dtype published)
     dense: dict[str, np.ndarray]                 # block -> float32 values
     steps: dict[int, int]                        # server -> step of the last file applied
@@ -45,7 +45,7 @@ def server_files(log: DeltaLog, server: int) -> list[Delta]:
     return files
 
 
-def apply(model: Replayed, delta: Delta) -> None:
+def apply(model: Rebuilt, delta: Delta) -> None:
     for name, change in delta.tables.items():
         rows = model.tables.setdefault(name, {})
         for i, row in zip(change.ids.tolist(), change.values):
@@ -57,10 +57,10 @@ def apply(model: Replayed, delta: Delta) -> None:
     model.steps[delta.server], model.seqs[delta.server] = delta.step, delta.seq
 
 
-def replay(root) -> Replayed:
+def rebuild(root) -> Rebuilt:
     log = DeltaLog(root)
     queues = {s: server_files(log, s) for s in log.servers()}
-    model = Replayed({}, {}, {}, {})
+    model = Rebuilt({}, {}, {}, {})
     heads = [(files[0].step, s, 0) for s, files in queues.items() if files]
     heapq.heapify(heads)
     while heads:        # per server in seq order; across servers the lowest step next
