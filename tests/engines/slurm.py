@@ -63,6 +63,7 @@ default ``KillOnBadExit=0``) srun waits for the other tasks and exits 1.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -228,6 +229,11 @@ class SlurmCluster:
         self.munge_socket = str(munge_dir / "munge.socket")
         self.conf_path = self.workdir / "slurm.conf"
         self.ctld_port = self.slurmd_port = 0
+        # Job ids as a real cluster's (large, not 1, 2, ... in every test cluster): the Slurm store's
+        # default port derives from the job id (launch/rank/rendezvous.py), so two test clusters'
+        # first jobs would otherwise both want 29601 (one run failed on it: 'cannot host the slurm
+        # store'); a holder from an earlier cluster or another worker then fails a job by chance.
+        self.first_job_id = random.randrange(1000, 1_000_000)
         self.procs: dict[str, subprocess.Popen] = {}
         self._closed = False
         self.env = {"SLURM_CONF": str(self.conf_path)}
@@ -319,6 +325,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
+FirstJobId={self.first_job_id}
 KillWait=2
 InactiveLimit=0
 MinJobAge=10

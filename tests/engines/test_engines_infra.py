@@ -388,13 +388,20 @@ def test_slurm_close_stops_every_daemon_and_step(slurm_cluster):
     job = subprocess.Popen(cluster.srun_argv(2, "sleep", "60"), env=cluster.environ(), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 15
-        while not cluster.step_daemons() and time.monotonic() < deadline:
+        def processes():
+            steps = cluster.step_daemons()
+            procs = [p for pid in cluster.pids().values() for p in sshd_mod.process_tree(pid)]  # (+ slurmscriptd)
+            procs += [p for step in steps for p in sshd_mod.process_tree(step)]  # slurmstepd and its tasks
+            return steps, procs
+
+        # The step daemon appears before it has forked and exec'd its tasks (under load, seconds
+        # before: seen in a run beside other jobs): wait for the tasks themselves.
+        deadline = time.monotonic() + 30
+        steps, procs = processes()
+        while "sleep" not in {comm(pid) for pid, _ in procs} and time.monotonic() < deadline:
             time.sleep(0.05)
-        steps = cluster.step_daemons()
+            steps, procs = processes()
         assert steps, cluster.logs()
-        procs = [p for pid in cluster.pids().values() for p in sshd_mod.process_tree(pid)]  # (+ slurmscriptd)
-        procs += [p for step in steps for p in sshd_mod.process_tree(step)]  # slurmstepd and its tasks
         assert {comm(pid) for pid, _ in procs} >= {"munged", "slurmctld", "slurmd", "slurmstepd", "sleep"}
         workdir = cluster.workdir
         cluster.close()
