@@ -134,17 +134,16 @@ class StreamReader:
         if saved is not None:
             self.source.seek(saved)
             self._base = saved
-        elif resumed or step == 0:
+        elif step == 0:
             if not resumed:
                 self.source.seek(self._start)     # rolled back to before any checkpoint: from the start
             self._base = self._start
-            if resumed and step:
-                log.warning("trainer %d resumes at step %d from a checkpoint without a stream position: the stream "
-                            "is read from its start", trainer.trainer_id, step)
         else:
-            raise ConfigError(f"trainer {trainer.trainer_id} rolled back to step {step}, but the checkpoint holds no "
-                              f"stream position for it (its position file is not readable on this host?): the "
-                              f"records after it cannot be replayed exactly; keep the checkpoint directory where "
-                              f"every trainer reads it")
+            how = "resumes" if resumed else "rolled back"
+            raise ConfigError(f"trainer {trainer.trainer_id} {how} at step {step}, but its checkpoint holds no stream "
+                              f"position for it (a checkpoint of a job that did not read this stream, or its "
+                              f"position file is not readable on this host): the records after it cannot be "
+                              f"replayed exactly once; keep the checkpoint directory where every trainer reads it, "
+                              f"or start the stream job afresh")
         self._handed.clear()
         self._next_step = step + 1

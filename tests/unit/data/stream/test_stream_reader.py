@@ -103,5 +103,7 @@ def test_one_reader_per_trainer_and_a_rollback_without_a_position_is_refused(tmp
     with pytest.raises(ConfigError, match="already reads a StreamReader"):
         reader_on(tmp_path, trainer)
     trainer.step_count, trainer.recoveries = 3, 1
-    with pytest.raises(ConfigError, match="holds no stream position"):
+    with pytest.raises(ConfigError, match="rolled back at step 3, but its checkpoint holds no stream position"):
         next(iter(reader))
+    with pytest.raises(ConfigError, match="resumes at step 3, but its checkpoint holds no stream position"):
+        reader_on(tmp_path, FakeTrainer(step=3))
