@@ -135,11 +135,13 @@ class DirectoryStream:
 
     def _take_from_files(self, wanted: int) -> StreamBatch | None:
         frames, mtimes = [], []
-        for name in self._names():
+        for name, size in self._names():
             tail = self._files.get(name)
             if tail is None:
                 tail = self._files[name] = FileTail(os.path.join(self.root, name), self._kind(name),
                                                     delimiter=self.delimiter)
+            if not tail.has_news(size):
+                continue
             while wanted > 0:
                 take = tail.take(wanted, self.rank, self.world)
                 if take is None:
@@ -158,13 +160,20 @@ class DirectoryStream:
         records = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return StreamBatch(records, self.position(), self._arrived(records, mtimes))
 
-    def _names(self) -> list[str]:
-        """The stream's files now, in name order (those a writer has not finished are left out)."""
+    def _names(self) -> list[tuple[str, int]]:
+        """(name, size) of the stream's files now, in name order (those a writer has not
+        finished are left out)."""
+        found = []
         try:
-            entries = list(os.scandir(self.root))
+            for entry in os.scandir(self.root):
+                if entry.is_file() and self._kind(entry.name) is not None:
+                    try:
+                        found.append((entry.name, entry.stat().st_size))
+                    except FileNotFoundError:
+                        continue        # removed since it was listed
         except OSError as exc:
             raise DataFormatError(self.root, None, f"the stream directory cannot be listed: {exc}", hint=None) from None
-        return sorted(e.name for e in entries if e.is_file() and self._kind(e.name) is not None)
+        return sorted(found)
 
     def _kind(self, name: str) -> str | None:
         if name[:1] in (".", "_") or name.endswith(UNFINISHED):

@@ -37,6 +37,14 @@ class FileTail:
         self.header: bytes | None = None      # a CSV file's first line (read again after a seek)
         self._header_end = 0
         self._table = None                    # a Parquet file's rows, while some are unread
+        self._rows: int | None = None         # a Parquet file's row count, once read
+
+    def has_news(self, size: int) -> bool:
+        """Something may have been appended, the file being ``size`` bytes now (a cheap look,
+        from the directory listing: a file read out is not opened again)."""
+        if self.kind == "parquet":
+            return self._rows is None or self.records < self._rows
+        return size != self.offset
 
     def entry(self) -> dict:
         if self.kind == "parquet":
@@ -125,6 +133,7 @@ class FileTail:
                                       hint="writers write it under a hidden or .tmp name and rename it into place "
                                            "once complete") from None
             self._mtime = os.path.getmtime(self.path)
+            self._rows = self._table.num_rows
         total = self._table.num_rows
         if self.records >= total:
             self._table = None

@@ -105,3 +105,21 @@ def test_format_and_rank_are_checked(tmp_path):
     (tmp_path / "events.log").write_text(json.dumps({"id": 1}) + "\n")
     assert DirectoryStream(tmp_path).poll(1, 0) is None                       # unknown suffix: not read
     assert ids_of(DirectoryStream(tmp_path, format="jsonl").poll(1, 0)) == [1]
+
+
+def test_a_file_read_out_is_not_read_again(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+    write_parquet(tmp_path, "a.parquet", range(3))
+    append(tmp_path / "b.jsonl", jsonl_rows(range(3, 5)))
+    stream = DirectoryStream(tmp_path)
+    reads = []
+    real = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: reads.append(a) or real(*a, **k))
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    assert drain(stream) == [0, 1, 2, 3, 4]
+    reads.clear(), opened.clear()
+    for _ in range(3):
+        assert stream.poll(10, 0) is None
+    assert reads == [] and opened == []
