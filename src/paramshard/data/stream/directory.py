@@ -135,11 +135,10 @@ class DirectoryStream:
 
     def _take_from_files(self, wanted: int) -> StreamBatch | None:
         frames, mtimes = [], []
-        for name, size in self._names():
+        for name, size, kind in self._names():
             tail = self._files.get(name)
             if tail is None:
-                tail = self._files[name] = FileTail(os.path.join(self.root, name), self._kind(name),
-                                                    delimiter=self.delimiter)
+                tail = self._files[name] = FileTail(os.path.join(self.root, name), kind, delimiter=self.delimiter)
             if not tail.has_news(size):
                 continue
             while wanted > 0:
@@ -160,15 +159,16 @@ class DirectoryStream:
         records = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return StreamBatch(records, self.position(), self._arrived(records, mtimes))
 
-    def _names(self) -> list[tuple[str, int]]:
-        """(name, size) of the stream's files now, in name order (those a writer has not
+    def _names(self) -> list[tuple[str, int, str]]:
+        """(name, size, kind) of the stream's files now, in name order (those a writer has not
         finished are left out)."""
         found = []
         try:
             for entry in os.scandir(self.root):
-                if entry.is_file() and self._kind(entry.name) is not None:
+                kind = self._kind(entry.name) if entry.is_file() else None
+                if kind is not None:
                     try:
-                        found.append((entry.name, entry.stat().st_size))
+                        found.append((entry.name, entry.stat().st_size, kind))
                     except FileNotFoundError:
                         continue        # removed since it was listed
         except OSError as exc:

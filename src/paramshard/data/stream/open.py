@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import importlib
 import urllib.parse
 
 from paramshard.errors import ConfigError
@@ -23,14 +24,14 @@ def open_stream(spec: str, rank: int = 0, world: int = 1, **options):
         raise ConfigError(f"a stream spec must be one of: {'; '.join(FORMS)}; got {spec!r}")
     if spec.startswith("kafka://"):
         brokers, topic, group = parse_kafka(spec)
-        try:
-            from paramshard.data.stream.kafka import KafkaStream
+        try:        # imported here: only a Kafka job needs the client (and this module)
+            kafka = importlib.import_module("paramshard.data.stream.kafka")
         except ModuleNotFoundError as exc:
             if exc.name in ("paramshard.data.stream.kafka", "confluent_kafka"):
                 raise ConfigError(f"{spec}: Kafka streams need the Kafka extra (the confluent-kafka client): "
                                   f"pip install 'paramshard[kafka]' ({exc})") from None
             raise
-        return KafkaStream(brokers, topic, group, rank, world, **options)
+        return kafka.KafkaStream(brokers, topic, group, rank, world, **options)
     if spec.startswith("file://"):
         path = urllib.parse.unquote(spec[len("file://"):])     # file:///abs/dir, or file://relative/dir
     elif "://" in spec:

@@ -14,6 +14,8 @@ import io
 import json
 import os
 
+from typing import Any
+
 import pandas as pd
 
 from paramshard.data.errors import DataFormatError
@@ -36,7 +38,7 @@ class FileTail:
         self.offset, self.records = offset, records
         self.header: bytes | None = None      # a CSV file's first line (read again after a seek)
         self._header_end = 0
-        self._table = None                    # a Parquet file's rows, while some are unread
+        self._table: Any = None               # a Parquet file's rows (a pyarrow Table), while some are unread
         self._rows: int | None = None         # a Parquet file's row count, once read
 
     def has_news(self, size: int) -> bool:
@@ -102,7 +104,7 @@ class FileTail:
 
     def _parse(self, chosen: list) -> pd.DataFrame:
         if self.kind == "csv":
-            body = self.header + b"\n" + b"\n".join(line for _, _, line in chosen)
+            body = (self.header or b"") + b"\n" + b"\n".join(line for _, _, line in chosen)
             try:
                 return pd.read_csv(io.BytesIO(body), sep=self.delimiter, dtype=object, keep_default_na=False)
             except (ValueError, pd.errors.ParserError) as exc:
