@@ -4,7 +4,6 @@ import sys
 import pytest
 
 from paramshard.data import DirectoryStream, open_stream
-from paramshard.data.stream.open import parse_kafka
 from paramshard.errors import ConfigError
 
 
@@ -17,16 +16,19 @@ def test_a_directory_or_file_url_opens_a_directory_stream(tmp_path, monkeypatch)
 
 
 def test_an_unknown_scheme_lists_the_accepted_forms(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown scheme 'http'.*DIR .*file://DIR.*kafka://BROKER"):
+    with pytest.raises(ConfigError, match=r"unknown scheme 'http'.*DIR .*file://DIR.*kafka://HOST:PORT"):
         open_stream("http://example.invalid/x")
 
 
-def test_kafka_specs_are_parsed():
-    assert parse_kafka("kafka://b1:9092,b2:9092/clicks?group=ctr") == ("b1:9092,b2:9092", "clicks", "ctr")
-    assert parse_kafka("kafka://localhost:9092/clicks") == ("localhost:9092", "clicks", "paramshard")
-    for bad in ("kafka://localhost:9092/", "kafka:///clicks", "kafka://b/clicks?grop=x", "kafka://b/a/b"):
-        with pytest.raises(ConfigError, match="kafka://BROKER"):
-            parse_kafka(bad)
+def test_a_kafka_url_opens_a_kafka_stream_with_the_rank_and_options(monkeypatch):
+    from paramshard.data.stream import kafka
+    made = []
+    monkeypatch.setattr(kafka, "KafkaStream", lambda **kwargs: made.append(kwargs) or "stream")
+    assert open_stream("kafka://b1:9092,b2:9092/clicks?group=ctr", 1, 2, timeout=5) == "stream"
+    assert made == [{"brokers": "b1:9092,b2:9092", "topic": "clicks", "group": "ctr", "rank": 1, "world": 2,
+                     "timeout": 5}]
+    with pytest.raises(ValueError, match="no consumer group"):
+        open_stream("kafka://b1:9092/clicks", 0, 1)
 
 
 def test_kafka_without_its_module_says_the_extra_is_needed(monkeypatch):
