@@ -123,3 +123,21 @@ def test_a_file_read_out_is_not_read_again(tmp_path, monkeypatch):
     for _ in range(3):
         assert stream.poll(10, 0) is None
     assert reads == [] and opened == []
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_what_paramshard_replay_appends_is_read_once_by_two_ranks(tmp_path, fmt):
+    import pandas as pd
+    from paramshard.data.stream.replay import DirectoryAppender
+    frame = pd.DataFrame({"id": range(30), "c": ["a", "b,c", 'd"e'] * 10})     # quoted CSV fields too
+    appender = DirectoryAppender(tmp_path, fmt, file_rows=8)
+    readers = [DirectoryStream(tmp_path, rank, 2) for rank in range(2)]
+    taken = []
+    for start in range(0, 30, 7):           # appends between the readers' polls
+        appender.append(frame.iloc[start:start + 7])
+        for reader in readers:
+            if (batch := reader.poll(3, 0)) is not None:
+                taken.append(batch.records)
+    taken += [b.records for r in readers for b in iter(lambda r=r: r.poll(100, 0), None)]
+    back = pd.concat(taken, ignore_index=True).astype({"id": int}).sort_values("id", ignore_index=True)
+    pd.testing.assert_frame_equal(back, frame, check_dtype=False)
