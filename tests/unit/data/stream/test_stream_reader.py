@@ -107,3 +107,35 @@ def test_one_reader_per_trainer_and_a_rollback_without_a_position_is_refused(tmp
         next(iter(reader))
     with pytest.raises(ConfigError, match="resumes at step 3, but its checkpoint holds no stream position"):
         reader_on(tmp_path, FakeTrainer(step=3))
+
+
+class ProgressTrainer:
+    """A Trainer's parts StreamReader uses, over a real TrainerProgress (trainer/progress.py)."""
+
+    def __init__(self):
+        from paramshard.client.recovery import RecoveryPolicy
+        from paramshard.trainer.progress import TrainerProgress
+        self.trainer_id, self.leave_requested, self.env = 0, False, SimpleNamespace(mode="async")
+        self.progress = TrainerProgress(0, RecoveryPolicy(1, "/ckpt"))
+
+    step_count = property(lambda self: self.progress.step)
+    recoveries = property(lambda self: self.progress.recoveries)
+
+
+def test_a_trainer_progress_rollback_reads_the_checkpoint_records_again(tmp_path):
+    from paramshard.errors import ServerUnavailable
+    from paramshard.trainer.position import capture
+    append(tmp_path / "a.jsonl", jsonl_rows(range(10)))
+    trainer = ProgressTrainer()
+    reader = reader_on(tmp_path, trainer)
+    batches = iter(reader)
+    next(batches)
+    trainer.progress.advance()
+    saved = {**capture(1), "stream": reader.position_at(1)}          # trainer/checkpointing.py's file
+    trained_after = [ids_of(next(batches)) for _ in range(2)]
+    trainer.progress.advance(), trainer.progress.advance()
+    checkpoint = SimpleNamespace(step=1, trainer_position=lambda tid: saved)
+    trainer.progress.restore_with(lambda: (checkpoint, None))
+    trainer.progress.roll_back(ServerUnavailable("server 0 restarted"))
+    assert trainer.step_count == 1
+    assert [ids_of(next(batches)) for _ in range(2)] == trained_after
