@@ -75,6 +75,8 @@ def check_position(position, step: int, where) -> dict:
         if integer(position["step"], "step") != step:
             raise Invalid(f"step is {position['step']}, the checkpoint's is {step}")
         obj(position["state"], "state")        # the script's own JSON: its content is the script's
+        if "stream" in position:
+            obj(position["stream"], "stream")  # a live stream's position: its source's seek checks the rest
         if "rng" in position:
             _check_rng(position["rng"])
     except Invalid as exc:

@@ -9,6 +9,9 @@ synthetic data, sharding, metrics.
     from paramshard.data import CriteoReader, shard_files
     for batch in CriteoReader(shard_files("data/train", trainer_id, num_trainers), 4096):
         ...  # batch.labels, batch.dense, batch.sparse_ids
+
+    from paramshard.data import StreamReader, open_stream   # a live stream (data/stream/reader.py)
+    reader = StreamReader(open_stream("data/live", trainer_id, num_trainers), trainer, 512)
 """
 import importlib
 
@@ -23,6 +26,8 @@ _WHERE = {
     "Column": "paramshard.specs.schema", "Format": "paramshard.specs.schema", "Label": "paramshard.specs.schema", "Schema": "paramshard.specs.schema", "shard_files": "shards.split",
     "split_lines": "shards.split", "DynamicShards": "shards.dynamic", "generate_criteo": "synthetic", "TabularReader": "readers.tabular",
     "count_records": "readers.tabular",
+    "StreamSource": "stream.source", "StreamBatch": "stream.source", "DirectoryStream": "stream.directory",
+    "open_stream": "stream.open", "StreamReader": "stream.reader",
 }
 
 
@@ -45,4 +50,5 @@ __all__ = ["Schema", "Column", "Label", "Format", "TabularReader", "TabularBatch
            "criteo_schema", "libsvm_schema", "feature_ids", "count_records",
            "CriteoReader", "CriteoBatch", "LibsvmReader", "SparseBatch", "DataFormatError",
            "generate_criteo", "split_lines", "shard_files", "DynamicShards",
-           "auc", "logloss", "ExactAUC", "StreamingAUC", "BinaryMetrics"]
+           "auc", "logloss", "ExactAUC", "StreamingAUC", "BinaryMetrics",
+           "StreamSource", "StreamBatch", "DirectoryStream", "open_stream", "StreamReader"]

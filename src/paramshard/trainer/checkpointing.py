@@ -2,7 +2,9 @@
 
 The chief has the backend write what the servers hold (client/checkpoint.py);
 every trainer writes its own position (random streams, where its batch loop is,
-the script's ``state``), so a resume or a rollback finds its place in the data."""
+the script's ``state``, and the position of the live stream it trains on: the one after
+the last batch this step trained, committed to the stream once the file is written;
+data/stream/reader.py), so a resume or a rollback finds its place in the data."""
 from __future__ import annotations
 
 from paramshard.checkpoint.format import write_trainer_position
@@ -32,8 +34,13 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
     loop = trainer.progress.loop_json()
     if loop is not None:
         position["loop"] = loop
+    stream = trainer.progress.stream
+    if stream is not None:
+        position["stream"] = stream.position_at(trainer.step_count)
     write_trainer_position(directory, trainer.step_count, trainer.trainer_id, position)
     trainer.progress.saved()
+    if stream is not None:
+        stream.saved(position["stream"])
 
 
 def due(trainer) -> bool:

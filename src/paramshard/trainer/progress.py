@@ -38,6 +38,9 @@ class TrainerProgress:
         # this trainer and is the checkpoint's again after a resume or a rollback.
         self.state: dict = {}
         self.loop = LoopPosition()      # where epochs()/prefetching() are in the data (trainer/loop.py)
+        # A live stream this trainer's steps train on (data/stream/reader.py registers itself):
+        # each checkpoint saves its position at the checkpoint's step and commits it once written.
+        self.stream = None
         # A rollback outside the batch loop (in a barrier, an evaluation): the barriers until the
         # loop replays the epoch's batches are skipped (the other trainers replay them too).
         self.replay_pending = False

@@ -349,6 +349,7 @@ POSITION_MUTATIONS = {
     "numpy pos huge": (_set(["rng", "numpy", 2], 1 << 40), "rng.numpy pos must be a whole number 0..624"),
     "python word a string": (_set(["rng", "python", 1, 5], "x"), "rng.python internal state[5] must be"),
     "python state short": (_set(["rng", "python", 1], [1, 2]), "must hold 625 numbers, got 2"),
+    "stream not an object": (_set(["stream"], [1]), "stream must be a JSON object, got list"),
 }
 
 
