@@ -44,7 +44,11 @@ def main(argv=None) -> int:
         if chief:
             print(text, flush=True)
 
-    out = refit.train(args, say)       # selection, then (small tables) the refit
+    if args.stream:                     # issue 33: from a live stream, until stopped
+        from paramshard.apps.ctr import streaming
+        out = streaming.train(args, say)
+    else:
+        out = refit.train(args, say)       # selection, then (small tables) the refit
     if out is not None and args.json:
         run_module.write_json(args.json, out)
         say(f"wrote {args.json}")

@@ -24,6 +24,9 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
     args = resolve(p.parse_args(argv))
     from paramshard.apps.ctr import refit
     refit.refuse_launched(args)       # only the launcher calls this: a launched job cannot refit
-    if files:
+    if files and args.stream:
+        from paramshard.apps.ctr.stream_options import checked_schema as stream_schema
+        stream_schema(args)         # fitted, binary: the stream has no files to check
+    elif files:
         from paramshard.apps.ctr.selection import settle_monitor
         settle_monitor(args, checked_schema(args))     # the trainers' own first check (one trainer's share of rows)

@@ -13,15 +13,15 @@ from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES
 from paramshard.models import MODELS
 from paramshard.models.defaults import architecture_defaults, training_defaults
 from paramshard.data.features.side_columns import SideColumns
-from paramshard.apps.ctr import refit, table_size
+from paramshard.apps.ctr import refit, stream_options, table_size
 from paramshard.apps.ctr.selection import MONITORS, Selection
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m paramshard.apps.ctr", description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train", nargs="+", required=True, metavar="PATH", help="training files (CSV, TSV, Parquet)")
-    p.add_argument("--test", nargs="+", required=True, metavar="PATH", help="test files, same columns")
+    p.add_argument("--train", nargs="+", metavar="PATH", help="training files (CSV, TSV, Parquet; required without --stream)")
+    p.add_argument("--test", nargs="+", metavar="PATH", help="test files, same columns (required without --stream)")
     p.add_argument("--schema", required=True, metavar="FILE", help="from `paramshard schema infer` (and fit)")
     p.add_argument("--delimiter", metavar="D",
                    help="text files' delimiter (',' ';' '|' 'tab'; default: the one the schema records)")
@@ -86,11 +86,13 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="every trainer process writes the rows it trained per epoch (and a checksum of their ids) "
                         "to DIR/trained-<slot>-<pid>.jsonl: an audit that each training row is trained once per "
                         "epoch, whoever joined or left")
+    stream_options.add_arguments(p)      # issue 33: --stream and what goes with it (stream_options.py)
     return p
 
 
 def resolve(args) -> argparse.Namespace:
     """Checks every value and fills the model's defaults in; returns args (changed in place)."""
+    stream_options.check(args)      # before the epoch defaults below fill in what a stream refuses
     train = training_defaults(args.model)
     arch = architecture_defaults(MODELS[args.model])
     args.defaulted = [name for name in ("lr", "table_lr", "batch_size") if getattr(args, name) is None]

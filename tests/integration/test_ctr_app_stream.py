@@ -1,0 +1,124 @@
+"""The CTR app trained from a live stream (issue 33), in one process (its standalone server):
+a writer appends the demo's synthetic Criteo events (`paramshard gen-data`'s generator, a hidden
+logistic model) while `python -m paramshard.apps.ctr --stream ... --max-events N` trains on them.
+
+- every event is trained once: the source handed out rows 0..N-1, each once, in order, and the
+  run counts N events; the position in the trainer's state is the one after the last;
+- predict then train: the progressive AUC over the pass is close to the AUC the same (exported)
+  model scores offline on fresh rows of the same hidden model, and below the hidden model's own
+  (no model beats the truth). The bound is loose (0.03) for a test of a few thousand events
+  whose first batches are scored by an untrained model; the issue's 0.005 goal on the demo's
+  full data is a benchmark's."""
+import json
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from paramshard.apps import ctr
+from paramshard.apps.ctr import streaming
+from paramshard.data.features.presets import criteo_schema
+from paramshard.data.synthetic import generate_criteo
+from paramshard.data.readers.tabular import TabularReader
+from paramshard.inference.evaluation import predict
+from paramshard.inference.serving import load_model
+
+EVENTS, HELD, CHUNK, WINDOW = 6000, 3000, 640, 2000
+# The writer appends CHUNK events at a time (5 batches of 128: the batches, hence the run, do not depend on
+# the timing), the app reads up to a batch.
+
+
+class AppendedFrames:
+    """A StreamSource (data/stream/source.py) over frames a writer appends while it is read:
+    the position is the next row; every row handed out is recorded (the test's audit)."""
+
+    def __init__(self):
+        self.frames: list[pd.DataFrame] = []
+        self.rows = 0
+        self.next = 0
+        self.handed: list[int] = []
+        self.cond = threading.Condition()
+        self.closed = False
+
+    def append(self, frame: pd.DataFrame) -> None:
+        with self.cond:
+            self.frames.append(frame)
+            self.rows += len(frame)
+            self.cond.notify_all()
+
+    def poll(self, max_records, timeout):
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.rows > self.next, timeout):
+                return None
+            whole = pd.concat(self.frames, ignore_index=True)
+            out = whole.iloc[self.next:self.next + max_records]
+            self.handed += range(self.next, self.next + len(out))
+            self.next += len(out)
+            return streaming_batch(out.reset_index(drop=True), {"row": self.next})
+
+    def position(self):
+        return {"row": self.next}
+
+    def seek(self, position):
+        self.next = position["row"]
+
+    def commit(self, position):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def streaming_batch(records, position):
+    from paramshard.data.stream.source import StreamBatch
+    return StreamBatch(records, position, time.time())
+
+
+def test_a_stream_run_trains_every_event_once_and_its_progressive_auc_is_honest(tmp_path, monkeypatch):
+    schema = criteo_schema()
+    schema.save(tmp_path / "schema.json")
+    truth = generate_criteo(tmp_path / "all.tsv", EVENTS + HELD, seed=3)
+    lines = (tmp_path / "all.tsv").read_text().splitlines(keepends=True)
+    (tmp_path / "events.tsv").write_text("".join(lines[:EVENTS]))
+    (tmp_path / "fresh.tsv").write_text("".join(lines[EVENTS:]))     # the same hidden model's, never streamed
+    events = pd.read_csv(tmp_path / "events.tsv", sep="\t", header=None, names=schema.format.names, dtype=str,
+                         keep_default_na=False)
+    source = AppendedFrames()
+    monkeypatch.setattr(streaming, "open_source", lambda spec, rank, world: source)
+
+    def writer():
+        for start in range(0, EVENTS, CHUNK):
+            source.append(events.iloc[start:start + CHUNK])
+            time.sleep(0.05)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    out_file, model_file = tmp_path / "out.json", tmp_path / "model.pt"
+    assert ctr.main(["--stream", "test://appended", "--schema", str(tmp_path / "schema.json"), "--model", "lr",
+                     "--batch-size", "128", "--max-events", str(EVENTS), "--window", str(WINDOW),
+                     "--report-every", "0.5", "--json", str(out_file), "--export", str(model_file)]) == 0
+    thread.join(timeout=30)
+    out = json.loads(out_file.read_text())
+    assert source.handed == list(range(EVENTS))          # each event once, in order
+    assert out["events"] == EVENTS and out["stopped_by"] == f"--max-events {EVENTS}"
+    assert out["progressive"]["window_events"] == WINDOW and out["progressive"]["events"] == EVENTS
+    assert source.closed
+    assert len(out["reports"]) >= 1
+    progressive = out["progressive"]["auc"]
+    model = load_model(model_file)
+    same = offline_auc(model, tmp_path / "events.tsv", schema)
+    fresh = offline_auc(model, tmp_path / "fresh.tsv", schema)
+    print(f"progressive AUC {progressive:.4f}; the final model offline: {same:.4f} on the streamed events, "
+          f"{fresh:.4f} on fresh ones; the hidden model {truth.hidden_auc:.4f}")
+    assert abs(progressive - fresh) < 0.03
+    # Scored before training, unlike the final model on the events it trained on (it remembers them).
+    assert progressive < same
+    assert progressive < truth.hidden_auc
+
+
+def offline_auc(model, path, schema) -> float:
+    reader = TabularReader([path], schema, 4096)
+    labels = np.concatenate([b.labels for b in TabularReader([path], schema, 4096)])
+    return roc_auc_score(labels, predict(model, reader))
