@@ -122,3 +122,52 @@ def offline_auc(model, path, schema) -> float:
     reader = TabularReader([path], schema, 4096)
     labels = np.concatenate([b.labels for b in TabularReader([path], schema, 4096)])
     return roc_auc_score(labels, predict(model, reader))
+
+
+def test_a_stopped_and_resumed_stream_run_trains_every_event_once_as_one_run_would(tmp_path, monkeypatch):
+    """Stopped after 24 batches (its final checkpoint holds the stream's position), resumed from that
+    checkpoint: the source is sought there, hands out the rest once each, and the model equals an
+    uninterrupted run's on the same events (its predictions, bit for bit)."""
+    import dataclasses
+    from paramshard.apps.ctr.options import parser, resolve
+    from tests.integration.tiny_ctr import in_process_env
+
+    schema = criteo_schema()
+    schema.save(tmp_path / "schema.json")
+    events_n, first = 2048, 1024             # 16 + 8 batches of 128
+    generate_criteo(tmp_path / "all.tsv", events_n + 500, seed=4)
+    lines = (tmp_path / "all.tsv").read_text().splitlines(keepends=True)
+    (tmp_path / "fresh.tsv").write_text("".join(lines[events_n:]))
+    (tmp_path / "events.tsv").write_text("".join(lines[:events_n]))
+    events = pd.read_csv(tmp_path / "events.tsv", sep="\t", header=None, names=schema.format.names, dtype=str,
+                         keep_default_na=False)
+
+    def run(max_events, model_file, source, **env_fields):
+        monkeypatch.setattr(streaming, "open_source", lambda spec, rank, world: source)
+        args = resolve(parser("ctr").parse_args(
+            ["--stream", "test://appended", "--schema", str(tmp_path / "schema.json"), "--model", "lr",
+             "--batch-size", "128", "--max-events", str(max_events), "--export", str(model_file)]))
+        env, server = in_process_env()
+        try:
+            return streaming.stream_job(args, dataclasses.replace(env, **env_fields), lambda text: None)
+        finally:
+            server.close()
+
+    def appended():
+        source = AppendedFrames()
+        source.append(events)
+        return source
+
+    whole = appended()
+    out = run(events_n, tmp_path / "whole.pt", whole)
+    assert out["events"] == events_n and whole.handed == list(range(events_n))
+    ck = tmp_path / "ck"
+    before, after = appended(), appended()
+    out = run(first, tmp_path / "before.pt", before, checkpoint_dir=str(ck), checkpoint_every=5)
+    assert out["events"] == first and before.handed == list(range(first))
+    out = run(events_n, tmp_path / "after.pt", after, checkpoint_dir=str(ck), resume=str(ck))
+    assert after.handed == list(range(first, events_n))         # sought to the checkpoint's position
+    assert out["events"] == events_n                              # the budget goes on from the checkpoint's count
+    scores = [predict(load_model(tmp_path / name), TabularReader([tmp_path / "fresh.tsv"], schema, 4096))
+              for name in ("whole.pt", "after.pt")]
+    np.testing.assert_array_equal(scores[0], scores[1])

@@ -46,7 +46,9 @@ class StreamPosition:
         return None
 
     def commit(self) -> None:
+        """The latest checkpoint's position committed (once); nothing without checkpoints: no
+        checkpoint holds it, and a Kafka group's offsets must not say more than one does."""
         saved = self.trainer.state.get(KEY)
-        if saved and saved["position"] != self._committed:
+        if self.trainer.env.checkpoint_dir and saved and saved["position"] != self._committed:
             self.source.commit(saved["position"])
             self._committed = saved["position"]

@@ -179,14 +179,18 @@ def _number(x: float):
 
 def train(args, say) -> dict | None:
     """The stream run of every trainer; trainer 0 returns the run's --json document."""
+    return stream_job(args, ps.init(), say)
+
+
+def stream_job(args, env, say) -> dict | None:
+    """train() in ``env`` (a test's: an in-process server, checkpoints, a resume)."""
     from paramshard.apps.ctr.stream_options import checked_schema
     from paramshard.apps.ctr.training import make_model
-    env = ps.init()
     refuse(env)
     schema = checked_schema(args)
     torch.manual_seed(args.seed)
     model = make_model(args, schema, env.mode.has_servers)
-    trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr))
+    trainer = ps.Trainer(model, optimizer=ps.optim.Adam(lr=args.lr), env=env)
     rank, world = env.trainer_id or 0, env.num_trainers or 1
     out = None
     try:
