@@ -5,12 +5,16 @@ of up to --batch-size events, encodes them with the fitted schema (stream_option
 it is not fitted here), scores each batch with the model as it stands (eval mode: no table row
 is created, inference/evaluation.py) into the progressive window (progressive.py), then trains
 on it. It stops at SIGTERM or Ctrl-C (after the batch in hand), at --max-events (this trainer's
-events) or --max-seconds; close() writes the final checkpoint with the stream's position
-(stream_position.py), so `launch --resume` goes on from the next event.
+events) or --max-seconds. The stream's position travels with the checkpoints through
+data/stream/reader.py's StreamReader (saved with each, committed once written, sought on
+``--resume`` and after a rollback); the count of events trained rides in the trainer's state
+beside it, so --max-events and the run's figures go on from a resumed checkpoint.
 
 Trainers of one job take steps at their own pace (events come when they come), which async mode
 allows; in sync, collective and hybrid modes every step waits for every trainer's, so a job of
-several trainers there is refused: one trainer or --mode async.
+several trainers there is refused: one trainer or --mode async. (StreamReader could keep
+such a job in step with empty steps while a trainer has no events, but a step without data
+still moves the dense parameters under the servers' Adam: its moments decay into an update.)
 """
 from __future__ import annotations
 
@@ -28,19 +32,15 @@ from paramshard.errors import ConfigError
 from paramshard.mode import Mode
 from paramshard.models.heads import head_of
 from paramshard.apps.ctr import progressive
-from paramshard.apps.ctr.stream_position import StreamPosition
 
-POLL_SECONDS = 0.5       # the longest a poll waits: stop signals and reports are looked at this often
+POLL_SECONDS = 0.5       # the longest a poll waits: a stop (signal, --max-seconds) is seen this soon
+EVENTS = "stream_events"    # trainer.state's count of events trained (saved with every checkpoint)
 
 
-def open_source(spec: str, rank: int, world: int):
+def open_source(spec: str, rank: int, world: int, **options):
     """The stream ``spec`` names, this trainer's share of it (data/stream/open.py)."""
-    try:
-        from paramshard.data.stream.open import open_stream
-    except ImportError:
-        raise ConfigError(f"--stream {spec}: this paramshard has no stream sources (paramshard.data.stream.open "
-                          f"is missing)") from None
-    return open_stream(spec, rank, world)
+    from paramshard.data.stream.open import open_stream
+    return open_stream(spec, rank, world, **options)
 
 
 def refuse(env) -> None:
@@ -54,12 +54,22 @@ def refuse(env) -> None:
                           f"--mode async (or one trainer)")
 
 
-class StopSignals:
-    """SIGTERM and SIGINT end the run after the batch in hand (a second one acts as before)."""
+def source_options(args) -> dict:
+    """--delimiter for a directory's text files (a Kafka stream's records are JSON)."""
+    if args.delimiter is None or args.stream.startswith("kafka://"):
+        return {}
+    from paramshard.data.readers.frames import parse_delimiter
+    return {"delimiter": parse_delimiter(args.delimiter)}
 
-    def __init__(self):
+
+class StopSignals:
+    """SIGTERM and SIGINT end the run after the batch in hand (``stop``, e.g. StreamReader.stop;
+    a second signal acts as before)."""
+
+    def __init__(self, stop=lambda: None):
         self.received: str | None = None
         self._previous: dict = {}
+        self._then = stop
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -71,6 +81,7 @@ class StopSignals:
         self.received = signal.Signals(signum).name
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._then()
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -82,14 +93,17 @@ class StreamRun:
 
     def __init__(self, args, env, trainer, model, schema, source, say):
         self.args, self.env, self.trainer, self.model, self.say = args, env, trainer, model, say
+        from paramshard.data.stream.reader import StreamReader
         self.source = source
+        # No empty batches: this app runs no job whose steps wait for every trainer (refuse()).
+        self.reader = StreamReader(source, trainer, args.batch_size, poll_timeout=POLL_SECONDS, empty_batches=False)
         self.encoder = Encoder(schema)
         self.columns = schema.used_columns
         self.head = head_of(model)
         self.window = progressive.ProgressiveWindow(args.window)
-        self.positions = StreamPosition(trainer, source)
-        self.events = self.positions.resume()     # trained before a resumed checkpoint
+        self.events = int(trainer.state.get(EVENTS, 0))      # trained before a resumed checkpoint
         self.resumed_at = self.events
+        self._recoveries = trainer.recoveries
         self.skipped = 0
         self.reports: list[dict] = []
         self.stopped_by = None
@@ -103,8 +117,8 @@ class StreamRun:
         batch, bad = self.encoder.encode({c: records[c].to_numpy() for c in self.columns})
         if bad and not self.args.skip_bad_lines:
             row, reason = bad[0]
-            raise ConfigError(f"--stream {self.args.stream}: a bad event ({reason}) at {self.source.position()} "
-                              f"(--skip-bad-lines counts them instead)")
+            raise ConfigError(f"--stream {self.args.stream}: a bad event ({reason}) in the batch before "
+                              f"{self.source.position()} (--skip-bad-lines counts them instead)")
         self.skipped += len(bad)
         return batch
 
@@ -117,15 +131,23 @@ class StreamRun:
         finally:
             self.model.train()
 
-    def step(self, batch, records: int, position: dict) -> None:
-        """Predict, then train: ``records`` events (``batch`` their good rows) end at ``position``."""
-        t = batch.torch()
-        self.window.add(self.score(t), batch.labels)
-        loss = self.head.loss(self.model(t["dense"], t["ids"], t["offsets"], t["weights"]), t["labels"])
-        self.positions.trained(position, self.events + records)
-        self.trainer.step(loss)
-        rolled_back = self.positions.after_step()
-        self.events = self.events + records if rolled_back is None else rolled_back
+    def step(self, records) -> None:
+        """Predict, then train, one step per batch the reader hands out (its positions count on it):
+        a batch whose events are all bad steps without a loss."""
+        batch = self.encode(records)
+        self.trainer.state[EVENTS] = self.events + len(records)     # the checkpoint this step writes holds it
+        if len(batch):
+            t = batch.torch()
+            self.window.add(self.score(t), batch.labels)
+            self.trainer.step(self.head.loss(self.model(t["dense"], t["ids"], t["offsets"], t["weights"]),
+                                             t["labels"]))
+        else:
+            self.trainer.step()
+        if self.trainer.recoveries != self._recoveries:      # rolled back: the checkpoint's count (reader: its position)
+            self._recoveries = self.trainer.recoveries
+            self.events = int(self.trainer.state.get(EVENTS, 0))
+        else:
+            self.events += len(records)
 
     def stop_reason(self, started: float, signals: StopSignals) -> str | None:
         a = self.args
@@ -138,6 +160,11 @@ class StreamRun:
         if a.max_seconds is not None and time.monotonic() - started >= a.max_seconds:
             return f"--max-seconds {a.max_seconds:g}"
         return None
+
+    def _wanted(self) -> None:
+        """The reader's next batch: at most the events --max-events leaves."""
+        if self.args.max_events is not None:
+            self.reader.batch_size = max(1, min(self.args.batch_size, self.args.max_events - self.events))
 
     def report(self, started: float) -> dict:
         figures = self.window.result()
@@ -153,23 +180,28 @@ class StreamRun:
     def run(self) -> dict:
         a = self.args
         started = last_report = time.monotonic()
-        with StopSignals() as signals:
-            while True:
+        # --max-seconds while no event comes: the reader's loop looks at its stop after each poll.
+        timer = threading.Timer(a.max_seconds, self.reader.stop) if a.max_seconds is not None else None
+        with StopSignals(self.reader.stop) as signals:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            try:
                 self.stopped_by = self.stop_reason(started, signals)
-                if self.stopped_by:
-                    break
-                want = a.batch_size if a.max_events is None else min(a.batch_size, a.max_events - self.events)
-                got = self.source.poll(want, POLL_SECONDS)
-                if got is not None and len(got.records):
-                    batch = self.encode(got.records)
-                    if len(batch):
-                        self.step(batch, len(got.records), got.position)
-                    else:           # every event of it was bad: nothing to step, the position moves on
-                        self.events += len(got.records)
-                        self.positions.trained(got.position, self.events)
-                if time.monotonic() - last_report >= a.report_every:
-                    self.report(started)
-                    last_report = time.monotonic()
+                self._wanted()
+                for got in ([] if self.stopped_by else self.reader):
+                    self.step(got.records)
+                    if time.monotonic() - last_report >= a.report_every:
+                        self.report(started)
+                        last_report = time.monotonic()
+                    self.stopped_by = self.stop_reason(started, signals)
+                    if self.stopped_by:
+                        break
+                    self._wanted()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            self.stopped_by = self.stopped_by or self.stop_reason(started, signals) or "the stream ended"
         return self.report(started)
 
 
@@ -194,7 +226,7 @@ def stream_job(args, env, say) -> dict | None:
     rank, world = env.trainer_id or 0, env.num_trainers or 1
     out = None
     try:
-        source = open_source(args.stream, rank, world)
+        source = open_source(args.stream, rank, world, **source_options(args))
     except BaseException:
         trainer.close(leave=False)
         raise
@@ -212,16 +244,16 @@ def stream_job(args, env, say) -> dict | None:
                 _export(args, trainer, say)
             out = {"model": args.model, "stream": args.stream, "trainers": world, "servers": len(env.servers),
                    "mode": str(env.mode), "stopped_by": run.stopped_by, "events": run.events, "skipped": run.skipped,
+                   "position": source.position(),        # after the last batch trained (nothing read ahead)
                    "settings": {"lr": args.lr, "table_lr": args.table_lr, "batch_size": args.batch_size,
                                 "embedding_l2": args.embedding_l2, **args.architecture, "window": args.window},
                    "progressive": figures, "reports": run.reports}
             trainer.log(result=result_record(out))      # `paramshard report` says it first
         trainer.close()                 # the final checkpoint holds the last batch's position
-        run.positions.commit()
     finally:
-        source.close()
         if not trainer.closed:
             trainer.close(leave=False)
+        source.close()                  # after the final checkpoint (StreamReader.close does the same)
     return out
 
 
