@@ -80,7 +80,7 @@ class ProgressiveWindow:
 
 
 def text(figures: dict) -> str:
-    """A log line's figures: "window AUC 0.7712 logloss 0.4671 (100,000 events); 1,234,567 events"."""
+    """A log line's figures (the start: this process's, a resumed run's window starts empty)."""
     return (f"progressive AUC {figures['auc']:.4f} logloss {figures['logloss']:.4f} over the last "
-            f"{figures['window_events']:,} events; {figures['events']:,} events in all "
+            f"{figures['window_events']:,} events; {figures['events']:,} scored since the start "
             f"(logloss {figures['pass_logloss']:.4f})")
