@@ -132,8 +132,9 @@ class StreamRun:
             self.model.train()
 
     def step(self, records) -> None:
-        """Predict, then train, one step per batch the reader hands out (its positions count on it):
-        a batch whose events are all bad steps without a loss."""
+        """Predict, then train, one step per batch the reader hands out (the positions it saves with
+        checkpoints count on that): a batch whose events were all bad (--skip-bad-lines) steps
+        without a loss, rare enough that its zero gradient's Adam update does not matter."""
         batch = self.encode(records)
         self.trainer.state[EVENTS] = self.events + len(records)     # the checkpoint this step writes holds it
         if len(batch):
