@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import paramshard as ps
+from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.encode import Encoder
 from paramshard.errors import ConfigError
 from paramshard.mode import Mode
@@ -109,7 +110,7 @@ class StreamRun:
         self.stopped_by = None
         self.chief = env.trainer_id in (0, None)
 
-    def encode(self, records) -> object:
+    def encode(self, records) -> TabularBatch:
         missing = [c for c in self.columns if c not in records.columns]
         if missing:
             raise ConfigError(f"--stream {self.args.stream}: events without the schema's column(s) "
