@@ -1,0 +1,144 @@
+"""serving/replica.py: a replica's rows and dense parameters equal the reference (the tables the
+deltas were made from) after snapshot + deltas; each file applied exactly once; a gap refused with
+the served version unchanged."""
+import numpy as np
+import pytest
+import torch
+
+from paramshard.online.delta_log import DeltaLog
+from paramshard.placement.sparse_hash import initial_rows
+from paramshard.server.storage.row_formats import rounded
+from paramshard.serving.live_table import StoreChoice
+from paramshard.serving.replica import Refused, Replica
+from tests.unit.serving.delta_dir import change, delta, make_model_dir, publish
+
+
+def rows(replica, table, ids):
+    return replica.live_tables()[table].lookup(np.asarray(ids, np.uint64))
+
+
+@pytest.fixture
+def root(tmp_path):
+    make_model_dir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("store", ["numpy", "compiled"])
+def test_rows_after_snapshot_and_deltas_equal_the_reference(tmp_path, dtype, store):
+    make_model_dir(tmp_path, dtype)
+    # Reference: a dict of id -> row, changed as each file says.
+    g = np.random.default_rng(0)
+    reference = {}
+
+    def changed(ids, values, tombstones=()):
+        for i in tombstones:
+            reference.pop(int(i), None)
+        reference.update({int(i): v for i, v in zip(ids, values)})
+        from paramshard.online.delta_format import TableChange
+        return {"deep": TableChange(np.asarray(ids, np.uint64), values, np.asarray(tombstones, np.uint64))}
+
+    ids = np.arange(1, 201, dtype=np.uint64)
+    publish(tmp_path, "snapshot", 0, 0, 0, changed(ids, g.standard_normal((200, 4)).astype(dtype)))
+    publish(tmp_path, "delta", 0, 1, 5, changed(ids[:50], g.standard_normal((50, 4)).astype(dtype), tombstones=ids[150:160]))
+    publish(tmp_path, "delta", 0, 2, 9, changed(np.arange(300, 320, dtype=np.uint64), g.standard_normal((20, 4)).astype(dtype)))
+    replica = Replica(tmp_path, StoreChoice(store)).start()
+    held = np.array(sorted(reference), np.uint64)
+    expected = np.stack([reference[int(i)] for i in held]).astype(np.float32)
+    np.testing.assert_array_equal(rows(replica, "deep", held), expected)        # bit for bit
+    assert replica.live_tables()["deep"].num_rows == len(held) == 210
+    # Tombstoned and never-seen ids read their initial row in the table's format, as LocalTable's.
+    gone = ids[150:160]
+    np.testing.assert_array_equal(rows(replica, "deep", gone),
+                                  rounded(initial_rows(replica.model_file.tables["deep"].seed, gone, 4, 0.01), dtype))
+    assert replica.version["servers"] == {"0": 2} and replica.version["step"] == 9
+    # Both copies hold the same rows (the back one caught up).
+    a, b = (c.tables["deep"] for c in replica.buffer.copies)
+    np.testing.assert_array_equal(a.lookup(held), b.lookup(held))
+    replica.close()
+
+
+def test_dense_blocks_write_their_slice_of_the_parameter(root):
+    publish(root, "snapshot", 0, 0, 0, change([1], 1.0))
+    replica = Replica(root, StoreChoice("numpy")).start()
+    before = {n: p.detach().clone() for n, p in replica.buffer.copies[0].params.items()}
+    assert replica.apply(delta("delta", 0, 1, 3, change([1], 2.0), {"mlp.0.weight.block1": np.arange(32, dtype=np.float32),
+                                                                      "mlp.0.bias.block0": np.ones(8, np.float32)}))
+    for copy in replica.buffer.copies:
+        weight = copy.params["mlp.0.weight"].detach().view(-1)
+        torch.testing.assert_close(weight[:40], before["mlp.0.weight"].view(-1)[:40], rtol=0, atol=0)
+        torch.testing.assert_close(weight[40:], torch.arange(32, dtype=torch.float32), rtol=0, atol=0)
+        torch.testing.assert_close(copy.params["mlp.0.bias"].detach(), torch.ones(8), rtol=0, atol=0)
+        torch.testing.assert_close(copy.params["mlp.2.weight"].detach(), before["mlp.2.weight"], rtol=0, atol=0)
+    with pytest.raises(Refused, match="dense block 'nope' is not in .*blocks.json"):
+        replica.apply(delta("delta", 0, 2, 4, {}, {"nope": np.ones(3, np.float32)}))
+    assert replica.version["servers"] == {"0": 1}
+    replica.close()
+
+
+def test_a_repeated_delta_is_a_no_op_and_a_gap_is_refused_with_the_version_unchanged(root):
+    publish(root, "snapshot", 0, 0, 0, change([1, 2], 0.0))
+    replica = Replica(root, StoreChoice("numpy")).start()
+    first = delta("delta", 0, 1, 1, change([1], 1.0))
+    assert replica.apply(first) is True
+    version = replica.version
+    assert replica.apply(first) is False                                   # again: nothing happens
+    assert replica.apply(delta("delta", 0, 1, 1, change([1], 7.0))) is False
+    np.testing.assert_array_equal(rows(replica, "deep", [1]), [[1.0] * 4])
+    with pytest.raises(Refused, match="server 0: the replica applied seq 1 and the next file there is seq 3"):
+        replica.apply(delta("delta", 0, 3, 3, change([2], 3.0)))
+    assert replica.version == version
+    np.testing.assert_array_equal(rows(replica, "deep", [2]), [[0.0] * 4])
+    replica.close()
+
+
+def test_following_applies_new_files_across_servers_by_step_and_reports_a_gap(root):
+    publish(root, "snapshot", 0, 0, 0, change([1], 0.0))
+    publish(root, "snapshot", 1, 0, 0, change([2], 0.0))
+    replica = Replica(root, StoreChoice("numpy")).start()
+    assert replica.poll() == 0
+    # The same id set by both servers (it moved): the later step's value stands.
+    publish(root, "delta", 1, 1, 8, change([5], 8.0))
+    publish(root, "delta", 0, 1, 4, change([5], 4.0))
+    assert replica.poll() == 2
+    np.testing.assert_array_equal(rows(replica, "deep", [5]), [[8.0] * 4])
+    assert replica.version["servers"] == {"0": 1, "1": 1} and replica.version["step"] == 4
+    assert replica.health()["ok"] and replica.freshness() is not None
+    # Server 1's delta 2 is missing: its 3 is not applied, server 0 is still followed.
+    publish(root, "delta", 1, 3, 12, change([6], 12.0))
+    publish(root, "delta", 0, 2, 10, change([7], 10.0))
+    assert replica.poll() == 1
+    health = replica.health()
+    assert not health["ok"] and "server 1: the replica applied seq 1" in health["errors"]["server 1"]
+    assert health["version"]["servers"] == {"0": 2, "1": 1}
+    np.testing.assert_array_equal(rows(replica, "deep", [6])[0] == 12.0, [False] * 4)
+    # A snapshot past the gap: the replica starts again from the snapshots and is whole.
+    publish(root, "snapshot", 1, 3, 12, change([2, 5, 6], 12.0))
+    replica.poll()
+    health = replica.health()
+    assert health["ok"], health
+    assert health["version"]["servers"] == {"0": 2, "1": 3}
+    np.testing.assert_array_equal(rows(replica, "deep", [6, 7]), [[12.0] * 4, [10.0] * 4])
+    replica.close()
+
+
+def test_a_gap_at_start_keeps_serving_and_is_reported(root):
+    publish(root, "delta", 0, 2, 2, change([1], 2.0))            # no snapshot, no delta 1
+    replica = Replica(root, StoreChoice("numpy")).start()
+    assert "delta 1 is missing" in replica.health()["errors"]["server 0"]
+    assert replica.version["servers"] == {"0": 0}
+    replica.close()
+
+
+def test_a_damaged_file_is_an_error_in_health_and_nothing_is_applied(root):
+    publish(root, "snapshot", 0, 0, 0, change([1], 0.0))
+    replica = Replica(root, StoreChoice("numpy")).start()
+    path = publish(root, "delta", 0, 1, 1, change([1], 1.0))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    assert replica.poll() == 0
+    assert "checksum" in replica.health()["errors"]["apply"]
+    assert replica.version["servers"] == {"0": 0}
+    assert DeltaLog(root).servers() == [0]
+    replica.close()
