@@ -106,7 +106,7 @@ class ModelCopy:
         with torch.no_grad():
             for name, values in delta.dense.items():
                 param, offset, elements = self.blocks[name]
-                self.params[param].view(-1)[offset:offset + elements] = torch.from_numpy(np.asarray(values))
+                self.params[param].view(-1)[offset:offset + elements] = torch.from_numpy(np.array(values, np.float32))   # a copy: the file's bytes are read-only
 
     def close(self) -> None:
         for table in self.tables.values():

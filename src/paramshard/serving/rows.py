@@ -72,6 +72,7 @@ class RowEncoder:
                 if len(v) > MAX_BAG or not all(_scalar(x) and x is not None for x in v):
                     raise BadRequest(f"{at.format(i=i)}, column {name!r}: a multi-valued cell is a list of at most "
                                      f"{MAX_BAG} strings or numbers")
+                v = tuple(v)         # a bag, as a Parquet list cell is read (hashable: values are factorized)
             elif not _scalar(v):
                 raise BadRequest(f"{at.format(i=i)}, column {name!r}: {type(v).__name__} is not a value (a string, a "
                                  f"number or null{'; a list for a multi-valued column' if kind == 'multi' else ''})")

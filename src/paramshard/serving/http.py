@@ -1,0 +1,223 @@
+"""The HTTP front of a serving replica (`paramshard serve`): the standard library's ThreadingHTTPServer.
+
+Endpoints (JSON in and out; every error is ``{"error": reason}`` with its status):
+
+- ``POST /predict``: ``{"rows": [{column: value, ...}, ...]}`` (or the list alone) ->
+  ``{"scores": [...], "version": {...}}``, one score per row in order (a multi-task model: a list
+  per row), the version that answered (replica.py).
+- ``POST /predict/batch``: either columnar rows, ``{"columns": {column: [value per row]}}`` ->
+  ``{"scores": [...], "version"}``, or several requests, ``{"requests": [{"rows": [...]}, ...]}`` ->
+  ``{"results": [{"scores": [...]}, ...], "version"}``: all answered by one forward, one version.
+- ``GET /health``: ok (200) or not (503: a gap, a damaged file, a broken copy), the version,
+  ``freshness_s`` (seconds since the newest applied file was created), errors, the last error.
+- ``GET /metrics``: Prometheus text (metrics.py).
+
+A hostile client cannot make it allocate: a body needs a Content-Length of at most ``max_body``
+bytes (checked before a byte is read; no chunked bodies), at most ``max_inflight`` requests are
+worked on at once (the others get 503 at once), a connection idle for ``timeout`` seconds is
+closed, and rows are checked (serving/rows.py) before anything is made for them. It binds
+loopback unless told otherwise.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from paramshard.errors import ConfigError
+from paramshard.serving.metrics import ServeMetrics
+from paramshard.serving.rows import MAX_ROWS, BadRequest, check_count
+
+MAX_BODY = 4 << 20          # bytes of a request body (~40k rows of 26 features)
+MAX_INFLIGHT = 16
+TIMEOUT = 10.0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    front: "ServingFront"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"        # keep-alive: a client's requests reuse one connection
+    server: _Server
+    server_version = "paramshard-serve"
+
+    def setup(self):
+        self.timeout = self.server.front.timeout       # the socket's: a silent client is dropped
+        super().setup()
+
+    def log_message(self, format, *args):             # noqa: A002 - access lines go nowhere (metrics count them)
+        pass
+
+    def do_GET(self):
+        self._answer("GET")
+
+    def do_POST(self):
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        front = self.server.front
+        path = self.path.split("?", 1)[0]
+        started = time.perf_counter()
+        route = front.routes.get((method, path))
+        if route is None:
+            known = (method, path) in {(m, p) for m, p in front.routes} or any(p == path for _, p in front.routes)
+            code, body = (405, {"error": f"{method} {path}: use {'GET' if method == 'POST' else 'POST'}"}) if known else \
+                (404, {"error": f"no endpoint {path}: POST /predict, POST /predict/batch, GET /health, GET /metrics"})
+            if method == "POST":
+                self.close_connection = True      # its body, if any, is not read
+            self._send(code, body)
+            front.metrics.observe("other", code, time.perf_counter() - started)
+            return
+        if not front.slots.acquire(blocking=False):
+            self.close_connection = True
+            self._send(503, {"error": f"busy: {front.max_inflight} requests are being answered; retry"},
+                       {"Retry-After": "1"})
+            front.metrics.observe(path, 503, time.perf_counter() - started)
+            return
+        try:
+            code, body = route(self)
+        except BadRequest as exc:
+            code, body = 400, {"error": str(exc)}
+        except _Refused as exc:
+            self.close_connection = True
+            code, body = exc.code, {"error": str(exc)}
+        except Exception as exc:       # noqa: BLE001 - a reply, not a dead handler thread
+            code, body = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            front.slots.release()
+        if isinstance(body, bytes):
+            self._send_bytes(code, body, "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._send(code, body)
+        front.metrics.observe(path, code, time.perf_counter() - started)
+
+    def _send(self, code: int, body: dict, headers: dict | None = None) -> None:
+        self._send_bytes(code, json.dumps(body).encode(), "application/json", headers)
+
+    def _send_bytes(self, code: int, data: bytes, kind: str, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def json_body(self):
+        """The request's JSON, read only once its declared size is known and allowed."""
+        limit = self.server.front.max_body
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            raise _Refused(411, "send the body with a Content-Length (no chunked transfer)")
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise _Refused(411, "a POST needs a Content-Length")
+        try:
+            size = int(length)
+        except ValueError:
+            raise _Refused(400, f"Content-Length {length[:40]!r} is not a number") from None
+        if size < 0 or size > limit:
+            raise _Refused(413, f"body of {size} bytes: at most {limit} (--max-body); split the request")
+        data = self.rfile.read(size)
+        if len(data) != size:
+            raise _Refused(400, f"body ended after {len(data)} of {size} bytes")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise BadRequest(f"the body is not JSON ({str(exc)[:200]})") from None
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+
+
+def _scores(scores) -> list:
+    return scores.tolist()
+
+
+class ServingFront:
+    def __init__(self, replica, host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY,
+                 max_inflight: int = MAX_INFLIGHT, timeout: float = TIMEOUT):
+        self.replica, self.max_body, self.max_inflight, self.timeout = replica, max_body, max_inflight, timeout
+        self.metrics = ServeMetrics(replica)
+        self.slots = threading.BoundedSemaphore(max_inflight)
+        self.routes = {("POST", "/predict"): self._predict, ("POST", "/predict/batch"): self._batch,
+                       ("GET", "/health"): self._health, ("GET", "/metrics"): self._metrics}
+        try:
+            self._httpd = _Server((host, port), _Handler)
+        except (OSError, OverflowError) as exc:
+            raise ConfigError(f"paramshard serve: cannot listen on {host}:{port}: {exc} (port taken? another "
+                              f"--port, or 0 for any free one)") from None
+        self._httpd.front = self
+        self.host, self.port = host, self._httpd.server_address[1]
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "ServingFront":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="serve-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- endpoints -----------------------------------------------------------------------------
+    def _predict(self, request):
+        body = request.json_body()
+        rows = body.get("rows") if isinstance(body, dict) else body
+        if isinstance(body, dict) and "rows" not in body:
+            raise BadRequest('expected {"rows": [{column: value, ...}, ...]} or the list of rows alone')
+        columns = self.replica.encoder.from_rows(rows)
+        scores, version = self.replica.score(columns)
+        self.metrics.scored.inc(len(scores))
+        return 200, {"scores": _scores(scores), "version": version}
+
+    def _batch(self, request):
+        body = request.json_body()
+        if isinstance(body, dict) and "columns" in body:
+            scores, version = self.replica.score(self.replica.encoder.from_columns(body["columns"]))
+            self.metrics.scored.inc(len(scores))
+            return 200, {"scores": _scores(scores), "version": version}
+        if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
+            raise BadRequest('expected {"columns": {column: [values]}} or {"requests": [{"rows": [...]}, ...]}')
+        requests = body["requests"]
+        counts = []
+        for i, r in enumerate(requests):
+            if not isinstance(r, dict) or not isinstance(r.get("rows"), list):
+                raise BadRequest(f'request {i}: expected {{"rows": [...]}}')
+            counts.append(len(r["rows"]))
+        if sum(counts) > MAX_ROWS:
+            check_count(sum(counts))
+        if not all(counts):
+            raise BadRequest(f"request {counts.index(0)}: no rows to score")
+        rows = [row for r in requests for row in r["rows"]]
+        scores, version = self.replica.score(self.replica.encoder.from_rows(rows))
+        self.metrics.scored.inc(len(scores))
+        out, start = [], 0
+        for n in counts:
+            out.append({"scores": _scores(scores[start:start + n])})
+            start += n
+        return 200, {"results": out, "version": version}
+
+    def _health(self, request):
+        health = self.replica.health()
+        return (200 if health["ok"] else 503), health
+
+    def _metrics(self, request):
+        return 200, self.metrics.text()

@@ -1,0 +1,135 @@
+"""serving/http.py: /predict answers what `paramshard predict` gives with a model file of the same
+rows and parameters (the model file oracle: load_model + forward); /predict/batch the same in its
+two forms; /health and /metrics parse; hostile requests are refused before anything is allocated."""
+import http.client
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from paramshard.inference.scoring import predict_files
+from paramshard.inference.serving import model_dict, read_model, sparse_entry, write_model_file
+from paramshard.online.delta_format import TableChange
+from paramshard.serving.http import ServingFront
+from paramshard.serving.live_table import StoreChoice
+from paramshard.serving.replica import Replica
+from paramshard.tables import Admission
+from tests.unit.serving.delta_dir import delta, make_model_dir, publish
+
+ROWS = [{"price": "3.5", "city": "paris", "tags": "a|b"}, {"price": "", "city": "rome", "tags": "c"},
+        {"price": "120", "city": "oslo", "tags": "a|d|b"}, {"price": "0.2", "city": "kyiv", "tags": ""}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A replica on a directory of a snapshot and a delta (rows of the ids the rows above use, and a
+    dense block), its HTTP front, and the oracle: a model file with the same rows and parameters."""
+    root = tmp_path_factory.mktemp("serve")
+    module = make_model_dir(root)
+    g = np.random.default_rng(1)
+    from paramshard.serving.rows import RowEncoder
+    batch = RowEncoder(module, root / "model.pt").encode(RowEncoder(module, root / "model.pt").from_rows(ROWS))
+    ids = np.unique(batch.ids.astype(np.uint64))
+    tables = {name: TableChange(ids, g.standard_normal((len(ids), dim)).astype(np.float32), np.zeros(0, np.uint64))
+              for name, dim in (("wide", 1), ("deep", 4))}
+    publish(root, "snapshot", 0, 0, 0, {"deep": tables["deep"]})
+    block = g.standard_normal(8).astype(np.float32)
+    publish(root, "delta", 0, 1, 3, {"wide": tables["wide"]}, {"mlp.0.bias.block0": block})
+    replica = Replica(root, StoreChoice("numpy")).start()
+    front = ServingFront(replica, max_body=1 << 16, max_inflight=4).start()
+    # The oracle file: model.pt's parameters with the block written, the tables' rows.
+    base = read_model(root / "model.pt")
+    dense = {n: t.numpy().copy() for n, t in base.dense.items()}
+    dense["mlp.0.bias"][:] = block
+    sparse = {name: sparse_entry(c.ids, c.values, c.dim, base.tables[name].seed, base.tables[name].init_scale,
+                                 "float32", Admission()) for name, c in tables.items()}
+    write_model_file(model_dict(3, None, dense, sparse, base.spec), root / "oracle.pt")
+    pd.DataFrame(ROWS).to_csv(root / "rows.csv", index=False)
+    predict_files(root / "oracle.pt", [root / "rows.csv"], root / "scores.csv")
+    yield front, pd.read_csv(root / "scores.csv")["score"].to_numpy(), root
+    front.close()
+    replica.close()
+
+
+def call(front, method, path, body=None, headers=None):
+    connection = http.client.HTTPConnection(front.host, front.port, timeout=10)
+    try:
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        connection.request(method, path, data, headers or {})
+        reply = connection.getresponse()
+        text = reply.read()
+        return reply.status, (json.loads(text) if reply.getheader("Content-Type") == "application/json" else text)
+    finally:
+        connection.close()
+
+
+def test_predict_equals_the_model_file_oracle(served):
+    front, expected, _ = served
+    status, reply = call(front, "POST", "/predict", {"rows": ROWS})
+    assert status == 200, reply
+    np.testing.assert_array_equal(reply["scores"], expected)
+    assert reply["version"] == {"servers": {"0": 1}, "step": 3, "number": 1}
+    status, bare = call(front, "POST", "/predict", ROWS)          # the list alone
+    assert bare["scores"] == reply["scores"]
+
+
+def test_batch_forms_answer_the_same_scores(served):
+    front, expected, _ = served
+    columns = {name: [row[name] for row in ROWS] for name in ROWS[0]}
+    status, reply = call(front, "POST", "/predict/batch", {"columns": columns})
+    assert status == 200 and reply["version"]["servers"] == {"0": 1}
+    np.testing.assert_array_equal(reply["scores"], expected)
+    status, reply = call(front, "POST", "/predict/batch", {"requests": [{"rows": ROWS[:1]}, {"rows": ROWS[1:]}]})
+    assert status == 200
+    np.testing.assert_array_equal(reply["results"][0]["scores"] + reply["results"][1]["scores"], expected)
+
+
+def test_json_numbers_read_as_a_files_numbers(served):
+    front, expected, _ = served
+    rows = [dict(r, price=float(r["price"]) if r["price"] else None) for r in ROWS]
+    rows[0]["tags"] = ["a", "b"]
+    status, reply = call(front, "POST", "/predict", {"rows": rows})
+    np.testing.assert_array_equal(reply["scores"], expected)
+
+
+def test_health_and_metrics_parse(served):
+    front, _, _ = served
+    call(front, "POST", "/predict", {"rows": ROWS})
+    status, health = call(front, "GET", "/health")
+    assert status == 200 and health["ok"] and health["version"]["servers"] == {"0": 1}
+    held = len(front.replica.buffer.copies[0].tables["deep"].store.ids())
+    assert health["freshness_s"] >= 0 and health["rows"] == {"wide": held, "deep": held} and held > 0
+    status, text = call(front, "GET", "/metrics")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    assert families["paramshard_serve_applied_files"].samples[0].value == 2
+    requests = {s.labels["endpoint"]: s.value for s in families["paramshard_serve_requests"].samples
+                if s.name.endswith("_total") and s.labels["code"] == "200"}
+    assert requests["/predict"] >= 1
+    assert "paramshard_serve_request_seconds" in families and "paramshard_serve_freshness_seconds" in families
+    rows = {s.labels["table"]: s.value for s in families["paramshard_serve_rows"].samples}
+    assert rows == {name: float(n) for name, n in health["rows"].items()}
+
+
+def test_hostile_and_bad_requests_are_refused_with_a_reason(served):
+    front, _, _ = served
+    status, reply = call(front, "POST", "/predict", b"x" * 10, {"Content-Length": str(1 << 30)})
+    assert status == 413 and "at most 65536" in reply["error"]
+    status, reply = call(front, "POST", "/predict", b"[1,", {})
+    assert status == 400 and "not JSON" in reply["error"]
+    status, reply = call(front, "POST", "/predict", {"rows": [{"price": "lots", "city": "x", "tags": "a"}]})
+    assert status == 400 and "row 0: column 'price' is not a number" in reply["error"]
+    status, reply = call(front, "POST", "/predict", {"rows": [{"price": True}]})
+    assert status == 400 and "column 'price': bool is not a value" in reply["error"]
+    status, reply = call(front, "POST", "/predict", {"rows": [{}] * 10_001})
+    assert status in (400, 413)
+    status, reply = call(front, "POST", "/predict", {"rows": []})
+    assert status == 400 and "no rows" in reply["error"]
+    status, reply = call(front, "GET", "/nope")
+    assert status == 404 and "POST /predict" in reply["error"]
+    status, reply = call(front, "GET", "/predict")
+    assert status == 405
+    status, reply = call(front, "POST", "/predict", b"[" * 100_000 + b"]" * 100_000, {})
+    assert status == 413
