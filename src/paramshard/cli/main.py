@@ -26,6 +26,7 @@ COMMANDS = {
     "export": "models.export",
     "export-model": "models.export_model",
     "predict": "models.predict",
+    "serve": "models.serve",
     "k8s": "jobs.k8s",
     "report": "jobs.report",
 }

@@ -24,9 +24,11 @@ def root(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("store", ["numpy", "compiled"])
+@pytest.mark.parametrize("store", ["numpy", "compiled", "tiered"])
 def test_rows_after_snapshot_and_deltas_equal_the_reference(tmp_path, dtype, store):
     make_model_dir(tmp_path, dtype)
+    # tiered: the compiled store with a memory budget, rows in files under tier_dir (both copies).
+    choice = StoreChoice("compiled", 16 << 20, str(tmp_path / "tier")) if store == "tiered" else StoreChoice(store)
     # Reference: a dict of id -> row, changed as each file says.
     g = np.random.default_rng(0)
     reference = {}
@@ -42,7 +44,7 @@ def test_rows_after_snapshot_and_deltas_equal_the_reference(tmp_path, dtype, sto
     publish(tmp_path, "snapshot", 0, 0, 0, changed(ids, g.standard_normal((200, 4)).astype(dtype)))
     publish(tmp_path, "delta", 0, 1, 5, changed(ids[:50], g.standard_normal((50, 4)).astype(dtype), tombstones=ids[150:160]))
     publish(tmp_path, "delta", 0, 2, 9, changed(np.arange(300, 320, dtype=np.uint64), g.standard_normal((20, 4)).astype(dtype)))
-    replica = Replica(tmp_path, StoreChoice(store)).start()
+    replica = Replica(tmp_path, choice).start()
     held = np.array(sorted(reference), np.uint64)
     expected = np.stack([reference[int(i)] for i in held]).astype(np.float32)
     np.testing.assert_array_equal(rows(replica, "deep", held), expected)        # bit for bit
@@ -55,6 +57,8 @@ def test_rows_after_snapshot_and_deltas_equal_the_reference(tmp_path, dtype, sto
     # Both copies hold the same rows (the back one caught up).
     a, b = (c.tables["deep"] for c in replica.buffer.copies)
     np.testing.assert_array_equal(a.lookup(held), b.lookup(held))
+    if store == "tiered":
+        assert sorted(p.name for p in (tmp_path / "tier").iterdir()) == ["deep-a", "deep-b", "wide-a", "wide-b"]
     replica.close()
 
 
