@@ -27,6 +27,7 @@ from paramshard.server.storage.row_stores import store_named, takes_budgets
 from paramshard.update_rules import make_rule
 
 UNKNOWN = ("initial", "zeros")
+APPLY_PIECE = 8192        # rows changed per store call (upsert): how long one call holds the GIL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,12 @@ class TableCopy:
         if not len(ids):
             return
         ids = np.ascontiguousarray(ids, np.uint64)
+        # In pieces: a store's kernels hold the GIL for a whole call, and lookups of the live copy
+        # run in other threads of this process (a piece is a few ms; a 100k-row call, tens).
+        for start in range(0, len(ids), APPLY_PIECE):
+            self._upsert(ids[start:start + APPLY_PIECE], values[start:start + APPLY_PIECE])
+
+    def _upsert(self, ids: np.ndarray, values: np.ndarray) -> None:
         values = np.ascontiguousarray(values, np.float32)
         handles = self.store.lookup(ids)
         held = handles >= 0
@@ -126,7 +133,8 @@ class TableCopy:
     def remove(self, ids: np.ndarray) -> int:
         if not len(ids):
             return 0
-        return self.store.drop(np.ascontiguousarray(ids, np.uint64))
+        ids = np.ascontiguousarray(ids, np.uint64)
+        return sum(self.store.drop(ids[s:s + APPLY_PIECE]) for s in range(0, len(ids), APPLY_PIECE))
 
     def clear(self) -> None:
         self.store.clear()
