@@ -13,11 +13,13 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import pytest
 
 from paramshard.serving.live_table import StoreChoice
 from paramshard.serving.replica import Replica
 from tests.unit.serving.delta_dir import change, make_model_dir, publish
 
+pytestmark = pytest.mark.processes      # starts `paramshard serve`: `make test`, not `make check`
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 ROWS = [{"price": "3.5", "city": "paris", "tags": "a|b"}, {"price": "12", "city": "rome", "tags": "c"}]
 DEADLINE = 60.0

@@ -40,7 +40,8 @@ def gap_message(log: DeltaLog, server: int, applied: int, found: int | None) -> 
 def contiguous(entries: list[Entry], applied: int) -> tuple[list[Entry], int | None]:
     """The deltas of ``entries`` that follow ``applied`` without a gap; and the seq of the first one
     past a gap (None: no gap)."""
-    out, expected = [], applied + 1
+    out: list[Entry] = []
+    expected = applied + 1
     for entry in entries:
         if entry.seq != expected:
             return out, entry.seq
@@ -88,7 +89,7 @@ def read_in_order(files: dict[int, list[Entry]], limit: int = MAX_FILES) -> list
     """The files read (checked: online/delta_format.py) and merged across servers by step, each
     server's kept in seq order; at most ``limit`` (the first ones of that order). DeltaError for a
     damaged file or one whose header names another server or seq than its name."""
-    heads = []
+    heads: list[tuple[int, int, int, Delta]] = []
     queues = {server: list(entries) for server, entries in files.items() if entries}
 
     def push(server):
@@ -99,7 +100,7 @@ def read_in_order(files: dict[int, list[Entry]], limit: int = MAX_FILES) -> list
 
     for server in queues:
         push(server)
-    out = []
+    out: list[Delta] = []
     while heads and len(out) < limit:
         _, server, _, delta = heapq.heappop(heads)
         out.append(delta)

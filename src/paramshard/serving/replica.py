@@ -21,6 +21,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ class Refused(ParamshardError):
     """A delta that cannot be applied: a gap, or one that does not fit the model."""
 
 
-def read_blocks(path: Path, params: dict[str, torch.Tensor]) -> dict[str, tuple[str, int, int]]:
+def read_blocks(path: Path, params: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, int, int]]:
     """blocks.json: {block: [parameter, offset, elements]}, each slice inside its parameter."""
     if not path.is_file():
         return {}
@@ -166,7 +167,7 @@ class Replica:
             self._restart()
         return self
 
-    def _restart(self) -> None:
+    def _restart(self) -> int:
         bases, plan = follow.start_plan(self.log)
         snapshots = []
         for server, entry in bases.items():
@@ -197,6 +198,7 @@ class Replica:
             self._error(why)
         log.info(f"serving {self.root}: version {self.version} ({sum(t.num_rows for t in self.live_tables().values())} "
                  f"rows, {len(deltas)} files)")
+        return len(deltas)
 
     def live_tables(self) -> dict[str, TableCopy]:
         with self.buffer.reading() as (copy, _):
@@ -212,11 +214,10 @@ class Replica:
                 if plan.restart:
                     log.info(f"{self.root}: a gap covered by a snapshot, or a new server: starting again from "
                              f"the servers' latest snapshots")
-                    self._restart()
-                    return self.files_applied
-                for server in list(self.errors):
-                    if server.startswith("server ") and int(server.split()[1]) not in plan.gaps:
-                        del self.errors[server]
+                    return self._restart()
+                for key in list(self.errors):
+                    if key.startswith("server ") and int(key.split()[1]) not in plan.gaps:
+                        del self.errors[key]        # that server's gap was filled
                 for server, why in plan.gaps.items():
                     if self.errors.get(f"server {server}") != why:
                         self._error(why)
