@@ -14,7 +14,8 @@ Endpoints (JSON in and out; every error is ``{"error": reason}`` with its status
 
 A hostile client cannot make it allocate: a body needs a Content-Length of at most ``max_body``
 bytes (checked before a byte is read; no chunked bodies), at most ``max_inflight`` requests are
-worked on at once (the others get 503 at once), a connection idle for ``timeout`` seconds is
+worked on at once (the others get 503 at once), at most MAX_CONNECTIONS are open (one more is
+closed at once), a connection idle for ``timeout`` seconds is
 closed, and rows are checked (serving/rows.py) before anything is made for them. It binds
 loopback unless told otherwise.
 """
@@ -30,13 +31,37 @@ from paramshard.serving.metrics import ServeMetrics
 from paramshard.serving.rows import MAX_ROWS, BadRequest, check_count
 
 MAX_BODY = 4 << 20          # bytes of a request body (~40k rows of 26 features)
-MAX_INFLIGHT = 16
+MAX_INFLIGHT = 16          # requests worked on at once
+MAX_CONNECTIONS = 256      # open connections (threads) at once
 TIMEOUT = 10.0
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once: one more is closed at once (each
+    idle one is dropped after the front's timeout), so connections alone cannot pile up threads."""
     daemon_threads = True
+    block_on_close = False
     front: "ServingFront"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address):
+        if not self.connections.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -133,3 +133,25 @@ def test_hostile_and_bad_requests_are_refused_with_a_reason(served):
     assert status == 405
     status, reply = call(front, "POST", "/predict", b"[" * 100_000 + b"]" * 100_000, {})
     assert status == 413
+
+
+def test_connections_past_the_cap_are_closed_and_the_others_served(served):
+    import socket
+    front, expected, _ = served
+    held = [socket.create_connection((front.host, front.port), timeout=10) for _ in range(3)]
+    try:
+        # The cap is taken by the idle connections above (and any left from other tests): lower it to them.
+        semaphore = front._httpd.connections
+        while semaphore.acquire(blocking=False):
+            held.append(None)           # a place taken without a connection: the cap is now full
+        extra = socket.create_connection((front.host, front.port), timeout=10)
+        assert extra.recv(100) == b""   # closed by the server (sent nothing: a close with unread bytes would reset)
+        extra.close()
+    finally:
+        for _ in [h for h in held if h is None]:
+            semaphore.release()
+        for h in held:
+            if h is not None:
+                h.close()
+    status, reply = call(front, "POST", "/predict", {"rows": ROWS})
+    assert status == 200 and reply["scores"] == expected.tolist()
