@@ -169,6 +169,9 @@ def _scores(scores) -> list:
 class ServingFront:
     def __init__(self, replica, host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY,
                  max_inflight: int = MAX_INFLIGHT, timeout: float = TIMEOUT):
+        if replica.encoder is None:
+            raise ConfigError(f"{replica.root / 'model.pt'}: the model records no schema, so JSON rows cannot be "
+                              f"encoded for it: serve a model built by paramshard.models.build_model")
         self.replica, self.max_body, self.max_inflight, self.timeout = replica, max_body, max_inflight, timeout
         self.metrics = ServeMetrics(replica)
         self.slots = threading.BoundedSemaphore(max_inflight)

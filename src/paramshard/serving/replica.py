@@ -73,12 +73,15 @@ def read_blocks(path: Path, params: Mapping[str, torch.Tensor]) -> dict[str, tup
 class ModelCopy:
     """One copy of the served model: its module, its tables (live_table.TableCopy), its parameters."""
 
-    def __init__(self, model_file, blocks: dict, choice: StoreChoice, unknown: str, copy: str):
-        from paramshard.inference.serving import build_module
+    def __init__(self, model_file, blocks: dict, choice: StoreChoice, unknown: str, copy: str, build=None):
+        from paramshard.inference.serving import build_module, load_model
         from paramshard.trainer.sparse_embedding import tables_of
 
         self.file = model_file
-        self.module = build_module(model_file, unknown=unknown).eval()
+        if build is None:        # the file's recorded model
+            self.module = build_module(model_file, unknown=unknown).eval()
+        else:                    # a module of the trained class, made by the caller (one per copy)
+            self.module = load_model(build(), model_file.path, unknown).eval()
         self.params = dict(self.module.named_parameters())
         self.blocks = blocks
         self.tables = {name: TableCopy(TableSettings.of(local), choice, copy)
@@ -115,7 +118,10 @@ class ModelCopy:
 
 
 class Replica:
-    def __init__(self, root, store: StoreChoice | None = None, unknown: str = "initial", grace: float = 30.0):
+    def __init__(self, root, store: StoreChoice | None = None, unknown: str = "initial", grace: float = 30.0,
+                 build=None):
+        """``build``: makes a module of the trained class (called twice: one per copy), for a model
+        file without a recorded model; it is then served with ``forward`` (no schema: no JSON rows)."""
         from paramshard.inference.serving import read_model
 
         if unknown not in UNKNOWN:
@@ -127,10 +133,10 @@ class Replica:
                               f"deltas writes model.pt there first; check the directory given)")
         self.model_file = read_model(self.root / "model.pt")
         store = store or StoreChoice()
-        first = ModelCopy(self.model_file, {}, store, unknown, "a")
+        first = ModelCopy(self.model_file, {}, store, unknown, "a", build)
         blocks = read_blocks(self.root / "blocks.json", first.params)
         first.blocks = blocks
-        second = ModelCopy(self.model_file, blocks, store, unknown, "b")
+        second = ModelCopy(self.model_file, blocks, store, unknown, "b", build)
         self.buffer: DoubleBuffer[ModelCopy] = DoubleBuffer(first, second, self._version({}, {}), grace)
         self.applied: dict[int, int] = {}        # server -> seq of its last file in the live version
         self.steps: dict[int, int] = {}           # server -> step of that file
@@ -142,7 +148,8 @@ class Replica:
         from paramshard.models.heads import head_of
         from paramshard.serving.rows import RowEncoder
         self.head = head_of(first.module)
-        self.encoder = RowEncoder(first.module, self.root / "model.pt")
+        # JSON rows need the recorded schema; a module of the caller's is served with forward().
+        self.encoder = RowEncoder(first.module, self.root / "model.pt") if self.model_file.spec else None
         self._lock = threading.Lock()             # one poll at a time
         self._stop = threading.Event()
 
@@ -169,21 +176,18 @@ class Replica:
 
     def _restart(self) -> int:
         bases, plan = follow.start_plan(self.log)
-        snapshots = []
-        for server, entry in bases.items():
-            if entry is not None:
-                snapshots.append(read_delta(entry.path))
-                follow.check_named(snapshots[-1], server, entry)
-        files = follow.read_in_order(plan.files, limit=1 << 30)
-        deltas = sorted(snapshots, key=lambda d: (d.step, d.server)) + files
+        # Each server's snapshot then its deltas, all merged by step (online/rebuild.py's order).
+        queues = {s: [e for e in [bases[s]] if e is not None] + plan.files[s] for s in bases}
+        deltas = follow.read_in_order(queues, limit=1 << 62)
         for delta in deltas:
             self.check(delta)
         applied = {server: (entry.seq if entry else 0) for server, entry in bases.items()}
-        steps = {d.server: d.step for d in snapshots}
-        for delta in files:
+        steps: dict[int, int] = {}
+        for delta in deltas:
             applied[delta.server] = delta.seq
             steps[delta.server] = delta.step
-        model_rows = not snapshots
+        has_snapshot = any(entry is not None for entry in bases.values())
+        model_rows = not has_snapshot
 
         def change(copy: ModelCopy) -> None:
             copy.reset(model_rows)
@@ -306,12 +310,21 @@ class Replica:
         """(scores of the rows in ``columns``, the version that answered): the columns as
         serving/rows.py makes them, encoded with the model's fitted schema as `paramshard predict`
         encodes a file's. Refused (a bad row, named) before the model runs."""
+        if self.encoder is None:
+            raise ConfigError(f"{self.root / 'model.pt'}: the model records no schema to encode rows with (a model "
+                              f"built by paramshard.models.build_model records one): call Replica.forward")
         batch = self.encoder.encode(columns)
         with self.buffer.reading() as (copy, version):
             with torch.no_grad():
                 t = batch.torch()
                 raw = copy.module(t["dense"], t["ids"], t["offsets"], t["weights"])
         return self.head.scores(raw).double().numpy(), version
+
+    def forward(self, *inputs) -> tuple[torch.Tensor, dict]:
+        """(the module's output for ``inputs``, the version that answered), without gradients."""
+        with self.buffer.reading() as (copy, version):
+            with torch.no_grad():
+                return copy.module(*inputs), version
 
     def health(self) -> dict:
         rows = {name: t.num_rows for name, t in self.live_tables().items()}
