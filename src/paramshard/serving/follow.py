@@ -75,7 +75,12 @@ def follow_plan(log: DeltaLog, applied: dict[int, int]) -> Plan:
             applied_seq = 0
         else:
             applied_seq = applied[server]
-        plan.files[server], missing = contiguous(log.deltas_after(server, applied_seq), applied_seq)
+        entries = log.entries(server)
+        if restarted(entries, applied_seq):
+            plan.restart = True              # the server started again: its part comes from that snapshot
+            continue
+        deltas = [e for e in entries if e.kind == "delta" and e.seq > applied_seq]
+        plan.files[server], missing = contiguous(deltas, applied_seq)
         if missing is not None and not plan.files[server]:
             snapshot = log.latest_snapshot(server)
             if snapshot is not None and snapshot.seq >= applied_seq + 1:
@@ -83,6 +88,13 @@ def follow_plan(log: DeltaLog, applied: dict[int, int]) -> Plan:
             else:
                 plan.gaps[server] = gap_message(log, server, applied_seq, missing)
     return plan
+
+
+def restarted(entries: list[Entry], applied: int) -> bool:
+    """Whether a snapshot past ``applied`` has no delta of its seq: a server started again in place
+    writes one to say "this server's part starts again from here" (online/delta_log.py)."""
+    deltas = {e.seq for e in entries if e.kind == "delta"}
+    return any(e.kind == "snapshot" and e.seq > applied and e.seq not in deltas for e in entries)
 
 
 def read_in_order(files: dict[int, list[Entry]], limit: int = MAX_FILES) -> list[Delta]:

@@ -146,3 +146,19 @@ def test_a_damaged_file_is_an_error_in_health_and_nothing_is_applied(root):
     assert replica.version["servers"] == {"0": 0}
     assert DeltaLog(root).servers() == [0]
     replica.close()
+
+
+def test_a_server_started_again_is_followed_from_its_new_snapshot(root):
+    publish(root, "snapshot", 0, 0, 0, change([1, 2], 0.0))
+    publish(root, "delta", 0, 1, 1, change([1], 1.0))
+    replica = Replica(root, StoreChoice("numpy")).start()
+    # The server restarted in place: a snapshot of seq 2 with no delta 2 (it holds only id 3 now).
+    publish(root, "snapshot", 0, 2, 0, change([3], 5.0))
+    assert replica.poll() == 1
+    assert replica.version["servers"] == {"0": 2} and replica.health()["ok"]
+    assert replica.live_tables()["deep"].num_rows == 1
+    np.testing.assert_array_equal(rows(replica, "deep", [3]), [[5.0] * 4])
+    publish(root, "delta", 0, 3, 1, change([3], 6.0))
+    assert replica.poll() == 1
+    np.testing.assert_array_equal(rows(replica, "deep", [3]), [[6.0] * 4])
+    replica.close()
