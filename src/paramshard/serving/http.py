@@ -66,6 +66,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"        # keep-alive: a client's requests reuse one connection
+    # TCP_NODELAY: a reply's last segment waits for no ACK (with Nagle, a keep-alive client's delayed
+    # ACK added ~40 ms to every reply: measured, benchmarks/serving_requests.py).
+    disable_nagle_algorithm = True
     server: _Server
     server_version = "paramshard-serve"
 
