@@ -142,6 +142,7 @@ class Replica:
         self.steps: dict[int, int] = {}           # server -> step of that file
         self.newest_created: float | None = None  # `created` of the newest file applied
         self.files_applied = 0
+        self.start_s = 0.0                        # seconds start() took to load both copies
         self.rows_applied = 0
         self.errors: dict[str, str] = {}          # what stops following: "server 1" / "apply" -> why
         self.last_error: str | None = None
@@ -172,6 +173,8 @@ class Replica:
         """Both copies from the servers' latest snapshots and the deltas after them."""
         with self._lock:
             self._restart()
+        # The start's load is not a delta's apply: /health and /metrics report it apart.
+        self.start_s, self.buffer.max_apply_s = self.buffer.last_apply_s, 0.0
         return self
 
     def _restart(self) -> int:
@@ -332,5 +335,5 @@ class Replica:
                 "freshness_s": self.freshness(), "files_applied": self.files_applied, "rows": rows,
                 "errors": dict(self.errors) | ({"broken": self.buffer.broken} if self.buffer.broken else {}),
                 "last_error": self.last_error,
-                "apply_s": {"last": self.buffer.last_apply_s, "max": self.buffer.max_apply_s},
+                "apply_s": {"last": self.buffer.last_apply_s, "max": self.buffer.max_apply_s, "start": self.start_s},
                 "max_lookup_stall_s": self.buffer.max_stall_s}
