@@ -219,25 +219,27 @@ class Replica:
             try:
                 plan = follow.follow_plan(self.log, self.applied)
                 if plan.restart:
-                    log.info(f"{self.root}: a gap covered by a snapshot, or a new server: starting again from "
-                             f"the servers' latest snapshots")
+                    log.info(f"{self.root}: a gap a snapshot covers, a server started again or a new server: "
+                             f"starting again from the servers' latest snapshots")
                     return self._restart()
-                for key in list(self.errors):
-                    if key.startswith("server ") and int(key.split()[1]) not in plan.gaps:
-                        del self.errors[key]        # that server's gap was filled
+                # Replaced, never changed in place: health() reads it from HTTP threads without the lock.
+                errors = {k: v for k, v in self.errors.items()
+                          if not k.startswith("server ") or int(k.split()[1]) in plan.gaps}   # gaps filled go
                 for server, why in plan.gaps.items():
-                    if self.errors.get(f"server {server}") != why:
+                    if errors.get(f"server {server}") != why:
                         self._error(why)
-                    self.errors[f"server {server}"] = why
+                    errors[f"server {server}"] = why
+                self.errors = errors
                 count = 0
                 for delta in follow.read_in_order(plan.files):
                     self._apply(delta)
                     count += 1
-                self.errors.pop("apply", None)
+                self.errors = {k: v for k, v in self.errors.items() if k != "apply"}
                 return count
             except (DeltaError, Refused, Busy, Broken, ConfigError, OSError) as exc:
-                self.errors["apply"] = str(exc)
-                self._error(str(exc))
+                if self.errors.get("apply") != str(exc):      # once, not at every poll
+                    self._error(str(exc))
+                self.errors = self.errors | {"apply": str(exc)}
                 return 0
 
     def apply(self, delta: Delta) -> bool:
