@@ -36,15 +36,18 @@ pytestmark = pytest.mark.processes
 TRAINERS, PARTITIONS, TIMEOUT = 8, 256, 20.0
 TABLE, DIM, SHARED, OWN, GRAD, INITIAL = "emb", 4, 512, 32, 3, 100
 MIN_STEPS, MAX_STEPS = 30, 3000
+DELTA_SECONDS = 0.25      # many deltas while partitions and blocks move
 PLAN = make_plan([ParamSpec("w", (96, 4)), ParamSpec("b", (64,))], 2, min_block_size=16)
 
 
-def _servers(addresses: list[str]) -> list[Child]:
-    """Servers 0 and 1 of a 2-server job, and server 2 started for the scale-up (it knows 3)."""
+def _servers(addresses: list[str], deltas) -> list[Child]:
+    """Servers 0 and 1 of a 2-server job, and server 2 started for the scale-up (it knows 3); all
+    publish deltas into ``deltas`` (issue 33) every DELTA_SECONDS, moves included."""
     children = []
     for i, known in ((0, 2), (1, 2), (2, 3)):
         env = ClusterEnv(role="server", server_id=i, servers=tuple(addresses[:known]), num_trainers=TRAINERS,
-                         mode="async", timeout=TIMEOUT, partitions=PARTITIONS)
+                         mode="async", timeout=TIMEOUT, partitions=PARTITIONS, delta_dir=str(deltas),
+                         delta_seconds=DELTA_SECONDS)
         children.append(Child(f"server {i}", [sys.executable, "-m", "paramshard", "server"],
                               child_environ(env)))
     return children
@@ -52,9 +55,9 @@ def _servers(addresses: list[str]) -> list[Child]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("down", [[0, 1], [0, 2]], ids=["remove-server-2", "remove-server-1"])
-def test_exact_sums_while_servers_go_2_3_2(down):
+def test_exact_sums_while_servers_go_2_3_2(down, tmp_path):
     addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
-    children = _servers(addresses)
+    children = _servers(addresses, tmp_path / "deltas")
     rng = np.random.default_rng(24)
     shared = np.unique(rng.integers(0, 2**63, SHARED * 2, dtype=np.uint64))[:SHARED]
     shared_initial = rng.integers(-INITIAL, INITIAL + 1, (SHARED, DIM)).astype(np.float32)
@@ -162,8 +165,30 @@ def test_exact_sums_while_servers_go_2_3_2(down):
         chief.close()
         _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, removed, down.routing_version,
                                                           shared, want, children)
+        stop_all(children, grace=20)          # every trainer left: each server published its last delta
+        _the_model_rebuilt_from_the_deltas_is_what_the_trainers_pushed(tmp_path / "deltas", want, dense_initial,
+                                                                       results)
     finally:
         stop_all(children, grace=3)
+
+
+def _the_model_rebuilt_from_the_deltas_is_what_the_trainers_pushed(deltas, want, dense_initial, results):
+    """Issue 33: what the servers published while partitions and blocks moved between them,
+    rebuilt (each server's latest snapshot and deltas after it, servers merged in the order their
+    files were written: online/rebuild.py), holds every row and dense value exactly: a row that
+    moved is taken from its new owner's files, never overwritten by its old owner's older one."""
+    from paramshard.online.rebuild import rebuild
+    model = rebuild(deltas)
+    assert sorted(model.seqs) == [0, 1, 2]
+    ids, rows = model.table(TABLE)
+    assert sorted(ids.tolist()) == sorted(want), "the deltas lost or made rows"
+    bad = [int(i) for i, row in zip(ids, rows) if not np.array_equal(row.astype(np.int64), want[int(i)])]
+    assert not bad, f"{len(bad)} rebuilt rows are not initial - sum(grads), e.g. id {bad[0]}: " \
+                    f"{model.tables[TABLE][bad[0]].tolist()} vs {want[bad[0]].tolist()}"
+    for block in PLAN.blocks:
+        want_dense = dense_initial[block.param].astype(np.int64) - sum(r[1][1][block.param] for r in results[:TRAINERS])
+        got = model.dense[block.name].astype(np.int64)
+        assert np.array_equal(got, want_dense[block.offset:block.offset + block.size]), f"dense block {block.name}"
 
 
 def _a_joiner_learns_the_retired_server_then_it_exits(addresses, routing, removed, version, shared, want, children):

@@ -11,8 +11,13 @@ Layout (``DELTA_DIR`` is what ``--deltas`` / PARAMSHARD_DELTA_DIR names)::
 
 Each file appears whole or not at all: written under a dot-name in the same directory, flushed,
 then renamed (a follower never lists a dot-name). Sequence numbers are per server and have no gaps;
-a follower applies each server's files in seq order and, across servers, in order of ``step`` (a
-row that moved between servers then takes its newer value last).
+a follower applies each server's files in seq order and, across servers, in order of ``created``
+(the writing server's clock, never decreasing per server). Only rows and blocks that moved between
+servers are in two servers' files, and their old owner published them last before the move began,
+their new owner first once the hand-off made them its own: in order of time, the newer value comes
+last. (Not ``step``: in async mode each server counts its own pushes, so the steps of two servers
+do not compare; across hosts, this order relies on their clocks agreeing to well under a move's
+duration, which NTP gives.)
 """
 from __future__ import annotations
 

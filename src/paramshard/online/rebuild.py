@@ -2,7 +2,7 @@
 
 ``rebuild(root)`` reads, for each server, its latest snapshot and the deltas after it, and applies
 them to one model: each server's files in seq order, the servers' files merged in order of
-``step`` (ties: the lower server first), as online/delta_log.py says a follower does. A snapshot
+``created`` (ties: the lower server first), as online/delta_log.py says a follower does. A snapshot
 or delta sets rows and dense blocks; a tombstone removes its id. Dicts and arrays, not fast: for
 tests and for checking a serving replica, not for serving.
 """
@@ -61,12 +61,12 @@ def rebuild(root) -> Rebuilt:
     log = DeltaLog(root)
     queues = {s: server_files(log, s) for s in log.servers()}
     model = Rebuilt({}, {}, {}, {})
-    heads = [(files[0].step, s, 0) for s, files in queues.items() if files]
+    heads = [(files[0].created, s, 0) for s, files in queues.items() if files]
     heapq.heapify(heads)
-    while heads:        # per server in seq order; across servers the lowest step next
+    while heads:        # per server in seq order; across servers the earliest written next
         _, server, i = heapq.heappop(heads)
         files = queues[server]
         apply(model, files[i])
         if i + 1 < len(files):
-            heapq.heappush(heads, (files[i + 1].step, server, i + 1))
+            heapq.heappush(heads, (files[i + 1].created, server, i + 1))
     return model

@@ -98,17 +98,17 @@ def restarted(entries: list[Entry], applied: int) -> bool:
 
 
 def read_in_order(files: dict[int, list[Entry]], limit: int = MAX_FILES) -> list[Delta]:
-    """The files read (checked: online/delta_format.py) and merged across servers by step, each
+    """The files read (checked: online/delta_format.py) and merged across servers by the time each was written, each
     server's kept in seq order; at most ``limit`` (the first ones of that order). DeltaError for a
     damaged file or one whose header names another server or seq than its name."""
-    heads: list[tuple[int, int, int, Delta]] = []
+    heads: list[tuple[float, int, int, Delta]] = []
     queues = {server: list(entries) for server, entries in files.items() if entries}
 
     def push(server):
         entry = queues[server].pop(0)
         delta = read_delta(entry.path)
         check_named(delta, server, entry)
-        heapq.heappush(heads, (delta.step, server, delta.seq, delta))
+        heapq.heappush(heads, (delta.created, server, delta.seq, delta))
 
     for server in queues:
         push(server)

@@ -179,7 +179,7 @@ class Replica:
 
     def _restart(self) -> int:
         bases, plan = follow.start_plan(self.log)
-        # Each server's snapshot then its deltas, all merged by step (online/rebuild.py's order).
+        # Each server's snapshot then its deltas, all merged by the time written (online/rebuild.py's order).
         queues = {s: [e for e in [bases[s]] if e is not None] + plan.files[s] for s in bases}
         deltas = follow.read_in_order(queues, limit=1 << 62)
         for delta in deltas:

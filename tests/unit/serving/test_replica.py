@@ -96,17 +96,18 @@ def test_a_repeated_delta_is_a_no_op_and_a_gap_is_refused_with_the_version_uncha
     replica.close()
 
 
-def test_following_applies_new_files_across_servers_by_step_and_reports_a_gap(root):
-    publish(root, "snapshot", 0, 0, 0, change([1], 0.0))
-    publish(root, "snapshot", 1, 0, 0, change([2], 0.0))
+def test_following_applies_new_files_across_servers_in_the_order_written_and_reports_a_gap(root):
+    publish(root, "snapshot", 0, 0, 0, change([1], 0.0), created=1.0)
+    publish(root, "snapshot", 1, 0, 0, change([2], 0.0), created=1.0)
     replica = Replica(root, StoreChoice("numpy")).start()
     assert replica.poll() == 0
-    # The same id set by both servers (it moved): the later step's value stands.
-    publish(root, "delta", 1, 1, 8, change([5], 8.0))
-    publish(root, "delta", 0, 1, 4, change([5], 4.0))
+    # The same id set by both servers (it moved from 0 to 1): the value written last stands, whatever
+    # the steps say (async: each server counts its own pushes) and whichever file the poll lists first.
+    publish(root, "delta", 1, 1, 8, change([5], 8.0), created=200.0)
+    publish(root, "delta", 0, 1, 9, change([5], 4.0), created=100.0)
     assert replica.poll() == 2
     np.testing.assert_array_equal(rows(replica, "deep", [5]), [[8.0] * 4])
-    assert replica.version["servers"] == {"0": 1, "1": 1} and replica.version["step"] == 4
+    assert replica.version["servers"] == {"0": 1, "1": 1} and replica.version["step"] == 8
     assert replica.health()["ok"] and replica.freshness() is not None
     # Server 1's delta 2 is missing: its 3 is not applied, server 0 is still followed.
     publish(root, "delta", 1, 3, 12, change([6], 12.0))

@@ -103,6 +103,7 @@ class DeltaService:
         self.deltas_since_snapshot = 0
         self.pushes = 0
         self.last = clock()
+        self.last_created = 0.0
         self.writer: threading.Thread | None = None
         self.failure: BaseException | None = None
         self.published = {"deltas": 0, "snapshots": 0, "bytes": 0}
@@ -244,7 +245,13 @@ class DeltaService:
         dense = self._dense_changed()
         if not tables and not dense:
             return None
-        return Delta("delta", self.ctx.server_id, self.next_seq, self.step(), time.time(), tables, dense)
+        return Delta("delta", self.ctx.server_id, self.next_seq, self.step(), self._created(), tables, dense)
+
+    def _created(self) -> float:
+        """The file's time, never before the previous file's (a clock set back): followers merge the
+        servers' files in order of it (online/delta_log.py), each server's in seq order."""
+        self.last_created = max(time.time(), self.last_created + 1e-6)
+        return self.last_created
 
     def _snapshot(self, seq: int) -> None:
         """All this server serves, copied now, written by a background thread."""
@@ -266,7 +273,7 @@ class DeltaService:
         for name, block in self.dense.blocks.items():
             if name not in self.dense.handed_away:
                 dense[name] = self.dense_sent[name] = block.values.copy()
-        snapshot = Delta("snapshot", self.ctx.server_id, seq, self.step(), time.time(), tables, dense)
+        snapshot = Delta("snapshot", self.ctx.server_id, seq, self.step(), self._created(), tables, dense)
         self.deltas_since_snapshot = 0
         self.writer = threading.Thread(target=self._write_snapshot, args=(snapshot,),
                                        name=f"{self.ctx.name} snapshot {snapshot.seq}", daemon=True)
