@@ -23,6 +23,9 @@ stops publishing a partition when its move begins, the new owner publishes all i
 hand-off made them its own, so two servers never publish one id in the same period (a follower
 applies servers' files in order of ``step``). Ids that moved away are never tombstoned.
 
+What was published is counted in the server's ``stats`` reply (delta_counts.py: DeltaStats), so the
+run directory's records and `paramshard report` show the delta rate and sizes.
+
 A delta is encoded and written on the loop's thread (its size follows the rows touched); a
 snapshot is copied there (ids, values, dense blocks: one gather) and encoded, checksummed and
 written by a background thread, so the loop pauses only for the copy (docs/DESIGN.md "Deltas"
