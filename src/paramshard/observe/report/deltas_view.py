@@ -68,8 +68,8 @@ def from_records(server: int, records: list[dict]) -> Publishing | None:
     for _, d in rows:
         now = {k: _i(d.get(k)) for k in ("deltas", "snapshots", "delta_bytes", "rows")}
         # A counter that went down: a new process (restarted in place) counting from 0 again.
-        restarted = before is None or any(now[k] < before[k] for k in now)
-        inc = now if restarted else {k: now[k] - before[k] for k in now}
+        old = before
+        inc = now if old is None or any(now[k] < old[k] for k in now) else {k: now[k] - old[k] for k in now}
         for k in totals:
             totals[k] += inc[k]
         if before is not None:
@@ -115,7 +115,8 @@ def _rows(header: dict) -> int:
 
 def from_files(root, server: int, now: float, problems: list[str]) -> Publishing | None:
     """A server's publishing from the files of it still in the delta directory."""
-    deltas, snapshots = [], []              # (seq, bytes, rows, created)
+    deltas: list[tuple[int, int, int, float | None]] = []          # (seq, bytes, rows, created)
+    snapshots: list[tuple[int, int, int, float | None]] = []
     for entry in DeltaLog(root).entries(server):
         try:
             size = entry.path.stat().st_size
@@ -166,10 +167,9 @@ def delta_dir_of(run) -> Path | None:
     as recorded if it exists, else relative to the run directory's parent (a relative path recorded by
     an older launcher, read from elsewhere)."""
     config = run.config if isinstance(run.config, dict) else {}
-    launch = config.get("launch") if isinstance(config.get("launch"), dict) else {}
-    found = launch.get("delta_dir")
-    ranks = config.get("ranks") if isinstance(config.get("ranks"), dict) else {}
-    for contract in ranks.values():
+    launch, ranks = config.get("launch"), config.get("ranks")
+    found = launch.get("delta_dir") if isinstance(launch, dict) else None
+    for contract in ranks.values() if isinstance(ranks, dict) else ():
         environ = contract.get("environ") if isinstance(contract, dict) else None
         if not found and isinstance(environ, dict):
             found = environ.get("PARAMSHARD_DELTA_DIR")
