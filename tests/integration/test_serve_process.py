@@ -1,6 +1,7 @@
 """`paramshard serve` as a process (one start) against a delta directory made here: it serves the
 snapshot, follows a delta published while it runs (the reply's version and scores change
-together), reports a gap in /health while serving the version it has, and stops cleanly on SIGTERM.
+together), reports a gap in /health (and its status file) while serving the version it has, and stops
+cleanly on SIGTERM (its status file removed).
 The oracle for scores is the replica in this process on the same directory (tests/unit/serving
 checks that one against the model file oracle)."""
 import json
@@ -64,7 +65,7 @@ def test_serve_process_follows_deltas_and_reports_gaps(tmp_path):
     ids = np.unique(encoder.encode(encoder.from_rows(ROWS)).ids.astype(np.uint64))
     publish(root, "snapshot", 0, 0, 0, change(ids, 0.5) | change(ids, 0.5, "wide"))
     at_snapshot = expected_scores(root, 0)
-    proc = subprocess.Popen([sys.executable, "-m", "paramshard", "serve", str(root), "--port", "0", "--poll", "0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "paramshard", "serve", str(root), "--port", "0", "--poll", "0.1", "--status-every", "0.2",
                              "--row-store", "compiled", "--memory-budget", "64MB", "--tier-dir", str(tmp_path / "tier")],
                             env={**os.environ, "PYTHONPATH": os.path.abspath(SRC)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -93,6 +94,12 @@ def test_serve_process_follows_deltas_and_reports_gaps(tmp_path):
         with urllib.request.urlopen(url + "/metrics", timeout=10) as metrics:
             text = metrics.read().decode()
         assert 'paramshard_serve_version_seq{server="0"} 1.0' in text
+        # Its status file in the directory (`paramshard report DIR` reads it) says the same.
+        from paramshard.online.replica_status import read_statuses
+        [replica] = wait_for("a status of the gap", lambda: (lambda found: found if found and not found[0].data["ok"]
+                                                            else None)(read_statuses(root, time.time())[0]))
+        assert replica.applied == {0: 1} and not replica.stale and replica.data["url"] == url
+        assert "delta 2 is missing" in replica.data["errors"]["server 0"]
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -101,4 +108,5 @@ def test_serve_process_follows_deltas_and_reports_gaps(tmp_path):
             proc.kill()
             raise
     assert code == 0, proc.stderr.read()
+    assert list((root / "replicas").iterdir()) == []          # a clean stop removes its status file
     assert not (tmp_path / "tier").exists() or not any(p.suffix == ".rows" for p in (tmp_path / "tier").rglob("*"))

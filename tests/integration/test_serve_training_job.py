@@ -12,8 +12,12 @@ import torch
 
 from paramshard.online.delta_log import DeltaLog
 from paramshard.online.rebuild import rebuild
+from paramshard.online.replica_status import read_statuses
+from paramshard.observe.report.deltas_view import lag, published_seqs
+from paramshard.server.services.delta_service import DeltaService
 from paramshard.serving.live_table import StoreChoice
 from paramshard.serving.replica import Replica
+from paramshard.serving.status_writer import StatusWriter
 from tests.integration.test_deltas import Net, held, run_job
 
 DEADLINE = 120.0
@@ -65,6 +69,16 @@ def test_a_replica_following_a_training_job_serves_what_the_servers_hold(cluster
         model = rebuild(root)
         assert replica.version["servers"] == {str(s): seq for s, seq in model.seqs.items()}
         assert replica.version["step"] == min(model.steps.values())
+        # What each server's publisher counted (its stats part) is what the directory and the replica
+        # show: a server never restarted published one delta per seq; its status file says no lag.
+        for server in servers:
+            part = server.service(DeltaService).stats()
+            assert part.last_seq == model.seqs[server.context.server_id] == part.deltas, part
+        writer = StatusWriter(replica, 0, interval=1.0, host="test")
+        assert writer.write()
+        [status], _ = read_statuses(root, time.time())
+        assert not status.stale and set(lag(status, published_seqs(root)).values()) == {0}
+        writer.close()
         # It answers with the module of the served version.
         out, version = replica.forward(torch.arange(6).reshape(2, 3))
         assert out.shape == (2,) and version == replica.version

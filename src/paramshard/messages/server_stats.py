@@ -2,8 +2,8 @@
 
 One producer, one parser. ``ParameterServer.snapshot_stats`` assembles a
 ``ServerStats`` from its own counters and the part each service contributes
-(``Service.stats()``: a ``Connections``, ``DenseStats``, ``BarrierStats`` or
-``SparseStats``, or None) and sends ``to_wire()``; everyone who reads a reply
+(``Service.stats()``: a ``Connections``, ``DenseStats``, ``BarrierStats``,
+``SparseStats`` or ``DeltaStats``, or None) and sends ``to_wire()``; everyone who reads a reply
 (the launcher's watcher, /metrics, the run directory's records, `paramshard
 stats`, the trainer's barrier) calls ``from_wire``, which checks every type and
 raises ProtocolError naming the field, so a reader never meets a KeyError
@@ -264,12 +264,57 @@ class SparseStats(_Part):
                    None if rss is None else _int(rss, "rss_bytes"))
 
 
-StatsPart = Connections | DenseStats | BarrierStats | SparseStats
+def _opt_num(value: Any, where: str) -> int | float | None:
+    return None if value is None else _num(value, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaStats(_Part):
+    """What the delta publisher wrote (server/services/delta_service.py), present only on a server
+    with PARAMSHARD_DELTA_DIR. Counters since the process started: files (``deltas``, ``snapshots``)
+    and their bytes, the rows and tombstones the deltas carried; the largest delta, the last
+    snapshot; ``last_seq`` (None: nothing published yet), ``since_last_s`` (seconds since the last
+    file was published), ``last_publish_s`` (the last file's seconds from taking it to durable)."""
+    FIELD: ClassVar[str] = "deltas"
+    COUNTS: ClassVar[tuple] = ("deltas", "snapshots", "bytes", "delta_bytes", "snapshot_bytes", "rows", "tombstones",
+                               "max_delta_bytes", "max_delta_rows", "last_snapshot_bytes", "last_snapshot_rows")
+    deltas: int = 0
+    snapshots: int = 0
+    bytes: int = 0
+    delta_bytes: int = 0
+    snapshot_bytes: int = 0
+    rows: int = 0                    # rows the deltas carried (snapshots not counted)
+    tombstones: int = 0
+    max_delta_bytes: int = 0
+    max_delta_rows: int = 0
+    last_snapshot_bytes: int = 0
+    last_snapshot_rows: int = 0
+    last_seq: int | None = None
+    since_last_s: int | float | None = None
+    last_publish_s: int | float | None = None
+
+    def to_wire(self) -> dict:
+        return {"deltas": {**{k: getattr(self, k) for k in self.COUNTS}, "last_seq": self.last_seq,
+                           "since_last_s": self.since_last_s, "last_publish_s": self.last_publish_s}}
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "DeltaStats | None":
+        if "deltas" not in d:
+            return None
+        p = _map(d["deltas"], "deltas")
+        last_seq = p.get("last_seq")
+        return cls(**{k: _int(p.get(k, 0), f"deltas.{k}") for k in cls.COUNTS},
+                   last_seq=None if last_seq is None else _int(last_seq, "deltas.last_seq"),
+                   since_last_s=_opt_num(p.get("since_last_s"), "deltas.since_last_s"),
+                   last_publish_s=_opt_num(p.get("last_publish_s"), "deltas.last_publish_s"))
+
+
+StatsPart = Connections | DenseStats | BarrierStats | SparseStats | DeltaStats
 # In wire order: the outbox first, then the services as a server adds them (server/core/parameter_server.py).
-PARTS: tuple[type, ...] = (Connections, DenseStats, BarrierStats, SparseStats)
+PARTS: tuple[type, ...] = (Connections, DenseStats, BarrierStats, SparseStats, DeltaStats)
 _OWN_KEYS = {"server", "address", "uptime_s", "trainers", "phase_seconds", *Connections.KEYS,
              "dense_blocks", "dense_elements", "staleness", "barriers", "sparse_rows", "sparse_bytes", "tables",
-             "memory_budget", "rss_bytes"}
+             "memory_budget", "rss_bytes", "deltas"}
 
 
 # -- the whole reply ---------------------------------------------------------------------------------
@@ -287,6 +332,7 @@ class ServerStats:
     dense: DenseStats | None = None
     barriers: BarrierStats | None = None
     sparse: SparseStats | None = None
+    deltas: DeltaStats | None = None
 
     @classmethod
     def assemble(cls, parts, **fields) -> "ServerStats":
@@ -349,7 +395,7 @@ class ServerStats:
         out.update({"uptime_s": self.uptime_s, "trainers": self.trainers.to_wire(),
                     "phase_seconds": dict(self.phase_seconds)})
         out.update(self.counters)
-        for part in (self.connections, self.dense, self.barriers, self.sparse):
+        for part in (self.connections, self.dense, self.barriers, self.sparse, self.deltas):
             if part is not None:
                 out.update(part.to_wire())
         return out

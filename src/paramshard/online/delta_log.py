@@ -8,6 +8,7 @@ Layout (``DELTA_DIR`` is what ``--deltas`` / PARAMSHARD_DELTA_DIR names)::
     DELTA_DIR/server-0/snapshot-0000000000.psd   all server 0 held when it began publishing
     DELTA_DIR/server-0/delta-0000000001.psd      what it changed next, ...
     DELTA_DIR/server-0/snapshot-0000000040.psd   every K deltas: all it holds (= snapshot 0 + deltas 1..40)
+    DELTA_DIR/replicas/HOST-PORT.json         each running `paramshard serve`'s status (online/replica_status.py)
 
 Each file appears whole or not at all: written under a dot-name in the same directory, flushed,
 then renamed (a follower never lists a dot-name). Sequence numbers are per server and have no gaps;

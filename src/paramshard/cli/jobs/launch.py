@@ -188,6 +188,8 @@ def run(args) -> int:
     fields = dict(launch_fields(args, "launch", outer), script=script, module=module, script_args=script_args,
                   servers=servers, **_checkpoint_fields(args), records="stdout")
     _split_trainer_range(fields)
+    if fields.get("delta_dir"):     # absolute, as the checkpoints': ranks and `paramshard report` read it elsewhere
+        fields["delta_dir"] = os.path.abspath(fields["delta_dir"])
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness {args.max_staleness}: must be >= 0 steps")
     # Checked whole before the run directory is made: a refused job leaves none.

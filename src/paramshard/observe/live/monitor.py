@@ -52,6 +52,8 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
         "live_trainers": len(stats.trainers.live),
         "uptime_s": stats.uptime_s,           # less than before: a new process (observe/run_records/counter_carry.py)
         **_tier_record(stats),
+        # A server publishing deltas: what it published (its DeltaStats as on the wire; cumulative per process).
+        **({"deltas": stats.deltas.to_wire()["deltas"]} if stats.deltas is not None else {}),
     }
 
 

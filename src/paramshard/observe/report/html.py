@@ -206,6 +206,11 @@ def _elastic(run: RunData) -> str:
     return out
 
 
+def _deltas(run: RunData) -> str:
+    from paramshard.observe.report.deltas_view import html_section
+    return html_section(run, _table, _e)
+
+
 def _plots(entries: list[PlotEntry]) -> str:
     out = []
     for p in entries:
@@ -233,7 +238,7 @@ def render_index(run: RunData, plots: list[PlotEntry], out_dir: Path) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{_e(title)}</h1>\n"
             f"<p>{_e(run.run_dir.resolve())}</p>\n{problems}"
-            f"<h2>Result</h2>\n{_result(run)}<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}"
+            f"<h2>Result</h2>\n{_result(run)}<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}{_deltas(run)}"
             f"<h2>Plots</h2>\n{_plots(plots)}{_files(run, out_dir)}</body>\n</html>\n")
 
 

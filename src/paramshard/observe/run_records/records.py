@@ -42,7 +42,12 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "staleness": {"0": n, "1": n, ...} (cumulative histogram of async push staleness),
   and with memory budgets "tier": {table: {"budget": bytes, "resident_bytes": n,
   "hit_rate": x, "spills": n, "promotions": n}}, "memory_budget" and "rss_bytes"
-  (a server budget)}``: a server's counters, every ``SERVER_EVERY`` seconds;
+  (a server budget), and with PARAMSHARD_DELTA_DIR "deltas": {"deltas": n, "snapshots": n,
+  "bytes": n, "delta_bytes": n, "snapshot_bytes": n, "rows": n, "tombstones": n,
+  "max_delta_bytes": n, "max_delta_rows": n, "last_snapshot_bytes": n, "last_snapshot_rows": n,
+  "last_seq": n | None, "since_last_s": s | None, "last_publish_s": s | None} (what its delta
+  publisher wrote since its process started: messages/server_stats.py DeltaStats)}``: a
+  server's counters, every ``SERVER_EVERY`` seconds;
 - ``{"kind": "event", "event": "start" | "end" | "failure" | "restart", "text": ...}``;
   a failure is the launcher's "first failure" summary of a run that failed, with the
   ``rank`` that failed first and the ``exit_code``; a restart also names the ``rank`` restarted ("server 1", or "job" for the whole job);

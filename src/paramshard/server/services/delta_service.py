@@ -23,6 +23,9 @@ stops publishing a partition when its move begins, the new owner publishes all i
 hand-off made them its own, so two servers never publish one id in the same period (a follower
 applies servers' files in order of ``step``). Ids that moved away are never tombstoned.
 
+What was published is counted in the server's ``stats`` reply (delta_counts.py: DeltaStats), so the
+run directory's records and `paramshard report` show the delta rate and sizes.
+
 A delta is encoded and written on the loop's thread (its size follows the rows touched); a
 snapshot is copied there (ids, values, dense blocks: one gather) and encoded, checksummed and
 written by a background thread, so the loop pauses only for the copy (docs/DESIGN.md "Deltas"
@@ -44,6 +47,7 @@ from paramshard.online.delta_format import Delta, TableChange
 from paramshard.online.delta_log import DeltaLog
 from paramshard.server.core.context import ServerContext
 from paramshard.server.core.hooks import Incoming, Verdict
+from paramshard.server.services.delta_counts import PublishedCounts
 from paramshard.server.storage.dense_store import DenseStore
 
 log = get_logger("server")
@@ -106,7 +110,7 @@ class DeltaService:
         self.last_created = 0.0
         self.writer: threading.Thread | None = None
         self.failure: BaseException | None = None
-        self.published = {"deltas": 0, "snapshots": 0, "bytes": 0}
+        self.counts = PublishedCounts()      # what was published: the stats reply's DeltaStats
         self._hook = DeltaHook(self)
 
     # -- Service ------------------------------------------------------------------------------
@@ -116,8 +120,12 @@ class DeltaService:
     def hooks(self) -> list:
         return [self._hook]
 
-    def stats(self) -> None:
-        return None
+    def stats(self):
+        return self.counts.part(self.clock())
+
+    @property
+    def published(self) -> dict:
+        return self.counts.published()
 
     def on_leave(self, trainer: int) -> None:
         pass
@@ -163,18 +171,19 @@ class DeltaService:
         if not self._writer_done():
             return
         self.attach()
+        started = self.clock()
         if self.base_due:
             self.base_due = False
-            self._snapshot(self.next_seq)
+            self._snapshot(self.next_seq, started)
             self.next_seq += 1
         else:
             delta = self._delta()
             if delta is not None:
-                self._write(delta)
+                self._write(delta, started)
                 self.next_seq += 1
                 self.deltas_since_snapshot += 1
                 if self.deltas_since_snapshot >= self.snapshot_every:
-                    self._snapshot(delta.seq)      # the seq of the delta it completes
+                    self._snapshot(delta.seq, self.clock())      # the seq of the delta it completes
         if self.ctx.membership.job_over():
             self.flush()             # the server stops next: its last files are written whole first
 
@@ -253,7 +262,7 @@ class DeltaService:
         self.last_created = max(time.time(), self.last_created + 1e-6)
         return self.last_created
 
-    def _snapshot(self, seq: int) -> None:
+    def _snapshot(self, seq: int, started: float) -> None:
         """All this server serves, copied now, written by a background thread."""
         ownership = self._ownership()
         tables = {}
@@ -275,21 +284,22 @@ class DeltaService:
                 dense[name] = self.dense_sent[name] = block.values.copy()
         snapshot = Delta("snapshot", self.ctx.server_id, seq, self.step(), self._created(), tables, dense)
         self.deltas_since_snapshot = 0
-        self.writer = threading.Thread(target=self._write_snapshot, args=(snapshot,),
+        self.writer = threading.Thread(target=self._write_snapshot, args=(snapshot, started),
                                        name=f"{self.ctx.name} snapshot {snapshot.seq}", daemon=True)
         self.writer.start()
 
-    def _write_snapshot(self, snapshot: Delta) -> None:
+    def _write_snapshot(self, snapshot: Delta, started: float) -> None:
         try:
-            self._write(snapshot)
+            self._write(snapshot, started)
             self.log.prune(snapshot.server, KEEP_SNAPSHOTS)
         except BaseException as exc:      # noqa: BLE001 - reported by the loop's thread (_writer_done)
             self.failure = exc
 
-    def _write(self, delta: Delta) -> None:
+    def _write(self, delta: Delta, started: float) -> None:
+        """Publish ``delta``, taken at ``started`` (the clock's): counted once durable."""
         path = self.log.publish(delta)
-        self.published["snapshots" if delta.kind == "snapshot" else "deltas"] += 1
-        self.published["bytes"] += path.stat().st_size
+        now = self.clock()
+        self.counts.note(delta, path.stat().st_size, now - started, now)
 
     def flush(self) -> None:
         """Wait for a snapshot being written (tests, and a server about to stop)."""

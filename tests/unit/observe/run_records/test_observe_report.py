@@ -149,7 +149,7 @@ def test_help_shows_defaults_and_an_example():
     action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     parser = action.choices["report"]
     text = parser.format_help()
-    assert "example:\n  paramshard report runs/" in text and "(default: RUN_DIR/report)" in text
+    assert "\n  paramshard report runs/" in text and "(default: RUN_DIR/report)" in text
 
 
 @pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
