@@ -54,6 +54,13 @@ class ClusterEnv(ClusterEnvFields):
             raise ConfigError(f"PARAMSHARD_MODE=collective has no parameter servers, but PARAMSHARD_SERVERS "
                               f"lists {len(self.servers)}: use mode hybrid to keep sparse tables on servers, "
                               f"or start no servers (--servers 0)")
+        if self.delta_dir and not self.mode.dense_on_servers:
+            # The servers publish what they hold; in these modes the dense parameters live on the
+            # trainers, so a replica would serve the dense values the chief wrote at the start.
+            raise ConfigError(f"PARAMSHARD_DELTA_DIR (--deltas) with PARAMSHARD_MODE={self.mode}: the servers publish "
+                              f"the model's deltas, and in {self.mode} mode the dense parameters are not on servers "
+                              f"(allreduce among the trainers): use --mode sync or async to serve a model while it "
+                              f"learns")
         if self.role == "server":
             if not self.servers:
                 raise ConfigError("a server needs PARAMSHARD_SERVERS (its own address among them)")

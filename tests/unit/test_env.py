@@ -97,3 +97,11 @@ def test_insecure_and_host_round_trip_through_environ():
     assert ClusterEnv.from_environ(env.to_environ()) == env
     with pytest.raises(ConfigError, match="PARAMSHARD_INSECURE=1 .* PARAMSHARD_SECRET is set too: unset one"):
         ClusterEnv.from_environ({"PARAMSHARD_INSECURE": "1", "PARAMSHARD_SECRET": "s"})
+
+
+@pytest.mark.parametrize("mode", ["collective", "hybrid"])
+def test_deltas_are_refused_where_the_dense_parameters_are_not_on_servers(mode):
+    servers = () if mode == "collective" else ("127.0.0.1:1",)
+    with pytest.raises(ConfigError, match=f"in {mode} mode the dense parameters are not on servers"):
+        ClusterEnv(role=None, servers=servers, mode=mode, delta_dir="/tmp/deltas")
+    ClusterEnv(role=None, servers=("127.0.0.1:1",), mode="async", delta_dir="/tmp/deltas")
