@@ -70,7 +70,10 @@ def run(args) -> int:
         print(f"warning: --host {args.host}: predictions are served to the network, without authentication",
               file=sys.stderr, flush=True)
     try:
-        stop.wait()
+        # In slices: the signal handler runs on this thread between them, however the wait was
+        # resumed (one SIGTERM after a SIGSTOP/SIGCONT was not enough with an unbounded wait).
+        while not stop.wait(0.5):
+            pass
     finally:
         replica.stop()
         status.close()
