@@ -82,5 +82,17 @@ def test_a_replica_following_a_training_job_serves_what_the_servers_hold(cluster
         # It answers with the module of the served version.
         out, version = replica.forward(torch.arange(6).reshape(2, 3))
         assert out.shape == (2,) and version == replica.version
+        # A second replica of the same directory, started after the job (from the servers' latest
+        # snapshots and the deltas after them, in another row store), serves the same model.
+        late = Replica(root, StoreChoice("numpy"), build=Net).start()
+        try:
+            late.poll()
+            assert late.version["servers"] == replica.version["servers"]
+            for name, (ids, rows) in tables.items():
+                np.testing.assert_array_equal(late.live_tables()[name].lookup(ids), rows, err_msg=f"late {name}")
+            np.testing.assert_array_equal(late.forward(torch.arange(6).reshape(2, 3))[0].detach().numpy(),
+                                          out.detach().numpy())
+        finally:
+            late.close()
     finally:
         replica.close()
