@@ -22,7 +22,7 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from paramshard.apps import ctr
-from paramshard.apps.ctr import streaming
+from paramshard.apps.ctr.stream import run as streaming
 from paramshard.data.features.presets import criteo_schema
 from paramshard.data.synthetic import generate_criteo
 from paramshard.data.readers.tabular import TabularReader

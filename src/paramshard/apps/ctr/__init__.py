@@ -45,7 +45,7 @@ def main(argv=None) -> int:
             print(text, flush=True)
 
     if args.stream:                     # issue 33: from a live stream, until stopped
-        from paramshard.apps.ctr import streaming
+        from paramshard.apps.ctr.stream import run as streaming
         out = streaming.train(args, say)
     else:
         out = refit.train(args, say)       # selection, then (small tables) the refit

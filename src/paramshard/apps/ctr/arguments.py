@@ -25,7 +25,7 @@ def check_arguments(argv: list[str], files: bool = True, description: str = "") 
     from paramshard.apps.ctr import refit
     refit.refuse_launched(args)       # only the launcher calls this: a launched job cannot refit
     if files and args.stream:
-        from paramshard.apps.ctr.stream_options import checked_schema as stream_schema
+        from paramshard.apps.ctr.stream.options import checked_schema as stream_schema
         stream_schema(args)         # fitted, binary: the stream has no files to check
     elif files:
         from paramshard.apps.ctr.selection import settle_monitor

@@ -13,7 +13,8 @@ from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES
 from paramshard.models import MODELS
 from paramshard.models.defaults import architecture_defaults, training_defaults
 from paramshard.data.features.side_columns import SideColumns
-from paramshard.apps.ctr import refit, stream_options, table_size
+from paramshard.apps.ctr import refit, table_size
+from paramshard.apps.ctr.stream import options as stream_options
 from paramshard.apps.ctr.selection import MONITORS, Selection
 
 
@@ -86,7 +87,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="every trainer process writes the rows it trained per epoch (and a checksum of their ids) "
                         "to DIR/trained-<slot>-<pid>.jsonl: an audit that each training row is trained once per "
                         "epoch, whoever joined or left")
-    stream_options.add_arguments(p)      # issue 33: --stream and what goes with it (stream_options.py)
+    stream_options.add_arguments(p)      # issue 33: --stream and what goes with it (stream/options.py)
     return p
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from paramshard.apps.ctr.progressive import ProgressiveWindow
+from paramshard.apps.ctr.stream.progressive import ProgressiveWindow
 from paramshard.errors import ConfigError
 
 

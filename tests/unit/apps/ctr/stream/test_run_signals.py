@@ -3,7 +3,7 @@ loop looks between batches), the handlers before it are back for a second one an
 import os
 import signal
 
-from paramshard.apps.ctr.streaming import StopSignals
+from paramshard.apps.ctr.stream.run import StopSignals
 
 
 def test_the_first_signal_is_noted_and_the_previous_handlers_come_back():

@@ -1,7 +1,7 @@
 """The CTR app trained from a live stream (``--stream``): predict, then train, until stopped.
 
 Every trainer opens the stream with its rank (each event goes to one trainer), polls batches
-of up to --batch-size events, encodes them with the fitted schema (stream_options.py says why
+of up to --batch-size events, encodes them with the fitted schema (stream/options.py says why
 it is not fitted here), scores each batch with the model as it stands (eval mode: no table row
 is created, inference/evaluation.py) into the progressive window (progressive.py), then trains
 on it. It stops at SIGTERM or Ctrl-C (after the batch in hand), at --max-events (this trainer's
@@ -32,7 +32,7 @@ from paramshard.data.features.encode import Encoder
 from paramshard.errors import ConfigError
 from paramshard.mode import Mode
 from paramshard.models.heads import head_of
-from paramshard.apps.ctr import progressive
+from paramshard.apps.ctr.stream import progressive
 
 POLL_SECONDS = 0.5       # the longest a poll waits: a stop (signal, --max-seconds) is seen this soon
 EVENTS = "stream_events"    # trainer.state's count of events trained (saved with every checkpoint)
@@ -218,7 +218,7 @@ def train(args, say) -> dict | None:
 
 def stream_job(args, env, say) -> dict | None:
     """train() in ``env`` (a test's: an in-process server, checkpoints, a resume)."""
-    from paramshard.apps.ctr.stream_options import checked_schema
+    from paramshard.apps.ctr.stream.options import checked_schema
     from paramshard.apps.ctr.training import make_model
     refuse(env)
     schema = checked_schema(args)

@@ -4,8 +4,8 @@ import pytest
 
 from paramshard.apps.ctr import check_arguments
 from paramshard.apps.ctr.options import parser, resolve
-from paramshard.apps.ctr.stream_options import DEFAULT_REPORT_SECONDS, REFUSED
-from paramshard.apps.ctr.progressive import DEFAULT_WINDOW
+from paramshard.apps.ctr.stream.options import DEFAULT_REPORT_SECONDS, REFUSED
+from paramshard.apps.ctr.stream.progressive import DEFAULT_WINDOW
 from paramshard.data.features.presets import criteo_schema
 from paramshard.errors import ConfigError
 from paramshard.specs.schema import Column, Label, Schema

@@ -12,7 +12,7 @@ a fitted file is one encoding for every trainer, every restart and the serving s
 from __future__ import annotations
 
 from paramshard.errors import ConfigError
-from paramshard.apps.ctr.progressive import DEFAULT_WINDOW
+from paramshard.apps.ctr.stream.progressive import DEFAULT_WINDOW
 
 DEFAULT_REPORT_SECONDS = 10.0
 
