@@ -185,15 +185,25 @@ class LocalTable:
             out[found] = self.rows[pos[found]]
         else:
             found = np.zeros(len(ids), bool)
-        if unknown == "initial" and self.min_count == 1 and not found.all():
-            absent = np.flatnonzero(~found)
-            fresh = absent[admitted_by_probability(self.seed, ids[absent], self.probability)]
-            out[fresh] = rounded(initial_rows(self.seed, ids[fresh], self.dim, self.init_scale), self.dtype)
+        if unknown == "initial":
+            fill_unknown(out, ids, found, self)
         return out
 
     def row_source(self, unknown: str):
         """A SparseEmbedding.attach row source (ids, training) -> rows."""
         return lambda ids, training: self.lookup(ids, unknown)
+
+
+def fill_unknown(out: np.ndarray, ids: np.ndarray, found: np.ndarray, table) -> None:
+    """Rows of ids not ``found`` in ``out`` as the servers give them in evaluation: the
+    deterministic initial row (rounded to the table's row format) of an id its admission policy
+    would have given a row, zeros (left as they are) otherwise. ``table``: seed, dim, init_scale,
+    min_count, probability, dtype (a LocalTable; serving's live tables share it)."""
+    if table.min_count != 1 or found.all():
+        return
+    absent = np.flatnonzero(~found)
+    fresh = absent[admitted_by_probability(table.seed, ids[absent], table.probability)]
+    out[fresh] = rounded(initial_rows(table.seed, ids[fresh], table.dim, table.init_scale), table.dtype)
 
 
 @dataclasses.dataclass

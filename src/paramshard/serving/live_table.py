@@ -21,8 +21,7 @@ import numpy as np
 
 from paramshard.errors import ConfigError
 from paramshard.optim import SGD
-from paramshard.placement.sparse_hash import admitted_by_probability, initial_rows
-from paramshard.server.storage.row_formats import rounded
+from paramshard.inference.serving import fill_unknown
 from paramshard.server.storage.row_stores import store_named, takes_budgets
 from paramshard.update_rules import make_rule
 
@@ -98,10 +97,8 @@ class TableCopy:
             found = handles >= 0
             if found.any():
                 out[found] = self.store.gather(handles[found])
-        if unknown == "initial" and s.min_count == 1 and not found.all():
-            absent = np.flatnonzero(~found)
-            fresh = absent[admitted_by_probability(s.seed, ids[absent], s.probability)]
-            out[fresh] = rounded(initial_rows(s.seed, ids[fresh], s.dim, s.init_scale), s.dtype)
+        if unknown == "initial":
+            fill_unknown(out, ids, found, s)
         return out
 
     def row_source(self, unknown: str):
