@@ -405,7 +405,7 @@ def log_facts(run: Path) -> str:
     return "; ".join(facts)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs per kind")
     p.add_argument("--kinds", default="trainer,server,serve", help=f"comma-separated, of {', '.join(KINDS)}")
@@ -423,6 +423,11 @@ def main(argv=None) -> int:
                    "a step uniformly between these fractions of the run's steps (and up to --delta-seconds after)")
     p.add_argument("--kill-to", type=float, default=0.9)
     p.add_argument("--work", type=Path, default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in KINDS]

@@ -41,6 +41,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from paramshard.budgets import parse_budget
     from paramshard.errors import ConfigError
+    from paramshard.log import configure
     from paramshard.serving.http import ServingFront
     from paramshard.serving.live_table import StoreChoice
     from paramshard.serving.replica import Replica
@@ -53,6 +54,9 @@ def run(args) -> int:
         raise ConfigError(f"--threads {args.threads}: at least 1")
     if args.max_body < 1024:
         raise ConfigError(f"--max-body {args.max_body}: at least 1024 bytes")
+    # Its lines on stderr at PARAMSHARD_LOG_LEVEL (default INFO): a start again from the snapshots
+    # (a server restarted, a gap a snapshot covers) is said, not only the warnings.
+    configure("serve")
     import torch
     torch.set_num_threads(args.threads)
     store = StoreChoice(args.row_store, parse_budget(args.memory_budget, "--memory-budget"), args.tier_dir)
