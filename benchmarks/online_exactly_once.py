@@ -20,8 +20,9 @@ the delta directory from the chief's model.pt on. Kills:
   deltas there while the job trains on.
 
 Checks of each run (the verdict line says which failed):
-  (a) every event trained once: the run's --json says N events trained and the stream's final
-      position is the file's last byte and record; and (stronger) the final checkpoint's rows and
+  (a) every event trained once: the run's --json says N events trained, the stream's final
+      position is the file's last byte and record, the servers' final step (pushes their state
+      holds) is the number of batches; and (stronger) the final checkpoint's rows and
       dense values equal the uninterrupted run's, bit for bit (printed: how many differ, and how
       far, when they do not);
   (b) the serving process, once it has applied each server's last file, serves that version, whose
@@ -117,7 +118,8 @@ class Job:
                "--model", args.model, "--batch-size", str(args.batch_size), "--max-events", str(data["events"]),
                "--seed", "1", "--report-every", "60", "--json", str(self.out)]
         env = {**os.environ, MARK: self.mark, "PARAMSHARD_DELTA_SECONDS": str(args.delta_seconds),
-               "PARAMSHARD_DELTA_SNAPSHOT_EVERY": str(args.snapshot_every)}
+               "PARAMSHARD_DELTA_SNAPSHOT_EVERY": str(args.snapshot_every),
+               **({"PARAMSHARD_MAX_IN_FLIGHT": str(args.max_in_flight)} if args.max_in_flight is not None else {})}
         self.log = open(run / ("launch-resume.log" if resume else "launch.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=run,
                                      start_new_session=True)
@@ -376,6 +378,12 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
         final = final_state(run / "ck") if code == 0 else None
         if final is not None:
             what["final_checkpoint"] = final["checkpoint"]
+            # Each batch is one step, one push of every block: the servers' step counts the pushes their
+            # state holds (a rollback takes it back to the checkpoint's): one per batch, none twice.
+            batches = -(-data["events"] // args.batch_size)
+            if final["step"] != batches:
+                failures.append(f"the servers' final step {final['step']} != {batches} batches (a push lost or "
+                                f"applied twice)")
             served, what["served"] = check_serving(serve, run, final, data["fresh"])
             failures += served
         what["final"] = final
@@ -419,6 +427,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-staleness", type=int, default=0, help="the job's --max-staleness (-1: unbounded "
                    "async, where a push may still be in flight when the next batch's rows are pulled, so two "
                    "undisturbed runs already differ; 0: one trainer computes what sync does, deterministically)")
+    p.add_argument("--max-in-flight", type=int, default=None, help="PARAMSHARD_MAX_IN_FLIGHT of the trainer "
+                   "(async pushes left unanswered after step(); default 1, lowered to the staleness bound)")
     p.add_argument("--kill-from", type=float, default=0.1, help="a kill falls when the servers have published "
                    "a step uniformly between these fractions of the run's steps (and up to --delta-seconds after)")
     p.add_argument("--kill-to", type=float, default=0.9)
@@ -437,7 +447,8 @@ def main(argv=None) -> int:
     work = args.work or Path(f"/tmp/online-exactly-once-{os.getpid()}")
     print(f"seed {seed}; work {work}; {args.events} events, model {args.model}, batch {args.batch_size}, "
           f"checkpoints every {args.checkpoint_every} steps, deltas every {args.delta_seconds} s, a snapshot "
-          f"every {args.snapshot_every}, --max-staleness {args.max_staleness}", flush=True)
+          f"every {args.snapshot_every}, --max-staleness {args.max_staleness}, max in flight "
+          f"{args.max_in_flight if args.max_in_flight is not None else 'default'}", flush=True)
     rng = random.Random(seed)
     data = prepare(work, args.events, 7)
     started = time.monotonic()

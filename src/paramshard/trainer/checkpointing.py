@@ -21,6 +21,19 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
     directory = directory or env.checkpoint_dir
     trainer_config.check_save(env, directory)
     trainer.backend.flush()       # every step up to this one is on the servers
+    # This trainer's position is written before the chief commits the servers' state, which moves
+    # ``latest``: a kill between the two (kill -9 mid-save) then leaves ``latest`` at the previous
+    # checkpoint (its position whole) and a position file of a step never committed (harmless: a
+    # save of that step writes it again), never a latest checkpoint without the chief's position,
+    # which a stream's --resume must refuse (the records since would be trained again).
+    position = capture(trainer.step_count, state if state is not None else trainer.state)
+    loop = trainer.progress.loop_json()
+    if loop is not None:
+        position["loop"] = loop
+    stream = trainer.progress.stream
+    if stream is not None:
+        position["stream"] = stream.position_at(trainer.step_count)
+    write_trainer_position(directory, trainer.step_count, trainer.trainer_id, position)
     if trainer.is_chief:
         settings = {"mode": env.mode, "trainers": env.num_trainers, "job_id": env.job_id}
         spec = spec_of(trainer.model)       # what built the model: export-model and predict need no code
@@ -30,17 +43,9 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
                                                      env.checkpoint_keep)
         log.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", path, nbytes / 1e6, seconds,
                  nbytes / 1e6 / max(seconds, 1e-9))
-    position = capture(trainer.step_count, state if state is not None else trainer.state)
-    loop = trainer.progress.loop_json()
-    if loop is not None:
-        position["loop"] = loop
-    stream = trainer.progress.stream
-    if stream is not None:
-        position["stream"] = stream.position_at(trainer.step_count)
-    write_trainer_position(directory, trainer.step_count, trainer.trainer_id, position)
     trainer.progress.saved()
     if stream is not None:
-        stream.saved(position["stream"])
+        stream.saved(position["stream"])       # committed to the source only once the checkpoint is
 
 
 def due(trainer) -> bool:
