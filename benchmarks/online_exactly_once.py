@@ -14,6 +14,7 @@ the delta directory from the chief's model.pt on. Kills:
 
 - trainer: kill -9 trainer 0; the job fails (no --max-restarts) and is launched again with --resume
   from its checkpoint directory (new servers restore the checkpoint and publish a snapshot);
+  trainer@save: the same, the moment a checkpoint's temporary directory appears (mid-save);
 - server: kill -9 server 0; the launcher restarts it in place (--max-restarts 1), the chief rolls
   the job back to the latest checkpoint, the server's delta sequence goes on with a snapshot;
 - serve: kill -9 the serving process; it is started again on D and rebuilds from the snapshots and
@@ -53,7 +54,7 @@ MARK = "PSBENCH_EXACTLY_ONCE"          # in every process of one run's job (foun
 FRESH = 400                            # events never streamed, scored by the serving process
 DEADLINE = 240.0                       # seconds a job (or a wait for the serving process) may take
 
-KINDS = ("none", "trainer", "server", "serve")     # none: an undisturbed run again (is the job deterministic?)
+KINDS = ("none", "trainer", "trainer@save", "server", "serve")     # none: an undisturbed run again (is the job deterministic?)
 
 
 # -- the data ------------------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def check_stream(out: Path, data: dict) -> list[str]:
 def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, say=print) -> dict:
     """One job (and its serving process) with ``kind`` killed at a random moment (None: undisturbed)."""
     run.mkdir(parents=True)
-    job = Job(run, data, args, resume=False, restarts=0 if kind == "trainer" else 1)
+    job = Job(run, data, args, resume=False, restarts=0 if kind and kind.startswith("trainer") else 1)
     serve = None
     what: dict = {"kind": kind or "none"}
     try:
@@ -357,18 +358,26 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
                 what["killed"] = f"serve pid {serve.proc.pid}"
                 serve = Serve(deltas, run / "serve.log")
             else:
-                pid = rank_pid(job.mark, kind)
+                role = kind.split("@")[0]
+                pid = rank_pid(job.mark, role)
+                if pid is not None and kind.endswith("@save"):
+                    # Mid-save: as soon as the next checkpoint's temporary directory appears.
+                    try:
+                        wait_for("a checkpoint being written", lambda: list((run / "ck").glob(".tmp-step-*")),
+                                 DEADLINE, lambda: job.proc.poll() is None, step=0.001)
+                    except RuntimeError:
+                        pid = None
                 if pid is None:
-                    what["killed"] = f"nothing ({kind} 0 not found)"
+                    what["killed"] = f"nothing ({role} 0 not found: the job had ended)"
                 else:
-                    ck = checkpoints(run / "ck")
-                    what["checkpoint_before"] = ck[-1].name if ck else None
                     os.kill(pid, signal.SIGKILL)
-                    what["killed"] = f"{kind} 0 pid {pid}"
+                    ck = checkpoints(run / "ck")
+                    what["checkpoint_at_kill"] = ck[-1].name if ck else None
+                    what["killed"] = f"{role} 0 pid {pid}" + (" while it saved a checkpoint" if "@" in kind else "")
         code = job.wait()
         if kind is None:
             what["train_s"] = time.monotonic() - first_checkpoint
-        if kind == "trainer" and what.get("killed", "").startswith("trainer"):
+        if kind and kind.startswith("trainer") and what.get("killed", "").startswith("trainer"):
             what["first_exit"] = code
             job = Job(run, data, args, resume=True, restarts=0)      # the user's --resume
             code = job.wait()
