@@ -377,9 +377,14 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
         code = job.wait()
         if kind is None:
             what["train_s"] = time.monotonic() - first_checkpoint
-        if kind and kind.startswith("trainer") and what.get("killed", "").startswith("trainer"):
+        killed = what.get("killed", "")
+        if (kind and kind.startswith("trainer") and killed.startswith("trainer")) or (
+                code != 0 and killed.startswith("server")):
+            # The user's --resume. A server killed after the trainer's last step (while it closes:
+            # its final checkpoint, its leave) fails the job rather than rolling back (measured, said
+            # in the report): the resume then finds every event trained in the final checkpoint.
             what["first_exit"] = code
-            job = Job(run, data, args, resume=True, restarts=0)      # the user's --resume
+            job = Job(run, data, args, resume=True, restarts=0 if kind.startswith("trainer") else 1)
             code = job.wait()
         what["exit"] = code
         failures = [] if code == 0 else [f"the job exited {code} (see {run})"]
@@ -480,6 +485,7 @@ def main(argv=None) -> int:
             verdict = "PASS" if not what["failures"] else "FAIL: " + "; ".join(what["failures"])
             print(f"{kind} #{i}: killed {what.get('killed')} at published step {what.get('published_step')} "
                   f"(drawn: {what.get('target_step')}); "
+                  + (f"the job exited {what['first_exit']}, --resume: " if "first_exit" in what else "") +
                   f"exit {what['exit']}; {log_facts(run)}; served {what.get('served')}\n"
                   f"  (a)+(b): {verdict}\n  final model vs the undisturbed run: "
                   f"{'bit-identical' if not same else 'DIFFERS: ' + '; '.join(same)} ({time.monotonic() - started:.0f} s)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 
 import pytest
 
@@ -26,12 +27,12 @@ from tests.unit.benchmark_scripts import import_script
 
 bench = import_script("online_exactly_once")
 
-EVENTS = 8_000
+EVENTS = 16_000
 
 
 def in_process_reference(data: dict, args, ck) -> dict:
     """The same stream run, uninterrupted, against an in-process server: its final checkpoint."""
-    from paramshard.apps.ctr import streaming
+    from paramshard.apps.ctr.stream import run as streaming
     from paramshard.apps.ctr.options import parser, resolve
     from tests.integration.tiny_ctr import in_process_env
 
@@ -54,7 +55,15 @@ def test_a_killed_server_loses_no_event_and_the_served_model_is_the_trained_one(
                                       "--kill-to", "0.5"])
     data = bench.prepare(tmp_path / "data", EVENTS, 7)
     run = tmp_path / "run"
-    what = bench.run_once(run, data, args, "server", random.Random(0))
+    # The uninterrupted run trains in this process meanwhile (the launched job mostly waits for it:
+    # two cores), on the same events.
+    reference: list = []
+    thread = threading.Thread(target=lambda: reference.append(in_process_reference(data, args, tmp_path / "ref")))
+    thread.start()
+    try:
+        what = bench.run_once(run, data, args, "server", random.Random(0))
+    finally:
+        thread.join(bench.DEADLINE)
     assert what["killed"].startswith("server 0 pid"), what        # killed while the job trained
     assert what["failures"] == [], what["failures"]              # (a) count and position, (b) the serving process
     launched = (run / "launch.log").read_text()
@@ -69,7 +78,8 @@ def test_a_killed_server_loses_no_event_and_the_served_model_is_the_trained_one(
     assert restarts[0] == 0 and len(restarts) == 2 and restarts[1] < seqs[-1], [(e.kind, e.seq) for e in entries]
     assert "starting again from the servers' latest snapshots" in (run / "serve.log").read_text()
     # (a), stronger: the final model is the one an uninterrupted run trains on the same events.
-    reference = in_process_reference(data, args, tmp_path / "reference-ck")
+    assert reference, "the in-process reference run failed (its error is above)"
+    reference = reference[0]
     assert bench.compare(what["final"], reference) == []
     assert what["final"]["step"] == reference["step"] == -(-EVENTS // args.batch_size)
     assert what["served"]["version"]["step"] == reference["step"]
