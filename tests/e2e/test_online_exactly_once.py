@@ -96,7 +96,7 @@ def test_kills_at_random_steps_of_each_process(tmp_path, seed):
     reference = bench.run_once(tmp_path / "reference", data, args, None, rng)
     assert reference["failures"] == [], reference
     for i in range(args.runs):
-        for kind in ("trainer", "server", "serve"):
+        for kind in ("trainer", "trainer@save", "server", "serve"):
             what = bench.run_once(tmp_path / f"{kind}-{i}", data, args, kind, rng)
             print(kind, i, what.get("killed"), "at published step", what.get("published_step"))
             assert not what["killed"].startswith("nothing"), (kind, what)
