@@ -15,6 +15,7 @@ the delta directory from the chief's model.pt on. Kills:
 - trainer: kill -9 trainer 0; the job fails (no --max-restarts) and is launched again with --resume
   from its checkpoint directory (new servers restore the checkpoint and publish a snapshot);
   trainer@save: the same, the moment a checkpoint's temporary directory appears (mid-save);
+  server@end: server 0 the moment the trainer's final checkpoint is in place (its close);
 - server: kill -9 server 0; the launcher restarts it in place (--max-restarts 1), the chief rolls
   the job back to the latest checkpoint, the server's delta sequence goes on with a snapshot;
 - serve: kill -9 the serving process; it is started again on D and rebuilds from the snapshots and
@@ -54,7 +55,7 @@ MARK = "PSBENCH_EXACTLY_ONCE"          # in every process of one run's job (foun
 FRESH = 400                            # events never streamed, scored by the serving process
 DEADLINE = 240.0                       # seconds a job (or a wait for the serving process) may take
 
-KINDS = ("none", "trainer", "trainer@save", "server", "serve")     # none: an undisturbed run again (is the job deterministic?)
+KINDS = ("none", "trainer", "trainer@save", "server", "server@end", "serve")     # none: an undisturbed run again (is the job deterministic?)
 
 
 # -- the data ------------------------------------------------------------------------------------
@@ -238,8 +239,14 @@ def final_state(ck: Path) -> dict:
     return {"tables": tables, "dense": dense, "step": step, "checkpoint": c.step}
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The array's bit patterns (-0.0 is not 0.0; a NaN equals the same NaN)."""
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+
+
 def compare(mine: dict, reference: dict) -> list[str]:
-    """What differs between two final states ([] when bit-identical), with how far."""
+    """What differs, bit for bit, between two final states ([] when identical), with how far."""
     out = []
     for name, (ids, rows) in reference["tables"].items():
         got_ids, got = mine["tables"].get(name, (np.zeros(0, np.uint64), None))
@@ -247,14 +254,17 @@ def compare(mine: dict, reference: dict) -> list[str]:
             out.append(f"table {name}: {len(got_ids)} ids against {len(ids)}, "
                        f"{len(np.setxor1d(ids, got_ids))} in one only")
             continue
-        differ = np.any(rows != got, axis=tuple(range(1, rows.ndim)))
+        if got.dtype != rows.dtype or got.shape != rows.shape:
+            out.append(f"table {name}: rows {got.dtype} {got.shape} against {rows.dtype} {rows.shape}")
+            continue
+        differ = np.any(_bits(rows) != _bits(got), axis=tuple(range(1, rows.ndim)))
         if differ.any():
             out.append(f"table {name}: {int(differ.sum())} of {len(ids)} rows differ (max |diff| "
-                       f"{float(np.abs(rows - got).max()):.3g})")
+                       f"{float(np.nanmax(np.abs(rows - got))):.3g})")
     for name, values in reference["dense"].items():
         got = mine["dense"].get(name)
-        if got is None or not np.array_equal(values, got):
-            far = "missing" if got is None else f"max |diff| {float(np.abs(values - got).max()):.3g}"
+        if got is None or got.dtype != values.dtype or not np.array_equal(_bits(values), _bits(got)):
+            far = "missing" if got is None else f"max |diff| {float(np.nanmax(np.abs(values - got))):.3g}"
             out.append(f"dense {name}: {far}")
     return out
 
@@ -360,6 +370,14 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
             else:
                 role = kind.split("@")[0]
                 pid = rank_pid(job.mark, role)
+                if pid is not None and kind.endswith("@end"):
+                    # After the trainer's last step: the moment its final checkpoint is in place.
+                    final = run / "ck" / f"step-{steps:08d}" / "manifest.json"
+                    try:
+                        wait_for("the final checkpoint", final.is_file, DEADLINE, lambda: job.proc.poll() is None,
+                                 step=0.001)
+                    except RuntimeError:
+                        pid = None
                 if pid is not None and kind.endswith("@save"):
                     # Mid-save: as soon as the next checkpoint's temporary directory appears.
                     try:
@@ -373,7 +391,7 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
                     os.kill(pid, signal.SIGKILL)
                     ck = checkpoints(run / "ck")
                     what["checkpoint_at_kill"] = ck[-1].name if ck else None
-                    what["killed"] = f"{role} 0 pid {pid}" + (" while it saved a checkpoint" if "@" in kind else "")
+                    what["killed"] = f"{role} 0 pid {pid}" + {"trainer@save": " while it saved a checkpoint", "server@end": " once the final checkpoint was in place"}.get(kind, "")
         code = job.wait()
         if kind is None:
             what["train_s"] = time.monotonic() - first_checkpoint
