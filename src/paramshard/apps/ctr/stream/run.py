@@ -174,8 +174,11 @@ class StreamRun:
         figures.update(seconds=round(seconds, 3), events_per_s=round((self.events - self.resumed_at) / seconds, 1)
                        if seconds > 0 else 0.0)
         self.reports.append({k: figures[k] for k in ("seconds", "events", "auc", "logloss", "window_events")})
-        self.trainer.log(progressive_auc=_number(figures["auc"]), progressive_logloss=_number(figures["logloss"]),
-                         stream_events=self.events)
+        # An undefined figure (an empty window: a resume with nothing left to train; one class only)
+        # is left out: the run's records take numbers (float(None) killed the trainer).
+        defined = {k: v for k, v in (("progressive_auc", _number(figures["auc"])),
+                                     ("progressive_logloss", _number(figures["logloss"]))) if v is not None}
+        self.trainer.log(**defined, stream_events=self.events)
         self.say(f"{progressive.text(figures)}; {figures['events_per_s']:,.0f} events/s")
         return figures
 
