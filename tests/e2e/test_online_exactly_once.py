@@ -13,8 +13,9 @@ streaming CTR job (`launch --servers 1 --trainers 1 --mode async --max-staleness
   dense values (the final checkpoint's, bit for bit) at their final step, and its scores equal a
   replica of that version's.
 
-The matrix test kills each of the trainer, the server and the serving process at seeded random
-steps against a launched undisturbed run (the benchmark's own checks)."""
+The matrix test kills each of the trainer (also mid-save), the server (also once the final
+checkpoint is in place: the job fails at its close and --resume ends it) and the serving process
+at seeded random steps, against a launched undisturbed run (the benchmark's own checks)."""
 from __future__ import annotations
 
 import dataclasses
@@ -96,7 +97,7 @@ def test_kills_at_random_steps_of_each_process(tmp_path, seed):
     reference = bench.run_once(tmp_path / "reference", data, args, None, rng)
     assert reference["failures"] == [], reference
     for i in range(args.runs):
-        for kind in ("trainer", "trainer@save", "server", "serve"):
+        for kind in ("trainer", "trainer@save", "server", "server@end", "serve"):
             what = bench.run_once(tmp_path / f"{kind}-{i}", data, args, kind, rng)
             print(kind, i, what.get("killed"), "at published step", what.get("published_step"))
             assert not what["killed"].startswith("nothing"), (kind, what)
