@@ -26,6 +26,7 @@ from pathlib import Path
 from paramshard.online.delta_format import MAGIC, MAX_HEADER
 from paramshard.online.delta_log import DeltaLog
 from paramshard.online.replica_status import STALE_AFTER, ReplicaStatus, read_statuses
+from paramshard.settings.table import by_field
 
 _LENGTH = struct.Struct("<I")
 
@@ -172,7 +173,7 @@ def delta_dir_of(run) -> Path | None:
     for contract in ranks.values() if isinstance(ranks, dict) else ():
         environ = contract.get("environ") if isinstance(contract, dict) else None
         if not found and isinstance(environ, dict):
-            found = environ.get("PARAMSHARD_DELTA_DIR")
+            found = by_field("delta_dir").read(environ)
     if not isinstance(found, str) or not found:
         return None
     path = Path(found)
