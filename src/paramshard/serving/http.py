@@ -214,15 +214,14 @@ class ServingFront:
         rows = body.get("rows") if isinstance(body, dict) else body
         if isinstance(body, dict) and "rows" not in body:
             raise BadRequest('expected {"rows": [{column: value, ...}, ...]} or the list of rows alone')
-        columns = self.replica.encoder.from_rows(rows)
-        scores, version = self.replica.score(columns)
+        scores, version = self.replica.score_batch(self.replica.encoder.batch_of_rows(rows))
         self.metrics.scored.inc(len(scores))
         return 200, {"scores": _scores(scores), "version": version}
 
     def _batch(self, request):
         body = request.json_body()
         if isinstance(body, dict) and "columns" in body:
-            scores, version = self.replica.score(self.replica.encoder.from_columns(body["columns"]))
+            scores, version = self.replica.score_batch(self.replica.encoder.batch_of_columns(body["columns"]))
             self.metrics.scored.inc(len(scores))
             return 200, {"scores": _scores(scores), "version": version}
         if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
@@ -238,7 +237,7 @@ class ServingFront:
         if not all(counts):
             raise BadRequest(f"request {counts.index(0)}: no rows to score")
         rows = [row for r in requests for row in r["rows"]]
-        scores, version = self.replica.score(self.replica.encoder.from_rows(rows))
+        scores, version = self.replica.score_batch(self.replica.encoder.batch_of_rows(rows))
         self.metrics.scored.inc(len(scores))
         out, start = [], 0
         for n in counts:
