@@ -39,7 +39,6 @@ from paramshard.data.features.encode import as_text, missing_mask, parse_numbers
 
 CACHE_PER_COLUMN = 1 << 18
 BIG = float(2 ** 53)       # past it, an integer's text parses differently alone and among floats (pandas)
-_MISS = object()
 _NEG_ZERO = object()       # the key of -0.0 in a numeric column (equal to 0 but parsed apart)
 
 
@@ -96,6 +95,10 @@ def _original(key):
     return list(key) if type(key) is tuple else key
 
 
+_SCALARS = frozenset({str, int, float, type(None)})
+_TEXT = frozenset({str, type(None)})
+
+
 class FastEncoder:
     def __init__(self, rows_encoder):
         """``rows_encoder``: serving/rows.py's RowEncoder (its Encoder and its per-value checks)."""
@@ -116,7 +119,8 @@ class FastEncoder:
         for c in self.columns:
             values = columns[c.name]
             if c.kind == "numeric":
-                x, miss = self._numeric(c, values)
+                x = self._numeric(c, values)
+                miss = np.isnan(x)              # a present value that is not a number fell back
                 dense += enc._numeric_dense(c, x, miss)
                 if c.bucketize:
                     bags.append(enc._buckets(c, x, miss))
@@ -130,58 +134,62 @@ class FastEncoder:
         return TabularBatch.from_bags(labels, dense_arr, bags)
 
     # -- per kind: cached values, the new ones worked out by the Encoder's functions ---------------
-    def _lookup(self, c, values, key_of):
+    # A column's values are looked up as they are (map: no Python step per cell) when no value can
+    # be mistaken for another (the types checked first, at C speed); else through a key per value.
+    def _found(self, c, keys):
+        """(cache, what each key's value encodes to, None where not cached yet)."""
         cache = self.caches[c.name]
-        get = cache.get
-        keys = [key_of(v) for v in values]
-        found = [get(k, _MISS) for k in keys]
-        new = {}
-        for k, f in zip(keys, found):
-            if f is _MISS and k not in new:
-                new[k] = None
-        return cache, keys, found, list(new)
+        return cache, list(map(cache.get, keys))
 
-    def _store(self, cache, keys, found, new, results):
-        by_key = dict(zip(new, results))
+    def _fill(self, c, cache, keys, found, results_of):
+        """``found`` with its gaps filled: the distinct new keys worked out at once by
+        ``results_of(raw values)`` (the Encoder's functions), and cached."""
+        new = list(dict.fromkeys(k for k, f in zip(keys, found) if f is None))
+        try:
+            raw = self.rows._column(c.name, [_original(k) for k in new], "value {i}")
+        except Exception:        # noqa: BLE001 - a refused value: the Encoder's path says why, as it says it
+            raise Fallback from None
+        by_key = dict(zip(new, results_of(raw)))
         if len(cache) < CACHE_PER_COLUMN:
             for k, r in by_key.items():
                 if type(k) is not _Once:
                     cache[k] = r
-        return [by_key[k] if f is _MISS else f for k, f in zip(keys, found)]
+        return [by_key[k] if f is None else f for k, f in zip(keys, found)]
 
-    def _raw(self, c, new):
-        try:
-            return self.rows._column(c.name, [_original(k) for k in new], "value {i}")
-        except Exception:        # noqa: BLE001 - a refused value: the Encoder's path says why, as it says it
-            raise Fallback from None
+    def _numeric(self, c, values) -> np.ndarray:
+        """float64 values, NaN where missing (the Encoder's x)."""
+        types = set(map(type, values))
+        if not types <= _SCALARS:
+            raise Fallback
+        # -0.0 == 0 as a key, but "-0.0" parses to -0.0: a column holding a float zero gets keys.
+        keys = [_numeric_key(v) for v in values] if float in types and 0.0 in values else values
+        cache, found = self._found(c, keys)
+        if None in found:
+            found = self._fill(c, cache, keys, found, self._parse)
+        return np.array(found, np.float64)
 
-    def _numeric(self, c, values):
-        cache, keys, found, new = self._lookup(c, values, _numeric_key)
-        if new:
-            raw = self._raw(c, new)
-            miss = missing_mask(raw, self.encoder.missing)
-            x, not_number = parse_numbers(raw, miss)
-            if not_number.any() or (np.abs(x[~np.isnan(x)]) >= BIG).any():
-                raise Fallback
-            found = self._store(cache, keys, found, new, list(zip(x.tolist(), miss.tolist())))
-        x = np.array([f[0] for f in found], np.float64)
-        miss = np.array([f[1] for f in found], bool)
-        return x, miss
+    def _parse(self, raw) -> list:
+        miss = missing_mask(raw, self.encoder.missing)
+        x, not_number = parse_numbers(raw, miss)
+        if not_number.any() or (np.abs(x[~np.isnan(x)]) >= BIG).any():
+            raise Fallback
+        return x.tolist()
 
-    def _categorical(self, c, values):
-        cache, keys, found, new = self._lookup(c, values, _categorical_key)
-        if new:
-            raw = self._raw(c, new)
-            miss = missing_mask(raw, self.encoder.missing)
-            ids = self.encoder._categories(c, as_text(raw), miss)
-            found = self._store(cache, keys, found, new, ids.tolist())
+    def _categorical(self, c, values) -> np.ndarray:
+        if not set(map(type, values)) <= _SCALARS:
+            raise Fallback
+        cache, found = self._found(c, values)
+        if None in found:
+            def ids(raw):
+                return self.encoder._categories(c, as_text(raw), missing_mask(raw, self.encoder.missing)).tolist()
+            found = self._fill(c, cache, values, found, ids)
         return np.array(found, np.int64)
 
-    def _multi(self, c, values):
-        max_bag = self.max_bag
-        cache, keys, found, new = self._lookup(c, values, lambda v: _multi_key(v, max_bag))
-        if new:
-            raw = self._raw(c, new)
-            miss = missing_mask(raw, self.encoder.missing)
-            found = self._store(cache, keys, found, new, self.encoder._multi(c, raw, miss))
-        return found
+    def _multi(self, c, values) -> list:
+        keys = values if set(map(type, values)) <= _TEXT else [_multi_key(v, self.max_bag) for v in values]
+        cache, found = self._found(c, keys)
+        if None in found:
+            def bags(raw):       # each bag in a tuple: ``None in found`` then compares no arrays
+                return [(b,) for b in self.encoder._multi(c, raw, missing_mask(raw, self.encoder.missing))]
+            found = self._fill(c, cache, keys, found, bags)
+        return [f[0] for f in found]

@@ -18,6 +18,8 @@ take, through ``from_rows``/``from_columns`` and ``encode`` (the schema Encoder'
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from paramshard.errors import ParamshardError
@@ -58,9 +60,11 @@ class RowEncoder:
     def batch_of_rows(self, rows):
         """The TabularBatch of a list of row objects (``encode(from_rows(rows))``, faster)."""
         from paramshard.serving.fast_rows import Fallback
-        if type(rows) is list and 0 < len(rows) <= MAX_ROWS and all(type(row) is dict for row in rows):
+        if type(rows) is list and 0 < len(rows) <= MAX_ROWS and set(map(type, rows)) == {dict}:
+            n = len(rows)
             try:
-                return self.fast.encode({name: [row.get(name) for row in rows] for name in self.kinds}, len(rows))
+                return self.fast.encode({name: list(map(dict.get, rows, itertools.repeat(name, n)))
+                                         for name in self.kinds}, n)
             except Fallback:
                 pass
         self.fast.fallbacks += 1
