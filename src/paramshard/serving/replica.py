@@ -345,4 +345,6 @@ class Replica:
                 "errors": dict(self.errors) | ({"broken": self.buffer.broken} if self.buffer.broken else {}),
                 "last_error": self.last_error,
                 "apply_s": {"last": self.buffer.last_apply_s, "max": self.buffer.max_apply_s, "start": self.start_s},
-                "max_lookup_stall_s": self.buffer.max_stall_s}
+                "max_lookup_stall_s": self.buffer.max_stall_s,
+                "encoded": None if self.encoder is None else {"fast": self.encoder.fast.fast,
+                                                              "encoder": self.encoder.fast.fallbacks}}
