@@ -6,9 +6,11 @@ the requests use plus random ones) and as many in "wide"; starts `paramshard ser
 process, loopback, ``--row-store``); then for ``--duration`` seconds a client sends requests of
 ``--request-rows`` rows (100) back to back on one keep-alive connection while this process
 publishes a delta of ``--delta-rows`` rows to each table every ``--every`` seconds (half of
-them rows the requests read: their answers change). Reports the client's latency (p50, p99, max),
-the deltas the replica applied (its version), its own apply time and longest lookup stall
-(/health), and the freshness at the end.
+them rows the requests read: their answers change). Reports the client's latency (p50, p95, p99,
+max), where it went (the replies' Server-Timing: reading and parsing the body, encoding the rows,
+the forward with its lookups, the reply's JSON; the rest is the transport: the client's and the
+server's HTTP code and the loopback), the deltas the replica applied (its version), its own apply
+time and longest lookup stall, and how many requests the fast encoder took (/health).
 
     PYTHONPATH=src python benchmarks/serving_requests.py --rows 10000000
 """
@@ -48,7 +50,7 @@ def main() -> None:
     from paramshard.inference.serving import model_dict, sparse_entry, write_model_file
     from paramshard.models import build_model
     from paramshard.online.delta_format import Delta, TableChange
-    from paramshard.online.delta_log import DeltaLog
+    from paramshard.online.delta_log import DeltaLog, file_name
     from paramshard.serving.rows import RowEncoder
     from paramshard.specs.model_spec import spec_of
     from paramshard.tables import Admission
@@ -60,7 +62,8 @@ def main() -> None:
     tables = tables_of(model)
     g = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="serving-requests-") as tmp:
-        root = Path(tmp)
+        root = Path(tmp) / "deltas"
+        root.mkdir()
         sparse = {n: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
                                   t.spec.init_scale, "float32", Admission()) for n, t in tables.items()}
         write_model_file(model_dict(0, None, {n: q.detach().numpy() for n, q in model.named_parameters()}, sparse,
@@ -102,22 +105,31 @@ def main() -> None:
             print(f"serving after {time.perf_counter() - started:.1f} s (load, both copies)", flush=True)
             stop = threading.Event()
             published = []
+            # The deltas are made before the clock starts and published by a rename each (atomic, as
+            # DeltaLog.publish's own last step): making one (random rows, its checksum, its file) in
+            # this process while it times requests would time this process's GIL, not the server.
+            staging = DeltaLog(root.parent / (root.name + "-staging"))
+            count = int(args.duration / args.every) + 2
+            for seq in range(1, count + 1):
+                half = args.delta_rows // 2
+                change_ids = np.unique(np.concatenate([used[g.integers(0, len(used), half)],
+                                                       g.integers(1 << 40, 1 << 62, half, dtype=np.uint64)]))
+                staging.publish(Delta("delta", 0, seq, seq, time.time(), {
+                    name: TableChange(change_ids, g.standard_normal((len(change_ids), t.dim), dtype=np.float32),
+                                      np.zeros(0, np.uint64)) for name, t in tables.items()}, {}))
+            print(f"{count} deltas of ~{args.delta_rows:,} rows x 2 tables made ahead", flush=True)
 
             def publish():
                 seq = 0
-                while not stop.wait(args.every):
+                while not stop.wait(args.every) and seq < count:
                     seq += 1
-                    half = args.delta_rows // 2
-                    change_ids = np.unique(np.concatenate([used[g.integers(0, len(used), half)],
-                                                           g.integers(1 << 40, 1 << 62, half, dtype=np.uint64)]))
-                    log.publish(Delta("delta", 0, seq, seq, time.time(), {
-                        name: TableChange(change_ids, g.standard_normal((len(change_ids), t.dim), dtype=np.float32),
-                                          np.zeros(0, np.uint64)) for name, t in tables.items()}, {}))
+                    name = file_name("delta", seq)
+                    os.rename(staging.server_dir(0) / name, log.server_dir(0) / name)
                     published.append(seq)
 
             publisher = threading.Thread(target=publish, daemon=True)
             connection = http.client.HTTPConnection(host, int(port), timeout=30)
-            latencies, versions = [], set()
+            latencies, versions, stages = [], set(), []
             for body in requests[:4]:        # warm-up
                 connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
                 connection.getresponse().read()
@@ -133,6 +145,10 @@ def main() -> None:
                 if reply.status != 200:
                     raise SystemExit(f"HTTP {reply.status}: {data[:300]!r}")
                 versions.add(json.loads(data)["version"]["servers"]["0"])
+                timing = reply.getheader("Server-Timing")
+                if timing:             # "read;dur=0.123, encode;dur=..." (ms)
+                    stages.append({part.split(";dur=")[0].strip(): float(part.split(";dur=")[1])
+                                   for part in timing.split(",")})
                 k += 1
             stop.set()
             publisher.join(timeout=30)
@@ -141,12 +157,18 @@ def main() -> None:
             health = json.loads(connection.getresponse().read())
             lat = np.asarray(latencies) * 1e3
             print(f"{len(lat):,} requests of {args.request_rows} rows: p50 {np.quantile(lat, .5):.2f} ms, "
-                  f"p99 {np.quantile(lat, .99):.2f} ms, max {lat.max():.1f} ms")
+                  f"p95 {np.quantile(lat, .95):.2f} ms, p99 {np.quantile(lat, .99):.2f} ms, max {lat.max():.1f} ms")
+            if len(stages) == len(lat):
+                names = list(stages[0])
+                parts = {n: np.asarray([st[n] for st in stages]) for n in names}
+                parts["transport"] = lat - sum(parts.values())
+                print("where it went (ms, p50 / p99): " + ", ".join(
+                    f"{n} {np.quantile(v, .5):.2f} / {np.quantile(v, .99):.2f}" for n, v in parts.items()))
             print(f"deltas of ~{args.delta_rows:,} rows x 2 tables published: {len(published)}; versions seen by the "
                   f"client: {len(versions)}; served at the end: seq {health['version']['servers']}")
             print(f"replica: apply (both copies) last {health['apply_s']['last'] * 1e3:.0f} ms, max "
                   f"{health['apply_s']['max'] * 1e3:.0f} ms; longest wait to start a lookup "
-                  f"{health['max_lookup_stall_s'] * 1e3:.2f} ms; freshness {health['freshness_s']:.2f} s")
+                  f"{health['max_lookup_stall_s'] * 1e3:.2f} ms; requests encoded {health.get('encoded')}")
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

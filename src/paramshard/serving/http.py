@@ -12,6 +12,11 @@ Endpoints (JSON in and out; every error is ``{"error": reason}`` with its status
   ``freshness_s`` (seconds since the newest applied file was created), errors, the last error.
 - ``GET /metrics``: Prometheus text (metrics.py).
 
+A scoring reply carries a ``Server-Timing`` header (milliseconds spent reading and parsing the
+body, encoding the rows, running the model (lookups included) and writing the reply's JSON): a
+client sees where its latency went, and what the server does not account for is the transport
+(benchmarks/serving_requests.py reports both).
+
 A hostile client cannot make it allocate: a body needs a Content-Length of at most ``max_body``
 bytes (checked before a byte is read; no chunked bodies), at most ``max_inflight`` requests are
 worked on at once (the others get 503 at once), at most MAX_CONNECTIONS are open (one more is
@@ -71,6 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _Server
     server_version = "paramshard-serve"
+    timing: list | None = None           # the request's stages (Server-Timing), set by a scoring route
 
     def setup(self):
         self.timeout = self.server.front.timeout       # the socket's: a silent client is dropped
@@ -123,7 +129,14 @@ class _Handler(BaseHTTPRequestHandler):
         front.metrics.observe(path, code, time.perf_counter() - started)
 
     def _send(self, code: int, body: dict, headers: dict | None = None) -> None:
-        self._send_bytes(code, json.dumps(body).encode(), "application/json", headers)
+        started = time.perf_counter()
+        data = json.dumps(body).encode()
+        timing = getattr(self, "timing", None)
+        if timing is not None:
+            self.timing = None
+            stages = timing + [("reply", time.perf_counter() - started)]
+            headers = (headers or {}) | {"Server-Timing": ", ".join(f"{k};dur={v * 1e3:.3f}" for k, v in stages)}
+        self._send_bytes(code, data, "application/json", headers)
 
     def _send_bytes(self, code: int, data: bytes, kind: str, headers: dict | None = None) -> None:
         self.send_response(code)
@@ -210,19 +223,24 @@ class ServingFront:
 
     # -- endpoints -----------------------------------------------------------------------------
     def _predict(self, request):
+        started = time.perf_counter()
         body = request.json_body()
         rows = body.get("rows") if isinstance(body, dict) else body
         if isinstance(body, dict) and "rows" not in body:
             raise BadRequest('expected {"rows": [{column: value, ...}, ...]} or the list of rows alone')
-        columns = self.replica.encoder.from_rows(rows)
-        scores, version = self.replica.score(columns)
+        parsed = time.perf_counter()
+        batch = self.replica.encoder.batch_of_rows(rows)
+        encoded = time.perf_counter()
+        scores, version = self.replica.score_batch(batch)
+        request.timing = [("read", parsed - started), ("encode", encoded - parsed),
+                          ("forward", time.perf_counter() - encoded)]
         self.metrics.scored.inc(len(scores))
         return 200, {"scores": _scores(scores), "version": version}
 
     def _batch(self, request):
         body = request.json_body()
         if isinstance(body, dict) and "columns" in body:
-            scores, version = self.replica.score(self.replica.encoder.from_columns(body["columns"]))
+            scores, version = self.replica.score_batch(self.replica.encoder.batch_of_columns(body["columns"]))
             self.metrics.scored.inc(len(scores))
             return 200, {"scores": _scores(scores), "version": version}
         if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
@@ -238,7 +256,7 @@ class ServingFront:
         if not all(counts):
             raise BadRequest(f"request {counts.index(0)}: no rows to score")
         rows = [row for r in requests for row in r["rows"]]
-        scores, version = self.replica.score(self.replica.encoder.from_rows(rows))
+        scores, version = self.replica.score_batch(self.replica.encoder.batch_of_rows(rows))
         self.metrics.scored.inc(len(scores))
         out, start = [], 0
         for n in counts:

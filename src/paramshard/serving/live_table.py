@@ -26,7 +26,7 @@ from paramshard.server.storage.row_stores import store_named, takes_budgets
 from paramshard.update_rules import make_rule
 
 UNKNOWN = ("initial", "zeros")
-APPLY_PIECE = 8192        # rows changed per store call (upsert): how long one call holds the GIL
+APPLY_PIECE = 8192        # rows changed per store call (upsert)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +112,9 @@ class TableCopy:
         if not len(ids):
             return
         ids = np.ascontiguousarray(ids, np.uint64)
-        # In pieces: a store's kernels hold the GIL for a whole call, and lookups of the live copy
-        # run in other threads of this process (a piece is a few ms; a 100k-row call, tens).
+        # In pieces: lookups of the live copy run in other threads of this process. The store's
+        # kernels release the GIL (server/storage/kernels); a piece bounds what holds it between
+        # them (numpy indexing, the store's Python) and the temporaries of one call.
         for start in range(0, len(ids), APPLY_PIECE):
             self._upsert(ids[start:start + APPLY_PIECE], values[start:start + APPLY_PIECE])
 

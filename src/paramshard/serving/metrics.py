@@ -43,6 +43,13 @@ class ReplicaCollector(Collector):
         yield gauge("version_step", "the least step among the servers' applied files", [((), version["step"])])
         yield gauge("version_seq", "seq of the last file applied, by server",
                     [((s,), seq) for s, seq in version["servers"].items()], ["server"])
+        if r.encoder is not None:
+            encoded = CounterMetricFamily(PREFIX + "encoded_requests", "requests whose rows were encoded, by path "
+                                          "(fast: serving/fast_rows.py; encoder: the schema Encoder, for what the "
+                                          "fast path does not take)", labels=["path"])
+            encoded.add_metric(["fast"], r.encoder.fast.fast)
+            encoded.add_metric(["encoder"], r.encoder.fast.fallbacks)
+            yield encoded
         yield gauge("apply_seconds", "seconds the last change took, both copies", [((), r.buffer.last_apply_s)])
         yield gauge("apply_seconds_max", "the longest change, both copies", [((), r.buffer.max_apply_s)])
         yield gauge("lookup_stall_seconds_max", "the longest a lookup waited to start (the version switch)",

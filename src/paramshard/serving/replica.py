@@ -318,12 +318,19 @@ class Replica:
         if self.encoder is None:
             raise ConfigError(f"{self.root / 'model.pt'}: the model records no schema to encode rows with (a model "
                               f"built by paramshard.models.build_model records one): call Replica.forward")
-        batch = self.encoder.encode(columns)
+        return self.score_batch(self.encoder.encode(columns))
+
+    def score_batch(self, batch) -> tuple[np.ndarray, dict]:
+        """(scores of a TabularBatch's rows, the version that answered)."""
+        # The tensors are made outside inference mode: the model's tables key a batch by its ids
+        # tensor's version counter (trainer/sparse_embedding.py), which inference tensors lack.
+        t = batch.torch()
         with self.buffer.reading() as (copy, version):
-            with torch.no_grad():
-                t = batch.torch()
+            # inference_mode: no autograd bookkeeping at all (no_grad still tracks versions and views).
+            with torch.inference_mode():
                 raw = copy.module(t["dense"], t["ids"], t["offsets"], t["weights"])
-        return self.head.scores(raw).double().numpy(), version
+                scores = self.head.scores(raw).double().numpy()
+        return scores, version
 
     def forward(self, *inputs) -> tuple[torch.Tensor, dict]:
         """(the module's output for ``inputs``, the version that answered), without gradients."""
@@ -338,4 +345,6 @@ class Replica:
                 "errors": dict(self.errors) | ({"broken": self.buffer.broken} if self.buffer.broken else {}),
                 "last_error": self.last_error,
                 "apply_s": {"last": self.buffer.last_apply_s, "max": self.buffer.max_apply_s, "start": self.start_s},
-                "max_lookup_stall_s": self.buffer.max_stall_s}
+                "max_lookup_stall_s": self.buffer.max_stall_s,
+                "encoded": None if self.encoder is None else {"fast": self.encoder.fast.fast,
+                                                              "encoder": self.encoder.fast.fallbacks}}

@@ -155,3 +155,25 @@ def test_connections_past_the_cap_are_closed_and_the_others_served(served):
                 h.close()
     status, reply = call(front, "POST", "/predict", {"rows": ROWS})
     assert status == 200 and reply["scores"] == expected.tolist()
+
+
+def test_a_scoring_reply_says_where_its_time_went_and_which_path_encoded_it(served):
+    front, _, _ = served
+    before = front.replica.health()["encoded"]
+    connection = http.client.HTTPConnection(front.host, front.port, timeout=10)
+    try:
+        connection.request("POST", "/predict", json.dumps({"rows": ROWS}).encode())
+        reply = connection.getresponse()
+        reply.read()
+        timing = reply.getheader("Server-Timing")
+    finally:
+        connection.close()
+    stages = dict(part.strip().split(";dur=") for part in timing.split(","))
+    assert list(stages) == ["read", "encode", "forward", "reply"] and all(float(v) >= 0 for v in stages.values())
+    after = front.replica.health()["encoded"]
+    assert after == {"fast": before["fast"] + 1, "encoder": before["encoder"]}      # plain rows: the fast path
+    status, text = call(front, "GET", "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    paths = {s.labels["path"]: s.value for s in families["paramshard_serve_encoded_requests"].samples
+             if s.name.endswith("_total")}
+    assert paths == {"fast": after["fast"], "encoder": after["encoder"]}

@@ -294,7 +294,7 @@ def _write_initial_values(values, r, scratch, key, salt, two_scale, scale, fmt):
 
 
 # -- whole arrays (creation, imports, pages, tests) -------------------------------
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def encode_kernel(src, words, out, fmt):
     """Flat float32 ``src`` -> bits ``out``; ``words``: each value's random word (stochastic)."""
     if fmt & STOCHASTIC:
@@ -305,7 +305,7 @@ def encode_kernel(src, words, out, fmt):
             out[i] = encode_nearest(src[i], fmt)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def decode_kernel(src, out, fmt):
     for i in range(len(src)):
         out[i] = decode(src[i], fmt)

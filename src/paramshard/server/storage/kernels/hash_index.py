@@ -107,7 +107,7 @@ def prefetch_buckets(buckets, keys, ids, start, end):
     return total
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def lookup_kernel(buckets, old, keys, ids, out):
     touched = np.uint64(0)
     for start in range(0, len(ids), GROUP):
@@ -118,7 +118,7 @@ def lookup_kernel(buckets, old, keys, ids, out):
     return touched
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def place_kernel(buckets, keys, first, count):
     """Index rows first..first+count-1 (their ids already in ``keys``)."""
     for r in range(first, first + count):
@@ -126,7 +126,7 @@ def place_kernel(buckets, keys, first, count):
         place(buckets, entry_of(r, h), h)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def drain_kernel(buckets, old, keys, start, budget):
     """Move old buckets start..start+budget-1 into ``buckets``; where draining stopped."""
     end = min(len(old), start + budget)
@@ -152,7 +152,7 @@ def _slot_of(buckets, keys, key, h, row):
         p = (p + U1) & mask
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def delete_kernel(buckets, old, keys, rows):
     """Unindex rows ``rows`` (their ids still in ``keys``): each bucket becomes MOVED, which probes
     pass over, so the chains through it stay intact. How many of them were in ``buckets`` (there
@@ -172,7 +172,7 @@ def delete_kernel(buckets, old, keys, rows):
     return in_new
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def repoint_kernel(buckets, old, keys, movers, holes):
     """Row movers[i] moved to holes[i] (its id is now in keys[holes[i]]): its bucket says so."""
     for i in range(len(movers)):

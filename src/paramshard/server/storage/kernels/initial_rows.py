@@ -33,7 +33,7 @@ def write_initial_row(out, key, salt, two_scale, scale):
             out[col + 1] = np.float32((h >> S8) & LOW24) * UNIT * two_scale - scale
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def initial_rows_kernel(ids, salt, two_scale, scale, out):
     for i in range(len(ids)):
         write_initial_row(out[i], ids[i], salt, two_scale, scale)

@@ -28,7 +28,7 @@ def prefetch(array, rows, start, end):
     return total
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt, two_scale, scale, out,
                        scratch, fmt):
     """out[i] = the row of ids[i], for i from ``start`` on; an id without one gets the next row
@@ -55,7 +55,7 @@ def first_touch_kernel(buckets, old, keys, values, ids, start, first, room, salt
     return made, len(ids)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def gather_kernel(values, rows, out, fmt):
     touched = 0.0
     for start in range(0, len(rows), GROUP):
@@ -66,7 +66,7 @@ def gather_kernel(values, rows, out, fmt):
     return touched
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def compact_kernel(array, kept):
     """array[i] = array[kept[i]] for increasing ``kept`` (each row moves down or stays)."""
     for i in range(len(kept)):
@@ -75,7 +75,7 @@ def compact_kernel(array, kept):
             array[i] = array[k]
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def kept_rows_kernel(last_seen, rows, before):
     """Rows 0..rows-1 last seen at ``before`` or later, in order."""
     out = np.empty(rows, np.int64)

@@ -17,7 +17,7 @@ import numpy as np
 HEAT_MAX = np.uint32(0xFFFFFFFF)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def stamp_kernel(rows, start, end, shift, stamps, heat, spilled, promoted_at, clock, limit):
     """Stamp the region of each of rows[start:end] (-1: none) with ``clock`` and warm it (heat + 1,
     once per clock). A spilled region touched comes back (a promotion: its flag is cleared).
@@ -50,7 +50,7 @@ def stamp_kernel(rows, start, end, shift, stamps, heat, spilled, promoted_at, cl
     return i, hits, misses, promotions
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def stamp_range_kernel(first, end, shift, stamps, heat, spilled, clock):
     """Stamp the regions of rows first..end-1 (new rows: written, so resident; warm enough not to
     be the first to go before they are read); how many of them were flagged spilled (a
@@ -68,7 +68,7 @@ def stamp_range_kernel(first, end, shift, stamps, heat, spilled, clock):
     return back
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def compact_range_kernel(array, kept, start, end):
     """array[i] = array[kept[i]] for i in start..end-1 (``kept`` increasing: rows move down)."""
     for i in range(start, end):
