@@ -168,6 +168,24 @@ class TrainerProgress:
         self.roll_back(exc)
         self.replay_pending = True
 
+    def leave(self, leave: Callable[[], None]) -> None:
+        """The trainer's leave, after its final checkpoint. A server killed and restarted in place
+        since then refuses it (it holds nothing yet: taking the leave would end the job as if it
+        held the trained model, its deltas and final state short of the checkpoint): roll back to
+        the latest checkpoint, the final one, so nothing is trained again, and leave again."""
+        while True:
+            try:
+                leave()
+                return
+            except ParamshardError as exc:
+                step = self.step
+                self.roll_back(exc)          # re-raises unless the recovery policy admits it
+                if self.step != step:
+                    raise ParamshardError(
+                        f"trainer {self.trainer_id}: a server restarted while this trainer left, and the latest "
+                        f"checkpoint is at step {self.step}, not its last step {step}: the steps between are on "
+                        f"no server. Run the job again with --resume; it goes on from step {self.step}") from exc
+
     def replay_plan(self, failed_at: int) -> str:
         """What the rollback makes the script train again, in its own words."""
         lost = failed_at - self.step

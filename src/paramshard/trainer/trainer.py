@@ -328,7 +328,7 @@ class Trainer:
                 # directory once the last trainer left, and must find them.
                 if self.listeners is not None:
                     self.listeners.close()
-                self.backend.leave(timeout)
+                self.progress.leave(functools.partial(self.backend.leave, timeout))
         finally:
             self._hang_up()
 
