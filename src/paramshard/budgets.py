@@ -38,7 +38,7 @@ def parse_budget(value, what: str = "memory_budget") -> int | None:
     elif isinstance(value, str):
         match = _TEXT.fullmatch(value)
         unit = UNITS.get(match.group(2).lower()) if match else None
-        if unit is None:
+        if match is None or unit is None:
             raise ConfigError(f"{what}={value!r}: not a size; write bytes or a number with a unit, like "
                               f"'4GB', '512MiB' or '1.5G' (units: {', '.join(u for u in UNITS if u)})")
         size = int(float(match.group(1)) * unit)

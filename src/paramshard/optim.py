@@ -44,7 +44,7 @@ class OptimizerConfig:
             raise ConfigError(f"{type(self).__name__}(lr={self.lr}): the learning rate must be > 0")
 
     def to_wire(self) -> dict:
-        out = {"kind": self.kind}
+        out: dict[str, typing.Any] = {"kind": self.kind}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
@@ -163,7 +163,7 @@ def from_wire(data: dict) -> OptimizerConfig:
     unknown = set(data) - names - {"kind"}
     if unknown:
         raise ConfigError(f"optimizer {data['kind']}: unknown settings {sorted(unknown)}")
-    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k != "kind"}
+    kwargs: dict[str, typing.Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k != "kind"}
     try:
         return cls(**kwargs)
     except TypeError as exc:

@@ -69,9 +69,11 @@ def trainers(text: str) -> "int | tuple[int, int]":
     the command splits the range into PARAMSHARD_TRAINERS and PARAMSHARD_MIN_TRAINERS."""
     low, sep, high = text.partition(":")
     try:
-        values = (int(low), int(high)) if sep else (int(text),)
+        if not sep:
+            return int(text)
+        least, most = int(low), int(high)
     except ValueError:
         raise flag_error(f"--trainers {text}: not a whole number, nor MIN:MAX (e.g. 2:4)") from None
-    if sep and not 1 <= values[0] <= values[1]:
+    if not 1 <= least <= most:
         raise flag_error(f"--trainers {text}: MIN:MAX needs 1 <= MIN <= MAX")
-    return values if sep else values[0]
+    return least, most

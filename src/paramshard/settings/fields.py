@@ -13,7 +13,7 @@ from paramshard.settings import table
 from paramshard.settings.setting import JOB, LAUNCH, Setting
 
 
-def _name(setting: Setting, scope: str) -> str:
+def field_name(setting: Setting, scope: str) -> str:
     # LaunchConfig and K8sJobSpec name a setting alike (``trainers``, not ``num_trainers``), as
     # flags.spec_fields and k8s._settings_env read them.
     name = setting.field if scope == JOB else (setting.launch_field or setting.field)
@@ -39,7 +39,7 @@ def with_fields(scope: str, skip: tuple[str, ...] = ()):
         cls.__annotations__ = annotations
         added = []
         for setting in table.in_scope(scope):
-            name = _name(setting, scope)
+            name = field_name(setting, scope)
             if name in annotations or name in skip:
                 continue
             annotations[name] = setting.annotation
@@ -55,24 +55,26 @@ def with_fields(scope: str, skip: tuple[str, ...] = ()):
 def validate(env: Any) -> None:
     """Each contract field checked (and normalized, e.g. the mode) by its own setting."""
     for setting in table.contract():
-        value = getattr(env, setting.field)
+        name = field_name(setting, JOB)
+        value = getattr(env, name)
         checked = setting.validate(value)
         if checked is not value:
-            object.__setattr__(env, setting.field, checked)
+            object.__setattr__(env, name, checked)
 
 
 def read(environ) -> dict[str, Any]:
     """ClusterEnv's fields from an environment, each by its own setting."""
-    return {s.field: s.read(environ) for s in table.contract()}
+    return {field_name(s, JOB): s.read(environ) for s in table.contract()}
 
 
 def to_environ(env: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for setting in table.contract():
-        out.update(setting.environ(getattr(env, setting.field), env))
+        out.update(setting.environ(getattr(env, field_name(setting, JOB)), env))
     return out
 
 
 def launched(config: Any) -> dict[str, Any]:
     """The ClusterEnv fields a LaunchConfig carries (base_env's copy, generated)."""
-    return {s.field: getattr(config, s.launch_name) for s in table.in_scope(LAUNCH) if JOB in s.scopes}
+    return {field_name(s, JOB): getattr(config, field_name(s, LAUNCH))
+            for s in table.in_scope(LAUNCH) if JOB in s.scopes}

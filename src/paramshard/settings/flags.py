@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from paramshard.settings import table
+from paramshard.settings.fields import field_name
 from paramshard.settings.setting import JOB, K8S, LAUNCH
 
 
@@ -44,10 +45,10 @@ def launch_fields(args: argparse.Namespace, command: str, outer: Any) -> dict[st
     for setting in table.in_scope(LAUNCH):
         value = _given(args, setting, command)
         if (value is None or value is False) and setting.inherit:
-            value = getattr(outer, setting.field)
+            value = getattr(outer, field_name(setting, JOB))
         if value is None or value == "":
             continue
-        out[setting.launch_name] = value
+        out[field_name(setting, LAUNCH)] = value
     return out
 
 
@@ -57,7 +58,7 @@ def contract_changes(args: argparse.Namespace, command: str) -> dict[str, Any]:
     for setting in table.in_scope(JOB):
         value = _given(args, setting, command)
         if value is not None and value is not False:
-            out[setting.field] = value
+            out[field_name(setting, JOB)] = value
     return out
 
 
@@ -67,5 +68,5 @@ def spec_fields(args: argparse.Namespace) -> dict[str, Any]:
     for setting in table.in_scope(K8S):
         value = _given(args, setting, "k8s")
         if value is not None:
-            out[setting.launch_field or setting.field] = value
+            out[field_name(setting, K8S)] = value
     return out
