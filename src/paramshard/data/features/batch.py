@@ -55,6 +55,7 @@ class TabularBatch:
             return TabularBatch(self.labels[start:stop], self.dense[start:stop], self.ids[start:stop], self.num_fields,
                                 extras=extras)
         f = self.num_fields
+        assert self.weights is not None        # bags: offsets and weights come together (module docstring)
         lo = self.offsets[start * f] if start * f < len(self.offsets) else len(self.ids)
         hi = self.offsets[stop * f] if stop * f < len(self.offsets) else len(self.ids)
         return TabularBatch(self.labels[start:stop], self.dense[start:stop], self.ids[lo:hi], f,

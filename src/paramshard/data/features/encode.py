@@ -91,6 +91,12 @@ def pre_standardize(column: Column, x: np.ndarray) -> np.ndarray:
     return signed_log(x) if "log" in column.transforms else x
 
 
+def _fitted(column: Column) -> dict:
+    """A column's `schema fit` statistics, there whenever it needs them (Encoder checks unfitted())."""
+    assert column.stats is not None, f"column {column.name!r} has no statistics"
+    return column.stats
+
+
 class Encoder:
     def __init__(self, schema: Schema, labels: bool = True, side=None):
         """``labels=False``: the columns hold no label column (data to score, `paramshard
@@ -106,7 +112,7 @@ class Encoder:
                               f"with the fitted schema")
         self.schema, self.with_labels, self.side = schema, labels, side
         self.missing = frozenset(schema.format.missing)
-        self._rare = {c.name: c.stats.get("vocabulary") for c in schema.fields if c.kind != "numeric"
+        self._rare = {c.name: _fitted(c).get("vocabulary") for c in schema.fields if c.kind != "numeric"
                       and c.min_count > 1}
 
     def encode(self, columns: dict) -> tuple[TabularBatch, list[tuple[int, str]]]:
@@ -122,7 +128,8 @@ class Encoder:
             bad[mask] = True
 
         labels = self._all_labels(columns, flag, n)
-        dense, bags = [], []
+        dense: list[np.ndarray] = []
+        bags: list[np.ndarray | list[np.ndarray]] = []    # per field: ids [B], or B bags (TabularBatch.from_bags)
         for c in s.columns:
             if c.kind == "drop":
                 continue
@@ -205,7 +212,7 @@ class Encoder:
         return out
 
     def _buckets(self, c: Column, x: np.ndarray, miss: np.ndarray) -> np.ndarray:
-        edges = np.asarray(c.stats["edges"], np.float64)
+        edges = np.asarray(_fitted(c)["edges"], np.float64)
         inner = edges[1:-1]
         bucket = np.searchsorted(inner, np.where(miss, 0.0, x), side="left")
         table = np.array([feature_id(c.name, f"#{k}") for k in range(len(inner) + 1)], np.int64)

@@ -74,7 +74,7 @@ class NumericStats:
             self.seen += len(values)
 
     def result(self) -> dict:
-        out = {"count": self.n, "missing": self.missing,
+        out: dict[str, object] = {"count": self.n, "missing": self.missing,
                "mean": self.mean if self.n else 0.0, "std": float(np.sqrt(self.m2 / self.n)) if self.n else 0.0,
                "min": float(self.lo) if self.n else None, "max": float(self.hi) if self.n else None}
         if self.column.bucketize:
@@ -94,13 +94,15 @@ class CategoryStats:
     def update(self, raw: np.ndarray, miss: np.ndarray, missing_tokens: frozenset) -> None:
         self.rows += len(raw)
         self.missing += int(miss.sum())
+        text: list[str] | np.ndarray
         if self.column.kind == "multi":
             sep = self.column.separator
             text = [t for v in raw[~miss] for t in bag_values(v, sep) if t not in missing_tokens]
         else:
             text = as_text(raw[~miss])
-        values, counts = np.unique(np.asarray(text, dtype=object), return_counts=True) if len(text) else ([], [])
-        self.counts.update(dict(zip(values, counts.tolist() if len(text) else [])))
+        if len(text):
+            values, counts = np.unique(np.asarray(text, dtype=object), return_counts=True)
+            self.counts.update(dict(zip(values, counts.tolist())))
 
     def result(self) -> dict:
         out = {"count": self.rows, "missing": self.missing, "distinct": len(self.counts),

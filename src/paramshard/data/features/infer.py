@@ -153,7 +153,8 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
     path = as_paths(path)[0]
     fmt = sniff_format(path, delimiter)
     names = _names(path, fmt)
-    columns, taken, bad = {n: [] for n in names}, 0, []
+    columns: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    taken, bad = 0, []
     for frame in iter_frames(path, fmt, names):
         for n in names:
             columns[n].append(frame.columns[n])
@@ -165,12 +166,13 @@ def infer(path, label: str | None = None, sample_rows: int = SAMPLE_ROWS, catego
         raise ConfigError(_no_rows(path, fmt, names, bad))
     sample = {n: np.concatenate(v)[:sample_rows] if v else np.empty(0, object) for n, v in columns.items()}
     guessed = not label
-    wanted = _listed(label) or [next((n for n in names if n.lower() in LABEL_NAMES), None)]
-    for one in wanted:
+    named: list[str | None] = [*_listed(label)] or [next((n for n in names if n.lower() in LABEL_NAMES), None)]
+    for one in named:
         if one is None or one not in names:
             what = f"no column {one!r}{did_you_mean(one, names)}" if one else "no column looks like the label"
             raise ConfigError(f"{path}: {what}; pass --label COLUMN (columns: {', '.join(names)})"
                               f"{delimiter_hint(names, fmt.delimiter) if fmt.type != 'parquet' else ''}")
+    wanted = [one for one in named if one is not None]      # every one of them: a None raised above
     if len(set(wanted)) != len(wanted):
         raise ConfigError(f"--label {label}: a column is named twice")
     if len(wanted) > 1 and label_kind == "regression":

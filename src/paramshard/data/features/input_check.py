@@ -109,6 +109,7 @@ def _text_head(path: Path, fmt, delimiter: str, want: int, flag: str) -> tuple[l
     if not seen_bytes:
         raise ConfigError(f"{flag} {path}: empty file (no lines after decompression): check that it was "
                           f"written completely")
+    assert names is not None            # the header, read from the first chunk
     if rows == 0:
         if header:
             raise ConfigError(f"{flag} {path} has a header ({_shown(names)}) but no data rows: pass a file "

@@ -16,7 +16,7 @@ CUTOFF = 0.6
 def close_names(name: str, known, n: int = 3) -> list[str]:
     """The known names nearest to ``name`` (best first), compared without case."""
     known = list(known)
-    by_folded = {}
+    by_folded: dict[str, str] = {}
     for k in known:
         by_folded.setdefault(k.lower(), k)
     near = difflib.get_close_matches(name.lower(), list(by_folded), n=n, cutoff=CUTOFF)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Generic, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def _starts_like_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-def _too_long(path: Path, line_no: int, max_line_bytes: int) -> DataFormatError:
+def _too_long(path: Path, line_no: int | None, max_line_bytes: int) -> DataFormatError:
     return DataFormatError(path, line_no, f"line is longer than {max_line_bytes} bytes (max_line_bytes)",
                            hint="a file without newlines, such as binary data, reads as one long line; "
                                 "if the lines really are this long, pass a larger max_line_bytes")
@@ -176,8 +176,11 @@ def rebatch(batches: Iterable, batch_size: int, concat) -> Iterator:
         yield pending[0] if len(pending) == 1 else concat(pending)
 
 
-class LineReader:
-    """Base of the format readers. Subclasses implement ``_parse(chunk)`` returning
+BatchT = TypeVar("BatchT")
+
+
+class LineReader(Generic[BatchT]):
+    """Base of the format readers (``BatchT``: the batch type ``_parse`` makes). Subclasses implement ``_parse(chunk)`` returning
     (batch of the good lines, [(0-based line index in chunk, reason), ...]) and
     ``_concat(batches)``.
 
@@ -220,10 +223,10 @@ class LineReader:
             raise ConfigError(f"reader state {state!r}: batches must be >= 0")
         self._resume_at = {"epoch": epoch, "batches": batches}
 
-    def _parse(self, chunk: bytes):
+    def _parse(self, chunk: bytes) -> tuple[BatchT, list[tuple[int, str]]]:
         raise NotImplementedError
 
-    def read_task(self, task) -> Iterator[tuple[object, int]]:
+    def read_task(self, task) -> Iterator[tuple[BatchT, int]]:
         """(batch, position of the next unread record) over one shard task's records
         (data/shards/tasks.py; ``task.file`` indexes ``paths``), read directly from its range.
         Batches have ``batch_size`` records, fewer at the task's end or where bad lines

@@ -129,7 +129,7 @@ def parse_chunk(buf: bytes) -> tuple[CriteoBatch, np.ndarray]:
     is_newline = a[seps] == ord("\n")
     line_of_sep = np.cumsum(is_newline) - is_newline
     ncols_ok = np.bincount(line_of_sep, minlength=len(newlines)) == NUM_COLUMNS
-    starts = np.empty_like(seps)
+    starts: np.ndarray = np.empty_like(seps)      # then [lines, NUM_COLUMNS]
     starts[:1] = 0
     starts[1:] = seps[:-1] + 1  # the field after a newline is a line's first field
     if not ncols_ok.all():
@@ -155,7 +155,7 @@ def parse_chunk(buf: bytes) -> tuple[CriteoBatch, np.ndarray]:
     return batch, bad
 
 
-class CriteoReader(LineReader):
+class CriteoReader(LineReader[CriteoBatch]):
     """Iterate ``CriteoBatch`` es of ``batch_size`` rows (the last may be short)
     over one or more files (plain or .gz), in order; batches span file ends.
 

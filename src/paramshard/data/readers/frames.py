@@ -191,7 +191,7 @@ def _split(path, chunk: bytes, first_line: int, delimiter: str, names: list, pos
     return Frame(columns, first_line + good, bad)
 
 
-def _is_empty(text: str, rows, i: int) -> bool:
+def _is_empty(text: str, rows, i: int | np.integer) -> bool:
     return (rows[i] == [] or rows[i] == [""]) if rows is not None else text.split("\n")[i] == ""
 
 

@@ -189,7 +189,7 @@ def detect_parts(buf: bytes) -> int | None:
     return None
 
 
-class LibsvmReader(LineReader):
+class LibsvmReader(LineReader[SparseBatch]):
     """Iterate ``SparseBatch`` es of ``batch_size`` rows over libsvm/libffm files.
 
     ``format="auto"`` decides from the first feature token (``a:b`` -> libsvm,

@@ -113,4 +113,5 @@ def line_groups(path, task: Task, lines_per_group: int, chunk_bytes: int = DEFAU
                 pending, pending_lines, pending_pos = [], 0, None
         last_next = pos + (taken if by_records else at)
     if pending:
+        assert pending_pos is not None          # set with the first line put in pending
         yield _unix(b"".join(pending)), pending_pos, last_next

@@ -153,7 +153,8 @@ class TabularReader:
     def _exactly(self, steps: int):
         """``steps`` full batches: stop early, or go on into the shard again when it ran
         short (its last rows carried over, so no row is dropped before one is repeated)."""
-        done, carried = 0, []
+        done = 0
+        carried: list[TabularBatch] = []
         while True:
             rows_before = sum(len(b) for b in carried)
             batches = rebatch(itertools.chain(carried, self._pass()), self.batch_size, TabularBatch.concat)
@@ -223,9 +224,11 @@ class TabularReader:
         counted by its shard alone)."""
         index, count = self.shard
         mine = records % count == index
-        if self.holdout is None or (self.holdout.by == "content" and columns is None):
+        if self.holdout is None:
             return mine
         if self.holdout.by == "content":
+            if columns is None:
+                return mine
             # Of the schema's columns only: a side column read too does not move the split.
             return mine & self.holdout.rows_mask({k: columns[k] for k in self.schema.used_columns})
         return mine & self.holdout.mask(records)

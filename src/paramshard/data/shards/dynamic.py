@@ -165,6 +165,7 @@ class DynamicShards:
                     stuck.check(task, me)
                     time.sleep(self.poll_seconds)
                 continue
+            assert task is not None            # verdict "task": next_task raised unless the reply held one
             stuck.reset()
             for batch, position, done in _with_last(self.reader.read_task(task), task.start):
                 if _recoveries(trainer) != recoveries:

@@ -38,6 +38,13 @@ def _existing_parts(out_dir: Path) -> list[Path]:
     return sorted(p for p in out_dir.iterdir() if _PART_RE.fullmatch(p.name))
 
 
+def _part_number(part: Path) -> int:
+    """N of a part-N file (one of _existing_parts)."""
+    match = _PART_RE.fullmatch(part.name)
+    assert match is not None, part
+    return int(match.group(1))
+
+
 def split_lines(inputs, num_shards: int, out_dir, by: str = "lines", force: bool = False,
                 max_line_bytes: int = MAX_LINE_BYTES) -> SplitReport:
     """Write ``out_dir/part-00000 .. part-{N-1}`` from ``inputs`` (plain or .gz).
@@ -138,12 +145,12 @@ def shard_files(dir_or_glob, trainer_id: int, num_trainers: int) -> list[Path]:
     where = Path(dir_or_glob)
     if where.is_dir():
         parts = _existing_parts(where)
-        numbers = [int(_PART_RE.fullmatch(p.name).group(1)) for p in parts]
+        numbers = [_part_number(p) for p in parts]
         missing = sorted(set(range(len(parts))) - set(numbers))
         if missing:
             raise ConfigError(f"{where}: {part_name(missing[0])} is missing (found {len(parts)} "
                               "parts); the split was incomplete or mixed, run split-data again")
-        parts.sort(key=lambda p: int(_PART_RE.fullmatch(p.name).group(1)))
+        parts.sort(key=_part_number)
     else:
         parts = sorted(Path(p) for p in globlib.glob(str(dir_or_glob)) if Path(p).is_file())
     if not parts:
