@@ -165,8 +165,12 @@ def checkpoints(root) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.fullmatch(p.name).group(1)))
+    found = []
+    for p in root.iterdir():
+        step = _STEP_DIR.fullmatch(p.name)
+        if step and (p / MANIFEST).is_file():
+            found.append((int(step.group(1)), p))
+    return [p for _, p in sorted(found, key=lambda f: f[0])]
 
 
 def prune(root, keep: int) -> None:

@@ -254,6 +254,7 @@ def check_model_archive(path) -> None:
         raise NotAnArchive(f"not a zip archive as torch.save writes ({exc})") from None
     with zf:
         members = _Members(path, zf)
+        assert members.pickle is not None      # torch.save's layout: _Members found its one data.pkl or raised
         reader = _SizeReader(members.read_bounded(members.by_name[members.pickle], keep=True))
         try:
             tensors = list(_fields(reader.load()))

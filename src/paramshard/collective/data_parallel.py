@@ -38,9 +38,9 @@ class DataParallelForward:
             raise RuntimeError("this model's forward is already replaced (a second Trainer on one model?)")
         self.model = model
         original = model.forward
-        self.ddp = DistributedDataParallel(_CallOriginalForward(model, original), forward_sync_buffers=False,
-                                           find_unused_parameters=find_unused_parameters)
-        ddp = self.ddp
+        ddp = DistributedDataParallel(_CallOriginalForward(model, original), forward_sync_buffers=False,
+                                      find_unused_parameters=find_unused_parameters)
+        self.ddp: DistributedDataParallel | None = ddp     # None after restore()
         # A plain function, not a Module: assigning a Module would register it as a child and
         # make a cycle (model -> DDP -> model) that state_dict() would follow forever.
         object.__setattr__(model, "forward", lambda *args, **kwargs: ddp(*args, **kwargs))

@@ -73,10 +73,11 @@ def _pin_gloo_interface(store_host: str) -> None:
     os.environ[GLOO_IFNAME.env] = name
 
 
-def _store(env: ClusterEnv, timeout: datetime.timedelta):
+def _store(env: ClusterEnv, addr: str, timeout: datetime.timedelta):
+    """The trainers' store at ``addr`` (HOST:PORT): hosted here by trainer 0, reached by the others."""
     from torch.distributed import TCPStore
-    host, _, port = env.collective_addr.rpartition(":")
-    what = f"the trainers' store at {env.collective_addr} (hosted by trainer 0)"
+    host, _, port = addr.rpartition(":")
+    what = f"the trainers' store at {addr} (hosted by trainer 0)"
     if env.trainer_id == 0:
         if env.collective_fd is not None:
             listener = socket.socket(fileno=env.collective_fd)
@@ -117,8 +118,10 @@ def join(env: ClusterEnv) -> None:
     else:
         # The store first: its connect retries until trainer 0 is up, and only then does
         # trainer 0's name surely resolve (on Kubernetes its DNS record comes with its pod).
-        store = _store(env, timeout)
-        _pin_gloo_interface(env.collective_addr.rpartition(":")[0])
+        addr = env.collective_addr
+        assert addr, "ClusterEnv refuses a collective job of several trainers without the store's address"
+        store = _store(env, addr, timeout)
+        _pin_gloo_interface(addr.rpartition(":")[0])
     prefix = dist.PrefixStore(f"paramshard/{env.job_id or 'job'}", store)
     try:
         dist.init_process_group(env.collective_backend, store=prefix, rank=env.trainer_id,

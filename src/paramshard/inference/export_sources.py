@@ -55,10 +55,11 @@ def find_checkpoint(source) -> Checkpoint:
 def recorded_checkpoint_dir(run_dir: Path) -> str | None:
     """The checkpoint directory the run directory's job was given, or None."""
     config = _json(run_dir / "config.json")
-    launch = config.get("launch") if isinstance(config.get("launch"), dict) else {}
-    if isinstance(launch.get("checkpoint_dir"), str) and launch["checkpoint_dir"]:
+    launch = config.get("launch")
+    if isinstance(launch, dict) and isinstance(launch.get("checkpoint_dir"), str) and launch["checkpoint_dir"]:
         return launch["checkpoint_dir"]
-    ranks = config.get("ranks") if isinstance(config.get("ranks"), dict) else {}
+    ranks = config.get("ranks")
+    ranks = ranks if isinstance(ranks, dict) else {}
     contracts = list(ranks.values())
     contracts += [_json(p) for p in sorted((run_dir / "ranks").glob("*.json"))] if (run_dir / "ranks").is_dir() else []
     for contract in contracts:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import sys
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -130,12 +131,14 @@ class ScoreWriter:
         self.out = Path(out) if out is not None else None
         self.kind = "csv"
         if self.out is not None:
-            self.kind = OUTPUTS.get(self.out.suffix.lower())
-            if self.kind is None:
+            kind = OUTPUTS.get(self.out.suffix.lower())
+            if kind is None:
                 raise ConfigError(f"--out {self.out}: write .csv, .tsv, .parquet or .pq")
+            self.kind = kind
             if not self.out.parent.is_dir():
                 raise ConfigError(f"--out {self.out}: directory {self.out.parent} does not exist")
-        self._parquet = self._file = None
+        self._parquet: Any = None       # pyarrow's ParquetWriter (pyarrow has no types), made by the first write
+        self._file = None
 
     def _frame(self, scores: np.ndarray, labels: np.ndarray, kept: dict):
         import pandas as pd

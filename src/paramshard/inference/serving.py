@@ -317,6 +317,7 @@ def _check_spec_fits(model: ModelFile, classes: dict | None) -> None:
     from paramshard.trainer.sparse_embedding import tables_of
 
     spec = model.spec
+    assert spec is not None                # build_module refused a file without one
     embedding = None
     if "embedding" in spec:        # the hashed tables' shapes, without computing their initial rows
         buckets = spec["embedding"]["buckets"]

@@ -18,7 +18,7 @@ optional key as "not there", so an older or smaller server still parses.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from paramshard.errors import ProtocolError
 
@@ -27,7 +27,7 @@ BASE_COUNTERS = ("requests", "bytes_in", "bytes_out", "errors", "timeouts")
 
 
 # -- type checks: every one names the field it refuses -------------------------------------------
-def _fail(where: str, expected: str, value: Any):
+def _fail(where: str, expected: str, value: Any) -> NoReturn:
     raise ProtocolError(f"stats reply: {where}: expected {expected}, got {type(value).__name__} {value!r:.80}")
 
 
@@ -73,6 +73,9 @@ class _Part:
 
     def __getitem__(self, key: str):
         return self.to_wire()[key]
+
+    def to_wire(self) -> dict:
+        raise NotImplementedError      # each part's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +314,7 @@ class DeltaStats(_Part):
 
 StatsPart = Connections | DenseStats | BarrierStats | SparseStats | DeltaStats
 # In wire order: the outbox first, then the services as a server adds them (server/core/parameter_server.py).
-PARTS: tuple[type, ...] = (Connections, DenseStats, BarrierStats, SparseStats, DeltaStats)
+PARTS = (Connections, DenseStats, BarrierStats, SparseStats, DeltaStats)
 _OWN_KEYS = {"server", "address", "uptime_s", "trainers", "phase_seconds", *Connections.KEYS,
              "dense_blocks", "dense_elements", "staleness", "barriers", "sparse_rows", "sparse_bytes", "tables",
              "memory_budget", "rss_bytes", "deltas"}
@@ -337,7 +340,7 @@ class ServerStats:
     @classmethod
     def assemble(cls, parts, **fields) -> "ServerStats":
         """The server's own ``fields`` and each service's part (None: it adds nothing)."""
-        by_field: dict[str, StatsPart] = {}
+        by_field: dict[str, Any] = {}        # each part as its own field (the checker cannot pair them)
         for part in parts:
             if part is None:
                 continue
@@ -354,11 +357,11 @@ class ServerStats:
         return self.counters.get(name, 0)
 
     @property
-    def requests(self) -> int:
+    def requests(self) -> int | float:      # a counter: numbers on the wire
         return self.counter("requests")
 
     @property
-    def ops(self) -> dict[str, int]:
+    def ops(self) -> dict[str, int | float]:
         """Requests received, by op."""
         return {k[3:]: n for k, n in self.counters.items() if k.startswith("op_")}
 
@@ -414,8 +417,12 @@ class ServerStats:
         for k in BASE_COUNTERS:
             if k in d:
                 _num(d[k], k)      # a known counter of the wrong type is an error, not an unknown key
-        return cls(server=_int(d["server"], "server"), address=None if address is None else _str(address, "address"),
-                   uptime_s=_num(d.get("uptime_s", 0.0), "uptime_s"),
-                   trainers=TrainerStates.from_wire(d.get("trainers", {})),
-                   phase_seconds=_numbers(d.get("phase_seconds", {}), "phase_seconds"), counters=counters,
-                   **{p.FIELD: p.from_wire(d) for p in PARTS})
+        # Checked in this order: the first field of the wrong type is the one named.
+        server = _int(d["server"], "server")
+        address = None if address is None else _str(address, "address")
+        uptime_s = _num(d.get("uptime_s", 0.0), "uptime_s")
+        trainers = TrainerStates.from_wire(d.get("trainers", {}))
+        phase_seconds = _numbers(d.get("phase_seconds", {}), "phase_seconds")
+        parts: dict[str, Any] = {p.FIELD: p.from_wire(d) for p in PARTS}    # as in assemble
+        return cls(server=server, address=address, uptime_s=uptime_s, trainers=trainers,
+                   phase_seconds=phase_seconds, counters=counters, **parts)

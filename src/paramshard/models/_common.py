@@ -85,6 +85,7 @@ class FieldModel(nn.Module):
     its __init__."""
 
     multi_task = False          # whether the class gives self.tasks outputs per row (see above)
+    dense_wide: nn.Module       # set by the subclass (above)
 
     def __init__(self, schema, embedding: EmbeddingFactory | None = None, table_optimizer=None,
                  capacity: int = 0, prefix: str = "", dim: int | None = None):

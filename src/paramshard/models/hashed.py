@@ -68,5 +68,7 @@ def hashed_embedding(buckets: int, init_scale: float = DEFAULT_INIT_SCALE, optim
         return HashedEmbeddingBag(name, buckets, dim, init_scale, optimizer)
     # What build_model records (specs/model_spec.py), so a model file can build these tables again
     # (their optimizer is how they train, not what they compute: not recorded).
-    make.paramshard_spec = {"kind": "hashed", "buckets": int(buckets), "init_scale": float(init_scale)}
+    # A function's own attributes are not part of its type: the checker cannot know this one.
+    make.paramshard_spec = {  # type: ignore[attr-defined]
+        "kind": "hashed", "buckets": int(buckets), "init_scale": float(init_scale)}
     return make

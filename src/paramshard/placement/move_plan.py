@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence, TypeVar
 
 import numpy as np
 
@@ -53,6 +53,11 @@ __all__ = ["MovePlan", "MoveRecord", "Step", "Ready", "StepFailed", "MoveFailed"
 PAGE_ROWS = 65536
 SWITCH_TRIES = 20
 TURN_PATIENCE = 600.0     # seconds a move asks again for its turn (a large table's checkpoint outlasts a timeout)
+
+T = TypeVar("T")
+# The move's coroutines: each yields (phase, steps to send now), is sent the replies (one
+# (header, arrays) per step, in order; a failed step is thrown in as StepFailed) and returns a T.
+Machine = Generator[tuple[str, list[Step]], Replies, T]
 
 
 @dataclasses.dataclass
@@ -144,7 +149,7 @@ class MovePlan:
         self._ready = Ready(self._count, phase, tuple(steps))
 
     # -- the move -----------------------------------------------------------------
-    def _run(self) -> Generator:
+    def _run(self) -> Machine[None]:
         (header, _), = yield "plan", [Step(0, {"op": "routing_get"})]
         routing = Routing.from_wire(header["routing"])
         servers, n = self.servers, len(self.addresses)
@@ -220,12 +225,12 @@ class MovePlan:
                              failed.step, record, undone=False, moved=True, unanswered=unanswered) from None
         record.ended = self.clock()
 
-    def _take_turn(self, after_step: int | None) -> Generator:
+    def _take_turn(self, after_step: int | None) -> Machine[None]:
         """``exclude_begin`` who=move on server 0 (server/elastic/move_exclusion.py): granted once no
         checkpoint is in progress (sync: and server 0 completed step ``after_step - 1``). Server 0
         refuses it as "timeout" when that took longer than its timeout: asked again until
         ``turn_patience`` seconds passed, then the move aborts naming who held the turn."""
-        header = {"op": "exclude_begin", "who": "move"}
+        header: dict[str, Any] = {"op": "exclude_begin", "who": "move"}
         if after_step is not None:
             header["after_step"] = after_step
         deadline = self.monotonic() + self.turn_patience
@@ -238,7 +243,7 @@ class MovePlan:
                 if not _timed_out(failed.cause) or self.monotonic() >= deadline:
                     raise
 
-    def _block_maps(self, routing: Routing, before: list[int]) -> Generator:
+    def _block_maps(self, routing: Routing, before: list[int]) -> Machine[tuple[dict, dict]]:
         """(where each dense block is now, where it goes). Before the first move the routing has
         no block map: the servers say what they hold (the plan's placement)."""
         holders = sorted(set(before) | set(routing.blocks.values()))
@@ -255,7 +260,7 @@ class MovePlan:
             return {}, {}
         return now, rebalance_blocks(now, sizes, self.servers)
 
-    def _prepare(self, w: "_Work", joined: list[int], tables: list[dict]) -> Generator:
+    def _prepare(self, w: "_Work", joined: list[int], tables: list[dict]) -> Machine[None]:
         """Old owners track, joiners get the routing and the tables, new owners expect."""
         p, routing, owners, moving = self.progress, w.routing, w.owners, w.moving
         coming = {dest: dict.fromkeys(w.tables, 0.0) for dest in joined}      # rows, roughly
@@ -281,7 +286,7 @@ class MovePlan:
             p.dense_expecting[s] = set(mine)
             yield "prepare", [Step(s, {"op": "dense_expect", "names": mine})]
 
-    def _copy(self, w: "_Work") -> Generator:
+    def _copy(self, w: "_Work") -> Machine[None]:
         """Every moving partition's rows, page by page, from its owner to its new one (rows there
         at once, served from the hand-off on). Pipelined: each round asks every source for its
         next page and gives the new owners the pages the round before brought, so sources page
@@ -310,7 +315,7 @@ class MovePlan:
                         del work[source]
 
     def _forward(self, w: "_Work", op: str, table: str, parts: list, arrays: list, to: int | None = None,
-                 **fields) -> Generator:
+                 **fields) -> Machine[None]:
         """A page's rows to the servers their partitions go to (or all of it to ``to``)."""
         steps = self._split(w, op, table, parts, arrays, to, **fields)
         if steps:
@@ -331,7 +336,7 @@ class MovePlan:
         return [Step(s, {"op": op, "table": table, "parts": list(parts)}, tuple(named[k][dest == s] for k in parts))
                 for s in np.unique(dest).tolist()]
 
-    def _arm(self, servers: list[int], version: int) -> Generator:
+    def _arm(self, servers: list[int], version: int) -> Machine[tuple[int, int]]:
         """Sync: the step at which routing ``version`` takes over, armed on every server: ``margin``
         steps past the furthest table, later if a server says it is too close by then."""
         margin = self.switch_margin
@@ -350,7 +355,7 @@ class MovePlan:
         raise StepFailed(Step(servers[0], {"op": "migrate_switch"}),
                          f"sync mode: no step to change routing at was found in {SWITCH_TRIES} tries")
 
-    def _hand_off(self, w: "_Work", group: np.ndarray, dense: bool) -> Generator:
+    def _hand_off(self, w: "_Work", group: np.ndarray, dense: bool) -> Machine[None]:
         """Publish ``group`` at its new owners (server 0 first), then freeze, hand over and adopt it.
         ``dense``: the blocks' new map is published and they move with this group."""
         p, record = self.progress, self.record
@@ -378,7 +383,7 @@ class MovePlan:
                 p.adopted.update(theirs.tolist())
         w.routing = published
 
-    def _hand_off_blocks(self, w: "_Work") -> Generator:
+    def _hand_off_blocks(self, w: "_Work") -> Machine[None]:
         """Freeze each moving block on its old owner, export it whole and import it on the new one."""
         p, moves = self.progress, w.dense_moves
         for source in sorted({src for src, _ in moves.values()}):
@@ -399,7 +404,7 @@ class MovePlan:
                 self.record.bytes += size
                 self.record.dense_bytes += size
 
-    def _finish(self, w: "_Work", before: list[int], unanswered: list) -> Generator:
+    def _finish(self, w: "_Work", before: list[int], unanswered: list) -> Machine[None]:
         record, servers = self.record, self.servers
         routing = w.routing
         if len(w.moving) == 0 and routing.addresses != tuple(w.address_list):
@@ -434,14 +439,14 @@ class MovePlan:
             yield from self._tidy(Step(s, {"op": "retire"}))
         record.routing_version = final.version
 
-    def _tidy(self, step: Step) -> Generator:
+    def _tidy(self, step: Step) -> Machine[None]:
         """Send ``step`` to a removed server; a failure is noted in the record, the move goes on."""
         try:
             yield "finish", [step]
         except StepFailed as failed:
             self.record.unfinished.append(f"{failed.step} ({failed.cause})")
 
-    def _end_turn(self, best_effort: bool = False, noted: list | None = None) -> Generator:
+    def _end_turn(self, best_effort: bool = False, noted: list | None = None) -> Machine[None]:
         """``exclude_end`` who=move on server 0, if the move asked for its turn. A failure raises
         (StepFailed), or with ``best_effort`` is only noted in ``noted``: a move that failed
         already must not fail again on the way out."""
@@ -458,7 +463,7 @@ class MovePlan:
                              f"turn; restart server 0 or roll the job back)")
 
     # -- a clean abort ----------------------------------------------------------------
-    def _abort(self, w: "_Work", failed: StepFailed, before: list[int]) -> Generator:
+    def _abort(self, w: "_Work", failed: StepFailed, before: list[int]) -> Machine[None]:
         """Undo what can be undone, each undo step best effort (its own failure is noted, not
         raised), then raise MoveFailed naming the failed step."""
         p, record = self.progress, self.record

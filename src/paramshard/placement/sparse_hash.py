@@ -19,7 +19,7 @@ _SALT_SERVER = np.uint64(0x5E5E5E5E5E5E5E5E)
 _SALT_ADMIT = np.uint64(0xADADADADADADADAD)
 
 
-def mix64(x: np.ndarray) -> np.ndarray:
+def mix64(x: "np.ndarray | np.uint64") -> np.ndarray:
     """splitmix64 finaliser, vectorised (uint64 arithmetic wraps, as intended)."""
     z = np.asarray(x, dtype=np.uint64)
     with np.errstate(over="ignore"):

@@ -91,9 +91,9 @@ def run(args) -> int:
         print(describe(schema))
         for line in column_lines(schema):
             print(line)
-        doubtful = sum(bool(ambiguity(c)) for c in schema.columns)
-        if doubtful:
-            print(f"{doubtful} column(s) marked '?': the kind may be wrong (reason after 'ambiguous:'); "
+        doubtful_count = sum(bool(ambiguity(c)) for c in schema.columns)
+        if doubtful_count:
+            print(f"{doubtful_count} column(s) marked '?': the kind may be wrong (reason after 'ambiguous:'); "
                   f"`schema infer --categorical COLS --numeric COLS` or edit their kind")
     return 0
 

@@ -78,7 +78,9 @@ def preprocess(argv: list[str]) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    if not issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter):
+    # A formatter class (the checker knows it only as a callable making a formatter).
+    if not (isinstance(p.formatter_class, type)
+            and issubclass(p.formatter_class, argparse.RawDescriptionHelpFormatter)):
         p.formatter_class = argparse.RawDescriptionHelpFormatter    # keeps the epilog's line breaks
     p.epilog = EPILOG
     p.add_argument("--servers", type=_server_count, default=None,

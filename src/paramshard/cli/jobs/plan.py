@@ -9,6 +9,7 @@ import runpy
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from paramshard.env import DISPATCHERS, ClusterEnv
 from paramshard.errors import ConfigError
@@ -110,7 +111,7 @@ def _model_params(target: str) -> list[ParamSpec]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--model {target}: cannot import {module_name} ({exc})") from exc
-    factory = module
+    factory: Any = module                    # then what MODULE:A.B names: a class or a function
     for part in attr.split("."):
         factory = getattr(factory, part, None)
         if factory is None:

@@ -74,8 +74,9 @@ def _table(servers: JobServers, before: dict) -> tuple[list[str], list[dict]]:
     now = time.time()
     records = {}
     for s in servers.live():
+        links, index = servers.link(s)
         try:
-            stats = control.read_stats(*servers.link(s), timeout=5.0)
+            stats = control.read_stats(links, index, timeout=5.0)
         except ParamshardError as exc:
             lines.append(f"server {s}: no answer ({exc})")
             continue
