@@ -140,11 +140,12 @@ class ControlChannel:
         self._refused: set[tuple[str, int]] = set()     # (name, inode) of entries refused, warned about once
         (self.folder / ENDED).unlink(missing_ok=True)       # a job run again in its run directory
         self.handlers: dict[str, Handler] = dict(handlers or {})
-        self.value_types: dict[str, type] = {}     # kind -> the type of its value (int unless registered)
+        self.value_types: dict[str, type[int] | type[str]] = {}     # kind -> the type of its value (int unless registered)
         self.takes_host: set[str] = set()           # kinds whose handler takes host=... (where new ranks go)
-        self.requests: list[tuple[str, int, bool, str]] = []    # (kind, value, ok, message), for the summary
+        # (kind, value, ok, message), for the summary; the value is -1 for a request refused unread
+        self.requests: list[tuple[str, int | str, bool, str]] = []
 
-    def register(self, kind: str, handler: Handler, value_type: type = int, takes_host: bool = False) -> None:
+    def register(self, kind: str, handler: Handler, value_type: type[int] | type[str] = int, takes_host: bool = False) -> None:
         """Handle ``kind`` from now on (replaces a handler registered before: the lead plugs the real
         ``servers`` one in over the placeholder); its requests carry a ``value_type`` (int or str)."""
         self.handlers[kind] = handler
@@ -215,15 +216,16 @@ class ControlChannel:
             if isinstance(request, Exception):
                 raise request
             kind, value = request.get("kind"), request.get("value")
-            handler = self.handlers.get(kind) if isinstance(kind, str) else None
-            if handler is None:
+            if not isinstance(kind, str) or kind not in self.handlers:
                 raise ConfigError(f"this launcher does not handle {kind!r} requests (it handles: "
                                   f"{', '.join(sorted(self.handlers)) or 'none'})")
+            handler = self.handlers[kind]
             wanted = self.value_types.get(kind, int)
             if type(value) is not wanted:
                 raise ConfigError(f"a {kind!r} request's value must be "
                                   f"{'a whole number' if wanted is int else 'text'}, got {value!r}")
-            if wanted is str and not 0 < len(value) <= MAX_TEXT_VALUE:
+            assert isinstance(value, (int, str))        # of its kind's type (register: int or str), checked above
+            if isinstance(value, str) and not 0 < len(value) <= MAX_TEXT_VALUE:     # str: when wanted is str
                 raise ConfigError(f"a {kind!r} request's value must be 1 to {MAX_TEXT_VALUE} characters")
             host = request.get("host")
             if host is None:

@@ -57,7 +57,7 @@ def plan_removal(host: str, servers_on: Mapping[int, str], trainers_on: Mapping[
         raise ConfigError(f"{asked}: it runs every serving server ({servers}); the job would have none left. Add "
                           f"servers elsewhere first (--servers N --on HOST)")
     left = len(trainers_on) - len(trainers)
-    if trainers and left < min_trainers:
+    if trainers and min_trainers is not None and left < min_trainers:     # not None: checked above
         raise ConfigError(f"{asked}: its trainers {trainers} leaving would leave {left}, fewer than the job's "
                           f"minimum {min_trainers} (--trainers {min_trainers}:{max_trainers}); start trainers on "
                           f"other hosts first (--trainers N)")

@@ -118,9 +118,9 @@ class ServerReplica:
                 raise ProtocolError(f"replica_delta reply: table {name!r}: admission counters do not pair up")
         return t, pages, counters
 
-    def restore_requests(self) -> list[dict | tuple]:
+    def restore_requests(self) -> list[tuple[dict, list]]:
         """(header, arrays) of every request that rebuilds this copy on a restarted server, in order."""
-        out = []
+        out: list[tuple[dict, list]] = []
         if self.dense is not None and self.blocks:
             names = sorted(self.blocks)
             out.append(({"op": "restore_dense", "names": names, "versions": [self.versions[n] for n in names],

@@ -140,8 +140,8 @@ class ReplicaKeeper:
         replica = self.replicas[server]
         if not replica.complete:
             return False
-        blocks = (self.routing or {}).get("blocks")
-        holds_none = bool(blocks) and server not in _block_servers(self.routing)
+        routing = self.routing or {}
+        holds_none = bool(routing.get("blocks")) and server not in _block_servers(routing)
         return replica.dense is not None or (holds_none and any(self.replicas[s].dense is not None
                                                                 for s in self.followed))
 
@@ -207,7 +207,8 @@ class ReplicaKeeper:
         except (ServerUnavailable, DeadlineExceeded) as exc:
             if server not in self.lost_at:
                 self.lost_at[server] = started
-                age = started - self.copied_at[server] if self.copied_at[server] is not None else None
+                copied = self.copied_at[server]
+                age = started - copied if copied is not None else None
                 text = f"server {server} unreachable ({type(exc).__name__}); its copy is {_s(age)} old"
                 log.warning("replica keeper: %s", text)
                 self.record("replica", text, server=server, what="lost", copy_age_s=age)

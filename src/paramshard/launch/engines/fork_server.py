@@ -90,8 +90,11 @@ class ForkedProc:
     def wait(self, timeout: float | None = None) -> int:
         with self._cond:
             if not self._cond.wait_for(lambda: self.returncode is not None, timeout):
+                assert timeout is not None      # without one, wait_for returns only once it holds
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            return self.returncode
+            code = self.returncode
+            assert code is not None             # wait_for's predicate held, under the lock
+            return code
 
     def killpg(self, sig: int) -> None:
         """Signal its process group. Under the lock that records its exit: until then the zygote
@@ -172,7 +175,7 @@ class ForkServer:
                             f"({', '.join(ready['threads'])}); forking it could hang a rank")
             log.warning("--fork: %s: every rank starts as a new process", self.problem)
         log.info("--fork: fork server (pid %d) ready in %.1f s", self.pid, time.monotonic() - started)
-        self._reader = threading.Thread(target=self._read, name="fork-server", daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(ours,), name="fork-server", daemon=True)
         self._reader.start()
         return self
 
@@ -192,6 +195,7 @@ class ForkServer:
         """Fork a rank running ``argv`` (its stdout and stderr: one pipe, ForkedProc.stdout).
         ``all_imports``: False forks it as soon as the zygote has what a server imports at start
         (zygote.FIRST); True waits for the rest (zygote.LATER: torch, pandas, numba)."""
+        write_end: int | None         # None once handed to the zygote and closed here
         read_end, write_end = os.pipe()
         message = {"op": "fork", "argv": list(argv), "env": environ, "cwd": cwd or os.getcwd(),
                    "all_imports": all_imports}
@@ -232,11 +236,13 @@ class ForkServer:
 
     def _send(self, message: dict, fds=()) -> None:
         data = json.dumps(message).encode()
+        sock = self._sock
+        assert sock is not None, "ForkServer.start() first"      # fork() and the reader come after it
         with self._send_lock:
             if fds:
-                socket.send_fds(self._sock, [data], list(fds))
+                socket.send_fds(sock, [data], list(fds))
             else:
-                self._sock.sendall(data)
+                sock.sendall(data)
 
     def _record_exit(self, proc: ForkedProc, code: int) -> None:
         proc._exited(code)
@@ -245,10 +251,10 @@ class ForkServer:
         except OSError:
             pass
 
-    def _read(self) -> None:
+    def _read(self, sock: socket.socket) -> None:
         while True:
             try:
-                data = self._sock.recv(1 << 16)
+                data = sock.recv(1 << 16)
             except OSError:
                 data = b""
             if not data:

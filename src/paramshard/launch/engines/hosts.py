@@ -109,7 +109,7 @@ def place(count: int, hosts: list[Host], used: dict[str, int], what: str) -> lis
     """Spread ``count`` ranks over ``hosts``: each goes to the host with the fewest
     ranks so far (first in the list on a tie) that still has a free slot.
     ``used`` (host -> ranks placed) is updated."""
-    out = []
+    out: list[Host] = []
     for _ in range(count):
         free = [h for h in hosts if h.slots is None or used.get(h.target, 0) < h.slots]
         if not free:

@@ -39,7 +39,7 @@ import yaml
 
 from paramshard.env import DEFAULT_TIMEOUT, MODES, check_server_count
 from paramshard.errors import ConfigError
-from paramshard.settings.fields import with_fields
+from paramshard.settings.fields import field_name, with_fields
 from paramshard.settings.setting import K8S
 from paramshard.settings.table import in_scope
 from paramshard.launch.api import MALLOC_TUNABLES
@@ -251,6 +251,7 @@ def _env(entries: list[tuple[str, str | dict]]) -> list[dict]:
 
 def _common_env(spec: K8sJobSpec, container: str) -> list[tuple[str, str | dict]]:
     """The contract every pod of the job shares, in `paramshard env`'s order."""
+    secret: list[tuple[str, str | dict]]
     if spec.reads_secret:
         # Not optional: a pod whose Secret (or key) is missing does not start, it never runs without.
         secret = [("PARAMSHARD_SECRET", {"valueFrom": {"secretKeyRef": {
@@ -285,7 +286,7 @@ def _settings_env(spec: K8sJobSpec) -> list[tuple[str, str]]:
     """The other K8S settings (generated fields), as ``ClusterEnv.to_environ`` writes them."""
     out: list[tuple[str, str]] = []
     for setting in in_scope(K8S):
-        name = setting.launch_field or setting.field
+        name = field_name(setting, K8S)
         if name not in _WRITTEN_HERE:
             out += setting.environ(getattr(spec, name), spec).items()
     return out
@@ -427,7 +428,7 @@ def trainer_service_doc(spec: K8sJobSpec) -> dict:
 
 
 def statefulset_doc(spec: K8sJobSpec) -> dict:
-    env = [
+    env: list[tuple[str, str | dict]] = [
         ("PARAMSHARD_ROLE", "server"),
         ("PARAMSHARD_SERVER_ID", _field(POD_INDEX_FIELD)),
         # Bind the pod's own address; the others reach it by its DNS name, which resolves to it.
@@ -456,7 +457,7 @@ def statefulset_doc(spec: K8sJobSpec) -> dict:
 
 
 def job_doc(spec: K8sJobSpec) -> dict:
-    env = [
+    env: list[tuple[str, str | dict]] = [
         ("PARAMSHARD_ROLE", "trainer"),
         ("PARAMSHARD_TRAINER_ID", _field(COMPLETION_INDEX_FIELD)),
     ]

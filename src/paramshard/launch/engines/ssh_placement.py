@@ -80,7 +80,11 @@ class SshPlacement:
         trainer on the least loaded host; told its host's address (PARAMSHARD_HOST)."""
         if rank.env.server_id is not None and rank.name.startswith("server"):
             address = rank.env.servers[rank.env.server_id]
-            host = self.server_host.pop(address, None) or self.engine_hosts[rank.host]
+            asked = self.server_host.pop(address, None)         # by new_server_address
+            if asked is None:                                     # a server restarted where it ran
+                assert rank.host is not None, f"{rank.name}: every rank of an SSH job has its host"
+                asked = self.engine_hosts[rank.host]
+            host = asked
         else:
             host = self.pick("trainer")
         return dataclasses.replace(rank, host=host.host, env=dataclasses.replace(rank.env, host=host.address))

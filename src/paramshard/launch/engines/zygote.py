@@ -31,6 +31,9 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 # What a server (`python -m paramshard server`) imports at start (FIRST), then what a trainer
 # script does and what servers load when they first need it (LATER). The zygote reports ready
@@ -47,7 +50,7 @@ _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 22
 # Python's own start-up state for these; the zygote changes none but SIGINT and SIGHUP,
 # and a rank must start from what `python` would give it.
-_RESET = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
+_RESET: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int] = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL,
           signal.SIGCHLD: signal.SIG_DFL, signal.SIGUSR1: signal.SIG_DFL, signal.SIGUSR2: signal.SIG_DFL}
 
 
@@ -247,20 +250,22 @@ def run_rank(argv: list[str]) -> None:
     import runpy
     import types
     main = types.ModuleType("__main__")
-    main.__builtins__ = builtins
+    main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
     words = argv[1:]
     if words[0] == "-m":
         sys.argv = [words[1], *words[2:]]
         sys.path[0] = os.getcwd()
-        runpy._run_module_as_main(words[1], alter_argv=True)   # what `python -m` itself calls
+        # What `python -m` itself calls; private to CPython, so typeshed does not declare it.
+        runpy._run_module_as_main(words[1], alter_argv=True)   # type: ignore[attr-defined]
         return
     script = words[0]
     sys.argv = list(words)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     with open(script, "rb") as f:
         code = compile(f.read(), script, "exec")
-    main.__file__, main.__cached__, main.__spec__ = script, None, None
+    main.__file__, main.__spec__ = script, None
+    main.__dict__["__cached__"] = None
     exec(code, main.__dict__)
 
 
@@ -305,7 +310,9 @@ def finish(argv: list[str]):
         sys.excepthook(type(exc), exc, exc.__traceback__)
         code, interrupted = 1, isinstance(exc, KeyboardInterrupt)
     try:
-        threading._shutdown()         # what the interpreter does first at exit: wait for non-daemon threads
+        # What the interpreter does first at exit: wait for non-daemon threads (private to CPython,
+        # so typeshed does not declare it).
+        threading._shutdown()         # type: ignore[attr-defined]
     except BaseException:             # noqa: BLE001 - e.g. Ctrl-C while waiting: exit all the same
         pass
     atexit._run_exitfuncs()

@@ -57,6 +57,7 @@ def join(world: World, base: ClusterEnv, servers: int, target: tuple[str | None,
     server = store_socket = None
     record = {"rank": world.rank, "node": world.node, "server": None}
     if secret_file is not None:     # ranks that read different files (hosts not sharing it) must not start
+        assert secret is not None   # read from that file
         record["keys"] = fingerprint(Security.from_secret(secret, job_id).server_public)
     if base.collective and world.rank == servers:
         # The first trainer hosts the trainers' store: bound now, handed to the script.
@@ -83,7 +84,7 @@ def join(world: World, base: ClusterEnv, servers: int, target: tuple[str | None,
         common = dataclasses.replace(common, collective_addr=records[servers]["collective"])
     if world.rank == 0:
         _log_world(world, records, servers)
-    if is_server:
+    if server is not None:          # is_server: built above
         env = dataclasses.replace(common, role="server", server_id=world.rank, servers=addresses)
         # The engine's name for each trainer, so that a lost trainer is named the way the engine names it.
         places = {r["rank"] - servers: f"rank {r['rank']} on {r['node']}" for r in records[servers:]}

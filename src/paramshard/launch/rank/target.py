@@ -44,7 +44,10 @@ def module_hint(script: str) -> str:
 
 def command_words(script: str | None, module: str | None, args: Sequence[str]) -> list[str]:
     """What follows the interpreter: ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
-    return ["-m", module, *args] if module is not None else [script, *args]
+    if module is not None:
+        return ["-m", module, *args]
+    assert script is not None, "a target is a script or a module (check() said which)"
+    return [script, *args]
 
 
 def add_module_argument(p: argparse.ArgumentParser) -> None:

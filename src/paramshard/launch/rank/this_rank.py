@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from paramshard.env import ClusterEnv
 from paramshard.launch.api import MALLOC_TUNABLES
@@ -39,12 +39,13 @@ def serve_given(env: ClusterEnv) -> int:
     return code
 
 
-def become(argv: Sequence[str], env: ClusterEnv, environ: dict) -> None:
+def become(argv: Sequence[str], env: ClusterEnv, environ: dict) -> NoReturn:
     """Replace this process with ``argv`` (python SCRIPT ARGS, python -m MODULE ARGS) and the job's contract."""
     child_env = {**environ, **env.to_environ(), "PYTHONUNBUFFERED": "1"}
     from paramshard.observe.run_records.rank_records import run_dir_of, write_rank   # a trainer rank's only
-    if run_dir_of(env) is not None:
-        write_rank(run_dir_of(env), env.rank_name, env)
+    run_dir = run_dir_of(env)
+    if run_dir is not None:
+        write_rank(run_dir, env.rank_name, env)
     sys.stdout.flush(), sys.stderr.flush()
     os.execve(sys.executable, list(argv), child_env)
 
