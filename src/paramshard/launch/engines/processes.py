@@ -128,17 +128,22 @@ class _Guardian:
     """The launcher side of the guardian process (see the module docstring)."""
 
     def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        """As new: also a forked copy's start (_after_fork)."""
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._proc: subprocess.Popen | None = None
         self._owner = 0
         self._failed = False
 
-    def _ensure(self) -> bool:
+    def _ensure(self) -> int | None:
+        """The pipe to this process's guardian, started on first use; None: there is none."""
         if self._fd is not None and self._owner == os.getpid():
-            return True
+            return self._fd
         if self._failed:
-            return False
+            return None
         read_end, write_end = os.pipe()          # both non-inheritable (PEP 446)
         try:
             self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _GUARDIAN], stdin=read_end,
@@ -148,18 +153,19 @@ class _Guardian:
             self._failed = True
             sys.stderr.write(f"paramshard: cannot start the guardian process ({exc}); children rely on "
                              f"their parent-death signal alone\n")
-            return False
+            return None
         finally:
             os.close(read_end)
         self._fd, self._owner = write_end, os.getpid()
-        return True
+        return write_end
 
     def _send(self, line: str) -> None:
         with self._lock:
-            if not self._ensure():
+            fd = self._ensure()
+            if fd is None:
                 return
             try:
-                os.write(self._fd, line.encode())
+                os.write(fd, line.encode())
             except OSError:
                 pass                                  # guardian gone; parent-death signals still apply
 
@@ -177,6 +183,7 @@ class _Guardian:
                 return
             os.close(self._fd)
             self._fd = None
+            assert self._proc is not None       # started with the pipe (_ensure)
             try:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -190,7 +197,7 @@ class _Guardian:
                 os.close(self._fd)
             except OSError:
                 pass
-        self.__init__()
+        self._reset()
 
 
 _guardian = _Guardian()
@@ -246,9 +253,11 @@ class Child:
             stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
             start_new_session=True, text=True, errors="replace", bufsize=1)
         if stdin_text:
+            stdin = self.proc.stdin
+            assert stdin is not None        # a pipe: Popen above (never spawn: ssh's ranks are not forked)
             try:
-                self.proc.stdin.write(stdin_text)
-                self.proc.stdin.flush()
+                stdin.write(stdin_text)
+                stdin.flush()
             except OSError:
                 pass          # it already exited: poll() will say how
         self._watched = True
@@ -262,7 +271,9 @@ class Child:
 
     def _copy_lines(self) -> None:
         writable = True
-        for line in self.proc.stdout:
+        stdout = self.proc.stdout
+        assert stdout is not None           # a pipe (Popen above), or ForkedProc's
+        for line in stdout:
             if line.startswith(STATUS_MARK):
                 # For the launcher only: neither printed nor written to the run directory.
                 status = PeerStatus.parse(line)
@@ -405,7 +416,7 @@ def stop_all(children: Iterable[Child], grace: float = 5.0, hurry: threading.Eve
     for c in children:
         c.poll()
         c._pump.join(timeout=max(0.0, deadline - time.monotonic()))
-        if not c._pump.is_alive():
+        if not c._pump.is_alive() and c.proc.stdout is not None:      # a pipe: always (Child)
             c.proc.stdout.close()
         if c.proc.stdin is not None:
             try:

@@ -91,6 +91,13 @@ def remote_dir(path: str) -> str:
     return shlex.quote(path)
 
 
+def host_of(rank: RankSpec) -> str:
+    """The host an SSH job's rank runs on: every one has its own (JobSpec.build's server_hosts and
+    trainer_hosts, SshPlacement.place_rank)."""
+    assert rank.host is not None, f"{rank.name}: a rank of an SSH job without its host"
+    return rank.host
+
+
 def remote_command(rank: RankSpec, workdir: str, read_secret: bool) -> str:
     env = rank.environ()
     env.pop("PARAMSHARD_SECRET", None)
@@ -122,7 +129,7 @@ class SshEngine:
         self.tap_for = tap_for       # rank -> Child tap (observe/run_records/run_dir.py): `paramshard launch`'s
 
     def start(self, rank: RankSpec) -> RemoteChild:
-        host = self.hosts[rank.host]
+        host = self.hosts[host_of(rank)]
         argv = [*self.options.ssh_argv(host), "--", host.target,
                 remote_command(rank, self.workdir, read_secret=bool(self.secret))]
         stdin = f"{self.secret}\n" if self.secret else ""
@@ -219,11 +226,11 @@ def with_own_hosts(spec: JobSpec, addresses: dict[str, str]) -> JobSpec:
     """Every rank told its own host's address (PARAMSHARD_HOST): a trainer serves /metrics
     there, not on every interface of a machine other users may share."""
     def own(rank: RankSpec) -> RankSpec:
-        return dataclasses.replace(rank, env=dataclasses.replace(rank.env, host=addresses[rank.host]))
+        return dataclasses.replace(rank, env=dataclasses.replace(rank.env, host=addresses[host_of(rank)]))
     return JobSpec(tuple(map(own, spec.servers)), tuple(map(own, spec.trainers)))
 
 
-def threads_by_host(placed: Sequence[Host], found: dict[str, Probed]) -> dict[str, dict[str, str]]:
+def threads_by_host(placed: Sequence[Host], found: dict[str, Probed]) -> dict[str | None, dict[str, str]]:
     """Host -> its ranks' thread variables: its CPUs shared by every rank ``placed`` on its machine
     (hosts that are one machine, e.g. loopback aliases, count together)."""
     on_machine = collections.Counter(found[h.target].machine for h in placed)
@@ -284,11 +291,12 @@ class SshHosts:
         with ThreadPoolExecutor(max_workers=min(16, len(used))) as pool:
             found = dict(zip(used, pool.map(lambda t: probe(used[t], len(servers_on[t]) + extra[t], self.options),
                                             used)))
-            if self.options.dispatch_package:
+            package = self.options.dispatch_package
+            if package:
                 # One copy per machine: hosts that share one (loopback aliases, network
                 # namespaces) would otherwise race their rsyncs into the same directory.
                 machines = {p.machine: used[t] for t, p in found.items()}
-                list(pool.map(lambda h: dispatch(h, self.options.dispatch_package, self.workdir, self.options),
+                list(pool.map(lambda h: dispatch(h, package, self.workdir, self.options),
                               machines.values()))
         addresses = [""] * self.config.servers
         for target, servers in servers_on.items():
@@ -312,7 +320,7 @@ class SshHosts:
             *self.job_hosts, engine_hosts=self.all_hosts,
             machines={p.machine for p in found.values()},
             # Where each live rank runs (its ssh target), as the engine started it.
-            live_hosts=lambda: [self.all_hosts[rank.host].target for rank in running()],
+            live_hosts=lambda: [self.all_hosts[host_of(rank)].target for rank in running()],
             probe=lambda host, ports: probe(host, ports, self.options),
             dispatch=(lambda host: dispatch(host, package, self.workdir, self.options)) if package else None,
             record=record)
