@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, set[str]]] = [
      "data/ (what server 0 and the trainers exchange is in messages/)",
      {"server", "client", "collective"}),
     ("watching a job: records, /metrics, the report (reads servers through client/)", {"observe"}),
+    ("GEO's own parts: when a trainer sends (schedule, auto k) and its round records (written with observe/'s "
+     "writer); the trainer's GEO backend uses them", {"geo"}),
     ("process entry: ps.init() takes a role; builds a server (server/assembly.py), registers observers",
      {"runtime"}),
     ("starting and supervising ranks: runs runtime.serve on a server rank, knows nothing of "

@@ -211,6 +211,11 @@ def _deltas(run: RunData) -> str:
     return html_section(run, _table, _e)
 
 
+def _geo(run: RunData) -> str:
+    from paramshard.observe.report.geo_plots import html_section
+    return html_section(run, _table, _e)
+
+
 def _plots(entries: list[PlotEntry]) -> str:
     out = []
     for p in entries:
@@ -238,7 +243,7 @@ def render_index(run: RunData, plots: list[PlotEntry], out_dir: Path) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
             f"<style>{STYLE}</style>\n</head>\n<body>\n<h1>{_e(title)}</h1>\n"
             f"<p>{_e(run.run_dir.resolve())}</p>\n{problems}"
-            f"<h2>Result</h2>\n{_result(run)}<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}{_deltas(run)}"
+            f"<h2>Result</h2>\n{_result(run)}<h2>Summary</h2>\n{_summary(run)}<h2>Plan</h2>\n{_plan(run)}{_events(run)}{_elastic(run)}{_deltas(run)}{_geo(run)}"
             f"<h2>Plots</h2>\n{_plots(plots)}{_files(run, out_dir)}</body>\n</html>\n")
 
 

@@ -14,6 +14,7 @@ def _plots(run: RunData):
     from paramshard.observe.report import plots   # matplotlib is imported only when a report is drawn
     from paramshard.observe.run_records.elastic_view import is_elastic
     from paramshard.observe.report.membership_plot import plot_membership
+    from paramshard.observe.report.geo_plots import plots as geo_plots
 
     t0 = run.t0 or 0.0
     membership = [("membership.png", "Membership", "Live trainers and servers over time; moves of rows between "
@@ -35,7 +36,7 @@ def _plots(run: RunData):
          lambda p: plots.plot_staleness(plots.staleness_histogram(run.servers, run.summary), p)),
         ("requests.png", "Server requests", "Requests per second each server handled over time.",
          lambda p: plots.plot_requests(run.servers, t0, p)),
-    ] + membership     # only a job whose trainers or servers changed has one
+    ] + membership + geo_plots(run)    # only a job whose trainers or servers changed has one; a GEO job its own
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None, run: RunData | None = None) -> Path:

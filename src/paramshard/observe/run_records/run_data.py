@@ -18,6 +18,7 @@ class RunData:
     trainers: dict[int, list[dict]] = field(default_factory=dict)   # trainer id -> its records, in time order
     servers: dict[int, list[dict]] = field(default_factory=dict)    # server id -> its records, in time order
     events: list[dict] = field(default_factory=list)
+    geo_rounds: dict[int, list[dict]] = field(default_factory=dict)   # trainer id -> its GEO rounds (geo/records.py)
     t0: float | None = None          # time of the first record: plots' time axes start here
     summary: dict | None = None      # None: the run is still going, or its launcher was killed
     plan: dict | None = None
@@ -111,9 +112,12 @@ def load_run(run_dir: str | Path) -> RunData:
             run.servers.setdefault(record["server"], []).append(record)
         elif kind == "event":
             run.events.append(record)
-    for group in (*run.trainers.values(), *run.servers.values()):
+        elif kind == "geo_round" and _id(record, "trainer") is not None:
+            run.geo_rounds.setdefault(record["trainer"], []).append(record)
+    for group in (*run.trainers.values(), *run.servers.values(), *run.geo_rounds.values()):
         group.sort(key=lambda r: r["t"])   # the file is in time order; a stable sort keeps it so if not
     run.trainers = dict(sorted(run.trainers.items()))
+    run.geo_rounds = dict(sorted(run.geo_rounds.items()))
     # Counters of a server restarted under `paramshard run` start again from 0 in its file
     # (the launcher's records are carried already: a second pass changes nothing).
     run.servers = {s: carry_series(records) for s, records in sorted(run.servers.items())}

@@ -86,7 +86,10 @@ class RunDir:
             record = json.loads(text)
         except json.JSONDecodeError:
             return                      # a torn line (the process died mid-print): nothing to keep
-        if not isinstance(record, dict) or record.get("kind") not in ("trainer", "server"):
+        if not isinstance(record, dict) or record.get("kind") not in ("trainer", "server", "geo_round"):
+            return
+        if record["kind"] == "geo_round":      # a GEO trainer's round (geo/records.py): kept as it is
+            self.records.write(record)
             return
         if record["kind"] == "server":      # a server's final counters, printed as it stops
             with self._lock:

@@ -1,0 +1,136 @@
+"""``--geo-k auto``: k, the local steps between two sends, chosen and adapted from what each
+round measured (geo/schedule.py Round), with nothing for the user to tune.
+
+Why k matters, per round of k steps on one trainer:
+
+- compute grows linearly: C(k) = c*k (c: seconds per local step);
+- the wire barely grows: W(k) = latency + the touched rows' bytes / rate, and the rows k
+  steps touch grow sublinearly in k (CTR ids repeat: the hot rows are touched every step
+  and sent once), so W(k) = w0 + b*k^a with a < 1;
+- hence the wire's share of a round, W/(W+C), falls as k grows, and a larger k amortises the
+  send (Paddle's GEO-SGD gets its throughput this way, with k picked by hand: its docs use
+  ``a_sync_configs = {"k_steps": 100 | 400 | 10000}``);
+- but the replica goes stale: what the others changed while this trainer trained alone
+  (``drift_norm``, relative to the values it touched, ``value_norm``) grows with k, and a
+  stale replica computes gradients against the wrong model, which costs AUC. Local-SGD
+  studies show both sides: AdaComm (Wang & Joshi 2018) lowers the period as the loss falls
+  to reach a lower error floor; post-local SGD (Lin et al. 2020) trains synchronously while
+  the model changes fast and only later lets k grow. Both are schedules over *time*; the
+  measured drift says the same thing directly (it is large when the model moves fast) and
+  needs no loss curve or schedule constants.
+
+The policy: the smallest k at which the wire is a small share of a round, unless the drift
+says the replica would be too stale by then, and never over the bound:
+
+    k_wire  = (W/c) * (1 - WIRE_SHARE) / WIRE_SHARE   (the k whose wire share is WIRE_SHARE)
+    k_drift = k * DRIFT_TARGET / (drift/value)        (the k whose relative drift is DRIFT_TARGET)
+    target  = min(k_wire, k_drift)
+
+A smaller k than k_wire buys freshness at more than WIRE_SHARE of the time; a larger one
+buys at most WIRE_SHARE more throughput with more staleness: so k_wire shrinks k too when
+the link is fast (k -> 1 on loopback or a fast link, where GEO then behaves like async).
+
+Each round's target is computed from that round alone, and k follows the **median of the
+last WINDOW targets** (one stalled send, a GC pause or one batch of unusual ids does not
+swing k; a change that lasts WINDOW//2 + 1 rounds does) but grows no further than the latest
+round's own target (the median lags: growing on it alone overshoots the drift's limit; so an
+outlier may hold k for a round, never move it), moving **multiplicatively with damping**: k' = k * (target/k)^DAMPING, at most x MAX_GROW and / MAX_SHRINK per round (a
+ratio controller in log k). Why it settles: in log k the update is
+log k' = log k + DAMPING * (log target(k) - log k). Both fixed points are stable for
+DAMPING = 1/2: the wire's, because W(k)/(c*k) falls with slope a - 1 in (-1, 0) (update
+slope 1 - DAMPING*(1-a), in (1/2, 1)); the drift's, because relative drift grows as k^beta
+(beta = 1/2 for noise, 1 for a steady gradient direction), update slope 1 - DAMPING*beta, in
+(-1, 1) for any beta < 4. So k converges geometrically, without the oscillation a
+bang-bang or a full-step controller shows; under stationary measurements it stays within
+rounding of the fixed point.
+
+It starts small (``START``, 4 steps: the first rounds measure the drift of a short interval,
+when the model moves fastest, and the doubling reaches 256 in 6 rounds), and every k it
+returns is clamped to 1 <= k <= bound (``--max-staleness``, else ``DEFAULT_BOUND``), which
+no measurement can override. A round that measured nothing usable (no steps, a non-finite
+figure) keeps k as it is.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import median
+from typing import TYPE_CHECKING
+
+from paramshard.geo.schedule import Round
+
+DEFAULT_BOUND = 1024     # without --max-staleness: at most this many local steps between sends
+START = 4                # k of the first round
+WIRE_SHARE = 0.10        # the wire's share of a round's time k aims at
+DRIFT_TARGET = 0.05      # relative drift (missed change / values touched) a send may show at most
+WINDOW = 5               # targets of this many rounds are smoothed by their median
+DAMPING = 0.5            # fraction (in log k) of the way to the target moved per round
+MAX_GROW = 2.0           # k grows at most x2 per round ...
+MAX_SHRINK = 4.0         # ... and shrinks at most /4 (staleness is the costlier error)
+TINY = 1e-12             # below this a time or a norm counts as zero
+
+
+class AutoK:
+    """A GeoSchedule that adapts k from the measured rounds (the module's docstring says how)."""
+
+    def __init__(self, bound: int | None = None, *, start: int = START, wire_share: float = WIRE_SHARE,
+                 drift_target: float = DRIFT_TARGET, window: int = WINDOW, damping: float = DAMPING):
+        bound = DEFAULT_BOUND if bound is None else bound
+        if bound < 1:
+            raise ValueError(f"--geo-k auto with --max-staleness {bound}: GEO sends after at least 1 local "
+                             f"step, so the bound must be at least 1 (or use --mode sync for none)")
+        if not 0 < wire_share < 1 or drift_target <= 0 or window < 1 or not 0 < damping <= 1:
+            raise ValueError(f"AutoK: wire_share {wire_share} must be in (0, 1), drift_target {drift_target} "
+                             f"over 0, window {window} at least 1, damping {damping} in (0, 1]")
+        self.bound = int(bound)
+        self.wire_share, self.drift_target, self.damping = wire_share, drift_target, damping
+        self.k = self._clamp(start)
+        self._level = float(self.k)          # k before rounding: small moves accumulate
+        self._targets: deque[float] = deque(maxlen=window)
+
+    def first_k(self) -> int:
+        return self.k
+
+    def next_k(self, done: Round) -> int:
+        target = self.target_of(done)
+        if target is not None:
+            self._targets.append(target)
+            goal = median(self._targets)
+            if goal > self._level:
+                # Grow only as far as this round allows too: the median lags, and k overshooting
+                # the drift's limit is staleness paid for nothing. (An outlier then holds k for a
+                # round; it never moves it.)
+                goal = max(self._level, min(goal, target))
+            ratio = (goal / self._level) ** self.damping
+            ratio = min(MAX_GROW, max(1.0 / MAX_SHRINK, ratio))
+            self._level = min(float(self.bound), max(1.0, self._level * ratio))
+            self.k = self._clamp(self._level)
+        return self.k
+
+    def target_of(self, done: Round) -> float | None:
+        """The k this round alone asks for (not yet clamped), or None when it measured nothing usable."""
+        figures = (done.compute_seconds, done.wire_seconds, done.drift_norm, done.value_norm)
+        if done.steps < 1 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in figures):
+            return None
+        per_step = done.compute_seconds / done.steps
+        if done.wire_seconds <= TINY:
+            k_wire = 1.0                    # a free send: send every step, the replica is never stale
+        elif per_step <= TINY:
+            k_wire = float(self.bound)      # free steps: the wire is the whole round at any k
+        else:
+            k_wire = done.wire_seconds / per_step * (1 - self.wire_share) / self.wire_share
+        if done.drift_norm <= TINY:
+            k_drift = math.inf              # nothing missed (one trainer, or nobody else sent)
+        else:
+            relative = done.drift_norm / max(done.value_norm, TINY)
+            # Relative to the k the round ran: a short last round of an epoch drifted less.
+            k_drift = done.steps * self.drift_target / relative
+        return min(float(self.bound), max(1.0, min(k_wire, k_drift)))
+
+    def _clamp(self, k: float) -> int:
+        return max(1, min(self.bound, int(round(k))))
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: GeoSchedule (geo/schedule.py)
+    from paramshard.geo.schedule import GeoSchedule
+    _schedule: type[GeoSchedule] = AutoK

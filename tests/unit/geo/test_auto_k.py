@@ -1,0 +1,151 @@
+"""AutoK (geo/auto_k.py), driven by synthetic rounds from a link-and-model simulation whose
+optimum is known in closed form: the oracles are the bound, the k at which the wire's share
+of a round equals the target, and the k at which the relative drift equals its target."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from paramshard.geo.auto_k import DRIFT_TARGET, START, WIRE_SHARE, AutoK
+from paramshard.geo.schedule import GeoSchedule, Round
+
+
+def simulated(k: int, step_s: float = 0.01, latency_s: float = 0.0, byte_s: float = 0.0,
+              drift_per_step: float = 0.0, drift_power: float = 1.0) -> Round:
+    """One round of k steps: compute c*k, wire latency + bytes(k)/rate with bytes ~ sqrt(k)
+    (the touched rows grow sublinearly), relative drift drift_per_step * k^drift_power."""
+    wire = latency_s + byte_s * math.sqrt(k)
+    return Round(steps=k, compute_seconds=step_s * k, wire_seconds=wire, bytes_sent=int(1e6 * math.sqrt(k)),
+                 delta_norm=1.0, value_norm=10.0, drift_norm=10.0 * drift_per_step * k ** drift_power)
+
+
+def run(schedule: AutoK, rounds: int, **link) -> list[int]:
+    ks = [schedule.first_k()]
+    for _ in range(rounds):
+        ks.append(schedule.next_k(simulated(ks[-1], **link)))
+    return ks
+
+
+def wire_share(k: int, **link) -> float:
+    r = simulated(k, **link)
+    return r.wire_seconds / (r.wire_seconds + r.compute_seconds)
+
+
+def test_it_is_a_geo_schedule_and_starts_small():
+    schedule = AutoK(bound=100)
+    assert isinstance(schedule, GeoSchedule)
+    assert schedule.first_k() == START <= 8
+    assert AutoK(bound=2).first_k() == 2          # the start is under the bound too
+
+
+@pytest.mark.parametrize("bound", [1, 2, 7, 64, 1000])
+def test_never_over_the_bound_nor_under_one_whatever_it_measures(bound):
+    """Property: 400 random rounds (zeros, huge and tiny times, NaN and inf norms, short rounds)."""
+    rng = random.Random(34 + bound)
+    pick = [0.0, 1e-15, 1e-6, 1e-3, 1.0, 1e3, 1e9, math.inf, math.nan]
+
+    def figure():
+        return rng.choice(pick) if rng.random() < 0.3 else rng.lognormvariate(-3, 4)
+    schedule = AutoK(bound=bound)
+    k = schedule.first_k()
+    assert 1 <= k <= bound
+    for _ in range(400):
+        done = Round(steps=rng.choice([0, 1, k, k, 2 * k + 3]), compute_seconds=figure(), wire_seconds=figure(),
+                     bytes_sent=rng.randrange(10**9), delta_norm=figure(), value_norm=figure(), drift_norm=figure())
+        k = schedule.next_k(done)
+        assert isinstance(k, int) and 1 <= k <= bound, (k, done)
+
+
+def test_a_slow_link_grows_k_to_the_bound():
+    """Wire 10x a step's compute, no drift: the k whose wire share is 10% is 90, over the bound of 50."""
+    ks = run(AutoK(bound=50), 12, step_s=0.01, latency_s=0.1)
+    assert ks[-1] == 50 and max(ks) == 50
+    assert ks[:5] == sorted(ks[:5]) and ks[4] > ks[0]     # it grows from the first round on
+
+
+def test_it_settles_where_the_wire_share_meets_the_target():
+    """Latency plus sqrt-growing bytes, no drift: k settles (within a factor 1.1 over 30 rounds,
+    far below the factor 2 an oscillating controller shows) where the wire share is ~10%."""
+    link = dict(step_s=0.002, latency_s=0.02, byte_s=0.004)
+    ks = run(AutoK(bound=10_000), 80, **link)
+    tail = ks[-30:]
+    assert max(tail) / min(tail) <= 1.1
+    assert abs(wire_share(ks[-1], **link) - WIRE_SHARE) < 0.01
+    assert 100 < ks[-1] < 10_000          # well inside the bound: the wire set it, not the clamp
+
+
+def test_a_fast_link_keeps_k_small():
+    """A send costing half a step's compute: the 10% wire share is met at k = 4.5."""
+    ks = run(AutoK(bound=1000), 40, step_s=0.01, latency_s=0.005)
+    assert all(k <= 8 for k in ks) and ks[-1] in (4, 5)
+
+
+@pytest.mark.parametrize("power", [0.5, 1.0])
+def test_large_drift_keeps_k_small_even_on_a_slow_link(power):
+    """The wire asks for k = 900, but the replica drifts 1% a step (k^power): k settles where the
+    relative drift meets DRIFT_TARGET (5 steps if linear, 25 as a random walk) and stays there."""
+    link = dict(step_s=0.01, latency_s=1.0, drift_per_step=0.01, drift_power=power)
+    ks = run(AutoK(bound=1000), 60, **link)
+    expected = (DRIFT_TARGET / 0.01) ** (1 / power)
+    assert max(ks) <= 2 * expected
+    assert abs(ks[-1] - expected) <= 1
+
+
+def test_a_steep_drift_is_approached_without_overshoot_or_oscillation():
+    """Drift growing as k^3 (a full step would swing k between 15 and 57): k approaches the
+    drift's limit, 36.8 steps, from below, overshoots it by at most 25% and settles on it."""
+    ks = run(AutoK(bound=1000), 60, step_s=0.01, latency_s=1.0, drift_per_step=1e-6, drift_power=3)
+    expected = (DRIFT_TARGET / 1e-6) ** (1 / 3)
+    assert max(ks) <= 1.25 * expected
+    assert all(abs(k - expected) <= 1 for k in ks[-20:])
+
+
+def test_drift_that_rises_shrinks_k():
+    """The model starts moving fast (a new stream, a learning-rate warm-up): k falls from the bound."""
+    schedule = AutoK(bound=256)
+    ks = run(schedule, 20, step_s=0.01, latency_s=10.0)
+    assert ks[-1] == 256
+    for _ in range(10):
+        ks.append(schedule.next_k(simulated(ks[-1], step_s=0.01, latency_s=10.0, drift_per_step=0.005)))
+    assert ks[-1] <= 12       # 10 steps meet the drift target
+    assert all(b <= a for a, b in zip(ks[20:], ks[21:]))     # down, never back up on the way
+
+
+def test_one_outlier_round_does_not_swing_k():
+    """Settled at k, one send 100x slower (a stalled link, a GC pause), then one with a drift 100x:
+    the median of the last rounds' targets ignores each, k stays within 10%."""
+    link = dict(step_s=0.002, latency_s=0.02, byte_s=0.004)
+    schedule = AutoK(bound=10_000)
+    ks = run(schedule, 60, **link)
+    settled = ks[-1]
+    slow = simulated(settled, **link)
+    slow = Round(slow.steps, slow.compute_seconds, 100 * slow.wire_seconds, slow.bytes_sent, slow.delta_norm,
+                 slow.value_norm, slow.drift_norm)
+    after = [schedule.next_k(slow)]
+    after += [schedule.next_k(simulated(after[-1], **link)) for _ in range(3)]
+    drifty = simulated(after[-1], **link)
+    drifty = Round(drifty.steps, drifty.compute_seconds, drifty.wire_seconds, drifty.bytes_sent, drifty.delta_norm,
+                   drifty.value_norm, 0.5 * drifty.value_norm)
+    after.append(schedule.next_k(drifty))
+    after += [schedule.next_k(simulated(after[-1], **link)) for _ in range(3)]
+    assert all(abs(k - settled) <= 0.1 * settled for k in after), (settled, after)
+
+
+def test_one_trainer_never_drifts_and_a_free_wire_sends_every_step():
+    assert run(AutoK(bound=30), 10, step_s=0.01, latency_s=5.0)[-1] == 30       # no drift: the wire decides
+    assert run(AutoK(bound=30), 10, step_s=0.01, latency_s=0.0)[-1] == 1        # no wire cost: k = 1
+
+
+def test_an_unusable_round_keeps_k():
+    schedule = AutoK(bound=100)
+    k = schedule.first_k()
+    assert schedule.next_k(Round(0, 0.0, 0.0, 0, 0.0, 0.0, 0.0)) == k
+    assert schedule.next_k(Round(k, math.nan, 1.0, 10, 1.0, 1.0, 0.0)) == k
+
+
+def test_bounds_that_cannot_hold():
+    with pytest.raises(ValueError, match="max-staleness 0"):
+        AutoK(bound=0)
+    assert AutoK().bound >= 100        # unset: a default cap, not unbounded
