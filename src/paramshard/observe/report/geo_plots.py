@@ -1,12 +1,12 @@
 """`paramshard report`'s GEO section (a run with ``geo_round`` records: geo/records.py): the
 plots (k over time, the staleness histogram, cumulative bytes on the wire against the
-validation AUC) and the table of each trainer's rounds. The figures come from
+validation AUC); the table is geo_section.py. The figures come from
 observe/run_records/geo_view.py; drawing follows plots.py (Agg canvas, never pyplot)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from paramshard.observe.report.plots import _figure, _legend, _markers, _save
 from paramshard.observe.run_records import geo_view
@@ -19,9 +19,11 @@ def plot_k(run: RunData, path: Path) -> str | None:
         return "no GEO round was recorded"
     fig, (ax,) = _figure(1, 1, 9, 4)
     for trainer, points in series.items():
-        ax.step([p[0] for p in points], [p[2] for p in points], where="post", label=f"trainer {trainer}",
+        # A round's k covers the time up to its record (the send's end): "pre" steps.
+        ax.step([p[0] for p in points], [p[2] for p in points], where="pre", label=f"trainer {trainer}",
                 linewidth=1, **_markers(len(points)))
     ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("seconds since the first record")
     ax.set_ylabel("k (local steps between sends)")
     ax.grid(alpha=0.3)
@@ -79,19 +81,3 @@ def plots(run: RunData) -> list:
     if not geo_view.has_geo(run):
         return []
     return [(file, title, caption, (lambda p, draw=draw: draw(run, p))) for file, title, caption, draw in PLOTS]
-
-
-def html_section(run: RunData, table, escape) -> str:
-    """The GEO table for index.html (``table``, ``escape``: html.py's), "" for a run without rounds."""
-    if not geo_view.has_geo(run):
-        return ""
-    rows = [[t.trainer, t.rounds, t.steps, t.first_k, t.last_k, f"{t.min_k}–{t.max_k}", f"{t.bytes / 2**20:,.2f}",
-             "—" if t.wire_share is None else f"{t.wire_share:.1%}"] for t in geo_view.per_trainer(run)]
-    total, per_sample = geo_view.bytes_total(run), geo_view.bytes_per_sample(run)
-    histogram = geo_view.staleness_histogram(run)
-    text = (f"<p>Bytes on the wire (GEO sends, both ways): {escape(f'{total / 2**20:,.2f}')} MiB"
-            + (f", {escape(f'{per_sample:,.1f}')} bytes per sample" if per_sample is not None else "")
-            + (f"; staleness at most {escape(max(histogram))} local steps" if histogram else "") + ".</p>\n")
-    return "<h2>GEO rounds</h2>\n" + text + table(
-        ["trainer", "rounds", "steps", "first k", "last k", "k range", "MiB on the wire", "wire share of time"],
-        rows, numeric={0, 1, 2, 3, 4, 6, 7})

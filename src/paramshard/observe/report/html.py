@@ -212,7 +212,7 @@ def _deltas(run: RunData) -> str:
 
 
 def _geo(run: RunData) -> str:
-    from paramshard.observe.report.geo_plots import html_section
+    from paramshard.observe.report.geo_section import html_section
     return html_section(run, _table, _e)
 
 
