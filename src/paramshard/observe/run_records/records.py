@@ -60,6 +60,11 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   keeper's ``replica`` events (``what``: first, refreshes, lost, restored with ``recovery_s``,
   ``copy_age_s``, ``updates_lost_estimate``); observe/run_records/elastic_view.py reads them for the report.
 
+- ``{"kind": "geo_round", "trainer": 0, "step": n, "k": n, "next_k": n, "bytes": n, "wire_s": s,
+  "compute_s": s, "staleness": steps, "delta_norm", "value_norm", "drift_norm"}``: one round of a
+  GEO trainer (``--mode geo``: k local steps, then the send), written by geo/records.py and read
+  by observe/run_records/geo_view.py for the report's GEO section.
+
 Staleness of an async push: how many updates the server applied to what the
 gradient was computed from between the trainer's read and the push (0: nothing
 moved in between). Sync pushes have none.
