@@ -42,8 +42,8 @@ def bytes_total(run: RunData) -> int:
 
 def samples_total(run: RunData) -> int | None:
     """Samples the trainers trained (each one's latest progress record), None when none says."""
-    counts = [_n(records[-1].get("samples")) for records in run.trainers.values() if records]
-    counts = [c for c in counts if c is not None]
+    latest = [_n(records[-1].get("samples")) for records in run.trainers.values() if records]
+    counts = [c for c in latest if c is not None]
     return int(sum(counts)) if counts else None
 
 
@@ -124,6 +124,6 @@ def bytes_against_metric(run: RunData) -> tuple[str | None, list[tuple[int, floa
         points = _logged(run, name)
         if points:
             return name, [(at(t), v) for t, v in points]
-    losses = sorted((r["t"], _n(r.get("loss"))) for records in run.trainers.values() for r in records)
-    losses = [(t, v) for t, v in losses if v is not None]
+    losses = sorted((r["t"], v) for records in run.trainers.values() for r in records
+                    if (v := _n(r.get("loss"))) is not None)
     return ("loss", [(at(t), v) for t, v in losses]) if losses else (None, [])
