@@ -17,6 +17,7 @@ def add_arguments(p):
 def run(args) -> int:
     # Imported here: `paramshard --help` and the other commands need not load matplotlib.
     from paramshard.observe.report.deltas_view import delta_dir_lines, is_delta_dir, run_lines
+    from paramshard.observe.report.geo_section import geo_lines
     from paramshard.observe.report.report_files import write_report
     from paramshard.observe.report.run_result import result_lines
     from paramshard.observe.run_records.run_data import load_run
@@ -25,9 +26,9 @@ def run(args) -> int:
         for line in delta_dir_lines(args.run_dir):
             print(line)
         return 0
-    # First the run's result (or its error), its deltas and replicas, then where the page is (the last line).
+    # First the run's result (or its error), its deltas and replicas, its GEO rounds, then where the page is (the last line).
     run = load_run(args.run_dir)
-    for line in result_lines(run) + run_lines(run):
+    for line in result_lines(run) + run_lines(run) + geo_lines(run):
         print(line)
     print(write_report(args.run_dir, args.out, run=run))
     return 0

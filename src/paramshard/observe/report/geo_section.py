@@ -21,3 +21,18 @@ def html_section(run: RunData, table, escape) -> str:
     return "<h2>GEO rounds</h2>\n" + text + table(
         ["trainer", "rounds", "steps", "first k", "last k", "k range", "MiB on the wire", "wire share of time"],
         rows, numeric={0, 1, 2, 3, 4, 6, 7})
+
+
+def geo_lines(run: RunData) -> list[str]:
+    """What `paramshard report` prints of a GEO run: each trainer's k and the bytes; [] without rounds."""
+    if not geo_view.has_geo(run):
+        return []
+    total, per_sample = geo_view.bytes_total(run), geo_view.bytes_per_sample(run)
+    histogram = geo_view.staleness_histogram(run)
+    lines = [f"GEO: {total / 2**20:,.2f} MiB on the wire" + (f" ({per_sample:,.1f} bytes per sample)"
+                                                            if per_sample is not None else "")
+             + (f", staleness at most {max(histogram)} steps" if histogram else "")]
+    lines += [f"  trainer {t.trainer}: {t.rounds:,} rounds, k {t.first_k} -> {t.last_k} (range {t.min_k}-{t.max_k})"
+              + ("" if t.wire_share is None else f", wire {t.wire_share:.0%} of its time")
+              for t in geo_view.per_trainer(run)]
+    return lines

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from paramshard.observe.report import html
-from paramshard.observe.report.geo_section import html_section
+from paramshard.observe.report.geo_section import geo_lines, html_section
 from paramshard.observe.report.report_files import write_report
 from paramshard.observe.run_records.run_data import load_run
 from tests.unit.observe.geo_run import KS, T0, geo_run
@@ -28,10 +28,20 @@ def test_the_table_shows_each_trainers_rounds_and_the_bytes(tmp_path):
            "<td class=\"n\">64</td><td>4–32</td>" in page
 
 
+def test_report_prints_each_trainers_k_and_the_bytes(tmp_path):
+    lines = geo_lines(geo_run(tmp_path / "run"))
+    total = sum(1000 * k + t for t, ks in KS.items() for k in ks)
+    assert lines[0].startswith(f"GEO: {total / 2**20:,.2f} MiB on the wire (") and lines[0].endswith(
+        ", staleness at most 32 steps")
+    assert lines[1] == "  trainer 0: 5 rounds, k 4 -> 64 (range 4-32), wire 40% of its time"   # 0.5 s / (0.5 + 0.76)
+    assert lines[2].startswith("  trainer 1: 5 rounds, k 4 -> 64 (range 4-16)")
+
+
 def test_a_run_without_rounds_has_no_geo_section(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain/metrics.jsonl").write_text(json.dumps({"t": T0, "kind": "event", "event": "start"}) + "\n")
-    assert html_section(load_run(tmp_path / "plain"), html._table, html._e) == ""
+    plain = load_run(tmp_path / "plain")
+    assert html_section(plain, html._table, html._e) == "" and geo_lines(plain) == []
 
 
 @pytest.mark.slow_unit(reason="draws the report's plots (matplotlib)")
