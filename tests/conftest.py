@@ -33,7 +33,7 @@ def pytest_configure(config):
 # test needs (by the fixture it asks for, or by its file); `slow` for the tests whose items took
 # over ~20 s each (`--durations`, 2 shared cores, 2026-11-29); `soak` for those that run a job
 # through many disturbances. `-m "not slow and not soak and not engine"` for a quicker run.
-ENGINE_FIXTURES = {"ssh_hosts": "engine_ssh", "netns_lab": "engine_ssh", "engines": "engine_ssh",
+ENGINE_FIXTURES = {"ssh_hosts": "engine_ssh", "netns_lab": "engine_ssh", "shaped_lab": "engine_ssh", "engines": "engine_ssh",
                    "mpi": "engine_mpi", "slurm_cluster": "engine_slurm", "kafka_broker": "engine_kafka"}
 ENGINE_FILES = {"test_ssh_launch.py": "engine_ssh", "test_ssh_remove_host.py": "engine_ssh",
                 "test_ssh_scale.py": "engine_ssh", "test_run_torchrun_mpi.py": "engine_mpi",
