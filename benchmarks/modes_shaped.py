@@ -22,6 +22,8 @@ modes' orders rotated by one each round):
   headers and every protocol included, sampled every 0.25 s and interpolated) over the
   trainers' timed window, divided by the samples the trainers timed in it.
 - TCP bytes/sample: modes_train.py's own count (TCP_INFO of the trainers' sockets), as a check.
+- busiest link: the fullest rank host's link over the window (the larger direction), as a
+  share of the nominal rate: near 100% the link limits the job, well below it CPU or round trips do.
 - test AUC: the chief's, on the test set, after the closing barrier.
 - time to a target AUC: NOT measured: modes_train.py evaluates once, at the end.
 - raw tbf: before each rate's runs of a round, one TCP transfer from host 1 to host 3 (about
@@ -110,6 +112,12 @@ def run_one(children, lab, hosts, spec: str, rate: str, args, data_dir, workdir,
         samples = sum(t["samples_timed"] for t in trainers)
         out["wire_per_sample"] = sampler.between(t0, t1, RANK_HOSTS, "tx_bytes") / samples
         out["tcp_per_sample"] = out["bytes"] * out["steps"] / samples
+        # How full the busiest link was (either direction), against its nominal rate: near 100%
+        # the link is the limit; well below it, CPU or round trips are.
+        use = {h: max(sampler.between(t0, t1, [h], k) for k in ("tx_bytes", "rx_bytes")) * 8
+               / ((t1 - t0) * lab.rates[h]) for h in RANK_HOSTS}
+        busiest = max(use, key=use.get)
+        out["link_use"], out["busiest"] = use[busiest], "server" if busiest in SERVER_HOSTS else "trainer"
         return out
     except Exception as exc:  # noqa: BLE001 - a failed cell, reported as such
         text = str(exc)
@@ -135,7 +143,7 @@ def fmt_bytes(b: float) -> str:
 
 def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
     headers = ["link (each host)", "tbf delivered (raw TCP)", "mode", "samples/s (median)", "min-max",
-               "wire bytes/sample", "TCP bytes/sample", "test AUC", "runs ok"]
+               "wire bytes/sample", "TCP bytes/sample", "busiest link", "test AUC", "runs ok"]
     rows = []
     for rate in args.rates:
         delivered = f"{C.median(raw[rate]) / 1e6:,.0f} Mbit/s" if raw.get(rate) else "-"
@@ -145,16 +153,18 @@ def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
             cells = [rate, delivered, spec]
             if not ok:
                 why = runs[0]["error"] if runs else "not run"
-                cells += [f"FAILED: {why}", "", "", "", "", f"0/{len(runs)}"]
+                cells += [f"FAILED: {why}", "", "", "", "", "", f"0/{len(runs)}"]
             else:
                 rates = [r["samples_per_s"] for r in ok]
                 cells += [f"{C.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
                           fmt_bytes(C.median(r["wire_per_sample"] for r in ok)),
                           fmt_bytes(C.median(r["tcp_per_sample"] for r in ok)),
+                          f"{C.median(r['link_use'] for r in ok):.0%} "
+                          f"({'/'.join(sorted({r['busiest'] for r in ok}))})",
                           f"{C.median(r['auc'] for r in ok):.4f}", f"{len(ok)}/{len(runs)}"]
             rows.append(cells)
     return (f"CTR WideDeep, 2 servers + 2 trainers, one rank per shaped host (median of {args.repeats} "
-            f"interleaved repeats)", headers, rows, [False, True, False, True, True, True, True, True, True])
+            f"interleaved repeats)", headers, rows, [False, True, False, True, True, True, True, True, True, True])
 
 
 def parse_args(argv):
@@ -215,7 +225,9 @@ def main(argv=None) -> int:
                             log(f"  {spec}: FAILED: {r['error']}")
                         else:
                             log(f"  {spec}: {r['samples_per_s']:,.0f} samples/s, wire "
-                                f"{fmt_bytes(r['wire_per_sample'])}/sample, AUC {r['auc']:.4f}")
+                                f"{fmt_bytes(r['wire_per_sample'])}/sample, busiest link {r['link_use']:.0%} "
+                                f"({r['busiest']}), "
+                                f"AUC {r['auc']:.4f}")
     finally:
         children.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -228,6 +240,8 @@ def main(argv=None) -> int:
              "wire bytes/sample: the rank hosts' link tx bytes over the trainers' timed window / samples timed; "
              "TCP bytes/sample: modes_train.py's TCP_INFO count, as a check. Time to a target AUC: not measured "
              "(one evaluation, at the end)",
+             "busiest link: the fullest rank host's link (the larger of its two directions) over the timed window, "
+             "as a share of the nominal rate, and whose host it was; near 100% the link is the limit",
              "tbf delivered: median payload rate of one TCP transfer between two shaped hosts before each rate's runs"]
     failed = {f"{spec} at {rate}": runs[0]["detail"] for rate, by in results.items() for spec, runs in by.items()
               if runs and all("error" in r for r in runs)}

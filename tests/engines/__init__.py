@@ -6,6 +6,9 @@ and for the engines `paramshard run` runs under (``tests.engines.mpi``: OpenMPI;
   inside network namespaces, plus :func:`require_engines` and pytest fixtures.
 - ``tests.engines.netns``: :class:`NetnsLab`, a bridge and one network namespace per host
   on a private subnet that the root namespace routes nowhere (an ``unreachable`` route).
+- ``tests.engines.shaped``: :class:`ShapedLab`, a NetnsLab whose hosts' links are rate-limited
+  both ways (tc tbf; no latency: netem is not in this kernel) and whose link byte counters
+  are read per host; benchmarks/modes_shaped.py runs jobs on it.
 
 Everything here needs root, ``sshd``/``ssh``/``rsync``/``ip``: install them with
 ``scripts/install-test-engines.sh`` (as root). Without them the tests skip and say so,
