@@ -146,14 +146,15 @@ def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
                "wire bytes/sample", "TCP bytes/sample", "busiest link", "test AUC", "runs ok"]
     rows = []
     for rate in args.rates:
-        delivered = f"{C.median(raw[rate]) / 1e6:,.0f} Mbit/s" if raw.get(rate) else "-"
+        got = [b / 1e6 for b in raw.get(rate, [])]
+        delivered = (f"{C.median(got):,.0f} ({min(got):,.0f}-{max(got):,.0f}) Mbit/s" if len(got) > 1 else
+                     f"{got[0]:,.0f} Mbit/s" if got else "-")
         for spec in args.modes:
             runs = results[rate][spec]
             ok = [r for r in runs if "error" not in r]
             cells = [rate, delivered, spec]
             if not ok:
-                why = runs[0]["error"] if runs else "not run"
-                cells += [f"FAILED: {why}", "", "", "", "", "", f"0/{len(runs)}"]
+                cells += [f"FAILED: {runs[0]['error']}" if runs else "not run", "", "", "", "", "", f"0/{len(runs)}"]
             else:
                 rates = [r["samples_per_s"] for r in ok]
                 cells += [f"{C.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
@@ -242,7 +243,8 @@ def main(argv=None) -> int:
              "(one evaluation, at the end)",
              "busiest link: the fullest rank host's link (the larger of its two directions) over the timed window, "
              "as a share of the nominal rate, and whose host it was; near 100% the link is the limit",
-             "tbf delivered: median payload rate of one TCP transfer between two shaped hosts before each rate's runs"]
+             "tbf delivered: payload rate of one TCP transfer between two shaped hosts before each rate's runs, "
+             "median (min-max) over the rounds"]
     failed = {f"{spec} at {rate}": runs[0]["detail"] for rate, by in results.items() for spec, runs in by.items()
               if runs and all("error" in r for r in runs)}
     for cell, detail in failed.items():
