@@ -11,7 +11,8 @@ synthetic Criteo data, batch 1024 per trainer, Adagrad on the tables and Adam on
 part), unchanged: the same as benchmarks/modes.py's unshaped comparison.
 
 A mode spec becomes launch flags: ``sync`` -> ``--mode sync``; ``geo:8`` -> ``--mode geo
---geo-k 8``; ``geo:auto`` -> ``--mode geo --geo-k auto``. A run that fails (e.g. a mode the
+--geo-k 8``; ``geo:auto`` -> ``--mode geo --geo-k auto``; ``--launch-args`` adds flags to every
+job (e.g. ``'--max-staleness 64'``). A run that fails (e.g. a mode the
 launcher does not know) is a failed cell with the launcher's reason, not a crash.
 
 What is measured, per run (medians over ``--repeats`` interleaved rounds: the rates' and the
@@ -85,7 +86,7 @@ def remote_python(workdir: Path) -> str:
 def job_argv(lab, hosts, spec: str, args, data_dir: Path, result: Path, python: str) -> list[str]:
     addr = lab.addresses
     return [python, "-m", "paramshard", "launch", "--servers", str(SERVERS), "--trainers", str(TRAINERS),
-            *mode_flags(spec), "--hosts", ",".join(addr[i] for i in RANK_HOSTS),
+            *mode_flags(spec), *shlex.split(args.launch_args), "--hosts", ",".join(addr[i] for i in RANK_HOSTS),
             "--server-hosts", ",".join(addr[i] for i in SERVER_HOSTS),
             "--trainer-hosts", ",".join(addr[i] for i in TRAINER_HOSTS),
             "--ssh-config", hosts.ssh_config, "--remote-python", python, "--workspace", str(ROOT),
@@ -182,6 +183,8 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-timeout", type=float, default=600.0, help="deadline of one run, s")
     p.add_argument("--launch-timeout", type=float, default=120.0, help="paramshard launch --timeout")
+    p.add_argument("--launch-args", default="", metavar="'FLAGS'",
+                   help="more `paramshard launch` flags for every job, one string (e.g. '--max-staleness 64')")
     p.add_argument("--markdown", action="store_true", help="print a markdown table for RESULTS.md")
     args = p.parse_args(argv)
     args.rates = [r for r in args.rates.split(",") if r]
