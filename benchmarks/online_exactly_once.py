@@ -398,9 +398,10 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
         killed = what.get("killed", "")
         if (kind and kind.startswith("trainer") and killed.startswith("trainer")) or (
                 code != 0 and killed.startswith("server")):
-            # The user's --resume. A server killed after the trainer's last step (while it closes:
-            # its final checkpoint, its leave) fails the job rather than rolling back (measured, said
-            # in the report): the resume then finds every event trained in the final checkpoint.
+            # The user's --resume. A server killed while the trainer writes its final checkpoint
+            # fails the job (close() does not roll back a save); the resume then finds every event
+            # trained in the final checkpoint. Killed once it is in place, the restarted server
+            # refuses the leave until the trainer rolled back to it: the job ends 0.
             what["first_exit"] = code
             job = Job(run, data, args, resume=True, restarts=0 if kind.startswith("trainer") else 1)
             code = job.wait()

@@ -14,7 +14,8 @@ streaming CTR job (`launch --servers 1 --trainers 1 --mode async --max-staleness
   replica of that version's.
 
 The matrix test kills each of the trainer (also mid-save), the server (also once the final
-checkpoint is in place: the job fails at its close and --resume ends it) and the serving process
+checkpoint is in place: restarted, it refuses the trainer's leave until the trainer rolled back to
+that checkpoint; tests/integration/test_restart_at_close.py shows it in process) and the serving process
 at seeded random steps, against a launched undisturbed run (the benchmark's own checks)."""
 from __future__ import annotations
 
