@@ -61,6 +61,11 @@ class ClusterEnv(ClusterEnvFields):
                               f"the model's deltas, and in {self.mode} mode the dense parameters are not on servers "
                               f"(allreduce among the trainers): use --mode sync or async to serve a model while it "
                               f"learns")
+        if self.geo_k is not None and not self.mode.local_rounds:
+            raise ConfigError(f"PARAMSHARD_GEO_K={self.geo_k} (--geo-k) is for --mode geo; this job's mode is "
+                              f"{self.mode}: drop --geo-k, or use --mode geo")
+        if self.mode.local_rounds:
+            _check_geo(self)
         if self.role == "server":
             if not self.servers:
                 raise ConfigError("a server needs PARAMSHARD_SERVERS (its own address among them)")
@@ -119,6 +124,30 @@ class ClusterEnv(ClusterEnvFields):
 
     def to_environ(self) -> dict[str, str]:
         return _fields.to_environ(self)
+
+
+def _check_geo(env: ClusterEnv) -> None:
+    """What geo mode does not do (yet), refused before anything starts (docs/modes.md, GEO)."""
+    if env.max_staleness is not None and env.max_staleness < 1:
+        raise ConfigError(f"--max-staleness {env.max_staleness}: in geo mode it bounds k, the local steps between "
+                          f"two sends, which is at least 1")
+    if isinstance(env.geo_k, int) and env.max_staleness is not None and env.geo_k > env.max_staleness:
+        raise ConfigError(f"--geo-k {env.geo_k} is over --max-staleness {env.max_staleness}: a replica would fall "
+                          f"further behind than the bound allows; lower one or raise the other")
+    refused = []
+    if env.recovery == "bounded-loss":
+        refused.append("--recovery bounded-loss (a restored server replica would miss rounds the trainers "
+                       "count as sent; use the default rollback)")
+    if env.delta_dir:
+        refused.append("--deltas (not tested with rounds yet; use --mode sync or async to serve a model while "
+                       "it learns)")
+    if env.min_trainers is not None:
+        refused.append("elastic trainers, --trainers MIN:MAX (a trainer's unsent round would be lost when it "
+                       "leaves; not built yet)")
+    if env.partitions:
+        refused.append("--partitions (servers added or removed while the replicas train: not built yet)")
+    if refused:
+        raise ConfigError("--mode geo does not support " + "; ".join(refused))
 
 
 def check_server_count(mode: "str | Mode", servers: int) -> None:

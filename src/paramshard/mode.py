@@ -10,6 +10,9 @@ comparing strings, so a new mode is one member here plus its trainer backend.
   staleness, pushes left in flight).
 - collective: no servers; dense gradients averaged by allreduce among the trainers.
 - hybrid: dense by allreduce, sparse tables on servers that keep sync steps.
+- geo: GEO-SGD (local SGD): each trainer trains a local replica of the dense parameters and
+  the rows it touches with the model's optimizer, and every k steps sends the change of what it
+  touched, divided by the number of trainers; the servers add it as it comes (docs/modes.md).
 
 A ``StrEnum``: a member is its string (JSON, msgpack, f-strings, the environment).
 """
@@ -25,6 +28,7 @@ class Mode(enum.StrEnum):
     ASYNC = "async"
     COLLECTIVE = "collective"
     HYBRID = "hybrid"
+    GEO = "geo"
 
     @classmethod
     def parse(cls, text: "str | Mode", setting: str = "PARAMSHARD_MODE") -> "Mode":
@@ -41,8 +45,9 @@ class Mode(enum.StrEnum):
 
     @property
     def dense_on_servers(self) -> bool:
-        """Dense blocks live on the servers (sync, async)."""
-        return self in (Mode.SYNC, Mode.ASYNC)
+        """Dense blocks live on the servers (sync, async; geo: the merged values, each trainer
+        training a replica of them)."""
+        return self in (Mode.SYNC, Mode.ASYNC, Mode.GEO)
 
     @property
     def allreduce(self) -> bool:
@@ -51,13 +56,31 @@ class Mode(enum.StrEnum):
 
     @property
     def server_mode(self) -> "Mode":
-        """How the servers apply pushes: hybrid keeps sync steps for its sparse tables."""
-        return Mode.ASYNC if self is Mode.ASYNC else Mode.SYNC
+        """How the servers apply pushes: hybrid keeps sync steps for its sparse tables; geo's
+        rounds are added as they come."""
+        return Mode.ASYNC if self in (Mode.ASYNC, Mode.GEO) else Mode.SYNC
 
     @property
     def waits_every_step(self) -> bool:
         """Every step waits for all trainers (no pushes left in flight, no staleness)."""
-        return self is not Mode.ASYNC
+        return self not in (Mode.ASYNC, Mode.GEO)
+
+    @property
+    def local_rounds(self) -> bool:
+        """Trainers train a local replica and send the change every k steps (geo): a push is a
+        round's delta, which the servers add, not a gradient their optimizer applies."""
+        return self is Mode.GEO
+
+    @property
+    def servers_bound_staleness(self) -> bool:
+        """``--max-staleness`` gates pushes on the servers (async, SSP). In geo mode it bounds k,
+        the trainers' local steps between two sends, instead."""
+        return self is Mode.ASYNC
+
+    @property
+    def elastic_trainers(self) -> bool:
+        """Trainers may join and leave while the job trains (--min-trainers): sync and async."""
+        return self in (Mode.SYNC, Mode.ASYNC)
 
     @property
     def checkpoints(self) -> bool:

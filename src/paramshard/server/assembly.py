@@ -60,7 +60,8 @@ def build_server(env: ClusterEnv, bind: str | None = None, num_trainers: int | N
     server = ParameterServer(server_id, bind, num_trainers or env.num_trainers, env.server_mode, env.timeout,
                              security=Security.from_env(env), peers=peers_of(env) if watch_peers else None,
                              limits=env.limits, min_trainers=env.min_trainers,
-                             recovering=env.recovering, max_staleness=env.max_staleness,
+                             recovering=env.recovering,
+                             max_staleness=env.max_staleness if env.mode.servers_bound_staleness else None,
                              idle_exit=None if in_process else default_limit(env.idle_exit, env.timeout))
     add_services(server, env)
     return server

@@ -112,6 +112,26 @@ def _int_at_least(variable: str, minimum: int, unit: str):
     return lambda v: f"{variable}={v}: must be >= {minimum}{unit}" if v is not None and v < minimum else None
 
 
+def _geo_k(text) -> int | str | None:
+    """``--geo-k``: a whole number >= 1 or ``auto``."""
+    if text is None or isinstance(text, int) and not isinstance(text, bool):
+        k = text
+    else:
+        text = str(text).strip().lower()
+        if not text:
+            return None
+        if text == "auto":
+            return "auto"
+        try:
+            k = int(text)
+        except ValueError:
+            raise ConfigError(f"PARAMSHARD_GEO_K={text!r} (--geo-k): expected a whole number of steps >= 1, "
+                              f"or auto") from None
+    if k is not None and k < 1:
+        raise ConfigError(f"PARAMSHARD_GEO_K={k} (--geo-k): k counts local steps between two sends, at least 1")
+    return k
+
+
 def _limit_rows() -> list[tuple[str, str, str]]:
     return [(variable, f"{meaning} (default {default})", "") for variable, default, meaning in LIMIT_SPEC.values()]
 
@@ -283,10 +303,17 @@ CONTRACT: tuple[Setting, ...] = (
             flags=(flag("launch", "--metrics-port", "serve Prometheus /metrics: server i on PORT+i, trainer j on "
                         "PORT+servers+j", WATCH, metavar="PORT", type=int, default=0),)),
     Setting("PARAMSHARD_MAX_STALENESS", "async mode: a trainer may start step j only when every trainer finished "
-            "step j-K-1 (bounded staleness, SSP); unset: no bound", "max_staleness", None, "int | None", int,
+            "step j-K-1 (bounded staleness, SSP); geo mode: the most local steps between two sends (k never "
+            "exceeds it; unset: 1000); unset: no bound", "max_staleness", None, "int | None", int,
             scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
             flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
                         "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),
+    Setting("PARAMSHARD_GEO_K", "geo mode: local steps a trainer trains between two sends of its change, a "
+            "whole number >= 1, or `auto` (chosen and adapted while it trains: geo/auto_k.py); never more than "
+            "PARAMSHARD_MAX_STALENESS; unset: 10 (docs/modes.md)", "geo_k", None, "int | str | None", _geo_k,
+            scopes=_LAUNCHED,
+            flags=(flag("launch", "--geo-k", "geo mode: local steps between two sends of a trainer's change "
+                        "(default 10), or auto; at most --max-staleness", metavar="K|auto", type=_geo_k),)),
     Setting("PARAMSHARD_PARTITIONS", "sparse ids are routed by this many virtual partitions (a power of two, "
             ">= 64 x the most servers the job will have), so servers can be added and removed while it trains "
             "(placement/partitions.py); 0, the default: fixed routing by id hash, the server count never changes",

@@ -11,6 +11,7 @@ _BACKENDS = {
     Mode.ASYNC: "servers:ServerBackend",
     Mode.COLLECTIVE: "collective:CollectiveBackend",
     Mode.HYBRID: "hybrid:HybridBackend",
+    Mode.GEO: "geo:GeoBackend",
 }
 
 

@@ -1,0 +1,211 @@
+"""A GEO trainer's local replica: the dense values and the table rows it touched, what it last
+synced of each, and its own optimizer state (trainer/backends/geo.py moves them on the wire).
+
+The local update is the servers' own rule (update_rules.make_rule of the model's optimizer), so
+one local step is exactly what a server would have done with the same gradient. A round's delta
+is ``(local - synced) / n``; the servers add it (they hold SGD(lr=1.0) in geo mode, so
+``value - 1.0 * (-delta)`` is ``value + delta`` exactly in float32), and the merged values come
+back as both the local values and the new ``synced``.
+
+Rows are kept once touched (with their optimizer slots and update counts, which are this
+trainer's own). A row's *values* are trusted only in the round they were synced in: a row not
+touched in a round is pulled again when it is next read (its values equal its ``synced``, so
+nothing local is lost), which keeps every row a forward reads at most one round old.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from paramshard.errors import ConfigError
+from paramshard.optim import OptimizerConfig, scaled
+from paramshard.update_rules.rules import make_rule
+
+
+class IdIndex:
+    """Position of each id in append order. A hash index over most ids, rebuilt when the ids
+    appended since outgrow it (amortised O(1) per id), and a small one over those."""
+
+    def __init__(self):
+        self.ids = np.empty(0, np.uint64)
+        self.n = 0
+        self._main, self._main_n = pd.Index(np.empty(0, np.uint64)), 0
+        self._tail = pd.Index(np.empty(0, np.uint64))
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        pos = self._main.get_indexer(ids)
+        if self.n > self._main_n:
+            missing = pos < 0
+            if missing.any():
+                tail = self._tail.get_indexer(ids[missing])
+                pos[missing] = np.where(tail >= 0, tail + self._main_n, -1)
+        return pos
+
+    def add(self, new: np.ndarray) -> np.ndarray:
+        """Append distinct ids not held yet; returns their positions."""
+        start = self.n
+        if self.n + len(new) > len(self.ids):
+            grown = np.empty(max(2 * len(self.ids), self.n + len(new), 1024), np.uint64)
+            grown[:self.n] = self.ids[:self.n]
+            self.ids = grown
+        self.ids[self.n:self.n + len(new)] = new
+        self.n += len(new)
+        if self.n - self._main_n > max(4096, self._main_n // 4):
+            self._main, self._main_n = pd.Index(self.ids[:self.n].copy()), self.n
+            self._tail = pd.Index(np.empty(0, np.uint64))
+        else:
+            self._tail = pd.Index(self.ids[self._main_n:self.n].copy())
+        return np.arange(start, self.n)
+
+
+class TableReplica:
+    """One table's rows on this trainer."""
+
+    def __init__(self, name: str, dim: int, optimizer: OptimizerConfig):
+        self.name, self.dim, self.optimizer = name, dim, optimizer
+        self.rule = make_rule(optimizer)
+        self.index = IdIndex()
+        self.values = np.empty((0, dim), np.float32)
+        self.synced = np.empty((0, dim), np.float32)
+        self.slots = self.rule.init_slots((0, dim))
+        self.counts = np.zeros((0, 1), np.int64)        # this trainer's updates of each row (Adam's step)
+        self.synced_round = np.zeros(0, np.int64)
+        self.round = 1                                   # rows synced in this round are fresh
+        self.touched: list[np.ndarray] = []              # positions updated this round
+
+    @property
+    def rows(self) -> int:
+        return self.index.n
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.rule = make_rule(scaled(self.optimizer, scale))
+
+    def stale(self, ids: np.ndarray) -> np.ndarray:
+        """Which of distinct ``ids`` must be pulled before a forward reads them."""
+        pos = self.index.lookup(ids)
+        out = pos < 0
+        held = ~out
+        out[held] = self.synced_round[pos[held]] != self.round
+        return out
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """The servers' rows of distinct ``ids``: local values and synced both (a new row gets
+        fresh optimizer slots; a held one keeps its own)."""
+        pos = self.index.lookup(ids)
+        new = pos < 0
+        if new.any():
+            pos[new] = self._grow(ids[new])
+        self.values[pos] = rows
+        self.synced[pos] = rows
+        self.synced_round[pos] = self.round
+
+    def _grow(self, ids: np.ndarray) -> np.ndarray:
+        pos = self.index.add(ids)
+        need = self.index.n
+        if need > len(self.values):
+            cap = max(2 * len(self.values), need, 1024)
+            self.values = _grown(self.values, cap)
+            self.synced = _grown(self.synced, cap)
+            fresh = self.rule.init_slots((cap, self.dim))
+            for new, old in zip(fresh, self.slots):
+                new[:len(old)] = old
+            self.slots = fresh
+            self.counts = _grown(self.counts, cap, zero=True)
+            self.synced_round = _grown(self.synced_round, cap, zero=True)
+        return pos
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        pos = self.index.lookup(ids)
+        if (pos < 0).any():
+            raise ConfigError(f"table {self.name}: rows read before they were pulled into the replica")
+        return self.values[pos]
+
+    def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        """One local step of the rows of distinct ``ids`` (read by this step's forward)."""
+        if not len(ids):
+            return
+        pos = self.index.lookup(ids)
+        if (pos < 0).any():
+            raise ConfigError(f"table {self.name}: gradients for {(pos < 0).sum()} ids this trainer never "
+                              f"read (e.g. {ids[pos < 0][:3].tolist()}); pull rows before pushing their gradients")
+        self.counts[pos] += 1
+        param = self.values[pos]
+        slots = [s[pos] for s in self.slots]
+        self.rule.apply(param, grads, slots, self.counts[pos], 1.0)
+        self.values[pos] = param
+        for s, part in zip(self.slots, slots):
+            s[pos] = part
+        self.touched.append(pos)
+
+    def round_delta(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(positions, ids, what the servers apply as a gradient: (synced - local) / n, the
+        squared norm of local - synced) of the rows touched this round."""
+        pos = np.unique(np.concatenate(self.touched)) if self.touched else np.empty(0, np.int64)
+        change = self.values[pos] - self.synced[pos]
+        grads = -change / np.float32(n)      # -(a - b) is exact: the servers add change / n
+        return pos, self.index.ids[pos], grads.astype(np.float32, copy=False), float(np.square(change,
+                                                                                              dtype=np.float64).sum())
+
+    def merged(self, pos: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
+        """The servers' values of the rows just sent: they become local and synced; a new round
+        starts. Returns (squared norm of merged, squared norm of merged - local)."""
+        drift = float(np.square(rows - self.values[pos], dtype=np.float64).sum())
+        self.round += 1
+        self.values[pos] = rows
+        self.synced[pos] = rows
+        self.synced_round[pos] = self.round
+        self.touched = []
+        return float(np.square(rows, dtype=np.float64).sum()), drift
+
+    def forget(self) -> None:
+        """Rolled back: every row is pulled again; the optimizer state stays (docs/modes.md)."""
+        self.round += 1
+        self.touched = []
+
+
+class DenseReplica:
+    """The dense parameters (the Trainer's flat views: trained in place), what was last synced of
+    them, and this trainer's optimizer slots."""
+
+    def __init__(self, values, optimizer: OptimizerConfig):
+        self.values, self.optimizer = values, optimizer
+        self.rule = make_rule(optimizer)
+        self.slots = {n: self.rule.init_slots(v.shape) for n, v in values.items()}
+        self.steps = 0
+        self.synced = {n: v.copy() for n, v in values.items()}
+
+    def set_lr_scale(self, scale: float) -> None:
+        self.rule = make_rule(scaled(self.optimizer, scale))
+
+    def apply(self, grads) -> None:
+        self.steps += 1
+        for name, v in self.values.items():
+            self.rule.apply(v, grads[name], self.slots[name], self.steps, 1.0)
+
+    def round_delta(self, n: int) -> tuple[dict, float]:
+        """(what the servers apply as gradients: (synced - local) / n, squared norm of local - synced)."""
+        out, norm = {}, 0.0
+        for name, v in self.values.items():
+            change = v - self.synced[name]
+            norm += float(np.square(change, dtype=np.float64).sum())
+            out[name] = (-change / np.float32(n)).astype(np.float32, copy=False)
+        return out, norm
+
+    def local_copy(self) -> dict:
+        return {n: v.copy() for n, v in self.values.items()}
+
+    def merged(self, before: dict) -> tuple[float, float]:
+        """The values now hold the servers' merged ones: they are synced. (squared norm of merged,
+        squared norm of merged - ``before``)."""
+        value, drift = 0.0, 0.0
+        for name, v in self.values.items():
+            self.synced[name][...] = v
+            value += float(np.square(v, dtype=np.float64).sum())
+            drift += float(np.square(v - before[name], dtype=np.float64).sum())
+        return value, drift
+
+
+def _grown(arr: np.ndarray, cap: int, zero: bool = False) -> np.ndarray:
+    out = (np.zeros if zero else np.empty)((cap, *arr.shape[1:]), arr.dtype)
+    out[:len(arr)] = arr
+    return out

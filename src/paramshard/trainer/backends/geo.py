@@ -1,0 +1,254 @@
+"""GEO mode (GEO-SGD, local SGD): each trainer trains a local replica and every k steps sends
+the change of what it touched.
+
+The replica (geo/replica.py) holds the dense parameters (the Trainer's own tensors) and the rows
+this trainer read, trained with the model's optimizer as the servers would apply it. A *round*
+is k local steps, then the send: the deltas ``(local - synced) / n`` of the dense blocks and of
+the rows touched go to the servers as one push (which they add: they hold SGD(lr=1.0) in geo
+mode, ``SERVER_OPTIMIZER``), the merged dense values come back in its reply, and the touched rows
+are pulled; local and "last synced" both become the merged values. k comes from the job's
+GeoSchedule (geo/choose.py): each round is measured into a ``Round`` and the schedule picks the
+next k, never over its bound (``--max-staleness``).
+
+The servers' clients are a ServerBackend's (composition: its start, checkpoints, barriers and
+rollback are used as they are, with the servers' optimizer in place of the model's).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from paramshard.env import ClusterEnv
+from paramshard.geo.choose import schedule_for
+from paramshard.geo.replica import DenseReplica, TableReplica
+from paramshard.geo.schedule import GeoSchedule, Round
+from paramshard.log import get_logger
+from paramshard.optim import SGD
+from paramshard.trainer.backends.row_source import RowSource
+from paramshard.trainer.backends.servers import ServerBackend
+
+if TYPE_CHECKING:
+    from paramshard.trainer.progress import TrainerProgress
+
+log = get_logger("trainer")
+
+# What the servers hold in geo mode, for the dense blocks and every table: a round's push carries
+# -delta, and value - 1.0 * (-delta) == value + delta exactly in float32 (no weight decay, no
+# state). An explicit "merge" op on the servers would say the same thing with a new wire op and
+# server code; this needs none, and checkpoints, exports and restores work unchanged.
+SERVER_OPTIMIZER = SGD(lr=1.0)
+
+
+def server_specs(tables):
+    """The tables as the servers hold them in geo mode: the same rows, SERVER_OPTIMIZER."""
+    return {name: dataclasses.replace(spec, optimizer=SERVER_OPTIMIZER) for name, spec in tables.items()}
+
+
+class GeoBackend:
+    def __init__(self, env: ClusterEnv, servers: ServerBackend, schedule: GeoSchedule):
+        self.env, self.mode, self.trainer_id = env, env.mode, env.trainer_id
+        self.servers, self.schedule = servers, schedule
+        self.k = schedule.first_k()
+        self.dense: DenseReplica | None = None
+        self.tables: dict[str, TableReplica] = {}
+        self.steps_in_round = 0
+        self.rounds = 0
+        self._step = 0          # the trainer's step count after its latest local step
+        self._round_started = time.perf_counter()
+        # Called after each round with (Round, next k, the trainer's step): the run directory's
+        # records of k, bytes and staleness. None: nobody listens.
+        self.on_round: Callable[[Round, int, int], None] | None = None
+        self.last_round: Round | None = None
+
+    @classmethod
+    def connect(cls, env: ClusterEnv, params, **_) -> "GeoBackend":
+        schedule = schedule_for(env)       # before any socket: a bad --geo-k leaves nothing behind
+        return cls(env, ServerBackend.connect(env, params, max_in_flight=0), schedule)
+
+    # -- what the servers' backend has ------------------------------------------
+    links = property(lambda self: self.servers.links)
+    plan = property(lambda self: self.servers.plan)
+    steps = property(lambda self: self.servers.steps)
+    sparse = property(lambda self: self.servers.sparse)
+    stats = property(lambda self: self.servers.stats)
+
+    # -- start ----------------------------------------------------------------
+    def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        version = self.servers.start(values, SERVER_OPTIMIZER, server_specs(tables), ckpt, is_chief)
+        self.dense = DenseReplica(values, optimizer)
+        self.tables = {name: TableReplica(name, spec.dim, spec.optimizer) for name, spec in tables.items()}
+        self._round_started = time.perf_counter()
+        return version
+
+    # -- versions: the servers apply rounds as they come ---------------------------
+    def row_version(self, step: int) -> int:
+        return 0
+
+    def step_of_version(self, version: int) -> int | None:
+        return None
+
+    def fresh_after(self, current_ids, fresh_rows: bool):
+        return None
+
+    # -- steps ------------------------------------------------------------------
+    def pull_dense(self, values, min_version: int) -> int:
+        """The servers' merged values (after this trainer's round: Trainer.pull flushes first)."""
+        self.flush()
+        version = self.servers.pull_dense(values, 0)
+        if self.dense is not None:
+            self.dense.merged(self.dense.local_copy())
+        return version
+
+    def rows(self, table, ids, dim, step, create):
+        replica = self.tables[table]
+        stale = replica.stale(ids)
+        if not create:
+            # Evaluation: held rows as this trainer has them, the others read without creating them.
+            out = np.empty((len(ids), dim), np.float32)
+            if (~stale).any():
+                out[~stale] = replica.read(ids[~stale])
+            if stale.any():
+                out[stale] = self.servers.sparse.pull_sparse(table, ids[stale], dim, 0, create=False)
+            return out
+        if stale.any():
+            started = time.perf_counter()
+            wanted = ids[stale]
+            replica.put(wanted, self.servers.sparse.pull_sparse(table, wanted, dim, 0, create=True))
+            self.stats["pulls"] += 1
+            self.stats["pull_wait_s"] += time.perf_counter() - started
+        return replica.read(ids)
+
+    def row_source(self, table: str, dim: int, progress: TrainerProgress) -> RowSource:
+        return RowSource(self, table, dim, progress)
+
+    def prefetch(self, table, ids, step, fresh_after) -> None:
+        # The rows come from the local replica: nothing is fetched ahead (a round may end before
+        # the forward and make held rows stale). Rows it lacks are pulled in the forward.
+        pass
+
+    def forget_fetches(self) -> None:
+        self.servers.forget_fetches()
+
+    def unused_in_a_row(self, table: str) -> int:
+        return 0        # nothing was fetched ahead, so nothing went unused
+
+    def push(self, grads, sparse_grads, step, values) -> None:
+        """One local step; the round's send when it is the k-th."""
+        self.dense.apply(grads)
+        for table, ids, table_grads in sparse_grads:
+            self.tables[table].apply(ids, table_grads)
+        self.steps_in_round += 1
+        self._step = step + 1
+        if self.steps_in_round >= self.k:
+            self.send_round(self._step)
+
+    def send_round(self, step: int) -> None:
+        """Push this round's deltas, take the merged values (``step``: the trainer's step count,
+        for the servers' clocks); ask the schedule for the next k."""
+        if self.steps_in_round == 0:
+            return
+        compute = time.perf_counter() - self._round_started
+        started = time.perf_counter()
+        n = self.env.num_trainers
+        dense_grads, delta_sq = self.dense.round_delta(n)
+        sparse_grads, sent = [], []
+        for name, replica in self.tables.items():
+            pos, ids, grads, sq = replica.round_delta(n)
+            delta_sq += sq
+            sparse_grads.append((name, ids, grads))
+            sent.append((replica, pos, ids))
+        local = self.dense.local_copy()
+        # The merged dense values land in the parameters with the push's reply.
+        self.servers.steps.push(dense_grads, sparse_grads, step, self.dense.values)
+        value_sq, drift_sq = self.dense.merged(local)
+        rows_moved = 0
+        for replica, pos, ids in sent:
+            rows = self.servers.sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
+                else np.empty((0, replica.dim), np.float32)
+            v, d = replica.merged(pos, rows)
+            value_sq, drift_sq = value_sq + v, drift_sq + d
+            rows_moved += len(ids) * (8 + 4 * replica.dim)
+        wire = time.perf_counter() - started
+        dense_bytes = sum(g.nbytes for g in dense_grads.values())
+        done = Round(steps=self.steps_in_round, compute_seconds=compute, wire_seconds=wire,
+                     bytes_sent=2 * (dense_bytes + rows_moved), delta_norm=float(np.sqrt(delta_sq)),
+                     value_norm=float(np.sqrt(value_sq)), drift_norm=float(np.sqrt(drift_sq)))
+        self.rounds += 1
+        self.steps_in_round = 0
+        self.k = self.schedule.next_k(done)
+        if not 1 <= self.k <= self.schedule.bound:
+            raise AssertionError(f"the GEO schedule returned k={self.k}, outside 1..{self.schedule.bound}")
+        self.last_round = done
+        if self.on_round is not None:
+            self.on_round(done, self.k, step)
+        self._round_started = time.perf_counter()
+
+    def staleness(self) -> int | None:
+        return None
+
+    def flush(self) -> None:
+        """Every local step is on the servers: the round so far is sent."""
+        self.servers.flush()
+        if self.dense is not None:
+            self.send_round(self._step)
+
+    # -- coordination, checkpoints --------------------------------------------
+    def barrier(self, name, count, timeout, resumed) -> None:
+        self.flush()
+        self.servers.barrier(name, count, timeout, resumed)
+
+    def broadcast(self, name, count, value, timeout, resumed):
+        self.flush()
+        return self.servers.broadcast(name, count, value, timeout, resumed)
+
+    def scale_learning_rate(self, factor, dense, tables, step) -> None:
+        # The rates are the replicas' (every trainer calls it at the same step); the servers add.
+        self._lr_scales = scales = getattr(self, "_lr_scales", {})
+        if dense:
+            scales[""] = scales.get("", 1.0) * factor
+            self.dense.set_lr_scale(scales[""])
+        for name in tables:
+            scales[name] = scales.get(name, 1.0) * factor
+            self.tables[name].set_lr_scale(scales[name])
+
+    def save(self, tables, directory, step, settings, keep):
+        return self.servers.save(server_specs(tables), directory, step, {**settings, "geo": True}, keep)
+
+    def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
+        # The round in progress belongs to the epoch rolled back: it is dropped, not sent.
+        self.steps_in_round = 0
+        ckpt, version = self.servers.roll_back(values, SERVER_OPTIMIZER, server_specs(tables), checkpoint_dir,
+                                               is_chief, timeout)
+        self.dense.merged(self.dense.local_copy())
+        for replica in self.tables.values():
+            replica.forget()
+        self._round_started = time.perf_counter()
+        return ckpt, version
+
+    def explain_failure(self, exc, step):
+        return None
+
+    def server_stats(self) -> list[dict]:
+        return self.servers.server_stats()
+
+    def export_table(self, name):
+        return self.servers.export_table(name)
+
+    def import_table(self, name, ids, values) -> None:
+        self.servers.import_table(name, ids, values)
+
+    # -- end --------------------------------------------------------------------------
+    def leave(self, timeout: float) -> None:
+        self.flush()
+        self.servers.leave(timeout)
+
+    def hang_up(self) -> None:
+        self.servers.hang_up()
+
+
+if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerBackend (trainer/backends/base.py)
+    from paramshard.trainer.backends.base import TrainerBackend
+    _trainer_backend: type[TrainerBackend] = GeoBackend
