@@ -158,7 +158,8 @@ class TableReplica:
         return float(np.square(rows, dtype=np.float64).sum()), drift
 
     def forget(self) -> None:
-        """Rolled back: every row is pulled again; the optimizer state stays (docs/modes.md)."""
+        """Every row is pulled again at its next read (a rollback, Trainer.pull); the optimizer
+        state stays (docs/modes.md)."""
         self.round += 1
         self.touched = []
 

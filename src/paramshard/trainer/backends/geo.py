@@ -95,11 +95,14 @@ class GeoBackend:
 
     # -- steps ------------------------------------------------------------------
     def pull_dense(self, values, min_version: int) -> int:
-        """The servers' merged values (after this trainer's round: Trainer.pull flushes first)."""
+        """The servers' current merged values (Trainer.pull: this trainer's round is sent first):
+        the dense ones now, every held row at its next read."""
         self.flush()
         version = self.servers.pull_dense(values, 0)
         if self.dense is not None:
             self.dense.merged(self.dense.local_copy())
+        for replica in self.tables.values():
+            replica.forget()
         return version
 
     def rows(self, table, ids, dim, step, create):
@@ -235,6 +238,7 @@ class GeoBackend:
         return self.servers.server_stats()
 
     def export_table(self, name):
+        self.flush()         # the rows this trainer trained are on the servers first
         return self.servers.export_table(name)
 
     def import_table(self, name, ids, values) -> None:

@@ -1,0 +1,167 @@
+"""GEO mode's oracles, on servers that are threads of the test process (the `cluster` fixture).
+
+- exact sums: what the servers hold is the initial values plus every delta the trainers sent
+  (integer gradients, SGD(lr=1), two trainers: every delta is a multiple of 1/2, so each sum
+  is exact in float32 whatever order the rounds arrive in);
+- K=1, one trainer: bit for bit the run of the same model, data and optimizers in sync mode
+  with one trainer (the servers applying the same rules: one process's training);
+- K>1, one trainer: that run again, up to the rounding of a round's round trip per value
+  (the servers add fl(local - synced) to synced: exact whenever the subtraction is, as for
+  nearby values; a few ulps otherwise);
+- K=1, SGD, two trainers in step (a barrier and Trainer.pull after each step): sync SGD on the
+  global batch, up to float rounding (each trainer's delta is (synced - lr g_i) - synced, halved,
+  then added one after the other, where sync scales the summed gradients once).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import paramshard as ps
+from paramshard.client.sparse import TableSpec
+from paramshard.trainer.backends.geo import GeoBackend
+from paramshard.trainer.trainer import Trainer
+from tests.conftest import run_in_threads
+from tests.integration.geo_models import TinyCTR, batches, dense_of, split, train
+
+STEPS, BATCH = 12, 16
+
+
+def _table(trainer) -> tuple[np.ndarray, np.ndarray]:
+    ids, values, _ = trainer.backend.export_table("emb")
+    order = np.argsort(ids)
+    return ids[order], values[order]
+
+
+def _run(cluster, mode, data, dense_opt, table_opt, **env):
+    c = cluster(servers=2, trainers=1, mode=mode, min_block_size=16, **env)
+    model, trainer = train(c.trainer_env(0), data, dense_opt, table_opt, close=False)
+    ids, rows = _table(trainer)
+    trainer.close()
+    return dense_of(model), ids, rows, trainer
+
+
+@pytest.mark.parametrize("dense_opt,table_opt", [
+    (ps.optim.Adam(lr=0.01), ps.optim.Adagrad(lr=0.1)),
+    (ps.optim.SGD(lr=0.1), ps.optim.RowWiseAdagrad(lr=0.1)),
+], ids=["adam-adagrad", "sgd-rowwise"])
+def test_k1_one_trainer_is_one_process_bit_for_bit(cluster, dense_opt, table_opt):
+    data = batches(STEPS, BATCH)
+    dense, ids, rows, _ = _run(cluster, "sync", data, dense_opt, table_opt)
+    geo_dense, geo_ids, geo_rows, trainer = _run(cluster, "geo", data, dense_opt, table_opt, geo_k=1)
+    assert trainer.backend.rounds == STEPS
+    for name in dense:
+        np.testing.assert_array_equal(geo_dense[name], dense[name], err_msg=name)
+    np.testing.assert_array_equal(geo_ids, ids)
+    np.testing.assert_array_equal(geo_rows, rows)
+    # and training moved them: the comparison is not between two untouched models
+    assert not np.array_equal(dense["mlp.0.weight"], dense_of(TinyCTR(table_opt))["mlp.0.weight"])
+
+
+def test_k_above_one_one_trainer_is_one_process(cluster):
+    data = batches(STEPS, BATCH)
+    opts = (ps.optim.Adam(lr=0.01), ps.optim.Adagrad(lr=0.1))
+    dense, ids, rows, _ = _run(cluster, "sync", data, *opts)
+    geo_dense, geo_ids, geo_rows, trainer = _run(cluster, "geo", data, *opts, geo_k=5)
+    assert trainer.backend.rounds == 3          # 5 + 5 + the 2 close() sends
+    for name in dense:
+        np.testing.assert_allclose(geo_dense[name], dense[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    np.testing.assert_array_equal(geo_ids, ids)
+    np.testing.assert_allclose(geo_rows, rows, rtol=1e-6, atol=1e-7)
+
+
+def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
+    data = batches(8, 2 * BATCH)
+    sgd = ps.optim.SGD(lr=0.2)
+    c = cluster(servers=2, trainers=2, mode="sync", min_block_size=16)
+    g = cluster(servers=2, trainers=2, mode="geo", geo_k=1, min_block_size=16)
+
+    def run(env_of, tid, in_step):
+        model = TinyCTR(sgd)
+        trainer = Trainer(model, sgd, env=env_of(tid))
+        for batch in data:
+            ids, x, y = split(batch, 2, tid)
+            trainer.step(F.binary_cross_entropy_with_logits(model(ids, x), y))
+            if in_step:
+                trainer.barrier("step")     # both rounds are on the servers
+                trainer.pull()              # ... and every trainer reads their sum
+        ids, rows = _table(trainer)
+        trainer.close()
+        return dense_of(model), ids, rows
+
+    sync = run_in_threads([lambda t=t: run(c.trainer_env, t, False) for t in range(2)])
+    geo = run_in_threads([lambda t=t: run(g.trainer_env, t, True) for t in range(2)])
+    for name in sync[0][0]:
+        for t in range(2):
+            np.testing.assert_allclose(geo[t][0][name], sync[0][0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(geo[0][1], sync[0][1])
+    np.testing.assert_allclose(geo[0][2], sync[0][2], rtol=1e-5, atol=1e-6)
+
+
+def test_servers_hold_initial_values_plus_every_delta(cluster):
+    """Two GEO trainers (K=3, SGD lr=1, integer gradients) over shared and own rows: the servers
+    end at initial - sum(all gradients) / 2 exactly, dense and sparse; every step is in a round."""
+    trainers, steps, k, dim = 2, 20, 3, 4
+    c = cluster(servers=2, trainers=trainers, mode="geo", geo_k=k, min_block_size=64)
+    rng = np.random.default_rng(7)
+    w0 = rng.integers(-50, 50, 300).astype(np.float32)
+    shared = np.arange(1, 17, dtype=np.uint64)
+    own = [np.arange(100 + 100 * t, 108 + 100 * t, dtype=np.uint64) for t in range(trainers)]
+    spec = TableSpec("emb", dim, ps.optim.SGD(lr=1.0), init_scale=0.0)
+    plan_inputs = [("w", torch.nn.Parameter(torch.from_numpy(w0.copy())))]
+    sums_w = np.zeros((trainers, 300), np.int64)
+    sums_rows: list[dict[int, np.ndarray]] = [{} for _ in range(trainers)]
+    registered, done = threading.Event(), threading.Barrier(trainers, timeout=60)
+    backends, rounds = [None] * trainers, [[] for _ in range(trainers)]
+
+    def trainer(t: int):
+        env = c.trainer_env(t)
+        values = {"w": w0.copy() if t == 0 else np.zeros(300, np.float32)}
+        backend = GeoBackend.connect(env, params=plan_inputs)
+        backend.on_round = lambda r, next_k, step: rounds[t].append((r.steps, next_k, step))
+        backends[t] = backend
+        if t != 0:
+            registered.wait(30)
+        backend.start(values, ps.optim.SGD(lr=1.0), {"emb": spec}, None, is_chief=t == 0)
+        registered.set()
+        g = np.random.default_rng(100 + t)
+        for step in range(steps):
+            ids = np.unique(np.concatenate([g.choice(shared, 5, replace=False), g.choice(own[t], 2)]))
+            backend.rows("emb", ids, dim, step, True)
+            grad_w = g.integers(-3, 4, 300).astype(np.float32)
+            grad_rows = g.integers(-3, 4, (len(ids), dim)).astype(np.float32)
+            sums_w[t] += grad_w.astype(np.int64)
+            for i, r in zip(ids.tolist(), grad_rows.astype(np.int64)):
+                sums_rows[t][i] = sums_rows[t].get(i, 0) + r
+            backend.push({"w": grad_w}, [("emb", ids, grad_rows)], step, values)
+        backend.flush()
+        done.wait()          # both trainers' last rounds are on the servers
+        return values
+
+    run_in_threads([lambda t=t: trainer(t) for t in range(trainers)], timeout=120)
+    try:
+        held = {}
+        backends[0].servers.dense.pull_dense(held := {"w": np.empty(300, np.float32)}, 0)
+        ids, rows, _ = backends[0].export_table("emb")
+        expected_w = w0.astype(np.int64) * 2 - sums_w.sum(axis=0)          # x2: exact halves
+        np.testing.assert_array_equal(held["w"] * 2, expected_w.astype(np.float32))
+        expected_rows = {}
+        for part in sums_rows:
+            for i, s in part.items():
+                expected_rows[i] = expected_rows.get(i, 0) - s
+        assert sorted(ids.tolist()) == sorted(expected_rows)
+        for i, row in zip(ids.tolist(), rows):
+            np.testing.assert_array_equal(row * 2, expected_rows[i].astype(np.float32), err_msg=f"row {i}")
+        for t in range(trainers):
+            assert sum(s for s, _, _ in rounds[t]) == steps          # every local step was sent once
+            assert all(s <= k and next_k == k for s, next_k, _ in rounds[t])
+            assert rounds[t][-1][2] == steps
+    finally:
+        for b in backends:
+            if b is not None:
+                b.leave(10)
+                b.hang_up()
