@@ -48,6 +48,8 @@ LAYERS: list[tuple[str, set[str]]] = [
      "what a trainer runs (data, trainer, models)", {"launch"}),
     ("the trainer's data: readers, features, shards (DynamicShards talks to server 0 via client/)",
      {"data"}),
+    ("GEO mode's own parts: when a trainer sends (schedule, k's policy) and its local replica's maths",
+     {"geo"}),
     ("paramshard's Trainer and its backends (reads the launcher's leave signal)", {"trainer"}),
     ("models built from a schema", {"models"}),
     ("using a trained model: serving builds the model a file names", {"inference"}),

@@ -7,19 +7,21 @@ from paramshard.env import ClusterEnv
 from paramshard.mode import Mode
 from paramshard.trainer.backends import backend_class
 from paramshard.trainer.backends.collective import CollectiveBackend
+from paramshard.trainer.backends.geo import GeoBackend
 from paramshard.trainer.backends.hybrid import HybridBackend
 from paramshard.trainer.backends.servers import ServerBackend
 
 
 @pytest.mark.parametrize("mode,expected", [(Mode.SYNC, ServerBackend), (Mode.ASYNC, ServerBackend),
-                                           (Mode.COLLECTIVE, CollectiveBackend), (Mode.HYBRID, HybridBackend)])
+                                           (Mode.COLLECTIVE, CollectiveBackend), (Mode.HYBRID, HybridBackend),
+                                           (Mode.GEO, GeoBackend)])
 def test_each_mode_has_its_backend(mode, expected):
     assert backend_class(mode) is expected
     assert backend_class(str(mode).upper()) is expected      # a mode named in text is parsed
 
 
 def test_every_mode_has_a_backend():
-    assert {backend_class(m) for m in Mode} == {ServerBackend, CollectiveBackend, HybridBackend}
+    assert {backend_class(m) for m in Mode} == {ServerBackend, CollectiveBackend, HybridBackend, GeoBackend}
 
 
 class FakeSteps:

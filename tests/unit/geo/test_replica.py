@@ -1,0 +1,86 @@
+"""geo/replica.py: the local replica's index, its local steps (the servers' rule), a round's
+delta and merge, and which rows a forward must pull again."""
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.errors import ConfigError
+from paramshard.geo.replica import DenseReplica, IdIndex, TableReplica
+from paramshard.update_rules.rules import make_rule
+
+
+def test_id_index_finds_every_id_across_rebuilds():
+    index, oracle = IdIndex(), {}
+    rng = np.random.default_rng(0)
+    for _ in range(12):       # 12 x 1500 ids: the hash index is rebuilt several times
+        fresh = np.setdiff1d(rng.integers(0, 2**63, 1500, dtype=np.uint64), index.ids[:index.n])
+        for i, p in zip(fresh.tolist(), index.add(fresh).tolist()):
+            oracle[i] = p
+        probe = np.concatenate([index.ids[:index.n][rng.integers(0, index.n, 500)],
+                                np.array([2**63 + 5], np.uint64)])
+        expected = [oracle.get(i, -1) for i in probe.tolist()]
+        assert index.lookup(probe).tolist() == expected
+    assert index.n == len(oracle)
+
+
+def test_local_step_is_the_servers_rule_and_a_round_sends_the_change_over_n():
+    opt = ps.optim.Adagrad(lr=0.5)
+    t = TableReplica("emb", 2, opt)
+    ids = np.array([7, 3], np.uint64)
+    start = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    t.put(ids, start)
+    grads = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
+    t.apply(ids, grads)
+    expected, slots = start.copy(), make_rule(opt).init_slots((2, 2))
+    make_rule(opt).apply(expected, grads, slots, np.ones((2, 1), np.int64), 1.0)
+    np.testing.assert_array_equal(t.read(ids), expected)
+    pos, sent_ids, sent, norm_sq = t.round_delta(4)
+    assert sorted(sent_ids.tolist()) == [3, 7]
+    order = [sent_ids.tolist().index(i) for i in (7, 3)]
+    # the servers apply ``sent`` with SGD(lr=1): value - sent == value + (local - synced) / 4
+    np.testing.assert_array_equal(sent[order], -(expected - start) / np.float32(4))
+    assert norm_sq == pytest.approx(float(np.square(expected - start).sum()))
+    merged = t.read(sent_ids) + 1
+    value_sq, drift_sq = t.merged(pos, merged)
+    np.testing.assert_array_equal(t.read(sent_ids), merged)
+    assert drift_sq == pytest.approx(4.0) and value_sq == pytest.approx(float(np.square(merged).sum()))
+    assert t.round_delta(4)[0].size == 0       # a new round: nothing touched yet
+
+
+def test_rows_not_touched_in_a_round_are_pulled_again_keeping_their_slots():
+    t = TableReplica("emb", 1, ps.optim.Adagrad(lr=1.0))
+    a, b = np.array([1], np.uint64), np.array([2], np.uint64)
+    t.put(np.array([1, 2], np.uint64), np.zeros((2, 1), np.float32))
+    assert not t.stale(np.array([1, 2], np.uint64)).any()
+    t.apply(a, np.ones((1, 1), np.float32))
+    pos, _, _, _ = t.round_delta(1)
+    t.merged(pos, t.read(a))
+    assert t.stale(np.array([1, 2, 9], np.uint64)).tolist() == [False, True, True]   # b: a round old; 9: new
+    t.put(b, np.full((1, 1), 5.0, np.float32))
+    np.testing.assert_array_equal(t.read(b), [[5.0]])
+    before = t.slots[0][t.index.lookup(a)].copy()
+    t.forget()                  # Trainer.pull, a rollback: every row is read again ...
+    assert t.stale(np.array([1, 2], np.uint64)).all()
+    np.testing.assert_array_equal(t.slots[0][t.index.lookup(a)], before)    # ... its optimizer state kept
+
+
+def test_gradients_for_rows_never_read_are_refused():
+    t = TableReplica("emb", 1, ps.optim.SGD(lr=1.0))
+    with pytest.raises(ConfigError, match="never read"):
+        t.apply(np.array([4], np.uint64), np.ones((1, 1), np.float32))
+
+
+def test_dense_replica_trains_in_place_and_sends_the_change():
+    values = {"w": np.array([1.0, -2.0, 0.5], np.float32)}
+    view = values["w"]
+    d = DenseReplica(values, ps.optim.SGD(lr=0.5))
+    d.apply({"w": np.array([1.0, 1.0, -1.0], np.float32)})
+    np.testing.assert_array_equal(view, [0.5, -2.5, 1.0])       # the Trainer's parameters, in place
+    sent, norm_sq = d.round_delta(2)
+    np.testing.assert_array_equal(sent["w"], [0.25, 0.25, -0.25])
+    assert norm_sq == pytest.approx(0.75)
+    local = d.local_copy()
+    view[:] = [0.0, 0.0, 0.0]          # the servers' merged values landed
+    _, drift_sq = d.merged(local)
+    assert drift_sq == pytest.approx(0.25 + 6.25 + 1.0)
+    assert d.round_delta(2)[1] == 0.0
