@@ -37,11 +37,12 @@ def batches(steps: int, batch: int, seed: int = 1):
     return out
 
 
-def train(env, data, dense_optimizer, table_optimizer, close: bool = True):
-    """Train ``data`` on one trainer of ``env``; returns (model, trainer)."""
+def train(env, data, dense_optimizer, table_optimizer, close: bool = True, prefetch: bool = False):
+    """Train ``data`` on one trainer of ``env`` (``prefetch``: through Trainer.prefetching);
+    returns (model, trainer)."""
     model = TinyCTR(table_optimizer)
     trainer = Trainer(model, dense_optimizer, env=env)
-    for ids, x, y in data:
+    for ids, x, y in (trainer.prefetching(data) if prefetch else data):
         trainer.step(F.binary_cross_entropy_with_logits(model(ids, x), y))
     if close:
         trainer.close()

@@ -37,9 +37,9 @@ def _table(trainer) -> tuple[np.ndarray, np.ndarray]:
     return ids[order], values[order]
 
 
-def _run(cluster, mode, data, dense_opt, table_opt, **env):
+def _run(cluster, mode, data, dense_opt, table_opt, prefetch=False, **env):
     c = cluster(servers=2, trainers=1, mode=mode, min_block_size=16, **env)
-    model, trainer = train(c.trainer_env(0), data, dense_opt, table_opt, close=False)
+    model, trainer = train(c.trainer_env(0), data, dense_opt, table_opt, close=False, prefetch=prefetch)
     ids, rows = _table(trainer)
     trainer.close()
     return dense_of(model), ids, rows, trainer
@@ -62,12 +62,18 @@ def test_k1_one_trainer_is_one_process_bit_for_bit(cluster, dense_opt, table_opt
     assert not np.array_equal(dense["mlp.0.weight"], dense_of(TinyCTR(table_opt))["mlp.0.weight"])
 
 
-def test_k_above_one_one_trainer_is_one_process(cluster):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["pulled", "prefetched"])
+def test_k_above_one_one_trainer_is_one_process(cluster, prefetch):
+    """Prefetched rows are put into the replica at the forward, except those trained since they
+    were fetched (the replica's are newer): the same run, whether rows are fetched ahead or not."""
     data = batches(STEPS, BATCH)
     opts = (ps.optim.Adam(lr=0.01), ps.optim.Adagrad(lr=0.1))
     dense, ids, rows, _ = _run(cluster, "sync", data, *opts)
-    geo_dense, geo_ids, geo_rows, trainer = _run(cluster, "geo", data, *opts, geo_k=5)
+    geo_dense, geo_ids, geo_rows, trainer = _run(cluster, "geo", data, *opts, prefetch=prefetch, geo_k=5)
     assert trainer.backend.rounds == 3          # 5 + 5 + the 2 close() sends
+    if prefetch:        # rows the replica lacked were fetched ahead, and every such fetch was taken
+        stats = trainer.pipeline_stats()
+        assert stats["prefetch_hits"] >= 2 and stats["prefetch_misses"] == 0, stats
     for name in dense:
         np.testing.assert_allclose(geo_dense[name], dense[name], rtol=1e-6, atol=1e-7, err_msg=name)
     np.testing.assert_array_equal(geo_ids, ids)

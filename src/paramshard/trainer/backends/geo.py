@@ -15,12 +15,14 @@ rollback are used as they are, with the servers' optimizer in place of the model
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from paramshard.client.step import FETCHES_PER_TABLE
 from paramshard.env import ClusterEnv
 from paramshard.geo.choose import schedule_for
 from paramshard.geo.replica import DenseReplica, TableReplica
@@ -62,6 +64,7 @@ class GeoBackend:
         # records of k, bytes and staleness. None: nobody listens.
         self.on_round: Callable[[Round, int, int], None] | None = None
         self.last_round: Round | None = None
+        self._ahead: dict[str, collections.deque] = {}     # table -> (batch ids, ids fetched ahead)
 
     @classmethod
     def connect(cls, env: ClusterEnv, params, **_) -> "GeoBackend":
@@ -107,6 +110,8 @@ class GeoBackend:
 
     def rows(self, table, ids, dim, step, create):
         replica = self.tables[table]
+        if create:
+            self._take_ahead(table, ids, dim)
         stale = replica.stale(ids)
         if not create:
             # Evaluation: held rows as this trainer has them, the others read without creating them.
@@ -128,15 +133,33 @@ class GeoBackend:
         return RowSource(self, table, dim, progress)
 
     def prefetch(self, table, ids, step, fresh_after) -> None:
-        # The rows come from the local replica: nothing is fetched ahead (a round may end before
-        # the forward and make held rows stale). Rows it lacks are pulled in the forward.
-        pass
+        """Pull now the rows of a coming batch the replica lacks (or holds a round old); its
+        forward puts them into the replica, those it touched meanwhile excepted (rows.py)."""
+        wanted = ids[self.tables[table].stale(ids)]
+        if len(wanted):
+            self.servers.steps.prefetch(table, wanted, 0)
+            self._ahead.setdefault(table, collections.deque(maxlen=FETCHES_PER_TABLE)).append((ids, wanted))
+
+    def _take_ahead(self, table: str, ids: np.ndarray, dim: int) -> None:
+        queue = self._ahead.get(table)
+        entry = next((e for e in queue if e[0] is ids), None) if queue else None
+        if entry is None:
+            return
+        queue.remove(entry)
+        wanted = entry[1]
+        rows = self.servers.steps.rows(table, wanted, dim, 0, True)      # the prefetched reply
+        # A row trained since it was fetched (a round may have merged it, or this round touched
+        # it) keeps what the replica holds: the fetched copy is older, and would drop local steps.
+        replica = self.tables[table]
+        still = replica.stale(wanted)
+        replica.put(wanted[still], rows[still])
 
     def forget_fetches(self) -> None:
+        self._ahead.clear()
         self.servers.forget_fetches()
 
     def unused_in_a_row(self, table: str) -> int:
-        return 0        # nothing was fetched ahead, so nothing went unused
+        return self.servers.unused_in_a_row(table)
 
     def push(self, grads, sparse_grads, step, values) -> None:
         """One local step; the round's send when it is the k-th."""
@@ -223,6 +246,7 @@ class GeoBackend:
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
         # The round in progress belongs to the epoch rolled back: it is dropped, not sent.
         self.steps_in_round = 0
+        self._ahead.clear()
         ckpt, version = self.servers.roll_back(values, SERVER_OPTIMIZER, server_specs(tables), checkpoint_dir,
                                                is_chief, timeout)
         self.dense.merged(self.dense.local_copy())
