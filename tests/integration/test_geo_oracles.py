@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard.client.sparse import TableSpec
+from paramshard.geo import trainer_state
 from paramshard.trainer.backends.geo import GeoBackend
 from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
@@ -171,3 +172,39 @@ def test_servers_hold_initial_values_plus_every_delta(cluster):
             if b is not None:
                 b.leave(10)
                 b.hang_up()
+
+
+def _table_of(backend):
+    ids, values, _ = backend.export_table("emb")
+    order = np.argsort(ids)
+    return ids[order], values[order]
+
+
+def test_a_resumed_run_trains_as_an_uninterrupted_one(cluster, tmp_path):
+    """K=4, checkpoints every 6 steps: 12 steps in one go, or 6, a new job resumed from the
+    checkpoint, and 6 more, end bit for bit alike (Adam and Adagrad: each trainer's optimizer
+    state is in the checkpoint; the save sent the round in progress)."""
+    data = batches(STEPS, BATCH)
+    opts = (ps.optim.Adam(lr=0.01), ps.optim.Adagrad(lr=0.1))
+
+    def run(root, parts):
+        for part, resume in parts:
+            c = cluster(servers=2, trainers=1, mode="geo", geo_k=4, min_block_size=16, checkpoint_dir=str(root),
+                        checkpoint_every=6)
+            model = TinyCTR(opts[1])
+            trainer = Trainer(model, opts[0], env=c.trainer_env(0), resume=root if resume else None)
+            assert trainer.step_count == (6 if resume else 0)
+            for ids, x, y in data[trainer.step_count:part]:
+                trainer.step(F.binary_cross_entropy_with_logits(model(ids, x), y))
+            ids, rows = _table_of(trainer.backend)
+            trainer.close()
+            c.close()
+        return dense_of(model), ids, rows
+
+    whole = run(tmp_path / "a", [(STEPS, False)])
+    resumed = run(tmp_path / "b", [(6, False), (STEPS, True)])
+    assert (tmp_path / "b" / trainer_state.relpath(6, 0)).is_file()
+    for name in whole[0]:
+        np.testing.assert_array_equal(resumed[0][name], whole[0][name], err_msg=name)
+    np.testing.assert_array_equal(resumed[1], whole[1])
+    np.testing.assert_array_equal(resumed[2], whole[2])

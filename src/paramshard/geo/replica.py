@@ -157,6 +157,21 @@ class TableReplica:
         self.touched = []
         return float(np.square(rows, dtype=np.float64).sum()), drift
 
+    def restore(self, ids: np.ndarray, counts: np.ndarray, slots: list[np.ndarray]) -> None:
+        """A fresh replica takes saved optimizer state of rows ``ids`` (geo/trainer_state.py); their
+        values are pulled at their first read."""
+        if self.rows:
+            raise ConfigError(f"table {self.name}: optimizer state is restored into an empty replica only")
+        if len(counts) != len(ids) or any(len(s) != len(ids) for s in slots) or len(slots) != len(self.slots):
+            raise ConfigError(f"table {self.name}: saved optimizer state for {len(ids)} rows does not fit")
+        pos = self._grow(ids)
+        self.values[pos] = 0.0
+        self.synced[pos] = 0.0
+        self.synced_round[pos] = 0          # never fresh: round counts from 1
+        self.counts[pos] = counts
+        for mine, saved in zip(self.slots, slots):
+            mine[pos] = saved
+
     def forget(self) -> None:
         """Every row is pulled again at its next read (a rollback, Trainer.pull); the optimizer
         state stays (docs/modes.md)."""

@@ -33,6 +33,7 @@ def save(trainer, directory=None, state: dict | None = None) -> None:
     stream = trainer.progress.stream
     if stream is not None:
         position["stream"] = stream.position_at(trainer.step_count)
+    trainer.backend.save_own(directory, trainer.step_count)     # before the position that implies it
     write_trainer_position(directory, trainer.step_count, trainer.trainer_id, position)
     if trainer.is_chief:
         settings = {"mode": env.mode, "trainers": env.num_trainers, "job_id": env.job_id}

@@ -113,6 +113,10 @@ class TrainerBackend(Protocol):
              keep: int | None) -> tuple:
         """Chief: the servers' state as checkpoint ``step``: (path, bytes, seconds)."""
 
+    def save_own(self, directory, step: int) -> None:
+        """Every trainer, before its position file: what is this trainer's own in checkpoint ``step``
+        (geo: its local optimizer's slots, geo/trainer_state.py); nothing in the other modes."""
+
     def roll_back(self, values: Values, optimizer: OptimizerConfig, tables: Mapping[str, TableSpec],
                   checkpoint_dir, is_chief: bool, timeout: float) -> tuple[Checkpoint | None, int]:
         """Every server back at the latest checkpoint, its dense values in ``values``:

@@ -84,7 +84,8 @@ class CollectiveBackend:
     def _no_servers(self, *args, **kwargs):
         raise ConfigError(f"{self.mode} mode has no parameter servers: no tables, checkpoints or rollbacks")
 
-    rows = row_source = prefetch = unused_in_a_row = save = roll_back = export_table = import_table = _no_servers
+    rows = row_source = prefetch = unused_in_a_row = save = save_own = roll_back = export_table = import_table = \
+        _no_servers
 
     # -- end ---------------------------------------------------------------------------
     def leave(self, timeout: float) -> None:

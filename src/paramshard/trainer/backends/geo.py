@@ -24,6 +24,7 @@ import numpy as np
 
 from paramshard.client.step import FETCHES_PER_TABLE
 from paramshard.env import ClusterEnv
+from paramshard.geo import trainer_state
 from paramshard.geo.choose import schedule_for
 from paramshard.geo.replica import DenseReplica, TableReplica
 from paramshard.geo.schedule import GeoSchedule, Round
@@ -65,6 +66,7 @@ class GeoBackend:
         self.on_round: Callable[[Round, int, int], None] | None = None
         self.last_round: Round | None = None
         self._ahead: dict[str, collections.deque] = {}     # table -> (batch ids, ids fetched ahead)
+        self._lr_scales: dict[str, float] = {}      # "dense" and table names -> scale_learning_rate's product
 
     @classmethod
     def connect(cls, env: ClusterEnv, params, **_) -> "GeoBackend":
@@ -80,11 +82,26 @@ class GeoBackend:
 
     # -- start ----------------------------------------------------------------
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        self._values = values           # the Trainer's parameters: the dense replica trains them in place
         version = self.servers.start(values, SERVER_OPTIMIZER, server_specs(tables), ckpt, is_chief)
-        self.dense = DenseReplica(values, optimizer)
-        self.tables = {name: TableReplica(name, spec.dim, spec.optimizer) for name, spec in tables.items()}
-        self._round_started = time.perf_counter()
+        self._optimizer, self._specs = optimizer, dict(tables)
+        self._fresh_replica(ckpt)
         return version
+
+    def _fresh_replica(self, ckpt) -> None:
+        """The replica of the values the servers hold now (the Trainer's parameters), with the
+        optimizer state this trainer saved in ``ckpt`` (None: fresh state)."""
+        self.dense = DenseReplica(self._values, self._optimizer)
+        self.tables = {name: TableReplica(name, spec.dim, spec.optimizer) for name, spec in self._specs.items()}
+        self._lr_scales = trainer_state.load(ckpt, self.trainer_id, self.dense, self.tables) if ckpt else {}
+        if "dense" in self._lr_scales:
+            self.dense.set_lr_scale(self._lr_scales["dense"])
+        for name, replica in self.tables.items():
+            if name in self._lr_scales:
+                replica.set_lr_scale(self._lr_scales[name])
+        self.steps_in_round = 0
+        self._ahead.clear()
+        self._round_started = time.perf_counter()
 
     # -- versions: the servers apply rounds as they come ---------------------------
     def row_version(self, step: int) -> int:
@@ -232,10 +249,10 @@ class GeoBackend:
 
     def scale_learning_rate(self, factor, dense, tables, step) -> None:
         # The rates are the replicas' (every trainer calls it at the same step); the servers add.
-        self._lr_scales = scales = getattr(self, "_lr_scales", {})
+        scales = self._lr_scales
         if dense:
-            scales[""] = scales.get("", 1.0) * factor
-            self.dense.set_lr_scale(scales[""])
+            scales["dense"] = scales.get("dense", 1.0) * factor
+            self.dense.set_lr_scale(scales["dense"])
         for name in tables:
             scales[name] = scales.get(name, 1.0) * factor
             self.tables[name].set_lr_scale(scales[name])
@@ -243,16 +260,15 @@ class GeoBackend:
     def save(self, tables, directory, step, settings, keep):
         return self.servers.save(server_specs(tables), directory, step, {**settings, "geo": True}, keep)
 
+    def save_own(self, directory, step) -> None:
+        trainer_state.save(directory, step, self.trainer_id, self.dense, self.tables, self._lr_scales)
+
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
-        # The round in progress belongs to the epoch rolled back: it is dropped, not sent.
-        self.steps_in_round = 0
-        self._ahead.clear()
+        # The round in progress belongs to the epoch rolled back: it is dropped, not sent; the
+        # optimizer state goes back to what this trainer saved with the checkpoint.
         ckpt, version = self.servers.roll_back(values, SERVER_OPTIMIZER, server_specs(tables), checkpoint_dir,
                                                is_chief, timeout)
-        self.dense.merged(self.dense.local_copy())
-        for replica in self.tables.values():
-            replica.forget()
-        self._round_started = time.perf_counter()
+        self._fresh_replica(ckpt)
         return ckpt, version
 
     def explain_failure(self, exc, step):

@@ -168,6 +168,9 @@ class ServerBackend:
             self.sparse.refresh_routing()
         return checkpoint_io.save_checkpoint(self.links, self.plan, tables, directory, step, settings, keep=keep)
 
+    def save_own(self, directory, step) -> None:
+        pass            # the servers hold everything of this mode's
+
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
         self.steps.drop()      # what was in flight belongs to the epoch that is rolled back
         if self.sparse.routing.elastic:      # rows go back to the servers that own them now
