@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def relpath(step: int, trainer: int) -> str:
 
 def save(root, step: int, trainer: int, dense: DenseReplica, tables: dict[str, TableReplica],
          lr_scales: dict[str, float]) -> Path:
-    arrays = {"steps": np.array(dense.steps, np.int64)}
+    arrays: dict[str, Any] = {"steps": np.array(dense.steps, np.int64)}
     for name, slots in dense.slots.items():
         for i, slot in enumerate(slots):
             arrays[f"dense{SEP}{name}{SEP}{i}"] = slot

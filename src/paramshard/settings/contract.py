@@ -141,8 +141,8 @@ def _limits(e: Mapping[str, str]) -> Limits:
                      if (value := first_int(e, variable)) is not None})
 
 
-_MODE_HELP = ("sync: barrier per step; async: apply on arrival; collective: no servers, dense gradients "
-              "averaged by allreduce")
+_MODE_HELP = ("sync: barrier per step; async: apply on arrival; geo: local steps, a send every --geo-k; "
+              "collective: no servers, dense gradients averaged by allreduce")
 
 CONTRACT: tuple[Setting, ...] = (
     Setting("PARAMSHARD_ROLE", "`server` or `trainer`; unset means a standalone run (a local server is started "
@@ -169,8 +169,9 @@ CONTRACT: tuple[Setting, ...] = (
             written_when=lambda env: env.role == "trainer",
             fallbacks=("PADDLE_TRAINER_ID", "PADDLE_INIT_TRAINER_ID")),
     Setting("PARAMSHARD_MODE", "`sync` (barrier per step, default), `async`, `collective` (no servers: dense "
-            "gradients averaged by allreduce, torch DistributedDataParallel) or `hybrid` (dense by allreduce, "
-            "sparse tables on the servers, sync steps)", "mode", Mode.SYNC, "Mode", Mode.parse, keep_empty=True,
+            "gradients averaged by allreduce, torch DistributedDataParallel), `hybrid` (dense by allreduce, "
+            "sparse tables on the servers, sync steps) or `geo` (local replicas, a send every PARAMSHARD_GEO_K "
+            "steps)", "mode", Mode.SYNC, "Mode", Mode.parse, keep_empty=True,
             coerce=Mode.parse, always=True, scopes=frozenset({JOB, LAUNCH, K8S}),
             flags=(flag("launch", "--mode", _MODE_HELP + " (DDP); hybrid: dense by allreduce, sparse tables on the "
                         "servers (docs/modes.md)", choices=MODE_NAMES, default="sync"),
@@ -304,7 +305,7 @@ CONTRACT: tuple[Setting, ...] = (
                         "PORT+servers+j", WATCH, metavar="PORT", type=int, default=0),)),
     Setting("PARAMSHARD_MAX_STALENESS", "async mode: a trainer may start step j only when every trainer finished "
             "step j-K-1 (bounded staleness, SSP); geo mode: the most local steps between two sends (k never "
-            "exceeds it; unset: 1000); unset: no bound", "max_staleness", None, "int | None", int,
+            "exceeds it; unset: 1024); unset: no bound", "max_staleness", None, "int | None", int,
             scopes=_LAUNCHED, check=_int_at_least("PARAMSHARD_MAX_STALENESS", 0, " steps"),
             flags=(flag("launch", "--max-staleness", "async: a trainer waits while it is more than K steps ahead of "
                         "the slowest (bounded staleness); 0 is lockstep", metavar="K", type=int),)),

@@ -55,7 +55,7 @@ class GeoBackend:
         self.env, self.mode, self.trainer_id = env, env.mode, env.trainer_id
         self.servers, self.schedule = servers, schedule
         self.k = schedule.first_k()
-        self.dense: DenseReplica | None = None
+        self.dense: DenseReplica          # set by start(): a push before it is a bug
         self.tables: dict[str, TableReplica] = {}
         self.steps_in_round = 0
         self.rounds = 0
@@ -79,6 +79,10 @@ class GeoBackend:
     steps = property(lambda self: self.servers.steps)
     sparse = property(lambda self: self.servers.sparse)
     stats = property(lambda self: self.servers.stats)
+
+    @property
+    def _sparse(self):
+        return self.servers.steps.sparse
 
     # -- start ----------------------------------------------------------------
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
@@ -119,8 +123,7 @@ class GeoBackend:
         the dense ones now, every held row at its next read."""
         self.flush()
         version = self.servers.pull_dense(values, 0)
-        if self.dense is not None:
-            self.dense.merged(self.dense.local_copy())
+        self.dense.merged(self.dense.local_copy())
         for replica in self.tables.values():
             replica.forget()
         return version
@@ -136,12 +139,12 @@ class GeoBackend:
             if (~stale).any():
                 out[~stale] = replica.read(ids[~stale])
             if stale.any():
-                out[stale] = self.servers.sparse.pull_sparse(table, ids[stale], dim, 0, create=False)
+                out[stale] = self._sparse.pull_sparse(table, ids[stale], dim, 0, create=False)
             return out
         if stale.any():
             started = time.perf_counter()
             wanted = ids[stale]
-            replica.put(wanted, self.servers.sparse.pull_sparse(table, wanted, dim, 0, create=True))
+            replica.put(wanted, self._sparse.pull_sparse(table, wanted, dim, 0, create=True))
             self.stats["pulls"] += 1
             self.stats["pull_wait_s"] += time.perf_counter() - started
         return replica.read(ids)
@@ -159,7 +162,9 @@ class GeoBackend:
 
     def _take_ahead(self, table: str, ids: np.ndarray, dim: int) -> None:
         queue = self._ahead.get(table)
-        entry = next((e for e in queue if e[0] is ids), None) if queue else None
+        if not queue:
+            return
+        entry = next((e for e in queue if e[0] is ids), None)
         if entry is None:
             return
         queue.remove(entry)
@@ -209,7 +214,7 @@ class GeoBackend:
         value_sq, drift_sq = self.dense.merged(local)
         rows_moved = 0
         for replica, pos, ids in sent:
-            rows = self.servers.sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
+            rows = self._sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
                 else np.empty((0, replica.dim), np.float32)
             v, d = replica.merged(pos, rows)
             value_sq, drift_sq = value_sq + v, drift_sq + d
@@ -235,8 +240,7 @@ class GeoBackend:
     def flush(self) -> None:
         """Every local step is on the servers: the round so far is sent."""
         self.servers.flush()
-        if self.dense is not None:
-            self.send_round(self._step)
+        self.send_round(self._step)      # nothing before the first local step
 
     # -- coordination, checkpoints --------------------------------------------
     def barrier(self, name, count, timeout, resumed) -> None:
