@@ -77,7 +77,7 @@ class LaunchConfig(LaunchConfigFields):
         if self.max_staleness is not None and self.mode.waits_every_step:
             raise ConfigError(f"--max-staleness {self.max_staleness}: bounds async staleness; sync mode "
                               f"already waits for every trainer each step (use --mode async)")
-        if self.min_trainers is not None and (not self.mode.dense_on_servers or
+        if self.min_trainers is not None and (not self.mode.elastic_trainers or
                                               not 1 <= self.min_trainers <= self.trainers):
             raise ConfigError(f"--trainers {self.min_trainers}:{self.trainers} (or --min-trainers "
                               f"{self.min_trainers}): an elastic job needs --mode sync or async and a minimum "

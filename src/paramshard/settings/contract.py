@@ -132,6 +132,14 @@ def _geo_k(text) -> int | str | None:
     return k
 
 
+def _geo_k_flag(text: str) -> int | str | None:
+    """``--geo-k``'s argparse type: the setting's message alone, as argparse's own errors."""
+    try:
+        return _geo_k(text)
+    except ConfigError as exc:
+        raise argtypes.flag_error(str(exc)) from None
+
+
 def _limit_rows() -> list[tuple[str, str, str]]:
     return [(variable, f"{meaning} (default {default})", "") for variable, default, meaning in LIMIT_SPEC.values()]
 
@@ -314,7 +322,7 @@ CONTRACT: tuple[Setting, ...] = (
             "PARAMSHARD_MAX_STALENESS; unset: 10 (docs/modes.md)", "geo_k", None, "int | str | None", _geo_k,
             scopes=_LAUNCHED,
             flags=(flag("launch", "--geo-k", "geo mode: local steps between two sends of a trainer's change "
-                        "(default 10), or auto; at most --max-staleness", metavar="K|auto", type=_geo_k),)),
+                        "(default 10), or auto; at most --max-staleness", metavar="K|auto", type=_geo_k_flag),)),
     Setting("PARAMSHARD_PARTITIONS", "sparse ids are routed by this many virtual partitions (a power of two, "
             ">= 64 x the most servers the job will have), so servers can be added and removed while it trains "
             "(placement/partitions.py); 0, the default: fixed routing by id hash, the server count never changes",
