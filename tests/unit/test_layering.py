@@ -40,16 +40,15 @@ LAYERS: list[tuple[str, set[str]]] = [
      "data/ (what server 0 and the trainers exchange is in messages/)",
      {"server", "client", "collective"}),
     ("watching a job: records, /metrics, the report (reads servers through client/)", {"observe"}),
-    ("GEO's own parts: when a trainer sends (schedule, auto k) and its round records (written with observe/'s "
-     "writer); the trainer's GEO backend uses them", {"geo"}),
+    ("GEO's own parts: when a trainer sends (schedule, auto k), its round records (written with observe/'s "
+     "writer), its local replica's maths and its part of a checkpoint; the trainer's GEO backend uses them",
+     {"geo"}),
     ("process entry: ps.init() takes a role; builds a server (server/assembly.py), registers observers",
      {"runtime"}),
     ("starting and supervising ranks: runs runtime.serve on a server rank, knows nothing of "
      "what a trainer runs (data, trainer, models)", {"launch"}),
     ("the trainer's data: readers, features, shards (DynamicShards talks to server 0 via client/)",
      {"data"}),
-    ("GEO mode's own parts: when a trainer sends (schedule, k's policy) and its local replica's maths",
-     {"geo"}),
     ("paramshard's Trainer and its backends (reads the launcher's leave signal)", {"trainer"}),
     ("models built from a schema", {"models"}),
     ("using a trained model: serving builds the model a file names", {"inference"}),

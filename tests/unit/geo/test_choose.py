@@ -61,3 +61,10 @@ def test_launch_refuses_before_anything_starts():
     with pytest.raises(ConfigError, match="bounded-loss"):
         LaunchConfig(script=None, module="x", mode="geo", recovery="bounded-loss", check_script=False)
     assert LaunchConfig(script=None, module="x", mode="geo", geo_k=7, check_script=False).geo_k == 7
+
+
+def test_auto_k_takes_the_bound():
+    from paramshard.geo import auto_k
+    s = schedule_for(env(geo_k="auto", max_staleness=64))
+    assert isinstance(s, auto_k.AutoK) and s.bound == 64 and 1 <= s.first_k() <= 64
+    assert schedule_for(env(geo_k="auto")).bound == DEFAULT_BOUND == auto_k.DEFAULT_BOUND

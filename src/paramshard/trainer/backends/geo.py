@@ -26,6 +26,7 @@ from paramshard.client.step import FETCHES_PER_TABLE
 from paramshard.env import ClusterEnv
 from paramshard.geo import trainer_state
 from paramshard.geo.choose import schedule_for
+from paramshard.geo.records import RoundRecords
 from paramshard.geo.replica import DenseReplica, TableReplica
 from paramshard.geo.schedule import GeoSchedule, Round
 from paramshard.log import get_logger
@@ -65,13 +66,19 @@ class GeoBackend:
         # records of k, bytes and staleness. None: nobody listens.
         self.on_round: Callable[[Round, int, int], None] | None = None
         self.last_round: Round | None = None
+        self.records: RoundRecords | None = None
         self._ahead: dict[str, collections.deque] = {}     # table -> (batch ids, ids fetched ahead)
         self._lr_scales: dict[str, float] = {}      # "dense" and table names -> scale_learning_rate's product
 
     @classmethod
     def connect(cls, env: ClusterEnv, params, **_) -> "GeoBackend":
         schedule = schedule_for(env)       # before any socket: a bad --geo-k leaves nothing behind
-        return cls(env, ServerBackend.connect(env, params, max_in_flight=0), schedule)
+        backend = cls(env, ServerBackend.connect(env, params, max_in_flight=0), schedule)
+        # The run directory's geo_round records (geo/records.py), when the launcher asks for records.
+        backend.records = RoundRecords.for_env(env)
+        if backend.records is not None:
+            backend.on_round = backend.records.add
+        return backend
 
     # -- what the servers' backend has ------------------------------------------
     links = property(lambda self: self.servers.links)
@@ -294,7 +301,11 @@ class GeoBackend:
         self.servers.leave(timeout)
 
     def hang_up(self) -> None:
-        self.servers.hang_up()
+        try:
+            self.servers.hang_up()
+        finally:
+            if self.records is not None:
+                self.records.close()
 
 
 if TYPE_CHECKING:   # `make typecheck` checks the contract: TrainerBackend (trainer/backends/base.py)
