@@ -1,0 +1,102 @@
+"""GeoBackend's rounds against a fake of the servers' backend (no sockets): when a round is sent,
+what it carries, what the schedule and ``on_round`` are told, and what a pull makes stale."""
+import numpy as np
+import pytest
+
+import paramshard as ps
+from paramshard.client.sparse import TableSpec
+from paramshard.client.step import PipelineStats
+from paramshard.env import ClusterEnv
+from paramshard.geo.schedule import FixedK
+from paramshard.trainer.backends.geo import SERVER_OPTIMIZER, GeoBackend
+
+
+class FakeServers:
+    """The servers as geo mode runs them: SGD(lr=1) on what is pushed, rows created at zero."""
+
+    def __init__(self):
+        self.dense, self.rows, self.pushes, self.pulls = {}, {}, [], []
+        self.stats = PipelineStats()
+        self.steps = self
+        self.sparse = self
+
+    # ServerBackend
+    def start(self, values, optimizer, tables, ckpt, is_chief):
+        assert optimizer == SERVER_OPTIMIZER and all(t.optimizer == SERVER_OPTIMIZER for t in tables.values())
+        self.dense = {n: v.copy() for n, v in values.items()}
+        return 0
+
+    def flush(self):
+        pass
+
+    def pull_dense(self, values, min_version):
+        for n, v in self.dense.items():
+            values[n][:] = v
+        return 0
+
+    # StepClient
+    def push(self, grads, sparse_grads, step, values):
+        self.pushes.append((step, {n: g.copy() for n, g in grads.items()}, sparse_grads))
+        for n, g in grads.items():
+            self.dense[n] -= g
+            values[n][:] = self.dense[n]
+        for _, ids, g in sparse_grads:
+            for i, row in zip(ids.tolist(), g):
+                self.rows[i] = self.rows.get(i, 0) - row
+
+    # SparseClient
+    def pull_sparse(self, table, ids, dim, min_version, create=True):
+        self.pulls.append(ids.tolist())
+        return np.array([self.rows.setdefault(i, np.zeros(dim, np.float32)) for i in ids.tolist()], np.float32)
+
+
+class Wild(FixedK):
+    def next_k(self, done):
+        return self.bound + 1
+
+
+def backend(schedule, trainers=2):
+    env = ClusterEnv(role="trainer", servers=("127.0.0.1:1",), mode="geo", num_trainers=trainers)
+    b = GeoBackend(env, FakeServers(), schedule)
+    values = {"w": np.array([1.0, 2.0], np.float32)}
+    b.start(values, ps.optim.SGD(lr=0.5), {"emb": TableSpec("emb", 2, ps.optim.SGD(lr=0.5))}, None, True)
+    return b, values
+
+
+def step(b, values, k, ids=(3, 4)):
+    ids = np.array(ids, np.uint64)
+    b.rows("emb", ids, 2, k, True)
+    b.push({"w": np.ones(2, np.float32)}, [("emb", ids, np.ones((len(ids), 2), np.float32))], k, values)
+
+
+def test_a_round_every_k_steps_and_the_rest_at_flush():
+    b, values = backend(FixedK(3))
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append((r.steps, next_k, s))
+    for k in range(7):
+        step(b, values, k)
+    assert [p[0] for p in b.servers.pushes] == [3, 6]
+    b.flush()
+    assert seen == [(3, 3, 3), (3, 3, 6), (1, 3, 7)]
+    # each round carries -(local change) / 2: 3 steps of lr 0.5 x gradient 1 = -1.5, halved
+    np.testing.assert_array_equal(b.servers.pushes[0][1]["w"], [0.75, 0.75])
+    # and the trainer holds the merged values: 1 + 7 steps' changes, each halved
+    np.testing.assert_array_equal(values["w"], [1.0 - 7 * 0.25, 2.0 - 7 * 0.25])
+    assert b.last_round.bytes_sent > 0 and b.last_round.delta_norm == pytest.approx(0.5 * np.sqrt(2 + 4))
+
+
+def test_a_schedule_over_its_bound_is_a_bug_named():
+    b, values = backend(Wild(1, bound=1))
+    with pytest.raises(AssertionError, match="outside 1..1"):
+        step(b, values, 0)
+
+
+def test_rows_touched_in_a_round_stay_held_and_a_pull_makes_every_row_read_afresh():
+    b, values = backend(FixedK(1))
+    step(b, values, 0, ids=(3, 4))
+    pulls = len(b.servers.pulls)
+    step(b, values, 1, ids=(3, 4))          # merged at the round's end: read from the replica
+    assert len(b.servers.pulls) == pulls + 1          # only the round's own pull of what it touched
+    b.pull_dense(values, 0)
+    step(b, values, 2, ids=(3,))
+    assert b.servers.pulls[-2] == [3]                 # read afresh after Trainer.pull
