@@ -68,3 +68,16 @@ def test_auto_k_takes_the_bound():
     s = schedule_for(env(geo_k="auto", max_staleness=64))
     assert isinstance(s, auto_k.AutoK) and s.bound == 64 and 1 <= s.first_k() <= 64
     assert schedule_for(env(geo_k="auto")).bound == DEFAULT_BOUND == auto_k.DEFAULT_BOUND
+
+
+@pytest.mark.parametrize("mode,gated", [("geo", None), ("async", 5)])
+def test_servers_gate_pushes_by_max_staleness_in_async_mode_only(mode, gated):
+    """In geo mode --max-staleness bounds k on the trainers; a server gating a trainer's round by
+    its step (SSP) would hold a trainer that sends every k steps for no reason."""
+    from paramshard.server.assembly import build_server
+    server = build_server(ClusterEnv(role=None, server_id=0, mode=mode, max_staleness=5), num_trainers=1,
+                          watch_peers=False, in_process=True)
+    try:
+        assert server.mode is Mode.ASYNC and server.dense.clocks.bound == gated
+    finally:
+        server.close()
