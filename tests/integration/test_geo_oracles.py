@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import paramshard as ps
 from paramshard.client.sparse import TableSpec
+from paramshard.errors import ConfigError
 from paramshard.geo import trainer_state
 from paramshard.trainer.backends.geo import GeoBackend
 from paramshard.trainer.trainer import Trainer
@@ -87,8 +88,12 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
     c = cluster(servers=2, trainers=2, mode="sync", min_block_size=16)
     g = cluster(servers=2, trainers=2, mode="geo", geo_k=1, min_block_size=16)
 
+    # Built here, one after the other: TinyCTR seeds torch's global generator, which two threads
+    # building at once would interleave (the chief's initial values are the job's).
+    models = {(job, tid): TinyCTR(sgd) for job in ("sync", "geo") for tid in range(2)}
+
     def run(env_of, tid, in_step):
-        model = TinyCTR(sgd)
+        model = models["geo" if in_step else "sync", tid]
         trainer = Trainer(model, sgd, env=env_of(tid))
         for batch in data:
             ids, x, y = split(batch, 2, tid)
@@ -208,3 +213,15 @@ def test_a_resumed_run_trains_as_an_uninterrupted_one(cluster, tmp_path):
         np.testing.assert_array_equal(resumed[0][name], whole[0][name], err_msg=name)
     np.testing.assert_array_equal(resumed[1], whole[1])
     np.testing.assert_array_equal(resumed[2], whole[2])
+
+
+@pytest.mark.parametrize("wrote,resumes", [("geo", "sync"), ("sync", "geo")])
+def test_a_checkpoint_resumes_in_its_own_kind_of_mode_only(cluster, tmp_path, wrote, resumes):
+    """A geo checkpoint's servers hold SGD(lr=1.0) sums and each trainer its own optimizer state;
+    another mode's hold the model's optimizer state: each is refused in the other, by name."""
+    opts = (ps.optim.Adam(lr=0.01), ps.optim.Adagrad(lr=0.1))
+    c = cluster(servers=1, trainers=1, mode=wrote, checkpoint_dir=str(tmp_path))
+    _, trainer = train(c.trainer_env(0), batches(2, BATCH), *opts)       # close() saves the final checkpoint
+    r = cluster(servers=1, trainers=1, mode=resumes)
+    with pytest.raises(ConfigError, match=f"written in {wrote} mode"):
+        Trainer(TinyCTR(opts[1]), opts[0], env=r.trainer_env(0), resume=tmp_path)

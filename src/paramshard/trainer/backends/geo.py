@@ -24,6 +24,7 @@ import numpy as np
 
 from paramshard.client.step import FETCHES_PER_TABLE
 from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
 from paramshard.geo import trainer_state
 from paramshard.geo.choose import schedule_for
 from paramshard.geo.records import RoundRecords
@@ -93,6 +94,11 @@ class GeoBackend:
 
     # -- start ----------------------------------------------------------------
     def start(self, values, optimizer, tables, ckpt, is_chief: bool) -> int:
+        if ckpt is not None and ckpt.manifest.get("mode") != self.mode:
+            # Its servers hold the model's optimizer state, not geo's sums (and no trainer's own).
+            raise ConfigError(f"{ckpt.path} was written in {ckpt.manifest.get('mode')} mode; a geo job resumes "
+                              f"geo checkpoints only (the servers hold SGD(lr=1.0) and each trainer its own "
+                              f"optimizer state): resume it with --mode {ckpt.manifest.get('mode')}")
         self._values = values           # the Trainer's parameters: the dense replica trains them in place
         version = self.servers.start(values, SERVER_OPTIMIZER, server_specs(tables), ckpt, is_chief)
         self._optimizer, self._specs = optimizer, dict(tables)

@@ -18,6 +18,7 @@ from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import SparseClient
 from paramshard.client.step import StepClient
 from paramshard.env import ClusterEnv
+from paramshard.errors import ConfigError
 from paramshard.log import get_logger
 from paramshard.mode import Mode
 from paramshard.placement.partitions import Routing
@@ -76,6 +77,9 @@ class ServerBackend:
             log.info("trainer %d joined the job from step %d", self.trainer_id, first)
             self.dense_sync.pull_dense(values, min_version=self.row_version(first))
             return first
+        if ckpt is not None and ckpt.manifest.get("mode") == Mode.GEO and not self.mode.local_rounds:
+            raise ConfigError(f"{ckpt.path} was written in geo mode: its servers hold the merged values with "
+                              f"SGD(lr=1.0) and each trainer its own optimizer state; resume it with --mode geo")
         if is_chief and ckpt is not None:
             checkpoint_io.restore_checkpoint(self.links, self.plan, optimizer, tables, ckpt,
                                              routing=self.sparse.routing)
