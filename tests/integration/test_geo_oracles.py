@@ -107,11 +107,15 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
 
     sync = run_in_threads([lambda t=t: run(c.trainer_env, t, False) for t in range(2)])
     geo = run_in_threads([lambda t=t: run(g.trainer_env, t, True) for t in range(2)])
+    # Up to float rounding, and not a fixed rounding: the two trainers' halves reach a server in
+    # either order (w + d0/2 + d1/2 or w + d1/2 + d0/2), as the two gradients do in sync mode, and
+    # each order rounds differently; 8 steps of a nonlinear model carry those last bits forward
+    # (measured: up to 1.05e-6 on weights of 0.1-0.3). A wrong scale or a lost half is off by 1e-2.
     for name in sync[0][0]:
         for t in range(2):
-            np.testing.assert_allclose(geo[t][0][name], sync[0][0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(geo[t][0][name], sync[0][0][name], rtol=1e-5, atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(geo[0][1], sync[0][1])
-    np.testing.assert_allclose(geo[0][2], sync[0][2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(geo[0][2], sync[0][2], rtol=1e-5, atol=1e-5)
 
 
 def test_servers_hold_initial_values_plus_every_delta(cluster):
