@@ -89,8 +89,9 @@ def test_a_budgeted_table_keeps_exact_sums_while_servers_go_2_3_2():
         up, down = records
         assert up.partitions == PARTITIONS // 3 and down.rows > 0, (up, down)
         assert sum(r[2] for r in results[:TRAINERS]) > 0, "no request was refused as moved: the move was not live"
-        # Server 1 left the routing: once the trainers let go of it, it exits by itself (code 0),
-        # and until then it must hold nothing. The rows are read from the two servers that stay.
+        # Server 1 left the routing: while the trainers still hold their links to it, it stays up
+        # and must hold nothing; once they let go of it, it exits by itself (code 0), below. The
+        # rows are read from the two servers that stay.
         assert _rows_of_a_retired_server(children[1], addresses[1]) == 0, "server 1 still holds rows after the scale-down"
         with ServerLinks([addresses[0], addresses[2]], timeout=TIMEOUT) as reader:
             kept = [reader.request(s, {"op": "export_sparse", "table": TABLE})[1] for s in range(2)]
@@ -111,18 +112,14 @@ def test_a_budgeted_table_keeps_exact_sums_while_servers_go_2_3_2():
         for links, _, _ in results[:TRAINERS]:
             links.close()
         chief.close()
+        assert _exit_of_a_retired_server(children[1]) == 0, f"server 1 exited with code {children[1].proc.returncode}"
     finally:
         stop_all(children, grace=3)
 
 
 def _rows_of_a_retired_server(child: Child, address: str) -> int:
-    """The rows a server removed by a scale still holds: 0 once it exited by itself (cleanly).
-    Its exit is waited for first: asked while it exits, a request can find it gone."""
-    try:
-        assert child.proc.wait(TIMEOUT) == 0, f"server 1 exited with code {child.proc.returncode}"
-        return 0
-    except subprocess.TimeoutExpired:
-        pass                           # still up: it must hold nothing
+    """The rows a server removed by a scale still holds while trainers keep their links to it (it
+    has no reason to exit yet: none let go of it): 0, or it exited cleanly by itself."""
     try:
         with ServerLinks([address], timeout=TIMEOUT) as links:
             return len(links.request(0, {"op": "export_sparse", "table": TABLE})[1][0])
@@ -131,3 +128,12 @@ def _rows_of_a_retired_server(child: Child, address: str) -> int:
             raise
         assert child.proc.returncode == 0, f"server 1 exited with code {child.proc.returncode}"
         return 0
+
+
+def _exit_of_a_retired_server(child: Child) -> int | None:
+    """A server removed by a scale exits by itself once every trainer closed its link to it (each
+    closing counts as that trainer leaving it: server/core/parameter_server.py): its exit code."""
+    try:
+        return child.proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return None
