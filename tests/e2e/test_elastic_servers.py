@@ -102,7 +102,7 @@ def test_a_sync_job_with_prefetching_scales_2_3_2(tmp_path):
     rows equal an unscaled run's: tests/integration/test_server_scaling_sync.py."""
     job = Job(tmp_path, "--trainers", "2", "--mode", "sync", "--partitions", "64", servers="2",
               script=str(REPO / "examples" / "ctr_wide_deep.py"),
-              args=["--train-rows", "150000", "--test-rows", "2000", "--batch-size", "64",
+              args=["--train-rows", "80000", "--test-rows", "2000", "--batch-size", "64",
                     "--workdir", str(tmp_path / "data")])
     try:
         job.wait_for(r"epoch 1 \[", deadline=120)            # data written, training
@@ -119,7 +119,7 @@ def test_a_sync_job_with_prefetching_scales_2_3_2(tmp_path):
         assert job.proc.wait(timeout=150) == 0, job.text()[-5000:]
     finally:
         job.close()
-    total = 150000 // (64 * 2)
+    total = 80000 // (64 * 2)
     assert trainer_steps(job.run_dir) == {0: total, 1: total}, trainer_steps(job.run_dir)
     assert "epoch 1: train loss" in job.text() and "gave up" not in job.text(), job.text()[-5000:]
     changes = [(e["rank"], e["change"]) for e in events(job.run_dir, "membership")]
