@@ -4,8 +4,10 @@ it took; each process appends them to LOGS/ids-<slot>-<pid>.txt after every step
 process of slot 1 stops between two steps at STOP_AT (every push and report answered) and
 says "ready", to be killed there; the test joins and removes trainers around it. Once the test
 writes LOGS/hold (before it asks for the last joiner), every process slows to a step every 0.5 s
-until that joiner (slot 2, joining) has joined and written LOGS/joined, so the data does not run
-out before it arrives on a loaded machine (the joiner's start took > 5 s under load 10)."""
+until that joiner (slot 2, joining) has trained its first batch and written LOGS/joined, so the
+data does not run out before it arrives on a loaded machine (the joiner's start took > 5 s under
+load 10). After that nothing more happens to the job: every process trains the rest of the epoch
+unpaced."""
 import os
 import sys
 import time
@@ -24,15 +26,17 @@ first = not os.environ.get("PARAMSHARD_JOINING")
 loader = DynamicShards(LibsvmReader(data, 4), task_bytes=400, trainer=trainer)
 print(f"trainer {env.trainer_id} first step {trainer.step_count}", flush=True)
 hold, joined = os.path.join(logs, "hold"), os.path.join(logs, "joined")
-last_joiner = env.trainer_id == 2 and not first
-if last_joiner and os.path.exists(hold):
-    open(joined, "w").close()
+last_joiner = env.trainer_id == 2 and not first and os.path.exists(hold)
 
 
 def pace():
     """A step every 0.5 s while the last joiner is on its way (others must not end the data before
-    it joins; they cannot just wait: a sync joiner's first pull needs their pushes), else 0.03 s."""
-    time.sleep(0.5 if os.path.exists(hold) and not os.path.exists(joined) else 0.03)
+    it joins; they cannot just wait: a sync joiner's first pull needs their pushes); none once it
+    trained a batch (the test disturbs the job no more: the rest of the epoch need not wait);
+    0.03 s before the test's disturbances, so that the data lasts until they are done."""
+    if os.path.exists(joined):
+        return
+    time.sleep(0.5 if os.path.exists(hold) else 0.03)
 
 
 with open(os.path.join(logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as log:
@@ -42,6 +46,8 @@ with open(os.path.join(logs, f"ids-{env.trainer_id}-{os.getpid()}.txt"), "a") as
             trainer.step(model(x).sum() if len(batch) else None)
             log.write(" ".join(str(i) for i in batch.ids.tolist()) + "\n")
             log.flush()
+            if last_joiner and len(batch) and not os.path.exists(joined):
+                open(joined, "w").close()      # a batch of its own trained and logged: its share is > 0
             if trainer.step_count % 10 == 0:
                 print(f"trainer {env.trainer_id} at step {trainer.step_count}", flush=True)
             if env.trainer_id == 1 and first and trainer.step_count == stop_at:
