@@ -27,6 +27,7 @@ def pytest_configure(config):
     # for Python, torch, pandas and numba. PARAMSHARD_FORK=0 runs the suite with every rank a new
     # process; tests of that path set it to 0 themselves (e.g. tests/e2e/test_launch_signals.py).
     os.environ.setdefault("PARAMSHARD_FORK", "1")
+    config.pluginmanager.register(_XdistGroups(), "paramshard-xdist-groups")
 
 
 # Markers by cost (pyproject.toml), applied here so that a file need not say them: the engine a
@@ -70,6 +71,8 @@ def _listed(item, names: set[str]) -> bool:
     return f"{name}::*" in names or f"{name}::{getattr(item, 'originalname', item.name)}" in names
 
 
+# tryfirst: pytest-xdist's own hook (--dist loadgroup) reads the xdist_group marks set here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
@@ -83,10 +86,43 @@ def pytest_collection_modifyitems(config, items):
             # `make test` runs two pytest-xdist workers: the engines (sshd, slurmctld, network
             # namespaces) are machine-wide and started once per worker, so their tests share one.
             item.add_marker(pytest.mark.xdist_group("engines"))
+        elif _uses_a_module_fixture(item):
+            # A module-scoped fixture (a trained job, a downloaded data set, a zygote) is made once
+            # per worker that runs one of its users: `--dist loadgroup` spread a module's items
+            # over both workers, and each made it. Its users share one worker, so it is made once.
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
         if _listed(item, SLOW):
             item.add_marker("slow")
         if _listed(item, SOAK):
             item.add_marker("soak")
+
+
+class _XdistGroups:
+    """`--dist loadgroup` schedules by node id: pytest-xdist 3.8 names an item's group by a suffix
+    (``nodeid@group``) it writes to ``item._nodeid``; pytest 9 keeps the node id in ``item._id``,
+    so the suffix was lost and every group spread over both workers as under plain `load` (the
+    engine tests on both at once, each module fixture made by both). Set it where this pytest
+    reads it, after xdist's own hook, when that hook's did not take."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not getattr(config.option, "loadgroup", False):      # an xdist worker under loadgroup
+            return
+        for item in items:
+            names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in item.iter_markers("xdist_group")})
+            if not names or "@" in item.nodeid.rsplit("]", 1)[-1]:
+                continue
+            nodeid = f"{item.nodeid}@{'_'.join(names)}"
+            if hasattr(item, "_id"):
+                item._id = type(item._id).parse(nodeid)
+            else:
+                item._nodeid = nodeid
+
+
+def _uses_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 # Unit items over their time budget (tests/unit/conftest.py marks them on their reports): listed
