@@ -11,6 +11,7 @@ from paramshard.launch.engines.ports import free_ports
 from paramshard.launch.engines.local import child_environ
 from paramshard.launch.engines.processes import Child, stop_all
 from paramshard.server.assembly import build_server
+from tests.xdist_groups import XdistGroups
 
 
 def pytest_configure(config):
@@ -27,7 +28,7 @@ def pytest_configure(config):
     # for Python, torch, pandas and numba. PARAMSHARD_FORK=0 runs the suite with every rank a new
     # process; tests of that path set it to 0 themselves (e.g. tests/e2e/test_launch_signals.py).
     os.environ.setdefault("PARAMSHARD_FORK", "1")
-    config.pluginmanager.register(_XdistGroups(), "paramshard-xdist-groups")
+    config.pluginmanager.register(XdistGroups(), "paramshard-xdist-groups")
 
 
 # Markers by cost (pyproject.toml), applied here so that a file need not say them: the engine a
@@ -95,29 +96,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         if _listed(item, SOAK):
             item.add_marker("soak")
-
-
-class _XdistGroups:
-    """`--dist loadgroup` schedules by node id: pytest-xdist 3.8 names an item's group by a suffix
-    (``nodeid@group``) it writes to ``item._nodeid``; pytest 9 keeps the node id in ``item._id``,
-    so the suffix was lost and every group spread over both workers as under plain `load` (the
-    engine tests on both at once, each module fixture made by both). Set it where this pytest
-    reads it, after xdist's own hook, when that hook's did not take."""
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, config, items):
-        if not getattr(config.option, "loadgroup", False):      # an xdist worker under loadgroup
-            return
-        for item in items:
-            names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                            for m in item.iter_markers("xdist_group")})
-            if not names or "@" in item.nodeid.rsplit("]", 1)[-1]:
-                continue
-            nodeid = f"{item.nodeid}@{'_'.join(names)}"
-            if hasattr(item, "_id"):
-                item._id = type(item._id).parse(nodeid)
-            else:
-                item._nodeid = nodeid
 
 
 def _uses_a_module_fixture(item) -> bool:
