@@ -95,6 +95,10 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
     def run(env_of, tid, in_step):
         model = models["geo" if in_step else "sync", tid]
         trainer = Trainer(model, sgd, env=env_of(tid))
+        if in_step:
+            # Both start from the chief's values: a trainer that started late would pull them
+            # with the other's first round added, and compute its first gradient elsewhere.
+            trainer.barrier("start")
         for batch in data:
             ids, x, y = split(batch, 2, tid)
             trainer.step(F.binary_cross_entropy_with_logits(model(ids, x), y))
@@ -107,10 +111,10 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
 
     sync = run_in_threads([lambda t=t: run(c.trainer_env, t, False) for t in range(2)])
     geo = run_in_threads([lambda t=t: run(g.trainer_env, t, True) for t in range(2)])
-    # Up to float rounding, and not a fixed rounding: the two trainers' halves reach a server in
-    # either order (w + d0/2 + d1/2 or w + d1/2 + d0/2), as the two gradients do in sync mode, and
-    # each order rounds differently; 8 steps of a nonlinear model carry those last bits forward
-    # (measured: up to 1.05e-6 on weights of 0.1-0.3). A wrong scale or a lost half is off by 1e-2.
+    # Up to float rounding, and not one fixed rounding: the two halves reach a server in either
+    # order, w + d0/2 + d1/2 or w + d1/2 + d0/2 (float addition is not associative), where sync
+    # adds the two gradients (commutative: one result); 8 steps of a nonlinear model carry those
+    # last bits on (measured over runs: 9e-8 to 4.2e-6). A wrong scale or a lost half is off by 1e-2.
     for name in sync[0][0]:
         for t in range(2):
             np.testing.assert_allclose(geo[t][0][name], sync[0][0][name], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -146,10 +146,14 @@ class TableReplica:
         return pos, self.index.ids[pos], grads.astype(np.float32, copy=False), float(np.square(change,
                                                                                               dtype=np.float64).sum())
 
-    def merged(self, pos: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
-        """The servers' values of the rows just sent: they become local and synced; a new round
-        starts. Returns (squared norm of merged, squared norm of merged - local)."""
-        drift = float(np.square(rows - self.values[pos], dtype=np.float64).sum())
+    def merged(self, pos: np.ndarray, rows: np.ndarray, sent: np.ndarray) -> tuple[float, float]:
+        """The servers' values of the rows just sent (``sent``: what went out for them, as
+        round_delta made it): they become local and synced; a new round starts. Returns
+        (squared norm of merged, squared norm of what the others changed: merged - (synced +
+        this trainer's own share), not merged - local, which would count the 1/n of this
+        trainer's own change as if someone else had made it)."""
+        alone = self.synced[pos] - sent
+        drift = float(np.square(rows - alone, dtype=np.float64).sum())
         self.round += 1
         self.values[pos] = rows
         self.synced[pos] = rows
@@ -210,14 +214,16 @@ class DenseReplica:
     def local_copy(self) -> dict:
         return {n: v.copy() for n, v in self.values.items()}
 
-    def merged(self, before: dict) -> tuple[float, float]:
-        """The values now hold the servers' merged ones: they are synced. (squared norm of merged,
-        squared norm of merged - ``before``)."""
+    def merged(self, sent: dict) -> tuple[float, float]:
+        """The values now hold the servers' merged ones (``sent``: what went out, as round_delta
+        made it): they are synced. (squared norm of merged, squared norm of what the others
+        changed: merged - (synced + this trainer's own share))."""
         value, drift = 0.0, 0.0
         for name, v in self.values.items():
+            alone = self.synced[name] - sent[name]
+            drift += float(np.square(v - alone, dtype=np.float64).sum())
             self.synced[name][...] = v
             value += float(np.square(v, dtype=np.float64).sum())
-            drift += float(np.square(v - before[name], dtype=np.float64).sum())
         return value, drift
 
 

@@ -40,8 +40,11 @@ def test_local_step_is_the_servers_rule_and_a_round_sends_the_change_over_n():
     # the servers apply ``sent`` with SGD(lr=1): value - sent == value + (local - synced) / 4
     np.testing.assert_array_equal(sent[order], -(expected - start) / np.float32(4))
     assert norm_sq == pytest.approx(float(np.square(expected - start).sum()))
-    merged = t.read(sent_ids) + 1
-    value_sq, drift_sq = t.merged(pos, merged)
+    # The others' change is what the merge holds beyond synced + this trainer's quarter: here +1
+    # on each of the 4 values (not merged - local, which would count 3/4 of our own change too).
+    synced = start[[0 if i == 7 else 1 for i in sent_ids.tolist()]]
+    merged = synced - sent + 1
+    value_sq, drift_sq = t.merged(pos, merged, sent)
     np.testing.assert_array_equal(t.read(sent_ids), merged)
     assert drift_sq == pytest.approx(4.0) and value_sq == pytest.approx(float(np.square(merged).sum()))
     assert t.round_delta(4)[0].size == 0       # a new round: nothing touched yet
@@ -53,8 +56,8 @@ def test_rows_not_touched_in_a_round_are_pulled_again_keeping_their_slots():
     t.put(np.array([1, 2], np.uint64), np.zeros((2, 1), np.float32))
     assert not t.stale(np.array([1, 2], np.uint64)).any()
     t.apply(a, np.ones((1, 1), np.float32))
-    pos, _, _, _ = t.round_delta(1)
-    t.merged(pos, t.read(a))
+    pos, _, sent, _ = t.round_delta(1)
+    t.merged(pos, t.read(a), sent)
     assert t.stale(np.array([1, 2, 9], np.uint64)).tolist() == [False, True, True]   # b: a round old; 9: new
     t.put(b, np.full((1, 1), 5.0, np.float32))
     np.testing.assert_array_equal(t.read(b), [[5.0]])
@@ -79,8 +82,10 @@ def test_dense_replica_trains_in_place_and_sends_the_change():
     sent, norm_sq = d.round_delta(2)
     np.testing.assert_array_equal(sent["w"], [0.25, 0.25, -0.25])
     assert norm_sq == pytest.approx(0.75)
-    local = d.local_copy()
-    view[:] = [0.0, 0.0, 0.0]          # the servers' merged values landed
-    _, drift_sq = d.merged(local)
-    assert drift_sq == pytest.approx(0.25 + 6.25 + 1.0)
+    view[:] = [0.75, -2.25, 0.75]      # merged: synced + our half, nobody else sent
+    _, drift_sq = d.merged(sent)
+    assert drift_sq == 0.0               # alone: nothing missed (merged - local would say 0.1875)
     assert d.round_delta(2)[1] == 0.0
+    view[:] = [0.0, 0.0, 0.0]          # next round: nothing trained, the others moved it all to 0
+    _, drift_sq = d.merged({"w": np.zeros(3, np.float32)})
+    assert drift_sq == pytest.approx(0.5625 + 5.0625 + 0.5625)

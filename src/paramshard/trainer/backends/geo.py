@@ -136,7 +136,7 @@ class GeoBackend:
         the dense ones now, every held row at its next read."""
         self.flush()
         version = self.servers.pull_dense(values, 0)
-        self.dense.merged(self.dense.local_copy())
+        self.dense.merged({name: 0.0 for name in self.dense.values})     # the round went out: nothing in flight
         for replica in self.tables.values():
             replica.forget()
         return version
@@ -220,16 +220,15 @@ class GeoBackend:
             pos, ids, grads, sq = replica.round_delta(n)
             delta_sq += sq
             sparse_grads.append((name, ids, grads))
-            sent.append((replica, pos, ids))
-        local = self.dense.local_copy()
+            sent.append((replica, pos, ids, grads))
         # The merged dense values land in the parameters with the push's reply.
         self.servers.steps.push(dense_grads, sparse_grads, step, self.dense.values)
-        value_sq, drift_sq = self.dense.merged(local)
+        value_sq, drift_sq = self.dense.merged(dense_grads)
         rows_moved = 0
-        for replica, pos, ids in sent:
+        for replica, pos, ids, grads in sent:
             rows = self._sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
                 else np.empty((0, replica.dim), np.float32)
-            v, d = replica.merged(pos, rows)
+            v, d = replica.merged(pos, rows, grads)
             value_sq, drift_sq = value_sq + v, drift_sq + d
             rows_moved += len(ids) * (8 + 4 * replica.dim)
         wire = time.perf_counter() - started
