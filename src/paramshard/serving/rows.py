@@ -19,6 +19,7 @@ take, through ``from_rows``/``from_columns`` and ``encode`` (the schema Encoder'
 from __future__ import annotations
 
 import itertools
+import operator
 
 import numpy as np
 
@@ -54,6 +55,8 @@ class RowEncoder:
         self.schema = schema
         self.columns = [c for c in self.schema.columns if c.kind != "drop"]
         self.kinds = {c.name: c.kind for c in self.columns}
+        # A row's values of every column, in order (None with one column: itemgetter then gives no tuple).
+        self._cells = operator.itemgetter(*self.kinds) if len(self.kinds) > 1 else None
         self._encoder = Encoder(self.schema, labels=False)
         self.fast = FastEncoder(self)
 
@@ -63,8 +66,13 @@ class RowEncoder:
         if type(rows) is list and 0 < len(rows) <= MAX_ROWS and set(map(type, rows)) == {dict}:
             n = len(rows)
             try:
-                return self.fast.encode({name: list(map(dict.get, rows, itertools.repeat(name, n)))
-                                         for name in self.kinds}, n)
+                try:     # every row has every column (the usual request): one C call per row, then transposed
+                    columns = dict(zip(self.kinds, zip(*map(self._cells, rows)))) if self._cells else None
+                except KeyError:
+                    columns = None
+                if columns is None:      # a missing key is a missing value
+                    columns = {name: list(map(dict.get, rows, itertools.repeat(name, n))) for name in self.kinds}
+                return self.fast.encode(columns, n)
             except Fallback:
                 pass
         self.fast.fallbacks += 1

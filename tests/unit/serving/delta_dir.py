@@ -22,11 +22,11 @@ SCHEMA = Schema(Label("click"), [Column("price", transforms=["log"]), Column("ci
 DIMS = {"wide": 1, "deep": 4}
 
 
-def make_model_dir(root, dtype: str = "float32"):
-    """root/model.pt (no rows) and root/blocks.json (mlp.0.weight in two blocks, mlp.0.bias whole);
-    returns the module it was made from."""
+def make_model_dir(root, dtype: str = "float32", schema: Schema = SCHEMA):
+    """root/model.pt (no rows) and root/blocks.json (mlp.0.weight in two blocks, mlp.0.bias whole:
+    a ``schema`` of 1 numeric and 2 other columns); returns the module it was made from."""
     torch.manual_seed(0)
-    model = build_model("deepfm", SCHEMA, dim=4, hidden=[8, 4])
+    model = build_model("deepfm", schema, dim=4, hidden=[8, 4])
     dense = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     sparse = {name: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
                                  t.spec.init_scale, dtype, Admission())

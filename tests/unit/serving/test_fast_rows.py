@@ -49,13 +49,13 @@ def random_schema(g) -> Schema:
     return Schema(Label("y"), [columns[k] for k in order])
 
 
-def random_rows(g, schema: Schema, n: int, odd: float, refused: float) -> list[dict]:
+def random_rows(g, schema: Schema, n: int, odd: float, refused: float, absent: float = .1) -> list[dict]:
     pools = {"numeric": NUMERIC, "categorical": CATEGORICAL, "multi": MULTI, "drop": ["x", 1]}
     rows = []
     for _ in range(n):
         row = {"y": 1, "other": "ignored"}
         for c in schema.columns:
-            if g.random() < .1:
+            if g.random() < absent:
                 continue                          # an absent key: a missing value
             pool = pools[c.kind]
             value = pool[int(g.integers(0, len(pool)))]
@@ -104,6 +104,8 @@ def test_fast_path_equals_the_encoder(seed):
     schema = random_schema(g)
     encoder = RowEncoder.of_schema(schema)
     took = [check(encoder, random_rows(g, schema, int(g.integers(1, 12)), odd=0.0, refused=0.0)) for _ in range(3)]
+    # Every row with every column (the usual request: its cells are read a row at a time) too.
+    took += [check(encoder, random_rows(g, schema, int(g.integers(1, 12)), 0.0, 0.0, absent=0.0)) for _ in range(2)]
     assert all(took), "plain requests must take the fast path"
     for odd, refused in ((0.15, 0.0), (0.0, 0.05)):
         check(encoder, random_rows(g, schema, int(g.integers(1, 12)), odd, refused))
@@ -138,3 +140,13 @@ def test_keys_that_python_calls_equal_and_the_encoder_does_not():
         check(encoder, rows)
     dense = encoder.batch_of_rows([{"n": -0.0}, {"n": 0}]).dense[:, 0]
     assert [math.copysign(1.0, float(v)) for v in dense] == [-1.0, 1.0]     # not one cached zero
+
+
+def test_a_one_column_schema_and_rows_without_some_columns():
+    """One column (its cells read by key, not as a row's tuple) and rows lacking a column (a missing
+    value) both equal the Encoder's batch."""
+    for schema in (Schema(Label("y"), [Column("c", "categorical")]),
+                   Schema(Label("y"), [Column("n"), Column("c", "categorical")])):
+        encoder = RowEncoder.of_schema(schema)
+        assert check(encoder, [{"c": "a", "n": "1"}, {"c": "b"}, {"n": 2}, {}])
+        assert check(encoder, [{"c": "a", "n": "1"}, {"c": "b", "n": 3}])

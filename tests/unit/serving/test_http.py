@@ -15,6 +15,7 @@ from paramshard.online.delta_format import TableChange
 from paramshard.serving.http import ServingFront
 from paramshard.serving.live_table import StoreChoice
 from paramshard.serving.replica import Replica
+from paramshard.serving.rows import BadRequest
 from paramshard.tables import Admission
 from tests.unit.serving.delta_dir import delta, make_model_dir, publish
 
@@ -177,3 +178,49 @@ def test_a_scoring_reply_says_where_its_time_went_and_which_path_encoded_it(serv
     paths = {s.labels["path"]: s.value for s in families["paramshard_serve_encoded_requests"].samples
              if s.name.endswith("_total")}
     assert paths == {"fast": after["fast"], "encoder": after["encoder"]}
+
+
+def test_requests_on_one_kept_connection_are_each_answered_whole(served):
+    """The reply is written through a buffer (one send): each of several requests on one connection
+    gets its whole reply, and an error reply that closes the connection is sent too."""
+    front, expected, _ = served
+    connection = http.client.HTTPConnection(front.host, front.port, timeout=10)
+    try:
+        for _ in range(3):
+            connection.request("POST", "/predict", json.dumps({"rows": ROWS}).encode())
+            reply = connection.getresponse()
+            assert reply.status == 200 and json.loads(reply.read())["scores"] == expected.tolist()
+        connection.request("GET", "/nope")
+        reply = connection.getresponse()
+        assert reply.status == 404 and "POST /predict" in json.loads(reply.read())["error"]
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("text", [
+    b'{"rows": [{"a": "x", "b": 1.5, "c": -0.0, "d": null, "e": [1, "2"]}]}', b'[1, 2.5e300, -0, "\\u00e9"]',
+    b'{"a": 1, "a": 2}', b'[NaN, Infinity, -Infinity]', b'[123456789012345678901234567890]',
+    b'["\\ud800"]', '{"a": "\u00e9"}'.encode("utf-16"), b"[" * 2000 + b"]" * 2000, b" \n[1e400]\n",
+    b'[18446744073709551615, 18446744073709551616, -9223372036854775809, "12345678901234567890123"]',
+    b'["a\x01b"]', b"\xef\xbb\xbf[1]", b'["\xed\xa0\x80"]', b'[0.1000000000000000055511151231257827, 1.7976931348623157e308]',
+    json.dumps([float(x) for x in np.random.default_rng(0).standard_normal(300) * 10.0 ** np.arange(-150, 150)]).encode()])
+def test_bodies_parse_as_json_parses_them(text):
+    """orjson reads what it takes; what it refuses (NaN, big integers, lone surrogates, UTF-16, deep
+    nesting) json reads: every body gives json.loads's objects, and a body that is not JSON is refused."""
+    from paramshard.serving.http import parse_json
+    try:
+        expected = json.loads(text)
+    except (ValueError, RecursionError):
+        with pytest.raises(BadRequest, match="not JSON"):
+            parse_json(text)
+        return
+    got = parse_json(text)
+    assert json.dumps(got) == json.dumps(expected)       # the same values (NaN compares unequal; its text does not)
+    assert repr(got) == repr(expected)                   # and types (1 vs 1.0, -0.0)
+
+
+@pytest.mark.parametrize("text", [b"[1,", b"", b"{'a': 1}", b"[1] x", b"\xff"])
+def test_a_body_that_is_not_json_is_refused(text):
+    from paramshard.serving.http import parse_json
+    with pytest.raises(BadRequest, match="the body is not JSON"):
+        parse_json(text)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from paramshard.online.delta_format import TableChange
 from paramshard.online.delta_log import DeltaLog
 from paramshard.placement.sparse_hash import initial_rows
 from paramshard.server.storage.row_formats import rounded
@@ -162,4 +163,36 @@ def test_a_server_started_again_is_followed_from_its_new_snapshot(root):
     publish(root, "delta", 0, 3, 1, change([3], 6.0))
     assert replica.poll() == 1
     np.testing.assert_array_equal(rows(replica, "deep", [3]), [[6.0] * 4])
+    replica.close()
+
+
+def test_scores_of_one_id_fields_equal_the_embedding_bag_path(tmp_path):
+    """Categorical fields only (bags of one id: the served forward reads each id's row as it is, no
+    de-duplication, no embedding_bag): the scores equal, bit for bit, those of the same module
+    reading its rows through the training path (distinct ids, embedding_bag), for rows held,
+    repeated within the request, and never seen (their initial rows)."""
+    from paramshard.data import Column, Label, Schema
+    from paramshard.trainer.sparse_embedding import tables_of
+    schema = Schema(Label("click"), [Column("price", transforms=["log"]), Column("city", "categorical"),
+                                     Column("shop", "categorical")])
+    make_model_dir(tmp_path, schema=schema)
+    replica = Replica(tmp_path, StoreChoice("compiled")).start()
+    g = np.random.default_rng(3)
+    rows = [{"price": str(g.integers(0, 100)), "city": f"c{g.integers(0, 5)}", "shop": f"s{g.integers(0, 40)}"}
+            for _ in range(64)]
+    batch = replica.encoder.batch_of_rows(rows)
+    assert batch.offsets is None
+    held = np.unique(batch.ids.astype(np.uint64))[::2]          # half the request's ids have rows
+    values = g.standard_normal((len(held), 4)).astype(np.float32)
+    values[0] = -0.0
+    publish(tmp_path, "delta", 0, 1, 1, {"deep": TableChange(held, values, np.zeros(0, np.uint64)),
+                                         "wide": TableChange(held, values[:, :1].copy(), np.zeros(0, np.uint64))})
+    assert replica.poll() == 1
+    served, version = replica.score_batch(batch)
+    for copy in replica.buffer.copies:           # the same rows, read through the training path
+        for name, embedding in tables_of(copy.module).items():
+            embedding.attach(copy.tables[name].row_source("initial"), trainable=True)
+    reference, same_version = replica.score_batch(batch)
+    assert version == same_version and served.dtype == reference.dtype == np.float64
+    assert served.tobytes() == reference.tobytes()
     replica.close()

@@ -46,3 +46,23 @@ def test_the_registration_carries_the_row_format():
     assert [(h["dtype"], h["rounding"]) for h in sent] == [("bfloat16", "nearest")] * 2
     with pytest.raises(ConfigError, match="rows are stored as one of"):
         TableSpec("e", 4, ps.optim.SGD(), dtype="float8")
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_constant_rows_in_bags_of_one_id_equal_the_embedding_bag_path(mode):
+    """A served model's table (rows attached as constants) given bags of one id each returns each
+    id's row as read, duplicates included: equal to the pooled rows of the training path."""
+    import numpy as np
+    from paramshard.trainer.sparse_embedding import SparseEmbedding
+    g = np.random.default_rng(0)
+    values = g.standard_normal((50, 4)).astype(np.float32)
+    values[3] = -0.0
+    source = lambda ids, training: values[ids.astype(np.int64) % 50]        # noqa: E731 - a fresh array per call
+    ids = torch.from_numpy(g.integers(0, 200, (300, 1)))                   # repeated ids
+    served, reference = SparseEmbedding("t", 4, mode=mode), SparseEmbedding("t", 4, mode=mode)
+    served.attach(source, trainable=False)
+    reference.attach(source, trainable=True)
+    a, b = served.eval()(ids), reference.eval()(ids)
+    assert a.shape == b.shape == (300, 4) and torch.equal(a, b)
+    bags = torch.from_numpy(g.integers(0, 200, (30, 3)))                     # bags of 3: pooled, as before
+    assert torch.equal(served(bags), reference(bags))
