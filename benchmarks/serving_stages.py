@@ -1,0 +1,99 @@
+"""Where a 100-row /predict request's time goes inside `paramshard serve`, measured in-process.
+
+The request path of serving/http.py without the socket: the body's JSON parsed (as the front
+parses it), the rows encoded (``encoder.batch_of_rows``), the forward with its two table lookups
+(``replica.score_batch``), the reply's JSON; each timed with perf_counter, ``--requests`` times
+over 16 different bodies (warm caches, as a serving replica's), torch on one thread as `serve`
+runs it. No client, no other thread, no delta applying: the figures are the work of a request, and
+are far less moved by the machine's other load than serving_requests.py's latencies (which add the
+HTTP layers, the loopback and the waits for a core). The model and requests are
+serving_requests.py's (DeepFM dim 16 over 13 numeric and 26 categorical columns, Criteo-shaped).
+
+    PYTHONPATH=src python benchmarks/serving_stages.py --rows 1000000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--request-rows", type=int, default=100)
+    args = p.parse_args()
+
+    import torch
+    from paramshard.data import Column, Label, Schema
+    from paramshard.inference.serving import model_dict, sparse_entry, write_model_file
+    from paramshard.models import build_model
+    from paramshard.online.delta_format import Delta, TableChange
+    from paramshard.online.delta_log import DeltaLog
+    from paramshard.serving import http
+    from paramshard.serving.replica import Replica
+    from paramshard.serving.rows import RowEncoder
+    from paramshard.specs.model_spec import spec_of
+    from paramshard.tables import Admission
+    from paramshard.trainer.sparse_embedding import tables_of
+
+    torch.set_num_threads(1)           # as `paramshard serve --threads 1` (its default)
+    parse = getattr(http, "parse_json", json.loads)     # an older tree parses with json
+    schema = Schema(Label("click"), [Column(f"I{i}", transforms=["log"]) for i in range(1, 14)]
+                    + [Column(f"C{i}", "categorical") for i in range(1, 27)])
+    model = build_model("deepfm", schema, dim=16, hidden=[64, 32])
+    tables = tables_of(model)
+    g = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="serving-stages-") as tmp:
+        root = Path(tmp) / "deltas"
+        root.mkdir()
+        sparse = {n: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
+                                  t.spec.init_scale, "float32", Admission()) for n, t in tables.items()}
+        write_model_file(model_dict(0, None, {n: q.detach().numpy() for n, q in model.named_parameters()}, sparse,
+                                    spec_of(model)), root / "model.pt")
+        (root / "blocks.json").write_text("{}")
+        encoder = RowEncoder(model, root / "model.pt")
+        bodies, used = [], []
+        for _ in range(16):
+            rows = [{**{f"I{i}": str(int(g.integers(0, 1000))) for i in range(1, 14)},
+                     **{f"C{i}": f"v{int(g.zipf(1.2)) % 100_000}" for i in range(1, 27)}}
+                    for _ in range(args.request_rows)]
+            bodies.append(json.dumps({"rows": rows}).encode())
+            used.append(encoder.encode(encoder.from_rows(rows)).ids.astype(np.uint64).ravel())
+        used = np.unique(np.concatenate(used))
+        ids = np.union1d(used, g.integers(1 << 40, 1 << 62, args.rows, dtype=np.uint64))[:args.rows]
+        ids = np.union1d(used, ids)
+        DeltaLog(root).publish(Delta("snapshot", 0, 0, 0, time.time(), {
+            name: TableChange(ids, g.standard_normal((len(ids), t.dim), dtype=np.float32) * 0.01,
+                              np.zeros(0, np.uint64)) for name, t in tables.items()}, {}))
+        replica = Replica(root).start()
+        stages: dict[str, list[float]] = {}
+        for k in range(args.requests + 50):
+            body = bodies[k % len(bodies)]
+            t0 = time.perf_counter()
+            rows = parse(body)["rows"]
+            t1 = time.perf_counter()
+            batch = replica.encoder.batch_of_rows(rows)
+            t2 = time.perf_counter()
+            scores, version = replica.score_batch(batch)
+            t3 = time.perf_counter()
+            json.dumps({"scores": scores.tolist(), "version": version}).encode()
+            t4 = time.perf_counter()
+            if k >= 50:                  # the first ones fill the encoder's caches
+                for name, s in (("parse", t1 - t0), ("encode", t2 - t1), ("forward", t3 - t2),
+                                ("reply", t4 - t3), ("total", t4 - t0)):
+                    stages.setdefault(name, []).append(s * 1e3)
+        replica.close()
+    load = open("/proc/loadavg").read().split()[:3]
+    print(f"{args.requests} requests of {args.request_rows} rows, {len(ids):,} rows a table, in-process "
+          f"(load average {' '.join(load)}); ms p50 / p99:")
+    print(", ".join(f"{n} {np.quantile(v, .5):.3f} / {np.quantile(v, .99):.3f}" for n, v in stages.items()))
+
+
+if __name__ == "__main__":
+    main()
