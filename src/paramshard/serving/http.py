@@ -90,6 +90,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = self.server.front.timeout       # the socket's: a silent client is dropped
         super().setup()
 
+    def handle_expect_100(self):
+        # "100 Continue" goes now, not at the request's end: the client waits for it to send its body.
+        ok = super().handle_expect_100()
+        self.wfile.flush()
+        return ok
+
     def log_message(self, format, *args):             # noqa: A002 - access lines go nowhere (metrics count them)
         pass
 

@@ -224,3 +224,22 @@ def test_a_body_that_is_not_json_is_refused(text):
     from paramshard.serving.http import parse_json
     with pytest.raises(BadRequest, match="the body is not JSON"):
         parse_json(text)
+
+
+def test_a_client_expecting_100_continue_gets_it_before_its_body(served):
+    """Replies leave through a buffer at the request's end: the interim "100 Continue" is sent at
+    once all the same (curl waits for it, a second by default, before sending a large body)."""
+    import socket
+    front, expected, _ = served
+    body = json.dumps({"rows": ROWS}).encode()
+    with socket.create_connection((front.host, front.port), timeout=10) as s:
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        s.settimeout(5)             # a deadline: without the flush it would come only after the body
+        assert s.recv(100).startswith(b"HTTP/1.1 100")
+        s.sendall(body)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < int(
+                reply.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]):
+            reply += s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["scores"] == expected.tolist()
