@@ -2,7 +2,8 @@
 
 Each forward de-duplicates the batch's ids, pulls just those rows, and pools
 them per bag (sum or mean). Autograd then sums the gradients of duplicate ids
-into their unique row, so the Trainer pushes one merged gradient per id.
+into their unique row, so the Trainer pushes one merged gradient per id. (Rows attached as
+constants, a served model's, in bags of one id each are read for the ids as they are: forward.)
 ``prepare(ids)`` does the de-duplication of a coming batch ahead of time, so
 its rows can be fetched while the current batch trains (trainer/prefetch.py).
 """
