@@ -344,14 +344,14 @@ class NetnsLab:
 import pytest  # noqa: E402
 
 
-@pytest.fixture
-def netns_lab():
-    """A factory ``netns_lab(n_hosts, subnet=...) -> NetnsLab``; every lab is closed after the test."""
-    require_netns()
-    made: list[NetnsLab] = []
+def lab_factory(lab_class, require):
+    """A pytest fixture's body: ``require()``, then a factory of ``lab_class(n_hosts, subnet,
+    **kwargs)`` labs, every one closed after the test (shaped.py's fixture is one too)."""
+    require()
+    made: list = []
 
-    def make(n_hosts: int, subnet: str = "10.213.7.0/24", **kwargs) -> NetnsLab:
-        lab = NetnsLab(n_hosts, subnet, **kwargs)
+    def make(n_hosts: int, subnet: str = "10.213.7.0/24", **kwargs):
+        lab = lab_class(n_hosts, subnet, **kwargs)
         made.append(lab)
         return lab
 
@@ -364,3 +364,9 @@ def netns_lab():
             errors.append(str(exc))
     if errors:
         raise NetnsError("; ".join(errors))
+
+
+@pytest.fixture
+def netns_lab():
+    """A factory ``netns_lab(n_hosts, subnet=...) -> NetnsLab``; every lab is closed after the test."""
+    yield from lab_factory(NetnsLab, require_netns)

@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from tests.engines.netns import PREFIX, NetnsError, NetnsLab, _ip, require_netns
+from tests.engines.netns import PREFIX, NetnsError, NetnsLab, _ip, lab_factory, require_netns
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)\s*$", re.IGNORECASE)
@@ -278,20 +278,4 @@ import pytest  # noqa: E402
 @pytest.fixture
 def shaped_lab():
     """A factory ``shaped_lab(n_hosts, subnet=..., rate=...) -> ShapedLab``; closed after the test."""
-    require_tbf()
-    made: list[ShapedLab] = []
-
-    def make(n_hosts: int, subnet: str = "10.213.7.0/24", **kwargs) -> ShapedLab:
-        lab = ShapedLab(n_hosts, subnet, **kwargs)
-        made.append(lab)
-        return lab
-
-    yield make
-    errors = []
-    for lab in reversed(made):
-        try:
-            lab.close()
-        except NetnsError as exc:
-            errors.append(str(exc))
-    if errors:
-        raise NetnsError("; ".join(errors))
+    yield from lab_factory(ShapedLab, require_tbf)
