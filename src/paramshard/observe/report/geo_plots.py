@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.ticker import MaxNLocator, ScalarFormatter
+from matplotlib.ticker import ScalarFormatter
 
-from paramshard.observe.report.plots import _figure, _legend, _markers, _save
+from paramshard.observe.report.plots import _figure, _legend, _markers, _save, _staleness_bars
 from paramshard.observe.run_records import geo_view
 from paramshard.observe.run_records.run_data import RunData
 
@@ -36,16 +36,8 @@ def plot_staleness(run: RunData, path: Path) -> str | None:
     histogram = geo_view.staleness_histogram(run)
     if not histogram:
         return "no GEO round recorded its staleness"
-    fig, (ax,) = _figure(1, 1, 7, 4)
-    ax.bar(list(histogram), list(histogram.values()), color="tab:purple", width=0.8)
-    total = sum(histogram.values())
-    mean = sum(k * n for k, n in histogram.items()) / total
-    ax.set_title(f"{total:,} rounds: mean staleness {mean:.1f} steps, max {max(histogram)}", fontsize="medium")
-    ax.set_xlabel("staleness at the send (local steps the replica was behind the merged values)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("rounds")
-    ax.grid(axis="y", alpha=0.3)
-    _save(fig, path)
+    _staleness_bars(histogram, path, "tab:purple", "rounds", "{:.1f} steps",
+                    "staleness at the send (local steps the replica was behind the merged values)", "rounds")
     return None
 
 

@@ -243,17 +243,26 @@ def staleness_histogram(servers: dict[int, list[dict]], summary: dict | None = N
 def plot_staleness(histogram: dict[int, int], path: Path) -> str | None:
     if not histogram:
         return "no async push staleness was recorded (sync runs have none)"
+    _staleness_bars(histogram, path, "tab:orange", "async pushes", "{:.2f}",
+                    "staleness (updates applied between the read and the push)", "pushes")
+    return None
+
+
+def _staleness_bars(histogram: dict[int, int], path: Path, color: str, what: str, mean_format: str, xlabel: str,
+                    ylabel: str) -> None:
+    """A staleness histogram as bars (async pushes here, GEO rounds in geo_plots.py), titled with
+    its count, mean and max."""
     fig, (ax,) = _figure(1, 1, 7, 4)
-    ax.bar(list(histogram), list(histogram.values()), color="tab:orange", width=0.8)
+    ax.bar(list(histogram), list(histogram.values()), color=color, width=0.8)
     total = sum(histogram.values())
     mean = sum(k * n for k, n in histogram.items()) / total
-    ax.set_title(f"{total:,} async pushes: mean staleness {mean:.2f}, max {max(histogram)}", fontsize="medium")
-    ax.set_xlabel("staleness (updates applied between the read and the push)")
+    ax.set_title(f"{total:,} {what}: mean staleness {mean_format.format(mean)}, max {max(histogram)}",
+                 fontsize="medium")
+    ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("pushes")
+    ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
     _save(fig, path)
-    return None
 
 
 def plot_requests(servers: dict[int, list[dict]], t0: float, path: Path) -> str | None:
