@@ -34,6 +34,31 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import install_sigterm_as_exit  # noqa: E402
 
 
+def serving_model_dir(root: Path, dim: int):
+    """A delta directory ``root`` holding the benchmark's model (a DeepFM over 13 numeric and 26
+    categorical columns, tables empty): (model, its tables, a RowEncoder of its model file).
+    serving_stages.py builds the same one."""
+    from paramshard.data import Column, Label, Schema
+    from paramshard.inference.serving import model_dict, sparse_entry, write_model_file
+    from paramshard.models import build_model
+    from paramshard.serving.rows import RowEncoder
+    from paramshard.specs.model_spec import spec_of
+    from paramshard.tables import Admission
+    from paramshard.trainer.sparse_embedding import tables_of
+
+    schema = Schema(Label("click"), [Column(f"I{i}", transforms=["log"]) for i in range(1, 14)]
+                    + [Column(f"C{i}", "categorical") for i in range(1, 27)])
+    model = build_model("deepfm", schema, dim=dim, hidden=[64, 32])
+    tables = tables_of(model)
+    root.mkdir()
+    sparse = {n: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
+                              t.spec.init_scale, "float32", Admission()) for n, t in tables.items()}
+    write_model_file(model_dict(0, None, {n: q.detach().numpy() for n, q in model.named_parameters()}, sparse,
+                                spec_of(model)), root / "model.pt")
+    (root / "blocks.json").write_text("{}")
+    return model, tables, RowEncoder(model, root / "model.pt")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -46,30 +71,13 @@ def main() -> None:
     args = p.parse_args()
     install_sigterm_as_exit()
 
-    from paramshard.data import Column, Label, Schema
-    from paramshard.inference.serving import model_dict, sparse_entry, write_model_file
-    from paramshard.models import build_model
     from paramshard.online.delta_format import Delta, TableChange
     from paramshard.online.delta_log import DeltaLog, file_name
-    from paramshard.serving.rows import RowEncoder
-    from paramshard.specs.model_spec import spec_of
-    from paramshard.tables import Admission
-    from paramshard.trainer.sparse_embedding import tables_of
 
-    schema = Schema(Label("click"), [Column(f"I{i}", transforms=["log"]) for i in range(1, 14)]
-                    + [Column(f"C{i}", "categorical") for i in range(1, 27)])
-    model = build_model("deepfm", schema, dim=args.dim, hidden=[64, 32])
-    tables = tables_of(model)
     g = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="serving-requests-") as tmp:
         root = Path(tmp) / "deltas"
-        root.mkdir()
-        sparse = {n: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
-                                  t.spec.init_scale, "float32", Admission()) for n, t in tables.items()}
-        write_model_file(model_dict(0, None, {n: q.detach().numpy() for n, q in model.named_parameters()}, sparse,
-                                    spec_of(model)), root / "model.pt")
-        (root / "blocks.json").write_text("{}")
-        encoder = RowEncoder(model, root / "model.pt")
+        model, tables, encoder = serving_model_dir(root, args.dim)
         requests = []
         for _ in range(64):
             rows = [{**{f"I{i}": str(int(g.integers(0, 1000))) for i in range(1, 14)},

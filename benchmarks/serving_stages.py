@@ -31,34 +31,18 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from paramshard.data import Column, Label, Schema
-    from paramshard.inference.serving import model_dict, sparse_entry, write_model_file
-    from paramshard.models import build_model
+    from serving_requests import serving_model_dir      # this directory, as the script runs
     from paramshard.online.delta_format import Delta, TableChange
     from paramshard.online.delta_log import DeltaLog
     from paramshard.serving import http
     from paramshard.serving.replica import Replica
-    from paramshard.serving.rows import RowEncoder
-    from paramshard.specs.model_spec import spec_of
-    from paramshard.tables import Admission
-    from paramshard.trainer.sparse_embedding import tables_of
 
     torch.set_num_threads(1)           # as `paramshard serve --threads 1` (its default)
     parse = getattr(http, "parse_json", json.loads)     # an older tree parses with json
-    schema = Schema(Label("click"), [Column(f"I{i}", transforms=["log"]) for i in range(1, 14)]
-                    + [Column(f"C{i}", "categorical") for i in range(1, 27)])
-    model = build_model("deepfm", schema, dim=16, hidden=[64, 32])
-    tables = tables_of(model)
     g = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="serving-stages-") as tmp:
         root = Path(tmp) / "deltas"
-        root.mkdir()
-        sparse = {n: sparse_entry(np.zeros(0, np.uint64), np.zeros((0, t.dim), np.float32), t.dim, t.spec.seed,
-                                  t.spec.init_scale, "float32", Admission()) for n, t in tables.items()}
-        write_model_file(model_dict(0, None, {n: q.detach().numpy() for n, q in model.named_parameters()}, sparse,
-                                    spec_of(model)), root / "model.pt")
-        (root / "blocks.json").write_text("{}")
-        encoder = RowEncoder(model, root / "model.pt")
+        model, tables, encoder = serving_model_dir(root, 16)     # serving_requests.py's model
         bodies, used = [], []
         for _ in range(16):
             rows = [{**{f"I{i}": str(int(g.integers(0, 1000))) for i in range(1, 14)},
