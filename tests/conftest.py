@@ -29,6 +29,42 @@ def pytest_configure(config):
     # process; tests of that path set it to 0 themselves (e.g. tests/e2e/test_launch_signals.py).
     os.environ.setdefault("PARAMSHARD_FORK", "1")
     config.pluginmanager.register(XdistGroups(), "paramshard-xdist-groups")
+    _start_fork_host(config)
+
+
+def _start_fork_host(config) -> None:
+    """One shared fork server per test process that launches jobs (each xdist worker; not the
+    controller, not `make check`, whose servers are threads): every `paramshard launch` of the
+    suite gets its zygote forked from it (launch/engines/zygote_host.py) instead of importing
+    torch, pandas and numba anew (2-3 s of CPU a job). Stopped by PID at the session's end."""
+    if (os.environ.get("PARAMSHARD_FORK") != "1" or os.environ.get("PARAMSHARD_FORK_SERVER")
+            or os.environ.get("PARAMSHARD_TEST_SERVERS") == "threads"
+            or (getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ)):
+        return
+    import tempfile
+    from paramshard.launch.engines import zygote_host
+    room = tempfile.mkdtemp(prefix="paramshard-fork-host-")      # 0700: only this user connects
+    path = os.path.join(room, "zygote.sock")
+    proc = zygote_host.start(path, wait_ready=False)     # it imports while the first tests run
+    os.environ["PARAMSHARD_FORK_SERVER"] = path
+    config._paramshard_fork_host = (proc, room)
+
+
+def pytest_unconfigure(config):
+    started = getattr(config, "_paramshard_fork_host", None)
+    if started is None:
+        return
+    proc, room = started
+    os.environ.pop("PARAMSHARD_FORK_SERVER", None)
+    # Its group: the host, the zygotes of launchers still connected and their ranks (which also
+    # die of their parent-death signal with the host).
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+    import shutil
+    shutil.rmtree(room, ignore_errors=True)
 
 
 # Markers by cost (pyproject.toml), applied here so that a file need not say them: the engine a

@@ -59,7 +59,12 @@ FORK = Setting(
     flags=(flag("launch", "--fork", "start the ranks on this machine as forks of one interpreter that has imported "
                 "torch, pandas, numba and paramshard once, instead of each starting Python anew (also "
                 "PARAMSHARD_FORK=1); not with --hosts", action="store_true"),))
+FORK_SERVER = Setting(
+    "PARAMSHARD_FORK_SERVER", "with --fork (or PARAMSHARD_FORK=1): the socket of a shared fork server that has "
+    "imported torch, pandas, numba and paramshard once for every job started while it runs (`python -m "
+    "paramshard.launch.engines.zygote_host PATH`; the test suite starts one per worker); each launcher gets its "
+    "own zygote forked from it", scopes=frozenset())
 
 # In docs/environment.md's order, after the contract.
 PROCESS: tuple[Setting, ...] = (SECRET_DIR, STORE_PORT, K8S_DELETE, K8S_NAMESPACE, K8S_API_URL, LOG_LEVEL, CACHE,
-                                OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME, FORK)
+                                OMPI_RANK, OMP_THREADS, MKL_THREADS, GLIBC_TUNABLES, GLOO_IFNAME, FORK, FORK_SERVER)

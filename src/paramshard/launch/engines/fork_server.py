@@ -33,6 +33,7 @@ from paramshard.errors import ConfigError
 from paramshard.log import get_logger
 from paramshard.launch.engines.processes import guarded_argv
 from paramshard.launch.engines.zygote import ENV_ROOM
+from paramshard.settings.process_variables import FORK_SERVER
 
 log = get_logger("launch")
 
@@ -179,6 +180,34 @@ class ForkServer:
         self._reader.start()
         return self
 
+    def connect(self, path: str, timeout: float = READY_TIMEOUT) -> "ForkServer":
+        """Use a zygote of the shared host at ``path`` (launch/engines/zygote_host.py) instead of
+        starting one: the host forks a zygote for this launcher that has imported everything
+        already. Its python and load-time variables are the host's: a rank whose differ starts
+        as a new process, as with a zygote of this launcher's own (``reason_not_to_fork``)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            ready = json.loads(sock.recv(1 << 16) or b"null")
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ConfigError(f"PARAMSHARD_FORK_SERVER={path}: no shared fork server answered ({exc}); start one "
+                              f"(python -m paramshard.launch.engines.zygote_host PATH) or unset the variable") from None
+        if not ready:
+            sock.close()
+            raise ConfigError(f"PARAMSHARD_FORK_SERVER={path}: the shared fork server closed the connection before "
+                              f"its zygote was ready (the host's error is in its own output)")
+        sock.settimeout(None)
+        self._sock, self.pid = sock, ready["pid"]
+        self.python, self.environ = ready["python"], ready["environ"]
+        if len(ready["threads"]) > 1:
+            self.problem = f"the shared fork server's zygote has {len(ready['threads'])} threads"
+        log.info("--fork: fork server (pid %d) ready: a zygote of the shared one at %s", self.pid, path)
+        self._reader = threading.Thread(target=self._read, args=(sock,), name="fork-server", daemon=True)
+        self._reader.start()
+        return self
+
     def reason_not_to_fork(self, argv, environ: dict[str, str]) -> str | None:
         """Why this rank cannot be forked from this zygote (None: it can)."""
         if self.problem or self._gone:
@@ -314,11 +343,16 @@ _shared_lock = threading.Lock()
 
 def shared(rank_environ: dict[str, str]) -> ForkServer:
     """This launcher's one fork server, started for the first rank forked (every run of a job
-    under the supervisor uses the same)."""
+    under the supervisor uses the same); with PARAMSHARD_FORK_SERVER, a zygote of that shared
+    host (launch/engines/zygote_host.py) instead."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared._gone:
-            _shared = ForkServer(zygote_environ(rank_environ)).start()
+            host = FORK_SERVER.read(os.environ)
+            if host:
+                _shared = ForkServer(zygote_environ(rank_environ)).connect(host)
+            else:
+                _shared = ForkServer(zygote_environ(rank_environ)).start()
         return _shared
 
 

@@ -67,13 +67,18 @@ class LocalEngine:
 def child_environ(env: ClusterEnv, extra: Iterable[tuple[str, str]] = ()) -> dict:
     """A rank's whole environment on this machine: this process's, less the variables of another
     job (PARAMSHARD_*, PaddlePaddle's, Open MPI's rank), plus its contract and ``extra``."""
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))}
+    environ = rank_base_environ()
     environ.update(env.to_environ())
     environ.update(extra)
     environ["PYTHONUNBUFFERED"] = "1"
     environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     return environ
+
+
+def rank_base_environ() -> dict[str, str]:
+    """What every local rank's environment starts from: this process's, less another job's
+    variables (the shared fork server's starter builds its environment from it too)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSHARD_", "PADDLE_", "OMPI_COMM_WORLD"))}
 
 
 class LocalPlacement:
