@@ -90,6 +90,12 @@ class DenseStore:
         self.plan_fingerprint, self.optimizer = plan_fingerprint, optimizer
         return True
 
+    def registered_optimizer(self) -> OptimizerConfig:
+        """The optimizer of the registered model, asked only where ``registered`` holds: register and
+        dense_import set it with the plan, forget clears both."""
+        assert self.optimizer is not None, "the dense optimizer asked of a server with no model registered"
+        return self.optimizer
+
     def set_lr_scale(self, scale: float) -> None:
         """Run every block's rule at the registered rate x ``scale`` from the next update on
         (``lr_scale`` is kept even before registration: a restore sets it first)."""
@@ -133,7 +139,7 @@ class DenseStore:
             arrays.append(b.values.copy())
             arrays.extend(slot.copy() for slot in b.slots)
         fields = {"names": list(names), "versions": [b.version for b in blocks],
-                  "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.optimizer.to_wire(),
+                  "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.registered_optimizer().to_wire(),
                   "plan_fingerprint": self.plan_fingerprint, "lr_scale": self.lr_scale}
         if not self.mode.waits_every_step:
             fields["clocks"] = self.clocks.export()
