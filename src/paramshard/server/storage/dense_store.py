@@ -100,9 +100,10 @@ class DenseStore:
         """Run every block's rule at the registered rate x ``scale`` from the next update on
         (``lr_scale`` is kept even before registration: a restore sets it first)."""
         scale = check_lr_scale(scale, "dense blocks")
-        rule = make_rule(scaled(self.optimizer, scale)) if self.optimizer is not None else None
-        for block in self.blocks.values():      # every check passed: nothing fails from here
-            block.rule = rule
+        if self.optimizer is not None:      # None: no model, no blocks (register sets both)
+            rule = make_rule(scaled(self.optimizer, scale))
+            for block in self.blocks.values():      # every check passed: nothing fails from here
+                block.rule = rule
         self.lr_scale = scale
 
     def forget(self) -> None:
@@ -244,6 +245,8 @@ class DenseStore:
 
     def _maybe_finish_step(self, block: DenseBlock) -> None:
         if block.barrier.complete():
+            # A complete step has arrivals, and push fills the accumulator before each arrival.
+            assert block.acc is not None, f"block {block.name}: a step complete with no gradient summed"
             # The average folds into the update: no extra pass over the block.
             self._apply(block, block.acc, scale=1.0 / len(block.barrier.arrived))
             block.barrier.reset()
