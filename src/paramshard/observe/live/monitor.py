@@ -117,15 +117,15 @@ class Monitor:
             before, then = self._before.get(server, (None, None))
             self.run_dir.server_record(server_record(stats, before, now, then))
             self._before[server] = (stats, now)
-        stats = [s for s, _ in (self._before.get(i, (None, None)) for i in range(len(self.links))) if s]
-        if len(stats) == len(self.links) and any(s.dense_blocks or s.tables for s in stats):
+        known = [s for s, _ in (self._before.get(i, (None, None)) for i in range(len(self.links))) if s]
+        if len(known) == len(self.links) and any(s.dense_blocks or s.tables for s in known):
             # The chief registers the model with one server after another: a poll between two
             # (a server still importing its libraries answers late) sees part of it. The plan is
             # written again while what the servers hold grows; moves of a scale change where the
             # model is, not how much of it there is, and do not rewrite it.
-            held = (sum(s.dense_elements for s in stats), frozenset(n for s in stats for n in s.tables))
+            held = (sum(s.dense_elements for s in known), frozenset(n for s in known for n in s.tables))
             if self._plan_held is None or (held[0] > self._plan_held[0] or held[1] > self._plan_held[1]):
-                self.run_dir.write_plan(stats)
+                self.run_dir.write_plan(known)
                 self._plan_held = held
 
     def stop(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,6 +24,11 @@ from prometheus_client.registry import Collector
 from paramshard.errors import ConfigError
 from paramshard.messages.server_stats import ServerStats
 from paramshard.observe.run_records.batch_size import watch_batch_size
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from torch.utils.hooks import RemovableHandle
 
 SERVER = "paramshard_server_"
 TRAINER = "paramshard_trainer_"
@@ -41,12 +47,13 @@ class MetricsEndpoint:
         host = host.strip("[]")     # an IPv6 address as written in host:port
         host = "0.0.0.0" if host in ("*", "") else host
         try:
-            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+            httpd, self._thread = start_http_server(port, addr=host, registry=registry)
         except (OSError, OverflowError) as exc:
             raise ConfigError(f"{who}: cannot serve /metrics on {host}:{port}: {exc} "
                               f"(PARAMSHARD_METRICS_PORT: port taken, or base + index past 65535?)") from None
         self.registry, self.host = registry, host
-        self.port = self._httpd.server_port      # the one picked, for port 0
+        self.port = httpd.server_port      # the one picked, for port 0
+        self._httpd: WSGIServer | None = httpd        # None once closed
         self._lock = threading.Lock()
 
     @property
@@ -190,7 +197,7 @@ class TrainerMetrics:
         self._window_start, self._window_samples = time.monotonic(), 0
         self._last_end, self._last_pull, self._last_push = time.perf_counter(), 0.0, 0.0
         self._batch: int | None = None     # samples of the last forward (watch)
-        self._hook = None
+        self._hook: RemovableHandle | None = None     # on the model watched (watch)
         self.endpoint = MetricsEndpoint(r, port, host, f"trainer {trainer_id}")
 
     @property

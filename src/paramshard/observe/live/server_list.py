@@ -7,20 +7,23 @@ its index there is 0), so the links to the first ones stay as they were.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from paramshard.errors import ParamshardError
 from paramshard.placement.partitions import Routing
+
+if TYPE_CHECKING:
+    from paramshard.transport.links import ServerLinks
 
 
 class JobServers:
     """``links``: to the servers the job started with (index = server id); ``connect_one``:
     address -> links to that one server (the same security), for servers added later."""
 
-    def __init__(self, links, connect_one: Callable[[str], object]):
+    def __init__(self, links: ServerLinks, connect_one: Callable[[str], ServerLinks]):
         self.links = links
         self.connect_one = connect_one
-        self.added: dict[int, object] = {}       # server id -> its own links (index 0)
+        self.added: dict[int, ServerLinks] = {}      # server id -> its own links (index 0)
         self.removed: set[int] = set()           # server ids the routing no longer names
 
     def refresh(self, timeout: float | None = None, cancel=None) -> None:
@@ -45,7 +48,7 @@ class JobServers:
         """Every server id the job has now (started with, or added and not removed)."""
         return sorted((set(range(len(self.links))) | set(self.added)) - self.removed)
 
-    def link(self, server: int):
+    def link(self, server: int) -> tuple[ServerLinks, int]:
         """(links, index) to ask ``server`` through."""
         return (self.added[server], 0) if server in self.added else (self.links, server)
 

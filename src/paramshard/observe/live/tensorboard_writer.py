@@ -24,6 +24,8 @@ import math
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Protocol
 
 from paramshard.log import get_logger
 
@@ -80,18 +82,25 @@ def server_scalars(record: dict, step: int) -> list[tuple[str, float, int, float
             if v is not None]
 
 
+class _EventWriter(Protocol):
+    """What is used of tensorboard's EventFileWriter (the package ships no types)."""
+    def add_event(self, event: object) -> None: ...
+    def close(self) -> None: ...
+
+
 class TensorBoardWriter:
     """``write(record)`` from any thread; ``close()`` flushes every event file."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._writers: dict[str, object] = {}
+        self._writers: dict[str, _EventWriter] = {}
         self._server_steps: dict[str, int] = {}
         self._lock = threading.Lock()
         self._broken = False
-        self._proto = None
+        self._proto: tuple[ModuleType, ModuleType] | None = None     # (event_pb2, summary_pb2), on first use
 
-    def _open(self, run: str):
+    def _open(self, run: str) -> tuple[_EventWriter, ModuleType, ModuleType]:
+        """The run's writer and the protobuf modules events are made of."""
         if self._proto is None:
             from tensorboard.compat.proto import event_pb2, summary_pb2
             self._proto = (event_pb2, summary_pb2)
@@ -101,7 +110,7 @@ class TensorBoardWriter:
             path = self.root / run
             path.mkdir(parents=True, exist_ok=True)
             writer = self._writers[run] = EventFileWriter(str(path), flush_secs=FLUSH_SECS)
-        return writer
+        return writer, *self._proto
 
     def write(self, record: dict) -> None:
         run = run_of(record)
@@ -116,12 +125,11 @@ class TensorBoardWriter:
             if not scalars:
                 return
             try:
-                writer = self._open(run)
+                writer, event_pb2, summary_pb2 = self._open(run)
             except (ImportError, OSError) as exc:
                 self._broken = True
                 log.warning("no TensorBoard files in %s (%s): pip install tensorboard", self.root, exc)
                 return
-            event_pb2, summary_pb2 = self._proto
             for tag, value, step, t in scalars:
                 summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
                 writer.add_event(event_pb2.Event(wall_time=t, step=step, summary=summary))

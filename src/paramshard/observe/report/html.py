@@ -8,7 +8,7 @@ import html
 import os
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Collection, NamedTuple
 from urllib.parse import quote
 
 from paramshard.observe.run_records.run_data import RunData
@@ -65,7 +65,7 @@ def _list(value) -> list[dict]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+def _table(header: list[str], rows: list[list], numeric: Collection[int] = frozenset()) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f'<td class="n">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>"
                                     for i, c in enumerate(row)) + "</tr>\n" for row in rows)
@@ -107,7 +107,8 @@ def _summary(run: RunData) -> str:
     rows = [("job id", run.job_id or "—"), ("started", _when(s.get("started"))), ("ended", _when(s.get("ended"))),
             ("duration", f"{s['duration_s']:,.1f} s" if isinstance(s.get("duration_s"), (int, float)) else "—"),
             ("exit code", _num(s.get("exit_code")))]
-    totals = s.get("totals") if isinstance(s.get("totals"), dict) else {}
+    found = s.get("totals")
+    totals: dict = found if isinstance(found, dict) else {}
     steps = totals.get("steps")
     if isinstance(steps, dict):
         rows.append(("steps", ", ".join(f"trainer {k}: {_num(v)}" for k, v in steps.items())))
@@ -135,13 +136,14 @@ def _summary(run: RunData) -> str:
 
 
 def _plan(run: RunData) -> str:
-    plan = run.plan
-    servers = _list((plan or {}).get("servers"))
+    plan = run.plan or {}
+    servers = _list(plan.get("servers"))
     if not servers:
         return '<p class="skipped">No plan.json: the chief had not registered the model when the run stopped.</p>\n'
     rows = []
     for s in servers:
-        tables = s.get("tables") if isinstance(s.get("tables"), dict) else {}
+        found = s.get("tables")
+        tables: dict = found if isinstance(found, dict) else {}
         rows.append([s.get("server", "?"), s.get("address", "—"), _num(s.get("dense_blocks")),
                      _num(s.get("dense_elements")),
                      ", ".join(f"{name} ({_num(t.get('rows'))} × {_num(t.get('dim'))})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -78,10 +79,16 @@ def plot_loss(trainers: dict[int, list[dict]], path: Path) -> str | None:
                 seen[name] = None
     metric_names = list(seen)
     has_loss = any(_number(r.get("loss")) is not None for records in trainers.values() for r in records)
+
+    def loss_of(t: int) -> list[tuple[object, object]]:
+        return [(r.get("step"), r.get("loss")) for r in trainers[t]]
+
+    def metric_of(name: str) -> Callable[[int], list[tuple[object, object]]]:
+        return lambda t: [(s, v) for s, _, v in logged[t].get(name, ())]
+
     # (title, trainer -> its [(step, value)])
-    panels = [("loss", lambda t: [(r.get("step"), r.get("loss")) for r in trainers[t]])] if has_loss else []
-    panels += [(name, lambda t, name=name: [(s, v) for s, _, v in logged[t].get(name, ())])
-               for name in metric_names[:MAX_METRIC_PANELS]]
+    panels: list[tuple[str, Callable[[int], list[tuple[object, object]]]]] = [("loss", loss_of)] if has_loss else []
+    panels += [(name, metric_of(name)) for name in metric_names[:MAX_METRIC_PANELS]]
     if not panels:
         return ("no loss or metrics were logged (pass the loss to trainer.step(loss), "
                 "or log them with trainer.log(loss=..., name=value))")
@@ -90,10 +97,10 @@ def plot_loss(trainers: dict[int, list[dict]], path: Path) -> str | None:
     fig, axes = _figure(rows, cols, 4.5 * cols, 3.2 * rows)
     for ax, (name, values) in zip(axes, panels):
         for trainer in trainers:
-            points = [(_number(s), _number(v)) for s, v in values(trainer)]
-            points = [(s, v) for s, v in points if s is not None and v is not None]
-            if points:
-                ax.plot(*zip(*points), label=f"trainer {trainer}", linewidth=1, **_markers(len(points)))
+            numbers = [(_number(s), _number(v)) for s, v in values(trainer)]
+            plotted = [(s, v) for s, v in numbers if s is not None and v is not None]
+            if plotted:
+                ax.plot(*zip(*plotted), label=f"trainer {trainer}", linewidth=1, **_markers(len(plotted)))
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -183,7 +190,7 @@ def _weighted_phases(records: list[dict]) -> dict[str, float]:
     weighted by the steps it covers, so a record after a slow, short stretch counts less."""
     sums: dict[str, float] = {}
     weight_sum = 0.0
-    previous_step = 0
+    previous_step = 0.0
     for r in records:
         phases = r.get("phases")
         step = _number(r.get("step"))
@@ -193,9 +200,10 @@ def _weighted_phases(records: list[dict]) -> dict[str, float]:
         previous_step = step
         if not isinstance(phases, dict) or weight == 0:
             continue
-        for name, seconds in phases.items():
-            if _number(seconds) is not None:
-                sums[name] = sums.get(name, 0.0) + _number(seconds) * weight
+        for name, value in phases.items():
+            seconds = _number(value)
+            if seconds is not None:
+                sums[name] = sums.get(name, 0.0) + seconds * weight
         weight_sum += weight
     return {name: s / weight_sum for name, s in sums.items()} if weight_sum else {}
 
@@ -229,7 +237,7 @@ def staleness_histogram(servers: dict[int, list[dict]], summary: dict | None = N
     """Sum of each server's last cumulative histogram; the summary's when no server record has one."""
     total: dict[int, int] = {}
     for records in servers.values():
-        last = next((r["staleness"] for r in reversed(records) if isinstance(r.get("staleness"), dict)), {})
+        last: dict = next((r["staleness"] for r in reversed(records) if isinstance(r.get("staleness"), dict)), {})
         for k, n in last.items():
             if str(k).isdigit() and _number(n):
                 total[int(k)] = total.get(int(k), 0) + int(n)

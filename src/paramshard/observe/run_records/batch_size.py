@@ -2,6 +2,12 @@
 first tensor a model's forward gets (Trainer.step is never told the batch size)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+    from torch.utils.hooks import RemovableHandle
+
 
 def first_tensor(obj):
     """The first tensor in a forward's arguments (nested lists, tuples and dicts), or None."""
@@ -17,7 +23,7 @@ def first_tensor(obj):
     return None
 
 
-def watch_batch_size(model, note) -> object:
+def watch_batch_size(model: Module, note: Callable[[int], None]) -> RemovableHandle:
     """Call ``note(samples)`` before each forward of ``model``; returns the hook handle."""
     def pre_hook(module, args, kwargs):
         found = first_tensor(args) if args else first_tensor(kwargs)

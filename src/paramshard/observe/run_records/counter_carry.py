@@ -64,12 +64,13 @@ class CounterCarry:
         counters started again since the previous record)."""
         if "restarts" in record:
             return dict(record), False           # carried where it was made: totals already
-        restarted = self._last is not None and went_down(self._last, record)
-        if restarted:
+        last = self._last
+        restarted = last is not None and went_down(last, record)
+        if last is not None and restarted:
             self.restarts += 1
             for k in CARRIED:
-                self._base[k] += _count(self._last.get(k))
-            for k, n in _histogram(self._last.get("staleness")).items():
+                self._base[k] += _count(last.get(k))
+            for k, n in _histogram(last.get("staleness")).items():
                 self._base_staleness[k] = self._base_staleness.get(k, 0) + n
         self._last = record
         out = dict(record)

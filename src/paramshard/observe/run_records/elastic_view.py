@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 ROLES = ("trainer", "server")
 
@@ -58,7 +59,8 @@ def membership_series(events: list[dict], start: dict[str, int | None], t0: floa
     starting count and no event is left out."""
     out: dict[str, list[tuple[float, int]]] = {}
     for role in ROLES:
-        points = [(0.0, start[role])] if start.get(role) is not None else []
+        first = start.get(role)
+        points: list[tuple[float, int]] = [(0.0, first)] if first is not None else []
         for e in membership_events(events):
             live = _count(e.get("live"))
             if e["role"] == role and live is not None:
@@ -109,7 +111,7 @@ def _gone_at(events: list[dict], trainer: int, after: float) -> float | None:
     return None
 
 
-def step_windows(trainers: dict[int, list[dict]], events: list[dict] = (),
+def step_windows(trainers: dict[int, list[dict]], events: Sequence[dict] = (),
                  ended: float | None = None) -> list[tuple[int, float, float, float]]:
     """(trainer, start, end, longest step) of each stretch of a trainer's steps: a record's steps
     ended after the previous record's last one (its ``step_end_t``; the record's time in records
@@ -163,7 +165,7 @@ def moves(events: list[dict], trainers: dict[int, list[dict]], t0: float, ended:
     return out
 
 
-def longest_steps(trainers: dict[int, list[dict]], events: list[dict] = (),
+def longest_steps(trainers: dict[int, list[dict]], events: Sequence[dict] = (),
                   ended: float | None = None) -> dict[int, float]:
     """Each trainer's longest step over the run (its worst stall), where recorded, a step it
     never finished included (step_windows)."""

@@ -34,12 +34,13 @@ class RunData:
         return None
 
 
-def logged_series(records: list[dict]) -> dict[str, list[tuple[int, object, float]]]:
-    """Every value one trainer logged, by name: [(step, epoch, value)] in the order logged.
+def logged_series(records: list[dict]) -> dict[str, list[tuple[float, object, float]]]:
+    """Every value one trainer logged, by name: [(step, epoch, value)] in the order logged (a step
+    as the record wrote it: an int, or a float in a record written by hand).
 
     From each record's ``logged`` calls; a record from before they were kept (no ``logged``)
     gives its latest ``metrics`` at its own step, which is all it has."""
-    out: dict[str, list[tuple[int, object, float]]] = {}
+    out: dict[str, list[tuple[float, object, float]]] = {}
     for r in records:
         calls = r.get("logged")
         if not isinstance(calls, list):

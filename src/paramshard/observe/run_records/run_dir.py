@@ -93,7 +93,7 @@ class RunDir:
             return
         if record["kind"] == "server":      # a server's final counters, printed as it stops
             with self._lock:
-                before = self.servers.get(record.get("server"), {})
+                before = self.servers.get(record["server"], {}) if isinstance(record.get("server"), int) else {}
             for rate in ("requests_per_s", "update_s"):     # it has no earlier counters of its own
                 if record.get(rate) is None:
                     record[rate] = before.get(rate)

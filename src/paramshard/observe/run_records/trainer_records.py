@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from paramshard.observe.run_records.batch_size import watch_batch_size
 from paramshard.observe.run_records.records import MARK, TRAINER_EVERY
@@ -44,7 +45,8 @@ class TrainerRecords:
         self.samples = 0
         self.batch: int | None = None          # samples of the last forward (pre-hook)
         self.logged_samples: int | None = None
-        self.epoch = self.total_steps = None
+        self.epoch: float | None = None                 # as the script logs it (a whole or part epoch)
+        self.total_steps: int | None = None
         self.metrics: dict = {}
         self.result: dict | None = None                 # trainer.log(result=...) not yet in a record
         self._losses: list[float] = []
@@ -59,7 +61,7 @@ class TrainerRecords:
         self._step_end_t: float | None = None           # wall time of the last step's end (unix s)
         self.step_max_s = 0.0                           # longest step since the last record (a stall)
         self.staleness_max: int | None = None
-        self._hook = None
+        self._hook: RemovableHandle | None = None      # on the model watched (watch)
         self._closed = False
 
     def watch(self, model: torch.nn.Module) -> None:

@@ -145,7 +145,10 @@ class Membership:
 
     def enough_left(self) -> bool:
         """``min_trainers`` is set, no trainer is live, and at least that many left normally."""
-        return bool(self.min_trainers) and not self.live and len(self.left) >= self.min_trainers
+        minimum = self.min_trainers
+        if not minimum:
+            return False
+        return not self.live and len(self.left) >= minimum
 
     def job_over(self) -> bool:
         """No trainer can push again: every one left or is gone, or the only ones

@@ -40,10 +40,13 @@ class ServerContext:
 
     def resubmit(self, held: list) -> None:
         """Run requests a hook held back, in this order, as if they had just arrived."""
-        if held and self._resubmit is None:
-            raise RuntimeError(f"{self.name}: {len(held)} held requests and nothing to run them")
+        resubmit = self._resubmit
+        if resubmit is None:
+            if held:
+                raise RuntimeError(f"{self.name}: {len(held)} held requests and nothing to run them")
+            return
         for request in held:
-            self._resubmit(request)
+            resubmit(request)
 
     def fail_waiting(self, code: str, message: str) -> None:
         """Answer every waiting request with an error (a reset voids them)."""

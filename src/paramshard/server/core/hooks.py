@@ -31,6 +31,12 @@ class Incoming:
     trainer: int | None
     held: Any = None
 
+    def pusher(self) -> int:
+        """The trainer of a push (push_dense, push_sparse): every push names one (validate_request
+        requires its field 'trainer' and the core's _admit checked it is an int)."""
+        assert self.trainer is not None, f"{self.op} without a trainer passed validate_request"
+        return self.trainer
+
 
 class RequestHook(Protocol):
     def admit(self, request: Incoming) -> Verdict:

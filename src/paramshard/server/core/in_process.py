@@ -96,7 +96,7 @@ class LocalLinks(Requests):
 
     # -- handling ------------------------------------------------------------
     def _handle(self, ticket: Ticket, request_id: int, header: dict, arrays: list) -> None:
-        op = header.get("op")
+        op = header.get("op", "?")      # "?": as the socket path names a request without one (refused)
         try:
             outcome = self.server.handle_local(header, arrays)
         except Exception as exc:   # noqa: BLE001 - the same error reply a remote server would send

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import defaultdict
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -93,7 +93,9 @@ class ParameterServer:
         self.timeout = timeout
         self.exit_when_trainers_leave = exit_when_trainers_leave
         self.membership = Membership(num_trainers, grace=timeout, min_trainers=min_trainers)
-        self.stats = Counter(requests=0, bytes_in=0, bytes_out=0, errors=0, timeouts=0)
+        # Counts and seconds (deferred_wait_s) by name, in the order first counted.
+        self.stats: defaultdict[str, float] = defaultdict(int, requests=0, bytes_in=0, bytes_out=0, errors=0,
+                                                          timeouts=0)
         self.idle = IdleWatch(idle_exit)
         # Requests answered later, from the socket and from a trainer in this process alike.
         self.waiting = WaitingList(self.name, self.membership, timeout, self.stats)
@@ -110,7 +112,7 @@ class ParameterServer:
         self.add_service(TrainerBarriers(server_id, self.membership))
         self.add_service(ShardService(self.context))     # the data-shard queue (served by server 0)
         self.exit_code = 0
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         if bind is None:
             self._sock, self.address = None, IN_PROCESS
         else:
@@ -135,7 +137,7 @@ class ParameterServer:
         self._poller: zmq.Poller | None = None      # serve_forever's (follow_peers adds and removes peers)
         self._thread: threading.Thread | None = None
         # Where a request's time goes: decoding, each op's handler, encoding and sending the reply.
-        self.phase_seconds: Counter = Counter()
+        self.phase_seconds: defaultdict[str, float] = defaultdict(float)
         self.started_at = time.time()
         self._cached_stats: tuple[float, dict | None] = (0.0, None)   # (monotonic time, snapshot): cached_stats()
 
@@ -215,23 +217,24 @@ class ParameterServer:
         if self.idle.limit is not None:
             log.info("%s: exits if no trainer reaches it within %g s (--idle-exit / PARAMSHARD_IDLE_EXIT; "
                      "0: wait for ever)", self.name, self.idle.limit)
+        sock, monitor = self._wire()
         poller = self._poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        for monitor in self._peers.monitors:
-            poller.register(monitor, zmq.POLLIN)
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        for peer in self._peers.monitors:
+            poller.register(peer, zmq.POLLIN)
         self._ready.set()
         next_check = 0.0
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(self._poll_ms()))
-                if self._monitor in events:
+                if monitor in events:
                     self._note_disconnects()
-                if self._sock in events:
+                if sock in events:
                     # Drain what has arrived before re-checking waits: one wakeup, many messages.
                     for _ in range(256):
                         try:
-                            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._handle(frames)
@@ -251,9 +254,9 @@ class ParameterServer:
                         break
         finally:
             self._peers.close()
-            self._sock.disable_monitor()
-            self._monitor.close(0)
-            self._sock.close(linger=1000)
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(linger=1000)
             log.info("%s stopped", self.name)
         return self.exit_code
 
@@ -496,9 +499,17 @@ class ParameterServer:
             raise ProtocolError(f"op {op!r} is not served by this server (sparse tables not enabled?)")
         return handler
 
+    def _wire(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """The ROUTER socket and its monitor. Only the socket path comes here: start() refuses a
+        server made with bind=None, which answers through handle_local."""
+        if self._sock is None or self._monitor is None:
+            raise RuntimeError(f"{self.name} has no socket (bind=None): it serves through handle_local only")
+        return self._sock, self._monitor
+
     def _note_disconnects(self) -> None:
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
+        _, monitor = self._wire()
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self._live_fds.add(int(event["value"]))
             else:
@@ -542,11 +553,12 @@ class ParameterServer:
         # order, so once it releases that one the reply (and every earlier one) has left the process.
         track = self._outbox.track(key, nbytes)
         last = zmq.Frame(frames[-1], copy=False, track=True) if track else frames[-1]
+        sock, _ = self._wire()
         try:
-            self._sock.send(identity, zmq.NOBLOCK | zmq.SNDMORE, copy=False)   # Again / unreachable: nothing queued
+            sock.send(identity, zmq.NOBLOCK | zmq.SNDMORE, copy=False)   # Again / unreachable: nothing queued
             for frame in frames[:-1]:
-                self._sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE, copy=False)
-            tracker = self._sock.send(last, zmq.NOBLOCK, copy=False, track=track)
+                sock.send(frame, zmq.NOBLOCK | zmq.SNDMORE, copy=False)
+            tracker = sock.send(last, zmq.NOBLOCK, copy=False, track=track)
         except zmq.ZMQError as exc:
             self.stats["replies_dropped"] += 1
             conn = self._outbox.connection(key)

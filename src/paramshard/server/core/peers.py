@@ -150,7 +150,8 @@ class PeerWatch:
         """A status line when the unreachable peers changed, when some are gone (this
         server is about to exit for them) and every STATUS_EVERY seconds: the launcher
         counts a server that stops writing them as silent (launch/supervision/peer_loss.py)."""
-        if self._report is None or not self.peers:
+        report, me = self._report, self.me          # a report is set only with ``me``
+        if report is None or me is None or not self.peers:
             return
         down = {p.index: now - p.down_since for p in self.peers if p.down_since is not None}
         unseen = tuple(p.index for p in self.peers if not p.ever_reachable)
@@ -159,8 +160,8 @@ class PeerWatch:
                 and now - last[0] < STATUS_EVERY):
             return
         self._reported = (now, frozenset(down), frozenset(unseen))
-        self._said = PeerStatus(self.me, down, tuple(p.index for p in gone), unseen)
-        self._report(self._said.line())
+        self._said = PeerStatus(me, down, tuple(p.index for p in gone), unseen)
+        report(self._said.line())
 
     def close(self) -> None:
         """Stop watching. A server that wrote status lines says, in one last line, that it stops

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from typing import Callable, Protocol
+from collections import defaultdict
+from typing import Callable, MutableMapping, Protocol
 
 from paramshard.log import get_logger
 from paramshard.server.core.barrier import Membership
@@ -43,10 +43,10 @@ class Waiting:
 
 
 class WaitingList:
-    def __init__(self, name: str, membership: Membership, timeout: float, stats: Counter | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, name: str, membership: Membership, timeout: float,
+                 stats: MutableMapping[str, float] | None = None, clock: Callable[[], float] = time.monotonic):
         self.name, self.membership, self.timeout = name, membership, timeout
-        self.stats = stats if stats is not None else Counter()
+        self.stats: MutableMapping[str, float] = stats if stats is not None else defaultdict(int)
         self._clock = clock
         self._entries: list[Waiting] = []
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 
 from paramshard.env import ClusterEnv
@@ -330,7 +330,7 @@ class MigrationService:
                 doomed = np.zeros(len(self.ownership.owned), bool)
                 doomed[parts] = True
                 doomed &= ~self.ownership.owned
-                table.drop_later(lambda ids, m=doomed: m[self.ownership.partitions(ids)])
+                table.drop_later(_in_partitions(doomed, self.ownership.partitions))
 
     def _page_reply(self, page: dict, total: int) -> Reply:
         names = list(page)
@@ -343,7 +343,7 @@ class MigrationService:
         if self._strays_unknown:
             not_owned = ~self.ownership.owned
             for table in self.sparse.tables.values():
-                table.drop_later(lambda ids, m=not_owned: m[self.ownership.partitions(ids)])
+                table.drop_later(_in_partitions(not_owned, self.ownership.partitions))
             self._strays_unknown = False
         # Rows of these partitions from an earlier stay here go first (a slice a tick: the move waits).
         return self._after_drops(lambda: self._expect(header), "migrate_expect")
@@ -417,8 +417,16 @@ def attach_migration(server, env: ClusterEnv, sparse: SparseService) -> Migratio
     return service
 
 
+def _in_partitions(mask: np.ndarray,
+                   partitions: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """ids -> whether each one's partition is set in ``mask`` (this mask, taken now; the partition
+    of an id as the routing says when it is asked)."""
+    return lambda ids: mask[partitions(ids)]
+
+
 if TYPE_CHECKING:   # `make typecheck` checks the contract: Service (server/core/api.py), RequestHook (server/core/hooks.py)
     from paramshard.server.core.api import Service
     from paramshard.server.core.hooks import RequestHook
     _service: type[Service] = MigrationService
     _request_hook: type[RequestHook] = MigrationHook
+

@@ -26,6 +26,7 @@ def checked_page(table, parts: list, arrays: list) -> dict[str, np.ndarray]:
     page = dict(zip(parts, arrays))
     n = len(page["ids"])
     for name, a in page.items():
+        want_dtype: np.dtype
         if name in _ID_PARTS:
             want_dtype, want_shape = np.dtype(np.uint64), (len(a),)
         elif name == "counts":

@@ -146,7 +146,7 @@ class ReplayGuard:
 
     def admit(self, request: Incoming) -> Verdict:
         if request.op in PUSH_OPS:
-            step, trainer = request.header["step"], request.trainer
+            step, trainer = request.header["step"], request.pusher()
             stream = stream_of(request.op, request.header)
             if self.holds(stream, trainer, step, self.content(request)):
                 raise AlreadyApplied(f"{request.op} of trainer {trainer} step {step}: this server already holds "
@@ -156,7 +156,7 @@ class ReplayGuard:
     def applied(self, request: Incoming) -> None:
         if request.op not in PUSH_OPS:
             return
-        stream, trainer = stream_of(request.op, request.header), request.trainer
+        stream, trainer = stream_of(request.op, request.header), request.pusher()
         steps = self.recent.setdefault(stream, {}).setdefault(trainer, set())
         steps.add((request.header["step"], self.content(request)))
         if len(steps) > self.WINDOW:
@@ -250,7 +250,7 @@ class ReplicationService:
             self._dense_sent[b.name] = b.version
         return {"names": [b.name for b in changed], "versions": [b.version for b in changed],
                 "slots": len(next(iter(store.blocks.values())).slots) if store.blocks else 0,
-                "optimizer": store.optimizer.to_wire(), "plan_fingerprint": store.plan_fingerprint,
+                "optimizer": store.registered_optimizer().to_wire(), "plan_fingerprint": store.plan_fingerprint,
                 "lr_scale": store.lr_scale, "all": sorted(store.blocks)}
 
     def _table_delta(self, name: str, table, out: list, budget: list) -> tuple[dict, bool]:
@@ -259,7 +259,8 @@ class ReplicationService:
             pages = self._pages[name] = table.changes = DirtyPages(PAGE_ROWS)
             table.create_on_push = True
         whole, dirty = pages.take(table.num_rows)
-        sent, parts = [], []
+        sent: list[int] = []
+        parts: list[list[str]] = []
         for i, page in enumerate(dirty):
             if budget[0] <= 0 and sent:
                 pages.give_back(dirty[i:])

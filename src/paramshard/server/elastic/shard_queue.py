@@ -61,6 +61,10 @@ class _Undo:
 
 class ShardQueue:
     def __init__(self, num_trainers: int, lease: int = 0):
+        self._start(num_trainers, lease)
+
+    def _start(self, num_trainers: int, lease: int) -> None:
+        """Empty: no pass registered (a new queue, a restore, a reset)."""
         self.num_trainers = num_trainers
         self.lease = lease                           # bumped by restore() and reset(): see progress()
         self.pass_ = 0                   # 0: nothing registered yet
@@ -253,14 +257,14 @@ class ShardQueue:
         if not isinstance(done, list) or not all(type(d) is int and 0 <= d < len(tasks) for d in done) \
                 or len(set(done)) != len(done):
             raise ConfigError("shard state: done must list distinct task ids")
-        self.__init__(self.num_trainers, self.lease + 1)
+        self._start(self.num_trainers, self.lease + 1)
         self.pass_, self.fingerprint, self.files = pass_, fingerprint, list(files)
         self.tasks, self.position = [list(t) for t in tasks], list(position)
         self.done_step = {d: -1 for d in done}
         self.pending = collections.deque(t for t in range(len(tasks)) if t not in self.done_step)
 
     def reset(self) -> None:
-        self.__init__(self.num_trainers, self.lease + 1)
+        self._start(self.num_trainers, self.lease + 1)
 
 
 def _check_list(files, tasks) -> None:

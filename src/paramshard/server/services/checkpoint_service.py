@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 
 from paramshard.errors import ConfigError
@@ -65,11 +65,16 @@ class CheckpointService:
         if who == "checkpoint":
             if trainer is None:
                 raise ConfigError("exclude_begin: a checkpoint's turn names its trainer")
-            ready = lambda: turns.checkpoint_may_begin(trainer)                      # noqa: E731
-            take = lambda: (turns.begin_checkpoint(trainer), Reply())[1]             # noqa: E731
+            ready: Callable[[], bool] = lambda: turns.checkpoint_may_begin(trainer)   # noqa: E731
+            begin: Callable[[], None] = lambda: turns.begin_checkpoint(trainer)     # noqa: E731
         else:
             ready = lambda: turns.move_may_begin(self._completed, after)             # noqa: E731
-            take = lambda: (turns.begin_move(), Reply())[1]                          # noqa: E731
+            begin = turns.begin_move
+
+        def take() -> Reply:
+            begin()
+            return Reply()
+
         if ready():
             return take()
         return Deferred(ready=ready, make_reply=take,
@@ -150,7 +155,7 @@ class CheckpointService:
             out.append(b.values.copy())
             out.extend(s.copy() for s in b.slots)
         return Reply({"blocks": [b.name for b in blocks], "versions": [b.version for b in blocks],
-                      "slots": len(blocks[0].slots) if blocks else 0, "optimizer": store.optimizer.to_wire(),
+                      "slots": len(blocks[0].slots) if blocks else 0, "optimizer": store.registered_optimizer().to_wire(),
                       "plan_fingerprint": store.plan_fingerprint, "lr_scale": store.lr_scale}, out)
 
     def handle_restore_dense(self, header: dict, arrays: list) -> Reply:

@@ -67,7 +67,8 @@ class DenseHandlers:
         """The values once every trainer may start step ``resume`` (the gate of a bounded-staleness
         push reply that said ``follow``: its blocks moved while it waited)."""
         clocks = self.store.clocks
-        if clocks.may_start(resume):
+        bound = clocks.bound        # None: no bound, every trainer may start any step
+        if bound is None or clocks.may_start(resume):
             return self._values_reply(names)
         return Deferred(
             # Frozen again meanwhile (a second move): refused as moved on this ``follow`` too,
@@ -75,7 +76,7 @@ class DenseHandlers:
             ready=lambda: clocks.may_start(resume) or self._moving(names),
             make_reply=lambda: (self._refuse_moved(names) if self._moving(names) else self._values_reply(names)),
             describe=lambda: (f"a pull of dense blocks may be answered only when every trainer finished step "
-                              f"{resume - clocks.bound - 1} (--max-staleness {clocks.bound}); waiting for "
+                              f"{resume - bound - 1} (--max-staleness {bound}); waiting for "
                               f"trainers {clocks.laggards(resume)}"),
             waits_on=lambda: clocks.laggards(resume),
         )

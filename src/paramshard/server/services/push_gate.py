@@ -110,8 +110,8 @@ class PushGateHook:
 
     def admit(self, request: Incoming) -> Verdict:
         if (request.op in PUSH_OPS and request.held is not None and not self.context.mode.waits_every_step
-                and self.gate.should_hold(request.trainer, request.header["step"])):
-            self.gate.held.append((request.trainer, request.header["step"], request.held))
+                and self.gate.should_hold(request.pusher(), request.header["step"])):
+            self.gate.held.append((request.pusher(), request.header["step"], request.held))
             return Verdict.HOLD
         return Verdict.ACCEPT
 
@@ -119,7 +119,7 @@ class PushGateHook:
         if request.op in PUSH_OPS:
             header = request.header
             self.gate.note_applied("dense" if request.op == "push_dense" else f"sparse:{header['table']}",
-                                   request.trainer, header["step"], header.get("routing"))
+                                   request.pusher(), header["step"], header.get("routing"))
 
     def tick(self) -> None:
         if self.gate.expired():

@@ -97,15 +97,15 @@ class SparseService:
             raise ConfigError(f"table {name!r}: reserve must be >= 0 rows, got {reserve}")
         self.limits.check("max_rows", reserve, f"table {name!r}: rows reserved on this server")
         budget = header.get("memory_budget")
-        tier = {}
+        tier_dir = None
         if budget is not None or self.server_budget is not None:
             if not takes_budgets(self.store):
                 raise ConfigError(f"table {name!r}: memory_budget needs the compiled row store; this server "
                                   f"keeps every row in RAM (PARAMSHARD_ROW_STORE=numpy)")
-            tier = {"memory_budget": budget, "tier_dir": self.tiers.table_dir(name),
-                    "server_budget": self.server_budget}
+            tier_dir = self.tiers.table_dir(name)
         table = SparseTable(name, *config, mode=self.mode, membership=self.membership, limits=self.limits,
-                            store=self.store, **row_format, **tier)
+                            store=self.store, dtype=row_format["dtype"], rounding=row_format["rounding"],
+                            memory_budget=budget, tier_dir=tier_dir, server_budget=self.server_budget)
         try:
             table.reserve(reserve)     # before the table is served: a MemoryError leaves no half table
         except BaseException:

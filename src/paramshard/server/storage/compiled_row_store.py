@@ -249,9 +249,15 @@ class CompiledRowStore(RowStateArrays):
             self.last_seen[rows] = version
 
     # -- admission counters -----------------------------------------------
+    def _counting(self) -> HashIndex:
+        """The admission counters' index, for count(): SparseTable counts only in a store it made
+        with count_admissions (its admission's min_count > 1)."""
+        assert self.count_index is not None, f"{self._label}: admission counted in a store made without counters"
+        return self.count_index
+
     def count(self, ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.uint64)
-        rows = self.count_index.lookup(self.count_keys, ids)
+        rows = self._counting().lookup(self.count_keys, ids)
         new = np.flatnonzero(rows < 0)
         if len(new):
             rows[new] = self._add_counters(ids[new])
@@ -270,10 +276,11 @@ class CompiledRowStore(RowStateArrays):
                              arena.room_needed(self.count_values, target), what, target)
             self.count_values = arena.grow(self.count_values, target, first, what)
             self.count_keys = arena.grow(self.count_keys, target, first, what)
-        self.count_index.make_room(self.count_keys, first, n)
+        index = self._counting()
+        index.make_room(self.count_keys, first, n)
         self.count_keys[first:first + n] = ids
         self.count_values[first:first + n] = 0
-        self.count_index.insert(self.count_keys, first, n)
+        index.insert(self.count_keys, first, n)
         self._counted = first + n
         return np.arange(first, first + n)
 
@@ -341,9 +348,11 @@ class CompiledRowStore(RowStateArrays):
         return out
 
     def clear(self) -> None:
-        self.__init__(self.dim, self.rule, self._keep_last_seen, self._count_admissions, self.max_rows,
-                      capacity=self._capacity, value_dtype=self.value_dtype, rounding=self.rounding, seed=self.seed,
-                      _probe=True)
+        # This class's arrays and counters made anew; a subclass with more to remake overrides
+        # clear (TieredRowStore: its files).
+        CompiledRowStore.__init__(self, self.dim, self.rule, self._keep_last_seen, self._count_admissions,
+                                  self.max_rows, capacity=self._capacity, value_dtype=self.value_dtype,
+                                  rounding=self.rounding, seed=self.seed, _probe=True)
 
 
 if TYPE_CHECKING:   # `make typecheck` checks the contract: RowStore (server/storage/row_store.py)

@@ -90,13 +90,20 @@ class DenseStore:
         self.plan_fingerprint, self.optimizer = plan_fingerprint, optimizer
         return True
 
+    def registered_optimizer(self) -> OptimizerConfig:
+        """The optimizer of the registered model, asked only where ``registered`` holds: register and
+        dense_import set it with the plan, forget clears both."""
+        assert self.optimizer is not None, "the dense optimizer asked of a server with no model registered"
+        return self.optimizer
+
     def set_lr_scale(self, scale: float) -> None:
         """Run every block's rule at the registered rate x ``scale`` from the next update on
         (``lr_scale`` is kept even before registration: a restore sets it first)."""
         scale = check_lr_scale(scale, "dense blocks")
-        rule = make_rule(scaled(self.optimizer, scale)) if self.optimizer is not None else None
-        for block in self.blocks.values():      # every check passed: nothing fails from here
-            block.rule = rule
+        if self.optimizer is not None:      # None: no model, no blocks (register sets both)
+            rule = make_rule(scaled(self.optimizer, scale))
+            for block in self.blocks.values():      # every check passed: nothing fails from here
+                block.rule = rule
         self.lr_scale = scale
 
     def forget(self) -> None:
@@ -133,7 +140,7 @@ class DenseStore:
             arrays.append(b.values.copy())
             arrays.extend(slot.copy() for slot in b.slots)
         fields = {"names": list(names), "versions": [b.version for b in blocks],
-                  "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.optimizer.to_wire(),
+                  "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.registered_optimizer().to_wire(),
                   "plan_fingerprint": self.plan_fingerprint, "lr_scale": self.lr_scale}
         if not self.mode.waits_every_step:
             fields["clocks"] = self.clocks.export()
@@ -238,6 +245,8 @@ class DenseStore:
 
     def _maybe_finish_step(self, block: DenseBlock) -> None:
         if block.barrier.complete():
+            # A complete step has arrivals, and push fills the accumulator before each arrival.
+            assert block.acc is not None, f"block {block.name}: a step complete with no gradient summed"
             # The average folds into the update: no extra pass over the block.
             self._apply(block, block.acc, scale=1.0 / len(block.barrier.arrived))
             block.barrier.reset()

@@ -21,6 +21,10 @@ TOMBSTONE = -2    # a bucket emptied by ``delete``: lookups probe past it, inser
 
 class IdIndex:
     def __init__(self, capacity: int = 1024):
+        self._start(capacity)
+
+    def _start(self, capacity: int) -> None:
+        """Empty, with room for ``capacity`` ids (a new index, or one rebuilt)."""
         self.ids = np.empty(max(capacity, 16), np.uint64)
         self.size = 0
         self.tombstones = 0       # they fill the buckets as ids do, until the next rehash drops them
@@ -140,5 +144,5 @@ class IdIndex:
 
     def rebuild(self, ids_by_row: np.ndarray) -> None:
         """Start over holding ids_by_row[i] -> i (after rows were compacted)."""
-        self.__init__(len(ids_by_row))
+        self._start(len(ids_by_row))
         self.insert(ids_by_row)

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import itertools
 import time
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,14 @@ from paramshard.server.storage.row_store import RowStore
 
 
 DROP_SLICE = 1 << 15       # rows a drop slice reads: a few ms, between two requests
+
+
+@runtime_checkable
+class _HoldsArrays(Protocol):
+    """A row store whose rows are arrays (the numpy and the compiled stores; not a RowStore's
+    promise): what the ``values`` and ``slots`` of tests and benchmarks read."""
+    values: np.ndarray
+    slots: list[np.ndarray]
 
 
 @dataclasses.dataclass
@@ -85,7 +93,7 @@ class SparseTable:
         # before and around its push of batch k.
         self._last_pull: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=4))
         self.evicted = 0
-        self.timings: collections.Counter = collections.Counter()    # seconds per phase (stats)
+        self.timings: collections.defaultdict[str, float] = collections.defaultdict(float)   # seconds per phase (stats)
         self.rows_updated = 0
         # Told which rows changed (bounded-loss replication, server/elastic/replication.py): ``rows(handles)``,
         # ``grew(old_count, new_count)``, ``everything()``. None: nobody asks.
@@ -532,13 +540,19 @@ class SparseTable:
     def index(self):
         return self.store.index
 
-    @property
-    def values(self) -> np.ndarray:
-        return self.store.values
+    def _arrays(self) -> _HoldsArrays:
+        if not isinstance(self.store, _HoldsArrays):
+            raise AttributeError(f"table {self.name!r}: its row store ({type(self.store).__name__}) keeps "
+                                 f"no value and state arrays to look inside")
+        return self.store
 
     @property
-    def slots(self) -> list:
-        return self.store.slots
+    def values(self) -> np.ndarray:
+        return self._arrays().values
+
+    @property
+    def slots(self) -> list[np.ndarray]:
+        return self._arrays().slots
 
     @property
     def steps(self):

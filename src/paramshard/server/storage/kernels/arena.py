@@ -163,9 +163,13 @@ def _map(length: int, what: str, rows: int, unit: str = "rows") -> int:
 
 def _array(region: _Region, rows: int, row_shape: tuple, dtype: np.dtype) -> np.ndarray:
     buffer = (ctypes.c_byte * region.length).from_address(region.address)
-    buffer.region = region         # the arrays keep the buffer, the buffer keeps the mapping
+    # The arrays keep the buffer, the buffer keeps the mapping (_holder finds it). A ctypes
+    # instance takes any attribute; its class declares none, so the checker cannot know this one.
+    buffer.region = region         # type: ignore[attr-defined]
     count = rows * int(np.prod(row_shape, dtype=np.int64))
-    return np.frombuffer(buffer, dtype, count=count).reshape((rows,) + tuple(row_shape))
+    # Through a memoryview: numpy's stubs take bytes-like types, not every buffer (the chain
+    # _holder walks is one link longer: array, memoryview, buffer).
+    return np.frombuffer(memoryview(buffer), dtype, count=count).reshape((rows,) + tuple(row_shape))
 
 
 def _row_bytes(row_shape: tuple, dtype) -> int:
@@ -183,12 +187,14 @@ def reserve(rows: int, row_shape: tuple[int, ...], dtype, minimum: int = 16, wha
     return _array(_Region(_map(length, what, rows, unit), length), rows, tuple(row_shape), dtype)
 
 
-def _holder(array: np.ndarray):
+def _holder(array: np.ndarray) -> mmap.mmap | ctypes.Array | None:
     """The object at the end of an array's base chain: a mapping's ctypes buffer, an mmap, or None."""
-    obj = array
+    obj: object = array
     for _ in range(4):
         obj = getattr(obj, "base", None) if not isinstance(obj, memoryview) else obj.obj
-        if obj is None or isinstance(obj, mmap.mmap) or hasattr(obj, "region"):
+        if obj is None or isinstance(obj, mmap.mmap):
+            return obj
+        if isinstance(obj, ctypes.Array) and hasattr(obj, "region"):     # one _array made
             return obj
     return None
 
@@ -255,8 +261,7 @@ def _span(array: np.ndarray) -> tuple[int, int, object] | None:
     holder = _holder(array)
     if isinstance(holder, mmap.mmap):
         return _address(holder), len(holder), holder
-    region = getattr(holder, "region", None)
-    if region is None:
+    if holder is None:
         return None
     return ctypes.addressof(holder), ctypes.sizeof(holder), holder
 

@@ -19,6 +19,7 @@ from typing import Callable
 import numba
 import numpy as np
 
+from paramshard.optim import Adagrad, Adam
 from paramshard.update_rules import Rule
 from paramshard.server.storage.kernels.half import load_value, row_noise, store_value
 from paramshard.server.storage.kernels.row_kernels import GROUP, prefetch
@@ -196,6 +197,7 @@ def rule_kernel(rule: Rule) -> Callable[..., None]:
             momentum_kernel(values, keys, slots[0], rows, grads, f32(c.lr), f32(c.momentum), c.nesterov,
                             *common(scale), fmt, salt, vkey)
     elif kind == "adagrad":
+        assert isinstance(c, Adagrad), f"kind 'adagrad' is optim.Adagrad's, not {type(c).__name__}'s"
         # Without lr_decay the rule's rate is lr / (1 + 0 * lr_decay), cast once.
         fixed = f32(np.float64(c.lr) / (1 + (np.float64(1) - 1) * c.lr_decay))
         no_steps = np.zeros(0, np.uint32)
@@ -205,6 +207,7 @@ def rule_kernel(rule: Rule) -> Callable[..., None]:
                            float(c.lr), float(c.lr_decay), fixed, steps is not None, f32(c.eps), *common(scale),
                            fmt, salt, vkey)
     elif kind == "adam":
+        assert isinstance(c, Adam), f"kind 'adam' is optim.Adam's, not {type(c).__name__}'s"
         b1, b2 = c.betas
 
         def update(values, slots, steps, rows, grads, scale, keys=NO_KEYS, fmt=0, salt=ZERO, vkey=ZERO):
