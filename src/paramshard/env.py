@@ -141,9 +141,6 @@ def _check_geo(env: ClusterEnv) -> None:
     if env.delta_dir:
         refused.append("--deltas (not tested with rounds yet; use --mode sync or async to serve a model while "
                        "it learns)")
-    if env.min_trainers is not None:
-        refused.append("elastic trainers, --trainers MIN:MAX (a trainer's unsent round would be lost when it "
-                       "leaves; not built yet)")
     if env.partitions:
         refused.append("--partitions (servers added or removed while the replicas train: not built yet)")
     if refused:

@@ -79,8 +79,9 @@ class Mode(enum.StrEnum):
 
     @property
     def elastic_trainers(self) -> bool:
-        """Trainers may join and leave while the job trains (--min-trainers): sync and async."""
-        return self in (Mode.SYNC, Mode.ASYNC)
+        """Trainers may join and leave while the job trains (--min-trainers): sync, async and geo
+        (a leaving geo trainer sends its round in progress; docs/modes.md, GEO)."""
+        return self in (Mode.SYNC, Mode.ASYNC, Mode.GEO)
 
     @property
     def checkpoints(self) -> bool:

@@ -167,7 +167,7 @@ def test_without_min_trainers_a_dead_trainer_stops_the_job():
 def test_min_trainers_needs_a_server_mode(capsys):
     code, out, err = cli_in_process(capsys, "launch", "--servers", "0", "--trainers", "2", "--min-trainers", "1",
                                     "--mode", "collective", SURVIVOR)
-    assert code == 2 and "an elastic job needs --mode sync or async" in err, out + err
+    assert code == 2 and "an elastic job needs --mode sync, async or geo" in err, out + err
 
 
 def test_a_server_dead_before_the_first_checkpoint_fails_the_job_fast(tmp_path):

@@ -4,7 +4,8 @@
   (integer gradients, SGD(lr=1), two trainers: every delta is a multiple of 1/2, so each sum
   is exact in float32 whatever order the rounds arrive in);
 - K=1, one trainer: bit for bit the run of the same model, data and optimizers in sync mode
-  with one trainer (the servers applying the same rules: one process's training);
+  with one trainer (the servers applying the same rules: one process's training), which is
+  also the async run that waits for each push, and the same in an elastic job (1:1);
 - K>1, one trainer: that run again, up to the rounding of a round's round trip per value
   (the servers add fl(local - synced) to synced: exact whenever the subtraction is, as for
   nearby values; a few ulps otherwise);
@@ -52,14 +53,20 @@ def _run(cluster, mode, data, dense_opt, table_opt, prefetch=False, **env):
     (ps.optim.SGD(lr=0.1), ps.optim.RowWiseAdagrad(lr=0.1)),
 ], ids=["adam-adagrad", "sgd-rowwise"])
 def test_k1_one_trainer_is_one_process_bit_for_bit(cluster, dense_opt, table_opt):
+    """K=1, one trainer: the sync run, the async run that waits for each push (max_in_flight 0),
+    and the same in an elastic job (--trainers 1:1: a round divides by the job's one slot)."""
     data = batches(STEPS, BATCH)
     dense, ids, rows, _ = _run(cluster, "sync", data, dense_opt, table_opt)
-    geo_dense, geo_ids, geo_rows, trainer = _run(cluster, "geo", data, dense_opt, table_opt, geo_k=1)
-    assert trainer.backend.rounds == STEPS
-    for name in dense:
-        np.testing.assert_array_equal(geo_dense[name], dense[name], err_msg=name)
-    np.testing.assert_array_equal(geo_ids, ids)
-    np.testing.assert_array_equal(geo_rows, rows)
+    runs = {"async": _run(cluster, "async", data, dense_opt, table_opt, max_in_flight=0),
+            "geo": _run(cluster, "geo", data, dense_opt, table_opt, geo_k=1),
+            "elastic geo": _run(cluster, "geo", data, dense_opt, table_opt, geo_k=1, min_trainers=1)}
+    for run, (run_dense, run_ids, run_rows, trainer) in runs.items():
+        if run != "async":
+            assert trainer.backend.rounds == STEPS, run
+        for name in dense:
+            np.testing.assert_array_equal(run_dense[name], dense[name], err_msg=f"{run}: {name}")
+        np.testing.assert_array_equal(run_ids, ids, err_msg=run)
+        np.testing.assert_array_equal(run_rows, rows, err_msg=run)
     # and training moved them: the comparison is not between two untouched models
     assert not np.array_equal(dense["mlp.0.weight"], dense_of(TinyCTR(table_opt))["mlp.0.weight"])
 

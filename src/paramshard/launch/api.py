@@ -80,7 +80,7 @@ class LaunchConfig(LaunchConfigFields):
         if self.min_trainers is not None and (not self.mode.elastic_trainers or
                                               not 1 <= self.min_trainers <= self.trainers):
             raise ConfigError(f"--trainers {self.min_trainers}:{self.trainers} (or --min-trainers "
-                              f"{self.min_trainers}): an elastic job needs --mode sync or async and a minimum "
+                              f"{self.min_trainers}): an elastic job needs --mode sync, async or geo and a minimum "
                               f"in 1..{self.trainers}")
         check_target(self.script, self.module)
         # A module is looked for where the trainers run: a missing one fails them like any error.

@@ -16,7 +16,7 @@ def test_geo_mode_answers():
     m = Mode.parse("GEO")
     assert m is Mode.GEO and m.has_servers and m.dense_on_servers and not m.allreduce
     assert m.server_mode is Mode.ASYNC and not m.waits_every_step and m.local_rounds and m.checkpoints
-    assert not m.servers_bound_staleness and not m.elastic_trainers
+    assert not m.servers_bound_staleness and m.elastic_trainers
     assert Mode.ASYNC.servers_bound_staleness and not Mode.ASYNC.local_rounds
 
 
@@ -47,13 +47,20 @@ def test_geo_k_is_read_from_the_environment():
     ({"max_staleness": 0}, "bounds k"),
     ({"recovery": "bounded-loss"}, "bounded-loss"),
     ({"delta_dir": "/tmp/d"}, "--deltas"),
-    ({"min_trainers": 1, "num_trainers": 2}, "elastic trainers"),
     ({"partitions": 1024}, "--partitions"),
 ])
 def test_refused(fields, words):
     fields = {"mode": "geo", **fields}
     with pytest.raises(ConfigError, match=words):
         ClusterEnv(role=None, **fields)
+
+
+def test_elastic_trainers_are_taken():
+    """--trainers MIN:MAX in geo mode: a leaving trainer sends its round first (docs/modes.md, GEO)."""
+    assert ClusterEnv(role=None, mode="geo", min_trainers=1, num_trainers=3).min_trainers == 1
+    from paramshard.launch.api import LaunchConfig
+    assert LaunchConfig(script=None, module="x", mode="geo", trainers=3, min_trainers=1,
+                        check_script=False).min_trainers == 1
 
 
 def test_launch_refuses_before_anything_starts():

@@ -1,0 +1,140 @@
+"""GEO mode in an elastic job (``--trainers MIN:MAX``), on servers that are threads of the test
+process: a trainer leaves with a round in progress, another joins the running job, and the
+exact-sum oracle still holds (docs/modes.md, GEO: elastic trainers).
+
+Four trainer slots (n = 4: a round's change is divided by the job's slots, whoever runs), SGD
+lr=1 and integer gradients: every delta is a multiple of 1/4, so every sum is exact in float32
+whatever order the rounds arrive in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+import paramshard as ps
+from paramshard.client.sparse import TableSpec
+from paramshard.trainer.backends.geo import GeoBackend
+from tests.conftest import run_in_threads
+
+SLOTS, K, DIM, SIZE, STEPS = 4, 3, 4, 300, 10      # STEPS % K != 0: the leaver has a round in progress
+SHARED = np.arange(1, 17, dtype=np.uint64)
+
+
+class Side:
+    """One trainer's GeoBackend and what it sent: the sum of its integer gradients (dense, and
+    by row), and each round's (steps, trainer step)."""
+
+    def __init__(self, env, plan_inputs, spec):
+        self.backend = GeoBackend.connect(env, params=plan_inputs)
+        self.rounds: list[tuple[int, int]] = []
+        self.backend.on_round = lambda r, next_k, step: self.rounds.append((r.steps, step))
+        self.spec = spec
+        self.grad_w = np.zeros(SIZE, np.int64)
+        self.grad_rows: dict[int, np.ndarray] = {}
+        self.values = {"w": np.zeros(SIZE, np.float32)}
+
+    def train(self, rng, first_step: int, steps: int, own: np.ndarray) -> None:
+        for step in range(first_step, first_step + steps):
+            ids = np.unique(np.concatenate([rng.choice(SHARED, 5, replace=False), rng.choice(own, 2)]))
+            self.backend.rows("emb", ids, DIM, step, True)
+            grad_w = rng.integers(-3, 4, SIZE).astype(np.float32)
+            grad_rows = rng.integers(-3, 4, (len(ids), DIM)).astype(np.float32)
+            self.grad_w += grad_w.astype(np.int64)
+            for i, r in zip(ids.tolist(), grad_rows.astype(np.int64)):
+                self.grad_rows[i] = self.grad_rows.get(i, 0) + r
+            self.backend.push({"w": grad_w}, [("emb", ids, grad_rows)], step, self.values)
+
+
+def _held(backend) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """What the servers hold now: the dense block and every row."""
+    held = {"w": np.empty(SIZE, np.float32)}
+    backend.servers.dense.pull_dense(held, 0)
+    ids, rows, _ = backend.servers.export_table("emb")
+    return held["w"], {i: r for i, r in zip(ids.tolist(), rows)}
+
+
+def _expected(w0, sides) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """x4 of what the servers must hold: initial values minus every gradient (each round sent
+    its change / 4, and SGD lr=1 made the change minus the gradients)."""
+    w = w0.astype(np.int64) * SLOTS - sum(s.grad_w for s in sides)
+    rows: dict[int, np.ndarray] = {}
+    for s in sides:
+        for i, g in s.grad_rows.items():
+            rows[i] = rows.get(i, 0) - g
+    return w, rows
+
+
+def test_a_join_and_a_leave_keep_the_exact_sum(cluster):
+    """Trainers 0 and 1 train 10 steps (K=3); trainer 1 leaves with 1 step unsent, which its
+    leave sends; trainer 2 joins the running job and starts from the merged values; trainers 0
+    and 2 train 10 more. The servers end at initial - every gradient / 4, dense and rows, and
+    every local step of every trainer is in exactly one round."""
+    c = cluster(servers=2, trainers=SLOTS, mode="geo", geo_k=K, min_block_size=64, min_trainers=1)
+    w0 = np.random.default_rng(7).integers(-50, 50, SIZE).astype(np.float32)
+    spec = TableSpec("emb", DIM, ps.optim.SGD(lr=1.0), init_scale=0.0)
+    plan_inputs = [("w", torch.nn.Parameter(torch.from_numpy(w0.copy())))]
+    own = [np.arange(100 + 100 * t, 108 + 100 * t, dtype=np.uint64) for t in range(3)]
+    sides = {t: Side(c.trainer_env(t), plan_inputs, spec) for t in (0, 1)}
+    registered, joined = threading.Event(), threading.Event()
+    sgd = ps.optim.SGD(lr=1.0)
+
+    def chief():
+        s = sides[0]
+        s.values["w"][...] = w0
+        s.backend.start(s.values, sgd, {"emb": spec}, None, is_chief=True)
+        registered.set()
+        s.train(np.random.default_rng(100), 0, STEPS, own[0])
+        s.backend.flush()
+        phase_a.wait()                      # trainer 1 left: its last round is on the servers
+        assert joined.wait(60), "trainer 2 did not join"
+        s.train(np.random.default_rng(200), STEPS, STEPS, own[0])
+        s.backend.flush()
+
+    def leaver():
+        s = sides[1]
+        assert registered.wait(30)
+        s.backend.start(s.values, sgd, {"emb": spec}, None, is_chief=False)
+        s.train(np.random.default_rng(101), 0, STEPS, own[1])
+        assert s.backend.steps_in_round == STEPS % K       # a round in progress ...
+        s.backend.leave(10)                                 # ... sent by the leave
+        s.backend.hang_up()
+        phase_a.wait()
+
+    def joiner():
+        phase_a.wait()                      # after trainer 1 left, while trainer 0 waits
+        env = dataclasses.replace(c.trainer_env(2), joining=True)
+        s = sides[2] = Side(env, plan_inputs, spec)
+        first = s.backend.start(s.values, sgd, {"emb": spec}, None, is_chief=False)
+        # It starts from the merged values: every round of trainers 0 and 1 so far is in them.
+        w, rows = _held(s.backend)
+        expected_w, expected_rows = _expected(w0, [sides[0], sides[1]])
+        np.testing.assert_array_equal(s.values["w"], w)
+        np.testing.assert_array_equal(s.values["w"] * SLOTS, expected_w.astype(np.float32))
+        ids = np.array(sorted(rows), np.uint64)
+        np.testing.assert_array_equal(s.backend.rows("emb", ids, DIM, first, True) * SLOTS,
+                                      np.stack([expected_rows[i] for i in ids.tolist()]).astype(np.float32))
+        joined.set()
+        s.train(np.random.default_rng(102), first, STEPS, own[2])
+        s.backend.flush()
+
+    phase_a = threading.Barrier(3, timeout=60)
+    try:
+        run_in_threads([chief, leaver, joiner], timeout=120)
+        w, rows = _held(sides[0].backend)
+        expected_w, expected_rows = _expected(w0, sides.values())
+        np.testing.assert_array_equal(w * SLOTS, expected_w.astype(np.float32))
+        assert sorted(rows) == sorted(expected_rows)
+        for i, row in rows.items():
+            np.testing.assert_array_equal(row * SLOTS, expected_rows[i].astype(np.float32), err_msg=f"row {i}")
+        steps = {0: 2 * STEPS, 1: STEPS, 2: STEPS}
+        for t, side in sides.items():          # every local step in one round, none over K
+            assert sum(n for n, _ in side.rounds) == steps[t] and all(n <= K for n, _ in side.rounds), (t, side.rounds)
+        assert sides[1].rounds[-1][0] == STEPS % K       # the leaver's last round: the one in progress
+    finally:
+        for t in (0, 2):
+            if t in sides:
+                sides[t].backend.leave(10)
+                sides[t].backend.hang_up()
