@@ -135,9 +135,6 @@ def _check_geo(env: ClusterEnv) -> None:
         raise ConfigError(f"--geo-k {env.geo_k} is over --max-staleness {env.max_staleness}: a replica would fall "
                           f"further behind than the bound allows; lower one or raise the other")
     refused = []
-    if env.recovery == "bounded-loss":
-        refused.append("--recovery bounded-loss (a restored server replica would miss rounds the trainers "
-                       "count as sent; use the default rollback)")
     if env.delta_dir:
         refused.append("--deltas (not tested with rounds yet; use --mode sync or async to serve a model while "
                        "it learns)")

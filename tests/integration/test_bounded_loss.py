@@ -67,3 +67,46 @@ def test_requests_a_restarting_server_refuses_are_resent_once_it_serves_and_repl
         assert header["versions"] == [1] and arrays[0].tolist() == [9.0] * 4     # step 5 once, step 4 not again
     finally:
         links.close(), admin.close(), server.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_replayed_push_that_asked_for_values_gets_them_from_the_restored_server():
+    """Async and GEO pushes ask for the dense values in the reply (client/step.py, a GEO round's
+    merge). Resent to a restored server that holds it already, such a push is answered without
+    values: the client pulls them there, and the push is not applied twice. One server in this
+    process, restarted (epoch -1): the keeper's part restores a = 10 holding trainer 1's step 4."""
+    import threading
+
+    import numpy as np
+
+    import paramshard as ps
+    from paramshard.client.dense import DenseClient
+    from paramshard.client.recovery import ServeAgain
+    from paramshard.env import ClusterEnv
+    from paramshard.placement.sharding import ParamSpec, make_plan
+    from paramshard.server.assembly import build_server
+    from paramshard.transport.links import ServerLinks
+
+    env = ClusterEnv(role="server", servers=("127.0.0.1:0",), server_id=0, num_trainers=2, mode="geo",
+                     recovery="bounded-loss", recovering=True, timeout=10.0)
+    server = build_server(env, bind="127.0.0.1:0", watch_peers=False).start()
+    links, admin = ServerLinks([server.address], timeout=10.0), ServerLinks([server.address], timeout=10.0)
+    plan = make_plan([ParamSpec("a", (4,))], 1)
+    try:
+        server.wait_ready()
+        links.retry = ServeAgain(10.0, poll=0.02)
+        dense = DenseClient(links, plan, 1)
+
+        def keeper():
+            DenseClient(admin, plan, 0).register_dense({"a": np.full(4, 10, np.float32)}, ps.optim.SGD(lr=1.0))
+            admin.request(0, {"op": "replica_resume", "epoch": 0, "steps": {"dense": [[1, 4]]}})
+        timer = threading.Timer(0.5, keeper)
+        timer.start()
+        values = {"a": np.zeros(4, np.float32)}
+        dense.push_dense({"a": np.ones(4, np.float32)}, 4, out=values)      # held already: a replay
+        timer.join()
+        assert values["a"].tolist() == [10.0] * 4
+        dense.push_dense({"a": np.ones(4, np.float32)}, 5, out=values)      # new: applied once
+        assert values["a"].tolist() == [9.0] * 4
+    finally:
+        links.close(), admin.close(), server.close()

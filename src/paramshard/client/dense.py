@@ -166,11 +166,28 @@ class DenseClient:
 
     def scatter(self, requests: list, replies: list, out: Mapping[str, np.ndarray]) -> None:
         """Copy the blocks in the replies to ``requests`` into ``out`` (settled: no None)."""
+        replies = self._replayed_values(requests, replies)
         for (server, request, _), (header, arrays) in zip(requests, replies):
             blocks = [self._blocks[n] for n in request["names"]]
             check_reply_arrays(header, arrays, [b.size for b in blocks], f"server {server}")
             for block, arr in zip(blocks, arrays):
                 out[block.param][block.offset:block.offset + block.size] = arr
+
+    def _replayed_values(self, requests: list, replies: list) -> list:
+        """``replies`` with those to a push that asked for values but was answered ``replayed``
+        (resent to a server restored from its replica, which held it already: bounded-loss
+        recovery, transport/links.py) replaced by a pull of the same blocks from that server."""
+        again = [i for i, (header, _) in enumerate(replies)
+                 if header.get("replayed") and requests[i][1].get("reply_values")]
+        if not again:
+            return replies
+        pulls = [(requests[i][0], self._tag({
+            "op": "pull_dense", "names": requests[i][1]["names"], "trainer": self.trainer_id, "min_version": 0,
+            "plan_fingerprint": self.fingerprint, "epoch": self.links.epoch}), ()) for i in again]
+        out = list(replies)
+        for i, reply in zip(again, self.links.request_list(pulls)):
+            out[i] = reply
+        return out
 
     @staticmethod
     def _slice(flat: Mapping[str, np.ndarray], block: Block) -> np.ndarray:

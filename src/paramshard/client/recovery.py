@@ -125,7 +125,7 @@ def roll_back(links: ServerLinks, plan, optimizer, tables, checkpoint_dir, is_ch
 
 
 class ServeAgain:
-    """Bounded-loss recovery (PARAMSHARD_RECOVERY=bounded-loss, async): the retry policy of a
+    """Bounded-loss recovery (PARAMSHARD_RECOVERY=bounded-loss, async and geo): the retry policy of a
     trainer's ServerLinks. A request whose server died, or that a restarted server refused while
     not serving yet (``reset``), waits until the server answers in this trainer's epoch again (the
     launcher restarted it and its replica keeper restored it: launch/elastic/replica_keeper.py), then goes

@@ -296,13 +296,13 @@ CONTRACT: tuple[Setting, ...] = (
     Setting("PARAMSHARD_RECOVERING", "set by the launcher on a server it restarted: serve nothing until the chief "
             "restores the checkpoint", "recovering", False, "bool", lambda text: text != "0", text=lambda v: "1"),
     Setting("PARAMSHARD_RECOVERY", "what a server restarted in place (`--max-restarts`) comes back with: `rollback` "
-            "(every trainer rolls back to the latest checkpoint) or `bounded-loss` (async mode: the launcher keeps a "
+            "(every trainer rolls back to the latest checkpoint) or `bounded-loss` (async and geo modes: the launcher keeps a "
             "replica of every server, refreshed every 0.25 s, restores it onto the replacement, and the trainers "
             "retry what failed; at most the last refresh period of updates is lost: docs/fault-tolerance.md)",
             "recovery", "rollback", "str", lambda text: text.strip().lower(), scopes=_LAUNCHED,
             check=lambda v: f"PARAMSHARD_RECOVERY={v!r}: expected one of {RECOVERIES}" if v not in RECOVERIES else None,
             flags=(flag("launch", "--recovery", "how a server restarted in place comes back: rollback (default: every "
-                        "trainer rolls back to the latest checkpoint) or bounded-loss (async: restored from the "
+                        "trainer rolls back to the latest checkpoint) or bounded-loss (async, geo: restored from the "
                         "launcher's replica, at most ~0.25 s of updates lost, no rollback)", CHECKPOINTS,
                         choices=RECOVERIES),)),
     Setting("PARAMSHARD_METRICS_PORT", "base port of the Prometheus `/metrics` endpoints: server i listens on "

@@ -439,8 +439,10 @@ class ServerLinks(Requests):
                 continue
             if not header.get("ok") and sent is not None and self.retry is not None:
                 code = str(header.get("code"))
-                if code == "applied" and header["id"] in ticket.replayed and not sent[1].get("reply_values"):
-                    ticket.results[slot] = ({"ok": True, "replayed": True}, [])    # the old server had it
+                if code == "applied" and header["id"] in ticket.replayed:
+                    # The old server had it. A push that asked for values gets none: the caller
+                    # pulls them (client/dense.py: DenseClient.scatter).
+                    ticket.results[slot] = ({"ok": True, "replayed": True}, [])
                     continue
                 if code in self.retry.codes:        # a restarted server not serving yet: again later
                     ticket.pending[header["id"]] = (slot, server, op)

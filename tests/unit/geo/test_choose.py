@@ -45,7 +45,6 @@ def test_geo_k_is_read_from_the_environment():
     ({"mode": "async", "geo_k": 4}, "is for --mode geo"),
     ({"geo_k": 9, "max_staleness": 8}, "over --max-staleness 8"),
     ({"max_staleness": 0}, "bounds k"),
-    ({"recovery": "bounded-loss"}, "bounded-loss"),
     ({"delta_dir": "/tmp/d"}, "--deltas"),
     ({"partitions": 1024}, "--partitions"),
 ])
@@ -55,9 +54,10 @@ def test_refused(fields, words):
         ClusterEnv(role=None, **fields)
 
 
-def test_elastic_trainers_are_taken():
-    """--trainers MIN:MAX in geo mode: a leaving trainer sends its round first (docs/modes.md, GEO)."""
+def test_elastic_trainers_and_bounded_loss_are_taken():
+    """--trainers MIN:MAX and --recovery bounded-loss in geo mode (docs/modes.md, GEO)."""
     assert ClusterEnv(role=None, mode="geo", min_trainers=1, num_trainers=3).min_trainers == 1
+    assert ClusterEnv(role=None, mode="geo", recovery="bounded-loss").recovery == "bounded-loss"
     from paramshard.launch.api import LaunchConfig
     assert LaunchConfig(script=None, module="x", mode="geo", trainers=3, min_trainers=1,
                         check_script=False).min_trainers == 1
@@ -65,8 +65,8 @@ def test_elastic_trainers_are_taken():
 
 def test_launch_refuses_before_anything_starts():
     from paramshard.launch.api import LaunchConfig
-    with pytest.raises(ConfigError, match="bounded-loss"):
-        LaunchConfig(script=None, module="x", mode="geo", recovery="bounded-loss", check_script=False)
+    with pytest.raises(ConfigError, match="--partitions"):
+        LaunchConfig(script=None, module="x", mode="geo", partitions=64, check_script=False)
     assert LaunchConfig(script=None, module="x", mode="geo", geo_k=7, check_script=False).geo_k == 7
 
 

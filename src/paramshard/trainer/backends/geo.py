@@ -213,6 +213,9 @@ class GeoBackend:
             return
         compute = time.perf_counter() - self._round_started
         started = time.perf_counter()
+        # n: the job's trainer slots (MAX of --trainers MIN:MAX), fixed for the job's life, not the
+        # trainers running now: a live count could change under a round already computed, and
+        # every delta stays exact to sum (docs/modes.md, GEO: elastic trainers).
         n = self.env.num_trainers
         dense_grads, delta_sq = self.dense.round_delta(n)
         sparse_grads, sent = [], []
