@@ -95,6 +95,36 @@ def test_a_killed_trainer_is_replaced_alone_and_scale_moves_the_trainers(tmp_pat
     assert all(r["role"] == "trainer" for r in records if r.get("event") in ("membership", "scale"))
 
 
+@pytest.mark.timeout(150)
+def test_an_elastic_geo_job_keeps_the_exact_sum_through_a_leave_and_a_join(tmp_path):
+    """`--mode geo --geo-k 4 --trainers 1:3`: trainer 2 leaves on `scale --trainers 2` (its round
+    in progress sent first), a new process takes its slot on `--trainers 3` (from the merged
+    values); the servers end at the initial values minus every gradient any process counted
+    (scripts/geo_elastic.py: exact), and the job ends cleanly."""
+    import numpy as np
+    folder = tmp_path / "sums"
+    folder.mkdir()
+    job = Job(tmp_path, "--mode", "geo", "--geo-k", "4", "--trainers", "1:3",
+              script=str(REPO / "tests" / "e2e" / "scripts" / "geo_elastic.py"), args=[str(folder)])
+    job.stop = folder / "stop"
+    try:
+        at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(3))
+        assert "asked trainers [2] to leave" in job.scale(2)
+        at = job.wait_for(r"trainer 2 ends at step \d+ \(leave requested: True\)", at)
+        at = job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
+        assert "starting trainers [2]" in job.scale(3)
+        at = job.wait_for(r"trainer 2 first step [1-9]\d*", at)
+        job.wait_for(r"trainer 2 at step \d+", at)
+        job.stop.touch()
+        assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
+    finally:
+        job.close()
+    sums = sorted(folder.glob("sum-*.npy"))
+    assert len(sums) == 4, (sums, job.text()[-3000:])         # trainers 0, 1, 2 and 2's second process
+    want = np.arange(64, dtype=np.int64) - sum(np.load(p) for p in sums)
+    np.testing.assert_array_equal(np.load(folder / "final.npy"), want.astype(np.float32))
+
+
 @pytest.mark.timeout(60)
 def test_scale_refuses_clearly(tmp_path):
     job = Job(tmp_path, "--trainers", "2")
