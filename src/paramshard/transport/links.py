@@ -193,6 +193,7 @@ class RetryPolicy(Protocol):
 
 class Requests:
     """The blocking calls, built on ``submit`` and ``collect`` (ServerLinks, LocalLinks)."""
+    epoch: int      # the job's epoch, carried by data requests (client/recovery.py)
 
     def __len__(self) -> int:
         """How many server indices there are (retired ones too)."""
@@ -204,6 +205,10 @@ class Requests:
 
     def collect(self, ticket: Ticket) -> list:
         """The replies of ``ticket``, in request order."""
+        raise NotImplementedError
+
+    def discard(self, ticket: Ticket) -> None:
+        """Forget ``ticket``: its replies are not awaited any more."""
         raise NotImplementedError
 
     def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
