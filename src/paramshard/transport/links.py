@@ -516,7 +516,7 @@ class ServerLinks(Requests):
         assert self.retry is not None, f"{self.who}: requests to resend, but no retry policy"
         self.retry.wait_serving(self, server, cause)       # raises, naming the server, past the deadline
         ticket.resend.pop(server, None)
-        link = self._link(server)
+        link = self.links[server]
         link.poll_events()
         ticket.losses[server] = link.losses
         for request_id in [r for r, (_, srv, _) in ticket.pending.items() if srv == server]:
@@ -524,7 +524,7 @@ class ServerLinks(Requests):
             self._inflight.pop(request_id, None)
             _, header, arrays = ticket.sent.pop(request_id)
             new_id = next(_ids)
-            link.sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
+            self._link(server).sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
             ticket.pending[new_id] = (slot, server, op)
             ticket.sent[new_id] = (server, header, arrays)
             ticket.replayed.add(new_id)
