@@ -333,6 +333,25 @@ def test_a_refused_client_stops_knocking_and_cannot_wedge_the_process():
         router.close(0)
 
 
+def test_a_refusal_under_bounded_loss_recovery_fails_the_call_and_is_not_waited_out():
+    """With a retry policy (bounded-loss recovery) a lost server is waited for and asked again; a
+    server that refuses the handshake is not lost: the call fails with HandshakeRefused, saying
+    which setting to fix (the retry path once took the refusal for a loss and failed on it)."""
+    from paramshard.client.recovery import ServeAgain
+    from paramshard.transport.server_socket import bind_router
+    right, wrong = Security.from_secret("s3cret", "job-a"), Security.from_secret("s3cret", "job-b")
+    router, address = bind_router(zmq.Context.instance(), "127.0.0.1:0", "test", security=right)
+    links = ServerLinks([address], 10, security=wrong)
+    links.retry = ServeAgain(10)
+    try:
+        with pytest.raises(HandshakeRefused, match=r"server 0 \(127\.0\.0\.1:\d+\).*PARAMSHARD_"):
+            links.wait_ready(10)
+        assert links.retry.waits == []      # nothing was waited for: a refusal is no loss
+    finally:
+        links.close()
+        router.close(0)
+
+
 # -- a fake server (a squatter's address in an open rendezvous store) -------------------
 @pytest.mark.parametrize("fake", ["other-keys", "plain-tcp"])
 def test_a_fake_server_fails_curvezmq_authentication_and_the_trainer_says_so(fake):

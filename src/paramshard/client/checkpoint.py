@@ -68,7 +68,8 @@ def holders(routing: Routing, links: ServerLinks) -> list[int]:
 
 
 def _gather_dense(links: ServerLinks, plan: ShardPlan, servers=None,
-                  routing: Routing | None = None) -> tuple[dict, dict, dict, dict, float]:
+                  routing: Routing | None = None) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]],
+                                                           dict[str, int], dict | None, float]:
     """Per parameter: flat values, flat slots, version; the optimizer as the servers hold it and
     the learning-rate scale they apply to it (Trainer.scale_learning_rate). ``routing``: an elastic
     job's; a block is read only from the server its block map names (its old owner keeps a frozen
@@ -80,7 +81,9 @@ def _gather_dense(links: ServerLinks, plan: ShardPlan, servers=None,
     values = {p.name: np.empty(p.numel, np.float32) for p in plan.params}
     slots: dict[str, list[np.ndarray]] = {}
     versions: dict[str, int] = {}
-    seen, optimizer, scales = set(), None, set()
+    seen: set[str] = set()
+    optimizer: dict | None = None       # None: no server holds a block (a model without dense parameters)
+    scales: set[float] = set()
     for server, (header, arrays) in sorted(replies.items()):
         per_block = 1 + header["slots"]
         if header["blocks"]:
@@ -217,16 +220,17 @@ def save_checkpoint(links: ServerLinks, plan: ShardPlan, tables: Mapping[str, Ta
                     links.request_many({s: ({"op": "resume_pushes"}, ()) for s in servers})
         dense = []
         for i, p in enumerate(plan.params):
-            files = {"values": f"dense/p{i}.values.npy",
-                     "slots": [f"dense/p{i}.slot{j}.npy" for j in range(len(slots.get(p.name, [])))]}
-            writer.put(files["values"], values[p.name])
-            for path, slot in zip(files["slots"], slots.get(p.name, [])):
-                writer.put(path, slot)
-            dense.append({"name": p.name, "shape": list(p.shape), "version": versions[p.name], "files": files})
+            values_file = f"dense/p{i}.values.npy"
+            slot_files = [f"dense/p{i}.slot{j}.npy" for j in range(len(slots.get(p.name, [])))]
+            writer.put(values_file, values[p.name])
+            for slot_file, slot in zip(slot_files, slots.get(p.name, [])):
+                writer.put(slot_file, slot)
+            dense.append({"name": p.name, "shape": list(p.shape), "version": versions[p.name],
+                          "files": {"values": values_file, "slots": slot_files}})
         sparse = []
         for i, (name, spec) in enumerate(tables.items()):
             parts, version, evicted, table_scale = tables_state[name]
-            files = {}
+            files: dict[str, str] = {}
             for part, arr in parts.items():
                 files[part] = f"sparse/t{i}/{part}.npy"
                 writer.put(files[part], arr)
@@ -332,8 +336,8 @@ def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int
     row_parts = [p for p in parts if p not in ("counted_ids", "counts")]
     ids = parts["ids"]
     route = Partition.of(ids, routing)
-    counted = parts.get("counted_ids")
-    count_route = Partition.of(counted, routing) if counted is not None else None
+    counted_ids = parts.get("counted_ids")
+    counted = (counted_ids, Partition.of(counted_ids, routing)) if counted_ids is not None else None
     requests = []
     for server in routing.servers():
         mine = route.part(server)
@@ -342,10 +346,11 @@ def _restore_table(links: ServerLinks, entry: dict, parts: dict, trainer_id: int
         for start in range(0, max(n, 1), SPARSE_PAGE_ROWS):
             names = list(row_parts)
             arrays = [chunk_rows[p][start:start + SPARSE_PAGE_ROWS] for p in row_parts]
-            if start == 0 and count_route is not None:
+            if start == 0 and counted is not None:
+                counted_rows, count_route = counted
                 cm = count_route.part(server)
                 names += ["counted_ids", "counts"]
-                arrays += [counted[cm], parts["counts"][cm]]
+                arrays += [counted_rows[cm], parts["counts"][cm]]
             header = {"op": "restore_sparse", "table": entry["name"], "parts": names,
                       "version": entry["version"], "evicted": 0, "trainer": trainer_id,
                       "lr_scale": float(entry.get("lr_scale", 1.0))}     # none: saved before any change

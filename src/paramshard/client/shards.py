@@ -27,7 +27,8 @@ def register(links: Requests, trainer: int, pass_: int, fingerprint: str, files:
     return header.get("registered", "")
 
 
-def next_task(links: Requests, trainer: int, pass_: int, step: int | None) -> tuple[str, Task | None, int | None]:
+def next_task(links: Requests, trainer: int, pass_: int,
+              step: int | None) -> tuple[str, Task | Waiting | None, int | None]:
     """("task", the task from its committed position, its lease) / ("finished", None, None) /
     ("wait", Waiting, None). The lease goes back with the task's reports (server/elastic/shard_queue.py)."""
     request = {"op": "shard_next", "trainer": trainer, "pass": pass_, "epoch": links.epoch}

@@ -38,14 +38,21 @@ from paramshard.client.sparse import Partition, SparseClient
 
 
 @dataclasses.dataclass
+class _Sent:
+    """A piece's pull on its way: its ticket, its requests (sent again where a partition moved)
+    and how its ids were split over the servers."""
+    ticket: Ticket
+    requests: list
+    part: Partition
+
+
+@dataclasses.dataclass
 class _Piece:
     """Part of a prefetch: the rows of ``ids[positions]`` (all of them: positions None)."""
     positions: np.ndarray | None
     ids: np.ndarray
     after_push: bool = False           # sent right after the next push, not now
-    ticket: Ticket | None = None       # None: not sent yet
-    requests: list = dataclasses.field(default_factory=list)
-    part: Partition | None = None
+    sent: _Sent | None = None          # None: not sent yet
 
 
 @dataclasses.dataclass
@@ -57,7 +64,7 @@ class _Fetch:
 
     @property
     def tickets(self) -> list[Ticket]:
-        return [piece.ticket for piece in self.pieces if piece.ticket is not None]
+        return [piece.sent.ticket for piece in self.pieces if piece.sent is not None]
 
 
 @dataclasses.dataclass
@@ -77,8 +84,12 @@ class _Push:
 FETCHES_PER_TABLE = 2
 
 
-class PipelineStats(collections.Counter):
-    """How much of the step overlapped: waits in seconds, prefetch hits and misses."""
+class PipelineStats(dict[str, float]):
+    """How much of the step overlapped: waits in seconds, prefetch hits and misses (counts: ints).
+    A figure not counted yet is 0, as in a Counter (whose values are typed int, not seconds)."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
 
     def as_dict(self) -> dict:
         keys = ("steps", "prefetch_hits", "prefetch_misses", "pulls", "pull_wait_s", "push_wait_s",
@@ -94,7 +105,7 @@ class StepClient:
         self.max_in_flight = max_in_flight
         self._pushes: collections.deque[_Push] = collections.deque()
         self._fetches: dict[str, collections.deque[_Fetch]] = {}
-        self._unused = collections.Counter()      # table -> prefetches in a row that no forward took
+        self._unused: collections.Counter[str] = collections.Counter()      # table -> prefetches in a row that no forward took
         self.stats = PipelineStats()
         self.bounded = False              # --max-staleness set: pushes carry resume_step
         self.last_staleness: int | None = None    # async: what the servers said of the latest push taken
@@ -131,16 +142,17 @@ class StepClient:
                 self._send(table, fetch, piece)
         queue.append(fetch)
 
-    def _send(self, table: str, fetch: _Fetch, piece: _Piece) -> None:
-        piece.requests, piece.part = self.sparse.pull_requests(table, piece.ids, fetch.min_version, create=True)
-        piece.ticket = self.links.submit(piece.requests)
+    def _send(self, table: str, fetch: _Fetch, piece: _Piece) -> _Sent:
+        requests, part = self.sparse.pull_requests(table, piece.ids, fetch.min_version, create=True)
+        piece.sent = _Sent(self.links.submit(requests), requests, part)
+        return piece.sent
 
     def _send_waiting_pieces(self) -> None:
         """After a push: the pulls that had to wait for it."""
         for table, queue in self._fetches.items():
             for fetch in queue:
                 for piece in fetch.pieces:
-                    if piece.ticket is None:
+                    if piece.sent is None:
                         self._send(table, fetch, piece)
 
     def rows(self, table: str, ids: np.ndarray, dim: int, min_version: int, create: bool = True) -> np.ndarray:
@@ -157,25 +169,23 @@ class StepClient:
             self.stats["pull_wait_s"] += time.perf_counter() - started
 
     def _gather(self, table: str, fetch: _Fetch, dim: int) -> np.ndarray:
-        for piece in fetch.pieces:
-            if piece.ticket is None:      # the push it waited for never came (no step): ask now
-                self._send(table, fetch, piece)
+        # A piece whose push never came (no step) is asked for now.
+        sent = [piece.sent or self._send(table, fetch, piece) for piece in fetch.pieces]
         if len(fetch.pieces) == 1:
-            piece = fetch.pieces[0]
-            return self.sparse.gather_rows(self._collect_rows(piece), piece.requests, piece.part,
-                                           len(piece.ids), dim)
+            return self.sparse.gather_rows(self._collect_rows(sent[0]), sent[0].requests, sent[0].part,
+                                           len(fetch.pieces[0].ids), dim)
         out = np.empty((len(fetch.ids), dim), np.float32)
-        for piece in fetch.pieces:
+        for piece, its in zip(fetch.pieces, sent):
             if len(piece.ids):
-                out[piece.positions] = self.sparse.gather_rows(self._collect_rows(piece), piece.requests,
-                                                               piece.part, len(piece.ids), dim)
+                out[piece.positions] = self.sparse.gather_rows(self._collect_rows(its), its.requests, its.part,
+                                                               len(piece.ids), dim)
             else:
-                self.links.discard(piece.ticket)
+                self.links.discard(its.ticket)
         return out
 
-    def _collect_rows(self, piece: _Piece) -> list:
+    def _collect_rows(self, sent: _Sent) -> list:
         """A piece's replies; parts refused as ``moved`` (a server scale) are fetched again."""
-        return self.sparse.settle(self.links.collect(piece.ticket), piece.requests)
+        return self.sparse.settle(self.links.collect(sent.ticket), sent.requests)
 
     def _take_fetch(self, table: str, ids: np.ndarray, min_version: int) -> _Fetch | None:
         """The fetch of these ids; fetches queued before it were for batches that never came."""

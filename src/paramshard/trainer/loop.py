@@ -20,12 +20,22 @@ What the position holds is saved with every checkpoint (``as_json``) and read ba
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Protocol, TypeGuard
 
 from paramshard.errors import ConfigError
 
 
-def positionable(loader) -> bool:
+class PositionableLoader(Protocol):
+    """A loader that says where it is and goes back there (TabularReader, DynamicShards, a stream)."""
+
+    def __iter__(self) -> Iterator: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+
+def positionable(loader: object) -> TypeGuard[PositionableLoader]:
     """The loader can be put back at a batch of a pass without reading it from its start."""
     return callable(getattr(loader, "state", None)) and callable(getattr(loader, "restore", None))
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 import weakref
+from typing import TYPE_CHECKING
 
 from paramshard.errors import ConfigError
 from paramshard.log import get_logger
+
+if TYPE_CHECKING:
+    from paramshard.trainer.trainer import Trainer
 
 log = get_logger("trainer")
 

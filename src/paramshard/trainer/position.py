@@ -16,6 +16,8 @@ import torch
 
 def capture(step: int, state: dict | None = None) -> dict:
     np_state = np.random.get_state()
+    # The legacy tuple: numpy's global generator is always an MT19937 (a dict only for other bit generators).
+    assert isinstance(np_state, tuple), f"numpy's global random state is {type(np_state).__name__}, not MT19937's"
     py_version, py_internal, py_gauss = random.getstate()
     return {
         "step": step,

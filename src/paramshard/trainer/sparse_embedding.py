@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from paramshard.errors import ConfigError
 from paramshard.optim import Adagrad, OptimizerConfig
 from paramshard.tables import Admission, Eviction
+from paramshard.budgets import parse_budget
 from paramshard.client.sparse import TableSpec
 from paramshard.placement.rows import merge_duplicates
 
@@ -108,9 +109,10 @@ class SparseEmbedding(torch.nn.Module):
                               f"(dtype=torch.float16 or torch.bfloat16); float32 rows are never rounded")
         self.spec = TableSpec(name, dim, optimizer or Adagrad(lr=0.05), seed, init_scale,
                               admission or Admission(), eviction or Eviction(), capacity, ROW_DTYPES[dtype],
-                              "stochastic" if stochastic_rounding else "nearest", memory_budget)
+                              "stochastic" if stochastic_rounding else "nearest",
+                              parse_budget(memory_budget, f"table {name!r}: memory_budget"))   # "4GB" -> bytes
         self.mode = mode
-        self._puller = None                  # set by the Trainer that owns this module, or attach()
+        self._puller: _RowSource | None = None   # set by attach() (the Trainer that owns this module calls it)
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # prepare(): coming batches' ids, already de-duplicated (flat ids, codes, unique): the
         # next batch's and the one after (prepared while the next one's forward is still to come).

@@ -230,6 +230,7 @@ class Trainer:
         ``samples=`` (this step's, when the model's first input does not say), any
         metric of your own (``auc=0.78``), and ``result={...}``: the run's final figures
         (a JSON object), which `paramshard report` prints first."""
+        assert self.listeners is not None, "set in __init__: a Trainer whose start failed is never returned"
         self.listeners.log(**values)
 
     def _step(self, loss: torch.Tensor | None) -> None:

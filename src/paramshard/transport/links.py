@@ -27,7 +27,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import zmq
@@ -183,8 +183,33 @@ class Ticket:
         return not self.pending or self.error is not None
 
 
+class RetryPolicy(Protocol):
+    """What ServerLinks asks of its retry policy (bounded-loss recovery: client/recovery.ServeAgain)."""
+    codes: tuple[str, ...]      # error codes of a server that will serve again (its requests wait)
+
+    def wait_serving(self, links: ServerLinks, server: int, cause: Exception) -> None:
+        """Return once ``server`` serves again; raise (naming it) past the deadline."""
+
+
 class Requests:
     """The blocking calls, built on ``submit`` and ``collect`` (ServerLinks, LocalLinks)."""
+    epoch: int      # the job's epoch, carried by data requests (client/recovery.py)
+
+    def __len__(self) -> int:
+        """How many server indices there are (retired ones too)."""
+        raise NotImplementedError
+
+    def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> Ticket:
+        """Send [(server, header, arrays)]; the replies come from ``collect``."""
+        raise NotImplementedError
+
+    def collect(self, ticket: Ticket) -> list:
+        """The replies of ``ticket``, in request order."""
+        raise NotImplementedError
+
+    def discard(self, ticket: Ticket) -> None:
+        """Forget ``ticket``: its replies are not awaited any more."""
+        raise NotImplementedError
 
     def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
                 timeout: float | None = None):
@@ -225,18 +250,18 @@ class ServerLinks(Requests):
         self.epoch = 0      # the job's epoch, carried by data requests (client/recovery.py)
         # Bounded-loss recovery (client/recovery.ServeAgain): a request a dead server did not
         # answer waits for its replacement and goes again. None: it fails (rollback recovery).
-        self.retry = None
+        self.retry: RetryPolicy | None = None
         self.security = security
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
         self._identity = identity
-        self.links = [_Link(self._ctx, i, a, identity, security) if a else _RetiredLink(i)
-                      for i, a in enumerate(addresses)]
+        self.links: list[_Link | _RetiredLink] = [
+            _Link(self._ctx, i, a, identity, security) if a else _RetiredLink(i) for i, a in enumerate(addresses)]
         self._inflight: dict[int, Ticket] = {}     # request id -> the ticket awaiting its reply
         self._retiring: set[int] = set()           # retired while a reply from it was awaited
         self._poller = zmq.Poller()
         for link in self.links:
-            if not link.retired:
+            if isinstance(link, _Link):
                 self._poller.register(link.sock, zmq.POLLIN)
 
     @classmethod
@@ -264,6 +289,13 @@ class ServerLinks(Requests):
     def is_retired(self, server: int) -> bool:
         return 0 <= server < len(self.links) and self.links[server].retired
 
+    def _link(self, server: int) -> _Link:
+        """The link of a server a request of ours goes to or awaits: ``submit`` sends nothing to a
+        retired one and ``retire`` keeps a link until no reply from it is awaited."""
+        link = self.links[server]
+        assert isinstance(link, _Link), f"{self.who}: {link.name} was retired while a reply from it was awaited"
+        return link
+
     def retire(self, server: int) -> None:
         """Server ``server`` was removed by a scale: stop talking to it (its socket closes once no
         reply from it is awaited: an answer in flight, e.g. a refusal as moved, still arrives)."""
@@ -275,7 +307,7 @@ class ServerLinks(Requests):
     def _close_retiring(self) -> None:
         awaited = {srv for ticket in self._inflight.values() for _, srv, _ in ticket.pending.values()}
         for server in sorted(self._retiring - awaited):
-            link = self.links[server]
+            link = self._link(server)   # retire() takes only servers that are not retired
             if not link.given_up:       # a given-up link left the poller already
                 self._poller.unregister(link.sock)
             link.close()
@@ -303,18 +335,16 @@ class ServerLinks(Requests):
         # pending fails them, whatever libzmq reconnected since.
         for server in {server for server, _, _ in requests}:
             link = self.links[server]
-            if link.retired:
-                exc = ServerUnavailable(f"{self.who}: {link.name} is no server of the job any more; nothing is "
+            if not isinstance(link, _Link):
+                raise ServerUnavailable(f"{self.who}: {link.name} is no server of the job any more; nothing is "
                                         f"sent to it (the caller's routing is older than the one that removed it: "
                                         f"fetch the routing from server 0)")
-                exc.server = server
-                raise exc
             link.poll_events()
             self._check_refused(link)   # before sending: a given-up link has no peer, a send would block
             ticket.losses[server] = link.losses
         for slot, (server, header, arrays) in enumerate(requests):
             request_id = next(_ids)
-            link = self.links[server]
+            link = self._link(server)   # the loop above raised for a retired one
             ticket.pending[request_id] = (slot, server, header.get("op"))
             self._inflight[request_id] = ticket
             ticket.sent[request_id] = (server, header, arrays)      # to send again (busy, bounded-loss)
@@ -371,14 +401,14 @@ class ServerLinks(Requests):
                 ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1,
                                                    busy_ms if busy_ms is not None else 250)))
                 for link in self.links:
-                    if link.sock in ready:
+                    if isinstance(link, _Link) and link.sock in ready:
                         self._receive(link)
-                try:
-                    self._check_alive(ticket)
-                except ServerUnavailable as exc:
+                lost = self._lost(ticket)       # raises a refusal (HandshakeRefused): no retry mends keys
+                if lost is not None:
+                    server, exc = lost
                     if not ticket.retry:
-                        raise
-                    ticket.resend[exc.server] = exc
+                        raise exc
+                    ticket.resend[server] = exc
             if ticket.error is not None:
                 raise ticket.error
             return ticket.results
@@ -389,7 +419,7 @@ class ServerLinks(Requests):
         """Take the replies that have arrived, without waiting (``Ticket.done`` then says
         which tickets need no wait)."""
         for link in self.links:
-            if not link.retired and not link.sock.closed:
+            if isinstance(link, _Link) and not link.sock.closed:
                 self._receive(link)
 
     def discard(self, ticket: "Ticket") -> None:
@@ -412,7 +442,7 @@ class ServerLinks(Requests):
         ticket.pending[new_id] = (slot, server, op)
         ticket.sent[new_id] = (server, header, arrays)
         self._inflight[new_id] = ticket
-        self._send(self.links[server], protocol.encode({**header, "id": new_id}, arrays), ticket.deadline)
+        self._send(self._link(server), protocol.encode({**header, "id": new_id}, arrays), ticket.deadline)
 
     def _receive(self, link: _Link) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""
@@ -425,7 +455,7 @@ class ServerLinks(Requests):
                 header = protocol.decode_header(frames[0].buffer)
             except ProtocolError as exc:
                 raise ProtocolError(f"reply from {link.name}: {exc}") from None
-            ticket = self._inflight.pop(header.get("id"), None)
+            ticket = self._inflight.pop(header["id"], None)     # decode_header checked it is an int
             if ticket is None:
                 continue   # a late answer to a request that timed out or was discarded
             slot, server, op = ticket.pending.pop(header["id"])
@@ -459,9 +489,11 @@ class ServerLinks(Requests):
                 continue
             ticket.results[slot] = (header, protocol.decode_arrays(header, frames[1:]))
 
-    def _check_alive(self, ticket: "Ticket") -> None:
+    def _lost(self, ticket: "Ticket") -> tuple[int, ServerUnavailable] | None:
+        """A server of ``ticket``'s pending requests whose connection was lost, and the error naming
+        it (None: none was). A server that refuses the handshake raises HandshakeRefused here."""
         for server in {srv for _, srv, _ in ticket.pending.values()}:
-            link = self.links[server]
+            link = self._link(server)
             link.poll_events()
             self._check_refused(link)
             lost = link.losses > ticket.losses[server]
@@ -471,16 +503,17 @@ class ServerLinks(Requests):
                 self._receive(link)
                 if not any(srv == server for _, srv, _ in ticket.pending.values()):
                     continue
-                exc = ServerUnavailable(
+                return server, ServerUnavailable(
                     f"{self.who} lost its connection to {link.name} while waiting for a reply: "
                     f"the server died, hung (no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s) or "
                     f"the network dropped; check that server's log, then restart the job")
-                exc.server = server
-                raise exc
+        return None
 
     def _resend(self, ticket: "Ticket", server: int, cause: Exception) -> None:
         """Bounded-loss recovery: wait until ``server`` serves again (its replacement, restored from
         the launcher's replica), then send it the ticket's requests it did not answer, afresh."""
+        # A ticket has resends only when submitted with a retry policy (ticket.retry).
+        assert self.retry is not None, f"{self.who}: requests to resend, but no retry policy"
         self.retry.wait_serving(self, server, cause)       # raises, naming the server, past the deadline
         ticket.resend.pop(server, None)
         link = self.links[server]
@@ -491,7 +524,7 @@ class ServerLinks(Requests):
             self._inflight.pop(request_id, None)
             _, header, arrays = ticket.sent.pop(request_id)
             new_id = next(_ids)
-            link.sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
+            self._link(server).sock.send_multipart(protocol.encode({**header, "id": new_id}, arrays), copy=False)
             ticket.pending[new_id] = (slot, server, op)
             ticket.sent[new_id] = (server, header, arrays)
             ticket.replayed.add(new_id)

@@ -8,7 +8,7 @@ message raises ProtocolError with a sentence naming what is wrong.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeGuard
 
 import msgpack
 import numpy as np
@@ -21,7 +21,7 @@ from paramshard.tables import ROUNDINGS, ROW_DTYPES
 PROTOCOL_VERSION = 1
 
 # Wire dtypes: explicit little-endian so a big-endian peer could still talk to us.
-DTYPES = {
+DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype("<f4"),
     "float64": np.dtype("<f8"),
     "int32": np.dtype("<i4"),
@@ -136,7 +136,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     """An integer on the wire: bool is an int subclass in Python, and never counts."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -183,7 +183,7 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list:
     for a in arrays:
         # memoryview of a contiguous array: zmq sends it without copying.
         flat = np.ascontiguousarray(a).reshape(-1)
-        frames.append(memoryview(flat).cast("B") if flat.size else b"")
+        frames.append(flat.data.cast("B") if flat.size else b"")
     return frames
 
 
@@ -229,9 +229,9 @@ def request_id_of(raw: bytes | memoryview) -> int:
 
 def validate_request(header: dict) -> None:
     op = header.get("op")
-    fields = REQUEST_FIELDS.get(op) if isinstance(op, str) else None
-    if fields is None:
+    if not isinstance(op, str) or op not in REQUEST_FIELDS:
         raise ProtocolError(f"unknown op {op!r}; known ops: {', '.join(REQUEST_FIELDS)}")
+    fields = REQUEST_FIELDS[op]
     for name, kind in fields.items():
         if isinstance(kind, Optional):
             if name in header:

@@ -138,6 +138,8 @@ class Security:
         return CurveContext(self)
 
     def configure_server(self, sock: zmq.Socket) -> None:
+        if self.server_secret is None:
+            raise ConfigError(f"{self.origin}: no server secret key (server.key_secret) for this process")
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.server_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.server_secret)

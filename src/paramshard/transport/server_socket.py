@@ -41,8 +41,8 @@ def bind_router(ctx: zmq.Context, bind: str, name: str, max_message_bytes: int |
     """
     if isinstance(security, (str, bytes)):
         security = Security.from_secret(security) if security else None
-    curve = security.server_context() if security is not None else None
-    if curve is not None:
+    if security is not None:
+        curve = security.server_context()
         sock = curve.context.socket(zmq.ROUTER, socket_class=CurveRouter)
         sock.curve = curve
         security.configure_server(sock)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from paramshard.errors import ConfigError
-from paramshard.optim import OptimizerConfig
+from paramshard.optim import FTRL, Adagrad, Adam, Momentum, OptimizerConfig, RowWiseAdagrad
 
 CHUNK = 1 << 15   # elements: 128 KiB of float32 per operand
 
 
 class Rule:
+    """An update rule; each subclass names the config it takes (``config``): make_rule gives every
+    rule the config of its own kind (RULES)."""
     slot_names: tuple[str, ...] = ()
 
     def __init__(self, config: OptimizerConfig):
@@ -71,6 +73,7 @@ class SGDRule(Rule):
 
 
 class MomentumRule(Rule):
+    config: Momentum
     slot_names = ("momentum_buffer",)
 
     def update(self, param, grad, slots, step, scale):
@@ -84,6 +87,7 @@ class MomentumRule(Rule):
 
 
 class AdagradRule(Rule):
+    config: Adagrad
     slot_names = ("sum",)
 
     def init_slots(self, shape, dtype=np.float32):
@@ -103,6 +107,7 @@ class AdagradRule(Rule):
 
 
 class AdamRule(Rule):
+    config: Adam
     slot_names = ("exp_avg", "exp_avg_sq")
     uses_step = True
 
@@ -124,6 +129,7 @@ class AdamRule(Rule):
 
 class FTRLRule(Rule):
     """Per-coordinate FTRL-Proximal; ``param`` is recomputed from (z, n)."""
+    config: FTRL
     slot_names = ("z", "n")
 
     def update(self, param, grad, slots, step, scale):
@@ -167,6 +173,7 @@ class RowWiseAdagradRule(Rule):
     per row, then multiplied by each g[j], as FBGEMM does; it equals
     lr * g / (sqrt(acc) + eps) up to rounding.
     """
+    config: RowWiseAdagrad
     slot_names = ("sum",)
 
     def init_slots(self, shape, dtype=np.float32):

@@ -30,6 +30,7 @@ from paramshard.data.features.batch import TabularBatch
 from paramshard.data.features.fit import fit_schema
 from paramshard.specs.schema import Schema
 from paramshard.data.readers.tabular import TabularReader, count_records
+from paramshard.data.shards.dynamic import DynamicShards
 from paramshard.inference.evaluation import evaluate
 from paramshard.models import build_model, hashed_embedding
 from paramshard.models.heads import head_of
@@ -131,6 +132,7 @@ class Run:
         a, env = self.args, self.env
         holdout = elastic.holdout(a, self.elastic)
         train_side, side = training_side(a), getattr(a, "side", None)
+        train: DynamicShards | TabularReader
         if self.elastic:
             train = elastic.train_loader(a, schema, holdout, trainer)
             self.steps = elastic.steps_estimate(a, schema, env)
@@ -244,7 +246,7 @@ class Run:
                   f"--embedding-l2 (e.g. 1e-5), fewer --epochs, or dropping an id-like column (one value per row, "
                   f"e.g. a row id: kind drop in the schema)")
 
-    def hint_at_the_cap(self, decision: Decision | None, epoch: int) -> None:
+    def hint_at_the_cap(self, decision: Decision | None, epoch: int | None) -> None:
         """Trainer 0: the run reached --epochs while its last epoch was still the best."""
         a = self.args
         if not self.chief or decision is None or decision.stop or not decision.improved or epoch != a.epochs:
@@ -359,7 +361,8 @@ def train(args, say) -> dict | None:
             print(f"trainer {env.trainer_id} joined the running job at step {trainer.step_count}, epoch {first}"
                   f"{' (its end passed: waiting for trainer 0 decision)' if ended else ''}", flush=True)
         # Exact through rollbacks, --resume and restarts; a run early stopping ended stays ended.
-        decision = epoch = None
+        decision: Decision | None = None
+        epoch: int | None = None
         for epoch in trainer.epochs(0 if run.stopped else args.epochs):
             trainer.log(epoch=epoch)
             start = time.perf_counter()
@@ -371,17 +374,17 @@ def train(args, say) -> dict | None:
                 ps.barrier(elastic.END)         # every trainer's pushes of this epoch are in
             ended = False
             trainer.pull()                  # dense values as the servers hold them (async: others' pushes too)
-            decision = None
+            decision, wire = None, None
             if run.chief:
-                decision = run.after_epoch(trainer, model, epoch, train_loss, rows, seconds, valid, test).to_json()
+                wire = run.after_epoch(trainer, model, epoch, train_loss, rows, seconds, valid, test).to_json()
                 bad = getattr(reader, "reader", reader)       # DynamicShards reads with a TabularReader
                 if bad.bad_lines:
                     say(f"  skipped {bad.bad_lines} malformed lines, e.g. {bad.bad_line_examples[0]}")
             # Every trainer takes trainer 0's decision; nobody trains on while it reads the model.
-            decision = trainer.broadcast(decision, name=elastic.SELECTION)
-            if decision is None:
+            wire = trainer.broadcast(wire, name=elastic.SELECTION)
+            if wire is None:
                 continue        # rolled back past this point: trainer.epochs replays the epoch
-            decision = Decision.from_json(decision)
+            decision = Decision.from_json(wire)
             # --lr-decay-at: a fixed schedule (a refit's) instead of the decays on a plateau.
             if (decision.decay if args.lr_decay_at is None else epoch in args.lr_decay_at) and args.lr_decay < 1:
                 if args.lr_decay_at is not None:

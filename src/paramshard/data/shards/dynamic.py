@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from paramshard.errors import ConfigError, DeadlineExceeded
-from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES, fingerprint, split_files
+from paramshard.data.shards.tasks import DEFAULT_TASK_BYTES, Task, fingerprint, split_files
 
 POLL_SECONDS = 0.2         # async: how often to ask again while tasks are in progress elsewhere
 
@@ -165,7 +165,7 @@ class DynamicShards:
                     stuck.check(task, me)
                     time.sleep(self.poll_seconds)
                 continue
-            assert task is not None            # verdict "task": next_task raised unless the reply held one
+            assert isinstance(task, Task)      # verdict "task": next_task raised unless the reply held one
             stuck.reset()
             for batch, position, done in _with_last(self.reader.read_task(task), task.start):
                 if _recoveries(trainer) != recoveries:

@@ -1,6 +1,8 @@
 """One trainer backend per mode (base.py: the contract), chosen once from ``env.mode``."""
 from __future__ import annotations
 
+from typing import Protocol
+
 from paramshard.env import ClusterEnv
 from paramshard.mode import Mode
 from paramshard.trainer.backends.base import TrainerBackend
@@ -15,7 +17,15 @@ _BACKENDS = {
 }
 
 
-def backend_class(mode: Mode) -> type:
+class BackendClass(Protocol):
+    """A backend class as ``open_backend`` calls it: ``connect`` with keywords, each taking the ones
+    it needs (``**_`` for the others)."""
+
+    def connect(self, env: ClusterEnv, *, model, params, optimizer, max_in_flight: int,
+                find_unused_parameters: bool) -> TrainerBackend: ...
+
+
+def backend_class(mode: Mode) -> BackendClass:
     """The backend class of ``mode``."""
     import importlib
     module, _, name = _BACKENDS[Mode.parse(mode)].partition(":")
