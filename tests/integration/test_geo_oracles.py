@@ -112,6 +112,10 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
             if in_step:
                 trainer.barrier("step")     # both rounds are on the servers
                 trainer.pull()              # ... and every trainer reads their sum
+                # ... before either sends its next round: a trainer whose pull came late (a busy
+                # machine) would otherwise read the other's next round too, and compute its next
+                # gradient elsewhere than sync does (off by ~1e-4, not by rounding).
+                trainer.barrier("pulled")
         ids, rows = _table(trainer)
         trainer.close()
         return dense_of(model), ids, rows
