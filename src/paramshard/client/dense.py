@@ -45,6 +45,8 @@ class DenseClient:
         self._update()
 
     def _update(self) -> None:
+        if self.router is not None:
+            self.router.catch_up_with_links()   # a server its routing names may have been let go (SparseClient)
         routing = self.router.routing if self.router is not None else None
         if routing is None or routing.version == self._version:
             return

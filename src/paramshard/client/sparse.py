@@ -105,6 +105,7 @@ class SparseClient:
         return len(self.routing.addresses)
 
     def _partition(self, table: str, ids: np.ndarray) -> Partition:
+        self.catch_up_with_links()
         # A push usually carries the very array its pull had: partition it once.
         last = self._last.get(table)
         if last is not None and last[0] is ids and last[2] == self.routing.version:
@@ -114,6 +115,15 @@ class SparseClient:
         return part
 
     # -- routing (elastic jobs) ------------------------------------------------
+    def catch_up_with_links(self) -> None:
+        """Another user of these links followed a newer routing than this one and let go of a
+        server this one still names (a checkpoint's save reads server 0's routing on the
+        trainer's own links: client/checkpoint.py job_routing): this routing is older than that
+        one, and the links send nothing to that server. Take server 0's before routing by it."""
+        addresses = self.routing.addresses
+        if any(address and self.links.is_retired(s) for s, address in enumerate(addresses)):
+            self.refresh_routing(newer_than=self.routing.version)
+
     def refresh_routing(self, newer_than: int = -1, patience: float | None = None) -> Routing:
         """The routing server 0 holds, once it is newer than ``newer_than`` (or when ``patience``
         seconds, at most the links' timeout, have passed: the caller checks the version). Servers

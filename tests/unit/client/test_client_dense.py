@@ -21,6 +21,9 @@ class FakeLinks:
     def __len__(self):
         return 3
 
+    def is_retired(self, server):
+        return False
+
     def request_list(self, requests, timeout=None):
         self.sent.append(requests)
         replies = []
@@ -40,6 +43,9 @@ class FakeLinks:
 class FakeRouter:
     def __init__(self, routing, newer):
         self.routing, self.newer, self.asked = routing, newer, []
+
+    def catch_up_with_links(self):
+        pass
 
     def newer_than_refused(self, refused):
         sent = max(h["routing"] for _, h, _ in refused)

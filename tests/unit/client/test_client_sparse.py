@@ -33,6 +33,9 @@ class FakeServers:
         assert header["op"] == "routing_get" and server == 0
         return {"routing": self.truth.to_wire()}, []
 
+    def is_retired(self, server):
+        return False
+
     def request_list(self, requests):
         replies = []
         for server, header, arrays in requests:
@@ -249,3 +252,23 @@ def test_an_export_takes_each_row_from_the_server_owning_its_partition():
     ids, values = client.export_sparse("t")
     np.testing.assert_array_equal(ids, np.arange(0, 300, dtype=np.uint64))
     assert (values == 1).all(), "server 0's copies are not the job's rows any more"
+
+
+
+def test_a_server_another_user_of_the_links_retired_makes_the_routing_catch_up_first():
+    """A checkpoint's save follows server 0's routing on the trainer's own links (client/checkpoint.py
+    job_routing) and lets go of a server a scale removed, while this client still routes by the
+    routing before: its next pull or push goes by the newer one, not to the retired server (the
+    links would refuse it: "no server of the job any more")."""
+    two = Routing.initial(P, ["a:1", "b:2"])
+    three = two.moved_to(rebalance(two.owners, [0, 1, 2]), addresses=["a:1", "b:2", "c:3"])
+    without_1 = three.moved_to(rebalance(three.owners, [0, 2]), addresses=["a:1", "", "c:3"])
+    links = RetiringServers(without_1, count=3)
+    client = SparseClient(links, 0, three)
+    links.retire(1)                                   # as job_routing's follow_addresses does
+    ids = np.arange(100, 400, dtype=np.uint64)
+    rows = client.pull_sparse("t", ids, DIM)
+    np.testing.assert_array_equal(rows[:, 0], ids.astype(np.float32))
+    assert client.routing.version == without_1.version
+    client.push_sparse("t", ids, np.ones((len(ids), DIM), np.float32), step=0)
+    assert 1 not in {s for s, _, _ in links.sent}
