@@ -26,7 +26,13 @@ modes' orders rotated by one each round):
 - busiest link: the fullest rank host's link over the window (the larger direction), as a
   share of the nominal rate: near 100% the link limits the job, well below it CPU or round trips do.
 - test AUC: the chief's, on the test set, after the closing barrier.
-- time to a target AUC: NOT measured: modes_train.py evaluates once, at the end.
+- time to a target AUC: trainer 0 evaluates its model on a held-out set (the first
+  ``--eval-rows`` test rows) every ``--eval-every`` timed steps, every trainer's clock stopped
+  meanwhile (modes_train.py's Curve says what is evaluated and how the pause is counted:
+  it is off the samples/s clock, off the time-to-AUC clock, and its link bytes are off the
+  wire counts); the time to a target is trainer 0's timed seconds at which the curve first
+  reaches it, interpolated linearly between the two points around the crossing. The target:
+  ``--target-auc``, else sync's median last held-out AUC minus ``--target-margin`` (0.002).
 - raw tbf: before each rate's runs of a round, one TCP transfer from host 1 to host 3 (about
   1 s of the rate's bytes) says what the shaped link actually delivers (at 10 Gbit/s this
   2-core machine's CPU may be the limit, not the shaping).
@@ -40,6 +46,7 @@ is not in this kernel, so the links have the veth's microseconds of latency.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import shutil
@@ -93,7 +100,8 @@ def job_argv(lab, hosts, spec: str, args, data_dir: Path, result: Path, python: 
             "--run-dir", str(result / "run"), "--timeout", str(args.launch_timeout),
             str(TRAIN), "--workload", "ctr", "--result", str(result), "--warmup", str(args.warmup),
             "--seed", str(args.seed), "--data", str(data_dir), "--steps", str(args.ctr_steps),
-            "--batch-size", str(args.ctr_batch)]
+            "--batch-size", str(args.ctr_batch), "--eval-every", str(args.eval_every),
+            "--eval-rows", str(args.eval_rows)]
 
 
 def run_one(children, lab, hosts, spec: str, rate: str, args, data_dir, workdir, python) -> dict:
@@ -108,15 +116,25 @@ def run_one(children, lab, hosts, spec: str, rate: str, args, data_dir, workdir,
             trainers = C.run_for_results(children, f"{spec} at {rate}", argv, env, result, TRAINERS,
                                          args.run_timeout)
         out = combine(trainers)
+        chief = next(t for t in trainers if t["trainer_id"] == 0)
+        out["curve"] = chief.get("curve", [])
+        out["k_trace"] = geo_k_trace(result / "run")
+        if args.keep:
+            keep_records(result / "run", Path(args.keep) / f"{spec.replace(':', '-')}-{rate}-{time.strftime('%H%M%S')}")
         t0 = min(t["window"][0] for t in trainers)
         t1 = max(t["window"][1] for t in trainers)
+        pauses = [p["wall"] for p in out["curve"]]     # evaluation pauses: off the wire counts
+
+        def between(hosts, key) -> float:
+            return sampler.between(t0, t1, hosts, key) - sum(sampler.between(a, b, hosts, key) for a, b in pauses)
         samples = sum(t["samples_timed"] for t in trainers)
-        out["wire_per_sample"] = sampler.between(t0, t1, RANK_HOSTS, "tx_bytes") / samples
+        out["wire_per_sample"] = between(RANK_HOSTS, "tx_bytes") / samples
         out["tcp_per_sample"] = out["bytes"] * out["steps"] / samples
         # How full the busiest link was (either direction), against its nominal rate: near 100%
         # the link is the limit; well below it, CPU or round trips are.
-        use = {h: max(sampler.between(t0, t1, [h], k) for k in ("tx_bytes", "rx_bytes")) * 8
-               / ((t1 - t0) * lab.rates[h]) for h in RANK_HOSTS}
+        span = (t1 - t0) - sum(b - a for a, b in pauses)
+        use = {h: max(between([h], k) for k in ("tx_bytes", "rx_bytes")) * 8
+               / (span * lab.rates[h]) for h in RANK_HOSTS}
         busiest = max(use, key=use.get)
         out["link_use"], out["busiest"] = use[busiest], "server" if busiest in SERVER_HOSTS else "trainer"
         return out
@@ -128,6 +146,54 @@ def run_one(children, lab, hosts, spec: str, rate: str, args, data_dir, workdir,
         return {"error": reason[:200], "detail": text}
     finally:
         shutil.rmtree(result, ignore_errors=True)
+
+
+def geo_k_trace(run_dir: Path) -> list[int]:
+    """Trainer 0's k, round by round, from the run directory's geo_round records (empty: not GEO)."""
+    import json
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    ks = []
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("kind") == "geo_round" and r.get("trainer") == 0:
+            ks.append(int(r["k"]))
+    return ks
+
+
+def keep_records(run_dir: Path, dest: Path) -> None:
+    """``--keep``: the run directory's records (metrics.jsonl: geo_round and progress), for analysis."""
+    src = run_dir / "metrics.jsonl"
+    if src.exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dest / "metrics.jsonl")
+
+
+def time_to(curve: list[dict], target: float) -> float:
+    """Trainer 0's timed seconds when the held-out AUC first reaches ``target`` (linear between the
+    points around the crossing; from 0 s at the first point), or inf: never reached."""
+    before = None
+    for point in curve:
+        if point["auc"] >= target:
+            if before is None or point["auc"] == before["auc"]:
+                return point["seconds"]
+            f = (target - before["auc"]) / (point["auc"] - before["auc"])
+            return before["seconds"] + f * (point["seconds"] - before["seconds"])
+        before = point
+    return math.inf
+
+
+def target_of(args, results: dict, rate: str) -> float | None:
+    """The AUC the time-to-AUC column aims at, at this rate: --target-auc, else sync's median last
+    held-out AUC - --target-margin; None: neither (no sync runs with a curve)."""
+    if args.target_auc is not None:
+        return args.target_auc
+    finals = [r["curve"][-1]["auc"] for r in results[rate].get("sync", []) if "error" not in r and r["curve"]]
+    return C.median(finals) - args.target_margin if finals else None
 
 
 def raw_transfer(lab, rate: str) -> float:
@@ -144,9 +210,11 @@ def fmt_bytes(b: float) -> str:
 
 def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
     headers = ["link (each host)", "tbf delivered (raw TCP)", "mode", "samples/s (median)", "min-max",
-               "wire bytes/sample", "TCP bytes/sample", "busiest link", "test AUC", "runs ok"]
+               "wire bytes/sample", "TCP bytes/sample", "busiest link", "test AUC", "runs ok",
+               "held-out AUC (last)", "time to target AUC, s (median, min-max)"]
     rows = []
     for rate in args.rates:
+        target = target_of(args, results, rate)
         got = [b / 1e6 for b in raw.get(rate, [])]
         delivered = (f"{C.median(got):,.0f} ({min(got):,.0f}-{max(got):,.0f}) Mbit/s" if len(got) > 1 else
                      f"{got[0]:,.0f} Mbit/s" if got else "-")
@@ -155,7 +223,8 @@ def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
             ok = [r for r in runs if "error" not in r]
             cells = [rate, delivered, spec]
             if not ok:
-                cells += [f"FAILED: {runs[0]['error']}" if runs else "not run", "", "", "", "", "", f"0/{len(runs)}"]
+                cells += [f"FAILED: {runs[0]['error']}" if runs else "not run", "", "", "", "", "", f"0/{len(runs)}",
+                          "", ""]
             else:
                 rates = [r["samples_per_s"] for r in ok]
                 cells += [f"{C.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
@@ -164,9 +233,29 @@ def table(args, results: dict, raw: dict) -> tuple[str, list, list, list]:
                           f"{C.median(r['link_use'] for r in ok):.0%} "
                           f"({'/'.join(sorted({r['busiest'] for r in ok}))})",
                           f"{C.median(r['auc'] for r in ok):.4f}", f"{len(ok)}/{len(runs)}"]
+                cells += [held_out(ok), reach(ok, target)]
             rows.append(cells)
     return (f"CTR WideDeep, 2 servers + 2 trainers, one rank per shaped host (median of {args.repeats} "
-            f"interleaved repeats)", headers, rows, [False, True, False, True, True, True, True, True, True, True])
+            f"interleaved repeats)", headers, rows, [False, True, False, True, True, True, True, True, True, True,
+                                                     True, True])
+
+
+def held_out(ok: list[dict]) -> str:
+    lasts = [r["curve"][-1]["auc"] for r in ok if r["curve"]]
+    return f"{C.median(lasts):.4f}" if lasts else "-"
+
+
+def reach(ok: list[dict], target: float | None) -> str:
+    """Median time to ``target`` over the runs (a run that never reached it counts as infinite)."""
+    if target is None or not all(r["curve"] for r in ok):
+        return "-"
+    times = [time_to(r["curve"], target) for r in ok]
+    reached = [t for t in times if math.isfinite(t)]
+    mid = C.median(times)
+    if not math.isfinite(mid):
+        return f"not reached ({len(reached)}/{len(times)} runs did)"
+    return f"{mid:.1f} ({min(reached):.1f}-{max(times):.1f})" + ("" if len(reached) == len(times)
+                                                                 else f", {len(reached)}/{len(times)} runs")
 
 
 def parse_args(argv):
@@ -185,6 +274,15 @@ def parse_args(argv):
     p.add_argument("--launch-timeout", type=float, default=120.0, help="paramshard launch --timeout")
     p.add_argument("--launch-args", default="", metavar="'FLAGS'",
                    help="more `paramshard launch` flags for every job, one string (e.g. '--max-staleness 64')")
+    p.add_argument("--eval-every", type=int, default=10,
+                   help="a held-out AUC every N timed steps, off the clock, for the time to a target AUC (default "
+                        "10; 0: none)")
+    p.add_argument("--eval-rows", type=int, default=20_000, help="held-out rows: the first N test rows (default 20,000)")
+    p.add_argument("--target-auc", type=float, default=None,
+                   help="the time-to-AUC column's target (default: sync's median last held-out AUC - --target-margin)")
+    p.add_argument("--target-margin", type=float, default=0.002, help="see --target-auc (default 0.002)")
+    p.add_argument("--keep", default="", metavar="DIR",
+                   help="copy each run's records (run/metrics.jsonl: geo_round, progress) into DIR/<mode>-<rate>-<time>")
     p.add_argument("--markdown", action="store_true", help="print a markdown table for RESULTS.md")
     args = p.parse_args(argv)
     args.rates = [r for r in args.rates.split(",") if r]
@@ -231,7 +329,9 @@ def main(argv=None) -> int:
                             log(f"  {spec}: {r['samples_per_s']:,.0f} samples/s, wire "
                                 f"{fmt_bytes(r['wire_per_sample'])}/sample, busiest link {r['link_use']:.0%} "
                                 f"({r['busiest']}), "
-                                f"AUC {r['auc']:.4f}")
+                                f"AUC {r['auc']:.4f}; held-out (s, AUC): "
+                                + " ".join(f"{p['seconds']:.1f}:{p['auc']:.4f}" for p in r["curve"])
+                                + (f"; k: {r['k_trace']}" if r["k_trace"] else ""))
     finally:
         children.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -242,8 +342,13 @@ def main(argv=None) -> int:
              "layout: launcher on an unshaped host; servers on hosts 1-2, trainers on hosts 3-4, each shaped both "
              "ways (tbf); no latency (netem is not in this kernel)",
              "wire bytes/sample: the rank hosts' link tx bytes over the trainers' timed window / samples timed; "
-             "TCP bytes/sample: modes_train.py's TCP_INFO count, as a check. Time to a target AUC: not measured "
-             "(one evaluation, at the end)",
+             "TCP bytes/sample: modes_train.py's TCP_INFO count, as a check; both without the evaluation pauses",
+             f"held-out AUC: trainer 0's model on the first {args.eval_rows:,} test rows every {args.eval_every} timed "
+             f"steps, every trainer's clock stopped meanwhile (modes_train.py Curve); time to target: trainer 0's "
+             f"timed seconds when it first reached "
+             + (f"{args.target_auc:.4f}" if args.target_auc is not None else
+                f"sync's median last held-out AUC - {args.target_margin}: "
+                + ", ".join(f"{r}: {t:.4f}" for r in args.rates if (t := target_of(args, results, r)) is not None)),
              "busiest link: the fullest rank host's link (the larger of its two directions) over the timed window, "
              "as a share of the nominal rate, and whose host it was; near 100% the link is the limit",
              "tbf delivered: payload rate of one TCP transfer between two shaped hosts before each rate's runs, "

@@ -133,6 +133,8 @@ class Meter:
     def __init__(self, servers: tuple[str, ...], stdout: CountingStdout):
         self.servers, self.stdout = servers, stdout
         self.samples = self.steps = 0
+        self.paused_s = 0.0                 # evaluation pauses: off the clock
+        self.paused_tcp = {k: 0 for k in ("sent", "recv", "sent_servers", "recv_servers")}
 
     def start(self) -> None:
         self.tcp0, self.wchar0, self.stdout0 = tcp_counters(self.servers), wchar(), self.stdout.bytes
@@ -143,8 +145,19 @@ class Meter:
         self.samples += samples
         self.steps += 1
 
+    def elapsed(self) -> float:
+        """Timed seconds so far, the pauses taken out."""
+        return time.perf_counter() - self.t0 - self.paused_s
+
+    def pause(self, seconds: float, tcp_before: dict | None = None, tcp_after: dict | None = None) -> None:
+        """Take a pause (an evaluation) off the clock and, when given, its sockets' bytes off the counts."""
+        self.paused_s += seconds
+        if tcp_before is not None and tcp_after is not None:
+            for k in self.paused_tcp:
+                self.paused_tcp[k] += tcp_after[k] - tcp_before[k]
+
     def stop_clock(self) -> None:
-        self.seconds = time.perf_counter() - self.t0
+        self.seconds = self.elapsed()
         self.wall1 = time.time()
         self.stdout1 = self.stdout.bytes
 
@@ -152,11 +165,11 @@ class Meter:
         """After the closing barrier: async pushes still in flight at the end of the loop have been
         answered by then, so the window holds every byte of its steps (and a barrier's few bytes)."""
         wchar1, tcp1 = wchar(), tcp_counters(self.servers)
-        delta = {k: tcp1[k] - self.tcp0[k] for k in ("sent", "recv", "sent_servers", "recv_servers")}
+        delta = {k: tcp1[k] - self.tcp0[k] - self.paused_tcp[k] for k in ("sent", "recv", "sent_servers", "recv_servers")}
         return {"steps_timed": self.steps, "samples_timed": self.samples, "seconds_timed": self.seconds,
                 "samples_per_s": self.samples / self.seconds, "tcp": delta, "tcp_sockets": tcp1["sockets"],
                 "wchar": wchar1 - self.wchar0, "stdout_bytes": self.stdout1 - self.stdout0,
-                "window": [self.wall0, self.wall1]}
+                "window": [self.wall0, self.wall1], "paused_s": self.paused_s}
 
 
 def server_bytes_out(trainer) -> int:
@@ -254,15 +267,88 @@ def run_ctr(args, env, trainer, model, meter: Meter) -> dict:
     # trains; with no SparseEmbedding (collective mode) it is the plain loop.
     for dense, ids, labels in trainer.prefetching(warm):
         trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), labels))
+    curve = Curve(args, env, trainer, model, meter) if args.eval_every else None
     start_window(trainer, meter)
     for dense, ids, labels in trainer.prefetching(timed):
         trainer.step(F.binary_cross_entropy_with_logits(model(dense, ids), labels))
         meter.tick(len(labels))
+        if curve is not None and meter.steps % args.eval_every == 0:
+            curve.point()
     out = end_window(trainer, meter)
+    if curve is not None and trainer.is_chief:
+        out["curve"] = curve.points
     if trainer.is_chief:
         trainer.pull()
         out["auc"], out["logloss"] = evaluate(model, Path(args.data) / "test.tsv", EVAL_BATCH)
     out["total_steps"] = len(tensors)
+    return out
+
+
+class Curve:
+    """``--eval-every N``: a held-out AUC every N timed steps, for the time to a target AUC.
+
+    What is evaluated: trainer 0's model as it trains, without ``trainer.pull()`` (in GEO mode
+    a pull or a barrier would send the round early and change the k under test): its dense
+    values, and the rows as its backend reads them in eval mode (sync, async: the servers'
+    current rows; GEO: the rows its replica holds, the servers' for the others). The held-out
+    set is the first ``--eval-rows`` rows of test.tsv, read before the clock starts.
+
+    How it is counted: every trainer stops its clock after its N-th step; trainer 0 evaluates,
+    then writes ``eval-<step>.done`` into ``--result`` (the ranks share this machine's files:
+    no barrier, for the reason above); the others wait for that file, then all restart their
+    clocks. So the pause is off the throughput clock and off the time-to-AUC clock (the point's
+    ``seconds``: trainer 0's timed seconds so far); its TCP bytes (trainer 0's eval reads) are
+    off the TCP counts; the driver takes the link bytes of the pauses (``wall``) out of the
+    wire counts. A GEO backend's round clock skips the pause too (``paused``): auto-k would
+    otherwise read the evaluation as slow steps."""
+
+    WAIT_S = 600.0       # a trainer waits this long for trainer 0's evaluation, then fails
+
+    def __init__(self, args, env, trainer, model, meter: Meter):
+        self.args, self.trainer, self.model, self.meter = args, trainer, model, meter
+        self.result = Path(args.result)
+        self.points: list[dict] = []
+        self.batches = read_eval_rows(Path(args.data) / "test.tsv", args.eval_rows) if trainer.is_chief else []
+
+    def point(self) -> None:
+        import contextlib
+        from paramshard.inference.evaluation import evaluate as ps_evaluate
+        step = self.meter.steps
+        seconds = self.meter.elapsed()
+        started, wall0 = time.perf_counter(), time.time()
+        hold = getattr(self.trainer.backend, "paused", None)      # GEO: its round clock skips the pause
+        with (hold() if hold is not None else contextlib.nullcontext()):
+            marker = self.result / f"eval-{step}.done"
+            if self.trainer.is_chief:
+                tcp0 = tcp_counters(self.meter.servers)
+                m = ps_evaluate(self.model, self.batches)
+                tcp1 = tcp_counters(self.meter.servers)
+                marker.write_text("")
+                self.points.append({"step": step, "seconds": seconds, "auc": m["auc"], "logloss": m["logloss"],
+                                    "eval_s": time.perf_counter() - started, "wall": [wall0, time.time()]})
+            else:
+                tcp0 = tcp1 = None
+                deadline = time.monotonic() + self.WAIT_S
+                while not marker.exists():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"trainer {self.trainer.env.trainer_id}: trainer 0 did not finish "
+                                           f"its evaluation after step {step} within {self.WAIT_S:g} s "
+                                           f"(no {marker}): see trainer 0's log")
+                    time.sleep(0.005)
+        self.meter.pause(time.perf_counter() - started, tcp0, tcp1)
+
+
+def read_eval_rows(path: Path, rows: int) -> list:
+    """The first ``rows`` rows of ``path`` as CriteoBatches of EVAL_BATCH (all of them for 0)."""
+    from paramshard.data import CriteoReader
+    out, left = [], rows or float("inf")
+    for b in CriteoReader([path], EVAL_BATCH):
+        if left <= 0:
+            break
+        if len(b) > left:
+            b = b.take(0, int(left))
+        out.append(b)
+        left -= len(b)
     return out
 
 
@@ -298,6 +384,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="ctr: timed steps per trainer")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per trainer before the timed loop")
     p.add_argument("--buckets", type=int, default=1 << 17, help="ctr, collective: rows per hashed table")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="ctr: a held-out AUC every N timed steps, off the clock (class Curve); 0: only the final one")
+    p.add_argument("--eval-rows", type=int, default=20_000, help="ctr, --eval-every: held-out rows (0: all of test.tsv)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.batch_size is None:

@@ -16,6 +16,7 @@ rollback are used as they are, with the servers' optimizer in place of the model
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from typing import TYPE_CHECKING, Callable
@@ -248,6 +249,16 @@ class GeoBackend:
         if self.on_round is not None:
             self.on_round(done, self.k, step)
         self._round_started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (an evaluation between two steps) is no round's compute: the
+        schedule would read it as slow steps and, under ``--geo-k auto``, shrink k."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._round_started += time.perf_counter() - started
 
     def staleness(self) -> int | None:
         return None

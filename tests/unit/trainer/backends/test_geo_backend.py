@@ -100,3 +100,21 @@ def test_rows_touched_in_a_round_stay_held_and_a_pull_makes_every_row_read_afres
     b.pull_dense(values, 0)
     step(b, values, 2, ids=(3,))
     assert b.servers.pulls[-2] == [3]                 # read afresh after Trainer.pull
+
+
+def test_a_pause_between_steps_is_no_rounds_compute(monkeypatch):
+    """An evaluation between two steps (``paused``) would read as slow steps: auto-k would shrink
+    k for it. A fake clock: 1 s a step, 100 s paused inside the round; the round measures 2 s."""
+    import paramshard.trainer.backends.geo as geo
+    now = [0.0]
+    monkeypatch.setattr(geo.time, "perf_counter", lambda: now[0])
+    b, values = backend(FixedK(2))
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append(r)
+    now[0] += 1.0
+    step(b, values, 0)
+    with b.paused():
+        now[0] += 100.0
+    now[0] += 1.0
+    step(b, values, 1)
+    assert [r.steps for r in seen] == [2] and seen[0].compute_seconds == pytest.approx(2.0)
