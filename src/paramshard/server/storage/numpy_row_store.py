@@ -139,14 +139,21 @@ class NumpyRowStore(RowStateArrays):
             self.last_seen[rows] = version
 
     # -- admission counters -----------------------------------------------
+    def _counting(self) -> IdIndex:
+        """The admission counters' index, for count(): SparseTable counts only in a store it made
+        with count_admissions (its admission's min_count > 1)."""
+        assert self.counts is not None, "admission counted in a row store made without counters"
+        return self.counts
+
     def count(self, ids: np.ndarray) -> np.ndarray:
-        rows = self.counts.lookup(ids)
+        counts = self._counting()
+        rows = counts.lookup(ids)
         new = rows < 0
         if new.any():
-            first = self.counts.size
-            rows[new] = self.counts.insert(ids[new])
-            if self.counts.size > len(self.count_values):
-                self.count_values = np.resize(self.count_values, int(self.counts.size * GROWTH) + 16)
+            first = counts.size
+            rows[new] = counts.insert(ids[new])
+            if counts.size > len(self.count_values):
+                self.count_values = np.resize(self.count_values, int(counts.size * GROWTH) + 16)
                 self.count_values[first:] = 0
         self.count_values[rows] += 1
         return self.count_values[rows]
@@ -175,6 +182,8 @@ class NumpyRowStore(RowStateArrays):
 
     # -- eviction, export, snapshot ---------------------------------------
     def evict_unseen(self, before: int) -> int:
+        # SparseTable evicts by age only from a store it made with keep_last_seen (its eviction policy).
+        assert self.last_seen is not None, "eviction by age in a row store made without last-seen versions"
         stale = self.last_seen[:self._rows].astype(np.int64) < before
         if not stale.any():
             return 0
@@ -222,7 +231,7 @@ class NumpyRowStore(RowStateArrays):
         return out
 
     def clear(self) -> None:
-        self.__init__(self.dim, self.rule, self.last_seen is not None, self.counts is not None,
+        NumpyRowStore.__init__(self, self.dim, self.rule, self.last_seen is not None, self.counts is not None,
                       self.max_rows, capacity=len(self.values), value_dtype=self.value_dtype,
                       rounding=self.rounding, seed=self.seed)
 

@@ -555,9 +555,13 @@ class TieredRowStore(CompiledRowStore):
         self._finalizer()
 
 
+_tier_kernels_loaded = False
+
+
 def _load_tier_kernels() -> None:
     """Load the tier kernels from numba's cache now (compiled by `make warm`), not on a first pull."""
-    if _load_tier_kernels.done:
+    global _tier_kernels_loaded
+    if _tier_kernels_loaded:
         return
     regions = np.zeros(4, np.uint32)
     stamp_kernel(np.zeros(2, np.int64), 0, 2, 11, regions, np.zeros(4, np.uint32), np.zeros(4, np.uint8),
@@ -565,10 +569,7 @@ def _load_tier_kernels() -> None:
     stamp_range_kernel(0, 10, 11, regions, np.zeros(4, np.uint32), np.zeros(4, np.uint8), 1)
     compact_range_kernel(np.zeros((4, 2), np.float32), np.arange(2), 0, 2)
     compact_range_kernel(np.zeros(4, np.uint32), np.arange(2), 0, 2)
-    _load_tier_kernels.done = True
-
-
-_load_tier_kernels.done = False
+    _tier_kernels_loaded = True
 
 
 if TYPE_CHECKING:   # `make typecheck` checks the contract: RowStore (server/storage/row_store.py)

@@ -38,7 +38,7 @@ def plan_for(env: ClusterEnv, on_servers: list[tuple[str, torch.nn.Parameter]]):
 
 
 class ServerBackend:
-    def __init__(self, env: ClusterEnv, links, plan, dense: DenseClient | None, sparse: SparseClient | None,
+    def __init__(self, env: ClusterEnv, links, plan, dense: DenseClient, sparse: SparseClient,
                  steps: StepClient):
         self.env, self.mode, self.trainer_id = env, env.mode, env.trainer_id
         self.links, self.plan = links, plan
