@@ -138,7 +138,8 @@ class AutoK:
 
     def target_of(self, done: Round) -> float | None:
         """The k this round alone asks for (not yet clamped), or None when it measured nothing usable."""
-        figures = (done.compute_seconds, done.wire_seconds, done.drift_norm, done.value_norm)
+        drift, value = drift_figures(done)
+        figures = (done.compute_seconds, done.wire_seconds, drift, value)
         if done.steps < 1 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in figures):
             return None
         per_step = done.compute_seconds / done.steps
@@ -148,10 +149,10 @@ class AutoK:
             k_wire = float(self.bound)      # free steps: the wire is the whole round at any k
         else:
             k_wire = done.wire_seconds / per_step * (1 - self.wire_share) / self.wire_share
-        if done.drift_norm <= TINY:
-            k_drift = math.inf              # nothing missed (one trainer, or nobody else sent)
+        if drift <= TINY or value <= TINY:
+            k_drift = math.inf              # nothing missed (one trainer, nobody else sent), or nothing settled yet
         else:
-            relative = done.drift_norm / max(done.value_norm, TINY)
+            relative = drift / value
             # Relative to the k the round ran: a short last round of an epoch drifted less.
             # Growing, the fitted exponent (a random walk's at least); shrinking, at least linear:
             # k then comes down to the drift's limit from above, never under it and back up.
@@ -165,10 +166,10 @@ class AutoK:
         fit holds; at first DRIFT_POWER), clamped to [DRIFT_POWER, MAX_POWER]: a steep drift (a
         steady gradient direction) is read as such after one change of k, so k_drift does not
         overshoot it, and a noisy fit never asks for faster growth than a random walk allows."""
-        figures = (done.drift_norm, done.value_norm)
-        if done.steps < 1 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > TINY for x in figures):
+        drift, value = drift_figures(done)
+        if done.steps < 1 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > TINY for x in (drift, value)):
             return
-        self._drifts.append((math.log(done.steps), math.log(done.drift_norm / done.value_norm)))
+        self._drifts.append((math.log(done.steps), math.log(drift / value)))
         xs = [x for x, _ in self._drifts]
         if max(xs) - min(xs) < math.log(FIT_SPAN):
             return
@@ -178,6 +179,14 @@ class AutoK:
 
     def _clamp(self, k: float) -> int:
         return max(1, min(self.bound, int(round(k))))
+
+
+def drift_figures(done: Round) -> tuple[float, float]:
+    """(drift, value) norms the drift rule reads: over the settled values when the round measured
+    them (young rows left out: geo/replica.py TableReplica.merged), else over all it touched."""
+    if done.settled_value_norm is None or done.settled_drift_norm is None:
+        return done.drift_norm, done.value_norm
+    return done.settled_drift_norm, done.settled_value_norm
 
 
 if TYPE_CHECKING:   # `make typecheck` checks the contract: GeoSchedule (geo/schedule.py)

@@ -24,6 +24,11 @@ class Round:
     delta_norm: float          # L2 norm of the change this trainer sent (before the division by n)
     value_norm: float          # L2 norm of the values it touched, after the merge
     drift_norm: float          # L2 norm of (merged - what this trainer had): the others' change it missed
+    # The same two over the *settled* values only: the dense ones and the rows this trainer's own
+    # change in the round moved by less than their size (young rows excluded: geo/replica.py
+    # TableReplica.merged says why). None: not measured (auto-k then reads the two above).
+    settled_value_norm: float | None = None
+    settled_drift_norm: float | None = None
 
 
 @runtime_checkable

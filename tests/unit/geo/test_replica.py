@@ -44,9 +44,9 @@ def test_local_step_is_the_servers_rule_and_a_round_sends_the_change_over_n():
     # on each of the 4 values (not merged - local, which would count 3/4 of our own change too).
     synced = start[[0 if i == 7 else 1 for i in sent_ids.tolist()]]
     merged = synced - sent + 1
-    value_sq, drift_sq = t.merged(pos, merged, sent)
+    norms = t.merged(pos, merged, sent)
     np.testing.assert_array_equal(t.read(sent_ids), merged)
-    assert drift_sq == pytest.approx(4.0) and value_sq == pytest.approx(float(np.square(merged).sum()))
+    assert norms.drift_sq == pytest.approx(4.0) and norms.value_sq == pytest.approx(float(np.square(merged).sum()))
     assert t.round_delta(4)[0].size == 0       # a new round: nothing touched yet
 
 
@@ -83,9 +83,26 @@ def test_dense_replica_trains_in_place_and_sends_the_change():
     np.testing.assert_array_equal(sent["w"], [0.25, 0.25, -0.25])
     assert norm_sq == pytest.approx(0.75)
     view[:] = [0.75, -2.25, 0.75]      # merged: synced + our half, nobody else sent
-    _, drift_sq = d.merged(sent)
-    assert drift_sq == 0.0               # alone: nothing missed (merged - local would say 0.1875)
+    assert d.merged(sent).drift_sq == 0.0               # alone: nothing missed (merged - local would say 0.1875)
     assert d.round_delta(2)[1] == 0.0
     view[:] = [0.0, 0.0, 0.0]          # next round: nothing trained, the others moved it all to 0
-    _, drift_sq = d.merged({"w": np.zeros(3, np.float32)})
-    assert drift_sq == pytest.approx(0.5625 + 5.0625 + 0.5625)
+    norms = d.merged({"w": np.zeros(3, np.float32)})
+    assert norms.drift_sq == pytest.approx(0.5625 + 5.0625 + 0.5625)
+    assert (norms.settled_value_sq, norms.settled_drift_sq) == (norms.value_sq, norms.drift_sq)    # dense: all settled
+
+
+def test_a_young_row_is_left_out_of_the_settled_drift():
+    """Row 1 was created near zero (0.01) and this round's own step moved it by 0.5, more than its
+    size; row 2 holds 3.0 and moved by 0.5. The others moved each by +1: over all rows the drift is
+    sqrt(2) against values ~4, over the settled row 2 alone it is 1 against its own value."""
+    t = TableReplica("emb", 1, ps.optim.SGD(lr=1.0))
+    ids = np.array([1, 2], np.uint64)
+    t.put(ids, np.array([[0.01], [3.0]], np.float32))
+    t.apply(ids, np.array([[-0.5], [-0.5]], np.float32))        # SGD: +0.5 each
+    pos, sent_ids, sent, _ = t.round_delta(2)
+    synced = np.where(sent_ids == 1, 0.01, 3.0).astype(np.float32)[:, None]
+    merged = synced - sent + 1.0                 # this trainer's half of its +0.5, and the others' +1
+    norms = t.merged(pos, merged, sent)
+    assert norms.drift_sq == pytest.approx(2.0) and norms.value_sq == pytest.approx(float(np.square(merged).sum()))
+    assert norms.settled_drift_sq == pytest.approx(1.0)
+    assert norms.settled_value_sq == pytest.approx(float(merged[sent_ids == 2][0, 0]) ** 2)

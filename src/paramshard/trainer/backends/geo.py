@@ -227,19 +227,20 @@ class GeoBackend:
             sent.append((replica, pos, ids, grads))
         # The merged dense values land in the parameters with the push's reply.
         self.servers.steps.push(dense_grads, sparse_grads, step, self.dense.values)
-        value_sq, drift_sq = self.dense.merged(dense_grads)
+        norms = self.dense.merged(dense_grads)
         rows_moved = 0
         for replica, pos, ids, grads in sent:
             rows = self._sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
                 else np.empty((0, replica.dim), np.float32)
-            v, d = replica.merged(pos, rows, grads)
-            value_sq, drift_sq = value_sq + v, drift_sq + d
+            norms = norms + replica.merged(pos, rows, grads)
             rows_moved += len(ids) * (8 + 4 * replica.dim)
         wire = time.perf_counter() - started
         dense_bytes = sum(g.nbytes for g in dense_grads.values())
         done = Round(steps=self.steps_in_round, compute_seconds=compute, wire_seconds=wire,
                      bytes_sent=2 * (dense_bytes + rows_moved), delta_norm=float(np.sqrt(delta_sq)),
-                     value_norm=float(np.sqrt(value_sq)), drift_norm=float(np.sqrt(drift_sq)))
+                     value_norm=float(np.sqrt(norms.value_sq)), drift_norm=float(np.sqrt(norms.drift_sq)),
+                     settled_value_norm=float(np.sqrt(norms.settled_value_sq)),
+                     settled_drift_norm=float(np.sqrt(norms.settled_drift_sq)))
         self.rounds += 1
         self.steps_in_round = 0
         self.k = self.schedule.next_k(done)
