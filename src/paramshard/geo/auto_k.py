@@ -67,6 +67,18 @@ faster, and a steeper drift (a steady gradient direction) is fitted after one ch
 k_drift does not overshoot it. Shrinking reads drift as at least linear: k comes down to the
 limit from above instead of under it and back up (staleness is the costlier error).
 
+Which values the drift is read over: the *settled* ones (Round.settled_*: the dense values and
+the rows this trainer's own change in the round moved by less than their size; geo/replica.py
+TableReplica.merged), when the round measured them. A row the servers created a few steps ago
+is near zero and changes by about its own size in any round, so over all rows the first rounds
+drift over the target at any k: measured at 100 Mbit/s (RESULTS section 23) the first round's
+0.40 took k from 4 to 3 and the drift held it at 3-8 while the wire asked for 60-90, yet k = 16
+ran those rounds at a drift of 0.44-0.52 with sync's AUC. Over the settled rows the first round
+drifted 0.05 (CTR demo, 2 + 2, loopback, k = 4: tests/unit/geo/test_auto_k.py RECORDED_YOUNG);
+from step ~17 on the two measures agree within 10%, so the rule guards the same staleness once
+rows have grown. A round with nothing settled (a model without dense values, in its first
+round) measured no drift: the wire decides it, and k still grows at most x2.
+
 It starts small (``START``, 4 steps: the first rounds measure the drift of a short interval,
 when the model moves fastest, and the doubling reaches 256 in 6 rounds), and every k it
 returns is clamped to 1 <= k <= bound (``--max-staleness``, else ``DEFAULT_BOUND``), which

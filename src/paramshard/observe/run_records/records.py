@@ -61,7 +61,8 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   ``copy_age_s``, ``updates_lost_estimate``); observe/run_records/elastic_view.py reads them for the report.
 
 - ``{"kind": "geo_round", "trainer": 0, "step": n, "k": n, "next_k": n, "bytes": n, "wire_s": s,
-  "compute_s": s, "staleness": steps, "delta_norm", "value_norm", "drift_norm"}``: one round of a
+  "compute_s": s, "staleness": steps, "delta_norm", "value_norm", "drift_norm", "settled_value_norm",
+  "settled_drift_norm"}``: one round of a
   GEO trainer (``--mode geo``: k local steps, then the send), written by geo/records.py and read
   by observe/run_records/geo_view.py for the report's GEO section.
 
