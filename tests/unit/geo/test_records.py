@@ -8,7 +8,7 @@ import json
 from contextlib import redirect_stdout
 from types import SimpleNamespace
 
-from paramshard.geo.records import RoundRecords
+from paramshard.geo.records import RoundRecords, round_record
 from paramshard.geo.schedule import Round
 from paramshard.observe.run_records.records import MARK
 from paramshard.observe.run_records.run_data import load_run
@@ -61,3 +61,12 @@ def test_with_a_run_dir_the_trainer_writes_its_own_file(tmp_path):
 def test_no_records_asked_for_none_made():
     assert RoundRecords.for_env(SimpleNamespace(records=None, trainer_id=0)) is None
     assert RoundRecords.for_env(SimpleNamespace(records="stdout", trainer_id=0)).emit is not None
+
+
+def test_a_round_records_the_settled_drift_beside_the_whole():
+    done = Round(steps=4, compute_seconds=0.04, wire_seconds=0.05, bytes_sent=4000, delta_norm=1.5, value_norm=10.0,
+                 drift_norm=4.0, settled_value_norm=8.0, settled_drift_norm=0.4)
+    record = round_record(0, done, next_k=8, step=4, t=T0)
+    assert (record["drift_norm"], record["value_norm"]) == (4.0, 10.0)
+    assert (record["settled_drift_norm"], record["settled_value_norm"]) == (0.4, 8.0)
+    assert round_record(0, a_round(4), 8, 4, T0)["settled_drift_norm"] is None     # not measured: None
