@@ -37,7 +37,9 @@ def _start_fork_host(config) -> None:
     controller, not `make check`, whose servers are threads): every `paramshard launch` of the
     suite gets its zygote forked from it (launch/engines/zygote_host.py) instead of importing
     torch, pandas and numba anew (2-3 s of CPU a job). Stopped by PID at the session's end."""
-    if (os.environ.get("PARAMSHARD_FORK") != "1" or os.environ.get("PARAMSHARD_FORK_SERVER")
+    # PARAMSHARD_FORK_SERVER set (even empty, `PARAMSHARD_FORK_SERVER= make test`: every launcher its
+    # own zygote, as before): the suite starts none.
+    if (os.environ.get("PARAMSHARD_FORK") != "1" or "PARAMSHARD_FORK_SERVER" in os.environ
             or os.environ.get("PARAMSHARD_TEST_SERVERS") == "threads"
             or (getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ)):
         return

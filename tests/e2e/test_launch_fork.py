@@ -46,7 +46,7 @@ def test_a_killed_forked_rank_ends_the_job_as_an_unforked_one(tmp_path):
         # The tests' rank finder reads /proc/PID/environ: a forked rank shows its own there.
         [server] = rank_pids(mark, "server", 0)
         [trainer] = rank_pids(mark, "trainer", 0)
-        assert forked_children(zygote) == [server, trainer]
+        assert forked_children(zygote) == [server, trainer], log_path.read_text()[-3000:]
         os.kill(trainer, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
