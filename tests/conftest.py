@@ -43,6 +43,12 @@ def _start_fork_host(config) -> None:
             or os.environ.get("PARAMSHARD_TEST_SERVERS") == "threads"
             or (getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ)):
         return
+    # scikit-learn sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK when imported (some tests compare
+    # with it): variables read when a library loads (fork_server LOAD_TIME_PREFIXES), so once one
+    # test imported it, every later job's ranks would differ from the host's and start anew
+    # (found by checking the host after each test). Its values from the start.
+    os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
+    os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
     import tempfile
     from paramshard.launch.engines import zygote_host
     room = tempfile.mkdtemp(prefix="paramshard-fork-host-")      # 0700: only this user connects
