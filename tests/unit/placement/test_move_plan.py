@@ -708,3 +708,22 @@ def test_a_job_without_sparse_tables_moves_its_dense_blocks():
     record = plan.result()
     assert record.blocks > 0 and not any(op == "migrate_page" for _, op in ops)
     assert servers[2].blocks and not servers[2].blocks_in, "the new server took its blocks"
+
+
+@pytest.mark.parametrize("removed, after", [(1, [0, 2]), (2, [0, 1])])
+def test_a_removed_server_takes_the_final_routing_before_server_0_publishes_it(removed, after):
+    """A trainer learns the final routing from server 0 and then closes its link to the removed
+    server, which must be retired by then: a closed link is a leave on a retired server and a
+    loss (a grace period, then it exits 1: "no trainer can push any more") on one that does not
+    know yet. Its routing_set goes out alone, answered, before any other server's."""
+    addresses, routing, servers = _cluster(3, 3, sync=False)
+    plan = MovePlan(addresses, after, per_handoff=16, page_rows=3)
+    waves = []
+    while (ready := plan.ready()) is not None:
+        finals = [s.server for s in ready.steps
+                  if s.op == "routing_set" and s.header["routing"]["addresses"][removed] == ""]
+        if finals:
+            waves.append(finals)
+        plan.feed(ready.number, [servers[s.server].handle(s.header, s.arrays) for s in ready.steps])
+    plan.result()
+    assert waves == [[removed], sorted({0, 1, 2} - {removed})], waves
