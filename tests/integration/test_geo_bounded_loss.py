@@ -12,6 +12,7 @@ gradients / 2, exact in float32 whatever order the rounds arrive in.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -43,13 +44,19 @@ class Rounds:
         self.backend = backend
         self.sent: list[tuple[int, np.ndarray, dict[int, np.ndarray], bool]] = []
         self.answered: list[float] = []          # when each round's push was answered (monotonic)
+        self.straddling: list[bool] = []         # the push during which the trainer first waited
         self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
-        self.old = True
+        self.old, self.first_wait = True, False
         steps, links = backend.servers.steps, backend.links
         push = steps.push
 
         def pushed(dense, sparse, step, values, **kw):       # the round's push, answered (no push in flight)
+            before = len(links.retry.waits)
             push(dense, sparse, step, values, **kw)
+            # A push whose requests went out to the old server 1, of which some were answered
+            # before the kill and others waited for the restored one: its part answered by the
+            # old server may be lost or not, request by request (the test cannot see which).
+            self.first_wait = before == 0 and len(links.retry.waits) > 0
             self.old = not links.retry.waits
             self.answered.append(time.monotonic())
         steps.push = pushed
@@ -57,6 +64,8 @@ class Rounds:
 
     def ended(self, done, next_k, step) -> None:
         self.sent.append((step, self.grad_w, self.grad_rows, self.old))
+        self.straddling.append(self.first_wait)
+        self.first_wait = False
         self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
 
     def step(self, rng, step: int, own: np.ndarray, values) -> None:
@@ -135,39 +144,55 @@ def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
     assert len(keeper.restores) == 1, keeper.restores
     steps_of = {stream: dict(map(tuple, pairs)) for stream, pairs in keeper.restores[0]["steps"].items()}
 
-    # The oracle, x2 (n = 2) in int64.
+    # The oracle, x2 (n = 2) in int64. A round is lost on server 1 when the old server answered
+    # its push (before the trainer ever waited) past the step the keeper restored; the round whose
+    # push first waited straddles the kill: its server-1 part is either way (both are tried).
     plan = sides[0].backend.plan
     on_victim = np.zeros(SIZE, bool)
     for b in plan.for_server(VICTIM):
         on_victim[b.offset:b.offset + b.size] = True
-    want_w = w0.astype(np.int64) * TRAINERS
-    want_rows: dict[int, np.ndarray] = {}
-    lost = lost_before = 0
     copy_age = keeper.restores[0]["copy_age_s"]
-    for t, side in enumerate(sides):
-        for (step, grad_w, grad_rows, old), at in zip(side.sent, side.answered):
-            dense_lost = old and step > steps_of.get("dense", {}).get(t, -1)
-            rows_lost = old and step > steps_of.get("sparse:emb", {}).get(t, -1)
-            want_w -= np.where(on_victim, 0, grad_w) if dense_lost else grad_w
-            for i, g in grad_rows.items():
-                mine = int(server_of(np.array([i], np.uint64), SERVERS)[0]) == VICTIM
-                want_rows[i] = want_rows.get(i, 0) - (0 if rows_lost and mine else g)
-            lost += int(dense_lost or rows_lost)
-            # The bound: only rounds the old server answered after its last copy (0.5 s of slack
-            # for the copy's own time) are lost.
-            lost_before += int((dense_lost or rows_lost) and at < killed - copy_age - 0.5)
+    straddling = [(t, r) for t, side in enumerate(sides) for r, flag in enumerate(side.straddling) if flag]
+
+    def expected(lost_straddling: set) -> tuple[np.ndarray, dict[int, np.ndarray], int, int]:
+        want_w = w0.astype(np.int64) * TRAINERS
+        want_rows: dict[int, np.ndarray] = {}
+        lost = lost_before = 0
+        for t, side in enumerate(sides):
+            for r, ((step, grad_w, grad_rows, old), at) in enumerate(zip(side.sent, side.answered)):
+                by_old = old or (t, r) in lost_straddling
+                dense_lost = by_old and step > steps_of.get("dense", {}).get(t, -1)
+                rows_lost = by_old and step > steps_of.get("sparse:emb", {}).get(t, -1)
+                want_w -= np.where(on_victim, 0, grad_w) if dense_lost else grad_w
+                for i, g in grad_rows.items():
+                    mine = int(server_of(np.array([i], np.uint64), SERVERS)[0]) == VICTIM
+                    want_rows[i] = want_rows.get(i, 0) - (0 if rows_lost and mine else g)
+                lost += int(dense_lost or rows_lost)
+                # The bound: only rounds the old server answered after its last copy (0.5 s of slack
+                # for the copy's own time) are lost.
+                lost_before += int((dense_lost or rows_lost) and at < killed - copy_age - 0.5)
+        return want_w, want_rows, lost, lost_before
+
     held = {"w": np.full(SIZE, np.nan, np.float32)}
     sides[0].backend.servers.dense.pull_dense(held, 0)
     ids, rows, _ = sides[0].backend.servers.export_table("emb")
+    held_rows = {i: row for i, row in zip(ids.tolist(), rows)}
     try:
-        print(f"\n{sum(len(s.sent) for s in sides)} rounds sent, {lost} lost on server {VICTIM} "
-              f"(restored copy {keeper.restores[0].get('copy_age_s')} s old)")
         assert all(s.sent and s.sent[-1][3] is False for s in sides)     # each went on after the restore
-        assert lost > 0 and lost_before == 0, (lost, lost_before, copy_age)
-        np.testing.assert_array_equal(held["w"] * TRAINERS, want_w.astype(np.float32))
-        assert sorted(ids.tolist()) == sorted(want_rows)
-        for i, row in zip(ids.tolist(), rows):
-            np.testing.assert_array_equal(row * TRAINERS, want_rows[i].astype(np.float32), err_msg=f"row {i}")
+        assert len(straddling) <= TRAINERS, straddling
+        matches = []
+        for choice in itertools.product((False, True), repeat=len(straddling)):
+            want_w, want_rows, lost, lost_before = expected({tr for tr, x in zip(straddling, choice) if x})
+            if (np.array_equal(held["w"] * TRAINERS, want_w.astype(np.float32)) and sorted(held_rows) == sorted(want_rows)
+                    and all(np.array_equal(held_rows[i] * TRAINERS, want_rows[i].astype(np.float32)) for i in want_rows)):
+                matches.append((choice, lost, lost_before))
+        print(f"\n{sum(len(s.sent) for s in sides)} rounds sent, straddling the kill {straddling}, "
+              f"matches {matches} (restored copy {copy_age} s old)")
+        want_w, want_rows, _, _ = expected(set())
+        assert matches, ("no account of the lost rounds gives what the servers hold",
+                         {i: (held_rows.get(i), want_rows.get(i)) for i in want_rows
+                          if i not in held_rows or not np.array_equal(held_rows[i] * TRAINERS, want_rows[i])})
+        assert any(lost > 0 and lost_before == 0 for _, lost, lost_before in matches), (matches, copy_age)
     finally:
         for side in sides:
             side.backend.leave(10)
