@@ -108,15 +108,7 @@ def test_an_elastic_geo_job_keeps_the_exact_sum_through_a_leave_and_a_join(tmp_p
               script=str(REPO / "tests" / "e2e" / "scripts" / "geo_elastic.py"), args=[str(folder)])
     job.stop = folder / "stop"
     try:
-        at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(3))
-        assert "asked trainers [2] to leave" in job.scale(2)
-        at = job.wait_for(r"trainer 2 ends at step \d+ \(leave requested: True\)", at)
-        at = job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
-        assert "starting trainers [2]" in job.scale(3)
-        at = job.wait_for(r"trainer 2 first step [1-9]\d*", at)
-        job.wait_for(r"trainer 2 at step \d+", at)
-        job.stop.touch()
-        assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
+        _trainer_2_leaves_and_a_new_one_joins(job)
     finally:
         job.close()
     sums = sorted(folder.glob("sum-*.npy"))
@@ -167,14 +159,21 @@ def test_over_ssh_scale_down_and_up_start_and_stop_remote_trainers_mid_job(ssh_h
     job = Job(tmp_path, "--trainers", "2:3", "--hosts", ",".join(ssh_hosts.addresses), "--ssh-config",
               ssh_hosts.ssh_config, "--remote-python", str(shim))
     try:
-        at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(3))
-        assert "asked trainers [2] to leave" in job.scale(2)
-        at = job.wait_for(r"trainer 2 ends at step \d+ \(leave requested: True\)", at)
-        job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
-        assert "starting trainers [2]" in job.scale(3)
-        at = job.wait_for(r"trainer 2 first step [1-9]\d*", at)
-        job.wait_for(r"trainer 2 at step \d+", at)
-        job.stop.touch()
-        assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]
+        _trainer_2_leaves_and_a_new_one_joins(job)
     finally:
         job.close()
+
+
+def _trainer_2_leaves_and_a_new_one_joins(job) -> None:
+    """Three trainers at work; `scale --trainers 2` asks trainer 2 to leave (it ends at a step
+    boundary, exit 0); `--trainers 3` starts a new one in its slot, which trains from a later
+    step; then the job is told to stop and ends with exit 0."""
+    at = max(job.wait_for(rf"trainer {t} at step \d+", deadline=90) for t in range(3))
+    assert "asked trainers [2] to leave" in job.scale(2)
+    at = job.wait_for(r"trainer 2 ends at step \d+ \(leave requested: True\)", at)
+    at = job.wait_for(r"trainer 2 left on request \(exit 0\)", at)
+    assert "starting trainers [2]" in job.scale(3)
+    at = job.wait_for(r"trainer 2 first step [1-9]\d*", at)
+    job.wait_for(r"trainer 2 at step \d+", at)
+    job.stop.touch()
+    assert job.proc.wait(timeout=60) == 0, job.text()[-5000:]

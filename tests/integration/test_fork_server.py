@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from paramshard.errors import ConfigError
 from paramshard.launch.engines import fork_server
 from paramshard.launch.engines.processes import Child
 from paramshard.launch.supervision.rank_exit import RankExit
+from tests.integration.fork_ranks import gone, rank_script as script
 
 # Starts a zygote and kills its ranks: `make test` only, not `make check`.
 pytestmark = pytest.mark.processes
@@ -29,23 +29,6 @@ def server():
     s = fork_server.ForkServer(fork_server.zygote_environ(ENV)).start()
     yield s
     s.close()
-
-
-def script(tmp_path, text: str, name="rank.py") -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-def gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_the_zygote_imported_everything_and_started_no_thread(server, tmp_path):

@@ -4,14 +4,13 @@ ranks with it and no one else's; the host's end takes everything. One host serve
 import os
 import signal
 import sys
-import textwrap
-import time
 
 import pytest
 
 from paramshard.errors import ConfigError
 from paramshard.launch.api import MALLOC_TUNABLES
 from paramshard.launch.engines import fork_server, zygote_host
+from tests.integration.fork_ranks import gone, rank_script
 
 pytestmark = pytest.mark.processes
 
@@ -36,29 +35,12 @@ def launcher(path: str) -> fork_server.ForkServer:
     return fork_server.ForkServer(fork_server.zygote_environ(ENV)).connect(path)
 
 
-def rank_script(tmp_path, name: str, text: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return str(path)
-
-
-def gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_a_rank_of_a_shared_zygote_runs_with_its_own_environment_and_exit_code(host, tmp_path):
     _, path = host
     server = launcher(path)
     try:
         assert server.problem is None and server.python == sys.executable
-        script = rank_script(tmp_path, "rank.py", """
+        script = rank_script(tmp_path, """
             import os, sys
             print(os.environ["PSTEST_WHO"], sorted(m for m in ("torch", "pandas", "numba") if m in sys.modules))
             sys.exit(7)
@@ -76,7 +58,7 @@ def test_a_rank_of_a_shared_zygote_runs_with_its_own_environment_and_exit_code(h
 
 def test_a_launcher_that_goes_takes_its_ranks_and_no_one_elses(host, tmp_path):
     proc_host, path = host
-    sleeper = rank_script(tmp_path, "sleep.py", "import time; time.sleep(600)\n")
+    sleeper = rank_script(tmp_path, "import time; time.sleep(600)\n", "sleep.py")
     first, second = launcher(path), launcher(path)
     try:
         assert first.pid != second.pid                       # a zygote each
@@ -87,7 +69,7 @@ def test_a_launcher_that_goes_takes_its_ranks_and_no_one_elses(host, tmp_path):
         assert b.poll() is None and not gone(b.pid, timeout=0.3)
         assert proc_host.poll() is None
         third = launcher(path)                               # the host still serves
-        c = third.fork([sys.executable, rank_script(tmp_path, "third.py", "print('third')\n")], ENV)
+        c = third.fork([sys.executable, rank_script(tmp_path, "print('third')\n", "third.py")], ENV)
         assert c.wait(30) == 0
         third.close()
         # The host's end: every zygote and rank dies with it (their parent-death signal).
