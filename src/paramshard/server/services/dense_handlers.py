@@ -68,17 +68,17 @@ class DenseHandlers:
         push reply that said ``follow``: its blocks moved while it waited)."""
         clocks = self.store.clocks
         bound = clocks.bound        # None: no bound, every trainer may start any step
-        if bound is None or clocks.may_start(resume):
+        if bound is None or clocks.may_start(resume, names):
             return self._values_reply(names)
         return Deferred(
             # Frozen again meanwhile (a second move): refused as moved on this ``follow`` too,
             # nothing of a pull being applied, and the trainer asks the next owner.
-            ready=lambda: clocks.may_start(resume) or self._moving(names),
+            ready=lambda: clocks.may_start(resume, names) or self._moving(names),
             make_reply=lambda: (self._refuse_moved(names) if self._moving(names) else self._values_reply(names)),
             describe=lambda: (f"a pull of dense blocks may be answered only when every trainer finished step "
                               f"{resume - bound - 1} (--max-staleness {bound}); waiting for "
-                              f"trainers {clocks.laggards(resume)}"),
-            waits_on=lambda: clocks.laggards(resume),
+                              f"trainers {clocks.laggards(resume, names)}"),
+            waits_on=lambda: clocks.laggards(resume, names),
         )
 
     def _refuse_moved(self, names: list[str]) -> Reply:
@@ -92,7 +92,7 @@ class DenseHandlers:
         if not self.store.mode.waits_every_step:      # async: applied on arrival
             staleness, clocks = self.store.last_staleness, self.store.clocks
             resume = header.get("resume_step")
-            if resume is not None and not clocks.may_start(resume):
+            if resume is not None and not clocks.may_start(resume, names):
                 # Bounded staleness: this trainer is too far ahead; the reply lets it go on. If a
                 # move freezes one of these blocks meanwhile, the trainers' next pushes of it go to
                 # its new owner and never tick the clocks here: the reply then says ``follow`` (the
@@ -101,13 +101,13 @@ class DenseHandlers:
                 # values it starts step ``resume`` with hold every trainer's steps up to
                 # resume - bound - 1, and the push is never resent (docs/DESIGN.md 5f).
                 return Deferred(
-                    ready=lambda: clocks.may_start(resume) or self._moving(names),
+                    ready=lambda: clocks.may_start(resume, names) or self._moving(names),
                     make_reply=lambda: (self._follow_reply(resume, staleness) if self._moving(names) else
                                         self._async_reply(names, header["reply_values"], staleness)),
                     describe=lambda: (f"trainer {header['trainer']} may start step {resume} only when every "
                                       f"trainer finished step {resume - clocks.bound - 1} (--max-staleness "
-                                      f"{clocks.bound}); waiting for trainers {clocks.laggards(resume)}"),
-                    waits_on=lambda: clocks.laggards(resume),
+                                      f"{clocks.bound}); waiting for trainers {clocks.laggards(resume, names)}"),
+                    waits_on=lambda: clocks.laggards(resume, names),
                 )
             return self._async_reply(names, header["reply_values"], staleness)
         if not header["reply_values"]:

@@ -17,55 +17,80 @@ exactly what sync mode computes.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterable, Sequence
 
 from paramshard.server.core.barrier import Membership
 
 
 class Clocks:
+    """Each trainer's clock on this server, and each dense block's. The gate asks the blocks'
+    own clocks: a trainer's step can reach one server in more than one push (a push refused
+    as ``moved`` is split again and resent, and a server may get parts of one step from two
+    refusals, or one part before a move and one after), so a trainer clock that ticks on its
+    first part would open a gate before the other parts' gradients are in. The trainer clocks
+    give the staleness histogram and where a joiner starts."""
+
     def __init__(self, membership: Membership, bound: int | None = None):
         self.membership = membership
         self.bound = bound
         self.clock: dict[int, int] = {}
+        self.block_clock: dict[str, dict[int, int]] = {}    # block -> trainer -> its steps in the block
         self.histogram: Counter = Counter()
 
-    def pushed(self, trainer: int, step: int) -> int:
-        """Trainer's step ``step`` (0-based) is applied: its staleness."""
+    def pushed(self, trainer: int, step: int, names: Iterable[str] = ()) -> int:
+        """Trainer's step ``step`` (0-based) is applied to blocks ``names``: its staleness."""
+        for name in names:
+            per = self.block_clock.setdefault(name, {})
+            per[trainer] = max(per.get(trainer, 0), step + 1)
         self.clock[trainer] = max(self.clock.get(trainer, 0), step + 1)
         staleness = max(self.clock.values()) - self.clock[trainer]
         self.histogram[staleness] += 1
         return staleness
 
-    def export(self) -> list[list[int]]:
-        """[[trainer, clock], ...]: what a new owner of dense blocks takes in (``merge``)."""
-        return [[t, c] for t, c in sorted(self.clock.items())]
+    def export(self, names: list[str]) -> list[list[list[int]]]:
+        """For each block of ``names``, [[trainer, clock], ...]: what its new owner takes in
+        (``merge``)."""
+        return [[[t, c] for t, c in sorted(self.block_clock.get(n, {}).items())] for n in names]
 
-    def merge(self, pairs: list) -> None:
-        """Take in another server's clocks (the old owner of blocks imported here): a block's
-        values carry every step counted there, so a gate here must not wait for them again,
-        nor for a trainer whose latest push went there (docs/DESIGN.md 5f)."""
-        for trainer, clock in pairs:
-            self.clock[trainer] = max(self.clock.get(trainer, 0), clock)
+    def merge(self, names: list[str], per_block: list) -> None:
+        """Take in the clocks of blocks imported from their old owner: their values carry every
+        step counted there, so a gate here must not wait for them again, nor for a trainer
+        whose latest push went there (docs/DESIGN.md 5f)."""
+        for name, pairs in zip(names, per_block):
+            per = self.block_clock.setdefault(name, {})
+            for trainer, clock in pairs:
+                per[trainer] = max(per.get(trainer, 0), clock)
+                self.clock[trainer] = max(self.clock.get(trainer, 0), clock)
 
-    def slowest(self) -> int:
-        required = self.membership.required
-        return min((self._clock_of(t) for t in required), default=0)
+    def forget(self, names: Iterable[str]) -> None:
+        """Blocks handed to another server: their clocks went with them."""
+        for name in names:
+            self.block_clock.pop(name, None)
 
-    def _clock_of(self, trainer: int) -> int:
-        # A joiner (elastic job) starts level with the step it joined at, not at 0.
-        return max(self.clock.get(trainer, 0), self.membership.first_step.get(trainer, 0))
+    def _reached(self, trainer: int, need: int, names: Sequence[str]) -> bool:
+        """Has ``trainer`` ``need`` steps in every block of ``names`` (none named: anywhere here)?"""
+        first = self.membership.first_step.get(trainer, 0)   # a joiner starts level with the step it joined at
+        if first >= need:
+            return True
+        if self.clock.get(trainer, 0) < need:      # a block's clock never runs ahead of its trainer's
+            return False
+        return all(self.block_clock.get(n, {}).get(trainer, 0) >= need for n in names)
 
     def fastest(self) -> int:
         """Steps the fastest trainer has had applied (where a joiner of an async job starts)."""
         return max(self.clock.values(), default=0)
 
-    def may_start(self, step: int) -> bool:
-        return self.bound is None or self.slowest() >= step - self.bound
+    def may_start(self, step: int, names: Sequence[str] = ()) -> bool:
+        """May a trainer start ``step`` with these blocks' values (none named: by the trainer
+        clocks)?"""
+        return not self.laggards(step, names)
 
-    def laggards(self, step: int) -> list[int]:
+    def laggards(self, step: int, names: Sequence[str] = ()) -> list[int]:
         """Trainers a start of ``step`` waits for."""
         if self.bound is None:
             return []
-        return sorted(t for t in self.membership.required if self._clock_of(t) < step - self.bound)
+        need = step - self.bound
+        return sorted(t for t in self.membership.required if not self._reached(t, need, names))
 
     def stats(self) -> dict[int, int]:
         """Pushes by staleness, in increasing staleness."""
@@ -73,4 +98,5 @@ class Clocks:
 
     def reset(self) -> None:
         self.clock.clear()
+        self.block_clock.clear()
         self.histogram.clear()

@@ -143,7 +143,7 @@ class DenseStore:
                   "slots": len(blocks[0].slots) if blocks else 0, "optimizer": self.registered_optimizer().to_wire(),
                   "plan_fingerprint": self.plan_fingerprint, "lr_scale": self.lr_scale}
         if not self.mode.waits_every_step:
-            fields["clocks"] = self.clocks.export()
+            fields["clocks"] = self.clocks.export(list(names))
         return fields, arrays
 
     def import_blocks(self, names: list[str], versions: list[int], n_slots: int, arrays: list[np.ndarray],
@@ -151,11 +151,13 @@ class DenseStore:
                       clocks: list | None = None) -> None:
         """Take blocks another server exported (``export_blocks``). All checked before any is
         stored; a server holding a model must hold the same plan, optimizer and scale.
-        ``clocks`` (async): the exporter's staleness clocks, merged into this server's."""
+        ``clocks`` (async): the exporter's staleness clocks of each block, merged into this server's."""
         check_distinct(names, "dense_import")
-        if clocks is not None and not all(isinstance(p, list) and len(p) == 2 and all(
-                type(x) is int and x >= 0 for x in p) for p in clocks):
-            raise ConfigError("dense_import: clocks must be [trainer, clock] pairs of integers >= 0")
+        if clocks is not None and not (len(clocks) == len(names) and all(isinstance(per, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p) for p in per)
+                for per in clocks)):
+            raise ConfigError("dense_import: clocks must be, for each block, a list of [trainer, clock] pairs "
+                              "of integers >= 0")
         per_block = 1 + n_slots
         if len(versions) != len(names) or len(arrays) != per_block * len(names):
             raise ConfigError(f"dense_import: {len(names)} blocks, {len(versions)} versions and {len(arrays)} "
@@ -188,10 +190,11 @@ class DenseStore:
             block.version = version
             self.blocks[name] = block
         if clocks is not None and not self.mode.waits_every_step:
-            self.clocks.merge(clocks)
+            self.clocks.merge(names, clocks)
 
     def drop_blocks(self, names: list[str]) -> int:
         """Forget blocks handed to another server; the plan stays registered."""
+        self.clocks.forget(names)
         return sum(self.blocks.pop(n, None) is not None for n in names)
 
     # -- updates --------------------------------------------------------
@@ -209,7 +212,7 @@ class DenseStore:
         if not self.mode.waits_every_step:      # async: applied on arrival
             for block, grad in zip(blocks, grads):
                 self._apply(block, grad)
-            self.last_staleness = self.clocks.pushed(trainer, step)
+            self.last_staleness = self.clocks.pushed(trainer, step, names)
             return
         for block in blocks:   # check everything before changing anything
             block.barrier.check_arrival(trainer, step, block.version)

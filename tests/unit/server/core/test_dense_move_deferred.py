@@ -147,6 +147,46 @@ def test_the_gate_at_the_new_owner_waits_for_the_laggard_only():
     np.testing.assert_array_equal(reply.arrays[0], _oracle(Mode.ASYNC, [(0, 0), (1, 0)]).blocks["w"].values)
 
 
+def test_the_gate_waits_for_every_part_of_a_step_that_reaches_one_server_in_two_pushes():
+    """A trainer's step can reach one server in parts: its push was refused as ``moved`` by two
+    old owners, and each refusal is split again and resent (client/dense.py settle). The gate of
+    a pull of both blocks opens only when both parts are in: a trainer clock ticked by the first
+    part gave trainer 0 values without trainer 1's gradient of the other block (CI, stop 40)."""
+    old, old_h, old_wait = _server(0, Mode.ASYNC, bound=0)
+    new, new_h, new_wait = _server(1, Mode.ASYNC, bound=0)
+    old.dense.register(0, list(START), [a.copy() for a in START.values()], OPT, 9)
+    log: list = []
+    _run(old_wait, log, "push t0", _push(old_h, 0, 0, ["w", "v"], resume=1))
+    _move(old, new, ["w", "v"], log)
+    pulled: list = []
+    _run(new_wait, pulled, "pull", new_h.handle_pull_dense(
+        {"names": ["w", "v"], "min_version": 0, "plan_fingerprint": 9, "resume_step": 1}, []))
+    _run(new_wait, log, "push t1 w", _push(new_h, 1, 0, ["w"]))
+    assert pulled == [], "trainer 1's step 0 is not in block v yet: the gate must stay shut"
+    assert new.dense.clocks.laggards(1, ["w", "v"]) == [1] and new.dense.clocks.laggards(1, ["w"]) == []
+    _run(new_wait, log, "push t1 v", _push(new_h, 1, 0, ["v"]))
+    [(_, kind, reply)] = pulled
+    assert kind == "reply"
+    oracle = _oracle(Mode.ASYNC, [(0, 0), (1, 0)])
+    for name, values in zip(["w", "v"], reply.arrays):
+        np.testing.assert_array_equal(values, oracle.blocks[name].values)
+
+
+def test_a_moved_block_takes_its_own_clocks_not_its_old_owners():
+    """The old owner had trainer 1's step 0 in block v but not yet in w (its part for w was
+    refused and resent elsewhere): the new owner of w must still wait for it."""
+    old, old_h, old_wait = _server(0, Mode.ASYNC, bound=0)
+    new, new_h, new_wait = _server(1, Mode.ASYNC, bound=0)
+    old.dense.register(0, list(START), [a.copy() for a in START.values()], OPT, 9)
+    log: list = []
+    _run(old_wait, log, "push t0", _push(old_h, 0, 0, ["w", "v"], resume=1))
+    _run(old_wait, log, "push t1 v", _push(old_h, 1, 0, ["v"]))
+    _move(old, new, ["w"], log)
+    assert "w" not in old.dense.clocks.block_clock, "the clocks of a block handed away went with it"
+    assert new.dense.clocks.laggards(1, ["w"]) == [1]
+    assert new.dense.clocks.fastest() == 1
+
+
 def test_sync_push_reply_is_answered_with_its_values_before_the_freeze_can_be():
     """Sync cannot meet the defect: the freeze and the push+pull replies of the steps before the
     switch wait for the same step completion, and a WaitingList pass answers all that is ready."""

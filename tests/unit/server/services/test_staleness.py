@@ -28,3 +28,17 @@ def test_no_bound_never_waits_and_reset_forgets():
     assert clocks.may_start(100) and clocks.laggards(100) == []
     clocks.reset()
     assert clocks.clock == {} and clocks.stats() == {}
+
+
+def test_the_gate_asks_the_named_blocks_and_their_clocks_travel_with_them():
+    clocks = Clocks(Membership(2, grace=5.0), bound=0)
+    clocks.pushed(0, 0, ["a", "b"])
+    clocks.pushed(1, 0, ["a"])                   # trainer 1's step 0: only block a's part so far
+    assert clocks.may_start(1, ["a"]) and not clocks.may_start(1, ["a", "b"])
+    assert clocks.laggards(1, ["b"]) == [1] and clocks.may_start(1)     # by trainer clocks: both did a step
+    assert clocks.export(["b", "a"]) == [[[0, 1]], [[0, 1], [1, 1]]]
+    new = Clocks(Membership(2, grace=5.0), bound=0)
+    new.merge(["b", "a"], clocks.export(["b", "a"]))
+    assert new.laggards(1, ["b"]) == [1] and new.may_start(1, ["a"]) and new.fastest() == 1
+    clocks.forget(["b"])
+    assert clocks.block_clock == {"a": {0: 1, 1: 1}}
