@@ -315,7 +315,7 @@ class DeltaStats(_Part):
 StatsPart = Connections | DenseStats | BarrierStats | SparseStats | DeltaStats
 # In wire order: the outbox first, then the services as a server adds them (server/core/parameter_server.py).
 PARTS = (Connections, DenseStats, BarrierStats, SparseStats, DeltaStats)
-_OWN_KEYS = {"server", "address", "uptime_s", "trainers", "phase_seconds", *Connections.KEYS,
+_OWN_KEYS = {"server", "address", "uptime_s", "started_at", "trainers", "phase_seconds", *Connections.KEYS,
              "dense_blocks", "dense_elements", "staleness", "barriers", "sparse_rows", "sparse_bytes", "tables",
              "memory_budget", "rss_bytes", "deltas"}
 
@@ -326,6 +326,10 @@ class ServerStats:
     server: int
     address: str | None = None
     uptime_s: int | float = 0.0
+    # The process's start (Unix time): which process answered. Two readers' uptimes of one process
+    # disagree by their reading delays, and a new process may be older at its first record than
+    # the old one was at its last; the start says "another process" exactly (0: not sent).
+    started_at: int | float = 0.0
     trainers: TrainerStates = TrainerStates()
     phase_seconds: dict[str, int | float] = dataclasses.field(default_factory=dict)   # op or wire phase -> s
     # The loop's counters, in the order they were first counted: BASE_COUNTERS, op_<op>,
@@ -395,8 +399,10 @@ class ServerStats:
         out: dict = {"server": self.server}
         if self.address is not None:
             out["address"] = self.address
-        out.update({"uptime_s": self.uptime_s, "trainers": self.trainers.to_wire(),
-                    "phase_seconds": dict(self.phase_seconds)})
+        out["uptime_s"] = self.uptime_s
+        if self.started_at:
+            out["started_at"] = self.started_at
+        out.update({"trainers": self.trainers.to_wire(), "phase_seconds": dict(self.phase_seconds)})
         out.update(self.counters)
         for part in (self.connections, self.dense, self.barriers, self.sparse, self.deltas):
             if part is not None:
@@ -421,8 +427,9 @@ class ServerStats:
         server = _int(d["server"], "server")
         address = None if address is None else _str(address, "address")
         uptime_s = _num(d.get("uptime_s", 0.0), "uptime_s")
+        started_at = _num(d.get("started_at", 0.0), "started_at")
         trainers = TrainerStates.from_wire(d.get("trainers", {}))
         phase_seconds = _numbers(d.get("phase_seconds", {}), "phase_seconds")
         parts: dict[str, Any] = {p.FIELD: p.from_wire(d) for p in PARTS}    # as in assemble
-        return cls(server=server, address=address, uptime_s=uptime_s, trainers=trainers,
+        return cls(server=server, address=address, uptime_s=uptime_s, started_at=started_at, trainers=trainers,
                    phase_seconds=phase_seconds, counters=counters, **parts)

@@ -9,7 +9,7 @@ from paramshard.messages.server_stats import (BarrierStats, BarrierWait, Connect
                                                SparseStats, TableStats, TrainerStates)
 
 # A reply as an async server with a sparse table sends it (the layout of `paramshard stats --json`).
-WIRE = {"server": 1, "address": "127.0.0.1:6001", "uptime_s": 12.5,
+WIRE = {"server": 1, "address": "127.0.0.1:6001", "uptime_s": 12.5, "started_at": 1795983681.375,
         "trainers": {"live": [0, 2], "left": [1], "lost": []},
         "phase_seconds": {"decode": 0.25, "push_dense": 1.5, "reply": 0},
         "requests": 40, "bytes_in": 1000, "bytes_out": 2000, "errors": 1, "timeouts": 0,

@@ -50,7 +50,9 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
         "update_s": round(update / (pushes - old_pushes), 6) if pushes > old_pushes else None,
         "staleness": {str(k): n for k, n in stats.staleness.items()},     # JSON keys, as on the wire
         "live_trainers": len(stats.trainers.live),
-        "uptime_s": stats.uptime_s,           # less than before: a new process (observe/run_records/counter_carry.py)
+        "uptime_s": stats.uptime_s,
+        # Another than before: a new process (observe/run_records/counter_carry.py); absent if not sent.
+        **({"started_at": stats.started_at} if stats.started_at else {}),
         **_tier_record(stats),
         # A server publishing deltas: what it published (its DeltaStats as on the wire; cumulative per process).
         **({"deltas": stats.deltas.to_wire()["deltas"]} if stats.deltas is not None else {}),
@@ -58,7 +60,10 @@ def server_record(stats: ServerStats, before: ServerStats | None, now: float, th
 
 
 def _restarted(stats: ServerStats, before: ServerStats) -> bool:
-    """A counter went down since the previous ask: a new process answers for this server."""
+    """Another process answers for this server: its start differs, or (a server that does not
+    send it) a counter went down since the previous ask."""
+    if stats.started_at and before.started_at:
+        return stats.started_at != before.started_at
     return (stats.uptime_s < before.uptime_s or stats.requests < before.requests
             or any(stats.counter(k) < before.counter(k) for k in ("bytes_in", "bytes_out")))
 

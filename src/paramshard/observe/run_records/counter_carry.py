@@ -35,12 +35,19 @@ UPTIME_SLACK = 1.0     # seconds: how far two readers' clocks of one process may
 
 
 def went_down(before: dict, now: dict) -> bool:
-    """Did any cumulative counter of ``now`` go below ``before``'s, or did its process start
-    after ``before`` was taken (a new process)? The uptime catches a new process that already
+    """Is ``now`` from another process than ``before``? Records that carry the process's start
+    (``started_at``) say so exactly: a new process may already have served more than the old one
+    had at its previous record, and be older than it was then (its first record was taken soon
+    after the old one's start), so neither counters nor uptime can tell (CI, stop 40). Older
+    records: did any cumulative counter of ``now`` go below ``before``'s, or did its process start
+    after ``before`` was taken? The uptime catches a new process that already
     served more than the old one had when the previous record was taken. Its uptime must be
     younger than the time between the two records: two readers of the same process (the
     launcher's live read and the server's own last record, made from its cached snapshot)
     can see its uptime a few milliseconds apart and out of order, which is no restart."""
+    start_before, start_now = _count(before.get("started_at")), _count(now.get("started_at"))
+    if start_before and start_now:
+        return start_now != start_before
     if any(_count(now.get(k)) < _count(before.get(k)) for k in CARRIED):
         return True
     up_before, up_now = _count(before.get("uptime_s")), _count(now.get("uptime_s"))

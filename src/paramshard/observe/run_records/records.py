@@ -36,7 +36,8 @@ Records (every one has ``t``, unix seconds, and ``kind``):
   "bytes_out": n, "requests": n (cumulative over the job: a server restarted in place
   starts its own counters again from 0, and its records add what it counted before;
   observe/run_records/counter_carry.py), "restarts": n (times its counters were seen to start
-  again), "uptime_s": the process's seconds up, "requests_per_s": x,
+  again), "uptime_s": the process's seconds up, "started_at": unix s (the process's start:
+  another value, another process), "requests_per_s": x,
   "queue_s": mean seconds a request waited before its handler ran (since the
   previous record), "update_s": handler seconds per push since the previous record,
   "staleness": {"0": n, "1": n, ...} (cumulative histogram of async push staleness),

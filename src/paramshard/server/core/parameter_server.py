@@ -596,6 +596,7 @@ class ParameterServer:
         return ServerStats.assemble(
             [self._outbox.stats(), *(service.stats() for service in self._services)],
             server=self.server_id, address=self.address, uptime_s=round(time.time() - self.started_at, 3),
+            started_at=self.started_at,
             trainers=TrainerStates(tuple(sorted(m.live)), tuple(sorted(m.left)), tuple(sorted(m.failed))),
             phase_seconds={k: round(v, 6) for k, v in self.phase_seconds.items()},
             counters={**self.stats, **self.budget.stats()},

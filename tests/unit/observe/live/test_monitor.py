@@ -94,6 +94,11 @@ def test_a_restarted_server_has_rates_from_its_new_start_never_negative():
     record = server_record(new, old, 102.0, 100.0)
     assert record["requests_per_s"] == 40.0             # 20 requests since it started, 0.5 s ago
     assert record["update_s"] == 0.05 and record["uptime_s"] == 0.5
+    # A new process seen first 2.5 s after its start, with more requests than the old one had at
+    # its last record taken 1 s after its own start: only the start says it is another process.
+    old = ServerStats.from_wire(dict(_wire(0, 3, 0, 0.0), uptime_s=1.0, started_at=99.0))
+    new = ServerStats.from_wire(dict(_wire(0, 41, 4, 0.2), uptime_s=2.5, started_at=103.5))
+    assert server_record(new, old, 106.0, 100.0)["requests_per_s"] == round(41 / 2.5, 2)
 
 
 class _Links:

@@ -40,6 +40,20 @@ def test_two_readers_seeing_one_process_a_moment_apart_are_no_restart():
     assert restarted and record["requests"] == 230 + 400 and record["restarts"] == 1
 
 
+def test_the_process_start_tells_a_new_process_that_counters_and_uptime_miss():
+    """Seen in CI (stop 40): the old server's first record was taken 1 s after its start (3
+    requests); killed, restarted in place, its first record came 2.5 s after the new start with 41
+    requests. More requests and a longer uptime: the old rules saw one process."""
+    carry = CounterCarry()
+    carry.carry({**_record(3, 1.0), "t": 101.0, "started_at": 100.0})
+    record, restarted = carry.carry({**_record(41, 2.5), "t": 106.5, "started_at": 104.0})
+    assert restarted and record["requests"] == 44 and record["restarts"] == 1
+    # the same process read by two readers with uptimes out of order: no restart
+    record, restarted = carry.carry({**_record(50, 3.1), "t": 107.1, "started_at": 104.0})
+    record, restarted = carry.carry({**_record(52, 3.0), "t": 107.2, "started_at": 104.0})
+    assert not restarted and record["requests"] == 3 + 52 and record["restarts"] == 1
+
+
 def test_carried_records_are_left_as_they_are():
     once = carry_series([_record(100, 5), _record(30, 1)])
     assert carry_series(once) == once               # the report's pass after the launcher's
