@@ -47,11 +47,17 @@ bang-bang or a full-step controller shows; under stationary measurements it stay
 rounding of the fixed point.
 
 The two targets are calibrated, not derived (CTR demo, 2 servers + 2 trainers on this 2-core
-machine, loopback): rounds of k = 16 drift 9-32% (the others' change it missed, relative to the
-values touched) and reach async's AUC, so DRIFT_TARGET = 25% costs no AUC there; and a
-trainer's wire time misses what the servers' work takes from the trainers when they share
-cores (k = 5 trained 29,660 samples/s, k = 16 42,989, at a measured wire share of 6-9%), so
-WIRE_SHARE is 5%, not the 10% the wire alone would suggest.
+machine). DRIFT_TARGET: on 100 Mbit/s links over an epoch (305 steps, RESULTS section 23) hand-
+picked k = 16 and k = 64 both reached sync's test AUC (0.7768), k = 64 with settled drifts of
+0.34, 0.25, 0.19, 0.16, 0.12 round by round and k = 16 with about the same at the same steps:
+the relative drift falls as the model settles and hardly depends on k there, so the target
+decides *when* k may grow. At 25% it held k at 8-11 for the first 50 steps (2.55x async, 22-25%
+behind k = 64 to a held-out AUC); at 35% k passes 16 within 3 rounds and 60-80 by the end
+(2.80x async, 14% behind k = 64), with the same test AUC over the epoch and over 105 steps
+(0.7692 against sync's 0.7694). WIRE_SHARE: a trainer's wire time misses what the servers'
+work takes from the trainers when they share cores (k = 5 trained 29,660 samples/s, k = 16
+42,989, at a measured wire share of 6-9%, loopback), so it is 5%, not the 10% the wire alone
+would suggest.
 
 How relative drift grows with k is measured, not assumed: its exponent is the least-squares
 slope of log drift on log k over the window's rounds (once their ks span x FIT_SPAN; until then
@@ -97,7 +103,7 @@ from paramshard.geo.schedule import Round
 DEFAULT_BOUND = 1024     # without --max-staleness: at most this many local steps between sends
 START = 4                # k of the first round
 WIRE_SHARE = 0.05        # the wire's share of a round's time k aims at (see below: calibrated)
-DRIFT_TARGET = 0.25      # relative drift (the others' change missed / values touched) a round may show
+DRIFT_TARGET = 0.35      # relative drift (the others' change missed / values touched) a round may show
 DRIFT_POWER = 0.5        # relative drift grows at least as k^DRIFT_POWER (a random walk; measured 0.55-0.62) ...
 MAX_POWER = 4.0          # ... and at most as k^MAX_POWER: the fitted exponent is clamped to these
 FIT_SPAN = 1.5           # the exponent is fitted once the window's rounds span k by this factor
