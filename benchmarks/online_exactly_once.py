@@ -331,6 +331,27 @@ def check_stream(out: Path, data: dict) -> list[str]:
     return failures
 
 
+def _kill_at_end(run: Path, steps: int, job, pid: int | None, fd: int | None, kind: str) -> str:
+    """SIGKILL the rank held by ``fd`` the moment the trainer's final checkpoint is in place; what
+    was killed (or why nothing was)."""
+    role = kind.split("@")[0]
+    if fd is None:
+        return f"nothing ({role} 0 not found: the job had ended)"
+    try:
+        final = run / "ck" / f"step-{steps:08d}" / "manifest.json"
+        try:
+            wait_for("the final checkpoint", final.is_file, DEADLINE, lambda: job.proc.poll() is None, step=0.001)
+        except RuntimeError:
+            return f"nothing (the job ended before its final checkpoint was seen; {role} 0 pid {pid})"
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            return f"nothing ({role} 0 pid {pid} had exited when the final checkpoint was seen)"
+        return f"{role} 0 pid {pid} once the final checkpoint was in place"
+    finally:
+        os.close(fd)
+
+
 # -- one run -------------------------------------------------------------------------------------
 def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, say=print) -> dict:
     """One job (and its serving process) with ``kind`` killed at a random moment (None: undisturbed)."""
@@ -354,14 +375,25 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
             target = int(rng.uniform(args.kill_from, args.kill_to) * steps)
             extra = rng.uniform(0.0, args.delta_seconds)
             wait_for("a first checkpoint", lambda: checkpoints(run / "ck"), 120.0, lambda: job.proc.poll() is None)
-            try:
-                wait_for(f"step {target} published", lambda: published_step(deltas) >= target, DEADLINE,
-                         lambda: job.proc.poll() is None)
-            except RuntimeError:
-                pass                       # the job ended first: said below
-            time.sleep(extra)
+            if kind.endswith("@end"):
+                # Its moment is the final checkpoint, not a step: take hold of the process while the
+                # job trains (a pidfd: no other process can be hit by the kill), not after a random
+                # step, when on a loaded machine the job may already have ended.
+                end_pid = rank_pid(job.mark, kind.split("@")[0])
+                end_fd = os.pidfd_open(end_pid) if end_pid is not None else None
+            else:
+                try:
+                    wait_for(f"step {target} published", lambda: published_step(deltas) >= target, DEADLINE,
+                             lambda: job.proc.poll() is None)
+                except RuntimeError:
+                    pass                       # the job ended first: said below
+                time.sleep(extra)
             what["target_step"], what["published_step"] = target, published_step(deltas)
-            if job.proc.poll() is not None:
+            if kind.endswith("@end"):
+                what["killed"] = _kill_at_end(run, steps, job, end_pid, end_fd, kind)
+                ck = checkpoints(run / "ck")
+                what["checkpoint_at_kill"] = ck[-1].name if ck else None
+            elif job.proc.poll() is not None:
                 what["killed"] = "nothing (the job had ended)"
             elif kind == "serve":
                 serve.kill()
@@ -370,14 +402,6 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
             else:
                 role = kind.split("@")[0]
                 pid = rank_pid(job.mark, role)
-                if pid is not None and kind.endswith("@end"):
-                    # After the trainer's last step: the moment its final checkpoint is in place.
-                    final = run / "ck" / f"step-{steps:08d}" / "manifest.json"
-                    try:
-                        wait_for("the final checkpoint", final.is_file, DEADLINE, lambda: job.proc.poll() is None,
-                                 step=0.001)
-                    except RuntimeError:
-                        pid = None
                 if pid is not None and kind.endswith("@save"):
                     # Mid-save: as soon as the next checkpoint's temporary directory appears.
                     try:
@@ -391,7 +415,7 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
                     os.kill(pid, signal.SIGKILL)
                     ck = checkpoints(run / "ck")
                     what["checkpoint_at_kill"] = ck[-1].name if ck else None
-                    what["killed"] = f"{role} 0 pid {pid}" + {"trainer@save": " while it saved a checkpoint", "server@end": " once the final checkpoint was in place"}.get(kind, "")
+                    what["killed"] = f"{role} 0 pid {pid}" + {"trainer@save": " while it saved a checkpoint"}.get(kind, "")
         code = job.wait()
         if kind is None:
             what["train_s"] = time.monotonic() - first_checkpoint
