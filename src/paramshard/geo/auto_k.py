@@ -32,19 +32,27 @@ buys at most WIRE_SHARE more throughput with more staleness: so k_wire shrinks k
 the link is fast (k -> 1 on loopback or a fast link, where GEO then behaves like async).
 
 Each round's target is computed from that round alone, and k follows the **median of the
-last WINDOW targets** (one stalled send, a GC pause or one batch of unusual ids does not
-swing k; a change that lasts WINDOW//2 + 1 rounds does) but grows no further than the latest
-round's own target (the median lags: growing on it alone overshoots the drift's limit; so an
-outlier may hold k for a round, never move it), moving **multiplicatively with damping**: k' = k * (target/k)^DAMPING, at most x MAX_GROW and / MAX_SHRINK per round (a
-ratio controller in log k). Why it settles: in log k the update is
-log k' = log k + DAMPING * (log target(k) - log k). Both fixed points are stable for
-DAMPING = 1/2: the wire's, because W(k)/(c*k) falls with slope a - 1 in (-1, 0) (update
-slope 1 - DAMPING*(1-a), in (1/2, 1)); the drift's, because relative drift grows as k^beta
-(beta = 1/2 for noise, 1 for a steady gradient direction) and k_drift reads it as k^power,
-update slope 1 - DAMPING*beta/power: 1 - DAMPING once power is fitted to beta, in (-1, 1)
-for any beta < 2*power before. So k converges geometrically, without the oscillation a
-bang-bang or a full-step controller shows; under stationary measurements it stays within
-rounding of the fixed point.
+last WINDOW targets** (one stalled send, a GC pause or one round in which no other trainer's send
+landed does not swing k; a change that lasts two rounds does) but grows no further than the
+latest round's own target (the median lags: an outlier may hold k for a round, never move it).
+k moves **the whole way to that goal** in one round, at most x MAX_GROW and / MAX_SHRINK (a ratio
+controller in log k, k' = k * goal/k). Why it settles: in log k the update is
+log k' = log target(k). At the wire's fixed point k_wire = W(k)/c * const grows with log k at a
+slope in [0, a], a < 1 (the rows touched grow sublinearly): it converges geometrically, monotonically.
+At the drift's, relative drift grows as k^beta (beta = 1/2 for noise, 1 for a steady gradient
+direction) and k_drift reads it as k^power: update slope 1 - beta/power, 0 (one round) once
+power is fitted to beta, in (-1, 1) for any beta < 2*power before; shrinking reads power >= 1,
+so from above it comes down without passing under. Under stationary measurements it stays
+within rounding of the fixed point.
+
+Why WINDOW = 3 and no damping (they were 5 and 1/2): the drift is not stationary. It falls as
+the model settles, as about 0.3 * sqrt(k / step) on the CTR demo at 100 Mbit/s (RESULTS section
+23: k = 16 at step 21 drifted 0.33, k = 64 over steps 5-69 0.33, k = 128 over 5-133 0.34, k = 64
+over 197-261 0.16 and k = 128 over 133-261 0.25), so the k whose drift meets the target grows
+about x4 a round in the first hundred steps. A five-round median held the first rounds' small
+targets while the drift fell, and half steps halved what was left: auto-k sat at k = 16-36 for
+steps 21-142, where k = 128 ran at the target, and reached held-out AUC 0.770 24% behind k = 64
+and k = 128 (17.8 s against 14.4, one run). Three rounds still outvote one outlier.
 
 The two targets are calibrated, not derived (CTR demo, 2 servers + 2 trainers on this 2-core
 machine). DRIFT_TARGET: on 100 Mbit/s links over an epoch (305 steps, RESULTS section 23) hand-
@@ -69,8 +77,8 @@ records of k = 8 and k = 16 over the same steps): doubling k multiplied the rela
 half the growth the drift allowed, and with the median's lag and the damping auto-k spent its
 whole 100-step benchmark ramping (4 -> 16 at 100 Mbit/s, while k = 16 trained 23% faster at the
 same AUC). The fixed point (where the drift meets DRIFT_TARGET) is the same; it is reached
-faster, and a steeper drift (a steady gradient direction) is fitted after one change of k, so
-k_drift does not overshoot it. Shrinking reads drift as at least linear: k comes down to the
+faster, and a steeper drift (a steady gradient direction) is fitted after two changes of k, so
+k passes it by one growth step at most. Shrinking reads drift as at least linear: k comes down to the
 limit from above instead of under it and back up (staleness is the costlier error).
 
 Which values the drift is read over: the *settled* ones (Round.settled_*: the dense values and
@@ -107,8 +115,10 @@ DRIFT_TARGET = 0.35      # relative drift (the others' change missed / values to
 DRIFT_POWER = 0.5        # relative drift grows at least as k^DRIFT_POWER (a random walk; measured 0.55-0.62) ...
 MAX_POWER = 4.0          # ... and at most as k^MAX_POWER: the fitted exponent is clamped to these
 FIT_SPAN = 1.5           # the exponent is fitted once the window's rounds span k by this factor
-WINDOW = 5               # targets of this many rounds are smoothed by their median
-DAMPING = 0.5            # fraction (in log k) of the way to the target moved per round
+FIT_WINDOW = 5           # ... over this many rounds' drifts (the first round that drifted left out) ...
+EMPTY_ROUND = 4.0        # ... but those under 1/EMPTY_ROUND of their median (nothing landed in them)
+WINDOW = 3               # targets of this many rounds are smoothed by their median
+DAMPING = 1.0            # fraction (in log k) of the way to the target moved per round
 MAX_GROW = 2.0           # k grows at most x2 per round ...
 MAX_SHRINK = 4.0         # ... and shrinks at most /4 (staleness is the costlier error)
 TINY = 1e-12             # below this a time or a norm counts as zero
@@ -131,7 +141,8 @@ class AutoK:
         self.k = self._clamp(start)
         self._level = float(self.k)          # k before rounding: small moves accumulate
         self._targets: deque[float] = deque(maxlen=window)
-        self._drifts: deque[tuple[float, float]] = deque(maxlen=window)    # (log k, log relative drift)
+        self._drifts: deque[tuple[float, float]] = deque(maxlen=FIT_WINDOW)    # (log k, log relative drift)
+        self._drifted_rounds = 0
         self.power = DRIFT_POWER             # how relative drift grows with k (fitted: _fit_power)
 
     def first_k(self) -> int:
@@ -180,19 +191,30 @@ class AutoK:
 
     def _fit_power(self, done: Round) -> None:
         """The exponent of relative drift in k: the least-squares slope of log drift on log k over
-        the window's rounds, once their k spans FIT_SPAN (before, and while k stays put, the last
-        fit holds; at first DRIFT_POWER), clamped to [DRIFT_POWER, MAX_POWER]: a steep drift (a
-        steady gradient direction) is read as such after one change of k, so k_drift does not
-        overshoot it, and a noisy fit never asks for faster growth than a random walk allows."""
+        the last FIT_WINDOW rounds that drifted (not the first; not those in which nothing
+        landed), once their k spans FIT_SPAN (before, and while k stays put, the last fit holds;
+        at first DRIFT_POWER), clamped to [DRIFT_POWER, MAX_POWER]: a steep drift (a steady
+        gradient direction) is read as such after two changes of k, so k_drift passes it by one
+        growth step at most, and a noisy fit never asks for faster growth than a random walk allows."""
         drift, value = drift_figures(done)
         if done.steps < 1 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > TINY for x in (drift, value)):
             return
+        self._drifted_rounds += 1
+        if self._drifted_rounds == 1:
+            # The first round that drifted saw the others' change over part of it at most: their
+            # first sends land near its end (recorded: 0.04 at k = 4, then 0.33 at k = 16, which
+            # fitted a power of 1.47 and held k at 16-18 for three rounds).
+            return
         self._drifts.append((math.log(done.steps), math.log(drift / value)))
-        xs = [x for x, _ in self._drifts]
+        # A round in which no other trainer's send landed (rounds of about equal length see 0, 1
+        # or 2 of them; recorded: 0.045 and 0.014 between rounds of 0.19-0.25) says nothing of k.
+        floor = median(y for _, y in self._drifts) - math.log(EMPTY_ROUND)
+        points = [(x, y) for x, y in self._drifts if y >= floor]
+        xs = [x for x, _ in points]
         if max(xs) - min(xs) < math.log(FIT_SPAN):
             return
-        mx, my = sum(xs) / len(xs), sum(y for _, y in self._drifts) / len(xs)
-        slope = (sum((x - mx) * (y - my) for x, y in self._drifts) / sum((x - mx) ** 2 for x in xs))
+        mx, my = sum(xs) / len(xs), sum(y for _, y in points) / len(xs)
+        slope = (sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs))
         self.power = min(MAX_POWER, max(DRIFT_POWER, slope))
 
     def _clamp(self, k: float) -> int:
