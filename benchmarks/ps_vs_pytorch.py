@@ -29,6 +29,11 @@ deadline, torn down by PID in every case):
 8.-9. ``1s+1w async (no overlap)``, ``2s+2w async (no overlap)``: as 3 and 4
    with ``--no-overlap``: no ``trainer.prefetching(...)`` and
    ``ps.Trainer(..., max_in_flight=0)`` (what the overlap buys, and costs).
+10.-11. ``PaddlePaddle PS 1s+1w async``, ``PaddlePaddle PS 2s+2w async``: PaddlePaddle 3.0.0's own
+   parameter server (fleet, static graph, ``a_sync``) on the same model, data and timing, every server
+   and trainer a process of ``.venv-paddle`` (``paddle_peer.py``, ``paddle_ps_ctr.py``: what differs
+   from the PyTorch model is said there). ``--paddle off`` leaves them out; without ``.venv-paddle``
+   (scripts/install-paddle-peer.sh) they are skipped with the reason printed.
 
 The paramshard loop is the plain user loop plus one wrapper line
 (``for dense, ids, labels in trainer.prefetching(batches): ...``). Every
@@ -73,6 +78,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import paddle_peer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 THIS = Path(__file__).resolve()
@@ -332,7 +338,10 @@ CANDIDATES = (
     Candidate("2s+2w async (stale rows)", "ps", 2, 2, "async", stale_rows=True),
     Candidate("1s+1w async (no overlap)", "ps", 1, 1, "async", overlap=False),
     Candidate("2s+2w async (no overlap)", "ps", 2, 2, "async", overlap=False),
+    Candidate("PaddlePaddle PS 1s+1w async", "paddle", 1, 1, "async"),
+    Candidate("PaddlePaddle PS 2s+2w async", "paddle", 2, 2, "async"),
 )
+VS_PADDLE = (("1s+1w async", "PaddlePaddle PS 1s+1w async"), ("2s+2w async", "PaddlePaddle PS 2s+2w async"))
 SCALING = {1: Candidate("2s+1w async", "ps", 2, 1, "async"), 2: CANDIDATES[3],
            4: Candidate("2s+4w async", "ps", 2, 4, "async")}      # (b): trainers -> job, uniform ids
 PHASES_OF = "1s+1w async"
@@ -367,6 +376,9 @@ def job_argv(cand: Candidate, data: Path, result: Path, args) -> list[str]:
 
 def run_job(children: C.Children, cand: Candidate, data: Path, workdir: Path, args) -> dict:
     """One fresh process (or launcher job) to its end or its deadline; torn down in every case."""
+    if cand.engine == "paddle":
+        return combine(paddle_peer.run(children, f"{cand.name} ({data.name})", cand.servers, cand.trainers, data,
+                                       args.paddle_init, child_environ(), args))
     result = Path(tempfile.mkdtemp(prefix="result-", dir=workdir))
     try:
         return combine(C.run_for_results(children, f"{cand.name} ({data.name})", job_argv(cand, data, result, args),
@@ -539,10 +551,24 @@ def main_table(runs: dict, dists) -> list:
                 continue
             rs = runs[(dist, cand.name)]
             rates = [r["samples_per_s"] for r in rs]
-            auc = C.median(r["auc"] for r in rs)
+            if any(r["auc"] is None for r in rs):       # a candidate that could not evaluate says so
+                metrics = ["n/a"] * 3
+            else:
+                auc = C.median(r["auc"] for r in rs)
+                metrics = [f"{auc:.4f}", f"{auc - pt_auc:+.4f}", f"{C.median(r['logloss'] for r in rs):.4f}"]
             rows.append([dist, cand.name, f"{C.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
-                         f"{C.median(rates) / pt_rate:.2f}x", f"{auc:.4f}", f"{auc - pt_auc:+.4f}",
-                         f"{C.median(r['logloss'] for r in rs):.4f}"])
+                         f"{C.median(rates) / pt_rate:.2f}x", *metrics])
+    return rows
+
+
+def paddle_table(runs: dict, dists) -> list:
+    """paramshard's job over PaddlePaddle's PS job of the same shape, medians in the same rounds."""
+    rows = []
+    for dist in dists:
+        for ours, theirs in VS_PADDLE:
+            if (dist, ours) in runs and (dist, theirs) in runs:
+                a, b = (C.median(r["samples_per_s"] for r in runs[(dist, n)]) for n in (ours, theirs))
+                rows.append([dist, f"paramshard {ours} / {theirs}", f"{a:,.0f}", f"{b:,.0f}", f"{a / b:.2f}x"])
     return rows
 
 
@@ -601,6 +627,11 @@ def report(args, runs, data_info, sizes, note: str) -> None:
                f"interleaved repeats", ["ids", "candidate", "samples/s", "min-max", "ratio to PyTorch", "test AUC",
                                         "AUC - PyTorch's", "test logloss"], main_table(runs, args.dists),
                [False, False, True, True, True, True, True, True])]
+    vs = paddle_table(runs, args.dists)
+    if vs:
+        tables.append(("paramshard against PaddlePaddle 3.0.0's PS, same shape, same rounds (medians)",
+                       ["ids", "jobs", "paramshard samples/s", "Paddle samples/s", "ratio"], vs,
+                       [False, False, True, True, True]))
     pipe = pipeline_table(runs, args.dists)
     if pipe:
         tables.append(("paramshard pipeline (trainer side, per step, median of repeats)",
@@ -630,6 +661,8 @@ def report(args, runs, data_info, sizes, note: str) -> None:
         notes.append(f"Scaling (a): server RSS at the end {sizes['rss']['VmRSS'] / GiB:.2f} GiB, peak "
                      f"{sizes['rss']['VmHWM'] / GiB:.2f} GiB; tables filled by import_sparse in chunks of "
                      f"{args.fill_chunk:,} rows, capacity capped by PARAMSHARD_MAX_ROWS at the largest size")
+    if getattr(args, "paddle_skipped", None):
+        notes.append(args.paddle_skipped)
     notes.append(note)
     C.emit(args.markdown, tables, notes)
 
@@ -664,6 +697,9 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="smoke test: tiny data, 1 round, a 1M-row table only")
     p.add_argument("--only", default="", metavar="NAMES",
                    help="comma-separated candidate names to run (PyTorch always runs: the ratios need it)")
+    p.add_argument("--paddle", choices=("auto", "off"), default="auto",
+                   help="PaddlePaddle PS candidates: auto runs them when .venv-paddle imports paddle "
+                        "(scripts/install-paddle-peer.sh), else says why they are skipped")
     p.add_argument("--markdown", action="store_true", help="print markdown tables for RESULTS.md")
     args = p.parse_args(argv)
     if args.quick:
@@ -682,6 +718,21 @@ def parse_args(argv):
         p.error(f"need --repeats >= 1 and more than --warmup {args.warmup} steps for each of {SHARE} trainers: "
                 f"{args.batches} batches of {args.batch}; raise --train-rows")
     return args
+
+
+def paddle_jobs(jobs: list, args, workdir: Path, log) -> list:
+    """The jobs without the Paddle candidates when --paddle off or Paddle is missing (said why), else
+    the same jobs, with PyTorch's initial MLP written for the Paddle workers (args.paddle_init)."""
+    if not any(cand.engine == "paddle" for _, cand in jobs):
+        return jobs
+    ok, why = (False, "--paddle off") if args.paddle == "off" else paddle_peer.available()
+    if not ok:
+        args.paddle_skipped = f"PaddlePaddle PS candidates skipped: {why}"
+        log(args.paddle_skipped)
+        return [(d, c) for d, c in jobs if c.engine != "paddle"]
+    args.paddle_init = paddle_peer.write_dense_init(build_model("torch", args.seed).mlp, workdir / "paddle-init")
+    log(f"PaddlePaddle {why} from {paddle_peer.python().parent.parent.name}")
+    return jobs
 
 
 def main(argv=None) -> int:
@@ -708,14 +759,16 @@ def main(argv=None) -> int:
             log(f"generating {args.train_rows + args.test_rows:,} rows of {dist} ids ...")
             data_info[dist] = generate(workdir / dist, dist, args.train_rows, args.test_rows, args.batch, args.seed)
         jobs = [(dist, cand) for cand in CANDIDATES for dist in args.dists if cand.name in args.only or cand is PT]
+        jobs = paddle_jobs(jobs, args, workdir, log)
         if args.scaling:
             jobs += [("uniform", cand) for cand in SCALING.values() if ("uniform", cand) not in jobs]
         for rnd in range(args.repeats):
             for k, (dist, cand) in enumerate(round_order(jobs, rnd, args.repeats)):
                 r = run_job(children, cand, workdir / dist, workdir, args)
                 runs.setdefault((dist, cand.name), []).append(r)
-                log(f"round {rnd + 1}/{args.repeats}, {k + 1}/{len(jobs)}: {dist:7} {cand.name:24} "
-                    f"{r['samples_per_s']:9,.0f} samples/s, AUC {r['auc']:.4f}")
+                log(f"round {rnd + 1}/{args.repeats}, {k + 1}/{len(jobs)}: {dist:7} {cand.name:27} "
+                    f"{r['samples_per_s']:9,.0f} samples/s, AUC "
+                    + ("n/a" if r["auc"] is None else f"{r['auc']:.4f}"))
         if args.scaling:
             log(f"table sizes {', '.join(fmt_rows(s) for s in args.table_sizes)}: filling one server ...")
             sizes = table_scaling(args, children, log)
