@@ -123,7 +123,7 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
             procs[f"{tag} trainer {i}"] = children.spawn(f"{tag} trainer {i}", argv, dict(
                 env, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), PADDLE_PORT=ep.rsplit(":", 1)[1]))
         logs = {name: log for (name, _, log) in children.popen}
-        _wait(procs, logs, args.run_timeout)
+        _wait(procs, logs, result, trainers, args.run_timeout)
         out = [json.loads((result / f"trainer-{i}.json").read_text()) for i in range(trainers)]
         chief = out[0]
         if chief.get("probs_file"):
@@ -136,26 +136,39 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait(procs: dict, logs: dict, timeout: float) -> None:
-    """Every trainer exits 0 before the deadline; no server exits before them."""
+def chief_of(logs: dict) -> str:
+    return next(name for name in logs if name.endswith(" trainer 0"))
+
+
+def _wait(procs: dict, logs: dict, result: Path, trainers: int, timeout: float, linger: float = 30.0) -> None:
+    """Every trainer exits 0 before the deadline and no server exits before the chief's result. A job
+    whose every result is written but whose trainers linger in Paddle's shutdown past ``linger`` s is
+    stopped with a warning (its numbers are complete), as run_for_results does for paramshard jobs."""
     deadline = time.monotonic() + timeout
+    written_at = None
     while True:
-        trainers_left = False
+        written = len(list(result.glob("trainer-*.json"))) == trainers
+        running = []
         for name, proc in procs.items():
             code = proc.poll()
-            if " trainer " in name:
-                if code is None:
-                    trainers_left = True
-                elif code != 0:
-                    raise RuntimeError(f"{name} (pid {proc.pid}) exited with code {code}; its log:\n"
-                                       f"{C.tail(logs[name], 40)}")
-            elif code is not None:
-                raise RuntimeError(f"{name} (pid {proc.pid}) exited with code {code} before the trainers "
-                                   f"finished; its log:\n{C.tail(logs[name], 40)}")
-        if not trainers_left:
+            if code not in (None, 0) or (" server " in name and code is not None and not written):
+                raise RuntimeError(f"{name} (pid {proc.pid}) exited with code {code}"
+                                   f"{'' if written else ' before every trainer wrote its result'}; its log:\n"
+                                   f"{C.tail(logs[name], 40)}")
+            if " trainer " in name and code is None:
+                running.append(name)
+        if not running:
+            if not written:
+                raise RuntimeError(f"the trainers exited with code 0 but {result} lacks some of the {trainers} "
+                                   f"results; the chief's log:\n{C.tail(logs[chief_of(logs)], 40)}")
             return
+        if written:
+            written_at = written_at or time.monotonic()
+            if time.monotonic() - written_at > linger:
+                print(f"  warning: {', '.join(running)} wrote results but had not exited {linger:g} s later; "
+                      f"stopped", file=sys.stderr, flush=True)
+                return
         if time.monotonic() > deadline:
-            late = [n for n, p in procs.items() if " trainer " in n and p.poll() is None]
-            raise TimeoutError(f"{', '.join(late)} did not finish within {timeout:g} s; the first one's log:\n"
-                               f"{C.tail(logs[late[0]], 40)}")
+            raise TimeoutError(f"{', '.join(running)} did not finish within {timeout:g} s; the first one's log:\n"
+                               f"{C.tail(logs[running[0]], 40)}")
         time.sleep(0.1)

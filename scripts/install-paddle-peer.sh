@@ -4,7 +4,7 @@
 # benchmarks/paddle_ps_ctr.py under .venv-paddle/bin/python).
 #
 # Its own venv, never the project's .venv: paddlepaddle pins numpy and protobuf versions of its own.
-# The worker needs only paddle and numpy (it computes AUC itself). The wheel comes from PyPI, or from
+# The worker needs only paddle and numpy (the driver computes AUC / logloss from its probabilities). The wheel comes from PyPI, or from
 # PADDLE_WHEELS (default /tmp/pdl) when that directory exists (a copy downloaded before).
 # Idempotent: a venv whose python already imports paddle 3.0.0 is left as it is.
 # CI does not need this: without .venv-paddle the benchmark skips the Paddle candidates and says why.
@@ -31,5 +31,8 @@ if [ -d "$WHEELS" ]; then
     echo "using wheels in $WHEELS first"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "${FIND[@]}" "paddlepaddle==$WANT" numpy
+# protobuf < 6: paddle 3.0.0 requires only protobuf >= 3.20.2, but its fleet code reads
+# FieldDescriptor.label, which newer protobuf releases dropped (DistributedStrategy().a_sync = True
+# fails with "a_sync_configs is not a attribute of DistributedStrategy" under protobuf 7.36).
+"$VENV/bin/python" -m pip install --quiet "${FIND[@]}" "paddlepaddle==$WANT" "protobuf>=3.20.2,<6" numpy
 "$VENV/bin/python" -c 'import paddle; print("paddlepaddle", paddle.__version__, "in", paddle.__file__)'
