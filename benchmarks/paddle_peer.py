@@ -119,6 +119,9 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
         for i, ep in enumerate(server_eps):
             procs[f"{tag} server {i}"] = children.spawn(f"{tag} server {i}", argv, dict(
                 env, TRAINING_ROLE="PSERVER", PADDLE_PORT=ep.rsplit(":", 1)[1]))
+        # Trainer 0 pushes the initial dense values inside init_worker, before Paddle's own wait for the
+        # servers (a server not yet listening fails it: "push dense param failed, status[-1]").
+        _wait_listening(procs, server_eps, {n: log for n, _, log in children.popen}, args.run_timeout)
         for i, ep in enumerate(trainer_eps):
             procs[f"{tag} trainer {i}"] = children.spawn(f"{tag} trainer {i}", argv, dict(
                 env, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), PADDLE_PORT=ep.rsplit(":", 1)[1]))
@@ -134,6 +137,26 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
     finally:
         stop_groups(children)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait_listening(procs: dict, endpoints: list[str], logs: dict, timeout: float) -> None:
+    """Until every server accepts a TCP connection on its endpoint; fails early if one exits."""
+    import socket
+    deadline = time.monotonic() + timeout
+    for (name, proc), ep in zip(procs.items(), endpoints):
+        host, port = ep.rsplit(":", 1)
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} (pid {proc.pid}) exited with code {proc.returncode} before listening "
+                                   f"on {ep}; its log:\n{C.tail(logs[name], 40)}")
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} did not listen on {ep} within {timeout:g} s; its log:\n"
+                                       f"{C.tail(logs[name], 40)}") from None
+                time.sleep(0.2)
 
 
 def chief_of(logs: dict) -> str:
