@@ -15,9 +15,11 @@ driver started; Paddle's servers run until then (``fleet.run_server()`` does not
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -99,8 +101,6 @@ def stop_groups(children: C.Children, grace: float = 5.0) -> None:
 def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path, init: Path, base_env: dict,
         args) -> list[dict]:
     """One Paddle PS job to its end or deadline; the trainers' results (the chief's with auc/logloss)."""
-    import json
-
     from paramshard.data import auc, logloss
     from paramshard.launch.engines.ports import free_ports
     work = Path(tempfile.mkdtemp(prefix="paddle-", dir=data.parent))
@@ -141,7 +141,6 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
 
 def _wait_listening(procs: dict, endpoints: list[str], logs: dict, timeout: float) -> None:
     """Until every server accepts a TCP connection on its endpoint; fails early if one exits."""
-    import socket
     deadline = time.monotonic() + timeout
     for (name, proc), ep in zip(procs.items(), endpoints):
         host, port = ep.rsplit(":", 1)
