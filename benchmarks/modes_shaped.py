@@ -11,7 +11,9 @@ synthetic Criteo data, batch 1024 per trainer, Adagrad on the tables and Adam on
 part), unchanged: the same as benchmarks/modes.py's unshaped comparison.
 
 A mode spec becomes launch flags: ``sync`` -> ``--mode sync``; ``geo:8`` -> ``--mode geo
---geo-k 8``; ``geo:auto`` -> ``--mode geo --geo-k auto``; ``--launch-args`` adds flags to every
+--geo-k 8``; ``geo:auto`` -> ``--mode geo --geo-k auto``; a third part is the GEO send,
+``geo:64:blocking`` -> ``--mode geo --geo-k 64 --geo-send blocking`` (unset: the launcher's
+default, overlapped); ``--launch-args`` adds flags to every
 job (e.g. ``'--max-staleness 64'``). A run that fails (e.g. a mode the
 launcher does not know) is a failed cell with the launcher's reason, not a crash.
 
@@ -71,9 +73,11 @@ RANK_HOSTS = (*SERVER_HOSTS, *TRAINER_HOSTS)
 
 
 def mode_flags(spec: str) -> list[str]:
-    """``sync`` -> [--mode, sync]; ``geo:K`` -> [--mode, geo, --geo-k, K]."""
-    mode, _, k = spec.partition(":")
-    return ["--mode", mode, *(["--geo-k", k] if k else [])]
+    """``sync`` -> [--mode, sync]; ``geo:K`` -> [--mode, geo, --geo-k, K]; ``geo:K:SEND`` adds
+    [--geo-send, SEND]."""
+    mode, _, rest = spec.partition(":")
+    k, _, send = rest.partition(":")
+    return ["--mode", mode, *(["--geo-k", k] if k else []), *(["--geo-send", send] if send else [])]
 
 
 def rotated(items: list, rnd: int) -> list:

@@ -38,35 +38,37 @@ SHARED = np.arange(1, 65, dtype=np.uint64)
 
 class Rounds:
     """One GEO trainer's rounds as it sent them: per round, its step, the sum of its integer
-    gradients (dense, and by row), and whether the old server 1 answered its push."""
+    gradients (dense, and by row), and whether the old server 1 answered its push: it did when
+    the round landed before the trainer ever waited for the restored one (an overlapped round
+    lands a step or more after its send; a blocking one at once). The round on the wire when the
+    first wait began straddles the kill: its part on server 1 may be lost or not, request by
+    request (the test cannot see which)."""
 
     def __init__(self, backend: GeoBackend):
         self.backend = backend
         self.sent: list[tuple[int, np.ndarray, dict[int, np.ndarray], bool]] = []
-        self.answered: list[float] = []          # when each round's push was answered (monotonic)
-        self.straddling: list[bool] = []         # the push during which the trainer first waited
+        self.answered: list[float] = []          # when each round went out (monotonic): its answer came later
+        self.straddling: list[bool] = []         # the round on the wire when the trainer first waited
         self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
-        self.old, self.first_wait = True, False
-        steps, links = backend.servers.steps, backend.links
-        push = steps.push
+        self._out: tuple | None = None           # the round on the wire: (step, grads, rows, waits before it)
+        waits = backend.links.retry.waits
+        send_round = backend.send_round
 
-        def pushed(dense, sparse, step, values, **kw):       # the round's push, answered (no push in flight)
-            before = len(links.retry.waits)
-            push(dense, sparse, step, values, **kw)
-            # A push whose requests went out to the old server 1, of which some were answered
-            # before the kill and others waited for the restored one: its part answered by the
-            # old server may be lost or not, request by request (the test cannot see which).
-            self.first_wait = before == 0 and len(links.retry.waits) > 0
-            self.old = not links.retry.waits
-            self.answered.append(time.monotonic())
-        steps.push = pushed
-        backend.on_round = self.ended
+        def sent(step: int) -> None:
+            if backend.steps_in_round:
+                self._out = (step, self.grad_w, self.grad_rows, len(waits))
+                self.answered.append(time.monotonic())
+                self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
+            send_round(step)
+        backend.send_round = sent
 
-    def ended(self, done, next_k, step) -> None:
-        self.sent.append((step, self.grad_w, self.grad_rows, self.old))
-        self.straddling.append(self.first_wait)
-        self.first_wait = False
-        self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
+        def landed(done, next_k, step) -> None:
+            at, grad_w, grad_rows, before = self._out
+            assert at == step, (at, step)
+            self.sent.append((step, grad_w, grad_rows, not waits))
+            self.straddling.append(before == 0 and len(waits) > 0)
+            self._out = None
+        backend.on_round = landed
 
     def step(self, rng, step: int, own: np.ndarray, values) -> None:
         ids = np.unique(np.concatenate([rng.choice(SHARED, 6, replace=False), rng.choice(own, 2)]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import torch
@@ -26,21 +27,28 @@ NONE = np.zeros(DIM, np.int64)                      # a row no round sent anythi
 
 
 class Side:
-    """One trainer's GeoBackend and what it sent, counted by rounds: the sum of the integer
+    """One trainer's GeoBackend and what it sent, counted by rounds when they go out (an
+    overlapped round lands later, with steps of the next one trained): the sum of the integer
     gradients of its rounds sent (dense, and by row), and each round's (steps, trainer step)."""
 
     def __init__(self, env, plan_inputs, spec):
         self.backend = GeoBackend.connect(env, params=plan_inputs)
         self.rounds: list[tuple[int, int]] = []
-        self.backend.on_round = self._sent
+        send_round = self.backend.send_round
+
+        def counted(step: int) -> None:
+            if self.backend.steps_in_round:
+                self._sent(self.backend.steps_in_round, step)
+            send_round(step)
+        self.backend.send_round = counted
         self.spec = spec
         self.grad_w = np.zeros(SIZE, np.int64)                  # of the rounds sent
         self.grad_rows: dict[int, np.ndarray] = {}
         self.round_w, self.round_rows = np.zeros(SIZE, np.int64), {}     # of the round in progress
         self.values = {"w": np.zeros(SIZE, np.float32)}
 
-    def _sent(self, done, next_k, step) -> None:
-        self.rounds.append((done.steps, step))
+    def _sent(self, steps: int, step: int) -> None:
+        self.rounds.append((steps, step))
         self.grad_w += self.round_w
         for i, g in self.round_rows.items():
             self.grad_rows[i] = self.grad_rows.get(i, 0) + g
@@ -119,6 +127,12 @@ def test_a_join_a_leave_and_a_kill_keep_the_exact_sum(cluster):
         assert registered.wait(30)
         s.backend.start(s.values, sgd, {"emb": spec}, None, is_chief=False)
         s.train(np.random.default_rng(103), 0, KILLED_STEPS, own[3])
+        # Killed once the servers have its last round sent (overlapped, its merge may not have
+        # landed: then it never does); a kill while a round is on the wire loses it or not.
+        deadline = time.monotonic() + 30
+        while not s.backend.servers.steps.pushes_answered():
+            assert time.monotonic() < deadline, "trainer 3's last round got no answer in 30 s"
+            time.sleep(0.01)
         s.backend.hang_up()          # as a kill: no flush, no leave; its round in progress is lost
         phase_a.wait()
 

@@ -221,10 +221,11 @@ class StepClient:
 
     # -- pushes -------------------------------------------------------------
     def push(self, dense_grads: Mapping[str, np.ndarray], sparse_grads: list[tuple[str, np.ndarray, np.ndarray]],
-             step: int, values: Mapping[str, np.ndarray], while_waiting=None) -> None:
+             step: int, values: Mapping[str, np.ndarray], while_waiting=None, wait: bool = True) -> None:
         """Send step ``step``'s gradients to every server (dense, and (table, ids, grads)
         for each table); the updated dense values land in ``values`` when the reply is
-        taken. Returns once at most ``max_in_flight`` pushes are unanswered.
+        taken. Returns once at most ``max_in_flight`` pushes are unanswered (``wait`` False:
+        at once; ``flush()`` or ``pushes_answered()`` then take the replies).
         ``while_waiting()``: work of the trainer's own (hybrid mode's dense update) run
         once everything is sent, while the servers work, before any reply is awaited."""
         # Order on each connection: table pushes, then the pulls that wait for them (rows
@@ -245,7 +246,7 @@ class StepClient:
         self.stats["steps"] += 1
         if while_waiting is not None:
             while_waiting()
-        while len(self._pushes) > self.max_in_flight:
+        while wait and len(self._pushes) > self.max_in_flight:
             self._finish_oldest()
         # Replies already here cost nothing to take, and make the next forward fresher.
         if self._pushes:
@@ -277,6 +278,34 @@ class StepClient:
         self.dense.scatter(requests, replies, push.values)
         if seen:
             self.last_staleness = max(seen)
+
+    def pushes_answered(self) -> bool:
+        """Take the replies that are in, without waiting; True when no push is unanswered."""
+        if self._pushes:
+            self.links.poll_replies()
+            while self._pushes and self._pushes[0].done:
+                self._finish_oldest()
+        return not self._pushes
+
+    # -- pulls that follow a push (GEO: the merged rows of a round just sent) -------------
+    def pull_after_push(self, table: str, ids: np.ndarray) -> _Fetch:
+        """Send the pull of distinct ``ids`` now: on each connection it follows the pushes sent
+        before it, so the rows come back with them applied. ``take_pulled`` takes the reply."""
+        fetch = _Fetch(ids, 0, [_Piece(None, ids)])
+        self._send(table, fetch, fetch.pieces[0])
+        return fetch
+
+    def pulled(self, fetch: _Fetch) -> bool:
+        """Whether ``fetch``'s replies are all in (``poll_replies`` or ``pushes_answered`` took them)."""
+        return all(ticket.done for ticket in fetch.tickets)
+
+    def take_pulled(self, table: str, fetch: _Fetch, dim: int) -> np.ndarray:
+        """``pull_after_push``'s rows, waiting for them (parts refused as moved are fetched again)."""
+        return self._gather(table, fetch, dim)
+
+    def discard_pulled(self, fetch: _Fetch) -> None:
+        for ticket in fetch.tickets:
+            self.links.discard(ticket)
 
     @property
     def in_flight(self) -> int:

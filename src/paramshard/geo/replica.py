@@ -5,7 +5,11 @@ The local update is the servers' own rule (update_rules.make_rule of the model's
 one local step is exactly what a server would have done with the same gradient. A round's delta
 is ``(local - synced) / n``; the servers add it (they hold SGD(lr=1.0) in geo mode, so
 ``value - 1.0 * (-delta)`` is ``value + delta`` exactly in float32), and the merged values come
-back as both the local values and the new ``synced``.
+back as the new ``synced``, and as the local values plus what was trained since the send:
+``merged + (local now - local at send)``. A send that waits for its merge (``--geo-send
+blocking``) trained nothing meanwhile: the local values are then the merged ones exactly. One
+that does not (``overlapped``) keeps the steps it trained while the round was on the wire, and
+they go out in the next round: every local change is sent exactly once either way.
 
 Rows are kept once touched (with their optimizer slots and update counts, which are this
 trainer's own). A row's *values* are trusted only in the round they were synced in: a row not
@@ -162,30 +166,42 @@ class TableReplica:
         return pos, self.index.ids[pos], grads.astype(np.float32, copy=False), float(np.square(change,
                                                                                               dtype=np.float64).sum())
 
-    def merged(self, pos: np.ndarray, rows: np.ndarray, sent: np.ndarray) -> MergeNorms:
-        """The servers' values of the rows just sent (``sent``: what went out for them, as
-        round_delta made it): they become local and synced; a new round starts. Returns the
-        squared norms of the merged values and of what the others changed: merged - (synced +
-        this trainer's own share), not merged - local, which would count the 1/n of this
-        trainer's own change as if someone else had made it; both over every row sent and over
-        the *settled* rows: those this trainer's own change in the round moved by less than
-        their synced size. A young row (the servers created it a few steps ago, near zero)
-        changes by about its own size in any round, so against it any k looks stale: measured
-        (CTR demo, 2 + 2, the first round) relative drift 0.40-0.42 over all rows, 0.05 over
-        the settled ones; once rows have grown (k = 4: step 17 on) the two agree within 11%."""
-        local = self.values[pos]
+    def sent(self, pos: np.ndarray) -> np.ndarray:
+        """The round of rows ``pos`` (round_delta's) went out: a new round starts, in which they
+        stay fresh (their local values are newer than anything the servers hold until the merge
+        lands). Returns their local values now, for ``merged``."""
+        self.round += 1
+        self.synced_round[pos] = self.round
+        self.touched = []
+        return self.values[pos]
+
+    def merged(self, pos: np.ndarray, rows: np.ndarray, sent: np.ndarray, at_send: np.ndarray) -> MergeNorms:
+        """The servers' values of the rows sent (``sent``: what went out for them, as round_delta
+        made it; ``at_send``: their local values then, as ``sent()`` returned them): they become
+        synced, and local plus what this trainer trained since the send. Returns the squared
+        norms of the merged values and of what the others changed: merged - (synced + this
+        trainer's own share), not merged - local, which would count the 1/n of this trainer's
+        own change as if someone else had made it; both over every row sent and over the
+        *settled* rows: those this trainer's own change in the round moved by less than their
+        synced size. A young row (the servers created it a few steps ago, near zero) changes by
+        about its own size in any round, so against it any k looks stale: measured (CTR demo,
+        2 + 2, the first round) relative drift 0.40-0.42 over all rows, 0.05 over the settled
+        ones; once rows have grown (k = 4: step 17 on) the two agree within 11%."""
         alone = self.synced[pos] - sent
         drift_rows = np.square(rows - alone, dtype=np.float64).sum(axis=1)
         value_rows = np.square(rows, dtype=np.float64).sum(axis=1)
-        own_rows = np.square(local - self.synced[pos], dtype=np.float64).sum(axis=1)
+        own_rows = np.square(at_send - self.synced[pos], dtype=np.float64).sum(axis=1)
         settled = own_rows < np.square(self.synced[pos], dtype=np.float64).sum(axis=1)
         norms = MergeNorms(float(value_rows.sum()), float(drift_rows.sum()),
                            float(value_rows[settled].sum()), float(drift_rows[settled].sum()))
-        self.round += 1
-        self.values[pos] = rows
+        since = self.values[pos] - at_send
+        # Nothing trained since the send (a blocking send, or rows this round left alone): the
+        # merged values exactly, not merged + 0.0 (which turns -0.0 into 0.0).
+        trained = since.any(axis=1)
+        local = rows.copy()
+        local[trained] += since[trained]
+        self.values[pos] = local
         self.synced[pos] = rows
-        self.synced_round[pos] = self.round
-        self.touched = []
         return norms
 
     def restore(self, ids: np.ndarray, counts: np.ndarray, slots: list[np.ndarray]) -> None:
@@ -241,17 +257,24 @@ class DenseReplica:
     def local_copy(self) -> dict:
         return {n: v.copy() for n, v in self.values.items()}
 
-    def merged(self, sent: dict) -> MergeNorms:
-        """The values now hold the servers' merged ones (``sent``: what went out, as round_delta
-        made it): they are synced. The squared norms of the merged values and of what the others
-        changed: merged - (synced + this trainer's own share); the dense values all count as
-        settled (they start at their initialiser's scale, not near zero)."""
+    def merged(self, sent: dict, values: dict | None = None, at_send: dict | None = None) -> MergeNorms:
+        """The servers' merged values came back (``sent``: what went out, as round_delta made
+        it): ``values`` and this trainer's local values at the send (``at_send``, local_copy()
+        then), or None: the push's reply wrote them into the parameters (nothing trained since).
+        They are synced; local becomes merged + what was trained since the send. The squared
+        norms of the merged values and of what the others changed: merged - (synced + this
+        trainer's own share); the dense values all count as settled (they start at their
+        initialiser's scale, not near zero)."""
         value, drift = 0.0, 0.0
         for name, v in self.values.items():
+            merged = v if values is None else values[name]
             alone = self.synced[name] - sent[name]
-            drift += float(np.square(v - alone, dtype=np.float64).sum())
-            self.synced[name][...] = v
-            value += float(np.square(v, dtype=np.float64).sum())
+            drift += float(np.square(merged - alone, dtype=np.float64).sum())
+            if values is not None:
+                since = v - at_send[name]
+                v[...] = merged + since if since.any() else merged
+            self.synced[name][...] = merged
+            value += float(np.square(merged, dtype=np.float64).sum())
         return MergeNorms(value, drift, value, drift)
 
 

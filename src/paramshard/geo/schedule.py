@@ -29,6 +29,14 @@ class Round:
     # TableReplica.merged says why). None: not measured (auto-k then reads the two above).
     settled_value_norm: float | None = None
     settled_drift_norm: float | None = None
+    # Overlapped sends (--geo-send overlapped): wire_seconds runs from the send to the step
+    # boundary at which the merge landed, and the trainer trained meanwhile; blocked_seconds is
+    # what the round took from training (sending, and waiting where the merge was due). None:
+    # the send blocked for all of wire_seconds.
+    blocked_seconds: float | None = None
+    # How far, in its own steps, the replica had fallen behind the merged values when this merge
+    # landed (never over the bound). None: the round's steps (a blocking send).
+    staleness: int | None = None
 
 
 @runtime_checkable

@@ -92,6 +92,7 @@ def _yes_no(text: str) -> bool:
     raise ValueError(text)
 
 
+GEO_SENDS = ("overlapped", "blocking")       # trainer/backends/geo.py: how a round goes out
 RECOVERIES = ("rollback", "bounded-loss")   # launch/elastic/replica_keeper.py: bounded-loss
 ROW_STORES = ("compiled", "numpy")     # server/storage/row_stores.py STORES
 
@@ -323,6 +324,15 @@ CONTRACT: tuple[Setting, ...] = (
             scopes=_LAUNCHED,
             flags=(flag("launch", "--geo-k", "geo mode: local steps between two sends of a trainer's change "
                         "(default 10), or auto; at most --max-staleness", metavar="K|auto", type=_geo_k_flag),)),
+    Setting("PARAMSHARD_GEO_SEND", "geo mode: how a trainer sends a round, `overlapped` (the default: it trains "
+            "the next round while the round is on the wire, and the merge lands at the first step boundary after "
+            "it is back; the steps trained meanwhile go out with the next round) or `blocking` (it waits for each "
+            "round's merge; one trainer's run is then deterministic: docs/modes.md)", "geo_send", "overlapped",
+            "str", lambda text: text.strip().lower(), scopes=_LAUNCHED,
+            check=lambda v: f"PARAMSHARD_GEO_SEND={v!r} (--geo-send): expected one of {GEO_SENDS}"
+            if v not in GEO_SENDS else None,
+            flags=(flag("launch", "--geo-send", "geo mode: overlapped (default: the next round trains while a "
+                        "round is on the wire) or blocking (wait for each round's merge)", choices=GEO_SENDS),)),
     Setting("PARAMSHARD_PARTITIONS", "sparse ids are routed by this many virtual partitions (a power of two, "
             ">= 64 x the most servers the job will have), so servers can be added and removed while it trains "
             "(placement/partitions.py); 0, the default: fixed routing by id hash, the server count never changes",

@@ -38,3 +38,9 @@ def test_the_median_time_counts_a_run_that_never_reached_the_target_as_infinite(
     assert S.reach(ok, 0.76) == "4.0 (2.0-inf), 2/3 runs"
     assert S.reach(ok[2:] + ok[2:] + ok[:1], 0.76) == "not reached (1/3 runs did)"
     assert S.reach(ok[:2], None) == "-"
+
+
+def test_a_mode_spec_becomes_the_launch_flags_with_the_geo_send_third():
+    assert S.mode_flags("sync") == ["--mode", "sync"]
+    assert S.mode_flags("geo:auto") == ["--mode", "geo", "--geo-k", "auto"]
+    assert S.mode_flags("geo:64:blocking") == ["--mode", "geo", "--geo-k", "64", "--geo-send", "blocking"]

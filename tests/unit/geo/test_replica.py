@@ -44,7 +44,7 @@ def test_local_step_is_the_servers_rule_and_a_round_sends_the_change_over_n():
     # on each of the 4 values (not merged - local, which would count 3/4 of our own change too).
     synced = start[[0 if i == 7 else 1 for i in sent_ids.tolist()]]
     merged = synced - sent + 1
-    norms = t.merged(pos, merged, sent)
+    norms = t.merged(pos, merged, sent, t.sent(pos))
     np.testing.assert_array_equal(t.read(sent_ids), merged)
     assert norms.drift_sq == pytest.approx(4.0) and norms.value_sq == pytest.approx(float(np.square(merged).sum()))
     assert t.round_delta(4)[0].size == 0       # a new round: nothing touched yet
@@ -57,7 +57,7 @@ def test_rows_not_touched_in_a_round_are_pulled_again_keeping_their_slots():
     assert not t.stale(np.array([1, 2], np.uint64)).any()
     t.apply(a, np.ones((1, 1), np.float32))
     pos, _, sent, _ = t.round_delta(1)
-    t.merged(pos, t.read(a), sent)
+    t.merged(pos, t.read(a), sent, t.sent(pos))
     assert t.stale(np.array([1, 2, 9], np.uint64)).tolist() == [False, True, True]   # b: a round old; 9: new
     t.put(b, np.full((1, 1), 5.0, np.float32))
     np.testing.assert_array_equal(t.read(b), [[5.0]])
@@ -102,7 +102,45 @@ def test_a_young_row_is_left_out_of_the_settled_drift():
     pos, sent_ids, sent, _ = t.round_delta(2)
     synced = np.where(sent_ids == 1, 0.01, 3.0).astype(np.float32)[:, None]
     merged = synced - sent + 1.0                 # this trainer's half of its +0.5, and the others' +1
-    norms = t.merged(pos, merged, sent)
+    norms = t.merged(pos, merged, sent, t.sent(pos))
     assert norms.drift_sq == pytest.approx(2.0) and norms.value_sq == pytest.approx(float(np.square(merged).sum()))
     assert norms.settled_drift_sq == pytest.approx(1.0)
     assert norms.settled_value_sq == pytest.approx(float(merged[sent_ids == 2][0, 0]) ** 2)
+
+
+def test_an_overlapped_merge_keeps_the_steps_trained_while_the_round_was_out():
+    """Sent at 2.0 (synced 1.0, SGD lr 1: one step of -1.0), then one more local step (3.0) before
+    the merge lands as 5.0 (the others added 3.5 beside this trainer's half): local becomes 5.0 +
+    (3.0 - 2.0), synced 5.0, and the next round sends exactly the step trained since the send."""
+    t = TableReplica("emb", 1, ps.optim.SGD(lr=1.0))
+    ids = np.array([4], np.uint64)
+    t.put(ids, np.array([[1.0]], np.float32))
+    t.apply(ids, np.array([[-1.0]], np.float32))
+    pos, _, sent, _ = t.round_delta(2)
+    at_send = t.sent(pos)
+    assert not t.stale(ids).any()              # out on the wire, the row stays this trainer's to train
+    t.apply(ids, np.array([[-1.0]], np.float32))
+    np.testing.assert_array_equal(t.read(ids), [[3.0]])
+    norms = t.merged(pos, np.array([[5.0]], np.float32), sent, at_send)
+    np.testing.assert_array_equal(t.read(ids), [[6.0]])
+    np.testing.assert_array_equal(t.synced[pos], [[5.0]])
+    assert norms.drift_sq == pytest.approx(3.5 ** 2)          # 5.0 - (1.0 + 0.5): the others' change only
+    pos2, _, sent2, norm_sq = t.round_delta(2)
+    np.testing.assert_array_equal(pos2, pos)
+    np.testing.assert_array_equal(sent2, [[-0.5]])            # (6 - 5) / 2: the step since the send, once
+    assert norm_sq == pytest.approx(1.0)
+
+
+def test_an_overlapped_dense_merge_keeps_the_steps_trained_since_the_send():
+    values = {"w": np.array([1.0, 2.0], np.float32)}
+    d = DenseReplica(values, ps.optim.SGD(lr=1.0))
+    d.apply({"w": np.array([-1.0, 0.0], np.float32)})           # [2, 2]
+    sent, _ = d.round_delta(1)
+    at_send = d.local_copy()
+    d.apply({"w": np.array([0.0, -2.0], np.float32)})           # trained on while the round is out: [2, 4]
+    merged = {"w": np.array([2.0, 3.0], np.float32)}            # the others moved w[1] by +1
+    norms = d.merged(sent, merged, at_send)
+    np.testing.assert_array_equal(values["w"], [2.0, 5.0])      # merged + (local now - local at send)
+    np.testing.assert_array_equal(d.synced["w"], [2.0, 3.0])
+    assert norms.drift_sq == pytest.approx(1.0)
+    np.testing.assert_array_equal(d.round_delta(1)[0]["w"], [-0.0, -2.0])

@@ -73,7 +73,10 @@ class TrainerRounds:
     min_k: int
     max_k: int
     bytes: int
-    wire_share: float | None    # wire seconds / (wire + compute seconds) over all its rounds
+    # Seconds the sends took from training / (those + compute seconds) over all its rounds: the
+    # whole wire time when the sends block, what was not overlapped with training when they do not
+    # (a record's blocked_s; older records have none: their wire_s).
+    wire_share: float | None
 
 
 def per_trainer(run: RunData) -> list[TrainerRounds]:
@@ -82,7 +85,7 @@ def per_trainer(run: RunData) -> list[TrainerRounds]:
         ks = [int(r["k"]) for r in rounds if _n(r.get("k")) is not None]
         if not ks:
             continue
-        wire = sum(_n(r.get("wire_s")) or 0.0 for r in rounds)
+        wire = sum(_n(r.get("blocked_s", r.get("wire_s"))) or 0.0 for r in rounds)
         compute = sum(_n(r.get("compute_s")) or 0.0 for r in rounds)
         last = _n(rounds[-1].get("next_k"))
         out.append(TrainerRounds(trainer, len(ks), sum(ks), ks[0], int(last) if last is not None else ks[-1],

@@ -6,9 +6,13 @@ this trainer read, trained with the model's optimizer as the servers would apply
 is k local steps, then the send: the deltas ``(local - synced) / n`` of the dense blocks and of
 the rows touched go to the servers as one push (which they add: they hold SGD(lr=1.0) in geo
 mode, ``SERVER_OPTIMIZER``), the merged dense values come back in its reply, and the touched rows
-are pulled; local and "last synced" both become the merged values. k comes from the job's
-GeoSchedule (geo/choose.py): each round is measured into a ``Round`` and the schedule picks the
-next k, never over its bound (``--max-staleness``).
+are pulled (after the push, on each connection). The merge *lands*: "last synced" becomes the
+merged values and local the merged values plus what was trained since the send. With
+``--geo-send blocking`` that is at once (nothing was trained since); ``overlapped`` (the
+default) trains on, and lands it at the first step boundary at which every reply is in. One
+round is out at a time, and one not in when the replica reaches the bound is waited for. k
+comes from the job's GeoSchedule (geo/choose.py): each landed round is measured into a
+``Round`` and the schedule picks the next k, never over its bound (``--max-staleness``).
 
 The servers' clients are a ServerBackend's (composition: its start, checkpoints, barriers and
 rollback are used as they are, with the servers' optimizer in place of the model's).
@@ -53,6 +57,33 @@ def server_specs(tables):
     return {name: dataclasses.replace(spec, optimizer=SERVER_OPTIMIZER) for name, spec in tables.items()}
 
 
+@dataclasses.dataclass
+class _SentRows:
+    """One table's part of a round on the wire."""
+    replica: TableReplica
+    pos: np.ndarray           # the rows' positions in the replica
+    ids: np.ndarray
+    grads: np.ndarray         # what went out for them (round_delta's)
+    at_send: np.ndarray       # their local values when it went out
+    fetch: object = None      # the pull of their merged values (StepClient.pull_after_push), None: no rows
+
+
+@dataclasses.dataclass
+class _Flight:
+    """A round sent and not landed yet: what it measured and what its merge needs."""
+    step: int                 # the trainer's step count at the send
+    steps: int                # local steps in the round (its k)
+    compute: float            # seconds
+    started: float            # perf_counter at the send
+    blocked: float            # seconds the send itself took from training
+    bytes_sent: int
+    delta_sq: float
+    dense_grads: dict
+    dense_merged: dict | None     # where the push's reply puts the merged dense values (None: the parameters)
+    dense_at_send: dict | None    # the dense values when it went out (None: blocking, nothing trained since)
+    tables: list[_SentRows]
+
+
 class GeoBackend:
     def __init__(self, env: ClusterEnv, servers: ServerBackend, schedule: GeoSchedule):
         self.env, self.mode, self.trainer_id = env, env.mode, env.trainer_id
@@ -70,6 +101,10 @@ class GeoBackend:
         self.last_round: Round | None = None
         self.records: RoundRecords | None = None
         self._ahead: dict[str, collections.deque] = {}     # table -> (batch ids, ids fetched ahead)
+        self.overlapped = env.geo_send == "overlapped"
+        self._flight: _Flight | None = None      # the round on the wire (overlapped: until it lands)
+        # The step of the send whose merge the replica holds (None: set at the next local step).
+        self._merged_at: int | None = None
         self._lr_scales: dict[str, float] = {}      # "dense" and table names -> scale_learning_rate's product
 
     @classmethod
@@ -120,6 +155,7 @@ class GeoBackend:
         self.steps_in_round = 0
         self._ahead.clear()
         self._round_started = time.perf_counter()
+        self._merged_at = None       # set at the next local step: the replica holds the servers' values now
 
     # -- versions: the servers apply rounds as they come ---------------------------
     def row_version(self, step: int) -> int:
@@ -140,6 +176,7 @@ class GeoBackend:
         self.dense.merged({name: 0.0 for name in self.dense.values})     # the round went out: nothing in flight
         for replica in self.tables.values():
             replica.forget()
+        self._merged_at = None
         return version
 
     def rows(self, table, ids, dim, step, create):
@@ -198,20 +235,30 @@ class GeoBackend:
         return self.servers.unused_in_a_row(table)
 
     def push(self, grads, sparse_grads, step, values) -> None:
-        """One local step; the round's send when it is the k-th."""
+        """One local step; the round's send when it is the k-th. A round on the wire lands as
+        soon as its replies are in (or now, when waiting longer would take the replica past the
+        bound)."""
+        if self._merged_at is None:
+            self._merged_at = step
         self.dense.apply(grads)
         for table, ids, table_grads in sparse_grads:
             self.tables[table].apply(ids, table_grads)
         self.steps_in_round += 1
         self._step = step + 1
+        if self._flight is not None:
+            self._land(wait=self._step - self._merged_at >= self.schedule.bound)
         if self.steps_in_round >= self.k:
             self.send_round(self._step)
 
     def send_round(self, step: int) -> None:
-        """Push this round's deltas, take the merged values (``step``: the trainer's step count,
-        for the servers' clocks); ask the schedule for the next k."""
+        """Push this round's deltas and pull its rows back (``step``: the trainer's step count,
+        for the servers' clocks). ``--geo-send blocking`` takes the merged values now;
+        ``overlapped`` returns once it is sent, and the merge lands later (``_land``). A round
+        still on the wire lands first: one round is out at a time."""
         if self.steps_in_round == 0:
             return
+        if self._flight is not None:
+            self._land(wait=True)
         compute = time.perf_counter() - self._round_started
         started = time.perf_counter()
         # n: the job's trainer slots (MAX of --trainers MIN:MAX), fixed for the job's life, not the
@@ -219,37 +266,82 @@ class GeoBackend:
         # every delta stays exact to sum (docs/modes.md, GEO: elastic trainers).
         n = self.env.num_trainers
         dense_grads, delta_sq = self.dense.round_delta(n)
-        sparse_grads, sent = [], []
+        sparse_grads, tables = [], []
         for name, replica in self.tables.items():
             pos, ids, grads, sq = replica.round_delta(n)
             delta_sq += sq
             sparse_grads.append((name, ids, grads))
-            sent.append((replica, pos, ids, grads))
-        # The merged dense values land in the parameters with the push's reply.
-        self.servers.steps.push(dense_grads, sparse_grads, step, self.dense.values)
-        norms = self.dense.merged(dense_grads)
-        rows_moved = 0
-        for replica, pos, ids, grads in sent:
-            rows = self._sparse.pull_sparse(replica.name, ids, replica.dim, 0, create=True) if len(ids) \
-                else np.empty((0, replica.dim), np.float32)
-            norms = norms + replica.merged(pos, rows, grads)
-            rows_moved += len(ids) * (8 + 4 * replica.dim)
-        wire = time.perf_counter() - started
+            tables.append(_SentRows(replica, pos, ids, grads, replica.sent(pos)))
+        steps = self.servers.steps
+        if self.overlapped:
+            # The reply's merged dense values go beside the parameters, which train on meanwhile.
+            at_send = self.dense.local_copy()
+            merged = {name: np.empty_like(v) for name, v in self.dense.values.items()}
+            steps.push(dense_grads, sparse_grads, step, merged, wait=False)
+        else:
+            at_send, merged = None, None
+            steps.push(dense_grads, sparse_grads, step, self.dense.values)    # the reply writes the parameters
+        for sent in tables:
+            # On each connection after the push: the rows come back with this round added.
+            sent.fetch = steps.pull_after_push(sent.replica.name, sent.ids) if len(sent.ids) else None
         dense_bytes = sum(g.nbytes for g in dense_grads.values())
-        done = Round(steps=self.steps_in_round, compute_seconds=compute, wire_seconds=wire,
-                     bytes_sent=2 * (dense_bytes + rows_moved), delta_norm=float(np.sqrt(delta_sq)),
-                     value_norm=float(np.sqrt(norms.value_sq)), drift_norm=float(np.sqrt(norms.drift_sq)),
-                     settled_value_norm=float(np.sqrt(norms.settled_value_sq)),
-                     settled_drift_norm=float(np.sqrt(norms.settled_drift_sq)))
+        rows_bytes = sum(len(sent.ids) * (8 + 4 * sent.replica.dim) for sent in tables)
+        self._flight = _Flight(step=step, steps=self.steps_in_round, compute=compute, started=started,
+                               blocked=time.perf_counter() - started, bytes_sent=2 * (dense_bytes + rows_bytes),
+                               delta_sq=delta_sq, dense_grads=dense_grads, dense_merged=merged,
+                               dense_at_send=at_send, tables=tables)
         self.rounds += 1
         self.steps_in_round = 0
+        self._round_started = time.perf_counter()
+        if not self.overlapped:
+            self._land(wait=True)
+
+    def _land(self, wait: bool) -> None:
+        """The round on the wire, once its replies are all in (``wait``: waiting for them): the
+        merged values become synced, and local = merged + what was trained since the send; the
+        schedule gets the measured round and picks the next k."""
+        flight = self._flight
+        steps = self.servers.steps
+        if not wait and not (steps.pushes_answered()
+                             and all(s.fetch is None or steps.pulled(s.fetch) for s in flight.tables)):
+            return
+        started = time.perf_counter()
+        steps.flush()        # the push's replies: the merged dense values are in flight.dense_merged
+        norms = self.dense.merged(flight.dense_grads, flight.dense_merged, flight.dense_at_send)
+        for sent in flight.tables:
+            rows = steps.take_pulled(sent.replica.name, sent.fetch, sent.replica.dim) if sent.fetch is not None \
+                else np.empty((0, sent.replica.dim), np.float32)
+            norms = norms + sent.replica.merged(sent.pos, rows, sent.grads, sent.at_send)
+        self._flight = None
+        now = time.perf_counter()
+        blocked = now - started
+        if self.steps_in_round:
+            self._round_started += blocked      # waiting is no step's compute
+        # How far behind the merged values the replica had fallen: its steps since the send whose
+        # merge it held (the previous round's), up to this landing.
+        staleness = self._step - (flight.step - flight.steps if self._merged_at is None else self._merged_at)
+        self._merged_at = flight.step
+        done = Round(steps=flight.steps, compute_seconds=flight.compute, wire_seconds=now - flight.started,
+                     bytes_sent=flight.bytes_sent, delta_norm=float(np.sqrt(flight.delta_sq)),
+                     value_norm=float(np.sqrt(norms.value_sq)), drift_norm=float(np.sqrt(norms.drift_sq)),
+                     settled_value_norm=float(np.sqrt(norms.settled_value_sq)),
+                     settled_drift_norm=float(np.sqrt(norms.settled_drift_sq)),
+                     blocked_seconds=flight.blocked + blocked, staleness=staleness)
         self.k = self.schedule.next_k(done)
         if not 1 <= self.k <= self.schedule.bound:
             raise AssertionError(f"the GEO schedule returned k={self.k}, outside 1..{self.schedule.bound}")
         self.last_round = done
         if self.on_round is not None:
-            self.on_round(done, self.k, step)
-        self._round_started = time.perf_counter()
+            self.on_round(done, self.k, flight.step)
+
+    def _drop_flight(self) -> None:
+        """A round on the wire is forgotten (a rollback voids it, the job ends): its pulls' late
+        replies are dropped (the push's go with ServerBackend's)."""
+        if self._flight is not None:
+            for sent in self._flight.tables:
+                if sent.fetch is not None:
+                    self.servers.steps.discard_pulled(sent.fetch)
+            self._flight = None
 
     @contextlib.contextmanager
     def paused(self):
@@ -265,9 +357,14 @@ class GeoBackend:
         return None
 
     def flush(self) -> None:
-        """Every local step is on the servers: the round so far is sent."""
+        """Every local step is on the servers and merged: the round on the wire lands, the round
+        so far is sent and lands."""
+        if self._flight is not None:
+            self._land(wait=True)
         self.servers.flush()
         self.send_round(self._step)      # nothing before the first local step
+        if self._flight is not None:
+            self._land(wait=True)
 
     # -- coordination, checkpoints --------------------------------------------
     def barrier(self, name, count, timeout, resumed) -> None:
@@ -297,6 +394,7 @@ class GeoBackend:
     def roll_back(self, values, optimizer, tables, checkpoint_dir, is_chief, timeout):
         # The round in progress belongs to the epoch rolled back: it is dropped, not sent; the
         # optimizer state goes back to what this trainer saved with the checkpoint.
+        self._drop_flight()
         ckpt, version = self.servers.roll_back(values, SERVER_OPTIMIZER, server_specs(tables), checkpoint_dir,
                                                is_chief, timeout)
         self._fresh_replica(ckpt)
@@ -322,6 +420,7 @@ class GeoBackend:
 
     def hang_up(self) -> None:
         try:
+            self._drop_flight()
             self.servers.hang_up()
         finally:
             if self.records is not None:

@@ -28,6 +28,11 @@ def test_k_over_time_and_the_staleness_histogram(tmp_path):
     assert abs(rows[1].wire_share - 0.5 / (0.5 + 0.52)) < 1e-12
 
 
+def test_overlapped_sends_count_only_what_they_took_from_training(tmp_path):
+    rows = {t.trainer: t for t in geo_view.per_trainer(geo_run(tmp_path / "run", blocked_s=0.02))}
+    assert abs(rows[1].wire_share - 5 * 0.02 / (5 * 0.02 + 0.52)) < 1e-12
+
+
 def test_bytes_at_each_validation_auc(tmp_path):
     """valid_auc logged at T0+25 and T0+45: the bytes of the rounds that ended by then."""
     run = geo_run(tmp_path / "run")

@@ -17,6 +17,8 @@ class FakeServers:
     def __init__(self):
         self.dense, self.rows, self.pushes, self.pulls = {}, {}, [], []
         self.stats = PipelineStats()
+        self.ready = True           # a round's replies are in as soon as it is sent
+        self.waits = 0              # flush(): the trainer waited for the replies
         self.steps = self
         self.sparse = self
 
@@ -27,7 +29,8 @@ class FakeServers:
         return 0
 
     def flush(self):
-        pass
+        self.waits += 1
+        self.ready = True
 
     def pull_dense(self, values, min_version):
         for n, v in self.dense.items():
@@ -35,7 +38,7 @@ class FakeServers:
         return 0
 
     # StepClient
-    def push(self, grads, sparse_grads, step, values):
+    def push(self, grads, sparse_grads, step, values, wait=True):
         self.pushes.append((step, {n: g.copy() for n, g in grads.items()}, sparse_grads))
         for n, g in grads.items():
             self.dense[n] -= g
@@ -43,6 +46,21 @@ class FakeServers:
         for _, ids, g in sparse_grads:
             for i, row in zip(ids.tolist(), g):
                 self.rows[i] = self.rows.get(i, 0) - row
+
+    def pushes_answered(self):
+        return self.ready
+
+    def pull_after_push(self, table, ids):
+        return self.pull_sparse(table, ids, 2, 0)       # the rows as they are after the push
+
+    def pulled(self, fetch):
+        return self.ready
+
+    def take_pulled(self, table, fetch, dim):
+        return fetch
+
+    def discard_pulled(self, fetch):
+        pass
 
     # SparseClient
     def pull_sparse(self, table, ids, dim, min_version, create=True):
@@ -55,8 +73,8 @@ class Wild(FixedK):
         return self.bound + 1
 
 
-def backend(schedule, trainers=2):
-    env = ClusterEnv(role="trainer", servers=("127.0.0.1:1",), mode="geo", num_trainers=trainers)
+def backend(schedule, trainers=2, send="overlapped"):
+    env = ClusterEnv(role="trainer", servers=("127.0.0.1:1",), mode="geo", num_trainers=trainers, geo_send=send)
     b = GeoBackend(env, FakeServers(), schedule)
     values = {"w": np.array([1.0, 2.0], np.float32)}
     b.start(values, ps.optim.SGD(lr=0.5), {"emb": TableSpec("emb", 2, ps.optim.SGD(lr=0.5))}, None, True)
@@ -87,8 +105,9 @@ def test_a_round_every_k_steps_and_the_rest_at_flush():
 
 def test_a_schedule_over_its_bound_is_a_bug_named():
     b, values = backend(Wild(1, bound=1))
+    step(b, values, 0)                      # sent: the schedule is asked when its merge lands
     with pytest.raises(AssertionError, match="outside 1..1"):
-        step(b, values, 0)
+        step(b, values, 1)
 
 
 def test_rows_touched_in_a_round_stay_held_and_a_pull_makes_every_row_read_afresh():
@@ -117,4 +136,52 @@ def test_a_pause_between_steps_is_no_rounds_compute(monkeypatch):
         now[0] += 100.0
     now[0] += 1.0
     step(b, values, 1)
+    b.flush()           # the round lands
     assert [r.steps for r in seen] == [2] and seen[0].compute_seconds == pytest.approx(2.0)
+
+
+def test_an_overlapped_round_lands_at_the_first_step_its_replies_are_in_and_loses_no_step():
+    """k = 2: the round sent after step 2 is still out at step 3 (no replies yet), lands at step 4
+    (they came in) with step 3 kept; the servers end at the initial values plus every step's
+    change halved, whatever the order the merges came in, and so does the trainer after flush."""
+    b, values = backend(FixedK(2, bound=10))
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append((r.steps, s, r.staleness))
+    step(b, values, 0)
+    b.servers.ready = False
+    step(b, values, 1)                       # sent; its replies are not in
+    assert len(b.servers.pushes) == 1 and seen == []
+    step(b, values, 2)                       # trained while the round is out
+    assert seen == [] and b.servers.waits == 0
+    b.servers.ready = True
+    step(b, values, 3)                       # landed (the replies are in), then the next round went out
+    assert seen == [(2, 2, 4)]               # 4 steps past the values it started from
+    b.flush()
+    assert seen == [(2, 2, 4), (2, 4, 2)]
+    np.testing.assert_array_equal(b.servers.dense["w"], [1.0 - 4 * 0.25, 2.0 - 4 * 0.25])
+    np.testing.assert_array_equal(values["w"], b.servers.dense["w"])
+    assert b.servers.rows[3].tolist() == [-1.0, -1.0]        # 4 steps of -0.5, halved
+
+
+def test_an_overlapped_round_is_waited_for_before_the_replica_passes_the_bound():
+    """k = 2, --max-staleness 3: the round sent at step 2 must land before step 4 (the replica
+    would be 4 steps past the merge it holds, from step 0): the trainer waits for it at step 3."""
+    b, values = backend(FixedK(2, bound=3))
+    b.servers.ready = False
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append(r.staleness)
+    step(b, values, 0)
+    step(b, values, 1)                       # sent, not answered
+    assert seen == []
+    step(b, values, 2)                       # 3 steps past step 0's values: the bound, waited for
+    assert seen == [3] and b.servers.waits == 1
+
+
+def test_a_blocking_send_lands_before_the_next_step():
+    b, values = backend(FixedK(2), send="blocking")
+    b.servers.ready = False
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append((s, r.staleness))
+    step(b, values, 0)
+    step(b, values, 1)
+    assert seen == [(2, 2)]
