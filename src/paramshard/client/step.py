@@ -82,6 +82,7 @@ class _Push:
 
 
 FETCHES_PER_TABLE = 2
+PulledRows = _Fetch      # what pull_after_push returns: rows on their way, for take_pulled
 
 
 class PipelineStats(dict[str, float]):
@@ -288,22 +289,22 @@ class StepClient:
         return not self._pushes
 
     # -- pulls that follow a push (GEO: the merged rows of a round just sent) -------------
-    def pull_after_push(self, table: str, ids: np.ndarray) -> _Fetch:
+    def pull_after_push(self, table: str, ids: np.ndarray) -> PulledRows:
         """Send the pull of distinct ``ids`` now: on each connection it follows the pushes sent
         before it, so the rows come back with them applied. ``take_pulled`` takes the reply."""
         fetch = _Fetch(ids, 0, [_Piece(None, ids)])
         self._send(table, fetch, fetch.pieces[0])
         return fetch
 
-    def pulled(self, fetch: _Fetch) -> bool:
+    def pulled(self, fetch: PulledRows) -> bool:
         """Whether ``fetch``'s replies are all in (``poll_replies`` or ``pushes_answered`` took them)."""
         return all(ticket.done for ticket in fetch.tickets)
 
-    def take_pulled(self, table: str, fetch: _Fetch, dim: int) -> np.ndarray:
+    def take_pulled(self, table: str, fetch: PulledRows, dim: int) -> np.ndarray:
         """``pull_after_push``'s rows, waiting for them (parts refused as moved are fetched again)."""
         return self._gather(table, fetch, dim)
 
-    def discard_pulled(self, fetch: _Fetch) -> None:
+    def discard_pulled(self, fetch: PulledRows) -> None:
         for ticket in fetch.tickets:
             self.links.discard(ticket)
 

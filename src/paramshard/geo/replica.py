@@ -271,6 +271,7 @@ class DenseReplica:
             alone = self.synced[name] - sent[name]
             drift += float(np.square(merged - alone, dtype=np.float64).sum())
             if values is not None:
+                assert at_send is not None, "merged values without the local values at the send"
                 since = v - at_send[name]
                 v[...] = merged + since if since.any() else merged
             self.synced[name][...] = merged

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from paramshard.client.step import FETCHES_PER_TABLE
+from paramshard.client.step import FETCHES_PER_TABLE, PulledRows
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.geo import trainer_state
@@ -65,7 +65,7 @@ class _SentRows:
     ids: np.ndarray
     grads: np.ndarray         # what went out for them (round_delta's)
     at_send: np.ndarray       # their local values when it went out
-    fetch: object = None      # the pull of their merged values (StepClient.pull_after_push), None: no rows
+    fetch: PulledRows | None = None     # the pull of their merged values (StepClient.pull_after_push); None: no rows
 
 
 @dataclasses.dataclass
@@ -301,6 +301,7 @@ class GeoBackend:
         merged values become synced, and local = merged + what was trained since the send; the
         schedule gets the measured round and picks the next k."""
         flight = self._flight
+        assert flight is not None, "_land without a round on the wire"
         steps = self.servers.steps
         if not wait and not (steps.pushes_answered()
                              and all(s.fetch is None or steps.pulled(s.fetch) for s in flight.tables)):
