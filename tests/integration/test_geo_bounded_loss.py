@@ -3,12 +3,13 @@
 replica keeper restores it in place and the trainers go on, no rollback.
 
 The oracle (docs/modes.md, GEO: bounded-loss): every value the servers hold equals the initial
-one plus every round's delta the trainers sent, except the rounds the old server 1 answered
-after its last copy (their part on server 1: the dense blocks and rows it holds). A round is
-lost there when the old server answered its push (the trainer had not waited for the
-replacement yet) and its step is past the step the keeper restored for that trainer and
-stream. SGD lr=1 on the replicas and integer gradients: a round's delta is minus the sum of its
-gradients / 2, exact in float32 whatever order the rounds arrive in.
+one plus every push the trainers sent (a round goes in one push, or overlapped in pieces, each
+under its own step), except the pushes the old server 1 answered after its last copy (their
+part on server 1: the dense blocks and rows it holds). A push is lost there when the old server
+answered it (the trainer had not waited for the replacement yet) and its step is past the step
+the keeper restored for that trainer and stream. SGD lr=1 on the replicas and integer
+gradients: every value pushed is a multiple of 1/4, exact in float32 whatever order the pushes
+arrive in. Blocking and overlapped sends.
 """
 from __future__ import annotations
 
@@ -36,57 +37,55 @@ TRAINERS, SERVERS, VICTIM, K, DIM, SIZE = 2, 2, 1, 2, 4, 400
 SHARED = np.arange(1, 65, dtype=np.uint64)
 
 
-class Rounds:
-    """One GEO trainer's rounds as it sent them: per round, its step, the sum of its integer
-    gradients (dense, and by row), and whether the old server 1 answered its push: it did when
-    the round landed before the trainer ever waited for the restored one (an overlapped round
-    lands a step or more after its send; a blocking one at once). The round on the wire when the
-    first wait began straddles the kill: its part on server 1 may be lost or not, request by
-    request (the test cannot see which)."""
+class Pushes:
+    """One GEO trainer's pushes as it sent them (a round goes in one push, or overlapped in pieces,
+    each under a step number of its own): per push, its step, what it carried x4 (SGD lr=1 on
+    integer gradients, halved: every value sent is a multiple of 1/4, exact in float32), dense
+    and by row, and whether the old server 1 answered it: it did when its reply was taken before
+    the trainer ever waited for the restored one. The push out when the first wait began
+    straddles the kill: its part on server 1 may be lost or not, request by request (the test
+    cannot see which). Pushes are answered in the order they were sent (StepClient)."""
 
     def __init__(self, backend: GeoBackend):
         self.backend = backend
-        self.sent: list[tuple[int, np.ndarray, dict[int, np.ndarray], bool]] = []
-        self.answered: list[float] = []          # when each round went out (monotonic): its answer came later
-        self.straddling: list[bool] = []         # the round on the wire when the trainer first waited
-        self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
-        self._out: tuple | None = None           # the round on the wire: (step, grads, rows, waits before it)
+        self.sent: list[tuple[int, np.ndarray | None, dict[int, np.ndarray], bool]] = []
+        self.answered: list[float] = []          # when each push's reply was taken (monotonic)
+        self.straddling: list[bool] = []         # the push out when the trainer first waited
+        self._out: list[tuple] = []              # pushes not answered yet: (step, dense, rows, waits before)
         waits = backend.links.retry.waits
-        send_round = backend.send_round
+        steps = backend.servers.steps
+        push, finish = steps.push, steps._finish_oldest
 
-        def sent(step: int) -> None:
-            if backend.steps_in_round:
-                self._out = (step, self.grad_w, self.grad_rows, len(waits))
-                self.answered.append(time.monotonic())
-                self.grad_w, self.grad_rows = np.zeros(SIZE, np.int64), {}
-            send_round(step)
-        backend.send_round = sent
+        def pushed(dense, sparse, step, values, **kw):
+            w = (np.asarray(dense["w"], np.float64) * 4).round().astype(np.int64) if dense else None
+            rows = {i: (np.asarray(g, np.float64) * 4).round().astype(np.int64)
+                    for _, ids, grads in sparse for i, g in zip(ids.tolist(), grads)}
+            self._out.append((step, w, rows, len(waits)))
+            push(dense, sparse, step, values, **kw)
 
-        def landed(done, next_k, step) -> None:
-            at, grad_w, grad_rows, before = self._out
-            assert at == step, (at, step)
-            self.sent.append((step, grad_w, grad_rows, not waits))
+        def finished():
+            step, w, rows, before = self._out.pop(0)
+            finish()
+            self.sent.append((step, w, rows, not waits))
+            self.answered.append(time.monotonic())
             self.straddling.append(before == 0 and len(waits) > 0)
-            self._out = None
-        backend.on_round = landed
+        steps.push, steps._finish_oldest = pushed, finished
 
     def step(self, rng, step: int, own: np.ndarray, values) -> None:
         ids = np.unique(np.concatenate([rng.choice(SHARED, 6, replace=False), rng.choice(own, 2)]))
         self.backend.rows("emb", ids, DIM, step, True)
         grad_w = rng.integers(-3, 4, SIZE)
         grad_rows = rng.integers(-3, 4, (len(ids), DIM))
-        self.grad_w += grad_w       # before the push: the k-th step's push ends the round
-        for i, r in zip(ids.tolist(), grad_rows):
-            self.grad_rows[i] = self.grad_rows.get(i, 0) + r
         self.backend.push({"w": grad_w.astype(np.float32)}, [("emb", ids, grad_rows.astype(np.float32))], step,
                           values)
 
 
 @pytest.mark.timeout(120)
-def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
+@pytest.mark.parametrize("send", ["blocking", "overlapped"])
+def test_a_killed_server_loses_only_the_pushes_its_last_copy_missed(cluster, send):
     timeout = 15.0
     c = cluster(servers=SERVERS, trainers=TRAINERS, mode="geo", geo_k=K, timeout=timeout, min_block_size=64,
-                recovery="bounded-loss")
+                recovery="bounded-loss", geo_send=send)
     addresses = list(c.base.servers)
     w0 = np.random.default_rng(7).integers(-50, 50, SIZE).astype(np.float32)
     spec = TableSpec("emb", DIM, ps.optim.SGD(lr=1.0), init_scale=0.0)
@@ -94,7 +93,7 @@ def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
     own = [np.arange(1000 + 100 * t, 1016 + 100 * t, dtype=np.uint64) for t in range(TRAINERS)]
     sgd = ps.optim.SGD(lr=1.0)
     registered, stop = threading.Event(), threading.Event()
-    sides = [Rounds(GeoBackend.connect(c.trainer_env(t), params=plan_inputs)) for t in range(TRAINERS)]
+    sides = [Pushes(GeoBackend.connect(c.trainer_env(t), params=plan_inputs)) for t in range(TRAINERS)]
     keeper: ReplicaKeeper | None = None
     errors: list[BaseException] = []
 
@@ -146,9 +145,11 @@ def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
     assert len(keeper.restores) == 1, keeper.restores
     steps_of = {stream: dict(map(tuple, pairs)) for stream, pairs in keeper.restores[0]["steps"].items()}
 
-    # The oracle, x2 (n = 2) in int64. A round is lost on server 1 when the old server answered
-    # its push (before the trainer ever waited) past the step the keeper restored; the round whose
-    # push first waited straddles the kill: its server-1 part is either way (both are tried).
+    # The oracle, x4 in int64 (every value pushed is a multiple of 1/4). A push is lost on server 1
+    # when the old server answered it (before the trainer ever waited) past the step the keeper
+    # restored; the push out when the first wait began straddles the kill: its server-1 part is
+    # either way, its dense request and its rows' request each (the old server may have answered
+    # one and died before the other: all four are tried).
     plan = sides[0].backend.plan
     on_victim = np.zeros(SIZE, bool)
     for b in plan.for_server(VICTIM):
@@ -156,17 +157,20 @@ def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
     copy_age = keeper.restores[0]["copy_age_s"]
     straddling = [(t, r) for t, side in enumerate(sides) for r, flag in enumerate(side.straddling) if flag]
 
-    def expected(lost_straddling: set) -> tuple[np.ndarray, dict[int, np.ndarray], int, int]:
-        want_w = w0.astype(np.int64) * TRAINERS
+    def expected(lost_straddling: dict) -> tuple[np.ndarray, dict[int, np.ndarray], int, int]:
+        """``lost_straddling``: (trainer, push) -> (whether its dense request was answered by the
+        old server, whether its rows' request was): one may have been and the other not."""
+        want_w = w0.astype(np.int64) * 4
         want_rows: dict[int, np.ndarray] = {}
         lost = lost_before = 0
         for t, side in enumerate(sides):
-            for r, ((step, grad_w, grad_rows, old), at) in enumerate(zip(side.sent, side.answered)):
-                by_old = old or (t, r) in lost_straddling
-                dense_lost = by_old and step > steps_of.get("dense", {}).get(t, -1)
-                rows_lost = by_old and step > steps_of.get("sparse:emb", {}).get(t, -1)
-                want_w -= np.where(on_victim, 0, grad_w) if dense_lost else grad_w
-                for i, g in grad_rows.items():
+            for r, ((step, pushed_w, pushed_rows, old), at) in enumerate(zip(side.sent, side.answered)):
+                dense_old, rows_old = lost_straddling.get((t, r), (old, old))
+                dense_lost = dense_old and pushed_w is not None and step > steps_of.get("dense", {}).get(t, -1)
+                rows_lost = rows_old and bool(pushed_rows) and step > steps_of.get("sparse:emb", {}).get(t, -1)
+                if pushed_w is not None:       # the servers apply value - pushed (SGD lr=1)
+                    want_w -= np.where(on_victim, 0, pushed_w) if dense_lost else pushed_w
+                for i, g in pushed_rows.items():
                     mine = int(server_of(np.array([i], np.uint64), SERVERS)[0]) == VICTIM
                     want_rows[i] = want_rows.get(i, 0) - (0 if rows_lost and mine else g)
                 lost += int(dense_lost or rows_lost)
@@ -183,17 +187,19 @@ def test_a_killed_server_loses_only_the_rounds_its_last_copy_missed(cluster):
         assert all(s.sent and s.sent[-1][3] is False for s in sides)     # each went on after the restore
         assert len(straddling) <= TRAINERS, straddling
         matches = []
-        for choice in itertools.product((False, True), repeat=len(straddling)):
-            want_w, want_rows, lost, lost_before = expected({tr for tr, x in zip(straddling, choice) if x})
-            if (np.array_equal(held["w"] * TRAINERS, want_w.astype(np.float32)) and sorted(held_rows) == sorted(want_rows)
-                    and all(np.array_equal(held_rows[i] * TRAINERS, want_rows[i].astype(np.float32)) for i in want_rows)):
+        for choice in itertools.product(itertools.product((False, True), repeat=2), repeat=len(straddling)):
+            want_w, want_rows, lost, lost_before = expected(dict(zip(straddling, choice)))
+            if (np.array_equal(held["w"] * 4, want_w.astype(np.float32)) and sorted(held_rows) == sorted(want_rows)
+                    and all(np.array_equal(held_rows[i] * 4, want_rows[i].astype(np.float32)) for i in want_rows)):
                 matches.append((choice, lost, lost_before))
-        print(f"\n{sum(len(s.sent) for s in sides)} rounds sent, straddling the kill {straddling}, "
+        print(f"\n{sum(len(s.sent) for s in sides)} pushes sent, straddling the kill {straddling}, "
               f"matches {matches} (restored copy {copy_age} s old)")
-        want_w, want_rows, _, _ = expected(set())
-        assert matches, ("no account of the lost rounds gives what the servers hold",
-                         {i: (held_rows.get(i), want_rows.get(i)) for i in want_rows
-                          if i not in held_rows or not np.array_equal(held_rows[i] * TRAINERS, want_rows[i])})
+        want_w, want_rows, _, _ = expected({})
+        assert matches, ("no account of the lost pushes gives what the servers hold",
+                         "dense x4, held - expected:", {int(i): int(d) for i, d in enumerate(held["w"] * 4 - want_w)
+                                                        if d},
+                         {i: (held_rows.get(i) * 4, want_rows.get(i)) for i in want_rows
+                          if i not in held_rows or not np.array_equal(held_rows[i] * 4, want_rows[i])})
         assert any(lost > 0 and lost_before == 0 for _, lost, lost_before in matches), (matches, copy_age)
     finally:
         for side in sides:

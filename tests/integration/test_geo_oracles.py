@@ -28,6 +28,7 @@ import paramshard as ps
 from paramshard.client.sparse import TableSpec
 from paramshard.errors import ConfigError
 from paramshard.geo import trainer_state
+from paramshard.geo.pacing import Pacer
 from paramshard.trainer.backends.geo import GeoBackend
 from paramshard.trainer.trainer import Trainer
 from tests.conftest import run_in_threads
@@ -139,13 +140,25 @@ def test_k1_sgd_trainers_in_step_are_sync_sgd_on_the_global_batch(cluster):
     np.testing.assert_allclose(geo[0][2], sync[0][2], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("send", ["blocking", "overlapped"])
+class OneRowPieces(Pacer):
+    """Pieces of one row (as many as half of k allows), whatever the round trips."""
+
+    def __init__(self):
+        super().__init__(rows=1)
+
+    def answered(self, round_trip):
+        pass
+
+
+@pytest.mark.parametrize("send", ["blocking", "overlapped", "pieces"])
 def test_servers_hold_initial_values_plus_every_delta(cluster, send):
     """Two GEO trainers (K=3, SGD lr=1, integer gradients) over shared and own rows: the servers
     end at initial - sum(all gradients) / 2 exactly, dense and sparse; every step is in a round
-    (overlapped: the steps trained while a round was on the wire go out with the next one)."""
-    trainers, steps, k, dim = 2, 20, 3, 4
-    c = cluster(servers=2, trainers=trainers, mode="geo", geo_k=k, min_block_size=64, geo_send=send)
+    (overlapped: the steps trained while a round was on the wire go out with the next one;
+    pieces: K=8, each round in K/2 pushes, one a step, geo/flight.py)."""
+    trainers, steps, k, dim = 2, 20, 8 if send == "pieces" else 3, 4
+    c = cluster(servers=2, trainers=trainers, mode="geo", geo_k=k, min_block_size=64,
+                geo_send="overlapped" if send == "pieces" else send)
     rng = np.random.default_rng(7)
     w0 = rng.integers(-50, 50, 300).astype(np.float32)
     shared = np.arange(1, 17, dtype=np.uint64)
@@ -161,7 +174,9 @@ def test_servers_hold_initial_values_plus_every_delta(cluster, send):
         env = c.trainer_env(t)
         values = {"w": w0.copy() if t == 0 else np.zeros(300, np.float32)}
         backend = GeoBackend.connect(env, params=plan_inputs)
-        backend.on_round = lambda r, next_k, step: rounds[t].append((r.steps, next_k, step))
+        if send == "pieces":
+            backend._pacer = OneRowPieces()
+        backend.on_round = lambda r, next_k, step: rounds[t].append((r.steps, next_k, step, r.pieces))
         backends[t] = backend
         if t != 0:
             registered.wait(30)
@@ -196,9 +211,11 @@ def test_servers_hold_initial_values_plus_every_delta(cluster, send):
         for i, row in zip(ids.tolist(), rows):
             np.testing.assert_array_equal(row * 2, expected_rows[i].astype(np.float32), err_msg=f"row {i}")
         for t in range(trainers):
-            assert sum(s for s, _, _ in rounds[t]) == steps          # every local step was sent once
-            assert all(s <= k and next_k == k for s, next_k, _ in rounds[t])
+            assert sum(s for s, _, _, _ in rounds[t]) == steps          # every local step was sent once
+            assert all(s <= k and next_k == k for s, next_k, _, _ in rounds[t])
             assert rounds[t][-1][2] == steps
+            if send == "pieces":         # the rounds of 8 steps (12-20 rows) went in 2-4 pieces, not 1
+                assert all(2 <= p <= k // 2 for s, _, _, p in rounds[t] if s == k), rounds[t]
     finally:
         for b in backends:
             if b is not None:

@@ -222,11 +222,14 @@ class StepClient:
 
     # -- pushes -------------------------------------------------------------
     def push(self, dense_grads: Mapping[str, np.ndarray], sparse_grads: list[tuple[str, np.ndarray, np.ndarray]],
-             step: int, values: Mapping[str, np.ndarray], while_waiting=None, wait: bool = True) -> None:
+             step: int, values: Mapping[str, np.ndarray], while_waiting=None, wait: bool = True,
+             with_riders: bool = True) -> None:
         """Send step ``step``'s gradients to every server (dense, and (table, ids, grads)
         for each table); the updated dense values land in ``values`` when the reply is
         taken. Returns once at most ``max_in_flight`` pushes are unanswered (``wait`` False:
-        at once; ``flush()`` or ``pushes_answered()`` then take the replies).
+        at once; ``flush()`` or ``pushes_answered()`` then take the replies). No dense
+        gradients: a push of rows only (GEO's later pieces of a round), which ``with_riders``
+        False sends without the step's riders (they went with its first piece).
         ``while_waiting()``: work of the trainer's own (hybrid mode's dense update) run
         once everything is sent, while the servers work, before any reply is awaited."""
         # Order on each connection: table pushes, then the pulls that wait for them (rows
@@ -239,9 +242,10 @@ class StepClient:
         self._send_waiting_pieces()
         # Bounded staleness: the trainer starts step + 1 + window once this reply is in.
         resume = step + 1 + self.max_in_flight if self.bounded else None
-        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True, resume_step=resume)
+        dense_requests = self.dense.push_requests(dense_grads, step, want_values=True, resume_step=resume) \
+            if dense_grads else []
         dense_ticket = self.links.submit(dense_requests)
-        rider_requests = [request for rider in self.riders for request in rider(step)]
+        rider_requests = [request for rider in self.riders for request in rider(step)] if with_riders else []
         riders = self.links.submit(rider_requests) if rider_requests else None
         self._pushes.append(_Push(sparse_ticket, sparse_requests, dense_ticket, dense_requests, values, riders))
         self.stats["steps"] += 1
@@ -281,11 +285,11 @@ class StepClient:
             self.last_staleness = max(seen)
 
     def pushes_answered(self) -> bool:
-        """Take the replies that are in, without waiting; True when no push is unanswered."""
-        if self._pushes:
-            self.links.poll_replies()
-            while self._pushes and self._pushes[0].done:
-                self._finish_oldest()
+        """Take the replies that are in (pushes' and pulls'), without waiting; True when no push
+        is unanswered."""
+        self.links.poll_replies()
+        while self._pushes and self._pushes[0].done:
+            self._finish_oldest()
         return not self._pushes
 
     # -- pulls that follow a push (GEO: the merged rows of a round just sent) -------------

@@ -7,6 +7,7 @@ A record: ``{"kind": "geo_round", "t": unix s (when the send ended), "trainer": 
 (local steps done after this round), "k": steps of this round, "next_k": the k the schedule
 chose next, "bytes": payload bytes on the wire both ways, "wire_s": s, "compute_s": s,
 "blocked_s": s (what the round took from training: all of wire_s when the send blocks),
+"pieces": pushes the round went out in (overlapped: one per step boundary, geo/flight.py),
 "staleness": steps (how far, in its own steps, the replica had fallen behind the merged
 values when this merge landed: the round's k when the send blocks), "delta_norm", "value_norm", "drift_norm",
 "settled_value_norm", "settled_drift_norm" (the same over the settled values: geo/schedule.py Round)}``.
@@ -35,6 +36,7 @@ def round_record(trainer_id: int, done: Round, next_k: int, step: int, t: float)
             "next_k": int(next_k), "bytes": int(done.bytes_sent), "wire_s": round(done.wire_seconds, 6),
             "compute_s": round(done.compute_seconds, 6),
             "blocked_s": round(done.wire_seconds if done.blocked_seconds is None else done.blocked_seconds, 6),
+            "pieces": int(done.pieces),
             "staleness": int(done.steps if done.staleness is None else done.staleness),
             "delta_norm": done.delta_norm, "value_norm": done.value_norm, "drift_norm": done.drift_norm,
             "settled_value_norm": done.settled_value_norm, "settled_drift_norm": done.settled_drift_norm}

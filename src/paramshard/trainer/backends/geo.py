@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from paramshard.client.step import FETCHES_PER_TABLE, PulledRows
+from paramshard.client.step import FETCHES_PER_TABLE
 from paramshard.env import ClusterEnv
 from paramshard.errors import ConfigError
 from paramshard.geo import trainer_state
 from paramshard.geo.choose import schedule_for
+from paramshard.geo.flight import Flight, SentRows
+from paramshard.geo.pacing import Pacer
 from paramshard.geo.records import RoundRecords
 from paramshard.geo.replica import DenseReplica, TableReplica
 from paramshard.geo.schedule import GeoSchedule, Round
@@ -52,36 +54,10 @@ log = get_logger("trainer")
 SERVER_OPTIMIZER = SGD(lr=1.0)
 
 
+
 def server_specs(tables):
     """The tables as the servers hold them in geo mode: the same rows, SERVER_OPTIMIZER."""
     return {name: dataclasses.replace(spec, optimizer=SERVER_OPTIMIZER) for name, spec in tables.items()}
-
-
-@dataclasses.dataclass
-class _SentRows:
-    """One table's part of a round on the wire."""
-    replica: TableReplica
-    pos: np.ndarray           # the rows' positions in the replica
-    ids: np.ndarray
-    grads: np.ndarray         # what went out for them (round_delta's)
-    at_send: np.ndarray       # their local values when it went out
-    fetch: PulledRows | None = None     # the pull of their merged values (StepClient.pull_after_push); None: no rows
-
-
-@dataclasses.dataclass
-class _Flight:
-    """A round sent and not landed yet: what it measured and what its merge needs."""
-    step: int                 # the trainer's step count at the send
-    steps: int                # local steps in the round (its k)
-    compute: float            # seconds
-    started: float            # perf_counter at the send
-    blocked: float            # seconds the send itself took from training
-    bytes_sent: int
-    delta_sq: float
-    dense_grads: dict
-    dense_merged: dict | None     # where the push's reply puts the merged dense values (None: the parameters)
-    dense_at_send: dict | None    # the dense values when it went out (None: blocking, nothing trained since)
-    tables: list[_SentRows]
 
 
 class GeoBackend:
@@ -102,7 +78,9 @@ class GeoBackend:
         self.records: RoundRecords | None = None
         self._ahead: dict[str, collections.deque] = {}     # table -> (batch ids, ids fetched ahead)
         self.overlapped = env.geo_send == "overlapped"
-        self._flight: _Flight | None = None      # the round on the wire (overlapped: until it lands)
+        self._flight: Flight | None = None       # the round on the wire (overlapped: until it lands)
+        self._last_push_step = -1        # every push carries a step number over this one (geo/flight.py)
+        self._pacer = Pacer()            # the rows of each piece of an overlapped round (geo/pacing.py)
         # The step of the send whose merge the replica holds (None: set at the next local step).
         self._merged_at: int | None = None
         self._lr_scales: dict[str, float] = {}      # "dense" and table names -> scale_learning_rate's product
@@ -182,6 +160,7 @@ class GeoBackend:
     def rows(self, table, ids, dim, step, create):
         replica = self.tables[table]
         if create:
+            self._piece_answered()      # a piece's round trip, seen within half a step (geo/pacing.py)
             self._take_ahead(table, ids, dim)
         stale = replica.stale(ids)
         if not create:
@@ -235,9 +214,8 @@ class GeoBackend:
         return self.servers.unused_in_a_row(table)
 
     def push(self, grads, sparse_grads, step, values) -> None:
-        """One local step; the round's send when it is the k-th. A round on the wire lands as
-        soon as its replies are in (or now, when waiting longer would take the replica past the
-        bound)."""
+        """One local step; then, at this step boundary, the round on the wire goes on (its next
+        piece, or its landing) and the round is sent when it is due."""
         if self._merged_at is None:
             self._merged_at = step
         self.dense.apply(grads)
@@ -245,20 +223,67 @@ class GeoBackend:
             self.tables[table].apply(ids, table_grads)
         self.steps_in_round += 1
         self._step = step + 1
+        self._pacer.boundary(time.perf_counter())
         if self._flight is not None:
-            self._land(wait=self._step - self._merged_at >= self.schedule.bound)
+            self._advance()
         if self.steps_in_round >= self.k:
-            self.send_round(self._step)
+            self.send_round(self._step)      # a round still on the wire is finished first
+
+    def _advance(self) -> None:
+        """At a step boundary, with a round on the wire: if the replica would pass the bound at
+        the next step, the rest of the round goes now and its merge is waited for; else, once the
+        pieces sent are answered, the next piece goes (one per boundary), or the round lands. A
+        piece answered by the next boundary doubles the next one's rows, one that took three
+        halves them: the pieces follow what the link carries in a step."""
+        flight = self._flight
+        assert flight is not None
+        merged_at = self._step if self._merged_at is None else self._merged_at
+        if self._step - merged_at >= self.schedule.bound:
+            self._finish_flight()
+            return
+        if not self._piece_answered():
+            return
+        if not flight.unsent:
+            self._land()
+        elif self._step > self._last_push_step:
+            self._send_piece(flight, self._pacer.piece_rows(flight.rows, self.k))
+
+    def _piece_answered(self) -> bool:
+        """Whether the latest piece of the round on the wire is answered (taking the replies that
+        came, without waiting); the first time it is, the pacer learns its round trip."""
+        flight = self._flight
+        if flight is None:
+            return False
+        if flight.piece_answered_at is None and flight.answered(self.servers.steps):
+            flight.piece_answered_at = time.perf_counter()
+            self._pacer.answered(flight.piece_answered_at - flight.piece_sent_at)
+        return flight.piece_answered_at is not None
+
+    def _send_piece(self, flight: Flight, rows: int) -> None:
+        started = time.perf_counter()
+        push_step = max(self._step, self._last_push_step + 1)
+        flight.send_piece(self.servers.steps, rows, push_step, started)
+        self._last_push_step = push_step
+        flight.blocked += time.perf_counter() - started
+
+    def _finish_flight(self) -> None:
+        """The rest of the round on the wire goes in one piece, and its merge lands (waiting)."""
+        flight = self._flight
+        assert flight is not None
+        if flight.unsent:
+            self._send_piece(flight, flight.rows)
+        self._land()
 
     def send_round(self, step: int) -> None:
-        """Push this round's deltas and pull its rows back (``step``: the trainer's step count,
-        for the servers' clocks). ``--geo-send blocking`` takes the merged values now;
-        ``overlapped`` returns once it is sent, and the merge lands later (``_land``). A round
-        still on the wire lands first: one round is out at a time."""
+        """Send this round (``step``: the trainer's step count): its deltas and the pull of its
+        rows, in pieces (geo/flight.py). ``--geo-send blocking``: all of it, and its merge is
+        waited for now; ``overlapped``: the first piece, and the rest at the step boundaries to
+        come (``_advance``). One round is out at a time: one still on the wire is finished first
+        (the rest of it at once, and its merge waited for), so every round is k steps."""
         if self.steps_in_round == 0:
             return
         if self._flight is not None:
-            self._land(wait=True)
+            self._finish_flight()
         compute = time.perf_counter() - self._round_started
         started = time.perf_counter()
         # n: the job's trainer slots (MAX of --trainers MIN:MAX), fixed for the job's life, not the
@@ -266,53 +291,44 @@ class GeoBackend:
         # every delta stays exact to sum (docs/modes.md, GEO: elastic trainers).
         n = self.env.num_trainers
         dense_grads, delta_sq = self.dense.round_delta(n)
-        sparse_grads, tables = [], []
-        for name, replica in self.tables.items():
+        tables = []
+        for replica in self.tables.values():
             pos, ids, grads, sq = replica.round_delta(n)
             delta_sq += sq
-            sparse_grads.append((name, ids, grads))
-            tables.append(_SentRows(replica, pos, ids, grads, replica.sent(pos)))
-        steps = self.servers.steps
+            tables.append(SentRows(replica, pos, ids, grads, replica.sent(pos)))
         if self.overlapped:
             # The reply's merged dense values go beside the parameters, which train on meanwhile.
-            at_send = self.dense.local_copy()
-            merged = {name: np.empty_like(v) for name, v in self.dense.values.items()}
-            steps.push(dense_grads, sparse_grads, step, merged, wait=False)
+            at_send, merged = self.dense.local_copy(), {name: np.empty_like(v) for name, v in self.dense.values.items()}
         else:
-            at_send, merged = None, None
-            steps.push(dense_grads, sparse_grads, step, self.dense.values)    # the reply writes the parameters
-        for sent in tables:
-            # On each connection after the push: the rows come back with this round added.
-            sent.fetch = steps.pull_after_push(sent.replica.name, sent.ids) if len(sent.ids) else None
+            at_send, merged = None, None          # the reply writes the parameters: nothing trains meanwhile
         dense_bytes = sum(g.nbytes for g in dense_grads.values())
-        rows_bytes = sum(len(sent.ids) * (8 + 4 * sent.replica.dim) for sent in tables)
-        self._flight = _Flight(step=step, steps=self.steps_in_round, compute=compute, started=started,
-                               blocked=time.perf_counter() - started, bytes_sent=2 * (dense_bytes + rows_bytes),
-                               delta_sq=delta_sq, dense_grads=dense_grads, dense_merged=merged,
-                               dense_at_send=at_send, tables=tables)
+        rows_bytes = sum(len(t.ids) * (8 + 4 * t.replica.dim) for t in tables)
+        flight = Flight(step=step, steps=self.steps_in_round, compute=compute, started=started, blocked=0.0,
+                        bytes_sent=2 * (dense_bytes + rows_bytes), delta_sq=delta_sq, dense_grads=dense_grads,
+                        dense_into=self.dense.values if merged is None else merged, dense_merged=merged,
+                        dense_at_send=at_send, tables=tables)
+        self._flight = flight
         self.rounds += 1
         self.steps_in_round = 0
+        self._send_piece(flight, self._pacer.piece_rows(flight.rows, self.k) if self.overlapped else flight.rows)
+        flight.blocked = time.perf_counter() - started      # making the deltas, and the first piece
         self._round_started = time.perf_counter()
         if not self.overlapped:
-            self._land(wait=True)
+            self._finish_flight()
 
-    def _land(self, wait: bool) -> None:
-        """The round on the wire, once its replies are all in (``wait``: waiting for them): the
-        merged values become synced, and local = merged + what was trained since the send; the
-        schedule gets the measured round and picks the next k."""
+    def _land(self) -> None:
+        """The round on the wire, every piece sent (waiting for their replies): the merged values
+        become synced, and local = merged + what was trained since the send; the schedule gets
+        the measured round and picks the next k."""
         flight = self._flight
-        assert flight is not None, "_land without a round on the wire"
+        assert flight is not None and not flight.unsent, "_land with a round not all sent"
         steps = self.servers.steps
-        if not wait and not (steps.pushes_answered()
-                             and all(s.fetch is None or steps.pulled(s.fetch) for s in flight.tables)):
-            return
         started = time.perf_counter()
-        steps.flush()        # the push's replies: the merged dense values are in flight.dense_merged
+        steps.flush()        # the pushes' replies: the merged dense values are in flight.dense_into
         norms = self.dense.merged(flight.dense_grads, flight.dense_merged, flight.dense_at_send)
-        for sent in flight.tables:
-            rows = steps.take_pulled(sent.replica.name, sent.fetch, sent.replica.dim) if sent.fetch is not None \
-                else np.empty((0, sent.replica.dim), np.float32)
-            norms = norms + sent.replica.merged(sent.pos, rows, sent.grads, sent.at_send)
+        for table in flight.tables:
+            norms = norms + table.replica.merged(table.pos, flight.merged_rows(steps, table), table.grads,
+                                                 table.at_send)
         self._flight = None
         now = time.perf_counter()
         blocked = now - started
@@ -327,7 +343,8 @@ class GeoBackend:
                      value_norm=float(np.sqrt(norms.value_sq)), drift_norm=float(np.sqrt(norms.drift_sq)),
                      settled_value_norm=float(np.sqrt(norms.settled_value_sq)),
                      settled_drift_norm=float(np.sqrt(norms.settled_drift_sq)),
-                     blocked_seconds=flight.blocked + blocked, staleness=staleness)
+                     blocked_seconds=flight.blocked + blocked, staleness=staleness,
+                     first_step=flight.step - flight.steps, pieces=flight.pieces)
         self.k = self.schedule.next_k(done)
         if not 1 <= self.k <= self.schedule.bound:
             raise AssertionError(f"the GEO schedule returned k={self.k}, outside 1..{self.schedule.bound}")
@@ -337,11 +354,9 @@ class GeoBackend:
 
     def _drop_flight(self) -> None:
         """A round on the wire is forgotten (a rollback voids it, the job ends): its pulls' late
-        replies are dropped (the push's go with ServerBackend's)."""
+        replies are dropped (the pushes' go with ServerBackend's), its pieces not sent are not."""
         if self._flight is not None:
-            for sent in self._flight.tables:
-                if sent.fetch is not None:
-                    self.servers.steps.discard_pulled(sent.fetch)
+            self._flight.discard(self.servers.steps)
             self._flight = None
 
     @contextlib.contextmanager
@@ -353,19 +368,20 @@ class GeoBackend:
             yield
         finally:
             self._round_started += time.perf_counter() - started
+            self._pacer.paused(time.perf_counter() - started)
 
     def staleness(self) -> int | None:
         return None
 
     def flush(self) -> None:
-        """Every local step is on the servers and merged: the round on the wire lands, the round
-        so far is sent and lands."""
+        """Every local step is on the servers and merged: the round on the wire goes whole and
+        lands, the round so far is sent and lands."""
         if self._flight is not None:
-            self._land(wait=True)
+            self._finish_flight()
         self.servers.flush()
         self.send_round(self._step)      # nothing before the first local step
         if self._flight is not None:
-            self._land(wait=True)
+            self._finish_flight()
 
     # -- coordination, checkpoints --------------------------------------------
     def barrier(self, name, count, timeout, resumed) -> None:

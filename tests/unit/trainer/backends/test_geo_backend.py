@@ -7,6 +7,7 @@ import paramshard as ps
 from paramshard.client.sparse import TableSpec
 from paramshard.client.step import PipelineStats
 from paramshard.env import ClusterEnv
+from paramshard.geo.pacing import Pacer
 from paramshard.geo.schedule import FixedK
 from paramshard.trainer.backends.geo import SERVER_OPTIMIZER, GeoBackend
 
@@ -38,7 +39,7 @@ class FakeServers:
         return 0
 
     # StepClient
-    def push(self, grads, sparse_grads, step, values, wait=True):
+    def push(self, grads, sparse_grads, step, values, wait=True, with_riders=True):
         self.pushes.append((step, {n: g.copy() for n, g in grads.items()}, sparse_grads))
         for n, g in grads.items():
             self.dense[n] -= g
@@ -185,3 +186,39 @@ def test_a_blocking_send_lands_before_the_next_step():
     step(b, values, 0)
     step(b, values, 1)
     assert seen == [(2, 2)]
+
+
+class OneRow(Pacer):
+    """Pieces of one row, whatever the round trips (the pacer's own tests: tests/unit/geo/test_pacing.py)."""
+
+    def __init__(self):
+        super().__init__(rows=1)
+
+    def answered(self, round_trip):
+        pass
+
+
+def test_an_overlapped_round_goes_in_pieces_one_a_step_each_under_a_step_of_its_own():
+    """k = 8, four rows, pieces of one row (geo/pacing.py): the round sent at step 8 goes as four
+    pushes at steps 8-11 (the dense blocks with the first), lands at step 12 once the last is
+    answered, and the next round goes at 16 and 17 on; no two pushes share a step (the servers tell a
+    resent push from a new one by it), and after flush the servers and the trainer hold the
+    initial values plus every step's change / 2."""
+    b, values = backend(FixedK(8, bound=100))
+    b._pacer = OneRow()
+    seen = []
+    b.on_round = lambda r, next_k, s: seen.append((s, r.pieces, r.staleness))
+    ids = (1, 2, 3, 4)
+    for k in range(17):
+        step(b, values, k, ids=ids)
+    pushes = b.servers.pushes
+    assert [p[0] for p in pushes] == [8, 9, 10, 11, 16, 17]
+    assert [bool(p[1]) for p in pushes] == [True, False, False, False, True, False]   # dense with the first piece
+    assert [len(p[2][0][1]) for p in pushes[:4]] == [1, 1, 1, 1]
+    assert seen == [(8, 4, 12)]
+    b.flush()
+    assert len({p[0] for p in b.servers.pushes}) == len(b.servers.pushes)
+    np.testing.assert_array_equal(b.servers.dense["w"], [1.0 - 17 * 0.25, 2.0 - 17 * 0.25])
+    np.testing.assert_array_equal(values["w"], b.servers.dense["w"])
+    for i in ids:
+        np.testing.assert_array_equal(b.servers.rows[i], [-17 * 0.25] * 2)
