@@ -232,9 +232,8 @@ class GeoBackend:
     def _advance(self) -> None:
         """At a step boundary, with a round on the wire: if the replica would pass the bound at
         the next step, the rest of the round goes now and its merge is waited for; else, once the
-        pieces sent are answered, the next piece goes (one per boundary), or the round lands. A
-        piece answered by the next boundary doubles the next one's rows, one that took three
-        halves them: the pieces follow what the link carries in a step."""
+        piece sent is answered, the next piece goes (one per boundary, its rows from the pacer:
+        geo/pacing.py), or the round lands."""
         flight = self._flight
         assert flight is not None
         merged_at = self._step if self._merged_at is None else self._merged_at
