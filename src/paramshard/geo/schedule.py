@@ -37,9 +37,6 @@ class Round:
     # How far, in its own steps, the replica had fallen behind the merged values when this merge
     # landed (never over the bound). None: the round's steps (a blocking send).
     staleness: int | None = None
-    # The trainer's step count when the round began (its steps are first_step + 1 .. first_step +
-    # steps). None: not known (auto-k then reads drift as a function of k alone).
-    first_step: int | None = None
     pieces: int = 1            # pushes the round went out in (overlapped: one per step boundary)
 
 

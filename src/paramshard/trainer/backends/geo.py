@@ -342,8 +342,7 @@ class GeoBackend:
                      value_norm=float(np.sqrt(norms.value_sq)), drift_norm=float(np.sqrt(norms.drift_sq)),
                      settled_value_norm=float(np.sqrt(norms.settled_value_sq)),
                      settled_drift_norm=float(np.sqrt(norms.settled_drift_sq)),
-                     blocked_seconds=flight.blocked + blocked, staleness=staleness,
-                     first_step=flight.step - flight.steps, pieces=flight.pieces)
+                     blocked_seconds=flight.blocked + blocked, staleness=staleness, pieces=flight.pieces)
         self.k = self.schedule.next_k(done)
         if not 1 <= self.k <= self.schedule.bound:
             raise AssertionError(f"the GEO schedule returned k={self.k}, outside 1..{self.schedule.bound}")
