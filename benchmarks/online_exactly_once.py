@@ -36,10 +36,13 @@ Every wait has a deadline; every child is stopped by the PID this script started
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
+import select
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -202,6 +205,47 @@ def wait_for(what: str, ready, timeout: float, alive=lambda: True, step: float =
         if time.monotonic() > deadline or not alive():
             raise RuntimeError(f"{what}: not within {timeout:g} s" if alive() else f"{what}: the job ended first")
         time.sleep(step)
+
+
+class CreatedIn:
+    """Names created in a directory from now on, as the kernel reports them (inotify, through
+    libc): a file or directory that lives a few milliseconds is seen however busy this process is."""
+    IN_CREATE, IN_NONBLOCK, IN_CLOEXEC = 0x100, 0o4000, 0o2000000
+
+    def __init__(self, directory: Path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        if libc.inotify_add_watch(self.fd, os.fsencode(str(directory)), self.IN_CREATE) < 0:
+            errno = ctypes.get_errno()
+            os.close(self.fd)
+            raise OSError(errno, f"inotify_add_watch {directory}")
+
+    def __enter__(self) -> "CreatedIn":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    def wait(self, prefix: str, timeout: float, alive=lambda: True, count: int = 1) -> bool:
+        """True once ``count`` names starting with ``prefix`` were created; False past ``timeout``
+        or once ``alive()`` is false."""
+        deadline = time.monotonic() + timeout
+        want = prefix.encode()
+        while time.monotonic() < deadline and alive():
+            if not select.select([self.fd], [], [], 0.05)[0]:
+                continue
+            data, offset = os.read(self.fd, 1 << 16), 0
+            while offset + 16 <= len(data):       # struct inotify_event: wd, mask, cookie, len, name[len]
+                _, _, _, length = struct.unpack_from("iIII", data, offset)
+                name = data[offset + 16:offset + 16 + length].rstrip(b"\0")
+                if name.startswith(want):
+                    count -= 1
+                    if count <= 0:
+                        return True
+                offset += 16 + length
+        return False
 
 
 def published_step(deltas: Path) -> int:
@@ -375,13 +419,21 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
             target = int(rng.uniform(args.kill_from, args.kill_to) * steps)
             extra = rng.uniform(0.0, args.delta_seconds)
             wait_for("a first checkpoint", lambda: checkpoints(run / "ck"), 120.0, lambda: job.proc.poll() is None)
+            saves = None
+            if kind.endswith("@save"):
+                # Its moment is the first save after a random pause (up to a publishing period),
+                # seen as the kernel reports the save's temporary directory. A target step read
+                # from the published deltas came too late on a fast machine: at ~10 ms a step and
+                # deltas every 0.25 s the job had ended (or passed the saves counted) by then.
+                time.sleep(extra)
+                saves = CreatedIn(run / "ck")
             if kind.endswith("@end"):
                 # Its moment is the final checkpoint, not a step: take hold of the process while the
                 # job trains (a pidfd: no other process can be hit by the kill), not after a random
                 # step, when on a loaded machine the job may already have ended.
                 end_pid = rank_pid(job.mark, kind.split("@")[0])
                 end_fd = os.pidfd_open(end_pid) if end_pid is not None else None
-            else:
+            elif saves is None:
                 try:
                     wait_for(f"step {target} published", lambda: published_step(deltas) >= target, DEADLINE,
                              lambda: job.proc.poll() is None)
@@ -393,7 +445,7 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
                 what["killed"] = _kill_at_end(run, steps, job, end_pid, end_fd, kind)
                 ck = checkpoints(run / "ck")
                 what["checkpoint_at_kill"] = ck[-1].name if ck else None
-            elif job.proc.poll() is not None:
+            elif saves is None and job.proc.poll() is not None:
                 what["killed"] = "nothing (the job had ended)"
             elif kind == "serve":
                 serve.kill()
@@ -402,13 +454,11 @@ def run_once(run: Path, data: dict, args, kind: str | None, rng: random.Random, 
             else:
                 role = kind.split("@")[0]
                 pid = rank_pid(job.mark, role)
-                if pid is not None and kind.endswith("@save"):
-                    # Mid-save: as soon as the next checkpoint's temporary directory appears.
-                    try:
-                        wait_for("a checkpoint being written", lambda: list((run / "ck").glob(".tmp-step-*")),
-                                 DEADLINE, lambda: job.proc.poll() is None, step=0.001)
-                    except RuntimeError:
-                        pid = None
+                if pid is not None and saves is not None:
+                    # Mid-save: the moment the n-th save's temporary directory appears.
+                    with saves:
+                        if not saves.wait(".tmp-step-", DEADLINE, lambda: job.proc.poll() is None):
+                            pid = None
                 if pid is None:
                     what["killed"] = f"nothing ({role} 0 not found: the job had ended)"
                 else:

@@ -25,3 +25,17 @@ def test_identical_models_compare_equal_and_any_difference_is_named_with_how_far
         "table emb: 1 of 3 rows differ (max |diff| 0)"]
     nan = state([[1, 2], [3, 4], [5, np.nan]], [0.5, 0.25])
     assert bench.compare(nan, state([[1, 2], [3, 4], [5, np.nan]], [0.5, 0.25])) == []
+
+
+def test_a_directory_that_lives_a_moment_is_seen_created(tmp_path):
+    """The mid-save kill's trigger: a checkpoint's temporary directory, made and gone within the
+    same instant, is reported (a poll of the directory missed saves of a few ms)."""
+    created = bench.CreatedIn(tmp_path)
+    try:
+        (tmp_path / "other").mkdir()
+        (tmp_path / ".tmp-step-00000020-ab").mkdir()
+        (tmp_path / ".tmp-step-00000020-ab").rmdir()
+        assert created.wait(".tmp-step-", 5.0)
+        assert not created.wait(".tmp-step-", 0.2)       # nothing more was made
+    finally:
+        created.__exit__(None, None, None)
