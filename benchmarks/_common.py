@@ -124,11 +124,13 @@ def tail(path: str, lines: int = 30) -> str:
 
 
 def run_for_results(children: "Children", tag: str, argv: list[str], environ: dict, result: str,
-                    trainers: int, timeout: float, results_suffice: bool = False) -> list[dict]:
+                    trainers: int, timeout: float, results_suffice: bool = False,
+                    on_poll: Callable[[int], None] | None = None) -> list[dict]:
     """Run one job (a process, or a launcher and its ranks) to its end or its deadline and
     return the trainers' ``trainer-*.json`` from the ``result`` directory; the job is
     stopped in every case. ``results_suffice``: a job that wrote every result but has not
-    exited by the deadline is stopped with a warning instead of failing."""
+    exited by the deadline is stopped with a warning instead of failing. ``on_poll(pid)`` is
+    called with the job's pid every poll (0.1 s) while it runs (cpu_budget samples there)."""
     import json
     from pathlib import Path
     result = Path(result)
@@ -137,6 +139,8 @@ def run_for_results(children: "Children", tag: str, argv: list[str], environ: di
         log = children.popen[-1][2]
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
+            if on_poll is not None:
+                on_poll(proc.pid)
             if time.monotonic() > deadline:
                 if results_suffice and len(list(result.glob("trainer-*.json"))) == trainers:
                     print(f"  warning: {tag} wrote its results but had not exited after {timeout:g} s; stopped",

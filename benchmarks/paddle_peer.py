@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -99,8 +100,9 @@ def stop_groups(children: C.Children, grace: float = 5.0) -> None:
 
 
 def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path, init: Path, base_env: dict,
-        args) -> list[dict]:
-    """One Paddle PS job to its end or deadline; the trainers' results (the chief's with auc/logloss)."""
+        args, on_poll: Callable[[dict[int, str]], None] | None = None) -> list[dict]:
+    """One Paddle PS job to its end or deadline; the trainers' results (the chief's with auc/logloss).
+    ``on_poll({pid: "servers" | "trainers"})`` is called every poll while the trainers run."""
     from paramshard.data import auc, logloss
     from paramshard.launch.engines.ports import free_ports
     work = Path(tempfile.mkdtemp(prefix="paddle-", dir=data.parent))
@@ -126,7 +128,8 @@ def run(children: C.Children, tag: str, servers: int, trainers: int, data: Path,
             procs[f"{tag} trainer {i}"] = children.spawn(f"{tag} trainer {i}", argv, dict(
                 env, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=str(i), PADDLE_PORT=ep.rsplit(":", 1)[1]))
         logs = {name: log for (name, _, log) in children.popen}
-        _wait(procs, logs, result, trainers, args.run_timeout)
+        roles = {proc.pid: "servers" if " server " in name else "trainers" for name, proc in procs.items()}
+        _wait(procs, logs, result, trainers, args.run_timeout, on_poll=lambda: on_poll and on_poll(roles))
         out = [json.loads((result / f"trainer-{i}.json").read_text()) for i in range(trainers)]
         chief = out[0]
         if chief.get("probs_file"):
@@ -162,13 +165,15 @@ def chief_of(logs: dict) -> str:
     return next(name for name in logs if name.endswith(" trainer 0"))
 
 
-def _wait(procs: dict, logs: dict, result: Path, trainers: int, timeout: float, linger: float = 30.0) -> None:
+def _wait(procs: dict, logs: dict, result: Path, trainers: int, timeout: float, linger: float = 30.0,
+          on_poll: Callable[[], object] = lambda: None) -> None:
     """Every trainer exits 0 before the deadline and no server exits before the chief's result. A job
     whose every result is written but whose trainers linger in Paddle's shutdown past ``linger`` s is
     stopped with a warning (its numbers are complete), as run_for_results does for paramshard jobs."""
     deadline = time.monotonic() + timeout
     written_at = None
     while True:
+        on_poll()
         written = len(list(result.glob("trainer-*.json"))) == trainers
         running = []
         for name, proc in procs.items():

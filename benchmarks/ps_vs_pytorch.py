@@ -29,7 +29,8 @@ deadline, torn down by PID in every case):
 8.-9. ``1s+1w async (no overlap)``, ``2s+2w async (no overlap)``: as 3 and 4
    with ``--no-overlap``: no ``trainer.prefetching(...)`` and
    ``ps.Trainer(..., max_in_flight=0)`` (what the overlap buys, and costs).
-10.-11. ``PaddlePaddle PS 1s+1w async``, ``PaddlePaddle PS 2s+2w async``: PaddlePaddle 3.0.0's own
+10. ``2s+2w async (plain TCP)``: as 4 under ``launch --insecure``: what CurveZMQ, on by default, costs.
+11.-12. ``PaddlePaddle PS 1s+1w async``, ``PaddlePaddle PS 2s+2w async``: PaddlePaddle 3.0.0's own
    parameter server (fleet, static graph, ``a_sync``) on the same model, data and timing, every server
    and trainer a process of ``.venv-paddle`` (``paddle_peer.py``, ``paddle_ps_ctr.py``: what differs
    from the PyTorch model is said there). ``--paddle off`` leaves them out; without ``.venv-paddle``
@@ -45,7 +46,11 @@ Throughput: each trainer times its steady state (samples after its first
 loop); a job's samples/s is the sum over its trainers. ``--repeats`` rounds
 run every (id distribution, candidate) once, in an order rotated and reversed
 from round to round; the tables give medians, min-max and ratios to PyTorch's
-median in the same distribution. Every process gets the launcher's
+median in the same distribution. The CPU table (``cpu_budget.py``) gives each job's CPU
+a step, every process of it (trainers, servers, launcher; I/O threads included) over the
+window in which all its trainers were timing, the cores that window kept busy, and the
+samples/s that cost allows when every core is busy (cores x batch / CPU a step), beside
+the MLP's forward and backward alone (timed in PyTorch's worker): the floor of any step. Every process gets the launcher's
 GLIBC_TUNABLES (``paramshard.launch.api.MALLOC_TUNABLES``), PyTorch's too.
 
 Scaling (``--no-scaling`` skips it):
@@ -78,6 +83,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import cpu_budget  # noqa: E402
 import paddle_peer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,23 +184,26 @@ def my_batches(data: Path, batch: int, batches: int, trainer: int, trainers: int
 
 # ===================================================================== worker (one trainer process)
 class SteadyClock:
-    """Samples and seconds after the first ``warmup`` steps (to the end of the loop)."""
+    """Samples and seconds after the first ``warmup`` steps (to the end of the loop); the window's
+    wall-clock ends too, for the driver's CPU budget (cpu_budget.py)."""
 
     def __init__(self, warmup: int):
         self.warmup, self.steps, self.samples = warmup, 0, 0
         self.t0 = time.perf_counter() if warmup == 0 else None
+        self.wall0 = time.time() if warmup == 0 else None
 
     def tick(self, n: int) -> None:
         self.steps += 1
         if self.steps == self.warmup:
-            self.t0 = time.perf_counter()
+            self.t0, self.wall0 = time.perf_counter(), time.time()
         elif self.steps > self.warmup:
             self.samples += n
 
     def result(self) -> dict:
         seconds = time.perf_counter() - self.t0
         return {"steps": self.steps, "samples_timed": self.samples, "seconds_timed": seconds,
-                "samples_per_s": self.samples / seconds}
+                "samples_per_s": self.samples / seconds, "steps_timed": self.steps - self.warmup,
+                "window": [self.wall0, time.time()]}
 
 
 def predict(model, test) -> np.ndarray:
@@ -224,7 +233,26 @@ def train_torch(args, batches) -> dict:
         clock.tick(len(labels))
     result = clock.result()
     result["probs"] = predict(model, load_split(Path(args.data), "test"))
+    result["mlp_ms"] = mlp_alone_ms(model, batches[-1])
     return result
+
+
+def mlp_alone_ms(model, batch, steps: int = 20) -> float:
+    """ms of the MLP's forward and backward alone on one batch (rows as a leaf tensor): the part of a
+    step that every candidate computes, whatever keeps its table; the floor of the CPU budget."""
+    import torch
+    import torch.nn.functional as F
+    dense, ids, labels = batch
+    with torch.no_grad():
+        rows = model.emb(ids.reshape(-1, 1)).view(ids.shape[0], FIELDS * DIM)
+    rows.requires_grad_(True)
+    times = []
+    for _ in range(steps + 3):
+        t0 = time.perf_counter()
+        model.mlp.zero_grad(set_to_none=True)
+        F.binary_cross_entropy_with_logits(model.mlp(torch.cat([dense, rows], 1)).squeeze(1), labels).backward()
+        times.append(time.perf_counter() - t0)
+    return C.median(times[3:]) * 1e3
 
 
 def wait_for_other_trainers(trainer, timeout: float) -> None:
@@ -325,6 +353,7 @@ class Candidate:
     mode: str = "async"
     overlap: bool = True
     stale_rows: bool = False         # prefetching(fresh_rows=False)
+    insecure: bool = False           # launch --insecure: plain TCP, what CurveZMQ costs
 
 
 PT = Candidate("PyTorch 1 process", "torch")
@@ -338,6 +367,7 @@ CANDIDATES = (
     Candidate("2s+2w async (stale rows)", "ps", 2, 2, "async", stale_rows=True),
     Candidate("1s+1w async (no overlap)", "ps", 1, 1, "async", overlap=False),
     Candidate("2s+2w async (no overlap)", "ps", 2, 2, "async", overlap=False),
+    Candidate("2s+2w async (plain TCP)", "ps", 2, 2, "async", insecure=True),
     Candidate("PaddlePaddle PS 1s+1w async", "paddle", 1, 1, "async"),
     Candidate("PaddlePaddle PS 2s+2w async", "paddle", 2, 2, "async"),
 )
@@ -371,19 +401,29 @@ def job_argv(cand: Candidate, data: Path, result: Path, args) -> list[str]:
     if not cand.servers:
         return [sys.executable, *worker]
     return [*paramshard_cli(), "launch", "--servers", str(cand.servers), "--trainers", str(cand.trainers),
-            "--mode", cand.mode, "--timeout", "120", *worker]
+            "--mode", cand.mode, "--timeout", "120", *(["--insecure"] if cand.insecure else []), *worker]
 
 
 def run_job(children: C.Children, cand: Candidate, data: Path, workdir: Path, args) -> dict:
     """One fresh process (or launcher job) to its end or its deadline; torn down in every case."""
+    tree: dict[str, cpu_budget.ProcessTreeCPU] = {}
+
+    def watch(roots) -> None:
+        tree.setdefault("cpu", cpu_budget.ProcessTreeCPU(roots)).sample()
     if cand.engine == "paddle":
-        return combine(paddle_peer.run(children, f"{cand.name} ({data.name})", cand.servers, cand.trainers, data,
-                                       args.paddle_init, child_environ(), args))
+        trainers = paddle_peer.run(children, f"{cand.name} ({data.name})", cand.servers, cand.trainers, data,
+                                   args.paddle_init, child_environ(), args, on_poll=watch)
+        job = combine(trainers)
+        job["cpu"] = cpu_budget.budget(tree["cpu"], trainers) if "cpu" in tree else None
+        return job
     result = Path(tempfile.mkdtemp(prefix="result-", dir=workdir))
     try:
-        return combine(C.run_for_results(children, f"{cand.name} ({data.name})", job_argv(cand, data, result, args),
-                                         child_environ(), result, cand.trainers, args.run_timeout,
-                                         results_suffice=True))
+        trainers = C.run_for_results(children, f"{cand.name} ({data.name})", job_argv(cand, data, result, args),
+                                     child_environ(), result, cand.trainers, args.run_timeout,
+                                     results_suffice=True, on_poll=watch)
+        job = combine(trainers)
+        job["cpu"] = cpu_budget.budget(tree["cpu"], trainers) if "cpu" in tree else None
+        return job
     finally:
         shutil.rmtree(result, ignore_errors=True)
 
@@ -393,7 +433,7 @@ def combine(trainers: list[dict]) -> dict:
     chief = next(t for t in trainers if t["trainer_id"] == 0)
     out = {"samples_per_s": sum(t["samples_per_s"] for t in trainers), "auc": chief["auc"],
            "logloss": chief["logloss"], "steps": sum(t["steps"] for t in trainers),
-           "steps_per_trainer": chief["steps"]}
+           "steps_per_trainer": chief["steps"], "mlp_ms": chief.get("mlp_ms")}
     pipes = [t["pipeline"] for t in trainers if t.get("pipeline")]
     if pipes:
         keys = ("steps", "prefetch_hits", "prefetch_misses", "pull_wait_s", "push_wait_s")
@@ -590,6 +630,36 @@ def pipeline_table(runs: dict, dists) -> list:
     return rows
 
 
+def cpu_table(runs: dict, dists, batch: int) -> tuple[list, list]:
+    """CPU ms a step per role (cpu_budget.py), and the throughput that CPU cost allows on this
+    machine's cores, as a ratio to PyTorch's measured samples/s; with the MLP's own ms as the floor."""
+    cores = len(os.sched_getaffinity(0))
+    rows, notes = [], []
+    for dist in dists:
+        pt = runs[(dist, PT.name)]
+        pt_rate = C.median(r["samples_per_s"] for r in pt)
+        mlps = [r["mlp_ms"] for r in pt if r.get("mlp_ms")]
+        mlp = C.median(mlps) if mlps else None
+        if mlp:
+            notes.append(f"{dist}: the MLP's forward and backward alone take {mlp:.1f} ms a step (PyTorch's "
+                         f"worker, median): every candidate computes them; on {cores} cores a job whose steps "
+                         f"cost only that would reach {cores * batch / mlp * 1e3 / pt_rate:.2f}x PyTorch")
+        for cand in CANDIDATES:
+            rs = [r["cpu"] for r in runs.get((dist, cand.name), []) if r.get("cpu")]
+            if not rs:
+                continue
+            rates = [r["samples_per_s"] for r in runs[(dist, cand.name)]]
+
+            def ms(role):
+                return C.median(c.get(role, 0.0) for c in rs)
+            total = ms("total")
+            rows.append([dist, cand.name, f"{ms('trainers'):.1f}", f"{ms('servers'):.1f}",
+                         f"{ms('launcher') + ms('other'):.1f}", f"{total:.1f}",
+                         "n/a" if mlp is None else f"{total - mlp:.1f}", f"{C.median(c['cores_busy'] for c in rs):.2f}",
+                         f"{cores * batch / total * 1e3 / pt_rate:.2f}x", f"{C.median(rates) / pt_rate:.2f}x"])
+    return rows, notes
+
+
 def phases_table(runs: dict, dists) -> list:
     rows = []
     for dist in dists:
@@ -637,6 +707,14 @@ def report(args, runs, data_info, sizes, note: str) -> None:
         tables.append(("paramshard pipeline (trainer side, per step, median of repeats)",
                        ["ids", "candidate", "pull wait ms/step", "push wait ms/step", "prefetch hits of fetched",
                         "steps (all trainers)", "max in flight"], pipe, [False, False, True, True, True, True, True]))
+    cpu_rows, cpu_notes = cpu_table(runs, args.dists, args.batch)
+    if cpu_rows:
+        tables.append((f"CPU a step, every process of the job over the window all its trainers were timing "
+                       f"(medians of repeats; cpu_budget.py), and the throughput that cost allows on "
+                       f"{len(os.sched_getaffinity(0))} cores",
+                       ["ids", "candidate", "trainers ms", "servers ms", "launcher ms", "total ms",
+                        "outside the MLP ms", "cores busy", "CPU-bound ceiling", "measured"], cpu_rows,
+                       [False, False, True, True, True, True, True, True, True, True]))
     phases = phases_table(runs, args.dists)
     if phases:
         tables.append((f"server phases, {PHASES_OF} (median of repeats)", ["ids", "phase", "ms per step"], phases,
@@ -661,6 +739,7 @@ def report(args, runs, data_info, sizes, note: str) -> None:
         notes.append(f"Scaling (a): server RSS at the end {sizes['rss']['VmRSS'] / GiB:.2f} GiB, peak "
                      f"{sizes['rss']['VmHWM'] / GiB:.2f} GiB; tables filled by import_sparse in chunks of "
                      f"{args.fill_chunk:,} rows, capacity capped by PARAMSHARD_MAX_ROWS at the largest size")
+    notes += cpu_notes
     if getattr(args, "paddle_skipped", None):
         notes.append(args.paddle_skipped)
     notes.append(note)
