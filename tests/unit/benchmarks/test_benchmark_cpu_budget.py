@@ -43,9 +43,9 @@ def test_the_samples_hold_what_the_process_spent():
     tree = cpu_budget.ProcessTreeCPU(os.getpid())
     tree.sample()
     t0, c0 = time.time(), time.process_time()
-    burn(0.3)
+    burn(0.1)
     tree.sample()
-    burn(0.3)
+    burn(0.1)
     t1, c1 = time.time(), time.process_time()
     tree.sample()
     times, cpus = tree.series[os.getpid()]
