@@ -12,7 +12,7 @@ from typing import Sequence
 
 from paramshard.errors import ParamshardError
 from paramshard.placement.move_plan import MovePlan, MoveRecord
-from paramshard.transport.links import Requests
+from paramshard.transport.requests import Requests
 
 
 def run_move(links: Requests, plan: MovePlan, timeout: float | None = None) -> MoveRecord:

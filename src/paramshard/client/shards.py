@@ -10,7 +10,7 @@ import secrets
 from paramshard.messages.shard_tasks import Task
 from paramshard.errors import ConfigError, ProtocolError
 from paramshard.mode import Mode
-from paramshard.transport.links import Requests
+from paramshard.transport.requests import Requests
 
 SERVER = 0
 # This process, as the queue knows it: a replacement process in the same trainer slot registers

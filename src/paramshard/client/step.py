@@ -32,7 +32,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from paramshard.transport.links import ServerLinks, Ticket
+from paramshard.transport.links import ServerLinks
+from paramshard.transport.requests import Ticket
 from paramshard.client.dense import DenseClient
 from paramshard.client.sparse import Partition, SparseClient
 

@@ -7,7 +7,9 @@ partitioned server) after HEARTBEAT_TIMEOUT_MS; either way the waiting call
 raises ServerUnavailable naming the server within seconds. A link counts as up
 only once its ZMTP handshake succeeded (a stopped process's kernel still
 accepts TCP connections), and any loss of the connection while a request is
-pending fails that request, even when libzmq has reconnected since.
+pending fails that request, even when libzmq has reconnected since (one
+server's socket and its events: transport/server_link.py; the calls every
+client offers, ``Requests`` and its ``Ticket``: transport/requests.py).
 
 Retired servers: a server a scale removed keeps its index (the job's routing names it "",
 placement/partitions.Routing) but has nothing to connect to: its link is a placeholder
@@ -27,216 +29,19 @@ import itertools
 import os
 import threading
 import time
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from paramshard.errors import Cancelled, DeadlineExceeded, ProtocolError, RemoteError, ServerUnavailable
 from paramshard.transport import protocol
 from paramshard.transport.busy import BusyRequests
+from paramshard.transport.requests import Requests, RetryPolicy, Ticket
 from paramshard.transport.security import FIX_HINT, HandshakeRefused, Security
+from paramshard.transport.server_link import HEARTBEAT_TIMEOUT_MS, RetiredLink, ServerLink
 
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
-_ids = itertools.count(1)
-
-
-_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-# A server with other keys closes the connection mid-handshake without a word
-# (libzmq: HANDSHAKE_FAILED_NO_DETAIL); this many in a row, with no success in
-# between, is a refusal. Reconnects come every ~0.1-0.2 s, so it takes < 1 s.
-REFUSALS_IN_A_ROW = 3
-
-
-class _Link:
-    retired = False
-
-    def __init__(self, ctx: zmq.Context, index: int, address: str, identity: bytes,
-                 security: Security | None = None):
-        self.index, self.address = index, address
-        self.name = f"server {index} ({address})"
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, identity)
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self.curve = security is not None
-        if security is not None:
-            security.configure_client(self.sock)
-        # libzmq's I/O thread blocks when a monitor pipe is full, and with it every
-        # socket of the context: a link nobody polls any more (a failed Trainer()
-        # its owner never closed) must not get there. Unbounded pipe: RCVHWM 0.
-        endpoint = f"inproc://paramshard-monitor-{os.getpid()}-{next(_ids)}"
-        self.sock.monitor(endpoint, _EVENTS)
-        self.monitor = ctx.socket(zmq.PAIR)
-        self.monitor.setsockopt(zmq.RCVHWM, 0)
-        self.monitor.connect(endpoint)
-        self.sock.connect(f"tcp://{address}")
-        self.reached = False        # a TCP connection was made at least once
-        self.connected = False      # the ZMTP handshake succeeded and the connection has not dropped since
-        self.ever_connected = False
-        self.losses = 0             # connections lost after their handshake (heartbeat timeout, reset, close)
-        self.failed_handshakes = 0  # in a row, since the last successful one
-        self.refusal: str | None = None
-        self.key_refused = False    # the server completed its half, then refused our key (ZAP)
-        self.given_up = False       # disconnected for good after a refusal
-
-    def poll_events(self) -> None:
-        """Fold pending monitor events into the link's state."""
-        while not self.monitor.closed and self.monitor.poll(0):
-            message = recv_monitor_message(self.monitor)
-            event, value = message["event"], message["value"]
-            if event == zmq.EVENT_CONNECTED:
-                self.reached = True     # TCP only: a stopped process's kernel accepts too
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = self.ever_connected = True
-                self.failed_handshakes = 0
-                self.refusal = None
-            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                if self.connected:
-                    self.losses += 1
-                self.connected = False
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self.refusal = f"it did not accept this process's key (ZAP status {int(value)})"
-                self.key_refused = True
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                if int(value) == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                    self.refusal = ("it speaks plain TCP and this process CurveZMQ"
-                                    if self.curve else "it requires CurveZMQ and this process has no secret: plain TCP")
-                else:
-                    self.refusal = f"protocol error {int(value):#x} during the handshake"
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self.failed_handshakes += 1
-                if self.failed_handshakes >= REFUSALS_IN_A_ROW and self.refusal is None:
-                    self.refusal = (f"it closed the connection during the handshake "
-                                    f"{self.failed_handshakes} times in a row")
-
-    def give_up(self) -> None:
-        """Stop reconnecting (every ~0.1 s) to a server that refuses us: close the
-        socket (libzmq's disconnect() does not stop a session that keeps failing
-        its handshake). The link stays refused; closing it again is harmless."""
-        if not self.given_up:
-            self.given_up = True
-            self.close()
-
-    def close(self) -> None:
-        if not self.sock.closed:
-            close_monitored(self.sock, self.monitor)
-
-
-class _RetiredLink:
-    """The place of a server a scale removed (its index stays; nothing to connect to or ask)."""
-    retired = True
-    sock = None
-    connected = ever_connected = reached = False
-    losses = 0
-    refusal = None
-
-    def __init__(self, index: int, address: str = ""):
-        self.index, self.address = index, address
-        self.name = f"server {index} (removed by a scale{', was ' + address if address else ''})"
-
-    def poll_events(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def close_monitored(sock: zmq.Socket, monitor: zmq.Socket) -> None:
-    """Close a socket and its monitor without lingering (the monitor first, so
-    libzmq has no event pipe left to block on)."""
-    try:
-        sock.disable_monitor()
-    except zmq.ZMQError:
-        pass
-    monitor.close(0)
-    sock.close(0)
-
-
-class Ticket:
-    """Requests sent together by ``ServerLinks.submit``, awaiting their replies."""
-    __slots__ = ("results", "pending", "error", "wait", "deadline", "losses", "retry", "sent", "resend", "replayed",
-                 "moved", "busy")
-
-    def __init__(self, count: int, wait: float, deadline: float):
-        self.results: list = [None] * count
-        self.pending: dict[int, tuple[int, int, str]] = {}     # request id -> (slot, server, op)
-        self.error: Exception | None = None
-        self.wait, self.deadline = wait, deadline
-        self.losses: dict[int, int] = {}     # server -> its link's lost connections when sent
-        # With a retry policy (bounded-loss recovery): what each request was, to send it again.
-        self.retry = False
-        self.sent: dict[int, tuple] = {}     # request id -> (server, header, arrays)
-        self.resend: dict[int, Exception] = {}   # server -> why its requests go again
-        self.replayed: set[int] = set()      # request ids that are resent ones
-        self.moved: list[int] = []           # slots refused with ``moved`` (their result stays None)
-        self.busy = BusyRequests()           # refused as busy: sent again after a backoff (transport/busy.py)
-
-    @property
-    def done(self) -> bool:
-        """Every reply is in (or an error is): ``collect`` will not wait."""
-        return not self.pending or self.error is not None
-
-
-class RetryPolicy(Protocol):
-    """What ServerLinks asks of its retry policy (bounded-loss recovery: client/recovery.ServeAgain)."""
-    codes: tuple[str, ...]      # error codes of a server that will serve again (its requests wait)
-
-    def wait_serving(self, links: ServerLinks, server: int, cause: Exception) -> None:
-        """Return once ``server`` serves again; raise (naming it) past the deadline."""
-
-
-class Requests:
-    """The blocking calls, built on ``submit`` and ``collect`` (ServerLinks, LocalLinks)."""
-    epoch: int      # the job's epoch, carried by data requests (client/recovery.py)
-
-    def __len__(self) -> int:
-        """How many server indices there are (retired ones too)."""
-        raise NotImplementedError
-
-    def submit(self, requests: Sequence[tuple], timeout: float | None = None) -> Ticket:
-        """Send [(server, header, arrays)]; the replies come from ``collect``."""
-        raise NotImplementedError
-
-    def collect(self, ticket: Ticket) -> list:
-        """The replies of ``ticket``, in request order."""
-        raise NotImplementedError
-
-    def discard(self, ticket: Ticket) -> None:
-        """Forget ``ticket``: its replies are not awaited any more."""
-        raise NotImplementedError
-
-    def request(self, server: int, header: dict, arrays: Sequence[np.ndarray] = (),
-                timeout: float | None = None):
-        return self.request_list([(server, header, arrays)], timeout)[0]
-
-    def request_many(self, requests: dict, timeout: float | None = None) -> dict:
-        """{server: (header, arrays)} -> {server: (reply_header, reply_arrays)}."""
-        servers = list(requests)
-        replies = self.request_list([(s, *requests[s]) for s in servers], timeout)
-        return dict(zip(servers, replies))
-
-    def request_list(self, requests: Sequence[tuple], timeout: float | None = None) -> list:
-        """[(server, header, arrays)] -> [(reply_header, reply_arrays)], in order.
-
-        All requests go out before any reply is awaited, so the servers work in
-        parallel (and one server may get several). Reply arrays are read-only
-        views over the received frames (writable copies in-process).
-        """
-        return self.collect(self.submit(requests, timeout))
-
-    def is_retired(self, server: int) -> bool:
-        """A server a scale removed (its index stays, nothing is sent to it)."""
-        return False
-
-    def live(self) -> list[int]:
-        """The indices of the servers that are not retired: whom ``leave``, ``join``, ``stats`` ask."""
-        return [s for s in range(len(self)) if not self.is_retired(s)]
+_ids = itertools.count(1)       # request ids and socket identities of this process
 
 
 class ServerLinks(Requests):
@@ -255,13 +60,13 @@ class ServerLinks(Requests):
         self._ctx: zmq.Context = zmq.Context.instance()
         identity = f"{who}-{os.getpid()}-{next(_ids)}".encode()
         self._identity = identity
-        self.links: list[_Link | _RetiredLink] = [
-            _Link(self._ctx, i, a, identity, security) if a else _RetiredLink(i) for i, a in enumerate(addresses)]
+        self.links: list[ServerLink | RetiredLink] = [
+            ServerLink(self._ctx, i, a, identity, security) if a else RetiredLink(i) for i, a in enumerate(addresses)]
         self._inflight: dict[int, Ticket] = {}     # request id -> the ticket awaiting its reply
         self._retiring: set[int] = set()           # retired while a reply from it was awaited
         self._poller = zmq.Poller()
         for link in self.links:
-            if isinstance(link, _Link):
+            if isinstance(link, ServerLink):
                 self._poller.register(link.sock, zmq.POLLIN)
 
     @classmethod
@@ -279,9 +84,9 @@ class ServerLinks(Requests):
         """Talk to one more server (one added while the job runs); its index. ``""``: a server
         added and removed since this process started (a retired index: a placeholder)."""
         if not address:
-            self.links.append(_RetiredLink(len(self.links)))
+            self.links.append(RetiredLink(len(self.links)))
             return len(self.links) - 1
-        link = _Link(self._ctx, len(self.links), address, self._identity, self.security)
+        link = ServerLink(self._ctx, len(self.links), address, self._identity, self.security)
         self.links.append(link)
         self._poller.register(link.sock, zmq.POLLIN)
         return link.index
@@ -289,11 +94,11 @@ class ServerLinks(Requests):
     def is_retired(self, server: int) -> bool:
         return 0 <= server < len(self.links) and self.links[server].retired
 
-    def _link(self, server: int) -> _Link:
+    def _link(self, server: int) -> ServerLink:
         """The link of a server a request of ours goes to or awaits: ``submit`` sends nothing to a
         retired one and ``retire`` keeps a link until no reply from it is awaited."""
         link = self.links[server]
-        assert isinstance(link, _Link), f"{self.who}: {link.name} was retired while a reply from it was awaited"
+        assert isinstance(link, ServerLink), f"{self.who}: {link.name} was retired while a reply from it was awaited"
         return link
 
     def retire(self, server: int) -> None:
@@ -311,7 +116,7 @@ class ServerLinks(Requests):
             if not link.given_up:       # a given-up link left the poller already
                 self._poller.unregister(link.sock)
             link.close()
-            self.links[server] = _RetiredLink(server, link.address)
+            self.links[server] = RetiredLink(server, link.address)
             self._retiring.discard(server)
 
     def wait_ready(self, timeout: float = 30.0) -> list[dict]:
@@ -335,7 +140,7 @@ class ServerLinks(Requests):
         # pending fails them, whatever libzmq reconnected since.
         for server in {server for server, _, _ in requests}:
             link = self.links[server]
-            if not isinstance(link, _Link):
+            if not isinstance(link, ServerLink):
                 raise ServerUnavailable(f"{self.who}: {link.name} is no server of the job any more; nothing is "
                                         f"sent to it (the caller's routing is older than the one that removed it: "
                                         f"fetch the routing from server 0)")
@@ -362,7 +167,7 @@ class ServerLinks(Requests):
                 raise
         return ticket
 
-    def _send(self, link: "_Link", frames: list, deadline: float) -> None:
+    def _send(self, link: "ServerLink", frames: list, deadline: float) -> None:
         """Queue one message on ``link`` without ever blocking past ``deadline``. A DEALER with no
         peer yet (its CurveZMQ handshake under way, or failing) takes no message: a plain send
         would wait there for ever if the handshake then fails, so the refusal is looked for while
@@ -401,7 +206,7 @@ class ServerLinks(Requests):
                 ready = dict(self._poller.poll(min(250, int(remaining * 1000) + 1,
                                                    busy_ms if busy_ms is not None else 250)))
                 for link in self.links:
-                    if isinstance(link, _Link) and link.sock in ready:
+                    if isinstance(link, ServerLink) and link.sock in ready:
                         self._receive(link)
                 lost = self._lost(ticket)       # raises a refusal (HandshakeRefused): no retry mends keys
                 if lost is not None:
@@ -419,7 +224,7 @@ class ServerLinks(Requests):
         """Take the replies that have arrived, without waiting (``Ticket.done`` then says
         which tickets need no wait)."""
         for link in self.links:
-            if isinstance(link, _Link) and not link.sock.closed:
+            if isinstance(link, ServerLink) and not link.sock.closed:
                 self._receive(link)
 
     def discard(self, ticket: "Ticket") -> None:
@@ -444,7 +249,7 @@ class ServerLinks(Requests):
         self._inflight[new_id] = ticket
         self._send(self._link(server), protocol.encode({**header, "id": new_id}, arrays), ticket.deadline)
 
-    def _receive(self, link: _Link) -> None:
+    def _receive(self, link: ServerLink) -> None:
         """Every reply waiting on ``link``, each filed with the ticket it answers."""
         while True:
             try:
@@ -531,7 +336,7 @@ class ServerLinks(Requests):
             self._inflight[new_id] = ticket
         ticket.deadline = time.monotonic() + ticket.wait + min(5.0, 0.1 * ticket.wait + 1.0)
 
-    def _check_refused(self, link: _Link) -> None:
+    def _check_refused(self, link: ServerLink) -> None:
         if link.refusal is None or link.connected:
             return
         if not link.given_up:

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from paramshard.errors import DeadlineExceeded, RemoteError
-from paramshard.transport.links import Requests, Ticket
+from paramshard.transport.requests import Requests, Ticket
 from paramshard.server.core.parameter_server import ParameterServer
 from paramshard.server.core.replies import Reply
 

@@ -28,12 +28,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from paramshard.messages.status_lines import PEER_LOST_EXIT_CODE, STATUS_EVERY, PeerStatus
 from paramshard.settings.table import by_field
-from paramshard.transport.links import close_monitored
+from paramshard.transport.server_link import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, close_monitored
 
 __all__ = ["PEER_LOST_EXIT_CODE", "PeerWatch", "launcher_report"]
 
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
 
