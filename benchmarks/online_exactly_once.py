@@ -53,6 +53,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
 PYTHON = sys.executable
 MARK = "PSBENCH_EXACTLY_ONCE"          # in every process of one run's job (found through /proc)
 FRESH = 400                            # events never streamed, scored by the serving process
@@ -126,8 +129,10 @@ class Job:
                "PARAMSHARD_DELTA_SNAPSHOT_EVERY": str(args.snapshot_every),
                **({"PARAMSHARD_MAX_IN_FLIGHT": str(args.max_in_flight)} if args.max_in_flight is not None else {})}
         self.log = open(run / ("launch-resume.log" if resume else "launch.log"), "w")
+        # Its own session (stop() kills the group), and SIGTERMed if this process dies first: a
+        # harness killed mid-run (a test's deadline) leaves no job behind.
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=run,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=C._die_with_parent)
 
     def wait(self, timeout: float = DEADLINE) -> int:
         try:
@@ -154,7 +159,8 @@ class Serve:
         self.log = open(log, "a")
         self.proc = subprocess.Popen([PYTHON, "-m", "paramshard", "serve", str(deltas), "--port", "0", "--poll",
                                       str(poll)], stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env={**os.environ, "PARAMSHARD_LOG_LEVEL": "INFO"}, start_new_session=True)
+                                     env={**os.environ, "PARAMSHARD_LOG_LEVEL": "INFO"}, start_new_session=True,
+                                     preexec_fn=C._die_with_parent)     # as the job: never outlives us
         self.url: str | None = None
         got = threading.Event()
 
