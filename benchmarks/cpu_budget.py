@@ -22,10 +22,11 @@ def role_of(cmdline: str) -> str:
     """A process's part in a paramshard job (or a plain worker), from its command line."""
     if "paramshard server" in cmdline or "paramshard/__main__.py server" in cmdline:
         return "servers"
-    if " worker " in cmdline or cmdline.endswith(" worker"):
-        return "trainers"
+    # Before the worker test: a launcher's command line ends with its ranks' (the worker's) own.
     if " launch " in cmdline:
         return "launcher"
+    if " worker " in cmdline or cmdline.endswith(" worker"):
+        return "trainers"
     return "other"
 
 

@@ -409,7 +409,9 @@ def run_job(children: C.Children, cand: Candidate, data: Path, workdir: Path, ar
     tree: dict[str, cpu_budget.ProcessTreeCPU] = {}
 
     def watch(roots) -> None:
-        tree.setdefault("cpu", cpu_budget.ProcessTreeCPU(roots)).sample()
+        if "cpu" not in tree:               # the job's roots are the same every poll
+            tree["cpu"] = cpu_budget.ProcessTreeCPU(roots)
+        tree["cpu"].sample()
     if cand.engine == "paddle":
         trainers = paddle_peer.run(children, f"{cand.name} ({data.name})", cand.servers, cand.trainers, data,
                                    args.paddle_init, child_environ(), args, on_poll=watch)

@@ -14,7 +14,7 @@ import cpu_budget  # noqa: E402
     ("/x/.venv/bin/python -m paramshard server", "servers"),
     ("/x/.venv/bin/python /x/src/paramshard/__main__.py server", "servers"),
     ("/x/python /x/benchmarks/ps_vs_pytorch.py worker --engine ps --data d", "trainers"),
-    ("/x/.venv/bin/paramshard launch --servers 2 --trainers 2 /x/ps_vs_pytorch.py worker", "trainers"),
+    ("/x/.venv/bin/paramshard launch --servers 2 --trainers 2 /x/ps_vs_pytorch.py worker --engine ps", "launcher"),
     ("/x/.venv/bin/paramshard launch --servers 2 --trainers 2 --mode async", "launcher"),
     ("/usr/bin/python -I -S -c # guardian", "other"),
 ])
